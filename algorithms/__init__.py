@@ -1,0 +1,1 @@
+"""Communication algorithms, each a :class:`commrt.Schedule` generator."""

@@ -1,0 +1,1 @@
+"""commrt: communication runtime for data-parallel training."""

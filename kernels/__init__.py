@@ -1,0 +1,1 @@
+"""Fused pack / unpack / reduce kernels (Triton on CUDA, torch reference on CPU)."""
