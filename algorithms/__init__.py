@@ -1,1 +1,39 @@
-"""Communication algorithms, each a :class:`commrt.Schedule` generator."""
+"""Communication algorithms, each a :class:`commrt.Schedule` generator.
+
+``algorithm=`` arguments across commrt take either an instance (which
+carries the algorithm's options) or one of the names in :data:`NAMES`.
+
+Example::
+
+    >>> from commrt.algorithms import Ring, resolve
+    >>> resolve("ring") == Ring()
+    True
+"""
+from __future__ import annotations
+
+from commrt.algorithms.base import Algorithm
+from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.ring import Ring
+
+__all__ = ["Algorithm", "Ring", "HalvingDoubling", "resolve", "NAMES"]
+
+_BY_NAME = {
+    "ring": Ring,
+    "halving_doubling": HalvingDoubling,
+    "hd": HalvingDoubling,
+}
+#: names accepted by ``algorithm="..."``
+NAMES = tuple(sorted(_BY_NAME))
+
+
+def resolve(algorithm: "str | Algorithm") -> Algorithm:
+    """Turn an ``algorithm=`` argument into an :class:`Algorithm` instance."""
+    if isinstance(algorithm, Algorithm):
+        return algorithm
+    if isinstance(algorithm, str):
+        cls = _BY_NAME.get(algorithm.lower().replace("-", "_"))
+        if cls is not None:
+            return cls()
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(NAMES)} "
+                         f"or pass an instance such as commrt.algorithms.Ring()")
+    raise TypeError(f"algorithm must be a name or an Algorithm instance, got {type(algorithm).__name__}")

@@ -1,1 +1,21 @@
-"""commrt: communication runtime for data-parallel training."""
+"""commrt: a communication runtime for data-parallel training.
+
+Example::
+
+    import commrt
+    comm = commrt.init(backend="auto")            # mpiexec / torchrun / alone
+    commrt.all_reduce(tensor, comm, algorithm="ring", op="avg")
+
+Everything else lives in modules with one job each: :mod:`commrt.schedule`
+(collectives as data + symbolic checker), :mod:`commrt.executor` (runs a
+schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
+:mod:`commrt.algorithms`, :mod:`commrt.kernels`, :mod:`commrt.trace`.
+"""
+from commrt.collectives import all_reduce
+from commrt.comm import Backend, Communicator, init
+from commrt.errors import CommError, CommTimeoutError, ScheduleError
+from commrt.schedule import Schedule
+
+__version__ = "0.1.0"
+__all__ = ["init", "Communicator", "Backend", "all_reduce", "Schedule",
+           "CommError", "CommTimeoutError", "ScheduleError"]

@@ -1,0 +1,221 @@
+"""Runs any :class:`~commrt.schedule.Schedule` on a flat tensor over any transport.
+
+For one rank the schedule is compiled once per (buffer length, element
+size, piece size) into a :class:`Plan`: element ranges per step, each large
+range cut into *pieces* of at most ``piece_bytes``. Each piece is its own
+message, so the reduction of piece ``i`` runs while pieces ``i+1..`` are
+still arriving (and the reduced data is still in cache). Reductions land in
+a scratch buffer first and are added in by :func:`commrt.kernels.reduce_`;
+copies go straight into place when no send of the same step reads there.
+
+bf16 and fp16 buffers are reduced with fp32 arithmetic (each addition is
+computed in fp32 and rounded once to the buffer's dtype); partial sums
+travel in the buffer's dtype.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from commrt.errors import CommError, CommTimeoutError
+from commrt.schedule import OpKind, Schedule, chunk_bounds
+from commrt.transports.base import Transport
+
+_MAX_PLANS = 64
+_PIECE_TAGS = 1024   # tags per step: step * 1024 + piece (MPI/gloo also keep FIFO order per tag)
+
+
+@dataclass(frozen=True)
+class Xfer:
+    """One message of one step: elements ``[start, stop)`` of the buffer."""
+
+    peer: int
+    start: int
+    stop: int
+    piece: int
+    reduce: bool = False
+    scratch: int = -1     # offset in the scratch buffer, -1 = straight into the buffer
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    index: int
+    phase: str
+    sends: tuple[Xfer, ...]
+    recvs: tuple[Xfer, ...]
+    #: a reduction here writes where a send of this step reads: wait for the sends first
+    sends_first: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A schedule compiled for one rank and one buffer shape."""
+
+    steps: tuple[StepPlan, ...]
+    scratch_numel: int
+    group_size: int
+    num_steps: int
+
+
+def _pieces(start: int, stop: int, piece: int):
+    a = start
+    k = 0
+    while a < stop:
+        b = min(stop, a + piece)
+        yield k, a, b
+        a, k = b, k + 1
+
+
+def _overlaps(a0: int, a1: int, ranges) -> bool:
+    return any(a0 < b1 and b0 < a1 for b0, b1 in ranges)
+
+
+def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) -> Plan:
+    """This rank's messages for a buffer of ``numel`` elements (see module doc)."""
+    bounds = chunk_bounds(numel, schedule.num_chunks)
+    steps = []
+    scratch_max = 0
+    for index, ((sends, recvs), step) in enumerate(zip(schedule.program(rank), schedule.steps)):
+        send_x, recv_x = [], []
+        send_ranges = [(bounds[o.lo], bounds[o.hi]) for o in sends]
+        recv_ranges = [(bounds[o.lo], bounds[o.hi]) for o in recvs]
+        for o in sends:
+            for k, a, b in _pieces(bounds[o.lo], bounds[o.hi], piece_elems):
+                send_x.append(Xfer(o.peer, a, b, k))
+        scratch = 0
+        sends_first = False
+        for j, o in enumerate(recvs):
+            a0, a1 = recv_ranges[j]
+            reduce = o.kind is OpKind.RECV_REDUCE
+            clash = _overlaps(a0, a1, send_ranges) or _overlaps(a0, a1, recv_ranges[:j] + recv_ranges[j + 1:])
+            via_scratch = reduce or clash
+            sends_first |= reduce and _overlaps(a0, a1, send_ranges)
+            for k, a, b in _pieces(a0, a1, piece_elems):
+                recv_x.append(Xfer(o.peer, a, b, k, reduce, scratch if via_scratch else -1))
+                if via_scratch:
+                    scratch += b - a
+        scratch_max = max(scratch_max, scratch)
+        if send_x or recv_x:
+            steps.append(StepPlan(index, step.phase, tuple(send_x), tuple(recv_x), sends_first))
+    return Plan(tuple(steps), scratch_max, len(schedule.ranks), schedule.num_steps)
+
+
+def _torch_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.add_(src)
+
+
+class Executor:
+    """Runs schedules; caches compiled plans and one scratch buffer per dtype/device.
+
+    Not thread-safe by itself: the :class:`~commrt.Communicator` lock
+    serialises collectives.
+    """
+
+    def __init__(self, reduce: Callable[[torch.Tensor, torch.Tensor], object] | None = None):
+        self.reduce = reduce or _torch_reduce
+        self._plans: OrderedDict = OrderedDict()
+        self._scratch: dict[tuple, torch.Tensor] = {}
+
+    def plan(self, schedule: Schedule, rank: int, numel: int, piece_elems: int) -> Plan:
+        # Keyed on the schedule object itself: algorithms cache their
+        # schedules, so this is an identity hit in the common case.
+        key = (id(schedule), rank, numel, piece_elems)
+        hit = self._plans.get(key)
+        if hit is not None and hit[0] is schedule:
+            self._plans.move_to_end(key)
+            return hit[1]
+        plan = compile_plan(schedule, rank, numel, piece_elems)
+        self._plans[key] = (schedule, plan)
+        if len(self._plans) > _MAX_PLANS:
+            self._plans.popitem(last=False)
+        return plan
+
+    def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        key = (dtype, device)
+        buf = self._scratch.get(key)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(max(numel, 1), dtype=dtype, device=device)
+            self._scratch[key] = buf
+        return buf
+
+    def release(self) -> None:
+        """Drop cached scratch memory (it is re-allocated on next use)."""
+        self._scratch.clear()
+
+    def run(self, schedule: Schedule, buf: torch.Tensor, transport: Transport, *,
+            timeout: float, piece_bytes: int = 1 << 20, average: bool = False,
+            bucket: int | None = None, tracer=None) -> None:
+        """Run ``schedule`` in place on the 1-D contiguous ``buf``.
+
+        ``average`` divides by the number of participating ranks at the end.
+        Raises :class:`~commrt.CommTimeoutError` if any wait exceeds
+        ``timeout`` seconds, naming the rank, peer, algorithm, step and bucket.
+        """
+        rank = transport.rank
+        if rank not in schedule.ranks:
+            return
+        piece_elems = max(1, piece_bytes // buf.element_size())
+        plan = self.plan(schedule, rank, buf.numel(), piece_elems)
+        scratch = self.scratch(plan.scratch_numel, buf.dtype, buf.device)
+        name = schedule.name
+
+        def fail(what: str, peer: int, sp: StepPlan):
+            raise CommTimeoutError(rank=rank, peer=peer, what=what, timeout_s=timeout, algorithm=name,
+                                   step=sp.index, num_steps=plan.num_steps, bucket=bucket)
+
+        transport.begin(buf)
+        with transport.stream():
+            for sp in plan.steps:
+                span = tracer.span(f"commrt/{name}/step{sp.index}", phase=sp.phase, bucket=bucket) \
+                    if tracer is not None else None
+                if span is not None:
+                    span.__enter__()
+                try:
+                    self._run_step(sp, buf, scratch, transport, time.monotonic() + timeout, fail)
+                finally:
+                    if span is not None:
+                        span.__exit__(None, None, None)
+            if average and plan.group_size > 1:
+                buf.div_(plan.group_size)
+        if not transport.sync(time.monotonic() + timeout):
+            raise CommTimeoutError(rank=rank, peer=None, what="device stream", timeout_s=timeout,
+                                   algorithm=name, bucket=bucket)
+        transport.end(buf)
+
+    def _run_step(self, sp: StepPlan, buf, scratch, transport, deadline, fail) -> None:
+        def recv_view(x: Xfer):
+            return buf[x.start:x.stop] if x.scratch < 0 else scratch[x.scratch:x.scratch + x.stop - x.start]
+
+        tag = sp.index * _PIECE_TAGS
+        recv_tensors = [recv_view(x) for x in sp.recvs]
+        pend = transport.exchange(
+            [(buf[x.start:x.stop], x.peer) for x in sp.sends],
+            [(t, x.peer) for t, x in zip(recv_tensors, sp.recvs)],
+            tag)
+        try:
+            if sp.sends_first:
+                for j, x in enumerate(sp.sends):
+                    if not pend.wait_send(j, deadline):
+                        fail("send", x.peer, sp)
+            reduce = self.reduce
+            for i, x in enumerate(sp.recvs):
+                if not pend.wait_recv(i, deadline):
+                    fail("recv", x.peer, sp)
+                if x.reduce:
+                    reduce(buf[x.start:x.stop], recv_tensors[i])
+                elif x.scratch >= 0:
+                    buf[x.start:x.stop].copy_(recv_tensors[i])
+            for j, x in enumerate(sp.sends):
+                if not pend.wait_send(j, deadline):
+                    fail("send", x.peer, sp)
+            pend.finish()
+        except CommError:
+            raise
+        except RuntimeError as e:   # engine errors (a peer's connection closed, ...)
+            peers = sorted({x.peer for x in sp.sends + sp.recvs})
+            raise CommError(f"commrt: rank {transport.rank}: {transport.name} failed in step {sp.index} "
+                            f"(peers {peers}): {e}") from e

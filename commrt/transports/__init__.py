@@ -1,0 +1,1 @@
+"""Transports: nccl (cupy.cuda.nccl), mpi (mpi4py), gloo (torch.distributed)."""

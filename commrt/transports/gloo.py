@@ -1,0 +1,78 @@
+"""gloo transport: torch.distributed's ProcessGroupGloo, send/recv.
+
+The process group is commrt's own (built on a TCPStore), not torch's global
+default group, so a user's ``torch.distributed.init_process_group`` and
+commrt live side by side.
+"""
+from __future__ import annotations
+
+import datetime
+import time
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from commrt.transports.base import Pair, Pending, Transport
+
+
+def _wire(t: torch.Tensor) -> torch.Tensor:
+    # gloo moves bytes; a uint8 view sidesteps its per-dtype support lists.
+    return t.view(torch.uint8) if t.dtype.is_floating_point else t
+
+
+def wait_work(work, deadline: float) -> bool:
+    """Bounded wait on a gloo Work; False if the deadline passed first.
+
+    gloo's send/recv works do not report completion through
+    ``is_completed()`` (it stays False), so they cannot be polled; their
+    ``wait(timeout)`` is bounded, though, and raises on expiry.
+    """
+    left = deadline - time.monotonic()
+    try:
+        work.wait(datetime.timedelta(seconds=max(left, 1e-3)))
+        return True
+    except RuntimeError:
+        if time.monotonic() >= deadline - 1e-3:
+            return False
+        raise
+
+
+class _GlooPending(Pending):
+    __slots__ = ("sworks", "rworks")
+
+    def __init__(self, sworks, rworks):
+        self.sworks, self.rworks = sworks, rworks
+
+    def wait_recv(self, i: int, deadline: float) -> bool:
+        return wait_work(self.rworks[i], deadline)
+
+    def wait_send(self, i: int, deadline: float) -> bool:
+        return wait_work(self.sworks[i], deadline)
+
+
+class GlooTransport(Transport):
+    """Point-to-point over a ProcessGroupGloo built from ``store``."""
+
+    name = "gloo"
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
+        super().__init__(rank, world_size, torch.device("cpu"))
+        self.pg = dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout))
+
+    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
+        pg = self.pg
+        rworks = [pg.recv([_wire(t)], peer, tag) for t, peer in recvs]
+        sworks = [pg.send([_wire(t)], peer, tag) for t, peer in sends]
+        return _GlooPending(sworks, rworks)
+
+    def barrier(self, timeout: float) -> bool:
+        return wait_work(self.pg.barrier(), time.monotonic() + timeout)
+
+    def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        self.pg.allreduce([tensor]).wait()
+        if op == "avg":
+            tensor.div_(self.world_size)
+
+    def close(self) -> None:
+        self.pg = None

@@ -1,0 +1,86 @@
+"""MPI transport: mpi4py Isend/Irecv straight on the tensors' memory.
+
+Buffers are handed to MPI as raw bytes at the tensor's address (no copies,
+any dtype, bf16 included); reductions happen in commrt, not in MPI.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from commrt.transports.base import Pair, Pending, Transport, poll_until
+
+
+def _mpi():
+    # Imported on first use: importing mpi4py.MPI initialises MPI, which a
+    # gloo- or nccl-only job should not pay for (or need installed).
+    try:
+        from mpi4py import MPI
+    except ImportError as e:   # pragma: no cover - depends on the install
+        raise RuntimeError("the mpi backend needs mpi4py and an MPI library: "
+                           "pip install 'commrt[mpi]' (mpi4py + the mpich wheel)") from e
+    return MPI
+
+
+def as_buffer(t: torch.Tensor, MPI):
+    """An MPI byte buffer over a contiguous CPU tensor's memory (no copy)."""
+    nbytes = t.numel() * t.element_size()
+    return [MPI.buffer.fromaddress(t.data_ptr(), nbytes) if nbytes else bytearray(), MPI.BYTE]
+
+
+class _MpiPending(Pending):
+    __slots__ = ("sreqs", "rreqs")
+
+    def __init__(self, sreqs, rreqs):
+        self.sreqs, self.rreqs = sreqs, rreqs
+
+    def wait_recv(self, i: int, deadline: float) -> bool:
+        return poll_until(self.rreqs[i].Test, deadline)
+
+    def wait_send(self, i: int, deadline: float) -> bool:
+        return poll_until(self.sreqs[i].Test, deadline)
+
+
+class MpiTransport(Transport):
+    """Point-to-point over a private duplicate of an MPI communicator."""
+
+    name = "mpi"
+
+    def __init__(self, comm=None):
+        MPI = _mpi()
+        base = comm if comm is not None else MPI.COMM_WORLD
+        # A private communicator: commrt's messages never match the user's.
+        self.comm = base.Dup()
+        super().__init__(self.comm.Get_rank(), self.comm.Get_size(), torch.device("cpu"))
+        self._tag_ub = int(self.comm.Get_attr(MPI.TAG_UB) or 32767)
+        self._MPI = MPI
+
+    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
+        tag %= self._tag_ub
+        comm, MPI = self.comm, self._MPI
+        # Receives first, so the matching sends find them posted.
+        rreqs = [comm.Irecv(as_buffer(t, MPI), source=peer, tag=tag) for t, peer in recvs]
+        sreqs = [comm.Isend(as_buffer(t, MPI), dest=peer, tag=tag) for t, peer in sends]
+        return _MpiPending(sreqs, rreqs)
+
+    def barrier(self, timeout: float) -> bool:
+        req = self.comm.Ibarrier()
+        return poll_until(req.Test, time.monotonic() + timeout)
+
+    def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        MPI = _mpi()
+        if tensor.dtype in (torch.bfloat16,):
+            raise TypeError("MPI has no bfloat16 reduction; reduce a float32 copy instead")
+        self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
+        if op == "avg":
+            tensor.div_(self.world_size)
+
+    def close(self) -> None:
+        comm, self.comm = getattr(self, "comm", None), None
+        if comm is not None:
+            try:
+                comm.Free()
+            except Exception:   # MPI already finalized at interpreter exit
+                pass
