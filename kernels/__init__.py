@@ -1,1 +1,36 @@
-"""Fused pack / unpack / reduce kernels (Triton on CUDA, torch reference on CPU)."""
+"""Fused pack / unpack / reduce kernels: Triton on CUDA, torch reference on CPU.
+
+Every gradient bucket passes through these three operations:
+
+* :func:`pack` -- copy a list of tensors into one flat buffer, scaled and cast
+  to the wire dtype, in ONE kernel launch (driven by a table of pointers,
+  offsets and element counts);
+* :func:`unpack` -- the reverse, casting back to each tensor's dtype and
+  optionally adding into it;
+* :func:`reduce_` -- the receive-reduce ``dst = alpha * dst + beta * src``,
+  with ``src`` possibly in a narrower wire dtype.
+
+Dtypes: fp32, fp16 and bf16 (:data:`SUPPORTED_DTYPES`) in every combination.
+Math is fp32; each result is rounded once, to nearest even, to its
+destination dtype.
+
+``impl`` (:class:`Impl`): ``"auto"`` runs the Triton kernels on CUDA tensors
+and the torch reference on CPU tensors; ``"triton"`` / ``"torch"`` force a
+path. The Triton kernels also run on CPU tensors when ``TRITON_INTERPRET=1``
+was set before Triton was imported (that is how the tests run them).
+
+Example::
+
+    >>> import torch
+    >>> from commrt.kernels import pack, unpack, reduce_
+    >>> grads = [torch.randn(3, 4), torch.randn(5)]
+    >>> bucket = torch.empty(17, dtype=torch.bfloat16)
+    >>> _ = pack(grads, bucket, scale=0.25)          # bucket = bf16(grads / 4)
+    >>> _ = reduce_(bucket, bucket.clone())            # "receive" and add a peer's copy
+    >>> unpack(bucket, grads)                          # grads = fp32(bucket)
+"""
+from commrt.kernels._common import SUPPORTED_DTYPES, Impl
+from commrt.kernels.pack import pack, unpack
+from commrt.kernels.reduce import reduce_
+
+__all__ = ["pack", "unpack", "reduce_", "Impl", "SUPPORTED_DTYPES"]

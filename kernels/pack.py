@@ -1,0 +1,125 @@
+"""pack / unpack: a list of tensors <-> one flat bucket, with scale and cast fused.
+
+Tensor ``i`` of the list lives in the flat buffer at
+``[off_i, off_i + numel_i)`` with ``off_i = numel_0 + ... + numel_{i-1}``
+(dense, in list order). Scaling and the dtype cast happen in the same pass:
+``fp32(x) * fp32(scale)``, rounded once, to nearest even, to the destination
+dtype.
+
+Launch count (Triton path): ONE kernel launch per call, whatever the number
+of tensors, their sizes or their dtypes -- a list that mixes dtypes carries a
+per-tensor dtype code in the pointer table (see :mod:`commrt.kernels._triton`).
+
+The tensors may have any shape but must be contiguous; the flat buffer and
+the tensors must not overlap.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+
+from commrt.kernels import _torch
+from commrt.kernels._common import (
+    Impl,
+    check_capacity,
+    check_flat,
+    check_list,
+    parse_impl,
+    triton_backend,
+    use_triton,
+)
+
+ImplLike = Union[str, Impl]
+
+
+def pack(
+    tensors: Sequence[torch.Tensor],
+    out: torch.Tensor,
+    scale: float = 1.0,
+    impl: ImplLike = "auto",
+) -> torch.Tensor:
+    """Copy ``tensors`` into the flat buffer ``out``, scaled and cast to ``out.dtype``.
+
+    ``out[off_i : off_i + n_i] = round_to(out.dtype, fp32(tensors[i]).flatten() * scale)``;
+    elements of ``out`` past the total are left untouched.
+
+    Args:
+        tensors: contiguous fp32/fp16/bf16 tensors of any shapes (dtypes may
+            differ), on ``out``'s device. Empty list and zero-size tensors are fine.
+        out: 1-D contiguous fp32/fp16/bf16 buffer with at least ``sum(numel)`` elements.
+        scale: multiplier applied in fp32 before the cast (e.g. ``1 / world_size``).
+        impl: ``"auto"`` (Triton for CUDA tensors, torch for CPU tensors),
+            ``"triton"``, ``"torch"``, or an :class:`Impl`.
+
+    Returns:
+        ``out``.
+
+    Raises:
+        ValueError: bad ``impl``, unsupported dtype, non-contiguous tensor,
+            device mismatch, or ``out`` too small.
+
+    Example::
+
+        >>> import torch
+        >>> from commrt.kernels import pack
+        >>> grads = [torch.ones(2, 2), torch.full((3,), 2.0)]
+        >>> bucket = torch.empty(7, dtype=torch.bfloat16)
+        >>> pack(grads, bucket, scale=0.5, impl="torch").tolist()
+        [0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0]
+    """
+    kind = parse_impl(impl)
+    check_flat(out, "out")
+    tensors, total = check_list(tensors, out.device, "tensors")
+    check_capacity(out, total, "out")
+    scale = float(scale)
+    if use_triton(kind, out.device):
+        triton_backend().pack(tensors, out, scale, total)
+    else:
+        _torch.pack(tensors, out, scale, total)
+    return out
+
+
+def unpack(
+    flat: torch.Tensor,
+    tensors: Sequence[torch.Tensor],
+    scale: float = 1.0,
+    accumulate: bool = False,
+    impl: ImplLike = "auto",
+) -> None:
+    """Copy (or add) slices of the flat buffer ``flat`` back into ``tensors``.
+
+    For every i, with ``x = fp32(flat[off_i : off_i + n_i]) * scale`` (fp32):
+
+    * ``accumulate=False``: ``tensors[i] = round_to(tensors[i].dtype, x)``
+    * ``accumulate=True``:  ``tensors[i] = round_to(tensors[i].dtype, fp32(tensors[i]) + x)``
+
+    Args:
+        flat: 1-D contiguous fp32/fp16/bf16 buffer with at least ``sum(numel)`` elements.
+        tensors: contiguous fp32/fp16/bf16 destinations of any shapes (dtypes
+            may differ), on ``flat``'s device, written in place.
+        scale: multiplier applied in fp32.
+        accumulate: add into the destinations instead of overwriting them.
+        impl: ``"auto"``, ``"triton"``, ``"torch"`` or an :class:`Impl`.
+
+    Raises:
+        ValueError: as :func:`pack`.
+
+    Example::
+
+        >>> import torch
+        >>> from commrt.kernels import unpack
+        >>> a, b = torch.zeros(2), torch.ones(1, dtype=torch.float16)
+        >>> unpack(torch.tensor([1.0, 2.0, 3.0]), [a, b], scale=2.0, accumulate=True, impl="torch")
+        >>> a.tolist(), b.tolist()
+        ([2.0, 4.0], [7.0])
+    """
+    kind = parse_impl(impl)
+    check_flat(flat, "flat")
+    tensors, total = check_list(tensors, flat.device, "tensors")
+    check_capacity(flat, total, "flat")
+    scale = float(scale)
+    if use_triton(kind, flat.device):
+        triton_backend().unpack(flat, tensors, scale, bool(accumulate), total)
+    else:
+        _torch.unpack(flat, tensors, scale, bool(accumulate), total)
