@@ -1,0 +1,5 @@
+import sys
+
+from commrt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,131 @@
+"""All-reduce measurement shared by ``commrt bench allreduce`` and ``bench/``.
+
+Definitions follow nccl-tests: ``algbw = bytes / time`` and, for
+all-reduce, ``busbw = algbw * 2(p-1)/p``, the per-link rate a ring would
+need, comparable across world sizes and with link bandwidth.
+
+Every rank runs the same number of iterations (fixed by the message size,
+never by timing), so ranks can never disagree on how many collectives to
+run. Times are rank 0's, median of ``repeats`` runs of ``iters`` calls.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+import commrt
+from commrt.algorithms import resolve
+
+DEFAULT_SIZES = tuple(1 << k for k in range(16, 27, 2))   # 64 KiB .. 64 MiB
+NATIVE_NAMES = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce", "nccl": "ncclAllReduce"}
+
+
+def busbw_factor(world_size: int) -> float:
+    return 2 * (world_size - 1) / world_size if world_size > 1 else 1.0
+
+
+def iterations_for(nbytes: int, budget_bytes: float = 4e8) -> int:
+    """Calls per timed run: enough to last ~0.1 s on a slow machine, 3..1000."""
+    return int(min(1000, max(3, budget_bytes // max(nbytes, 1 << 14))))
+
+
+@dataclass
+class Result:
+    name: str
+    time_s: float
+
+    def algbw(self, nbytes: int) -> float:
+        return nbytes / self.time_s / 1e9
+
+    def busbw(self, nbytes: int, world_size: int) -> float:
+        return self.algbw(nbytes) * busbw_factor(world_size)
+
+
+@dataclass
+class Row:
+    nbytes: int
+    count: int
+    results: list[Result] = field(default_factory=list)
+
+
+def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> float:
+    """Seconds per call of ``fn`` (median over ``repeats`` barrier-aligned runs)."""
+    fn()   # warm-up: plan compilation, scratch allocation, connections
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append((time.perf_counter() - t0) / iters)
+    return statistics.median(times)
+
+
+def measure_allreduce(comm, sizes: Sequence[int] = DEFAULT_SIZES, algorithms: Sequence[str] = ("ring",),
+                      dtype: torch.dtype = torch.float32, native: bool = True, repeats: int = 3,
+                      on_row: Callable[[Row], None] | None = None) -> list[Row]:
+    """Time ``commrt.all_reduce`` (sum) per algorithm and the native all-reduce per size."""
+    algs = [resolve(a) for a in algorithms]
+    esize = torch.empty((), dtype=dtype).element_size()
+    rows = []
+    for nbytes in sizes:
+        count = max(1, nbytes // esize)
+        x = torch.ones(count, dtype=dtype, device=comm.device)
+        iters = iterations_for(nbytes)
+        row = Row(count * esize, count)
+        for alg in algs:
+            t = time_calls(comm, lambda: commrt.all_reduce(x, comm, algorithm=alg, op="sum"), iters, repeats)
+            row.results.append(Result(alg.name, t))
+        if native:
+            t = time_calls(comm, lambda: comm.transport.native_all_reduce(x, "sum"), iters, repeats)
+            row.results.append(Result(f"native ({NATIVE_NAMES[comm.backend.value]})", t))
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def _fmt_size(n: int) -> str:
+    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{n} B"
+
+
+def table_header(names: Sequence[str], world_size: int, title: str) -> str:
+    cols = "".join(f" | {n[:26]:>26}" for n in names)
+    sub = "".join(f" | {'time(us)':>9} {'algbw':>7} {'busbw':>8}" for _ in names)
+    return (f"# {title}\n# busbw = algbw x 2(p-1)/p = algbw x {busbw_factor(world_size):.3g}; GB/s\n"
+            f"#{'size':>10} {'count':>11}{cols}\n#{'':>10} {'(elements)':>11}{sub}")
+
+
+def table_row(row: Row, world_size: int) -> str:
+    cells = "".join(f" | {r.time_s * 1e6:9.1f} {r.algbw(row.nbytes):7.3f} {r.busbw(row.nbytes, world_size):8.3f}"
+                    for r in row.results)
+    return f" {_fmt_size(row.nbytes):>10} {row.count:>11}{cells}"
+
+
+def plot_rows(rows: Sequence[Row], world_size: int, path: str, title: str) -> str:
+    """Write busbw vs message size, one line per algorithm, as a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = [r.name for r in rows[0].results]
+    for i, name in enumerate(names):
+        ax.plot([row.nbytes for row in rows], [row.results[i].busbw(row.nbytes, world_size) for row in rows],
+                marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

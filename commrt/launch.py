@@ -1,0 +1,100 @@
+"""Start N local worker processes for the ``commrt`` command line.
+
+``commrt train --nproc 4`` (or ``bench``) re-runs itself as 4 ranks:
+under ``mpiexec`` for the mpi backend, otherwise as plain subprocesses with
+the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT) set. If any rank fails, the others are stopped
+and the failure's exit code is returned: a crashed worker never leaves the
+rest hanging.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+#: set in the children so they know not to launch again
+CHILD_ENV = "COMMRT_LAUNCHED"
+
+
+def already_launched() -> bool:
+    """True inside a rank started by mpiexec, torchrun or :func:`launch`."""
+    env = os.environ
+    return bool(env.get(CHILD_ENV) or "PMI_RANK" in env or "OMPI_COMM_WORLD_RANK" in env
+                or ("RANK" in env and "WORLD_SIZE" in env))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mpiexec_path() -> str | None:
+    return shutil.which("mpiexec") or shutil.which("mpirun")
+
+
+def launch(argv: Sequence[str], nproc: int, *, use_mpiexec: bool, timeout: float | None = None,
+           quiet_workers: bool = True) -> int:
+    """Run ``python -m commrt <argv>`` as ``nproc`` ranks; return the exit code.
+
+    Rank 0 keeps stdout (the progress bar and tables); the other ranks'
+    stdout is dropped when ``quiet_workers``; every rank keeps stderr.
+    """
+    if nproc < 1:
+        raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    cmd = [sys.executable, "-m", "commrt", *argv]
+    env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    if use_mpiexec:
+        exe = mpiexec_path()
+        if exe is None:
+            raise RuntimeError("backend mpi needs mpiexec: pip install 'commrt[mpi]' (the mpich wheel "
+                               "brings it), or use --backend gloo")
+        procs = [subprocess.Popen([exe, "-n", str(nproc), *cmd], env=env)]
+    else:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
+                   LOCAL_WORLD_SIZE=str(nproc))
+        procs = []
+        for r in range(nproc):
+            out = subprocess.DEVNULL if (quiet_workers and r) else None
+            procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=out))
+    return _supervise(procs, timeout)
+
+
+def _supervise(procs: list[subprocess.Popen], timeout: float | None) -> int:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            bad = [c for c in codes if c not in (None, 0)]
+            if bad:
+                _stop(procs)
+                return bad[0]
+            if all(c == 0 for c in codes):
+                return 0
+            if deadline is not None and time.monotonic() > deadline:
+                _stop(procs)
+                print(f"commrt: workers did not finish within {timeout:g} s; stopped them", file=sys.stderr)
+                return 124
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _stop(procs)
+        return 130
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    end = time.monotonic() + 5
+    for p in procs:
+        try:
+            p.wait(max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()

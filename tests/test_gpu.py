@@ -1,0 +1,72 @@
+"""NCCL on real GPUs. Skipped (with the reason) where there is no CUDA.
+
+These run as-is on a machine with two or more GPUs and cupy + NCCL
+(pip install -e '.[dev,cuda]'): two spawned ranks, the unique id shared over
+a TCPStore, results compared with ncclAllReduce and a float64 reference.
+"""
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import commrt
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
+]
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world, port, q):
+    try:
+        comm = commrt.init("nccl", rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                           device=torch.device("cuda", rank), timeout=60)
+        errs = []
+        for n in (1, 7, 1000, 1_000_003):
+            for dt in (torch.float32, torch.bfloat16):
+                g = torch.Generator().manual_seed(rank * 100 + n)
+                x = torch.randn(n, generator=g).to(dt).cuda(rank)
+                native = x.clone()
+                comm.transport.native_all_reduce(native, "sum")
+                for alg in ("ring", "halving_doubling"):
+                    t = x.clone()
+                    commrt.all_reduce(t, comm, algorithm=alg, op="sum")
+                    torch.cuda.synchronize()
+                    tol = 1e-5 if dt == torch.float32 else world * 2 ** -8 * 8
+                    err = (t.double() - native.double()).abs().max().item()
+                    if err > tol:
+                        errs.append((n, str(dt), alg, err))
+        comm.close()
+        q.put((rank, errs))
+    except Exception as e:   # reported to the test process
+        q.put((rank, repr(e)))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs for two ranks")
+def test_nccl_all_reduce_matches_ncclAllReduce():
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_worker, args=(r, 2, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(60)
+    assert results == {0: [], 1: []}, results
+
+
+def test_nccl_world_of_one_on_gpu():
+    comm = commrt.init("nccl", rank=0, world_size=1, device=torch.device("cuda", 0), timeout=60)
+    t = torch.arange(10.0, device="cuda")
+    commrt.all_reduce(t, comm, op="sum")
+    comm.barrier()
+    assert torch.equal(t.cpu(), torch.arange(10.0))
+    comm.close()
