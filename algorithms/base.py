@@ -22,6 +22,17 @@ class Algorithm(abc.ABC):
                  collective: Collective = Collective.ALL_REDUCE) -> Schedule:
         """The schedule for ``world_size`` ranks (or the subset ``ranks``)."""
 
+    def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
+        """The all-reduce schedule to run on a buffer of ``nbytes``.
+
+        ``comm`` (a :class:`~commrt.Communicator`, optional) gives context:
+        ranks per node for shape choices, and a place to cache what a
+        size-aware algorithm probed. Called collectively (every rank, same
+        order), so implementations may communicate. Default: the one
+        schedule for ``world_size``.
+        """
+        return self.schedule(world_size)
+
     def supports(self, collective: Collective) -> bool:
         return collective is Collective.ALL_REDUCE
 

@@ -62,8 +62,8 @@ def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algor
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = work.view(-1)
     if comm.world_size > 1 and flat.numel() > 0:
-        schedule = alg.schedule(comm.world_size)
         with comm.lock:
+            schedule = alg.select(comm.world_size, flat.numel() * flat.element_size(), comm)
             comm.executor.run(schedule, flat, comm.transport,
                               timeout=comm.timeout if timeout is None else timeout,
                               piece_bytes=comm.piece_bytes, average=op is ReduceOp.AVG, tracer=tracer)

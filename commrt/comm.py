@@ -104,6 +104,8 @@ class Communicator:
         self.timeout = float(timeout)
         self.piece_bytes = int(piece_bytes)
         self.lock = threading.RLock()
+        #: per-communicator derived data (e.g. a probed network model), keyed by owner
+        self.cache: dict = {}
         self._closed = False
         from commrt.executor import Executor   # executor imports kernels; keep init light
         self.executor = Executor()

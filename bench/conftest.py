@@ -1,0 +1,58 @@
+"""Shared benchmark set-up.
+
+Multi-rank benchmarks run pytest on every rank (``mpiexec -n 4 python -m
+pytest bench/...``); the ranks run the same tests in the same order with
+fixed round/iteration counts, so their collectives line up. Only rank 0
+reports: the other ranks' stdout goes to /dev/null and they write no JSON.
+
+Benchmarks record throughput with :func:`record_bandwidth`; a table of
+them (GB/s, algbw/busbw) is printed after pytest-benchmark's own.
+"""
+import os
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")   # kernels on CPU tensors, as in tests/
+
+_RANK = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0"))))
+_ROWS_KEY = pytest.StashKey[list]()
+
+
+@pytest.hookimpl(trylast=True)   # after the terminal reporter exists
+def pytest_configure(config):
+    config.stash[_ROWS_KEY] = []
+    if _RANK != 0:
+        # Silence the terminal reporter itself: redirecting fd 1 here would be
+        # undone by pytest's output capture, which is active at this point.
+        from _pytest._io import TerminalWriter
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            reporter._tw = TerminalWriter(open(os.devnull, "w"))
+        if hasattr(config.option, "benchmark_json"):
+            config.option.benchmark_json = None
+
+
+@pytest.fixture
+def record_bandwidth(request):
+    """``record_bandwidth(group, name, size, **columns)`` adds a row to the summary table."""
+    rows = request.config.stash[_ROWS_KEY]
+
+    def record(group: str, name: str, size: str, **columns):
+        rows.append((group, name, size, columns))
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    rows = config.stash.get(_ROWS_KEY, [])
+    if not rows:
+        return
+    tr = terminalreporter
+    tr.section("throughput (GB/s)")
+    last_group = None
+    for group, name, size, cols in rows:
+        if group != last_group:
+            tr.write_line(f"\n{group}")
+            last_group = group
+        cells = "  ".join(f"{k} {v:8.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in cols.items())
+        tr.write_line(f"  {size:>8}  {name:<34} {cells}")
