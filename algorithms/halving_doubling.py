@@ -43,7 +43,7 @@ class HalvingDoubling(Algorithm):
             ops = []
             for j, e in enumerate(extras):
                 ops += [Op(OpKind.SEND, e, core[j], 0, q), Op(OpKind.RECV_REDUCE, core[j], e, 0, q)]
-            steps.append(Step(tuple(ops), "fold-in"))
+            steps.append(Step.of(ops, "fold-in"))
         rng = [(0, q)] * q
         d = q // 2
         while d >= 1:   # recursive halving: keep the half on my side of bit d
@@ -56,7 +56,7 @@ class HalvingDoubling(Algorithm):
                         Op(OpKind.RECV_REDUCE, core[i], core[i ^ d], *keep)]
                 new[i] = keep
             rng = new
-            steps.append(Step(tuple(ops), "halving"))
+            steps.append(Step.of(ops, "halving"))
             d //= 2
         d = 1
         while d < q:   # recursive doubling: swap what each side holds
@@ -67,11 +67,11 @@ class HalvingDoubling(Algorithm):
                         Op(OpKind.RECV_COPY, core[i], core[j], *rng[j])]
                 new[i] = (min(rng[i][0], rng[j][0]), max(rng[i][1], rng[j][1]))
             rng = new
-            steps.append(Step(tuple(ops), "doubling"))
+            steps.append(Step.of(ops, "doubling"))
             d *= 2
         if extras:
             ops = []
             for j, e in enumerate(extras):
                 ops += [Op(OpKind.SEND, core[j], e, 0, q), Op(OpKind.RECV_COPY, e, core[j], 0, q)]
-            steps.append(Step(tuple(ops), "fold-out"))
+            steps.append(Step.of(ops, "fold-out"))
         return Schedule(self.name, collective, world_size, ranks, q, tuple(steps))

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import ring_all_gather, ring_reduce_scatter
-from commrt.schedule import Collective, Schedule
+from commrt.schedule import Collective, Schedule, Steps
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Ring(Algorithm):
         rs, holder = ring_reduce_scatter(ranks, blocks)
         owners = tuple(holder[k] for k in range(m))
         if collective is Collective.ALL_REDUCE:
-            steps, owners = rs + ring_all_gather(ranks, blocks), None
+            steps, owners = Steps.chain([rs, ring_all_gather(ranks, blocks)]), None
         elif collective is Collective.REDUCE_SCATTER:
             steps = rs
         else:

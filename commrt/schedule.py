@@ -29,13 +29,17 @@ Example::
 from __future__ import annotations
 
 import enum
-from collections import Counter
+import functools
+from collections import Counter, OrderedDict
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
 
 from commrt.errors import ScheduleError
 
-__all__ = ["Collective", "OpKind", "Op", "Step", "Schedule", "CheckReport", "check",
+__all__ = ["Collective", "OpKind", "Op", "Step", "Steps", "Schedule", "CheckReport", "check",
            "chunk_bounds", "sequence", "parallel"]
 
 
@@ -81,12 +85,122 @@ class Op:
         return f"{c}{'+' if self.kind is OpKind.RECV_REDUCE else '='}←{self.peer}"
 
 
-@dataclass(frozen=True)
-class Step:
-    """Ops that run concurrently; ``phase`` labels the step in tables and traces."""
+_KINDS = (OpKind.SEND, OpKind.RECV_REDUCE, OpKind.RECV_COPY)
+_CODE = {k: i for i, k in enumerate(_KINDS)}
+SEND, RECV_REDUCE, RECV_COPY = 0, 1, 2   # kind codes in Step.kind
 
-    ops: tuple[Op, ...]
+
+def _frozen(a, dtype) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=dtype)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """Ops that run concurrently; ``phase`` labels the step in tables and traces.
+
+    Stored column-wise, one read-only array per field (``kind`` holds the
+    codes SEND=0, RECV_REDUCE=1, RECV_COPY=2), so a step of a 4096-rank
+    ring is five arrays rather than 8192 objects; the simulator works on the
+    arrays directly. ``ops`` gives the same step as :class:`Op` objects.
+    """
+
+    kind: np.ndarray
+    rank: np.ndarray
+    peer: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
     phase: str = ""
+
+    def __post_init__(self):
+        n = len(self.kind)
+        for name, dt in (("kind", np.int8), ("rank", np.int32), ("peer", np.int32),
+                         ("lo", np.int64), ("hi", np.int64)):
+            a = _frozen(getattr(self, name), dt)
+            if a.shape != (n,):
+                raise ScheduleError(f"Step.{name} must be 1-D of length {n}, got shape {a.shape}")
+            object.__setattr__(self, name, a)
+
+    @classmethod
+    def of(cls, ops: Iterable[Op], phase: str = "") -> "Step":
+        """A step from :class:`Op` objects."""
+        ops = list(ops)
+        return cls(np.array([_CODE[o.kind] for o in ops], dtype=np.int8),
+                   np.array([o.rank for o in ops], dtype=np.int32), np.array([o.peer for o in ops], dtype=np.int32),
+                   np.array([o.lo for o in ops], dtype=np.int64), np.array([o.hi for o in ops], dtype=np.int64), phase)
+
+    @classmethod
+    def concat(cls, steps: Sequence["Step"], phase: str | None = None) -> "Step":
+        """All ops of ``steps`` in one step (fragments running side by side)."""
+        if phase is None:
+            phase = "/".join(dict.fromkeys(st.phase for st in steps if st.phase))
+        return cls(*(np.concatenate([getattr(st, f) for st in steps]) if steps else np.empty(0)
+                     for f in ("kind", "rank", "peer", "lo", "hi")), phase)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    @functools.cached_property
+    def ops(self) -> tuple[Op, ...]:
+        return tuple(Op(_KINDS[k], int(r), int(p), int(a), int(b))
+                     for k, r, p, a, b in zip(self.kind.tolist(), self.rank.tolist(), self.peer.tolist(),
+                                              self.lo.tolist(), self.hi.tolist()))
+
+    def ops_of(self, rank: int) -> tuple[Op, ...]:
+        """This rank's ops, in step order (cheap even for huge steps)."""
+        idx = np.flatnonzero(self.rank == rank)
+        return tuple(Op(_KINDS[int(self.kind[i])], rank, int(self.peer[i]), int(self.lo[i]), int(self.hi[i]))
+                     for i in idx)
+
+
+class Steps(SequenceABC):
+    """A lazily built, read-only sequence of steps.
+
+    Step ``i`` is made by ``make(i)`` when first asked for; a few recent
+    ones are kept. A 4096-rank ring has 8190 steps of 8192 ops each: built
+    eagerly that is tens of millions of entries, lazily it costs nothing
+    until a consumer (executor, simulator) walks it.
+    """
+
+    def __init__(self, n: int, make: Callable[[int], Step], keep: int = 8):
+        self._n, self._make, self._keep = int(n), make, keep
+        self._recent: OrderedDict[int, Step] = OrderedDict()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(self._n)))
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"step {i} of {self._n}")
+        st = self._recent.get(i)
+        if st is None:
+            st = self._make(i)
+            self._recent[i] = st
+            if len(self._recent) > self._keep:
+                self._recent.popitem(last=False)
+        else:
+            self._recent.move_to_end(i)
+        return st
+
+    def __iter__(self) -> Iterator[Step]:
+        for i in range(self._n):
+            yield self[i]
+
+    @staticmethod
+    def chain(parts: Sequence[Sequence[Step]]) -> "Steps":
+        """The steps of ``parts`` one after another."""
+        parts = [p for p in parts if len(p)]
+        starts = np.cumsum([0] + [len(p) for p in parts])
+
+        def make(i: int) -> Step:
+            k = int(np.searchsorted(starts, i, side="right")) - 1
+            return parts[k][i - int(starts[k])]
+        return Steps(int(starts[-1]), make)
 
 
 def chunk_bounds(numel: int, num_chunks: int) -> tuple[int, ...]:
@@ -119,12 +233,14 @@ class Schedule:
     world_size: int
     ranks: tuple[int, ...]
     num_chunks: int
-    steps: tuple[Step, ...]
+    steps: Sequence[Step]
     owners: tuple[int, ...] | None = None
     span: tuple[int, int] | None = None
     _programs: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
+        if isinstance(self.steps, list):
+            object.__setattr__(self, "steps", tuple(self.steps))
         if self.world_size < 1:
             raise ScheduleError(f"world_size must be >= 1, got {self.world_size}")
         if not self.ranks or len(set(self.ranks)) != len(self.ranks):
@@ -150,16 +266,18 @@ class Schedule:
         """This rank's view: per step, (its sends, its receives), in schedule order."""
         prog = self._programs.get(rank)
         if prog is None:
-            prog = tuple(
-                (tuple(o for o in s.ops if o.rank == rank and o.kind is OpKind.SEND),
-                 tuple(o for o in s.ops if o.rank == rank and o.kind.is_recv))
-                for s in self.steps)
+            out = []
+            for st in self.steps:
+                mine = st.ops_of(rank)
+                out.append((tuple(o for o in mine if o.kind is OpKind.SEND),
+                            tuple(o for o in mine if o.kind.is_recv)))
+            prog = tuple(out)
             self._programs[rank] = prog
         return prog
 
     def messages(self) -> int:
         """Number of point-to-point messages (sends) in the whole schedule."""
-        return sum(1 for s in self.steps for o in s.ops if o.kind is OpKind.SEND)
+        return sum(int(np.count_nonzero(st.kind == SEND)) for st in self.steps)
 
     def check(self) -> "CheckReport":
         """Symbolic proof that the schedule computes its collective (see :func:`check`)."""
@@ -173,9 +291,8 @@ class Schedule:
         rows = [["step", "phase"] + [f"r{r}" for r in shown]]
         for i, step in enumerate(self.steps[:max_steps]):
             cells = {r: [] for r in shown}
-            for op in step.ops:
-                if op.rank in cells:
-                    cells[op.rank].append(str(op))
+            for r in shown:
+                cells[r] = [str(op) for op in step.ops_of(r)]
             rows.append([str(i), step.phase] + [" ".join(cells[r]) or "·" for r in shown])
         widths = [max(len(row[j]) for row in rows) for j in range(len(rows[0]))]
         lines = [head] + ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
@@ -190,25 +307,21 @@ class Schedule:
 
 
 def sequence(name: str, collective: Collective, world_size: int, ranks: Sequence[int],
-             num_chunks: int, parts: Iterable[Sequence[Step]], **kw) -> Schedule:
+             num_chunks: int, parts: Sequence[Sequence[Step]], **kw) -> Schedule:
     """A schedule that runs the step lists ``parts`` one after another."""
-    steps = tuple(s for part in parts for s in part)
-    return Schedule(name, collective, world_size, tuple(ranks), num_chunks, steps, **kw)
+    return Schedule(name, collective, world_size, tuple(ranks), num_chunks, Steps.chain(list(parts)), **kw)
 
 
-def parallel(step_lists: Sequence[Sequence[Step]]) -> tuple[Step, ...]:
+def parallel(step_lists: Sequence[Sequence[Step]]) -> Steps:
     """Merge step lists that run side by side (on disjoint ranks) step by step.
 
     Step ``i`` of the result holds the ops of step ``i`` of every list; the
     longest list sets the length. Used to run all rows (or columns) of a
     torus at once.
     """
-    out = []
-    for i in range(max((len(s) for s in step_lists), default=0)):
-        here = [s[i] for s in step_lists if i < len(s)]
-        phases = dict.fromkeys(st.phase for st in here if st.phase)
-        out.append(Step(tuple(op for st in here for op in st.ops), "/".join(phases)))
-    return tuple(out)
+    lists = list(step_lists)
+    n = max((len(s) for s in lists), default=0)
+    return Steps(n, lambda i: Step.concat([s[i] for s in lists if i < len(s)]))
 
 
 # --------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def test_subset_validation():
 
 def _replace_step(s: Schedule, i: int, ops) -> Schedule:
     steps = list(s.steps)
-    steps[i] = Step(tuple(ops), steps[i].phase)
+    steps[i] = Step.of(ops, steps[i].phase)
     return dataclasses.replace(s, steps=tuple(steps))
 
 
