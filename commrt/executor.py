@@ -5,7 +5,8 @@ size, piece size) into a :class:`Plan`: element ranges per step, each large
 range cut into *pieces* of at most ``piece_bytes``. Each piece is its own
 message, so the reduction of piece ``i`` runs while pieces ``i+1..`` are
 still arriving (and the reduced data is still in cache). Reductions land in
-a scratch buffer first and are added in by :func:`commrt.kernels.reduce_`;
+a scratch buffer first and are added in by :func:`commrt.kernels.reduce_`
+(fp32/fp16/bf16; ``add_`` for float64 and integers);
 copies go straight into place when no send of the same step reads there.
 
 bf16 and fp16 buffers are reduced with fp32 arithmetic (each addition is
@@ -22,6 +23,7 @@ from typing import Callable
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
+from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES, reduce_
 from commrt.schedule import OpKind, Schedule, chunk_bounds
 from commrt.transports.base import Transport
 
@@ -104,8 +106,13 @@ def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) ->
     return Plan(tuple(steps), scratch_max, len(schedule.ranks), schedule.num_steps)
 
 
-def _torch_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.add_(src)
+def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst += src: commrt's fused kernel for fp32/fp16/bf16 (fp32 math, one
+    rounding; Triton on CUDA), plain ``add_`` for float64 and integers."""
+    if dst.dtype in KERNEL_DTYPES and src.dtype in KERNEL_DTYPES:
+        reduce_(dst, src)
+    else:
+        dst.add_(src)
 
 
 class Executor:
@@ -116,7 +123,7 @@ class Executor:
     """
 
     def __init__(self, reduce: Callable[[torch.Tensor, torch.Tensor], object] | None = None):
-        self.reduce = reduce or _torch_reduce
+        self.reduce = reduce or default_reduce
         self._plans: OrderedDict = OrderedDict()
         self._scratch: dict[tuple, torch.Tensor] = {}
 
