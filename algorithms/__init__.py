@@ -14,13 +14,15 @@ from __future__ import annotations
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.ring import Ring
+from commrt.algorithms.torus import Torus2D
 
-__all__ = ["Algorithm", "Ring", "HalvingDoubling", "resolve", "NAMES"]
+__all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "resolve", "NAMES"]
 
 _BY_NAME = {
     "ring": Ring,
     "halving_doubling": HalvingDoubling,
     "hd": HalvingDoubling,
+    "torus2d": Torus2D,
 }
 #: names accepted by ``algorithm="..."``
 NAMES = tuple(sorted(_BY_NAME))
