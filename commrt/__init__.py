@@ -5,6 +5,7 @@ Example::
     import commrt
     comm = commrt.init(backend="auto")            # mpiexec / torchrun / alone
     commrt.all_reduce(tensor, comm, algorithm="ring", op="avg")
+    sync = commrt.GradientSync(model, comm, algorithm="ring")   # in a training loop
 
 Everything else lives in modules with one job each: :mod:`commrt.schedule`
 (collectives as data + symbolic checker), :mod:`commrt.executor` (runs a
@@ -14,8 +15,9 @@ schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
 from commrt.collectives import all_reduce
 from commrt.comm import Backend, Communicator, init
 from commrt.errors import CommError, CommTimeoutError, ScheduleError
+from commrt.gradsync import GradientSync
 from commrt.schedule import Schedule
 
 __version__ = "0.1.0"
-__all__ = ["init", "Communicator", "Backend", "all_reduce", "Schedule",
+__all__ = ["init", "Communicator", "Backend", "all_reduce", "GradientSync", "Schedule",
            "CommError", "CommTimeoutError", "ScheduleError"]

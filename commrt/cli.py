@@ -89,7 +89,25 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--repeats", type=_positive, default=3)
     ar.add_argument("--plot", metavar="PNG", help="also write busbw vs size to this PNG file")
     ar.set_defaults(run=cmd_bench_allreduce)
+
+    trace = sub.add_parser("trace", help="work with Chrome-trace timelines")
+    tsub = trace.add_subparsers(dest="what", required=True)
+    merge = tsub.add_parser("merge", help="merge per-rank trace files into one (open in ui.perfetto.dev)")
+    merge.add_argument("-o", "--output", required=True, help="merged JSON file to write")
+    merge.add_argument("inputs", nargs="+", help="per-rank trace JSON files")
+    merge.set_defaults(run=cmd_trace_merge, single_process=True)
     return parser
+
+
+def cmd_trace_merge(args) -> int:
+    import os
+    from commrt.trace import merge_traces
+    missing = [p for p in args.inputs if not os.path.exists(p)]
+    if missing:
+        print(f"commrt trace merge: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    print(f"merged {len(args.inputs)} traces into {merge_traces(args.inputs, args.output)}")
+    return 0
 
 
 def _relaunch_or_run(args, argv: Sequence[str], parser) -> int:
@@ -136,6 +154,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 resolve(a)
             except ValueError as e:
                 parser.error(str(e))
+    if getattr(args, "single_process", False):
+        return args.run(args)
     return _relaunch_or_run(args, argv, parser)
 
 

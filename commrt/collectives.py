@@ -59,6 +59,11 @@ def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algor
     alg = resolve(algorithm)
     check_tensor(tensor, comm, op)
     comm._check_open()
+    if comm._active_sync is not None:
+        # Its buckets are mid-sequence on the wire; interleaving another
+        # collective would pair this rank's messages with a peer's buckets.
+        raise RuntimeError("commrt: a GradientSync step is in flight on this communicator; call "
+                           "sync.wait() before other collectives (or use a second communicator)")
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = work.view(-1)
     if comm.world_size > 1 and flat.numel() > 0:

@@ -106,6 +106,8 @@ class Communicator:
         self.lock = threading.RLock()
         #: per-communicator derived data (e.g. a probed network model), keyed by owner
         self.cache: dict = {}
+        #: the GradientSync whose step is in flight (its buckets own the message sequence)
+        self._active_sync = None
         self._closed = False
         from commrt.executor import Executor   # executor imports kernels; keep init light
         self.executor = Executor()

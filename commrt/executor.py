@@ -61,6 +61,7 @@ class Plan:
     scratch_numel: int
     group_size: int
     num_steps: int
+    send_elems: int      # elements this rank sends over the whole schedule
 
 
 def _pieces(start: int, stop: int, piece: int):
@@ -103,7 +104,8 @@ def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) ->
         scratch_max = max(scratch_max, scratch)
         if send_x or recv_x:
             steps.append(StepPlan(index, step.phase, tuple(send_x), tuple(recv_x), sends_first))
-    return Plan(tuple(steps), scratch_max, len(schedule.ranks), schedule.num_steps)
+    sent = sum(x.stop - x.start for st in steps for x in st.sends)
+    return Plan(tuple(steps), scratch_max, len(schedule.ranks), schedule.num_steps, sent)
 
 
 def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -155,8 +157,8 @@ class Executor:
 
     def run(self, schedule: Schedule, buf: torch.Tensor, transport: Transport, *,
             timeout: float, piece_bytes: int = 1 << 20, average: bool = False,
-            bucket: int | None = None, tracer=None) -> None:
-        """Run ``schedule`` in place on the 1-D contiguous ``buf``.
+            bucket: int | None = None, tracer=None) -> int:
+        """Run ``schedule`` in place on the 1-D contiguous ``buf``; return the bytes this rank sent.
 
         ``average`` divides by the number of participating ranks at the end.
         Raises :class:`~commrt.CommTimeoutError` if any wait exceeds
@@ -164,7 +166,7 @@ class Executor:
         """
         rank = transport.rank
         if rank not in schedule.ranks:
-            return
+            return 0
         piece_elems = max(1, piece_bytes // buf.element_size())
         plan = self.plan(schedule, rank, buf.numel(), piece_elems)
         scratch = self.scratch(plan.scratch_numel, buf.dtype, buf.device)
@@ -192,6 +194,7 @@ class Executor:
             raise CommTimeoutError(rank=rank, peer=None, what="device stream", timeout_s=timeout,
                                    algorithm=name, bucket=bucket)
         transport.end(buf)
+        return plan.send_elems * buf.element_size()
 
     def _run_step(self, sp: StepPlan, buf, scratch, transport, deadline, fail) -> None:
         def recv_view(x: Xfer):

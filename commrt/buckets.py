@@ -1,0 +1,107 @@
+"""Gradient buckets: which parameters travel together, and a layout check.
+
+Parameters go into buckets in *reverse registration order*, the order in
+which backward produces their gradients, so the first bucket fills (and
+can leave) while backward is still running. The first bucket is kept
+small (``first_bucket_mb``, 1 MB by default as in PyTorch DDP) so that
+communication starts early; the others are capped by ``bucket_mb``. A
+parameter larger than the cap gets a bucket of its own.
+
+:func:`check_layout` makes every rank compare its buckets with everyone
+else's before any gradient moves, so a rank with a different model fails
+fast, with the difference in the message, on every rank.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from commrt.errors import CommError
+
+MB = 1 << 20
+
+
+@dataclass(frozen=True, eq=False)
+class Bucket:
+    """Parameters whose gradients are packed into one flat buffer."""
+
+    index: int
+    params: tuple[torch.nn.Parameter, ...]
+    names: tuple[str, ...]
+    offsets: tuple[int, ...]      # element offset of each parameter in the buffer
+    numel: int
+
+    def __repr__(self) -> str:
+        return f"Bucket({self.index}, {len(self.params)} params, {self.numel} elements)"
+
+
+def assign_buckets(named_params: Sequence[tuple[str, torch.nn.Parameter]], bucket_bytes: int,
+                   first_bucket_bytes: int, element_size: int) -> list[Bucket]:
+    """Group parameters (given in registration order) into buckets, last first."""
+    if bucket_bytes <= 0 or first_bucket_bytes <= 0:
+        raise ValueError("bucket sizes must be positive")
+    buckets: list[Bucket] = []
+    cur: list[tuple[str, torch.nn.Parameter]] = []
+    cur_bytes = 0
+
+    def close():
+        nonlocal cur, cur_bytes
+        if cur:
+            offs, off = [], 0
+            for _, p in cur:
+                offs.append(off)
+                off += p.numel()
+            buckets.append(Bucket(len(buckets), tuple(p for _, p in cur), tuple(n for n, _ in cur),
+                                  tuple(offs), off))
+        cur, cur_bytes = [], 0
+
+    for name, p in reversed(list(named_params)):
+        cap = first_bucket_bytes if not buckets else bucket_bytes
+        nbytes = p.numel() * element_size
+        if cur and cur_bytes + nbytes > cap:
+            close()
+        cur.append((name, p))
+        cur_bytes += nbytes
+    close()
+    return buckets
+
+
+def _fingerprint(buckets: Sequence[Bucket], extra: str) -> list[int]:
+    h = hashlib.blake2b(extra.encode(), digest_size=7)
+    nparams = 0
+    for b in buckets:
+        h.update(f"|{b.index}:{b.numel}".encode())
+        for p in b.params:
+            h.update(f"{tuple(p.shape)}{p.dtype}".encode())
+            nparams += 1
+    return [int.from_bytes(h.digest(), "little"), len(buckets), nparams, sum(b.numel for b in buckets)]
+
+
+def check_layout(comm, buckets: Sequence[Bucket], extra: str = "") -> None:
+    """Raise on every rank if any rank's bucket layout differs from rank 0's.
+
+    One small all-reduce of int64 slots (each rank fills its own row), so a
+    mismatch can never deadlock: every rank gets every row and the same
+    verdict. ``extra`` folds options that must agree (wire dtype,
+    algorithm) into the fingerprint.
+    """
+    from commrt.collectives import all_reduce   # avoid an import cycle
+    mine = _fingerprint(buckets, extra)
+    table = torch.zeros(comm.world_size, len(mine), dtype=torch.int64, device=comm.device)
+    table[comm.rank] = torch.tensor(mine, dtype=torch.int64)
+    all_reduce(table, comm, algorithm="ring", op="sum")
+    rows = table.cpu().tolist()
+    bad = [r for r, row in enumerate(rows) if row != rows[0]]
+    if bad:
+        def say(r):
+            _, nb, npar, nel = rows[r]
+            return f"rank {r}: {npar} parameters, {nel} elements, {nb} buckets"
+        same = "" if any(rows[r][1:] != rows[0][1:] for r in bad) else \
+            " (same counts: shapes, dtypes, bucket_mb, comm_dtype or algorithm differ)"
+        raise CommError(f"commrt: gradient layouts differ across ranks{same}: {say(0)}; "
+                        + "; ".join(say(r) for r in bad[:4])
+                        + ". Every rank must build the same model (same parameters that require grad, "
+                          "in the same order) with the same GradientSync options.")

@@ -1,0 +1,756 @@
+"""The cost simulator: real :class:`~commrt.Schedule` objects under an α-β network.
+
+:func:`simulate` walks ``schedule.steps`` (the same lazily built
+:class:`~commrt.schedule.Step` objects the executor runs) with numpy on each
+step's ``kind/rank/peer/lo/hi`` arrays, so a 4096-rank ring (8190 steps of
+8192 ops) takes about a second.
+
+The model
+---------
+*Messages.* Every ``SEND`` op of a step is one message of ``bytes`` =
+(its chunk range under :func:`~commrt.schedule.chunk_bounds`) × ``itemsize``.
+Empty ranges send nothing (the executor skips them too). A message on a
+link of class *c* takes ``α_c + β_c · load``, where ``load`` is the largest
+number of bytes any resource it crosses carries in that step (the
+"bottleneck resource" approximation of fair sharing):
+
+* its own bytes;
+* the bytes its sender injects on that class in the step, and the bytes its
+  receiver takes in on that class (a rank's port is full duplex: sending
+  and receiving overlap, two sends share it);
+* inter-node only: the node's inter-node bytes out (in) divided by
+  ``nics_per_node`` (the NICs are shared by the node's ranks; one rank's
+  traffic goes through one NIC).
+
+*Link classes.* Ranks are placed on nodes in blocks (rank // ranks_per_node,
+as ``mpiexec``/``torchrun`` place them); two ranks on one node talk over the
+intra-node class (NVLink-like), others over the inter-node class
+(InfiniBand-like).
+
+*Time.* Each rank has a clock (its start time, 0 unless ``start_s`` is
+given). A message starts when both its sender and its receiver have
+reached the step (rendezvous; the receiver has posted its receive) and
+ends ``α + β·load`` later; a rank leaves the step when all of its messages
+ended. That is what the executor does: no barrier between steps, each rank
+waits only on its own peers. With equal messages and equal start times it
+is the same as bulk-synchronous steps (step time = the slowest message), so
+the closed forms hold exactly:
+
+* ring: ``2(p−1)α + 2(p−1)/p · nβ``
+* halving-doubling (p a power of two): ``2·log2(p)·α + 2(p−1)/p · nβ``
+* 2D torus X×Y: ``2(X+Y−2)α + 2(p−1)/p · nβ``
+
+(tests/test_sim.py checks them within 1% for p up to 4096). Where one rank
+per node talks off-node in a step (a ring or a torus row laid along the
+nodes), the NIC term never binds and the step takes the inter-node α, β, as
+in the closed form. Where several ranks of a node send off-node at once
+through fewer NICs, their messages slow down in proportion. Not modelled:
+reduction compute (γ), pipelining inside a message, protocol switches
+(eager/rendezvous, NCCL LL/Simple), topology beyond node/NIC (switch
+oversubscription), and contention between different steps.
+
+Stragglers
+----------
+:func:`simulate_steps` samples many training steps: each rank computes for
+``compute_s`` plus a random delay (:class:`Exponential`, :class:`LogNormal`,
+:class:`Pareto`; seeded), then the collective runs. A synchronous step ends
+when the collective ends, so it waits for the slowest rank. Per-rank arrival
+times come from :func:`arrivals`; the aggregation that turns them into a
+start time is a separate, small function, so an aggregation that waits for
+only the first N of N+b arrivals can be added next to it.
+
+Example::
+
+    >>> from commrt import sim
+    >>> net = sim.Network.h100_nvlink_ib()
+    >>> r = sim.simulate("ring", 64, 256 << 20, network=net)
+    >>> round(r.time_s * 1e3, 2), r.num_steps                   # doctest: +SKIP
+    (22.39, 126)
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from commrt.schedule import SEND, Collective, Schedule, Step
+
+__all__ = ["Link", "Network", "SimResult", "StepCost", "simulate", "closed_form", "estimate",
+           "Exponential", "LogNormal", "Pareto", "NoDelay", "arrivals", "synchronous_start",
+           "simulate_steps", "StepStats", "ring_time", "halving_doubling_time", "torus_time"]
+
+GB = 1e9
+
+
+# --------------------------------------------------------------------------
+# network
+# --------------------------------------------------------------------------
+
+def _check_number(name: str, value, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise ValueError(f"{name} must be {'positive' if positive else 'non-negative'} and finite, got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class Link:
+    """One link class: ``alpha_s`` seconds per message, ``beta_s_per_byte`` per byte.
+
+    Example::
+
+        >>> Link.from_bandwidth(alpha_us=3, gbytes_per_s=370).bandwidth_gbps
+        370.0
+    """
+
+    alpha_s: float
+    beta_s_per_byte: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "alpha_s", _check_number("alpha_s", self.alpha_s, positive=False))
+        object.__setattr__(self, "beta_s_per_byte",
+                           _check_number("beta_s_per_byte", self.beta_s_per_byte, positive=True))
+
+    @classmethod
+    def from_bandwidth(cls, alpha_us: float, gbytes_per_s: float) -> "Link":
+        """A link from a latency in µs and a bandwidth in GB/s (10^9 bytes/s)."""
+        bw = _check_number("gbytes_per_s", gbytes_per_s, positive=True)
+        return cls(_check_number("alpha_us", alpha_us, positive=False) * 1e-6, 1.0 / (bw * GB))
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        """Bandwidth in GB/s (10^9 bytes/s)."""
+        return round(1.0 / self.beta_s_per_byte / GB, 9)
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha_s + nbytes * self.beta_s_per_byte
+
+
+@dataclass(frozen=True)
+class Network:
+    """An α-β network with two link classes; frozen and validated.
+
+    ``ranks_per_node`` consecutive ranks share a node; ``intra`` links them
+    (NVLink-like), ``inter`` links nodes (InfiniBand-like), and a node's
+    ``nics_per_node`` NICs carry all its inter-node traffic. ``inter.beta``
+    is per NIC. With ``ranks_per_node=1`` every rank is its own node with
+    its own NIC: a flat network with one link class.
+
+    Presets: :meth:`h100_nvlink_ib` (published figures, sources in its
+    docstring) and :meth:`from_probe` (one class, measured here by
+    :mod:`commrt.probe`).
+    """
+
+    intra: Link
+    inter: Link
+    ranks_per_node: int = 1
+    nics_per_node: int = 1
+    name: str = "custom"
+
+    def __post_init__(self):
+        for f in ("intra", "inter"):
+            if not isinstance(getattr(self, f), Link):
+                raise TypeError(f"Network.{f} must be a Link, got {type(getattr(self, f)).__name__}")
+        for f in ("ranks_per_node", "nics_per_node"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"Network.{f} must be a positive integer, got {v!r}")
+            object.__setattr__(self, f, int(v))
+
+    # presets -------------------------------------------------------------
+    @classmethod
+    def flat(cls, alpha_s: float, beta_s_per_byte: float, name: str = "flat") -> "Network":
+        """One link class between every pair of ranks."""
+        link = Link(alpha_s, beta_s_per_byte)
+        return cls(link, link, 1, 1, name)
+
+    @classmethod
+    def from_probe(cls, alpha_s: float, beta_s_per_byte: float) -> "Network":
+        """The flat network :mod:`commrt.probe` measured (one class: this machine)."""
+        return cls.flat(alpha_s, beta_s_per_byte, name="probe")
+
+    @classmethod
+    def h100_nvlink_ib(cls, ranks_per_node: int = 8, nics_per_node: int = 8) -> "Network":
+        """DGX/HGX H100 nodes: NVLink4 inside, NDR InfiniBand between (one NIC per GPU).
+
+        Sources (figures as published; the latencies are assumptions):
+
+        * intra β: 370 GB/s, the effective NVLink4 bandwidth NCCL reaches
+          with the ring algorithm on 8×H100 (line rate 450 GB/s per
+          direction, ~20% protocol overhead) -- S. Jeaugey (NVIDIA),
+          https://github.com/NVIDIA/nccl-tests/issues/212 .
+        * inter β: 48 GB/s per NIC, "for NDR @ 400Gbps you should see
+          46-48GB/s per NIC" -- NVIDIA, https://github.com/NVIDIA/nccl-tests/issues/290 .
+        * 8 NICs per node: DGX H100 has eight 400 Gb/s ConnectX-7 ports, one
+          per GPU (NVIDIA DGX H100 user guide, hardware overview).
+        * intra α = 3 µs, inter α = 8 µs: ASSUMPTIONS, per message,
+          chosen from the per-hop latencies in NCCL's own cost model
+          (src/graph/tuning.cc ``hwLat``: NVLink ring 0.6-3.4 µs by protocol,
+          network 5-8.5 µs for LL/LL128; quoted in
+          https://github.com/NVIDIA/nccl/issues/1334) plus a launch overhead.
+          Change them with ``dataclasses.replace``.
+        """
+        return cls(Link.from_bandwidth(3.0, 370.0), Link.from_bandwidth(8.0, 48.0),
+                   ranks_per_node, nics_per_node, "h100-nvlink-ndr")
+
+    # helpers -------------------------------------------------------------
+    def single_class(self, world_size: int) -> Link | None:
+        """The one link every message uses for ``world_size`` ranks, or None if two classes are in play.
+
+        True when every rank is its own node with its own NIC, or when all
+        ranks fit in one node. (Node-level NIC sharing needs several ranks
+        per node, so it never applies then.)
+        """
+        if world_size <= self.ranks_per_node:
+            return self.intra
+        if self.ranks_per_node == 1:
+            return self.inter
+        return None
+
+    def describe(self) -> str:
+        def link(l: Link) -> str:
+            return f"α {l.alpha_s * 1e6:.3g} µs, {l.bandwidth_gbps:.4g} GB/s"
+        if self.ranks_per_node == 1:
+            return f"{self.name}: flat, {link(self.inter)}"
+        return (f"{self.name}: {self.ranks_per_node} ranks/node, intra {link(self.intra)}; "
+                f"inter {link(self.inter)} per NIC, {self.nics_per_node} NIC(s)/node")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Network":
+        """From :meth:`to_dict` output, or a probe file ``{"alpha_s": .., "beta_s_per_byte": ..}``."""
+        if "intra" in d:
+            return cls(Link(**d["intra"]), Link(**d["inter"]), d.get("ranks_per_node", 1),
+                       d.get("nics_per_node", 1), d.get("name", "custom"))
+        if "alpha_s" in d and "beta_s_per_byte" in d:
+            return cls.from_probe(d["alpha_s"], d["beta_s_per_byte"])
+        raise ValueError("a network file needs either intra/inter links (Network.to_dict()) "
+                         "or alpha_s and beta_s_per_byte (a probe result)")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Network":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+
+# --------------------------------------------------------------------------
+# closed forms
+# --------------------------------------------------------------------------
+
+def ring_time(p: int, nbytes: float, link: Link) -> float:
+    """Ring all-reduce: 2(p−1)α + 2(p−1)/p · nβ."""
+    if p <= 1:
+        return 0.0
+    return 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * nbytes * link.beta_s_per_byte
+
+
+def halving_doubling_time(p: int, nbytes: float, link: Link) -> float:
+    """Halving-doubling: 2·log2(q)·α + 2(q−1)/q · nβ on the q = 2^⌊log2 p⌋ core ranks,
+
+    plus, when p > q, the fold-in and fold-out of the whole buffer (2α + 2nβ).
+    """
+    if p <= 1:
+        return 0.0
+    q = 1 << (p.bit_length() - 1)
+    t = 2 * math.log2(q) * link.alpha_s + 2 * (q - 1) / q * nbytes * link.beta_s_per_byte
+    if p > q:
+        t += 2 * link.time(nbytes)
+    return t
+
+
+def torus_time(rows: int, cols: int, nbytes: float, link: Link) -> float:
+    """2D torus all-reduce on X·Y ranks: 2(X+Y−2)α + 2(p−1)/p · nβ."""
+    p = rows * cols
+    if p <= 1:
+        return 0.0
+    return 2 * (rows + cols - 2) * link.alpha_s + 2 * (p - 1) / p * nbytes * link.beta_s_per_byte
+
+
+def closed_form(algorithm, world_size: int, nbytes: float, link: Link) -> float | None:
+    """The α-β closed form for ``algorithm`` on one link class, or None if it has none."""
+    from commrt.algorithms import resolve
+    alg = resolve(algorithm)
+    name = alg.name
+    if name == "ring":
+        return ring_time(world_size, nbytes, link)
+    if name == "halving_doubling":
+        return halving_doubling_time(world_size, nbytes, link)
+    shape = _torus_shape(alg, world_size)
+    if shape is not None:
+        return torus_time(*shape, nbytes, link)
+    return None
+
+
+def _torus_shape(alg, world_size: int) -> tuple[int, int] | None:
+    """(rows, cols) of a Torus2D instance for ``world_size`` (its own choice if unset)."""
+    if getattr(alg, "name", None) != "torus2d":
+        return None
+    shape = getattr(alg, "shape", None)
+    if callable(shape):
+        return tuple(shape(world_size))
+    rows, cols = getattr(alg, "rows", None), getattr(alg, "cols", None)
+    if rows and cols:
+        return rows, cols
+    return None
+
+
+def estimate(algorithm, world_size: int, nbytes: int, network: "Network", *, itemsize: int = 4) -> float:
+    """Predicted all-reduce time: the closed form where one link class carries every
+    message and the algorithm has one, else :func:`simulate` of its schedule."""
+    link = network.single_class(world_size)
+    if link is not None and not isinstance(algorithm, Schedule):
+        t = closed_form(algorithm, world_size, nbytes, link)
+        if t is not None:
+            return t
+    return simulate(algorithm, world_size, nbytes, network=network, itemsize=itemsize).time_s
+
+
+# --------------------------------------------------------------------------
+# replay
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepCost:
+    """One row of :attr:`SimResult.steps`."""
+
+    index: int
+    phase: str
+    time_s: float          # how much this step moved the finish of the slowest rank
+    end_s: float           # when the last rank left this step
+    slowest_message_s: float
+    bytes: int             # sum over its messages
+    messages: int
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """What :func:`simulate` returns.
+
+    ``time_s`` is when the slowest rank finished, measured from the earliest
+    start (``start_s``, 0 unless per-rank start times were given);
+    :attr:`steps` breaks it down per schedule step.
+    """
+
+    name: str
+    world_size: int
+    nbytes: int
+    network: Network
+    time_s: float
+    start_s: float = field(repr=False)
+    rank_finish_s: np.ndarray = field(repr=False)      # absolute, per rank (NaN: not a participant)
+    step_phase: tuple[str, ...] = field(repr=False)
+    step_end_s: np.ndarray = field(repr=False)         # absolute: last rank out of each step
+    step_slowest_s: np.ndarray = field(repr=False)
+    step_bytes: np.ndarray = field(repr=False)
+    step_messages: np.ndarray = field(repr=False)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_phase)
+
+    @property
+    def step_time_s(self) -> np.ndarray:
+        """Per step: how much it moved the finish of the slowest rank (these sum to ``time_s``)."""
+        if not self.num_steps:
+            return np.zeros(0)
+        ends = np.maximum.accumulate(np.maximum(self.step_end_s, self.start_s))
+        return np.diff(ends, prepend=self.start_s)
+
+    @property
+    def steps(self) -> list[StepCost]:
+        t = self.step_time_s
+        return [StepCost(i, self.step_phase[i], float(t[i]), float(self.step_end_s[i]),
+                         float(self.step_slowest_s[i]), int(self.step_bytes[i]), int(self.step_messages[i]))
+                for i in range(self.num_steps)]
+
+    def by_phase(self) -> dict[str, tuple[int, float]]:
+        """phase -> (number of steps, time they added), in schedule order."""
+        out: dict[str, list] = {}
+        for ph, t in zip(self.step_phase, self.step_time_s.tolist()):
+            e = out.setdefault(ph, [0, 0.0])
+            e[0] += 1
+            e[1] += t
+        return {k: (n, t) for k, (n, t) in out.items()}
+
+    @property
+    def algbw_gbps(self) -> float:
+        return self.nbytes / self.time_s / GB if self.time_s > 0 else float("inf")
+
+    @property
+    def busbw_gbps(self) -> float:
+        p = self.world_size
+        return self.algbw_gbps * (2 * (p - 1) / p if p > 1 else 1.0)
+
+    def table(self, max_steps: int = 12) -> str:
+        """A readable breakdown: totals, per phase, then the first steps."""
+        lines = [f"{self.name} · p={self.world_size} · {_fmt_bytes(self.nbytes)} · {self.network.name}: "
+                 f"{self.time_s * 1e6:.1f} µs (busbw {self.busbw_gbps:.1f} GB/s)"]
+        for ph, (n, t) in self.by_phase().items():
+            lines.append(f"  {ph or '(no phase)':<16} {n:6d} steps {t * 1e6:12.1f} µs")
+        lines.append(f"  {'step':>6} {'phase':<16} {'+time(µs)':>11} {'slowest msg':>12} {'bytes':>12} {'msgs':>7}")
+        for s in self.steps[:max_steps]:
+            lines.append(f"  {s.index:6d} {s.phase:<16} {s.time_s * 1e6:11.2f} {s.slowest_message_s * 1e6:12.2f} "
+                         f"{s.bytes:12d} {s.messages:7d}")
+        if self.num_steps > max_steps:
+            lines.append(f"  … {self.num_steps - max_steps} more steps")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{int(n)} B"
+
+
+def _as_schedule(algorithm_or_schedule, world_size: int | None, nbytes: int, network: Network) -> Schedule:
+    """A Schedule, an Algorithm instance or a name -> the schedule to replay."""
+    if isinstance(algorithm_or_schedule, Schedule):
+        s = algorithm_or_schedule
+        if world_size is not None and world_size != s.world_size:
+            raise ValueError(f"the schedule {s.name!r} is for world_size {s.world_size}, not {world_size}")
+        return s
+    from commrt.algorithms import resolve
+    alg = resolve(algorithm_or_schedule)
+    if world_size is None:
+        raise ValueError("simulate() needs world_size when given an algorithm rather than a Schedule")
+    if getattr(alg, "name", None) == "auto" and getattr(alg, "network", None) is None:
+        import dataclasses
+        alg = dataclasses.replace(alg, network=network)   # let "auto" choose for the simulated network
+    return alg.select(world_size, nbytes)
+
+
+def _bounds(numel: int, num_chunks: int) -> np.ndarray:
+    """chunk_bounds(numel, num_chunks) as an int64 array, vectorised."""
+    base, extra = divmod(numel, num_chunks)
+    c = np.arange(num_chunks + 1, dtype=np.int64)
+    return c * base + np.minimum(c, extra)
+
+
+class _Replayer:
+    """Message times and the per-rank clock update of one step (see module doc)."""
+
+    def __init__(self, schedule: Schedule, nbytes: int, network: Network, itemsize: int):
+        if itemsize < 1:
+            raise ValueError(f"itemsize must be a positive number of bytes, got {itemsize}")
+        if nbytes < 0 or nbytes % itemsize:
+            raise ValueError(f"nbytes must be a non-negative multiple of itemsize={itemsize}, got {nbytes}")
+        self.bounds = _bounds(nbytes // itemsize, schedule.num_chunks) * itemsize   # byte offsets
+        p = schedule.world_size
+        self.p = p
+        self.net = network
+        self.single = network.single_class(p)
+        rpn = network.ranks_per_node
+        self.node = np.arange(p, dtype=np.int64) // rpn
+        self.nnodes = int(self.node[-1]) + 1
+
+    def message_times(self, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(src, dst, bytes, seconds) of the step's non-empty messages."""
+        send = np.flatnonzero(step.kind == SEND)     # int indices: far cheaper than boolean masks
+        src, dst = step.rank.take(send), step.peer.take(send)
+        b = (self.bounds.take(step.hi.take(send)) - self.bounds.take(step.lo.take(send))).astype(np.float64)
+        if not (b > 0).all():
+            keep = np.flatnonzero(b > 0)
+            src, dst, b = src.take(keep), dst.take(keep), b.take(keep)
+        if not len(b):
+            return src, dst, b, b
+        p = self.p
+        if self.single is not None:
+            link = self.single
+            load = np.maximum(b, np.maximum(np.bincount(src, b, p)[src], np.bincount(dst, b, p)[dst]))
+            return src, dst, b, link.alpha_s + link.beta_s_per_byte * load
+        net = self.net
+        t = np.empty_like(b)
+        intra = self.node[src] == self.node[dst]
+        for mask, link, shared in ((intra, net.intra, False), (~intra, net.inter, True)):
+            if not mask.any():
+                continue
+            s, d, bb = src[mask], dst[mask], b[mask]
+            load = np.maximum(bb, np.maximum(np.bincount(s, bb, p)[s], np.bincount(d, bb, p)[d]))
+            if shared:
+                ns, nd = self.node[s], self.node[d]
+                nic = net.nics_per_node
+                load = np.maximum(load, np.maximum(np.bincount(ns, bb, self.nnodes)[ns] / nic,
+                                                   np.bincount(nd, bb, self.nnodes)[nd] / nic))
+            t[mask] = link.alpha_s + link.beta_s_per_byte * load
+        return src, dst, b, t
+
+    @staticmethod
+    def advance(clock: np.ndarray, src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """New clocks (shape (p,) or (p, samples)) after a step's messages."""
+        if not len(t):
+            return clock
+        if clock.ndim == 1:
+            fin = np.maximum(clock[src], clock[dst]) + t
+            new = clock.copy()
+            np.maximum.at(new, src, fin)
+            np.maximum.at(new, dst, fin)
+            return new
+        fin = np.maximum(clock[src], clock[dst]) + t[:, None]
+        new = clock.copy()
+        for idx in (src, dst):
+            if len(np.unique(idx)) == len(idx):   # one message per rank: plain fancy indexing
+                new[idx] = np.maximum(new[idx], fin)
+            else:
+                np.maximum.at(new, idx, fin)
+        return new
+
+
+def simulate(algorithm_or_schedule, world_size: int | None = None, nbytes: int = 1 << 20,
+             network: Network | None = None, *, itemsize: int = 4,
+             start_s: Sequence[float] | np.ndarray | None = None) -> SimResult:
+    """Replay an all-reduce schedule under ``network``; return its time and per-step costs.
+
+    ``algorithm_or_schedule``: a :class:`~commrt.Schedule`, an
+    :class:`~commrt.algorithms.Algorithm` instance or a name (``"ring"``,
+    ``"hd"``, ...); an algorithm is asked for ``select(world_size, nbytes)``,
+    the same schedule ``commrt.all_reduce`` runs. ``nbytes`` is the buffer
+    size, a multiple of ``itemsize`` (the element size: chunks are cut in
+    elements, as the executor cuts them). ``network`` defaults to
+    :meth:`Network.h100_nvlink_ib`. ``start_s`` (one per rank) lets ranks
+    enter the collective at different times (stragglers); each rank then
+    proceeds as soon as its own peers are ready.
+    """
+    network = Network.h100_nvlink_ib() if network is None else network
+    if not isinstance(network, Network):
+        raise TypeError(f"network must be a commrt.sim.Network, got {type(network).__name__}")
+    sched = _as_schedule(algorithm_or_schedule, world_size, nbytes, network)
+    if sched.collective is not Collective.ALL_REDUCE:
+        raise ValueError(f"simulate() replays all-reduce schedules; {sched.name!r} is {sched.collective.value}")
+    rp = _Replayer(sched, int(nbytes), network, int(itemsize))
+    p = sched.world_size
+    clock = np.zeros(p)
+    if start_s is not None:
+        start = np.asarray(start_s, dtype=np.float64)
+        if start.shape != (p,):
+            raise ValueError(f"start_s must hold one time per rank ({p}), got shape {start.shape}")
+        if not np.all(np.isfinite(start)):
+            raise ValueError("start_s must be finite")
+        clock = start.copy()
+    part = np.asarray(sched.ranks, dtype=np.int64)
+    t0 = float(clock[part].min())
+    n = sched.num_steps
+    phase, end, slowest = [], np.empty(n), np.empty(n)
+    nb, nm = np.empty(n, np.int64), np.empty(n, np.int64)
+    for i, step in enumerate(sched.steps):
+        src, dst, b, t = rp.message_times(step)
+        clock = rp.advance(clock, src, dst, t)
+        phase.append(step.phase)
+        touched = np.concatenate([src, dst])
+        end[i] = clock[touched].max() if len(touched) else t0
+        slowest[i] = t.max() if len(t) else 0.0
+        nb[i], nm[i] = int(b.sum()), len(b)
+    finish = np.full(p, np.nan)
+    finish[part] = clock[part]
+    return SimResult(sched.name, p, int(nbytes), network, float(finish[part].max() - t0), t0, finish,
+                     tuple(phase), end, slowest, nb, nm)
+
+
+# --------------------------------------------------------------------------
+# stragglers
+# --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NoDelay:
+    """Every rank is on time."""
+
+    def sample(self, rng: np.random.Generator, size) -> np.ndarray:
+        return np.zeros(size)
+
+    @property
+    def mean_s(self) -> float:
+        return 0.0
+
+    def __str__(self) -> str:
+        return "no delay"
+
+
+@dataclass(frozen=True)
+class Exponential:
+    """Delay ~ Exponential(mean ``mean_s``): memoryless jitter (OS noise, contention)."""
+
+    mean_s: float
+
+    def __post_init__(self):
+        _check_number("Exponential.mean_s", self.mean_s, positive=False)
+
+    def sample(self, rng: np.random.Generator, size) -> np.ndarray:
+        return rng.exponential(self.mean_s, size) if self.mean_s > 0 else np.zeros(size)
+
+    def __str__(self) -> str:
+        return f"exponential(mean {self.mean_s * 1e3:g} ms)"
+
+
+@dataclass(frozen=True)
+class LogNormal:
+    """Delay = ``median_s`` · exp(σ·Z), Z ~ N(0, 1): multiplicative noise with a long tail."""
+
+    median_s: float
+    sigma: float = 1.0
+
+    def __post_init__(self):
+        _check_number("LogNormal.median_s", self.median_s, positive=False)
+        _check_number("LogNormal.sigma", self.sigma, positive=False)
+
+    def sample(self, rng: np.random.Generator, size) -> np.ndarray:
+        return self.median_s * np.exp(self.sigma * rng.standard_normal(size))
+
+    @property
+    def mean_s(self) -> float:
+        return self.median_s * math.exp(self.sigma ** 2 / 2)
+
+    def __str__(self) -> str:
+        return f"lognormal(median {self.median_s * 1e3:g} ms, σ {self.sigma:g})"
+
+
+@dataclass(frozen=True)
+class Pareto:
+    """Delay = ``scale_s`` · Lomax(``shape``) (Pareto II, starts at 0): a heavy tail,
+
+    P(delay > x) = (1 + x/scale)^-shape. The mean is scale/(shape−1) for
+    shape > 1; the smaller ``shape``, the heavier the tail.
+    """
+
+    scale_s: float
+    shape: float = 2.0
+
+    def __post_init__(self):
+        _check_number("Pareto.scale_s", self.scale_s, positive=False)
+        _check_number("Pareto.shape", self.shape, positive=True)
+
+    def sample(self, rng: np.random.Generator, size) -> np.ndarray:
+        return self.scale_s * rng.pareto(self.shape, size)
+
+    @property
+    def mean_s(self) -> float:
+        return self.scale_s / (self.shape - 1) if self.shape > 1 else float("inf")
+
+    def __str__(self) -> str:
+        return f"pareto(scale {self.scale_s * 1e3:g} ms, shape {self.shape:g})"
+
+
+Delay = NoDelay | Exponential | LogNormal | Pareto
+
+
+def arrivals(world_size: int, compute_s: float, delay: Delay | None, samples: int,
+             seed: int | np.random.Generator = 0) -> np.ndarray:
+    """When each rank is ready for the collective: ``compute_s`` + a delay draw.
+
+    Shape ``(samples, world_size)``; deterministic for a given ``seed``.
+    """
+    if world_size < 1 or samples < 1:
+        raise ValueError(f"world_size and samples must be positive, got {world_size} and {samples}")
+    compute_s = _check_number("compute_s", compute_s, positive=False)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    d = (delay or NoDelay()).sample(rng, (samples, world_size))
+    return compute_s + d
+
+
+def synchronous_start(arrive: np.ndarray) -> np.ndarray:
+    """When a synchronous collective can start: once the slowest rank arrived (max over ranks).
+
+    Kept separate from :func:`simulate_steps` so that other aggregations
+    (e.g. the N-th of N+b arrivals) can sit beside it.
+    """
+    return arrive.max(axis=-1)
+
+
+@dataclass(frozen=True, eq=False)
+class StepStats:
+    """Sampled synchronous training steps (see :func:`simulate_steps`)."""
+
+    name: str
+    world_size: int
+    nbytes: int
+    compute_s: float
+    delay: Delay
+    overlap: float
+    collective_s: float            # the all-reduce alone, everyone on time
+    step_s: np.ndarray = field(repr=False)      # one per sampled step
+    wait_s: np.ndarray = field(repr=False)      # mean over ranks of (slowest arrival - own arrival)
+
+    @property
+    def ideal_s(self) -> float:
+        """A step with no delays: compute, then the part of the collective not hidden by it."""
+        return self.compute_s + (1 - self.overlap) * self.collective_s
+
+    @property
+    def mean_s(self) -> float:
+        return float(self.step_s.mean())
+
+    @property
+    def p50_s(self) -> float:
+        return float(np.percentile(self.step_s, 50))
+
+    @property
+    def p99_s(self) -> float:
+        return float(np.percentile(self.step_s, 99))
+
+    @property
+    def slowdown(self) -> float:
+        """Mean step time over the delay-free step time."""
+        return self.mean_s / self.ideal_s if self.ideal_s > 0 else float("inf")
+
+    def __str__(self) -> str:
+        return (f"{self.name} p={self.world_size} {_fmt_bytes(self.nbytes)} · compute {self.compute_s * 1e3:g} ms"
+                f" · {self.delay}: mean {self.mean_s * 1e3:.3f} ms, p99 {self.p99_s * 1e3:.3f} ms "
+                f"(ideal {self.ideal_s * 1e3:.3f} ms, ×{self.slowdown:.2f}); ranks wait "
+                f"{self.wait_s.mean() * 1e3:.3f} ms on average")
+
+
+def simulate_steps(algorithm_or_schedule, world_size: int | None = None, nbytes: int = 1 << 20,
+                   network: Network | None = None, *, compute_s: float = 0.0, delay: Delay | None = None,
+                   overlap: float = 0.0, samples: int = 1000, seed: int = 0, dataflow: bool = False,
+                   itemsize: int = 4) -> StepStats:
+    """Sample ``samples`` synchronous training steps with per-rank delays.
+
+    Each rank computes for ``compute_s`` plus a draw from ``delay``
+    (:func:`arrivals`), then the all-reduce of ``nbytes`` runs. ``overlap``
+    (0..1) is the fraction of the collective hidden behind compute (bucketed
+    gradients going out during backward); the step ends when the collective
+    ends, minus that hidden part.
+
+    ``dataflow=False`` (fast, any p): the collective starts when the slowest
+    rank arrives (:func:`synchronous_start`) and takes its undelayed time.
+    ``dataflow=True``: every sample is replayed through the schedule with
+    per-rank start times (ranks begin as soon as their own peers are
+    ready), which is what the executor does; it costs samples × a full
+    replay, so keep p·samples moderate. Both wait for the slowest rank:
+    an all-reduce result depends on every rank's data.
+    """
+    network = Network.h100_nvlink_ib() if network is None else network
+    delay = NoDelay() if delay is None else delay
+    overlap = _check_number("overlap", overlap, positive=False)
+    if overlap > 1:
+        raise ValueError(f"overlap must be between 0 and 1, got {overlap}")
+    sched = _as_schedule(algorithm_or_schedule, world_size, nbytes, network)
+    base = simulate(sched, nbytes=nbytes, network=network, itemsize=itemsize)
+    p = sched.world_size
+    arrive = arrivals(p, compute_s, delay, samples, seed)
+    part = np.asarray(sched.ranks)
+    arrive_part = arrive[:, part]
+    start = synchronous_start(arrive_part)
+    if dataflow:
+        rp = _Replayer(sched, int(nbytes), network, int(itemsize))
+        clock = np.zeros((p, samples))
+        clock[part] = arrive_part.T
+        for step in sched.steps:
+            src, dst, _, t = rp.message_times(step)
+            clock = rp.advance(clock, src, dst, t)
+        end = clock[part].max(axis=0)
+    else:
+        end = start + base.time_s
+    step = end - overlap * base.time_s
+    wait = (start[:, None] - arrive_part).mean(axis=1)
+    return StepStats(sched.name, p, int(nbytes), compute_s, delay, overlap, base.time_s, step, wait)

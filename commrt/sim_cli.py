@@ -1,0 +1,348 @@
+"""``commrt simulate``: all-reduce at scale, on paper.
+
+Sweeps world size p (2 … ``--max-p``, powers of two) and message size
+through :func:`commrt.sim.simulate` (the real schedules of ring,
+halving-doubling, 2D torus and ``auto``), prints tables and writes three
+PNGs to ``--out-dir``:
+
+* ``sim_time_vs_p.png``: time per all-reduce vs p, one line per algorithm,
+  one panel per message size (``--sizes``, default 64K and 256M);
+* ``sim_time_vs_size.png``: time vs message size at ``--at-p``, showing
+  where each algorithm turns from latency-bound to bandwidth-bound and
+  which is fastest where;
+* ``sim_stragglers.png``: mean and p99 time of a synchronous training step
+  (``--compute-ms`` of compute, then the fastest algorithm's all-reduce of
+  the largest size) vs p, with per-rank delays of equal mean and
+  different tails.
+
+It runs in one process (never relaunched as ranks). Usable on its own as
+``python -m commrt.sim_cli``; ``commrt.cli`` adds it with :func:`register`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from commrt import sim
+
+DEFAULT_ALGORITHMS = "ring,halving_doubling,torus2d,auto"
+SIZE_SWEEP = tuple(1 << k for k in range(3, 31, 2))     # 8 B … 512 MiB, ×4
+FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png", "stragglers": "sim_stragglers.png"}
+
+
+# ------------------------------------------------------------------ parsing
+def _size(text: str) -> int:
+    from commrt.cli import parse_size
+    return parse_size(text)
+
+
+def _sizes(text: str) -> list[int]:
+    out = [_size(s) for s in text.split(",") if s.strip()]
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError("sizes must be positive, e.g. 64K,256M")
+    return out
+
+
+def _pow2(text: str) -> int:
+    v = int(text)
+    if v < 2 or v & (v - 1):
+        raise argparse.ArgumentTypeError(f"must be a power of two >= 2, got {v}")
+    return v
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-p", type=_pow2, default=4096, help="largest world size (power of two, default 4096)")
+    p.add_argument("--sizes", type=_sizes, default=[64 << 10, 256 << 20],
+                   help="message sizes for the time-vs-p sweep (default 64K,256M)")
+    p.add_argument("--at-p", type=_pow2, default=1024, help="world size of the time-vs-size sweep (default 1024)")
+    p.add_argument("--network", default="h100",
+                   help="'h100' (NVLink4 + NDR IB preset, sources in commrt.sim), 'flat:ALPHA_US,GBPS', or a "
+                        "JSON file (a commrt.probe result or Network.to_dict())")
+    p.add_argument("--ranks-per-node", type=_positive, default=None, help="override the network's ranks per node")
+    p.add_argument("--nics-per-node", type=_positive, default=None, help="override the network's NICs per node")
+    p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
+                   help=f"comma-separated (default {DEFAULT_ALGORITHMS}); torus2d takes one row per node")
+    p.add_argument("--compute-ms", type=float, default=100.0, help="compute per training step (default 100 ms)")
+    p.add_argument("--delay-ms", type=float, default=5.0, help="mean per-rank delay (default 5 ms)")
+    p.add_argument("--samples", type=_positive, default=400, help="sampled steps per point (default 400)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out-dir", default="sim_out", help="where the PNGs go (default ./sim_out)")
+    p.add_argument("--no-plots", action="store_true", help="tables only")
+
+
+def register(subparsers) -> argparse.ArgumentParser:
+    """Add ``simulate`` to a ``commrt`` sub-command parser (single-process: no relaunch)."""
+    p = subparsers.add_parser("simulate", help="all-reduce at scale under an α-β network model (plots)",
+                              description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.set_defaults(run=cmd_simulate, single_process=True)
+    return p
+
+
+def network_from_args(args) -> sim.Network:
+    spec = args.network
+    if spec == "h100":
+        net = sim.Network.h100_nvlink_ib()
+    elif spec.startswith("flat:"):
+        try:
+            a, bw = (float(x) for x in spec[5:].split(","))
+        except ValueError:
+            raise SystemExit(f"commrt simulate: --network flat:ALPHA_US,GBPS, got {spec!r}") from None
+        net = sim.Network(sim.Link.from_bandwidth(a, bw), sim.Link.from_bandwidth(a, bw), 1, 1, spec)
+    elif os.path.exists(spec):
+        net = sim.Network.load(spec)
+    else:
+        raise SystemExit(f"commrt simulate: --network must be h100, flat:ALPHA_US,GBPS or a JSON file; "
+                         f"{spec!r} is none of them")
+    import dataclasses
+    if args.ranks_per_node is not None:
+        net = dataclasses.replace(net, ranks_per_node=args.ranks_per_node)
+    if args.nics_per_node is not None:
+        net = dataclasses.replace(net, nics_per_node=args.nics_per_node)
+    return net
+
+
+# ------------------------------------------------------------------- sweeps
+class Sweeper:
+    """Simulates (algorithm, p, nbytes) once; ``auto`` reuses the candidates' results."""
+
+    def __init__(self, network: sim.Network, progress=None):
+        self.net = network
+        self.memo: dict = {}
+        self.progress = progress or (lambda msg: None)
+
+    def _alg(self, name: str, p: int):
+        from commrt.algorithms import Torus2D, resolve
+        if name == "torus2d":
+            return Torus2D(*Torus2D().shape(p, local_size=self.net.ranks_per_node))
+        return resolve(name)
+
+    def time(self, name: str, p: int, nbytes: int) -> tuple[float, str]:
+        """(seconds, label) of one all-reduce; ``auto`` gives its choice's label."""
+        if name == "auto":
+            return self._auto(p, nbytes)
+        from commrt.algorithms.auto import label
+        alg = self._alg(name, p)
+        return self._price(alg, label(alg), p, nbytes), label(alg)
+
+    def _price(self, alg, lab: str, p: int, nbytes: int) -> float:
+        key = (lab, p, nbytes)
+        if key not in self.memo:
+            t0 = time.perf_counter()
+            self.memo[key] = sim.estimate(alg, p, nbytes, self.net)
+            if time.perf_counter() - t0 > 1.0:
+                self.progress(f"  (simulated {lab} at p={p}, {sim._fmt_bytes(nbytes)}: "
+                              f"{time.perf_counter() - t0:.1f} s)")
+        return self.memo[key]
+
+    def _auto(self, p: int, nbytes: int) -> tuple[float, str]:
+        # Same ranking as Auto.choose (candidates in its order, ties to the earlier one),
+        # sharing this sweep's memo so no schedule is simulated twice.
+        from commrt.algorithms.auto import candidates, label
+        best = None
+        for alg in candidates(p):
+            t = self._price(alg, label(alg), p, nbytes)
+            if best is None or t < best[0]:
+                best = (t, label(alg))
+        return best
+
+
+def _fmt_time(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3g} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t * 1e6:.3g} µs"
+
+
+def crossover(sizes: Sequence[int], times: Sequence[float]) -> int | None:
+    """First size whose time is at least twice the smallest size's: where β starts to dominate α."""
+    t0 = times[0]
+    for n, t in zip(sizes, times):
+        if t >= 2 * t0:
+            return n
+    return None
+
+
+def run(args, out=print) -> dict:
+    net = network_from_args(args)
+    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    from commrt.algorithms import resolve
+    for n in names:
+        resolve(n)
+    ps = [1 << k for k in range(1, args.max_p.bit_length())]
+    sw = Sweeper(net, progress=out)
+    t_start = time.perf_counter()
+    out(f"# commrt simulate · network {net.describe()}")
+    out("# model: α-β per link class, NICs shared per node, per-rank clocks (commrt/sim.py docstring)")
+    report: dict = {"network": net.to_dict(), "p": ps, "vs_p": {}, "vs_size": {}, "stragglers": {}}
+
+    # 1. time vs p ------------------------------------------------------------
+    for nbytes in args.sizes:
+        out(f"\n## time per all-reduce vs p · {sim._fmt_bytes(nbytes)}")
+        out(f"{'p':>6} " + "".join(f"{n:>26}" for n in names))
+        rows = {n: [] for n in names}
+        for p in ps:
+            cells = []
+            for n in names:
+                t, lab = sw.time(n, p, nbytes)
+                rows[n].append((t, lab))
+                cells.append(f"{_fmt_time(t):>12} {lab[:12]:>13}" if n == "auto" else f"{_fmt_time(t):>26}")
+            out(f"{p:>6} " + "".join(cells), )
+        report["vs_p"][nbytes] = rows
+
+    # 2. time vs size at fixed p ------------------------------------------------
+    p = args.at_p
+    out(f"\n## time vs message size at p={p}")
+    out(f"{'size':>10} " + "".join(f"{n:>20}" for n in names) + "   fastest")
+    series = {n: [] for n in names}
+    for nbytes in SIZE_SWEEP:
+        cells, best = [], None
+        for n in names:
+            t, lab = sw.time(n, p, nbytes)
+            series[n].append(t)
+            cells.append(f"{_fmt_time(t):>20}")
+            if n != "auto" and (best is None or t < best[0]):
+                best = (t, lab)
+        auto_lab = sw.time("auto", p, nbytes)[1] if "auto" in names else (best[1] if best else "")
+        out(f"{sim._fmt_bytes(nbytes):>10} " + "".join(cells) + f"   {auto_lab}")
+    out("latency-bound below, bandwidth-bound above (time = 2× the 8 B time):")
+    cross = {}
+    for n in names:
+        c = crossover(SIZE_SWEEP, series[n])
+        cross[n] = c
+        out(f"  {n:<18} {sim._fmt_bytes(c) if c else '> ' + sim._fmt_bytes(SIZE_SWEEP[-1])}")
+    report["vs_size"] = {"p": p, "sizes": list(SIZE_SWEEP), "times": series, "crossover": cross}
+
+    # 3. stragglers ---------------------------------------------------------------
+    big = max(args.sizes)
+    mean = args.delay_ms * 1e-3
+    delays = [sim.NoDelay(), sim.Exponential(mean), sim.LogNormal(mean / np.exp(0.5), 1.0),
+              sim.Pareto(mean, 2.0)]
+    out(f"\n## synchronous step: {args.compute_ms:g} ms compute + per-rank delay (mean {args.delay_ms:g} ms) "
+        f"+ all-reduce of {sim._fmt_bytes(big)} (fastest algorithm), {args.samples} samples")
+    out(f"{'p':>6} " + "".join(f"{str(d)[:34]:>36}" for d in delays))
+    strag = {str(d): {"mean": [], "p99": []} for d in delays}
+    algs = [n for n in names if n != "auto"] or ["ring"]
+    for p in ps:
+        t_coll, lab = min(sw.time(n, p, big) for n in algs)
+        cells = []
+        for d in delays:
+            arr = sim.arrivals(p, args.compute_ms * 1e-3, d, args.samples, args.seed)
+            step = sim.synchronous_start(arr) + t_coll
+            m, q = float(step.mean()), float(np.percentile(step, 99))
+            strag[str(d)]["mean"].append(m)
+            strag[str(d)]["p99"].append(q)
+            cells.append(f"{'mean ' + _fmt_time(m) + ' p99 ' + _fmt_time(q):>36}")
+        out(f"{p:>6} " + "".join(cells))
+    report["stragglers"] = {"delays": strag, "compute_s": args.compute_ms * 1e-3}
+    out(f"\n# swept in {time.perf_counter() - t_start:.1f} s")
+
+    if not args.no_plots:
+        os.makedirs(args.out_dir, exist_ok=True)
+        paths = plot_all(report, names, args, net)
+        for path in paths:
+            out(f"# wrote {os.path.abspath(path)}")
+        report["files"] = paths
+    return report
+
+
+# -------------------------------------------------------------------- plots
+def plot_all(report: dict, names: Sequence[str], args, net: sim.Network) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ps = report["p"]
+    paths = []
+    styles = {"ring": "o-", "halving_doubling": "s-", "torus2d": "^-", "auto": "k--"}
+
+    # time vs p
+    sizes = list(report["vs_p"])
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6.2 * len(sizes), 4.6), squeeze=False)
+    for ax, nbytes in zip(axes[0], sizes):
+        for n in names:
+            ts = [t for t, _ in report["vs_p"][nbytes][n]]
+            ax.plot(ps, np.array(ts) * 1e3, styles.get(n, ".-"), label=n, markersize=4,
+                    linewidth=1.2 if n == "auto" else 1.6)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks p")
+        ax.set_ylabel("time per all-reduce (ms)")
+        ax.set_title(f"{sim._fmt_bytes(nbytes)} all-reduce")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"simulated all-reduce vs p · {net.describe()}", fontsize=9)
+    fig.tight_layout()
+    paths.append(os.path.join(args.out_dir, FILES["p"]))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    # time vs size
+    vs = report["vs_size"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for n in names:
+        ax.plot(vs["sizes"], np.array(vs["times"][n]) * 1e3, styles.get(n, ".-"), label=n, markersize=4)
+        c = vs["crossover"].get(n)
+        if c and n != "auto":
+            i = vs["sizes"].index(c)
+            ax.plot([c], [vs["times"][n][i] * 1e3], "x", color="gray", markersize=9)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("time per all-reduce (ms)")
+    ax.set_title(f"p = {vs['p']}: latency-bound (flat) → bandwidth-bound (slope 1); × = time 2× the 8 B time",
+                 fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(os.path.join(args.out_dir, FILES["size"]))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    # stragglers
+    st = report["stragglers"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for i, (d, v) in enumerate(st["delays"].items()):
+        color = f"C{i}"
+        ax.plot(ps, np.array(v["mean"]) * 1e3, "-", color=color, label=f"{d}: mean")
+        ax.plot(ps, np.array(v["p99"]) * 1e3, ":", color=color, label="p99")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("ranks p")
+    ax.set_ylabel("synchronous step time (ms)")
+    ax.set_title(f"{st['compute_s'] * 1e3:g} ms compute + per-rank delay + all-reduce; the slowest rank sets "
+                 "the pace", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    paths.append(os.path.join(args.out_dir, FILES["stragglers"]))
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def cmd_simulate(args) -> int:
+    run(args, out=lambda msg: print(msg, flush=True))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="commrt simulate", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return cmd_simulate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Run under mpiexec: GradientSync against PyTorch DDP, plus its failure modes.
+
+Rank 0 writes a JSON report to argv[1]. Every case runs 20 steps of SGD with
+momentum on the same model, data and seed under DDP (gloo) and under
+GradientSync, then compares parameters. The error metric is per tensor:
+max|commrt - ddp| / max|ddp|.
+"""
+import json
+import os
+import socket
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import commrt  # noqa: E402
+
+STEPS = 20
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Net(torch.nn.Module):
+    def __init__(self, extra=False, branch=False):
+        super().__init__()
+        self.a = torch.nn.Linear(37, 300)
+        self.b = torch.nn.Linear(300, 129)
+        if branch:
+            self.branch = torch.nn.Linear(129, 129)      # used only when asked to
+        self.c = torch.nn.Linear(129, 10)
+        if extra:
+            self.d = torch.nn.Linear(10, 10)
+
+    def forward(self, x, use_branch=False):
+        h = torch.relu(self.b(torch.relu(self.a(x))))
+        if use_branch:
+            h = h + self.branch(h)
+        return self.c(h)
+
+
+def batch(rank, step, k=0):
+    g = torch.Generator().manual_seed(1000 * step + 10 * rank + k)
+    return torch.randn(16, 37, generator=g), torch.randint(0, 10, (16,), generator=g)
+
+
+def fresh(branch=False):
+    torch.manual_seed(7)
+    return Net(branch=branch)
+
+
+def rel_err(m1, m2):
+    return max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(m1.parameters(), m2.parameters()))
+
+
+def train_ddp(rank, accumulate):
+    model = fresh()
+    ddp = DDP(model, bucket_cap_mb=0.05)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for s in range(STEPS):
+        if accumulate:
+            with ddp.no_sync():
+                x, y = batch(rank, s, 1)
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        x, y = batch(rank, s)
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+def train_commrt(comm, rank, accumulate, **kw):
+    model = fresh()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    with commrt.GradientSync(model, comm, bucket_mb=0.05, first_bucket_mb=0.01, **kw) as sync:
+        for s in range(STEPS):
+            if accumulate:
+                with sync.no_sync():
+                    x, y = batch(rank, s, 1)
+                    torch.nn.functional.cross_entropy(model(x), y).backward()
+            x, y = batch(rank, s)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            sync.step(opt)
+        nbuckets = len(sync.buckets)
+    return model, nbuckets
+
+
+def same_everywhere(world, model):
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).double()
+    hi, lo = flat.clone(), flat.clone()
+    world.Allreduce(MPI.IN_PLACE, hi.numpy(), op=MPI.MAX)
+    world.Allreduce(MPI.IN_PLACE, lo.numpy(), op=MPI.MIN)
+    return bool(torch.equal(hi, lo))
+
+
+def main(out):
+    world = MPI.COMM_WORLD
+    rank, p = world.Get_rank(), world.Get_size()
+    port = world.bcast(free_port() if rank == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
+    comms = {"mpi": commrt.init("mpi", timeout=30), "gloo": commrt.init("gloo", timeout=30)}
+    report = {"world_size": p, "cases": {}}
+
+    ddp = {False: train_ddp(rank, False), True: train_ddp(rank, True)}
+    for name, transport, accumulate, kw in [
+        ("fp32 mpi ring", "mpi", False, {}),
+        ("fp32 gloo halving_doubling", "gloo", False, {"algorithm": "halving_doubling"}),
+        ("fp32 mpi no_sync accumulation", "mpi", True, {}),
+        ("bf16 wire mpi ring", "mpi", False, {"comm_dtype": torch.bfloat16}),
+    ]:
+        model, nb = train_commrt(comms[transport], rank, accumulate, **kw)
+        report["cases"][name] = {"rel_err": rel_err(model, ddp[accumulate]), "buckets": nb,
+                                 "identical_across_ranks": same_everywhere(world, model)}
+
+    # unused parameters: the branch is used on rank 0 only (zeros policy); nobody hangs, all agree
+    comm = comms["mpi"]
+    model = fresh(branch=True)
+    sync = commrt.GradientSync(model, comm, bucket_mb=0.05, first_bucket_mb=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    t0 = time.monotonic()
+    for s in range(3):
+        x, y = batch(rank, s)
+        torch.nn.functional.cross_entropy(model(x, use_branch=(rank == 0)), y).backward()
+        sync.step(opt, zero_grad=False)
+        branch_grad = model.branch.weight.grad.clone()
+        opt.zero_grad()
+    sync.close()
+    gsum = branch_grad.double().clone()
+    world.Allreduce(MPI.IN_PLACE, gsum.numpy(), op=MPI.SUM)
+    report["unused_zeros"] = {"seconds": time.monotonic() - t0, "identical_across_ranks": same_everywhere(world, model),
+                              "branch_grad_is_average": bool(torch.allclose(gsum, branch_grad.double() * p))}
+    # error policy: the rank without the gradient raises, naming it; the others finish the step
+    sync = commrt.GradientSync(fresh(branch=True), comm, unused="error")
+    x, y = batch(rank, 0)
+    torch.nn.functional.cross_entropy(sync.model(x, use_branch=(rank == 0)), y).backward()
+    try:
+        sync.wait()
+        report.setdefault("unused_error", {})[rank] = None
+    except ValueError as e:
+        report.setdefault("unused_error", {})[rank] = str(e)
+    sync.close()
+    report["unused_error"] = world.gather(report["unused_error"][rank], root=0)
+
+    # a different model on the last rank: every rank raises, nobody hangs
+    t0 = time.monotonic()
+    try:
+        commrt.GradientSync(Net(extra=(rank == p - 1)), comm)
+        msg = None
+    except commrt.CommError as e:
+        msg = str(e)
+    report["layout_mismatch"] = world.gather({"message": msg, "seconds": time.monotonic() - t0}, root=0)
+
+    # collectives on the same communicator while a step is in flight are refused
+    sync = commrt.GradientSync(fresh(), comm)
+    x, y = batch(rank, 0)
+    torch.nn.functional.cross_entropy(sync.model(x), y).backward()
+    try:
+        commrt.all_reduce(torch.ones(3), comm)
+        report["guard"] = None
+    except RuntimeError as e:
+        report["guard"] = str(e)
+    sync.wait()
+    sync.close()
+
+    for c in comms.values():
+        c.close()
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
