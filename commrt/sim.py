@@ -18,9 +18,11 @@ number of bytes any resource it crosses carries in that step (the
 * the bytes its sender injects on that class in the step, and the bytes its
   receiver takes in on that class (a rank's port is full duplex: sending
   and receiving overlap, two sends share it);
-* inter-node only: the node's inter-node bytes out (in) divided by
-  ``nics_per_node`` (the NICs are shared by the node's ranks; one rank's
-  traffic goes through one NIC).
+* inter-node, when a node has fewer NICs than ranks: the node's
+  inter-node bytes out (in) divided by ``nics_per_node`` (the ranks share
+  the NICs; one rank's traffic goes through one NIC at the inter-node β).
+  With at least one NIC per rank (DGX H100: 8 and 8) each rank's inter-node
+  port *is* its NIC, and the per-rank term above covers it.
 
 *Link classes.* Ranks are placed on nodes in blocks (rank // ranks_per_node,
 as ``mpiexec``/``torchrun`` place them); two ranks on one node talk over the
@@ -63,9 +65,11 @@ Example::
 
     >>> from commrt import sim
     >>> net = sim.Network.h100_nvlink_ib()
-    >>> r = sim.simulate("ring", 64, 256 << 20, network=net)
-    >>> round(r.time_s * 1e3, 2), r.num_steps                   # doctest: +SKIP
-    (22.39, 126)
+    >>> r = sim.simulate("ring", 64, 256 << 20, network=net)    # 8 nodes of 8 ranks
+    >>> round(r.time_s * 1e3, 2), r.num_steps
+    (12.02, 126)
+    >>> round(sim.simulate("torus2d", 64, 256 << 20, network=net).time_s * 1e3, 2)
+    2.65
 """
 from __future__ import annotations
 
@@ -79,7 +83,7 @@ import numpy as np
 
 from commrt.schedule import SEND, Collective, Schedule, Step
 
-__all__ = ["Link", "Network", "SimResult", "StepCost", "simulate", "closed_form", "estimate",
+__all__ = ["Link", "Network", "SimResult", "StepCost", "simulate", "closed_form", "estimate", "price_all",
            "Exponential", "LogNormal", "Pareto", "NoDelay", "arrivals", "synchronous_start",
            "simulate_steps", "StepStats", "ring_time", "halving_doubling_time", "torus_time"]
 
@@ -313,6 +317,36 @@ def estimate(algorithm, world_size: int, nbytes: int, network: "Network", *, ite
     return simulate(algorithm, world_size, nbytes, network=network, itemsize=itemsize).time_s
 
 
+def price_all(algorithms: Sequence, world_size: int, nbytes: int, network: "Network", *, itemsize: int = 4,
+              price=None) -> list[float | None]:
+    """:func:`estimate` for each algorithm, skipping those that cannot be the fastest.
+
+    Returns one entry per algorithm: its predicted time, or None when a
+    lower bound (its closed form on a link with the network's smallest α
+    and smallest β: no message can be faster) already exceeds the best time
+    found. On a one-class network every closed form is exact and cheap, so
+    nothing is skipped. ``price(alg)`` replaces :func:`estimate` (e.g. to
+    share a memo).
+    """
+    price = price or (lambda a: estimate(a, world_size, nbytes, network, itemsize=itemsize))
+    out: list[float | None] = [None] * len(algorithms)
+    if network.single_class(world_size) is not None:
+        return [price(a) for a in algorithms]
+    fast = Link(min(network.intra.alpha_s, network.inter.alpha_s),
+                min(network.intra.beta_s_per_byte, network.inter.beta_s_per_byte))
+    bounds = []
+    for a in algorithms:
+        lb = closed_form(a, world_size, nbytes, fast)
+        bounds.append(0.0 if lb is None else lb * (1 - 1e-3))   # margin: chunk sizes round
+    best = math.inf
+    for i in sorted(range(len(algorithms)), key=lambda i: (bounds[i], i)):
+        if bounds[i] > best:
+            continue
+        out[i] = price(algorithms[i])
+        best = min(best, out[i])
+    return out
+
+
 # --------------------------------------------------------------------------
 # replay
 # --------------------------------------------------------------------------
@@ -454,6 +488,10 @@ class _Replayer:
         rpn = network.ranks_per_node
         self.node = np.arange(p, dtype=np.int64) // rpn
         self.nnodes = int(self.node[-1]) + 1
+        # With a NIC per rank a rank's port is its NIC: node-level sharing only when NICs are fewer.
+        self.shared_nics = network.nics_per_node < rpn
+        self.alpha = np.array([network.intra.alpha_s, network.inter.alpha_s])
+        self.beta = np.array([network.intra.beta_s_per_byte, network.inter.beta_s_per_byte])
 
     def message_times(self, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(src, dst, bytes, seconds) of the step's non-empty messages."""
@@ -468,35 +506,31 @@ class _Replayer:
         p = self.p
         if self.single is not None:
             link = self.single
-            load = np.maximum(b, np.maximum(np.bincount(src, b, p)[src], np.bincount(dst, b, p)[dst]))
+            load = np.maximum(b, np.maximum(np.bincount(src, b, p).take(src), np.bincount(dst, b, p).take(dst)))
             return src, dst, b, link.alpha_s + link.beta_s_per_byte * load
-        net = self.net
-        t = np.empty_like(b)
-        intra = self.node[src] == self.node[dst]
-        for mask, link, shared in ((intra, net.intra, False), (~intra, net.inter, True)):
-            if not mask.any():
-                continue
-            s, d, bb = src[mask], dst[mask], b[mask]
-            load = np.maximum(bb, np.maximum(np.bincount(s, bb, p)[s], np.bincount(d, bb, p)[d]))
-            if shared:
-                ns, nd = self.node[s], self.node[d]
-                nic = net.nics_per_node
-                load = np.maximum(load, np.maximum(np.bincount(ns, bb, self.nnodes)[ns] / nic,
-                                                   np.bincount(nd, bb, self.nnodes)[nd] / nic))
-            t[mask] = link.alpha_s + link.beta_s_per_byte * load
-        return src, dst, b, t
+        # Two classes: per-rank ports are keyed (rank, class), so intra and inter traffic never share.
+        ns, nd = self.node.take(src), self.node.take(dst)
+        cls = (ns != nd).astype(np.int64)             # 0 intra-node, 1 inter-node
+        ks, kd = src * 2 + cls, dst * 2 + cls
+        load = np.maximum(b, np.maximum(np.bincount(ks, b, 2 * p).take(ks), np.bincount(kd, b, 2 * p).take(kd)))
+        if self.shared_nics and cls.any():
+            bi = b * cls
+            nic = np.maximum(np.bincount(ns, bi, self.nnodes).take(ns),
+                             np.bincount(nd, bi, self.nnodes).take(nd)) / self.net.nics_per_node
+            load = np.where(cls == 1, np.maximum(load, nic), load)
+        return src, dst, b, self.alpha.take(cls) + self.beta.take(cls) * load
 
     @staticmethod
-    def advance(clock: np.ndarray, src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> np.ndarray:
-        """New clocks (shape (p,) or (p, samples)) after a step's messages."""
+    def advance(clock: np.ndarray, src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, float]:
+        """New clocks (shape (p,) or (p, samples)) after a step's messages, and the last message's end."""
         if not len(t):
-            return clock
+            return clock, -np.inf
         if clock.ndim == 1:
-            fin = np.maximum(clock[src], clock[dst]) + t
+            fin = np.maximum(clock.take(src), clock.take(dst)) + t
             new = clock.copy()
             np.maximum.at(new, src, fin)
             np.maximum.at(new, dst, fin)
-            return new
+            return new, float(fin.max())
         fin = np.maximum(clock[src], clock[dst]) + t[:, None]
         new = clock.copy()
         for idx in (src, dst):
@@ -504,7 +538,7 @@ class _Replayer:
                 new[idx] = np.maximum(new[idx], fin)
             else:
                 np.maximum.at(new, idx, fin)
-        return new
+        return new, float(fin.max())
 
 
 def simulate(algorithm_or_schedule, world_size: int | None = None, nbytes: int = 1 << 20,
@@ -545,10 +579,9 @@ def simulate(algorithm_or_schedule, world_size: int | None = None, nbytes: int =
     nb, nm = np.empty(n, np.int64), np.empty(n, np.int64)
     for i, step in enumerate(sched.steps):
         src, dst, b, t = rp.message_times(step)
-        clock = rp.advance(clock, src, dst, t)
+        clock, last = rp.advance(clock, src, dst, t)
         phase.append(step.phase)
-        touched = np.concatenate([src, dst])
-        end[i] = clock[touched].max() if len(touched) else t0
+        end[i] = last if len(t) else t0
         slowest[i] = t.max() if len(t) else 0.0
         nb[i], nm[i] = int(b.sum()), len(b)
     finish = np.full(p, np.nan)
@@ -589,7 +622,7 @@ class Exponential:
         return rng.exponential(self.mean_s, size) if self.mean_s > 0 else np.zeros(size)
 
     def __str__(self) -> str:
-        return f"exponential(mean {self.mean_s * 1e3:g} ms)"
+        return f"exponential(mean {self.mean_s * 1e3:.3g} ms)"
 
 
 @dataclass(frozen=True)
@@ -611,7 +644,7 @@ class LogNormal:
         return self.median_s * math.exp(self.sigma ** 2 / 2)
 
     def __str__(self) -> str:
-        return f"lognormal(median {self.median_s * 1e3:g} ms, σ {self.sigma:g})"
+        return f"lognormal(median {self.median_s * 1e3:.3g} ms, σ {self.sigma:g})"
 
 
 @dataclass(frozen=True)
@@ -637,7 +670,7 @@ class Pareto:
         return self.scale_s / (self.shape - 1) if self.shape > 1 else float("inf")
 
     def __str__(self) -> str:
-        return f"pareto(scale {self.scale_s * 1e3:g} ms, shape {self.shape:g})"
+        return f"pareto(scale {self.scale_s * 1e3:.3g} ms, shape {self.shape:g})"
 
 
 Delay = NoDelay | Exponential | LogNormal | Pareto
@@ -747,7 +780,7 @@ def simulate_steps(algorithm_or_schedule, world_size: int | None = None, nbytes:
         clock[part] = arrive_part.T
         for step in sched.steps:
             src, dst, _, t = rp.message_times(step)
-            clock = rp.advance(clock, src, dst, t)
+            clock, _ = rp.advance(clock, src, dst, t)
         end = clock[part].max(axis=0)
     else:
         end = start + base.time_s
