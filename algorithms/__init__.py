@@ -15,14 +15,16 @@ from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
+from commrt.algorithms.auto import Auto
 
-__all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "resolve", "NAMES"]
+__all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "resolve", "NAMES"]
 
 _BY_NAME = {
     "ring": Ring,
     "halving_doubling": HalvingDoubling,
     "hd": HalvingDoubling,
     "torus2d": Torus2D,
+    "auto": Auto,
 }
 #: names accepted by ``algorithm="..."``
 NAMES = tuple(sorted(_BY_NAME))

@@ -1,0 +1,116 @@
+"""algorithm="auto": choices from the cost model, the probe, and one mpiexec run against MPI."""
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from commrt import sim
+from commrt.algorithms import Auto, HalvingDoubling, Ring, Torus2D, resolve
+from commrt.algorithms.auto import candidates, choices
+from commrt.probe import _fit
+
+from mp import mpiexec
+
+FLAT = sim.Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)
+SMALL, LARGE = 1 << 10, 256 << 20
+
+
+def _fake_comm(p):
+    return SimpleNamespace(world_size=p, cache={})
+
+
+def test_candidates_are_ring_hd_and_every_real_torus_grid():
+    assert [str(a) for a in candidates(12)] == ["ring", "halving_doubling", "torus2d(2×6)", "torus2d(3×4)",
+                                                "torus2d(4×3)", "torus2d(6×2)"]
+    assert candidates(7) == [Ring(), HalvingDoubling()]          # a prime has no 2D grid
+    assert resolve("auto") == Auto()
+
+
+def test_small_messages_pick_latency_optimal_and_large_bandwidth_optimal():
+    auto = Auto(network=FLAT)
+    # p = 12: HD has the fewest steps (8, with fold-in/out) but moves 3.75n; the most
+    # square torus moves the ring's 1.83n in 10 steps; the ring needs 22 steps.
+    assert auto.choose(12, SMALL).label == "halving_doubling"
+    big = auto.choose(12, LARGE)
+    assert big.label == "torus2d(3x4)" and big.algorithm == Torus2D(3, 4)
+    assert big.predicted_s == pytest.approx(sim.torus_time(3, 4, LARGE, FLAT.inter))
+    # a prime: no torus; the ring wins big messages
+    assert auto.choose(7, SMALL).label == "halving_doubling"
+    assert auto.choose(7, LARGE).label == "ring"
+    # flat α-β and p a power of two: HD's steps are fewest and its bytes equal the ring's
+    for n in (SMALL, LARGE):
+        assert auto.choose(64, n).label == "halving_doubling"
+    # candidates come back cheapest first
+    times = [t for _, t in big.candidates]
+    assert times == sorted(times) and big.candidates[0] == ("torus2d(3x4)", big.predicted_s)
+
+
+def test_with_nodes_the_torus_takes_one_row_per_node_for_large_messages():
+    auto = Auto(network=sim.Network.h100_nvlink_ib())
+    assert auto.choose(64, 64 << 10).label == "halving_doubling"
+    big = auto.choose(64, LARGE)
+    assert big.label == "torus2d(8x8)"            # rows of 8 = one node: NVLink rows, IB columns
+    assert big.predicted_s == pytest.approx(
+        sim.simulate(Torus2D(8, 8), 64, LARGE, network=auto.network).time_s)
+
+
+def test_choices_are_cached_on_the_communicator_and_name_the_schedule():
+    comm = _fake_comm(12)
+    auto = Auto(network=FLAT)
+    s1 = auto.select(12, LARGE, comm)
+    s2 = Auto(network=FLAT).select(12, LARGE, comm)
+    assert s1 is s2                                   # same object: the executor's plan cache hits
+    assert s1.name == "auto:torus2d(3x4)" and s1.check().ok
+    auto.select(12, SMALL, comm)
+    made = choices(comm)
+    assert {n: c.label for n, c in made.items()} == {LARGE: "torus2d(3x4)", SMALL: "halving_doubling"}
+    assert "torus2d(3x4)" in str(made[LARGE])
+
+
+def test_schedule_without_a_size_needs_a_network():
+    with pytest.raises(ValueError, match="no buffer size"):
+        Auto().schedule(8)
+    with pytest.raises(ValueError, match="needs a network"):
+        Auto().select(8, 1024)
+    s = Auto(network=FLAT).schedule(12)               # picks for a 25 MiB bucket
+    assert s.name == "auto:torus2d(3x4)" and s.check().ok
+    sub = Auto(network=FLAT).schedule(16, ranks=(0, 2, 4, 6, 8, 10))
+    assert sub.ranks == (0, 2, 4, 6, 8, 10) and sub.check().ok
+    with pytest.raises(TypeError, match="Network"):
+        Auto(network="h100")
+
+
+def test_simulate_auto_uses_the_simulated_network():
+    r = sim.simulate("auto", 12, LARGE, network=FLAT)
+    assert r.name == "auto:torus2d(3x4)"
+    assert r.time_s == pytest.approx(sim.torus_time(3, 4, LARGE, FLAT.inter))
+
+
+def test_probe_fit():
+    alpha, beta = 50e-6, 1e-9
+    sizes = (8, 1 << 20, 4 << 20)
+    a, b = _fit(sizes, [alpha + s * beta for s in sizes])
+    assert a == pytest.approx(alpha + 8 * beta) and b == pytest.approx(beta, rel=1e-6)
+    a, b = _fit(sizes, [1e-3, 0.5e-3, 0.4e-3])       # nonsense timings still give a usable model
+    assert a == 1e-3 and b > 0
+
+
+@pytest.mark.mpi
+def test_auto_all_reduce_matches_mpi_and_all_ranks_agree(tmp_path):
+    out = tmp_path / "auto.json"
+    mpiexec(4, "auto_worker.py", out)
+    report = json.loads(out.read_text())
+    ranks = report["ranks"]
+    assert report["world_size"] == 4 and len(ranks) == 4
+    assert [f for r in ranks for f in r["failures"]] == []
+    # every rank: the same agreed probe, the same choices, probed once and cached
+    assert all(r["probe"] == ranks[0]["probe"] for r in ranks)
+    assert all(r["choices"] == ranks[0]["choices"] for r in ranks)
+    assert all(r["probe_cached_once"] for r in ranks)
+    alpha, beta = ranks[0]["probe"]
+    assert alpha == max(a for a, _ in ranks[0]["per_rank"]) and beta == max(b for _, b in ranks[0]["per_rank"])
+    assert set(ranks[0]["choices"]) == {"4", "4000", "4000012"}
+    for label, name, _, cands in ranks[0]["choices"].values():
+        assert name == f"auto:{label}" and cands[0][0] == label
+    # the choice names the trace spans
+    assert ranks[0]["spans"] and all(s.startswith("commrt/auto:") for s in ranks[0]["spans"])
