@@ -31,7 +31,15 @@ import numpy as np
 from commrt import sim
 
 DEFAULT_ALGORITHMS = "ring,halving_doubling,torus2d,auto"
-SIZE_SWEEP = tuple(1 << k for k in range(3, 31, 2))     # 8 B … 512 MiB, ×4
+
+
+def size_sweep(p: int, itemsize: int = 4) -> tuple[int, ...]:
+    """Message sizes ×4 from the first power of two ≥ one element per chunk (p·itemsize) to 1 GiB.
+
+    Smaller buffers leave chunks empty, and empty chunks send nothing.
+    """
+    k = max(3, (p * itemsize - 1).bit_length())
+    return tuple(1 << j for j in range(k, 31, 2))
 FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png", "stragglers": "sim_stragglers.png"}
 
 
@@ -148,15 +156,13 @@ class Sweeper:
         return self.memo[key]
 
     def _auto(self, p: int, nbytes: int) -> tuple[float, str]:
-        # Same ranking as Auto.choose (candidates in its order, ties to the earlier one),
+        # Auto.choose's ranking (sim.price_all over its candidates, ties to the earlier one),
         # sharing this sweep's memo so no schedule is simulated twice.
         from commrt.algorithms.auto import candidates, label
-        best = None
-        for alg in candidates(p):
-            t = self._price(alg, label(alg), p, nbytes)
-            if best is None or t < best[0]:
-                best = (t, label(alg))
-        return best
+        algs = candidates(p)
+        times = sim.price_all(algs, p, nbytes, self.net, price=lambda a: self._price(a, label(a), p, nbytes))
+        t, _, alg = min((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
+        return t, label(alg)
 
 
 def _fmt_time(t: float) -> str:
@@ -205,10 +211,11 @@ def run(args, out=print) -> dict:
 
     # 2. time vs size at fixed p ------------------------------------------------
     p = args.at_p
+    sweep = size_sweep(p)
     out(f"\n## time vs message size at p={p}")
     out(f"{'size':>10} " + "".join(f"{n:>20}" for n in names) + "   fastest")
     series = {n: [] for n in names}
-    for nbytes in SIZE_SWEEP:
+    for nbytes in sweep:
         cells, best = [], None
         for n in names:
             t, lab = sw.time(n, p, nbytes)
@@ -218,13 +225,13 @@ def run(args, out=print) -> dict:
                 best = (t, lab)
         auto_lab = sw.time("auto", p, nbytes)[1] if "auto" in names else (best[1] if best else "")
         out(f"{sim._fmt_bytes(nbytes):>10} " + "".join(cells) + f"   {auto_lab}")
-    out("latency-bound below, bandwidth-bound above (time = 2× the 8 B time):")
+    out(f"latency-bound below, bandwidth-bound above (time = 2× the {sim._fmt_bytes(sweep[0])} time):")
     cross = {}
     for n in names:
-        c = crossover(SIZE_SWEEP, series[n])
+        c = crossover(sweep, series[n])
         cross[n] = c
-        out(f"  {n:<18} {sim._fmt_bytes(c) if c else '> ' + sim._fmt_bytes(SIZE_SWEEP[-1])}")
-    report["vs_size"] = {"p": p, "sizes": list(SIZE_SWEEP), "times": series, "crossover": cross}
+        out(f"  {n:<18} {sim._fmt_bytes(c) if c else '> ' + sim._fmt_bytes(sweep[-1])}")
+    report["vs_size"] = {"p": p, "sizes": list(sweep), "times": series, "crossover": cross}
 
     # 3. stragglers ---------------------------------------------------------------
     big = max(args.sizes)
@@ -302,7 +309,7 @@ def plot_all(report: dict, names: Sequence[str], args, net: sim.Network) -> list
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("time per all-reduce (ms)")
-    ax.set_title(f"p = {vs['p']}: latency-bound (flat) → bandwidth-bound (slope 1); × = time 2× the 8 B time",
+    ax.set_title(f"p = {vs['p']}: latency-bound (flat) → bandwidth-bound (slope 1); × = time 2× the smallest size's",
                  fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
@@ -319,6 +326,7 @@ def plot_all(report: dict, names: Sequence[str], args, net: sim.Network) -> list
         ax.plot(ps, np.array(v["mean"]) * 1e3, "-", color=color, label=f"{d}: mean")
         ax.plot(ps, np.array(v["p99"]) * 1e3, ":", color=color, label="p99")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("ranks p")
     ax.set_ylabel("synchronous step time (ms)")
     ax.set_title(f"{st['compute_s'] * 1e3:g} ms compute + per-rank delay + all-reduce; the slowest rank sets "

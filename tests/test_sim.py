@@ -1,6 +1,7 @@
 """The simulator: closed-form validation up to p = 4096, link classes, NIC sharing, stragglers."""
 import dataclasses
 import math
+import os
 import time
 
 import numpy as np
@@ -276,3 +277,28 @@ def test_a_late_rank_delays_the_ring_by_at_most_its_lateness():
     start[3] = late
     r = sim.simulate("ring", p, nbytes, network=FLAT, start_s=start)
     assert base < r.time_s <= base + late + 1e-12
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_simulate_cli_prints_tables_and_writes_three_plots(tmp_path):
+    import argparse
+    from commrt import sim_cli
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    sim_cli.register(sub)
+    args = parser.parse_args(["simulate", "--max-p", "32", "--at-p", "16", "--sizes", "64K,64M",
+                              "--samples", "50", "--out-dir", str(tmp_path)])
+    assert args.single_process and args.run is sim_cli.cmd_simulate
+    lines = []
+    report = sim_cli.run(args, out=lines.append)
+    text = "\n".join(lines)
+    assert "time per all-reduce vs p · 64 KiB" in text and "time vs message size at p=16" in text
+    assert "synchronous step" in text and "latency-bound below" in text
+    assert sorted(os.path.basename(f) for f in report["files"]) == sorted(sim_cli.FILES.values())
+    for f in report["files"]:
+        assert os.path.getsize(f) > 10_000 and f"wrote {f}" in text
+    # the 64 MiB column at p=16 (2 nodes of 8): the torus with one row per node wins
+    assert report["vs_p"][64 << 20]["auto"][3][1] == "torus2d(2x8)"
+    with pytest.raises(SystemExit):
+        sim_cli.network_from_args(argparse.Namespace(network="nonsense", ranks_per_node=None,
+                                                     nics_per_node=None))
