@@ -7,49 +7,61 @@ dtype, round-to-nearest-even.
 Why the code has several paths
 ------------------------------
 On CPU, a torch op whose output dtype differs from its computation dtype
-(``torch.mul(fp32, s, out=bf16)``, ``fp32.add_(bf16)``) silently allocates
-a full-size temporary, and mixed-dtype in-place adds are 10-30x slower than a
+(``torch.mul(fp32, s, out=bf16)``, ``fp32.add_(bf16)``) silently allocates a
+full-size temporary, and mixed-dtype in-place adds run 10-30x slower than a
 copy (measured on this project's CI box). Worse, ``torch.mul(fp16, s,
 out=fp32)`` computes in fp16 and would round twice. So:
 
 * single-pass ops whenever one torch op has exactly the right semantics:
-  ``copy_`` for any unscaled cast (it rounds RNE), ``torch.mul(..., out=)``
-  for fp32 -> fp32, ``add_(..., alpha=)`` when everything is fp32;
+  ``copy_`` for any unscaled cast (it rounds to nearest even),
+  ``torch.mul(..., out=)`` for fp32 -> fp32, ``add_(..., alpha=)`` when
+  everything is fp32;
 * otherwise **staging**: walk the bucket in segments of at most ``CHUNK``
   elements through a reusable fp32 scratch buffer (2 MiB on CPU, kept per
   thread), so the extra pass stays in cache and no temporary ever has the
   size of the bucket;
-* tensors smaller than ``SMALL`` are handled as *runs* (consecutive small
-  tensors, at most ``CHUNK`` elements in all) with ``torch._foreach_*`` ops,
-  so a bucket of many biases costs a few calls, not a Python loop per
-  tensor.
+* small tensors are batched (up to ``CHUNK`` elements per batch, wherever
+  they sit in the bucket) and go through ``torch._foreach_*`` ops, so a
+  bucket of many biases costs a few calls, not a Python loop per tensor;
+  each large tensor gets its own single-pass op where one exists.
 
-Nothing here loops over elements in Python; the Python loops are over
-tensors (large ones) and segments of ``CHUNK`` elements.
+Per-tensor overhead is the cost that dominates small buckets (a tensor view
+costs ~1 us here), so the *slots* -- views of the flat buffer shaped like each
+tensor -- are cached per flat buffer (weakly keyed: the cache entry dies with
+the buffer tensor). Pass the same bucket tensor each step to benefit.
+
+Nothing loops over elements in Python; the Python loops are over large
+tensors, batches of small ones and pieces of ``CHUNK`` elements.
 """
 from __future__ import annotations
 
 import functools
 import threading
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
-#: Staging segment, in elements, for CPU tensors (2 MiB of fp32: 512 K elements
+#: Staging segment, in elements, for CPU tensors (2 MiB of fp32; 256 K-1 M
 #: measured best on a 1 MiB-L2 / 32 MiB-L3 machine for 4-100 MB buckets).
 CHUNK = 1 << 19
 #: Staging segment for CUDA tensors under impl="torch" (no cache to fit; fewer launches).
 CUDA_CHUNK = 1 << 23
-#: Tensors with fewer elements than this are batched into foreach runs.
+#: Tensors with fewer elements than this are grouped into multi-tensor segments.
 SMALL = 1 << 16
 
 _F32 = torch.float32
 _local = threading.local()
 
 
+def _chunk(device: torch.device) -> int:
+    return CHUNK if device.type == "cpu" else CUDA_CHUNK
+
+
 def _scratch(device: torch.device, n: int, which: int) -> torch.Tensor:
-    """fp32 scratch of ``n`` elements. CPU: reused per thread. CUDA: fresh from
-    the caching allocator each call, so streams never share one buffer."""
+    """fp32 scratch tensor of >= ``n`` elements (slice it). CPU: the same
+    buffer per thread every call. CUDA: fresh from the caching allocator, so
+    two streams never share one buffer."""
     if device.type != "cpu":
         return torch.empty(n, dtype=_F32, device=device)
     bufs = getattr(_local, "bufs", None)
@@ -58,69 +70,105 @@ def _scratch(device: torch.device, n: int, which: int) -> torch.Tensor:
     buf = bufs[which]
     if buf is None or buf.numel() < n:
         buf = bufs[which] = torch.empty(max(n, CHUNK), dtype=_F32)
-    return buf[:n]
+    return buf
+
+
+# ----------------------------------------------------------------------------
+# slots: views of a flat buffer shaped like the tensors, cached per buffer
+# ----------------------------------------------------------------------------
+
+_SLOTS: "WeakIdKeyDictionary" = WeakIdKeyDictionary()
+_SLOTS_PER_BUFFER = 64
+_slots_lock = threading.Lock()
+
+
+def _slots(buf: torch.Tensor, start: int, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+    """Views ``v_i`` of ``buf`` with ``v_i.shape == tensors[i].shape``, laid end to
+    end from element ``start``. Cached on (buffer object, its data_ptr, start, shapes)."""
+    key = (buf.data_ptr(), start, tuple(t.shape for t in tensors))
+    with _slots_lock:
+        per = _SLOTS.get(buf)
+        if per is not None:
+            hit = per.get(key)
+            if hit is not None:
+                return hit
+    sizes = [t.numel() for t in tensors]
+    # views of a detached alias: a view of `buf` itself would keep `buf` (the
+    # weak key) alive through its ._base, and the entry would never die
+    flat = buf.detach()[start : start + sum(sizes)]
+    views = [v.view(t.shape) for v, t in zip(flat.split(sizes), tensors)]
+    with _slots_lock:
+        per = _SLOTS.get(buf)
+        if per is None:
+            per = _SLOTS[buf] = {}
+        if len(per) >= _SLOTS_PER_BUFFER:
+            per.pop(next(iter(per)))
+        per[key] = views
+    return views
+
+
+class _Plan:
+    """How one tensor list is processed (cached per list of sizes).
+
+    ``big``: indices of tensors with >= ``small`` elements, each handled by
+    its own ops (a single pass when one torch op fits). ``batches``: the other
+    non-empty tensors, in groups of at most ``chunk`` elements in all, each
+    group handled by a few ``torch._foreach_*`` calls whatever its length --
+    groups need not be contiguous in the flat buffer (slots are views).
+    ``spans[k]``: ``(lo, hi)`` when batch k fills flat[lo:hi] without gaps
+    (then whole-range ops replace per-tensor foreach work), else None.
+    ``offsets[i]``: where tensor i starts in the flat buffer.
+    """
+
+    __slots__ = ("big", "batches", "spans", "offsets")
+
+    def __init__(self, sizes: Tuple[int, ...], chunk: int, small: int):
+        self.offsets = []
+        self.big = []
+        self.batches = []
+        cur, cur_n, off = [], 0, 0
+        for i, n in enumerate(sizes):
+            self.offsets.append(off)
+            off += n
+            if n == 0:
+                continue
+            if n >= small:
+                self.big.append(i)
+                continue
+            if cur_n + n > chunk:
+                self.batches.append(cur)
+                cur, cur_n = [], 0
+            cur.append(i)
+            cur_n += n
+        if cur:
+            self.batches.append(cur)
+        self.spans = []
+        for idx in self.batches:
+            lo, hi = self.offsets[idx[0]], self.offsets[idx[-1]] + sizes[idx[-1]]
+            self.spans.append((lo, hi) if hi - lo == sum(sizes[i] for i in idx) else None)
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(sizes: Tuple[int, ...], chunk: int):
-    """Group a tensor list into segments of the flat buffer.
-
-    Returns a tuple of ``(lo, hi, pieces)`` with ``pieces`` a tuple of
-    ``(tensor_index, start, stop)``: flat[lo:hi] holds, in order, the element
-    ranges [start, stop) of those tensors. A segment is either a run of whole
-    small tensors (at most ``chunk`` elements) or a piece (at most ``chunk``)
-    of one large tensor. Zero-size tensors appear nowhere.
-    """
-    segs = []
-    run, run_lo, run_n = [], 0, 0
-    off = 0
-    for i, n in enumerate(sizes):
-        if n == 0:
-            continue
-        if n >= min(SMALL, chunk) or run_n + n > chunk:
-            if run:
-                segs.append((run_lo, run_lo + run_n, tuple(run)))
-                run, run_n = [], 0
-        if n >= min(SMALL, chunk):
-            for a in range(0, n, chunk):
-                b = min(a + chunk, n)
-                segs.append((off + a, off + b, ((i, a, b),)))
-        else:
-            if not run:
-                run_lo = off
-            run.append((i, 0, n))
-            run_n += n
-        off += n
-    if run:
-        segs.append((run_lo, run_lo + run_n, tuple(run)))
-    return tuple(segs)
+def _cached_plan(sizes: Tuple[int, ...], chunk: int, small: int) -> _Plan:
+    return _Plan(sizes, chunk, small)
 
 
-def _chunk(device: torch.device) -> int:
-    return CHUNK if device.type == "cpu" else CUDA_CHUNK
+def _plan(sizes: Tuple[int, ...], chunk: int) -> _Plan:
+    return _cached_plan(sizes, chunk, min(SMALL, chunk))
 
 
-def _pieces(flats: List[torch.Tensor], pieces) -> List[torch.Tensor]:
-    return [flats[i] if a == 0 and b == flats[i].numel() else flats[i][a:b] for i, a, b in pieces]
+def _pieces(lo: int, hi: int, chunk: int):
+    for a in range(lo, hi, chunk):
+        yield a, min(a + chunk, hi)
 
 
-def _split(buf: torch.Tensor, pieces) -> List[torch.Tensor]:
-    if len(pieces) == 1:
-        return [buf]
-    return list(buf.split([b - a for _, a, b in pieces]))
+def _batch_size(tensors, idx) -> int:
+    return sum(tensors[i].numel() for i in idx)
 
 
-def _sizes(tensors) -> Tuple[int, ...]:
-    return tuple(t.numel() for t in tensors)
-
-
-def _nonempty(tensors, flat: torch.Tensor, total: int):
-    """(1-D views of the non-empty tensors, matching 1-D views of flat[:total])."""
-    sizes = _sizes(tensors)
-    keep = [i for i, n in enumerate(sizes) if n]
-    views = [tensors[i].view(-1) for i in keep]
-    slots = list(flat[:total].split([sizes[i] for i in keep])) if keep else []
-    return views, slots
+# ----------------------------------------------------------------------------
+# pack
+# ----------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -128,32 +176,51 @@ def pack(tensors: List[torch.Tensor], out: torch.Tensor, scale: float, total: in
     """out[off_i : off_i + n_i] = round(fp32(tensors[i]) * scale) for every i."""
     if total == 0:
         return
+    slots = _slots(out, 0, tensors)
     if scale == 1.0:
-        # copy_ casts with round-to-nearest-even: one pass, one call
-        views, slots = _nonempty(tensors, out, total)
-        torch._foreach_copy_(slots, views)
+        torch._foreach_copy_(slots, tensors)  # copy_ rounds to nearest even: one pass, one call
         return
-    flats = [t.view(-1) for t in tensors]
-    plan = _plan(_sizes(tensors), _chunk(out.device))
-    if out.dtype == _F32:
-        for lo, hi, pieces in plan:
-            dst = out[lo:hi]
-            i, a, b = pieces[0]
-            if len(pieces) == 1 and flats[i].dtype == _F32:
-                torch.mul(_pieces(flats, pieces)[0], scale, out=dst)  # one pass
+    dev = out.device
+    chunk = _chunk(dev)
+    plan = _plan(tuple(t.numel() for t in tensors), chunk)
+    out32 = out.dtype == _F32
+    for idx, span in zip(plan.batches, plan.spans):  # small tensors: a few calls per batch
+        ts = [tensors[i] for i in idx]
+        dst = [slots[i] for i in idx]
+        if out32:
+            torch._foreach_copy_(dst, ts)  # exact widening
+            if span:  # second pass, in cache
+                out[span[0] : span[1]].mul_(scale)
             else:
-                torch._foreach_copy_(_split(dst, pieces), _pieces(flats, pieces))  # exact widening
-                dst.mul_(scale)  # second pass over a cache-sized segment
-        return
-    for lo, hi, pieces in plan:
-        s = _scratch(out.device, hi - lo, 0)
-        i, a, b = pieces[0]
-        if len(pieces) == 1 and flats[i].dtype == _F32:
-            torch.mul(flats[i][a:b], scale, out=s)
+                torch._foreach_mul_(dst, scale)
         else:
-            torch._foreach_copy_(_split(s, pieces), _pieces(flats, pieces))
-            s.mul_(scale)
-        out[lo:hi].copy_(s)  # the one rounding to out.dtype
+            n = _batch_size(tensors, idx)
+            buf = _scratch(dev, n, 0)
+            stage = _slots(buf, 0, ts)
+            torch._foreach_copy_(stage, ts)
+            buf[:n].mul_(scale)
+            if span:  # the one rounding to out.dtype
+                out[span[0] : span[1]].copy_(buf[:n])
+            else:
+                torch._foreach_copy_(dst, stage)
+    for i in plan.big:
+        t = tensors[i]
+        if out32 and t.dtype == _F32:
+            torch.mul(t, scale, out=slots[i])  # one pass
+            continue
+        src, lo = t.view(-1), plan.offsets[i]
+        for a, b in _pieces(0, t.numel(), chunk):
+            dst = out[lo + a : lo + b]
+            if out32:  # exact widening into out, then scale while it is in cache
+                dst.copy_(src[a:b])
+                dst.mul_(scale)
+            else:
+                dst.copy_(_scaled(src[a:b], scale, dev))  # the one rounding to out.dtype
+
+
+# ----------------------------------------------------------------------------
+# unpack
+# ----------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -161,40 +228,70 @@ def unpack(flat: torch.Tensor, tensors: List[torch.Tensor], scale: float, accumu
     """tensors[i] (=, or += in fp32) round(fp32(flat[off_i : off_i + n_i]) * scale)."""
     if total == 0:
         return
-    dtypes = {t.dtype for t in tensors if t.numel()}
+    slots = _slots(flat, 0, tensors)
+    flat32 = flat.dtype == _F32
     if not accumulate and scale == 1.0:
-        views, slots = _nonempty(tensors, flat, total)
-        torch._foreach_copy_(views, slots)
+        torch._foreach_copy_(tensors, slots)
         return
-    if accumulate and flat.dtype == _F32 and dtypes == {_F32}:
-        # everything fp32: one foreach call, one pass
-        views, slots = _nonempty(tensors, flat, total)
-        torch._foreach_add_(views, slots, alpha=scale)
+    if accumulate and flat32 and all(t.dtype == _F32 for t in tensors):
+        torch._foreach_add_(tensors, slots, alpha=scale)  # one call, one pass
         return
-    flats = [t.view(-1) for t in tensors]
-    for lo, hi, pieces in _plan(_sizes(tensors), _chunk(flat.device)):
-        src = flat[lo:hi]
-        dsts = _pieces(flats, pieces)
-        if not accumulate and len(pieces) == 1 and flat.dtype == _F32 and dsts[0].dtype == _F32:
-            torch.mul(src, scale, out=dsts[0])  # one pass
-            continue
-        s = _scratch(flat.device, hi - lo, 0)
-        if flat.dtype == _F32:
-            torch.mul(src, scale, out=s)
+    dev = flat.device
+    chunk = _chunk(dev)
+    plan = _plan(tuple(t.numel() for t in tensors), chunk)
+    for idx, span in zip(plan.batches, plan.spans):
+        ts = [tensors[i] for i in idx]
+        n = _batch_size(tensors, idx)
+        buf = _scratch(dev, n, 0)
+        stage = _slots(buf, 0, ts)
+        if span:
+            _scaled(flat[span[0] : span[1]], scale, dev, into=buf[:n])
         else:
-            s.copy_(src)
+            torch._foreach_copy_(stage, [slots[i] for i in idx])  # exact widening
             if scale != 1.0:
-                s.mul_(scale)
-        if not accumulate:
-            torch._foreach_copy_(dsts, _split(s, pieces))
-        elif all(d.dtype == _F32 for d in dsts):
-            torch._foreach_add_(dsts, _split(s, pieces))
-        else:
-            s2 = _scratch(flat.device, hi - lo, 1)
-            s2_views = _split(s2, pieces)
-            torch._foreach_copy_(s2_views, dsts)
-            s2.add_(s)
-            torch._foreach_copy_(dsts, s2_views)
+                buf[:n].mul_(scale)
+        _write_back(ts, stage, buf[:n], accumulate, dev)
+    for i in plan.big:
+        t = tensors[i]
+        if not accumulate and flat32 and t.dtype == _F32:
+            torch.mul(slots[i], scale, out=t)  # one pass
+            continue
+        dst, lo = t.view(-1), plan.offsets[i]
+        for a, b in _pieces(0, t.numel(), chunk):
+            s = _scaled(flat[lo + a : lo + b], scale, dev)
+            _write_back([dst[a:b]], [s], s, accumulate, dev)
+
+
+def _write_back(ts, stage, stage_flat, accumulate: bool, dev) -> None:
+    """ts[k] = round(stage[k]), or round(fp32(ts[k]) + stage[k]) when accumulating."""
+    if not accumulate:
+        torch._foreach_copy_(ts, stage)
+    elif all(t.dtype == _F32 for t in ts):
+        torch._foreach_add_(ts, stage)
+    else:  # widen the destinations, add in fp32, round once
+        n = stage_flat.numel()
+        buf2 = _scratch(dev, n, 1)
+        acc = _slots(buf2, 0, ts) if len(ts) > 1 else [buf2[:n].view(ts[0].shape)]
+        torch._foreach_copy_(acc, ts)
+        buf2[:n].add_(stage_flat)
+        torch._foreach_copy_(ts, acc)
+
+
+def _scaled(src: torch.Tensor, scale: float, dev: torch.device, into: torch.Tensor = None) -> torch.Tensor:
+    """fp32(src) * scale into a scratch segment (or ``into``)."""
+    s = into if into is not None else _scratch(dev, src.numel(), 0)[: src.numel()]
+    if src.dtype == _F32:
+        torch.mul(src, scale, out=s)
+    else:
+        s.copy_(src)
+        if scale != 1.0:
+            s.mul_(scale)
+    return s
+
+
+# ----------------------------------------------------------------------------
+# reduce
+# ----------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -203,25 +300,22 @@ def reduce_(dst: torch.Tensor, src: torch.Tensor, alpha: float, beta: float) -> 
     n = dst.numel()
     if n == 0:
         return
-    if alpha == 1.0 and (dst.dtype == src.dtype):
-        # one op: computes in fp32 (opmath for fp16/bf16) and rounds once
+    if alpha == 1.0 and dst.dtype == src.dtype:
+        # one op, one pass: computes in fp32 (opmath for fp16/bf16), rounds once
         dst.add_(src, alpha=beta)
         return
-    chunk = _chunk(dst.device)
-    for lo in range(0, n, chunk):
-        hi = min(lo + chunk, n)
+    dev = dst.device
+    for lo, hi in _pieces(0, n, _chunk(dev)):
         d, s = dst[lo:hi], src[lo:hi]
+        if src.dtype != _F32:
+            s = _scratch(dev, hi - lo, 0)[: hi - lo].copy_(s)  # exact widening
         if dst.dtype == _F32:
-            if src.dtype != _F32:
-                s = _scratch(dst.device, hi - lo, 0).copy_(s)
             if alpha != 1.0:
                 d.mul_(alpha)
             d.add_(s, alpha=beta)
-            continue
-        acc = _scratch(dst.device, hi - lo, 1).copy_(d)
-        if alpha != 1.0:
-            acc.mul_(alpha)
-        if src.dtype != _F32:
-            s = _scratch(dst.device, hi - lo, 0).copy_(s)
-        acc.add_(s, alpha=beta)
-        d.copy_(acc)
+        else:
+            acc = _scratch(dev, hi - lo, 1)[: hi - lo].copy_(d)
+            if alpha != 1.0:
+                acc.mul_(alpha)
+            acc.add_(s, alpha=beta)
+            d.copy_(acc)

@@ -498,17 +498,47 @@ def test_triton_refuses_devices_it_cannot_serve():
         pack([torch.empty(3, device="meta")], torch.empty(3, device="meta"), impl="triton")
 
 
-def test_torch_plan_segments():
-    """The reference path's segmentation covers every element once, in order."""
-    sizes = (5, 0, 3 * _torch.SMALL + 7, 1, 2, _torch.SMALL - 1)
-    plan = _torch._plan(sizes, _torch.SMALL)
-    covered = []
-    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
-    lo_expected = 0
-    for lo, hi, pieces in plan:
-        assert lo == lo_expected and hi - lo <= _torch.SMALL
-        assert sum(b - a for _, a, b in pieces) == hi - lo
-        for i, a, b in pieces:
-            covered.extend(range(offsets[i] + a, offsets[i] + b))
-        lo_expected = hi
-    assert covered == list(range(sum(sizes)))
+def test_torch_plan_covers_every_tensor_once():
+    small, chunk = _torch.SMALL, _torch.SMALL * 2
+    sizes = (5, 0, 3 * small + 7, 1, 2, small - 1, small - 1, small - 1, 0, small, 4)
+    plan = _torch._Plan(sizes, chunk, small)
+    assert plan.big == [2, 9]
+    assert all(sum(sizes[i] for i in b) <= chunk for b in plan.batches)
+    assert all(sizes[i] < small for b in plan.batches for i in b)
+    seen = sorted(plan.big + [i for b in plan.batches for i in b])
+    assert seen == [i for i, n in enumerate(sizes) if n]
+    assert plan.offsets == [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+@needs_interpreter
+def test_torch_path_with_tiny_batches_and_pieces(monkeypatch):
+    """Shrink the torch path's CHUNK / SMALL so every branch runs on small inputs:
+    big tensors in several pieces, batches split, batches with and without gaps."""
+    monkeypatch.setattr(_torch, "CHUNK", 64)
+    monkeypatch.setattr(_torch, "SMALL", 16)
+    shapes = [(n,) for n in (3, 40, 0, 17, 130, 5, 64, 16, 15, 1, 200, 2, 2)]
+    for src, dst in PAIRS:
+        run_pack(shapes, [src] * len(shapes), dst, 0.3, seed=21)
+        for acc in (False, True):
+            run_unpack(shapes, src, [dst] * len(shapes), 0.3, acc, seed=22)
+        run_reduce(150, dst, src, 0.3, 1.7, seed=23)
+    mixed = [F32, BF16, F16] * 4 + [F32]
+    run_pack(shapes, mixed, BF16, 0.3, seed=24)
+    run_unpack(shapes, F16, mixed, 0.3, True, seed=25)
+
+
+def test_torch_slots_cache_follows_the_buffer():
+    buf = torch.zeros(10)
+    ts = [torch.ones(2, 3), torch.ones(4)]
+    a = _torch._slots(buf, 0, ts)
+    assert [v.shape for v in a] == [(2, 3), (4,)] and a[1].data_ptr() == buf.data_ptr() + 6 * 4
+    assert _torch._slots(buf, 0, ts) is a  # cached
+    other = torch.zeros(10)
+    b = _torch._slots(other, 0, ts)
+    assert b is not a and b[0].data_ptr() == other.data_ptr()
+    n = len(_torch._SLOTS)
+    del buf, a
+    import gc
+
+    gc.collect()
+    assert len(_torch._SLOTS) == n - 1  # the entry died with its buffer
