@@ -1,0 +1,211 @@
+"""Kernel throughput: pack / unpack vs a plain copy and vs cat + scale.
+
+Run::
+
+    pytest bench/bench_kernels.py --benchmark-only
+
+Each benchmark moves one gradient bucket (1, 4, 16, 64, 100 MB; MB = 2**20
+bytes) made of a list of gradient tensors, in one of two layouts:
+
+* ``resnet50`` (realistic): consecutive ResNet-50 parameter gradients in
+  backward order, as DDP fills buckets (fc first), the last one cut to fit:
+  2 tensors at 1 MB, 8 at 16 MB, 163 at 100 MB (conv weights, BN vectors);
+* ``small`` (stress): layers of a narrow transformer (d=128: 16 K-65 K
+  element weights and 128-512 element biases), 12 tensors at 1 MB, 212 at
+  16 MB, 1324 at 100 MB: bound by per-tensor overhead.
+
+Throughput is GB/s (1e9 bytes/s) of *bytes read + bytes written by the
+operation's contract* (an fp32 -> fp32 pack of N elements: 8N bytes), from
+the median time; ``extra_info`` and the summary also hold the best-round
+figure (the machine this was written on is shared and noisy). Ops, per
+layout and bucket size (the ``small`` layout runs pack, copy and cat_mul):
+
+* ``pack``          fp32 grads -> fp32 bucket, scale 1/8     (8N bytes)
+* ``pack_bf16``     fp32 grads -> bf16 bucket, scale 1/8     (6N bytes)
+* ``unpack``        fp32 bucket -> fp32 grads, scale 1/8     (8N bytes)
+* ``unpack_acc_bf16`` bf16 bucket -> fp32 grads, accumulate  (10N bytes)
+* ``copy``          ``Tensor.copy_`` of one contiguous fp32 buffer of the
+  same N elements (8N bytes): the bandwidth limit
+* ``cat_mul``       ``torch.cat(grads, out=bucket)`` then ``bucket.mul_(1/8)``:
+  the unfused way (8N contract bytes; it really moves 16N)
+
+On CPU the kernels take the torch reference path (what ``impl="auto"`` picks
+for CPU tensors). On CUDA they take the Triton path; each round queues
+several launches between two ``torch.cuda.synchronize()`` calls and the
+per-launch time is reported. The CUDA variant is skipped with a reason
+where there is no GPU (or where TRITON_INTERPRET=1 makes Triton unusable on
+CUDA tensors).
+
+At the end of the session a table prints every op's GB/s per layout and
+size, and pack / copy (the speed goals: CPU pack >= 80% of copy from 4 MB; GPU pack
+>= 90% of copy and faster than cat_mul).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from commrt.kernels import _common, pack, unpack
+
+MB = 1 << 20
+SIZES_MB = [1, 4, 16, 64, 100]
+SCALE = 1.0 / 8
+OPS = ["pack", "pack_bf16", "unpack", "unpack_acc_bf16", "copy", "cat_mul"]
+# bytes per element that each op must read + write
+BYTES_PER_ELEM = {"pack": 8, "pack_bf16": 6, "unpack": 8, "unpack_acc_bf16": 10, "copy": 8, "cat_mul": 8}
+
+
+def resnet50_shapes():
+    """Parameter shapes of torchvision's ResNet-50 in forward order (161 tensors, 25 557 032 elements)."""
+    shapes = [(64, 3, 7, 7), (64,), (64,)]
+    inp = 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        for b in range(blocks):
+            out = width * 4
+            shapes += [(width, inp, 1, 1), (width,), (width,),
+                       (width, width, 3, 3), (width,), (width,),
+                       (out, width, 1, 1), (out,), (out,)]
+            if b == 0:  # downsample conv + BN
+                shapes += [(out, inp, 1, 1), (out,), (out,)]
+            inp = out
+    return shapes + [(1000, 2048), (1000,)]
+
+
+def small_shapes():
+    """One layer of a narrow transformer (d=128): qkv, out-proj, 2 norms, MLP."""
+    d = 128
+    return [(3 * d, d), (3 * d,), (d, d), (d,), (d,), (d,), (4 * d, d), (4 * d,), (d, 4 * d), (d,)]
+
+
+def bucket_shapes(layout: str, nbytes: int):
+    """Shapes of exactly ``nbytes`` of fp32 gradients: the layout's tensors in
+    backward order, repeated as needed, the last one cut to fit."""
+    order = (resnet50_shapes() if layout == "resnet50" else small_shapes())[::-1]
+    n, shapes, total, k = nbytes // 4, [], 0, 0
+    while total < n:
+        s = order[k % len(order)]
+        m = math.prod(s)
+        if total + m > n:
+            s, m = (n - total,), n - total
+        shapes.append(s)
+        total += m
+        k += 1
+    return shapes
+
+
+def _cuda_skip_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA GPU on this machine"
+    backend = _common.triton_backend()
+    if backend is None:
+        return "triton is not installed"
+    if backend.interpret_mode():
+        return "TRITON_INTERPRET=1 is set: the Triton kernels cannot run on CUDA tensors"
+    return None
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(_cuda_skip_reason() is not None,
+                                                                     reason=str(_cuda_skip_reason()))]),
+]
+
+LAYOUT_OPS = [("resnet50", op) for op in OPS] + [("small", op) for op in ("pack", "copy", "cat_mul")]
+
+_results = {}  # (device, layout, mb, op) -> (median GB/s, best GB/s)
+
+
+class _Summary:
+    """Prints the GB/s table at the end of the session (registered by the fixture below)."""
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not _results:
+            return
+        tr = terminalreporter
+        tr.section("kernel throughput, GB/s (bytes read + written): median [best round]")
+        head = ["device", "layout", "size"] + OPS + ["pack/copy"]
+        tr.write_line("".join(f"{c:>15}" for c in head))
+        for dev, layout in sorted({k[:2] for k in _results}):
+            for mb in SIZES_MB:
+                row = [dev, layout, f"{mb} MB"]
+                for op in OPS:
+                    r = _results.get((dev, layout, mb, op))
+                    row.append(f"{r[0]:.1f} [{r[1]:.1f}]" if r else "-")
+                p, c = _results.get((dev, layout, mb, "pack")), _results.get((dev, layout, mb, "copy"))
+                row.append(f"{p[0] / c[0]:.0%} [{p[1] / c[1]:.0%}]" if p and c else "-")
+                tr.write_line("".join(f"{x:>15}" for x in row))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary_table(request):
+    plugin = _Summary()
+    request.config.pluginmanager.register(plugin, "commrt-bench-kernels-summary")
+    yield
+
+
+def _make(layout: str, op: str, device: str, mb: int):
+    """Inputs for one op on one bucket; returns (elements, function to time)."""
+    shapes = bucket_shapes(layout, mb * MB)
+    gen = torch.Generator().manual_seed(mb)
+    grads = [torch.randn(s, generator=gen).to(device) for s in shapes]
+    n = sum(g.numel() for g in grads)
+    impl = "torch" if device == "cpu" else "triton"
+    if op == "pack":
+        bucket = torch.empty(n, device=device)
+        return n, lambda: pack(grads, bucket, SCALE, impl=impl)
+    if op == "pack_bf16":
+        bucket = torch.empty(n, device=device, dtype=torch.bfloat16)
+        return n, lambda: pack(grads, bucket, SCALE, impl=impl)
+    if op == "unpack":
+        bucket = torch.randn(n, generator=gen).to(device)
+        return n, lambda: unpack(bucket, grads, SCALE, impl=impl)
+    if op == "unpack_acc_bf16":
+        bucket = torch.randn(n, generator=gen).to(device=device, dtype=torch.bfloat16)
+        return n, lambda: unpack(bucket, grads, SCALE, accumulate=True, impl=impl)
+    if op == "copy":
+        src = torch.randn(n, generator=gen).to(device)
+        dst = torch.empty(n, device=device)
+        return n, lambda: dst.copy_(src)
+    if op == "cat_mul":
+        bucket = torch.empty(n, device=device)
+        flat_views = [g.view(-1) for g in grads]
+        return n, lambda: torch.cat(flat_views, out=bucket).mul_(SCALE)
+    raise ValueError(op)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mb", SIZES_MB, ids=[f"{m}MB" for m in SIZES_MB])
+@pytest.mark.parametrize("layout,op", LAYOUT_OPS, ids=[f"{lay}-{op}" for lay, op in LAYOUT_OPS])
+def test_kernel_throughput(benchmark, layout, op, mb, device):
+    n, fn = _make(layout, op, device, mb)
+    nbytes = BYTES_PER_ELEM[op] * n
+    benchmark.group = f"{device} {layout} {mb:>3} MB"
+    benchmark.extra_info.update(op=op, layout=layout, device=device, bucket_mb=mb, elements=n, bytes_moved=nbytes)
+    if device == "cuda":
+        # queue `reps` launches between two synchronizations, so a round
+        # lasts >= ~1 ms of GPU time and launch latency overlaps execution
+        reps = max(1, min(200, int(4e9 // nbytes)))
+
+        def run():
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+
+        fn()  # first call autotunes (GPU) / builds tables
+        torch.cuda.synchronize()
+        benchmark.pedantic(run, rounds=20, warmup_rounds=2, iterations=1)
+    else:
+        reps = 1
+        fn()
+        benchmark(fn)
+    stats = getattr(benchmark, "stats", None)
+    if stats is None:  # --benchmark-disable: timed nothing
+        return
+    med = stats.stats.median / reps
+    best = stats.stats.min / reps
+    gbps = nbytes / med / 1e9
+    benchmark.extra_info.update(launches_per_round=reps, gbps_median=round(gbps, 2),
+                                gbps_best=round(nbytes / best / 1e9, 2))
+    _results[(device, layout, mb, op)] = (gbps, nbytes / best / 1e9)
