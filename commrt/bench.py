@@ -50,6 +50,7 @@ class Row:
     nbytes: int
     count: int
     results: list[Result] = field(default_factory=list)
+    moved: list[int] = field(default_factory=list)   # bytes read + written per result (kernels)
 
 
 def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> float:
@@ -122,6 +123,100 @@ def plot_rows(rows: Sequence[Row], world_size: int, path: str, title: str) -> st
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------
+# kernels: pack / unpack against a plain copy and against cat + scale
+# --------------------------------------------------------------------------
+
+KERNEL_OPS = ("pack", "unpack", "copy", "cat+scale")
+
+
+def gradient_like(nbytes: int, esize: int = 4, dtype=torch.float32, device="cpu") -> list[torch.Tensor]:
+    """A bucket of gradient-shaped tensors: square-ish weights with their biases."""
+    out, left = [], nbytes // esize
+    width = 1024
+    while left > 0:
+        w = min(left, width * width)
+        out.append(torch.randn(w, dtype=dtype, device=device))
+        left -= w
+        b = min(left, width)
+        if b:
+            out.append(torch.randn(b, dtype=dtype, device=device))
+            left -= b
+    return out
+
+
+def measure_kernels(sizes: Sequence[int], wire: torch.dtype = torch.float32, device: str = "cpu",
+                    repeats: int = 5) -> list[Row]:
+    """GB/s (bytes read + written) of pack, unpack, copy and cat+scale per bucket size."""
+    from commrt.kernels import pack, unpack
+
+    def timed(fn) -> float:
+        fn()
+        best = []
+        for _ in range(repeats):
+            if device != "cpu":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if device != "cpu":
+                torch.cuda.synchronize()
+            best.append(time.perf_counter() - t0)
+        return statistics.median(best)
+
+    rows = []
+    wsize = torch.empty((), dtype=wire).element_size()
+    for nbytes in sizes:
+        grads = gradient_like(nbytes, device=device)
+        n = sum(g.numel() for g in grads)
+        bucket = torch.empty(n, dtype=wire, device=device)
+        src = torch.randn(n, device=device)
+        dst = torch.empty(n, device=device)
+        flat = torch.empty(n, device=device)
+        row = Row(n * 4, n)
+        row.results = [
+            Result("pack", timed(lambda: pack(grads, bucket, scale=0.5))),
+            Result("unpack", timed(lambda: unpack(bucket, grads, scale=0.5))),
+            Result("copy", timed(lambda: dst.copy_(src))),
+            Result("cat+scale", timed(lambda: torch.cat(grads, out=flat).mul_(0.5))),
+        ]
+        # bytes read + written: fp32 side n*4, wire side n*wsize (copy and cat+scale: fp32 both ways)
+        row.moved = [n * (4 + wsize), n * (4 + wsize), n * 8, n * 8]
+        rows.append(row)
+    return rows
+
+
+def kernel_table(rows: Sequence[Row], title: str) -> str:
+    head = (f"# {title}\n# GB/s = (bytes read + bytes written) / time; copy = Tensor.copy_ of the same "
+            f"elements (the limit)\n#{'size':>10} {'count':>11}"
+            + "".join(f" | {n:>10}" for n in KERNEL_OPS) + " | pack/copy")
+    lines = [head]
+    for row in rows:
+        gbs = [m / r.time_s / 1e9 for m, r in zip(row.moved, row.results)]
+        lines.append(f" {_fmt_size(row.nbytes):>10} {row.count:>11}" + "".join(f" | {g:10.2f}" for g in gbs)
+                     + f" | {gbs[0] / gbs[2]:8.0%}")
+    return "\n".join(lines)
+
+
+def plot_kernels(rows: Sequence[Row], path: str, title: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, name in enumerate(KERNEL_OPS):
+        ax.plot([r.nbytes for r in rows], [r.moved[i] / r.results[i].time_s / 1e9 for r in rows],
+                marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bucket size (bytes of fp32 gradients)")
+    ax.set_ylabel("GB/s (read + written)")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()

@@ -1,9 +1,15 @@
 """The ``commrt`` command line.
 
-``commrt bench allreduce`` measures all-reduce per algorithm next to the
-engine's own (nccl-tests style table, optional PNG). With ``--nproc N`` it
-starts N local ranks itself (mpiexec for mpi, subprocesses for gloo); under
-mpiexec or torchrun it runs as one of the ranks.
+* ``commrt train``: data-parallel training on the digits dataset, with a
+  progress bar and a summary table;
+* ``commrt bench allreduce``: all-reduce per algorithm next to the engine's
+  own (nccl-tests style table, optional PNG); ``commrt bench kernels``:
+  pack/unpack GB/s;
+* ``commrt trace merge``: one timeline from per-rank traces.
+
+With ``--nproc N`` the multi-rank commands start N local ranks themselves
+(mpiexec for mpi, subprocesses for gloo); under mpiexec or torchrun they
+run as one of the ranks.
 """
 from __future__ import annotations
 
@@ -89,6 +95,33 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--repeats", type=_positive, default=3)
     ar.add_argument("--plot", metavar="PNG", help="also write busbw vs size to this PNG file")
     ar.set_defaults(run=cmd_bench_allreduce)
+    kb = bsub.add_parser("kernels", help="pack/unpack GB/s vs a plain copy and cat+scale (one process)")
+    kb.add_argument("--sizes", type=_sizes, default=None, help="bucket sizes (default 1M,4M,16M,64M,100M)")
+    kb.add_argument("--wire", choices=sorted(DTYPES), default="float32", help="bucket (wire) dtype")
+    kb.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    kb.add_argument("--plot", metavar="PNG", help="also write GB/s vs size to this PNG file")
+    kb.set_defaults(run=cmd_bench_kernels, single_process=True)
+
+    tr = sub.add_parser("train", help="data-parallel training of an MLP on the digits dataset (CPU by default)")
+    _common(tr)
+    tr.add_argument("--algorithm", default="ring",
+                    help="ring, halving_doubling, torus2d, auto (default ring)")
+    tr.add_argument("--torus-shape", metavar="ROWSxCOLS", help="grid for --algorithm torus2d, e.g. 2x2")
+    tr.add_argument("--epochs", type=_positive, default=8)
+    tr.add_argument("--batch-size", type=_positive, default=64, help="global batch (all ranks together)")
+    tr.add_argument("--batch-schedule", metavar="EPOCH:BATCH,...",
+                    help="grow the global batch at epochs, e.g. 0:32,3:64,6:128 (lr scales linearly)")
+    tr.add_argument("--label-smoothing", type=float, default=0.1,
+                    help="for torch.nn.CrossEntropyLoss (default 0.1, as in Mikami et al.)")
+    tr.add_argument("--comm-dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="wire dtype")
+    tr.add_argument("--straggler", metavar="RANK:SECONDS,...",
+                    help="make ranks slow: sleep this long before every step, e.g. 1:0.02")
+    tr.add_argument("--trace", metavar="OUT.json", help="write a merged Chrome trace of all ranks")
+    tr.add_argument("--lr", type=float, default=0.05)
+    tr.add_argument("--bucket-mb", type=float, default=0.1, help="bucket cap (the model is ~85K parameters)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(run=cmd_train)
 
     trace = sub.add_parser("trace", help="work with Chrome-trace timelines")
     tsub = trace.add_subparsers(dest="what", required=True)
@@ -97,6 +130,83 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("inputs", nargs="+", help="per-rank trace JSON files")
     merge.set_defaults(run=cmd_trace_merge, single_process=True)
     return parser
+
+
+def _straggler(text: str) -> list[tuple[int, float]]:
+    out = []
+    for part in text.split(","):
+        try:
+            r, sec = part.split(":")
+            out.append((int(r), float(sec)))
+        except ValueError:
+            raise ValueError(f"bad --straggler {part!r}; use RANK:SECONDS, e.g. 1:0.02") from None
+        if out[-1][1] < 0:
+            raise ValueError(f"--straggler seconds must be >= 0, got {part!r}")
+    return out
+
+
+def check_train(parser: argparse.ArgumentParser, args) -> None:
+    """Reject bad flags before any rank starts, with the reason."""
+    from commrt.algorithms import Torus2D, resolve
+    from commrt.recipe import BatchSizeSchedule
+    try:
+        alg = resolve(args.algorithm)
+    except ValueError as e:
+        parser.error(str(e))
+    nproc = args.nproc
+    if launcher.already_launched():
+        from commrt.comm import detect_launch
+        nproc = detect_launch().world_size
+    if args.torus_shape:
+        if alg.name != "torus2d":
+            parser.error("--torus-shape only applies to --algorithm torus2d")
+        try:
+            rows, cols = (int(v) for v in args.torus_shape.lower().split("x"))
+            alg = Torus2D(rows=rows, cols=cols)
+            alg.schedule(nproc)
+        except ValueError as e:
+            parser.error(f"--torus-shape {args.torus_shape} with --nproc {nproc}: {e}")
+    args.algorithm = alg
+    try:
+        sched = (BatchSizeSchedule.parse(args.batch_schedule) if args.batch_schedule
+                 else BatchSizeSchedule(base=args.batch_size))
+        for e in range(args.epochs):
+            sched.per_rank_batch(e, nproc)
+    except ValueError as e:
+        parser.error(f"batch size: {e}")
+    args.batch_schedule_obj = sched
+    args.comm_dtype_obj = DTYPES[args.comm_dtype]
+    try:
+        args.straggler = _straggler(args.straggler) if args.straggler else None
+    except ValueError as e:
+        parser.error(str(e))
+    if args.straggler and any(not 0 <= r < nproc for r, _ in args.straggler):
+        parser.error(f"--straggler names a rank outside 0..{nproc - 1}")
+    if not 0.0 <= args.label_smoothing < 1.0:
+        parser.error("--label-smoothing must be in [0, 1)")
+    if args.lr <= 0 or args.bucket_mb <= 0:
+        parser.error("--lr and --bucket-mb must be positive")
+
+
+def cmd_train(args) -> int:
+    from commrt.train import run
+    return run(args)
+
+
+def cmd_bench_kernels(args) -> int:
+    from commrt import bench
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print("commrt bench kernels: --device cuda needs a CUDA GPU; none is available here", file=sys.stderr)
+        return 2
+    sizes = args.sizes or [1 << 20, 4 << 20, 16 << 20, 64 << 20, 100 << 20]
+    title = (f"commrt bench kernels · {device} · fp32 gradients → {args.wire} bucket · "
+             f"{'Triton' if device != 'cpu' else 'torch reference path'}")
+    rows = bench.measure_kernels(sizes, DTYPES[args.wire], device)
+    print(bench.kernel_table(rows, title))
+    if args.plot:
+        print(f"# plot written to {bench.plot_kernels(rows, args.plot, title)}")
+    return 0
 
 
 def cmd_trace_merge(args) -> int:
@@ -113,8 +223,7 @@ def cmd_trace_merge(args) -> int:
 def _relaunch_or_run(args, argv: Sequence[str], parser) -> int:
     backend = check_backend(parser, args.backend)
     if args.nproc > 1 and not launcher.already_launched():
-        child = [a for a in argv]
-        child += ["--backend", backend]
+        child = list(argv) + ["--backend", backend]
         return launcher.launch(child, args.nproc, use_mpiexec=backend == "mpi")
     args.backend = backend
     return args.run(args)
@@ -147,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "train":
+        check_train(parser, args)
     if getattr(args, "algorithms", None):
         from commrt.algorithms import resolve
         for a in args.algorithms.split(","):
