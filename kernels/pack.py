@@ -70,13 +70,14 @@ def pack(
     """
     kind = parse_impl(impl)
     check_flat(out, "out")
-    tensors, total = check_list(tensors, out.device, "tensors")
+    tensors, sizes = check_list(tensors, out.device, "tensors")
+    total = sum(sizes)
     check_capacity(out, total, "out")
     scale = float(scale)
     if use_triton(kind, out.device):
         triton_backend().pack(tensors, out, scale, total)
     else:
-        _torch.pack(tensors, out, scale, total)
+        _torch.pack(tensors, out, scale, sizes)
     return out
 
 
@@ -116,10 +117,11 @@ def unpack(
     """
     kind = parse_impl(impl)
     check_flat(flat, "flat")
-    tensors, total = check_list(tensors, flat.device, "tensors")
+    tensors, sizes = check_list(tensors, flat.device, "tensors")
+    total = sum(sizes)
     check_capacity(flat, total, "flat")
     scale = float(scale)
     if use_triton(kind, flat.device):
         triton_backend().unpack(flat, tensors, scale, bool(accumulate), total)
     else:
-        _torch.unpack(flat, tensors, scale, bool(accumulate), total)
+        _torch.unpack(flat, tensors, scale, bool(accumulate), sizes)

@@ -502,12 +502,15 @@ def test_torch_plan_covers_every_tensor_once():
     small, chunk = _torch.SMALL, _torch.SMALL * 2
     sizes = (5, 0, 3 * small + 7, 1, 2, small - 1, small - 1, small - 1, 0, small, 4)
     plan = _torch._Plan(sizes, chunk, small)
+    offsets = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    assert plan.offsets == offsets[:-1]
     assert plan.big == [2, 9]
-    assert all(sum(sizes[i] for i in b) <= chunk for b in plan.batches)
-    assert all(sizes[i] < small for b in plan.batches for i in b)
+    assert plan.batches == [[0], [3, 4, 5], [6, 7], [10]]
+    for idx, (lo, hi) in zip(plan.batches, plan.spans):
+        assert lo == offsets[idx[0]] and hi == offsets[idx[-1] + 1] and hi - lo <= chunk
+        assert all(sizes[i] < small for i in idx)
     seen = sorted(plan.big + [i for b in plan.batches for i in b])
     assert seen == [i for i, n in enumerate(sizes) if n]
-    assert plan.offsets == [sum(sizes[:i]) for i in range(len(sizes))]
 
 
 @needs_interpreter
