@@ -5,7 +5,8 @@
 * ``commrt bench allreduce``: all-reduce per algorithm next to the engine's
   own (nccl-tests style table, optional PNG); ``commrt bench kernels``:
   pack/unpack GB/s;
-* ``commrt trace merge``: one timeline from per-rank traces.
+* ``commrt trace merge``: one timeline from per-rank traces;
+* ``commrt simulate``: all-reduce at thousands of ranks under an α-β model.
 
 With ``--nproc N`` the multi-rank commands start N local ranks themselves
 (mpiexec for mpi, subprocesses for gloo); under mpiexec or torchrun they
@@ -129,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("-o", "--output", required=True, help="merged JSON file to write")
     merge.add_argument("inputs", nargs="+", help="per-rank trace JSON files")
     merge.set_defaults(run=cmd_trace_merge, single_process=True)
+
+    from commrt import sim_cli
+    sim_cli.register(sub)
     return parser
 
 

@@ -28,7 +28,7 @@ def _summary(out: str) -> dict:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm,backend", [("ring", "mpi"), ("ring", "gloo"), ("halving_doubling", "mpi"),
-                                               ("torus2d", "mpi")])
+                                               ("torus2d", "mpi"), ("auto", "mpi")])
 def test_train_end_to_end(algorithm, backend, tmp_path):
     from commrt.algorithms import NAMES
     if algorithm not in NAMES:
