@@ -279,30 +279,19 @@ def torus_time(rows: int, cols: int, nbytes: float, link: Link) -> float:
 
 
 def closed_form(algorithm, world_size: int, nbytes: float, link: Link) -> float | None:
-    """The α-β closed form for ``algorithm`` on one link class, or None if it has none."""
-    from commrt.algorithms import resolve
+    """The α-β closed form for ``algorithm`` on one link class, or None if it has none.
+
+    A :class:`~commrt.algorithms.Torus2D` without a shape is priced on the
+    grid it picks without a communicator (the most square one).
+    """
+    from commrt.algorithms import HalvingDoubling, Ring, Torus2D, resolve
     alg = resolve(algorithm)
-    name = alg.name
-    if name == "ring":
+    if isinstance(alg, Ring):
         return ring_time(world_size, nbytes, link)
-    if name == "halving_doubling":
+    if isinstance(alg, HalvingDoubling):
         return halving_doubling_time(world_size, nbytes, link)
-    shape = _torus_shape(alg, world_size)
-    if shape is not None:
-        return torus_time(*shape, nbytes, link)
-    return None
-
-
-def _torus_shape(alg, world_size: int) -> tuple[int, int] | None:
-    """(rows, cols) of a Torus2D instance for ``world_size`` (its own choice if unset)."""
-    if getattr(alg, "name", None) != "torus2d":
-        return None
-    shape = getattr(alg, "shape", None)
-    if callable(shape):
-        return tuple(shape(world_size))
-    rows, cols = getattr(alg, "rows", None), getattr(alg, "cols", None)
-    if rows and cols:
-        return rows, cols
+    if isinstance(alg, Torus2D):
+        return torus_time(*alg.shape(world_size), nbytes, link)
     return None
 
 
@@ -378,6 +367,7 @@ class SimResult:
     nbytes: int
     network: Network
     time_s: float
+    collective: Collective = field(repr=False)
     start_s: float = field(repr=False)
     rank_finish_s: np.ndarray = field(repr=False)      # absolute, per rank (NaN: not a participant)
     step_phase: tuple[str, ...] = field(repr=False)
@@ -420,8 +410,12 @@ class SimResult:
 
     @property
     def busbw_gbps(self) -> float:
+        """nccl-tests bus bandwidth: algbw × 2(p−1)/p for all-reduce, × (p−1)/p otherwise."""
         p = self.world_size
-        return self.algbw_gbps * (2 * (p - 1) / p if p > 1 else 1.0)
+        if p <= 1:
+            return self.algbw_gbps
+        factor = 2 * (p - 1) / p if self.collective is Collective.ALL_REDUCE else (p - 1) / p
+        return self.algbw_gbps * factor
 
     def table(self, max_steps: int = 12) -> str:
         """A readable breakdown: totals, per phase, then the first steps."""
@@ -459,9 +453,9 @@ def _as_schedule(algorithm_or_schedule, world_size: int | None, nbytes: int, net
     alg = resolve(algorithm_or_schedule)
     if world_size is None:
         raise ValueError("simulate() needs world_size when given an algorithm rather than a Schedule")
-    if getattr(alg, "name", None) == "auto" and getattr(alg, "network", None) is None:
-        import dataclasses
-        alg = dataclasses.replace(alg, network=network)   # let "auto" choose for the simulated network
+    from commrt.algorithms.auto import Auto
+    if isinstance(alg, Auto) and alg.network is None:
+        alg = Auto(network=network)          # let "auto" choose for the simulated network
     return alg.select(world_size, nbytes)
 
 
@@ -544,12 +538,13 @@ class _Replayer:
 def simulate(algorithm_or_schedule, world_size: int | None = None, nbytes: int = 1 << 20,
              network: Network | None = None, *, itemsize: int = 4,
              start_s: Sequence[float] | np.ndarray | None = None) -> SimResult:
-    """Replay an all-reduce schedule under ``network``; return its time and per-step costs.
+    """Replay a schedule under ``network``; return its time and per-step costs.
 
     ``algorithm_or_schedule``: a :class:`~commrt.Schedule`, an
     :class:`~commrt.algorithms.Algorithm` instance or a name (``"ring"``,
     ``"hd"``, ...); an algorithm is asked for ``select(world_size, nbytes)``,
-    the same schedule ``commrt.all_reduce`` runs. ``nbytes`` is the buffer
+    the same schedule ``commrt.all_reduce`` runs. A Schedule may be of any
+    collective (reduce-scatter, all-gather, a subset of ranks); ``nbytes`` is the buffer
     size, a multiple of ``itemsize`` (the element size: chunks are cut in
     elements, as the executor cuts them). ``network`` defaults to
     :meth:`Network.h100_nvlink_ib`. ``start_s`` (one per rank) lets ranks
@@ -560,8 +555,6 @@ def simulate(algorithm_or_schedule, world_size: int | None = None, nbytes: int =
     if not isinstance(network, Network):
         raise TypeError(f"network must be a commrt.sim.Network, got {type(network).__name__}")
     sched = _as_schedule(algorithm_or_schedule, world_size, nbytes, network)
-    if sched.collective is not Collective.ALL_REDUCE:
-        raise ValueError(f"simulate() replays all-reduce schedules; {sched.name!r} is {sched.collective.value}")
     rp = _Replayer(sched, int(nbytes), network, int(itemsize))
     p = sched.world_size
     clock = np.zeros(p)
@@ -586,8 +579,8 @@ def simulate(algorithm_or_schedule, world_size: int | None = None, nbytes: int =
         nb[i], nm[i] = int(b.sum()), len(b)
     finish = np.full(p, np.nan)
     finish[part] = clock[part]
-    return SimResult(sched.name, p, int(nbytes), network, float(finish[part].max() - t0), t0, finish,
-                     tuple(phase), end, slowest, nb, nm)
+    return SimResult(sched.name, p, int(nbytes), network, float(finish[part].max() - t0), sched.collective, t0,
+                     finish, tuple(phase), end, slowest, nb, nm)
 
 
 # --------------------------------------------------------------------------
