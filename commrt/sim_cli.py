@@ -198,14 +198,14 @@ def run(args, out=print) -> dict:
     # 1. time vs p ------------------------------------------------------------
     for nbytes in args.sizes:
         out(f"\n## time per all-reduce vs p · {sim._fmt_bytes(nbytes)}")
-        out(f"{'p':>6} " + "".join(f"{n:>26}" for n in names))
+        out(f"{'p':>6} " + "".join(f"{n:>{30 if n == 'auto' else 22}}" for n in names))
         rows = {n: [] for n in names}
         for p in ps:
             cells = []
             for n in names:
                 t, lab = sw.time(n, p, nbytes)
                 rows[n].append((t, lab))
-                cells.append(f"{_fmt_time(t):>12} {lab[:12]:>13}" if n == "auto" else f"{_fmt_time(t):>26}")
+                cells.append(f"{_fmt_time(t):>11} {lab:>18}" if n == "auto" else f"{_fmt_time(t):>22}")
             out(f"{p:>6} " + "".join(cells), )
         report["vs_p"][nbytes] = rows
 
