@@ -1,0 +1,91 @@
+"""Calibration: the simulator's prediction against measured all-reduce on this machine.
+
+Run on 2 and 4 ranks over the mpi transport::
+
+    mpiexec -n 2 python bench/bench_sim_calibration.py
+    mpiexec -n 4 python bench/bench_sim_calibration.py --json calib_p4.json
+
+Each run probes α and β with :func:`commrt.probe.probe` (the same probe
+``algorithm="auto"`` uses), then for ring, torus2d (its default grid) and
+halving-doubling at a few sizes measures ``commrt.all_reduce`` (median of
+``--repeats`` barrier-aligned runs, fixed iteration counts on every rank,
+as in ``commrt bench allreduce``) and predicts it with
+:func:`commrt.sim.simulate` of the very schedule that ran, on
+``Network.from_probe(α, β)``. Error = (predicted − measured) / measured.
+Rank 0 prints the table. With more ranks than cores the machine is
+oversubscribed: ranks wait for a core as well as for messages, which a
+per-message α and a per-byte β describe only on average.
+
+It is a script, not a pytest module (no test functions): the ranks must run
+the same collectives in the same order.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+import commrt
+from commrt import sim
+from commrt.algorithms import resolve
+from commrt.bench import iterations_for, time_calls
+from commrt.probe import probe
+
+DEFAULT_SIZES = "64K,1M,16M"
+DEFAULT_ALGORITHMS = "ring,torus2d,halving_doubling"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated (default {DEFAULT_SIZES})")
+    ap.add_argument("--algorithms", default=DEFAULT_ALGORITHMS)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", default=None, help="also write the rows to this file (rank 0)")
+    ap.add_argument("--probe-file", default=None, help="write the probe result here (for commrt simulate --network)")
+    args = ap.parse_args(argv)
+    from commrt.cli import parse_size
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    comm = commrt.init("mpi", timeout=120)
+    p = comm.world_size
+    pr = probe(comm, repeats=args.repeats)
+    net = pr.network()
+    say = print if comm.rank == 0 else (lambda *a, **k: None)
+    cores = os.cpu_count()
+    say(f"# calibration · mpi · {p} ranks on {cores} cores{' (oversubscribed)' if p > (cores or p) else ''}")
+    say(f"# {pr}")
+    say(f"#   probe step times: " + ", ".join(f"{s} B: {t * 1e6:.1f} µs" for s, t in zip(pr.sizes, pr.step_s)))
+    say(f"#   per rank (α µs, GB/s): " + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank))
+    say(f"{'size':>8} {'algorithm':<22} {'measured':>12} {'predicted':>12} {'error':>8} {'MPI_Allreduce':>14}")
+    rows = []
+    for nbytes in sizes:
+        x = torch.ones(nbytes // 4)
+        iters = iterations_for(nbytes)
+        native = time_calls(comm, lambda: comm.transport.native_all_reduce(x, "sum"), iters, args.repeats)
+        for name in args.algorithms.split(","):
+            alg = resolve(name)
+            sched = alg.select(p, nbytes, comm)
+            t = time_calls(comm, lambda: commrt.all_reduce(x, comm, algorithm=alg, op="sum"), iters, args.repeats)
+            pred = sim.simulate(sched, nbytes=nbytes, network=net).time_s
+            err = (pred - t) / t
+            rows.append(dict(world_size=p, nbytes=nbytes, algorithm=sched.name, steps=sched.num_steps,
+                             measured_s=t, predicted_s=pred, error=err, mpi_allreduce_s=native))
+            say(f"{nbytes >> 10:>7}K {sched.name:<22} {t * 1e6:10.1f}µs {pred * 1e6:10.1f}µs {err * 100:+7.1f}% "
+                f"{native * 1e6:12.1f}µs", flush=True)
+    if comm.rank == 0:
+        mean_abs = sum(abs(r["error"]) for r in rows) / len(rows)
+        say(f"# mean |error| {mean_abs * 100:.1f}% over {len(rows)} points")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"probe": pr.to_dict(), "rows": rows}, f, indent=1)
+            say(f"# wrote {args.json}")
+        if args.probe_file:
+            say(f"# wrote {pr.save(args.probe_file)}")
+    comm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
