@@ -96,7 +96,9 @@ def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) ->
             reduce = o.kind is OpKind.RECV_REDUCE
             clash = _overlaps(a0, a1, send_ranges) or _overlaps(a0, a1, recv_ranges[:j] + recv_ranges[j + 1:])
             via_scratch = reduce or clash
-            sends_first |= reduce and _overlaps(a0, a1, send_ranges)
+            # writing back into the buffer (a sum, or a copy that had to go via
+            # scratch) must not race a send of this step still reading there
+            sends_first |= via_scratch and _overlaps(a0, a1, send_ranges)
             for k, a, b in _pieces(a0, a1, piece_elems):
                 recv_x.append(Xfer(o.peer, a, b, k, reduce, scratch if via_scratch else -1))
                 if via_scratch:

@@ -152,3 +152,21 @@ def test_all_reduce_rejects_wrong_device():
             commrt.all_reduce(torch.zeros(3, device="meta"), _local_comm(tr))
 
     run_ranks(1, body)
+
+
+def test_swap_in_place_waits_for_the_send_before_writing_back():
+    # both ranks send chunk 0 and receive the peer's chunk 0 into the same place
+    from commrt.schedule import Op, OpKind, Schedule, Step
+    step = Step.of([Op(OpKind.SEND, 0, 1, 0, 1), Op(OpKind.RECV_COPY, 0, 1, 0, 1),
+                    Op(OpKind.SEND, 1, 0, 0, 1), Op(OpKind.RECV_COPY, 1, 0, 0, 1)], "swap")
+    sched = Schedule("swap", Collective.ALL_REDUCE, 2, (0, 1), 1, (step,))
+    plan = compile_plan(sched, 0, 10, 4)
+    assert plan.steps[0].sends_first and all(x.scratch >= 0 for x in plan.steps[0].recvs)
+
+    def body(tr):
+        buf = torch.full((10,), float(tr.rank))
+        Executor().run(sched, buf, tr, timeout=10, piece_bytes=16)
+        return buf
+
+    out = run_ranks(2, body)
+    assert torch.equal(out[0], torch.ones(10)) and torch.equal(out[1], torch.zeros(10))

@@ -179,19 +179,23 @@ def test_usage_errors():
 
 
 def test_no_sync_accumulates_then_averages():
+    # models are built here, not in the rank threads: torch's global RNG is shared by threads
+    models = [Deep() for _ in range(2)]
+    refs = [Deep() for _ in range(2)]
+    xs = [[torch.randn(4, 64, generator=torch.Generator().manual_seed(10 * r + k)) for k in range(2)]
+          for r in range(2)]
+
     def body(tr):
         comm = _comm(tr)
-        model = Deep()
+        model, ref, x = models[tr.rank], refs[tr.rank], xs[tr.rank]
         sync = commrt.GradientSync(model, comm)
-        xs = [torch.randn(4, 64, generator=torch.Generator().manual_seed(10 * tr.rank + k)) for k in range(2)]
         with sync.no_sync():
-            model(xs[0]).sum().backward()
-        model(xs[1]).sum().backward()
+            model(x[0]).sum().backward()
+        model(x[1]).sum().backward()
         sync.wait()
         sync.close()
-        ref = Deep()
-        ref(xs[0]).sum().backward()
-        ref(xs[1]).sum().backward()
+        ref(x[0]).sum().backward()
+        ref(x[1]).sum().backward()
         return [p.grad.clone() for p in model.parameters()], [p.grad.clone() for p in ref.parameters()]
 
     out = run_ranks(2, body)
