@@ -47,8 +47,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 CHUNK = 1 << 19
 #: Staging segment for CUDA tensors under impl="torch" (no cache to fit; fewer launches).
 CUDA_CHUNK = 1 << 23
-#: Tensors with fewer elements than this are grouped into multi-tensor segments.
-SMALL = 1 << 16
+#: Tensors with fewer elements than this (1 MiB of fp32) are grouped into
+#: runs; larger ones get their own (single-pass where possible) ops.
+SMALL = 1 << 18
 
 _F32 = torch.float32
 _local = threading.local()

@@ -545,3 +545,14 @@ def test_torch_slots_cache_follows_the_buffer():
 
     gc.collect()
     assert len(_torch._SLOTS) == n - 1  # the entry died with its buffer
+
+
+def test_docstring_examples():
+    import doctest
+    import importlib
+    import sys
+
+    for name in ("commrt.kernels", "commrt.kernels.pack", "commrt.kernels.reduce"):
+        importlib.import_module(name)
+        result = doctest.testmod(sys.modules[name])  # sys.modules: commrt.kernels.pack is also a function name
+        assert result.failed == 0 and result.attempted > 0, (name, result)
