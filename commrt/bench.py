@@ -68,7 +68,7 @@ def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> 
 
 def measure_allreduce(comm, sizes: Sequence[int] = DEFAULT_SIZES, algorithms: Sequence[str] = ("ring",),
                       dtype: torch.dtype = torch.float32, native: bool = True, repeats: int = 3,
-                      on_row: Callable[[Row], None] | None = None) -> list[Row]:
+                      iters: int | None = None, on_row: Callable[[Row], None] | None = None) -> list[Row]:
     """Time ``commrt.all_reduce`` (sum) per algorithm and the native all-reduce per size."""
     algs = [resolve(a) for a in algorithms]
     esize = torch.empty((), dtype=dtype).element_size()
@@ -76,13 +76,13 @@ def measure_allreduce(comm, sizes: Sequence[int] = DEFAULT_SIZES, algorithms: Se
     for nbytes in sizes:
         count = max(1, nbytes // esize)
         x = torch.ones(count, dtype=dtype, device=comm.device)
-        iters = iterations_for(nbytes)
+        n_iter = iters or iterations_for(nbytes)
         row = Row(count * esize, count)
         for alg in algs:
-            t = time_calls(comm, lambda: commrt.all_reduce(x, comm, algorithm=alg, op="sum"), iters, repeats)
+            t = time_calls(comm, lambda: commrt.all_reduce(x, comm, algorithm=alg, op="sum"), n_iter, repeats)
             row.results.append(Result(alg.name, t))
         if native:
-            t = time_calls(comm, lambda: comm.transport.native_all_reduce(x, "sum"), iters, repeats)
+            t = time_calls(comm, lambda: comm.transport.native_all_reduce(x, "sum"), n_iter, repeats)
             row.results.append(Result(f"native ({NATIVE_NAMES[comm.backend.value]})", t))
         rows.append(row)
         if on_row is not None:

@@ -89,11 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="what", required=True)
     ar = bsub.add_parser("allreduce", help="all-reduce: commrt algorithms vs the native engine")
     _common(ar)
-    ar.add_argument("--algorithms", default="ring,halving_doubling",
-                    help="comma-separated algorithm names (default ring,halving_doubling)")
+    ar.add_argument("--algorithms", default="ring,halving_doubling,torus2d",
+                    help="comma-separated algorithm names (default ring,halving_doubling,torus2d)")
     ar.add_argument("--sizes", type=_sizes, default=None, help="comma-separated sizes (default 64K..64M, x4)")
     ar.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    ar.add_argument("--repeats", type=_positive, default=3)
+    ar.add_argument("--repeats", type=_positive, default=3, help="timed runs per point (median)")
+    ar.add_argument("--iters", type=_positive, default=None,
+                    help="calls per timed run (default: from the size, ~0.4 GB moved per run)")
     ar.add_argument("--plot", metavar="PNG", help="also write busbw vs size to this PNG file")
     ar.set_defaults(run=cmd_bench_allreduce)
     kb = bsub.add_parser("kernels", help="pack/unpack GB/s vs a plain copy and cat+scale (one process)")
@@ -249,7 +251,7 @@ def cmd_bench_allreduce(args) -> int:
             print(bench.table_row(row, comm.world_size), flush=True)
 
     rows = bench.measure_allreduce(comm, args.sizes or bench.DEFAULT_SIZES, algorithms, DTYPES[args.dtype],
-                                   repeats=args.repeats, on_row=show)
+                                   repeats=args.repeats, iters=args.iters, on_row=show)
     if comm.rank == 0 and args.plot:
         print(f"# plot written to {bench.plot_rows(rows, comm.world_size, args.plot, title)}")
     comm.close()

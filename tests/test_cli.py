@@ -47,7 +47,7 @@ def test_train_end_to_end(algorithm, backend, tmp_path):
 def test_bench_allreduce_writes_a_png(tmp_path):
     png = tmp_path / "allreduce.png"
     proc = _commrt("bench", "allreduce", "--nproc", "2", "--backend", "gloo", "--sizes", "64K,256K",
-                   "--repeats", "1", "--plot", str(png))
+                   "--repeats", "1", "--iters", "5", "--plot", str(png))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "busbw" in proc.stdout and "native (gloo allreduce)" in proc.stdout
     import matplotlib.image
