@@ -194,7 +194,7 @@ def _tcp_store(launch: LaunchInfo, rank: int, world_size: int, master_addr: str 
 def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_size: int | None = None,
          timeout: float = DEFAULT_TIMEOUT_S, master_addr: str | None = None,
          master_port: int | None = None, device: "torch.device | str | None" = None,
-         piece_bytes: int = 1 << 20, nccl_module=None) -> Communicator:
+         piece_bytes: int = 4 << 20, nccl_module=None) -> Communicator:
     """Create a :class:`Communicator`.
 
     ``backend``: ``"auto"`` (nccl where CUDA is available, mpi under

@@ -111,12 +111,15 @@ def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) ->
 
 
 def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst += src: commrt's fused kernel for fp32/fp16/bf16 (fp32 math, one
-    rounding; Triton on CUDA), plain ``add_`` for float64 and integers."""
-    if dst.dtype in KERNEL_DTYPES and src.dtype in KERNEL_DTYPES:
-        reduce_(dst, src)
-    else:
+    """dst += src: commrt's fused kernel (Triton) on CUDA; on CPU, when both
+    sides share a dtype, one ``add_`` (for fp16/bf16 torch also adds in fp32
+    and rounds once: the kernel's semantics, without its per-call checks,
+    which cost more than a 64 KB add); otherwise the kernel's reference path.
+    float64 and integers: ``add_``."""
+    if dst.dtype is src.dtype and (dst.device.type == "cpu" or dst.dtype not in KERNEL_DTYPES):
         dst.add_(src)
+    else:
+        reduce_(dst, src)
 
 
 class Executor:
