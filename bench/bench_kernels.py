@@ -214,9 +214,11 @@ def _make(layout: str, op: str, device: str, mb: int):
     raise ValueError(op)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("mb", SIZES_MB, ids=[f"{m}MB" for m in SIZES_MB])
+# Order: all ops of one (device, size) run back to back (the top decorator
+# varies fastest), so ops compared in one table row see similar machine load.
 @pytest.mark.parametrize("layout,op", LAYOUT_OPS, ids=[f"{lay}-{op}" for lay, op in LAYOUT_OPS])
+@pytest.mark.parametrize("mb", SIZES_MB, ids=[f"{m}MB" for m in SIZES_MB])
+@pytest.mark.parametrize("device", DEVICES)
 def test_kernel_throughput(benchmark, layout, op, mb, device):
     n, fn = _make(layout, op, device, mb)
     nbytes = BYTES_PER_ELEM[op] * n
