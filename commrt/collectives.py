@@ -71,7 +71,8 @@ def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algor
             schedule = alg.select(comm.world_size, flat.numel() * flat.element_size(), comm)
             comm.executor.run(schedule, flat, comm.transport,
                               timeout=comm.timeout if timeout is None else timeout,
-                              piece_bytes=comm.piece_bytes, average=op is ReduceOp.AVG, tracer=tracer)
+                              piece_bytes=comm.piece_bytes, average=op is ReduceOp.AVG, tracer=tracer,
+                              owner=work)
     if work is not tensor:
         tensor.copy_(work)
     return tensor

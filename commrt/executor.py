@@ -16,6 +16,7 @@ travel in the buffer's dtype.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
@@ -28,6 +29,7 @@ from commrt.schedule import OpKind, Schedule, chunk_bounds
 from commrt.transports.base import Transport
 
 _MAX_PLANS = 64
+_MAX_BOUND = 32
 _PIECE_TAGS = 1024   # tags per step: step * 1024 + piece (MPI/gloo also keep FIFO order per tag)
 
 
@@ -110,6 +112,37 @@ def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) ->
     return Plan(tuple(steps), scratch_max, len(schedule.ranks), schedule.num_steps, sent)
 
 
+class Bound:
+    """A plan bound to one buffer, one scratch buffer and one transport.
+
+    Holds every tensor view a run needs and each step's :class:`Prepared`
+    transport operations (MPI persistent requests), so a repeated
+    collective on the same buffer (a GradientSync bucket, a benchmark loop)
+    does no slicing and builds no requests. Per step: ``(plan step,
+    prepared ops, [(destination view, received view, reduce?) per
+    receive])``.
+    """
+
+    __slots__ = ("plan", "steps", "views")
+
+    def __init__(self, plan: Plan, buf: torch.Tensor, scratch: torch.Tensor, transport: Transport):
+        self.plan = plan
+        self.steps = []
+        for sp in plan.steps:
+            sends = [(buf[x.start:x.stop], x.peer) for x in sp.sends]
+            recvs, post = [], []
+            for x in sp.recvs:
+                into = buf[x.start:x.stop] if x.scratch < 0 else scratch[x.scratch:x.scratch + x.stop - x.start]
+                recvs.append((into, x.peer))
+                post.append((buf[x.start:x.stop] if x.scratch >= 0 else None, into, x.reduce))
+            self.steps.append((sp, transport.prepare(sends, recvs, sp.index * _PIECE_TAGS), post))
+
+    def free(self) -> None:
+        for _, prepared, _ in self.steps:
+            prepared.free()
+        self.steps = []
+
+
 def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst += src: commrt's fused kernel (Triton) on CUDA; on CPU, when both
     sides share a dtype, one ``add_`` (for fp16/bf16 torch also adds in fp32
@@ -133,6 +166,32 @@ class Executor:
         self.reduce = reduce or default_reduce
         self._plans: OrderedDict = OrderedDict()
         self._scratch: dict[tuple, torch.Tensor] = {}
+        self._bound: OrderedDict = OrderedDict()
+        self._dead: list = []   # keys whose owner tensor died (filled by weakref finalizers)
+
+    def bind(self, plan: Plan, buf: torch.Tensor, scratch: torch.Tensor, transport: Transport,
+             owner: torch.Tensor | None = None) -> Bound:
+        """The cached :class:`Bound` for these buffers, made on first use.
+
+        A binding holds views of ``buf``; it is dropped when ``owner`` (the
+        caller's tensor) is garbage collected, or when it falls out of the
+        small LRU, so the cache never keeps much memory alive.
+        """
+        while self._dead:
+            dead = self._bound.pop(self._dead.pop(), None)
+            if dead is not None:
+                dead.free()
+        key = (id(plan), buf.data_ptr(), buf.dtype, scratch.data_ptr(), id(transport))
+        hit = self._bound.get(key)
+        if hit is not None and hit.plan is plan:
+            self._bound.move_to_end(key)
+            return hit
+        bound = self._bound[key] = Bound(plan, buf, scratch, transport)
+        if owner is not None:
+            weakref.finalize(owner, self._dead.append, key)
+        if len(self._bound) > _MAX_BOUND:
+            self._bound.popitem(last=False)[1].free()
+        return bound
 
     def plan(self, schedule: Schedule, rank: int, numel: int, piece_elems: int) -> Plan:
         # Keyed on the schedule object itself: algorithms cache their
@@ -157,12 +216,15 @@ class Executor:
         return buf
 
     def release(self) -> None:
-        """Drop cached scratch memory (it is re-allocated on next use)."""
+        """Drop cached scratch memory and bindings (re-made on next use)."""
+        for b in self._bound.values():
+            b.free()
+        self._bound.clear()
         self._scratch.clear()
 
     def run(self, schedule: Schedule, buf: torch.Tensor, transport: Transport, *,
-            timeout: float, piece_bytes: int = 1 << 20, average: bool = False,
-            bucket: int | None = None, tracer=None) -> int:
+            timeout: float, piece_bytes: int = 4 << 20, average: bool = False,
+            bucket: int | None = None, tracer=None, owner: torch.Tensor | None = None) -> int:
         """Run ``schedule`` in place on the 1-D contiguous ``buf``; return the bytes this rank sent.
 
         ``average`` divides by the number of participating ranks at the end.
@@ -181,18 +243,16 @@ class Executor:
             raise CommTimeoutError(rank=rank, peer=peer, what=what, timeout_s=timeout, algorithm=name,
                                    step=sp.index, num_steps=plan.num_steps, bucket=bucket)
 
+        bound = self.bind(plan, buf, scratch, transport, owner)
         transport.begin(buf)
         with transport.stream():
-            for sp in plan.steps:
-                span = tracer.span(f"commrt/{name}/step{sp.index}", phase=sp.phase, bucket=bucket) \
-                    if tracer is not None else None
-                if span is not None:
-                    span.__enter__()
-                try:
-                    self._run_step(sp, buf, scratch, transport, time.monotonic() + timeout, fail)
-                finally:
-                    if span is not None:
-                        span.__exit__(None, None, None)
+            for step in bound.steps:
+                if tracer is None:
+                    self._run_step(step, time.monotonic() + timeout, fail)
+                    continue
+                sp = step[0]
+                with tracer.span(f"commrt/{name}/step{sp.index}", phase=sp.phase, bucket=bucket):
+                    self._run_step(step, time.monotonic() + timeout, fail)
             if average and plan.group_size > 1:
                 buf.div_(plan.group_size)
         if not transport.sync(time.monotonic() + timeout):
@@ -201,36 +261,29 @@ class Executor:
         transport.end(buf)
         return plan.send_elems * buf.element_size()
 
-    def _run_step(self, sp: StepPlan, buf, scratch, transport, deadline, fail) -> None:
-        def recv_view(x: Xfer):
-            return buf[x.start:x.stop] if x.scratch < 0 else scratch[x.scratch:x.scratch + x.stop - x.start]
-
-        tag = sp.index * _PIECE_TAGS
-        recv_tensors = [recv_view(x) for x in sp.recvs]
-        pend = transport.exchange(
-            [(buf[x.start:x.stop], x.peer) for x in sp.sends],
-            [(t, x.peer) for t, x in zip(recv_tensors, sp.recvs)],
-            tag)
+    def _run_step(self, step, deadline: float, fail) -> None:
+        sp, prepared, post = step
+        pend = prepared.start()
         try:
             if sp.sends_first:
                 for j, x in enumerate(sp.sends):
                     if not pend.wait_send(j, deadline):
                         fail("send", x.peer, sp)
             reduce = self.reduce
-            for i, x in enumerate(sp.recvs):
+            for i, (dst, got, is_sum) in enumerate(post):
                 if not pend.wait_recv(i, deadline):
-                    fail("recv", x.peer, sp)
-                if x.reduce:
-                    reduce(buf[x.start:x.stop], recv_tensors[i])
-                elif x.scratch >= 0:
-                    buf[x.start:x.stop].copy_(recv_tensors[i])
-            for j, x in enumerate(sp.sends):
+                    fail("recv", sp.recvs[i].peer, sp)
+                if is_sum:
+                    reduce(dst, got)
+                elif dst is not None:
+                    dst.copy_(got)
+            for j in range(len(sp.sends)):
                 if not pend.wait_send(j, deadline):
-                    fail("send", x.peer, sp)
+                    fail("send", sp.sends[j].peer, sp)
             pend.finish()
         except CommError:
             raise
         except RuntimeError as e:   # engine errors (a peer's connection closed, ...)
             peers = sorted({x.peer for x in sp.sends + sp.recvs})
-            raise CommError(f"commrt: rank {transport.rank}: {transport.name} failed in step {sp.index} "
-                            f"(peers {peers}): {e}") from e
+            raise CommError(f"commrt: rank {prepared.transport.rank}: {prepared.transport.name} failed in "
+                            f"step {sp.index} (peers {peers}): {e}") from e

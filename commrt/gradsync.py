@@ -238,7 +238,7 @@ class GradientSync:
             t1 = time.perf_counter()
             with self._span(f"commrt/bucket{b}/comm", b), comm.lock:
                 sent = comm.executor.run(self.schedules[b], buf, comm.transport, timeout=comm.timeout,
-                                         piece_bytes=comm.piece_bytes, bucket=b, tracer=self.tracer)
+                                         piece_bytes=comm.piece_bytes, bucket=b, tracer=self.tracer, owner=buf)
             t2 = time.perf_counter()
             with self._span(f"commrt/bucket{b}/unpack", b):
                 unpack(buf, self._grads(bucket, create=True))

@@ -62,6 +62,26 @@ class Pending(abc.ABC):
         """Raise any error the engine reported for the finished operations."""
 
 
+class Prepared:
+    """Operations of one step bound to fixed buffers, started again and again.
+
+    The default re-issues :meth:`Transport.exchange` on every start;
+    transports with cheaper repeat paths (MPI persistent requests) override
+    :meth:`Transport.prepare`.
+    """
+
+    __slots__ = ("transport", "sends", "recvs", "tag")
+
+    def __init__(self, transport: "Transport", sends: Sequence[Pair], recvs: Sequence[Pair], tag: int):
+        self.transport, self.sends, self.recvs, self.tag = transport, list(sends), list(recvs), tag
+
+    def start(self) -> Pending:
+        return self.transport.exchange(self.sends, self.recvs, self.tag)
+
+    def free(self) -> None:
+        """Release engine resources held for these buffers."""
+
+
 class Transport(abc.ABC):
     """Grouped non-blocking sends and receives of contiguous tensors."""
 
@@ -78,6 +98,10 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
         """Start all ``sends`` and ``recvs`` as one group; return at once."""
+
+    def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
+        """Bind a step's sends and receives to their buffers for repeated starts."""
+        return Prepared(self, sends, recvs, tag)
 
     @abc.abstractmethod
     def barrier(self, timeout: float) -> bool:

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from commrt.transports.base import Pair, Pending, Transport, poll_until
+from commrt.transports.base import Pair, Pending, Prepared, Transport, poll_until
 
 
 def _mpi():
@@ -43,6 +43,35 @@ class _MpiPending(Pending):
         return poll_until(self.sreqs[i].Test, deadline)
 
 
+class _MpiPrepared(Prepared):
+    """Persistent requests (MPI_Send_init/Recv_init): a repeated step is one
+    Startall instead of building buffers and requests per message."""
+
+    __slots__ = ("pending", "preqs", "_startall")
+
+    def __init__(self, transport, sends, recvs, tag):
+        super().__init__(transport, sends, recvs, tag)
+        comm, MPI = transport.comm, transport._MPI
+        tag %= transport._tag_ub
+        rreqs = [comm.Recv_init(as_buffer(t, MPI), source=peer, tag=tag) for t, peer in recvs]
+        sreqs = [comm.Send_init(as_buffer(t, MPI), dest=peer, tag=tag) for t, peer in sends]
+        self.pending = _MpiPending(sreqs, rreqs)
+        self.preqs = rreqs + sreqs   # receives start first
+        self._startall = MPI.Prequest.Startall
+
+    def start(self) -> Pending:
+        self._startall(self.preqs)
+        return self.pending
+
+    def free(self) -> None:
+        for r in self.preqs:
+            try:
+                r.Free()
+            except Exception:   # MPI already finalized, or still active after a timeout
+                pass
+        self.preqs = []
+
+
 class MpiTransport(Transport):
     """Point-to-point over a private duplicate of an MPI communicator."""
 
@@ -64,6 +93,9 @@ class MpiTransport(Transport):
         rreqs = [comm.Irecv(as_buffer(t, MPI), source=peer, tag=tag) for t, peer in recvs]
         sreqs = [comm.Isend(as_buffer(t, MPI), dest=peer, tag=tag) for t, peer in sends]
         return _MpiPending(sreqs, rreqs)
+
+    def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
+        return _MpiPrepared(self, sends, recvs, tag)
 
     def barrier(self, timeout: float) -> bool:
         req = self.comm.Ibarrier()
