@@ -33,12 +33,17 @@ pytestmark = pytest.mark.skipif(not already_launched(),
 ROUNDS, ITERS = 5, 2
 
 
+IN, HIDDEN, OUT = 512, 2560, 10
+
+
 def _mlp():
     torch.manual_seed(0)
-    # 1024*4096 + 4096*4096 + 4096*1024 + 1024*10 ~= 25.2M parameters
-    return torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
-                               torch.nn.ReLU(), torch.nn.Linear(4096, 1024), torch.nn.ReLU(),
-                               torch.nn.Linear(1024, 10))
+    # 512*2560 + 3*2560*2560 + 2560*1536 + 1536*10 ~= 24.9M parameters (~100 MB of fp32 gradients)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, 1536), torch.nn.ReLU(), torch.nn.Linear(1536, OUT))
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +78,8 @@ def _rss_mb():
 def test_mlp_step(benchmark, record_bandwidth, env, impl):
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(64, 1024)
-    y = torch.randint(0, 10, (64,))
+    x = torch.randn(64, IN)
+    y = torch.randint(0, OUT, (64,))
     loss_fn = torch.nn.CrossEntropyLoss()
     grad_mb = sum(p.numel() for p in model.parameters()) * 4 / 2**20
     rss0 = _rss_mb()
@@ -119,7 +124,9 @@ class _SlowBackward(torch.autograd.Function):
 
 
 class _DeviceLike(torch.nn.Module):
-    def __init__(self, layers=8, width=1024, seconds=0.01):
+    # 8 layers of 2048x2048 (128 MB of gradients, ~30-40 ms to all-reduce here) with 15 ms of
+    # emulated device time per layer: backward clearly longer than communication, both large
+    def __init__(self, layers=8, width=2048, seconds=0.015):
         super().__init__()
         torch.manual_seed(0)
         self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
@@ -135,8 +142,8 @@ class _DeviceLike(torch.nn.Module):
 def test_overlap(benchmark, record_bandwidth, env, transport):
     comm = env[transport]
     model = _DeviceLike()
-    x = torch.randn(8, 1024)
-    sync = commrt.GradientSync(model, comm, bucket_mb=4)
+    x = torch.randn(8, 2048)
+    sync = commrt.GradientSync(model, comm)
 
     def backward_only():
         with sync.no_sync():
@@ -170,5 +177,5 @@ def test_overlap(benchmark, record_bandwidth, env, transport):
     info = {"backward_ms": t_bwd * 1e3, "comm_ms": t_comm * 1e3, "step_ms": t_step * 1e3,
             "sum_ms": (t_bwd + t_comm) * 1e3, "hidden_share": (t_bwd + t_comm - t_step) / t_comm}
     benchmark.extra_info.update(info)
-    record_bandwidth("overlap: backward (emulated device compute) vs communication", transport, "32MB", **info)
+    record_bandwidth("overlap: backward (emulated device compute) vs communication", transport, "128MB", **info)
     sync.close()

@@ -3,7 +3,9 @@
 Multi-rank benchmarks run pytest on every rank (``mpiexec -n 4 python -m
 pytest bench/...``); the ranks run the same tests in the same order with
 fixed round/iteration counts, so their collectives line up. Only rank 0
-reports: the other ranks' stdout goes to /dev/null and they write no JSON.
+reports: the other ranks' terminal output is dropped and they write no
+JSON. Ranks on one machine get cores / ranks intra-op threads each (unless
+OMP_NUM_THREADS says otherwise), as ``commrt``'s own launcher does.
 
 Benchmarks record throughput with :func:`record_bandwidth`; a table of
 them (GB/s, algbw/busbw) is printed after pytest-benchmark's own.
@@ -15,12 +17,19 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")   # kernels on CPU tensors, as in tests/
 
 _RANK = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0"))))
+_LOCAL = int(os.environ.get("MPI_LOCALNRANKS", os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE",
+                                                               os.environ.get("LOCAL_WORLD_SIZE", "1"))))
 _ROWS_KEY = pytest.StashKey[list]()
 
 
 @pytest.hookimpl(trylast=True)   # after the terminal reporter exists
 def pytest_configure(config):
     config.stash[_ROWS_KEY] = []
+    if _LOCAL > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # ranks share the machine's cores: one intra-op thread pool per rank's share,
+        # as commrt's own launcher sets, instead of every rank spawning one per core
+        import torch
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // _LOCAL))
     if _RANK != 0:
         # Silence the terminal reporter itself: redirecting fd 1 here would be
         # undone by pytest's output capture, which is active at this point.

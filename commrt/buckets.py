@@ -5,7 +5,9 @@ which backward produces their gradients, so the first bucket fills (and
 can leave) while backward is still running. The first bucket is kept
 small (``first_bucket_mb``, 1 MB by default as in PyTorch DDP) so that
 communication starts early; the others are capped by ``bucket_mb``. A
-parameter larger than the cap gets a bucket of its own.
+parameter larger than the cap gets a bucket of its own, except that a tiny
+leftover before it (less than 1/8 of the cap, typically a bias) joins it
+rather than paying a collective's latency alone.
 
 :func:`check_layout` makes every rank compare its buckets with everyone
 else's before any gradient moves, so a rank with a different model fails
@@ -61,7 +63,11 @@ def assign_buckets(named_params: Sequence[tuple[str, torch.nn.Parameter]], bucke
     for name, p in reversed(list(named_params)):
         cap = first_bucket_bytes if not buckets else bucket_bytes
         nbytes = p.numel() * element_size
-        if cur and cur_bytes + nbytes > cap:
+        # A tiny leftover (a bias after a large weight) would be a bucket of
+        # its own, paying a whole collective's latency for a few KB: it rides
+        # with the next tensor instead. The first bucket stays strictly small.
+        tiny = buckets and cur_bytes < cap / 8
+        if cur and cur_bytes + nbytes > cap and not tiny:
             close()
         cur.append((name, p))
         cur_bytes += nbytes

@@ -66,6 +66,13 @@ class GradientSync:
             gradients' dtype. bf16 halves the bytes; reductions still add
             in fp32 (one rounding per addition).
         unused: ``"zeros"`` or ``"error"``, see the module docs.
+        grad_views: let each ``.grad`` live inside its bucket buffer (as
+            DDP's ``gradient_as_bucket_view``): backward accumulates straight
+            into the buffer, so packing is an in-place scale and unpacking
+            nothing, and no second copy of the gradients exists. Applies to
+            buckets whose parameters all have the wire dtype; ``step()`` then
+            zeroes gradients in place instead of setting them to None (a
+            gradient set to None or replaced is copied in and re-viewed).
         trace: ``True`` or a :class:`~commrt.trace.Tracer` to record a
             Chrome-trace timeline (``save_trace``); NVTX ranges on GPU.
 
@@ -79,7 +86,7 @@ class GradientSync:
 
     def __init__(self, model: torch.nn.Module, comm: Communicator, algorithm: "str | Algorithm" = "ring",
                  bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, comm_dtype: torch.dtype | None = None,
-                 *, unused: "str | Unused" = "zeros", trace: "bool | Tracer" = False):
+                 *, unused: "str | Unused" = "zeros", grad_views: bool = True, trace: "bool | Tracer" = False):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(comm, Communicator):
@@ -113,7 +120,18 @@ class GradientSync:
         esize = torch.empty((), dtype=comm_dtype).element_size()
         self.buckets: list[Bucket] = assign_buckets(named, int(bucket_mb * MB), int(first_bucket_mb * MB), esize)
         check_layout(comm, self.buckets, extra=f"{comm_dtype}|{self.algorithm!r}")
-        self._buffers = [torch.empty(b.numel, dtype=comm_dtype, device=comm.device) for b in self.buckets]
+        self._buffers = [torch.zeros(b.numel, dtype=comm_dtype, device=comm.device) for b in self.buckets]
+        # per bucket: views of its buffer shaped like its parameters, or None (pack/unpack path)
+        self._views: list[list[torch.Tensor] | None] = [
+            [buf[o:o + p.numel()].view_as(p) for o, p in zip(b.offsets, b.params)]
+            if grad_views and all(p.dtype == comm_dtype for p in b.params) else None
+            for b, buf in zip(self.buckets, self._buffers)]
+        with torch.no_grad():
+            for b, views in zip(self.buckets, self._views):
+                for p, v in zip(b.params, views or ()):
+                    if p.grad is not None:
+                        v.copy_(p.grad)
+                    p.grad = v
         # Called collectively, in bucket order: size-aware algorithms may probe here.
         self.schedules = [self.algorithm.select(comm.world_size, b.numel * esize, comm) for b in self.buckets]
         self._where = {id(p): b.index for b in self.buckets for p in b.params}
@@ -224,24 +242,49 @@ class GradientSync:
             out.append(g)
         return out
 
+    def _pack(self, b: int) -> None:
+        scale = 1.0 / self.comm.world_size
+        views = self._views[b]
+        if views is None:
+            pack(self._grads(self.buckets[b], create=False), self._buffers[b], scale=scale)
+            return
+        # Gradients normally already sit in the buffer (autograd accumulated
+        # into the views); bring in any that were set to None or replaced.
+        for p, v in zip(self.buckets[b].params, views):
+            g = p.grad
+            if g is None:
+                v.zero_()
+            elif g.data_ptr() != v.data_ptr():
+                v.copy_(g)
+        self._buffers[b].mul_(scale)
+
+    def _unpack(self, b: int) -> None:
+        views = self._views[b]
+        if views is None:
+            unpack(self._buffers[b], self._grads(self.buckets[b], create=True))
+            return
+        for p, v in zip(self.buckets[b].params, views):
+            if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+                p.grad = v
+
     def _span(self, name: str, b: int):
         return self.tracer.span(name, bucket=b) if self.tracer is not None else contextlib.nullcontext()
 
     def _run_bucket(self, b: int) -> None:
-        bucket, buf, comm = self.buckets[b], self._buffers[b], self.comm
+        buf, comm = self._buffers[b], self.comm
         t0 = time.perf_counter()
         with comm.transport.stream():
             if self._ready_events[b] is not None:
                 torch.cuda.current_stream(comm.device).wait_event(self._ready_events[b])
             with self._span(f"commrt/bucket{b}/pack", b):
-                pack(self._grads(bucket, create=False), buf, scale=1.0 / comm.world_size)
+                self._pack(b)
             t1 = time.perf_counter()
             with self._span(f"commrt/bucket{b}/comm", b), comm.lock:
                 sent = comm.executor.run(self.schedules[b], buf, comm.transport, timeout=comm.timeout,
                                          piece_bytes=comm.piece_bytes, bucket=b, tracer=self.tracer, owner=buf)
             t2 = time.perf_counter()
             with self._span(f"commrt/bucket{b}/unpack", b):
-                unpack(buf, self._grads(bucket, create=True))
+                self._unpack(b)
             if self._cuda:
                 self._done_event = torch.cuda.Event()
                 self._done_event.record(torch.cuda.current_stream(comm.device))
@@ -299,7 +342,9 @@ class GradientSync:
                 cur.backward_s = self._last_grad_t - self._first_grad_t
             cur.step_s = end - self._step_start
             self.stats.add(cur)
-            self.stats.buffer_bytes = (sum(b.numel() * b.element_size() for b in self._buffers)
+            # buffers that hold the gradients themselves (grad_views) are not extra memory
+            self.stats.buffer_bytes = (sum(b.numel() * b.element_size()
+                                           for b, v in zip(self._buffers, self._views) if v is None)
                                        + sum(s.numel() * s.element_size()
                                              for s in self.comm.executor._scratch.values()))
             if self.tracer is not None:
@@ -328,13 +373,17 @@ class GradientSync:
                              + (f" and {len(unused) - 10} more" if len(unused) > 10 else ""))
 
     def step(self, optimizer: torch.optim.Optimizer, zero_grad: bool = True) -> None:
-        """``wait()``, then ``optimizer.step()``, then ``optimizer.zero_grad()``."""
+        """``wait()``, then ``optimizer.step()``, then ``optimizer.zero_grad()``
+
+        (in place, ``set_to_none=False``, when gradients live in the bucket
+        buffers; see ``grad_views``)."""
         self.wait()
         t0 = time.perf_counter()
         us0 = self.tracer.now_us() if self.tracer else 0.0
         optimizer.step()
         if zero_grad:
-            optimizer.zero_grad()
+            # gradients that live in bucket buffers are zeroed in place, so they stay there
+            optimizer.zero_grad(set_to_none=not any(v is not None for v in self._views))
         t1 = time.perf_counter()
         last = self.stats.last
         last.optimizer_s = t1 - t0

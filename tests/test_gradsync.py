@@ -86,8 +86,11 @@ def test_buckets_reverse_order_first_small():
     assert [bk.names for bk in b] == [("last.bias", "last.weight", "mid.bias"), ("mid.weight", "first.bias"),
                                       ("first.weight",)]
     assert b[0].offsets == (0, 8, 8 + 8 * 256) and b[0].numel == 8 + 8 * 256 + 256
-    huge = assign_buckets(named, bucket_bytes=1024, first_bucket_bytes=1024, element_size=4)
-    assert len(huge) == 6   # a parameter above the cap gets its own bucket
+    big = assign_buckets(named, bucket_bytes=16 * 1024, first_bucket_bytes=1024, element_size=4)
+    # weights above the cap get their own bucket; first.bias (1 KB < 16 KB / 8) is too small to travel
+    # alone and rides with first.weight; the first bucket stays strictly under its 1 KB cap
+    assert [bk.names for bk in big] == [("last.bias",), ("last.weight", "mid.bias"), ("mid.weight",),
+                                        ("first.bias", "first.weight")]
 
 
 def test_trace_names_phases_and_overlap_with_backward(tmp_path):
@@ -203,3 +206,50 @@ def test_no_sync_accumulates_then_averages():
         want = (out[0][1][i] + out[1][1][i]) / 2
         for r in range(2):
             torch.testing.assert_close(out[r][0][i], want, rtol=1e-6, atol=1e-6)
+
+
+def test_grad_views_live_in_the_bucket_and_survive_set_to_none():
+    models = [Deep() for _ in range(2)]
+    xs = [torch.randn(4, 64, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+
+    def body(tr):
+        comm = _comm(tr)
+        model = models[tr.rank]
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)   # lr 0: parameters stay, grads are what we check
+        sync = commrt.GradientSync(model, comm, bucket_mb=0.2, first_bucket_mb=0.01)
+        bf16 = commrt.GradientSync(Deep(), comm, comm_dtype=torch.bfloat16)
+        inside = all(v is not None for v in sync._views) and all(v is None for v in bf16._views)
+        bf16.close()
+
+        def in_buffer(p):
+            return any(buf.data_ptr() <= p.grad.data_ptr() < buf.data_ptr() + buf.numel() * 4
+                       for buf in sync._buffers)
+
+        out = []
+        for mode in ("in place", "set to none"):
+            model(xs[tr.rank]).sum().backward()
+            sync.wait()
+            out.append([p.grad.clone() for p in model.parameters()])
+            views_kept = all(in_buffer(p) for p in model.parameters())
+            if mode == "in place":
+                opt.step()
+                opt.zero_grad(set_to_none=False)
+            else:
+                opt.zero_grad(set_to_none=True)   # the user's own zero_grad: grads become None
+        model(xs[tr.rank]).sum().backward()      # fresh autograd tensors, copied in at pack time
+        sync.wait()
+        out.append([p.grad.clone() for p in model.parameters()])
+        views_back = all(in_buffer(p) for p in model.parameters())
+        sync.close()
+        return inside, views_kept, views_back, out
+
+    res = run_ranks(2, body)
+    ref = [Deep() for _ in range(2)]
+    for r in range(2):
+        ref[r](xs[r]).sum().backward()
+    want = [(a.grad + b.grad) / 2 for a, b in zip(ref[0].parameters(), ref[1].parameters())]
+    for inside, views_kept, views_back, out in res:
+        assert inside and views_kept and views_back
+        for step_grads in out:
+            for g, w in zip(step_grads, want):
+                torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
