@@ -19,6 +19,8 @@ import torch
 
 import commrt
 from commrt.algorithms import resolve
+from commrt.plotting import line_plot
+from commrt.units import fmt_bytes
 
 DEFAULT_SIZES = tuple(1 << k for k in range(16, 27, 2))   # 64 KiB .. 64 MiB
 NATIVE_NAMES = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce", "nccl": "ncclAllReduce"}
@@ -90,13 +92,6 @@ def measure_allreduce(comm, sizes: Sequence[int] = DEFAULT_SIZES, algorithms: Se
     return rows
 
 
-def _fmt_size(n: int) -> str:
-    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
-        if n >= k:
-            return f"{n / k:g} {unit}"
-    return f"{n} B"
-
-
 def table_header(names: Sequence[str], world_size: int, title: str) -> str:
     cols = "".join(f" | {n[:26]:>26}" for n in names)
     sub = "".join(f" | {'time(us)':>9} {'algbw':>7} {'busbw':>8}" for _ in names)
@@ -107,29 +102,14 @@ def table_header(names: Sequence[str], world_size: int, title: str) -> str:
 def table_row(row: Row, world_size: int) -> str:
     cells = "".join(f" | {r.time_s * 1e6:9.1f} {r.algbw(row.nbytes):7.3f} {r.busbw(row.nbytes, world_size):8.3f}"
                     for r in row.results)
-    return f" {_fmt_size(row.nbytes):>10} {row.count:>11}{cells}"
+    return f" {fmt_bytes(row.nbytes):>10} {row.count:>11}{cells}"
 
 
 def plot_rows(rows: Sequence[Row], world_size: int, path: str, title: str) -> str:
     """Write busbw vs message size, one line per algorithm, as a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    names = [r.name for r in rows[0].results]
-    for i, name in enumerate(names):
-        ax.plot([row.nbytes for row in rows], [row.results[i].busbw(row.nbytes, world_size) for row in rows],
-                marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    series = {r.name: ([row.nbytes for row in rows], [row.results[i].busbw(row.nbytes, world_size) for row in rows])
+              for i, r in enumerate(rows[0].results)}
+    return line_plot(path, series, title=title, xlabel="message size (bytes)", ylabel="busbw (GB/s)")
 
 
 # --------------------------------------------------------------------------
@@ -201,26 +181,13 @@ def kernel_table(rows: Sequence[Row], title: str) -> str:
     lines = [head]
     for row in rows:
         gbs = [m / r.time_s / 1e9 for m, r in zip(row.moved, row.results)]
-        lines.append(f" {_fmt_size(row.nbytes):>10} {row.count:>11}" + "".join(f" | {g:10.2f}" for g in gbs)
+        lines.append(f" {fmt_bytes(row.nbytes):>10} {row.count:>11}" + "".join(f" | {g:10.2f}" for g in gbs)
                      + f" | {gbs[0] / gbs[2]:8.0%}")
     return "\n".join(lines)
 
 
 def plot_kernels(rows: Sequence[Row], path: str, title: str) -> str:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, name in enumerate(KERNEL_OPS):
-        ax.plot([r.nbytes for r in rows], [r.moved[i] / r.results[i].time_s / 1e9 for r in rows],
-                marker="o", label=name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("bucket size (bytes of fp32 gradients)")
-    ax.set_ylabel("GB/s (read + written)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    series = {name: ([r.nbytes for r in rows], [r.moved[i] / r.results[i].time_s / 1e9 for r in rows])
+              for i, name in enumerate(KERNEL_OPS)}
+    return line_plot(path, series, title=title, xlabel="bucket size (bytes of fp32 gradients)",
+                     ylabel="GB/s (read + written)")

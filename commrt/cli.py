@@ -15,38 +15,16 @@ run as one of the ranks.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Sequence
 
 import torch
 
 from commrt import launch as launcher
+from commrt.units import positive_int, size_list
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-def parse_size(text: str) -> int:
-    """'64K', '1M', '16MB', '1GiB', '4096' -> bytes (powers of two)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)i?b?\s*", text.lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 64K, 1M, 16MB")
-    return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)])
-
-
-def _sizes(text: str) -> list[int]:
-    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
-    if not sizes or min(sizes) <= 0:
-        raise argparse.ArgumentTypeError("sizes must be positive")
-    return sizes
-
-
-def _positive(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
 
 
 def default_backend() -> str:
@@ -76,7 +54,7 @@ def check_backend(parser: argparse.ArgumentParser, backend: str) -> str:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=_positive, default=2, help="ranks to start on this machine (default 2)")
+    p.add_argument("--nproc", type=positive_int, default=2, help="ranks to start on this machine (default 2)")
     p.add_argument("--backend", choices=["auto", "mpi", "gloo", "nccl"], default="auto",
                    help="auto: nccl with a GPU, else mpi if installed, else gloo")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any wait may take (default 300)")
@@ -91,15 +69,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(ar)
     ar.add_argument("--algorithms", default="ring,halving_doubling,torus2d",
                     help="comma-separated algorithm names (default ring,halving_doubling,torus2d)")
-    ar.add_argument("--sizes", type=_sizes, default=None, help="comma-separated sizes (default 64K..64M, x4)")
+    ar.add_argument("--sizes", type=size_list, default=None, help="comma-separated sizes (default 64K..64M, x4)")
     ar.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    ar.add_argument("--repeats", type=_positive, default=3, help="timed runs per point (median)")
-    ar.add_argument("--iters", type=_positive, default=None,
+    ar.add_argument("--repeats", type=positive_int, default=3, help="timed runs per point (median)")
+    ar.add_argument("--iters", type=positive_int, default=None,
                     help="calls per timed run (default: from the size, ~0.4 GB moved per run)")
     ar.add_argument("--plot", metavar="PNG", help="also write busbw vs size to this PNG file")
     ar.set_defaults(run=cmd_bench_allreduce)
     kb = bsub.add_parser("kernels", help="pack/unpack GB/s vs a plain copy and cat+scale (one process)")
-    kb.add_argument("--sizes", type=_sizes, default=None, help="bucket sizes (default 1M,4M,16M,64M,100M)")
+    kb.add_argument("--sizes", type=size_list, default=None, help="bucket sizes (default 1M,4M,16M,64M,100M)")
     kb.add_argument("--wire", choices=sorted(DTYPES), default="float32", help="bucket (wire) dtype")
     kb.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     kb.add_argument("--plot", metavar="PNG", help="also write GB/s vs size to this PNG file")
@@ -110,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--algorithm", default="ring",
                     help="ring, halving_doubling, torus2d, auto (default ring)")
     tr.add_argument("--torus-shape", metavar="ROWSxCOLS", help="grid for --algorithm torus2d, e.g. 2x2")
-    tr.add_argument("--epochs", type=_positive, default=8)
-    tr.add_argument("--batch-size", type=_positive, default=64, help="global batch (all ranks together)")
+    tr.add_argument("--epochs", type=positive_int, default=8)
+    tr.add_argument("--batch-size", type=positive_int, default=64, help="global batch (all ranks together)")
     tr.add_argument("--batch-schedule", metavar="EPOCH:BATCH,...",
                     help="grow the global batch at epochs, e.g. 0:32,3:64,6:128 (lr scales linearly)")
     tr.add_argument("--label-smoothing", type=float, default=0.1,

@@ -82,6 +82,7 @@ from typing import Sequence
 import numpy as np
 
 from commrt.schedule import SEND, Collective, Schedule, Step
+from commrt.units import fmt_bytes
 
 __all__ = ["Link", "Network", "SimResult", "StepCost", "simulate", "closed_form", "estimate", "price_all",
            "Exponential", "LogNormal", "Pareto", "NoDelay", "arrivals", "synchronous_start",
@@ -419,7 +420,7 @@ class SimResult:
 
     def table(self, max_steps: int = 12) -> str:
         """A readable breakdown: totals, per phase, then the first steps."""
-        lines = [f"{self.name} · p={self.world_size} · {_fmt_bytes(self.nbytes)} · {self.network.name}: "
+        lines = [f"{self.name} · p={self.world_size} · {fmt_bytes(self.nbytes)} · {self.network.name}: "
                  f"{self.time_s * 1e6:.1f} µs (busbw {self.busbw_gbps:.1f} GB/s)"]
         for ph, (n, t) in self.by_phase().items():
             lines.append(f"  {ph or '(no phase)':<16} {n:6d} steps {t * 1e6:12.1f} µs")
@@ -433,13 +434,6 @@ class SimResult:
 
     def __str__(self) -> str:
         return self.table()
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= k:
-            return f"{n / k:g} {unit}"
-    return f"{int(n)} B"
 
 
 def _as_schedule(algorithm_or_schedule, world_size: int | None, nbytes: int, network: Network) -> Schedule:
@@ -729,7 +723,7 @@ class StepStats:
         return self.mean_s / self.ideal_s if self.ideal_s > 0 else float("inf")
 
     def __str__(self) -> str:
-        return (f"{self.name} p={self.world_size} {_fmt_bytes(self.nbytes)} · compute {self.compute_s * 1e3:g} ms"
+        return (f"{self.name} p={self.world_size} {fmt_bytes(self.nbytes)} · compute {self.compute_s * 1e3:g} ms"
                 f" · {self.delay}: mean {self.mean_s * 1e3:.3f} ms, p99 {self.p99_s * 1e3:.3f} ms "
                 f"(ideal {self.ideal_s * 1e3:.3f} ms, ×{self.slowdown:.2f}); ranks wait "
                 f"{self.wait_s.mean() * 1e3:.3f} ms on average")

@@ -28,7 +28,8 @@ from typing import Sequence
 
 import numpy as np
 
-from commrt import sim
+from commrt import plotting, sim
+from commrt.units import fmt_bytes, positive_int, size_list
 
 DEFAULT_ALGORITHMS = "ring,halving_doubling,torus2d,auto"
 
@@ -44,18 +45,6 @@ FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png", "stragglers":
 
 
 # ------------------------------------------------------------------ parsing
-def _size(text: str) -> int:
-    from commrt.cli import parse_size
-    return parse_size(text)
-
-
-def _sizes(text: str) -> list[int]:
-    out = [_size(s) for s in text.split(",") if s.strip()]
-    if not out or min(out) <= 0:
-        raise argparse.ArgumentTypeError("sizes must be positive, e.g. 64K,256M")
-    return out
-
-
 def _pow2(text: str) -> int:
     v = int(text)
     if v < 2 or v & (v - 1):
@@ -63,28 +52,21 @@ def _pow2(text: str) -> int:
     return v
 
 
-def _positive(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-p", type=_pow2, default=4096, help="largest world size (power of two, default 4096)")
-    p.add_argument("--sizes", type=_sizes, default=[64 << 10, 256 << 20],
+    p.add_argument("--sizes", type=size_list, default=[64 << 10, 256 << 20],
                    help="message sizes for the time-vs-p sweep (default 64K,256M)")
     p.add_argument("--at-p", type=_pow2, default=1024, help="world size of the time-vs-size sweep (default 1024)")
     p.add_argument("--network", default="h100",
                    help="'h100' (NVLink4 + NDR IB preset, sources in commrt.sim), 'flat:ALPHA_US,GBPS', or a "
                         "JSON file (a commrt.probe result or Network.to_dict())")
-    p.add_argument("--ranks-per-node", type=_positive, default=None, help="override the network's ranks per node")
-    p.add_argument("--nics-per-node", type=_positive, default=None, help="override the network's NICs per node")
+    p.add_argument("--ranks-per-node", type=positive_int, default=None, help="override the network's ranks per node")
+    p.add_argument("--nics-per-node", type=positive_int, default=None, help="override the network's NICs per node")
     p.add_argument("--algorithms", default=DEFAULT_ALGORITHMS,
                    help=f"comma-separated (default {DEFAULT_ALGORITHMS}); torus2d takes one row per node")
     p.add_argument("--compute-ms", type=float, default=100.0, help="compute per training step (default 100 ms)")
     p.add_argument("--delay-ms", type=float, default=5.0, help="mean per-rank delay (default 5 ms)")
-    p.add_argument("--samples", type=_positive, default=400, help="sampled steps per point (default 400)")
+    p.add_argument("--samples", type=positive_int, default=400, help="sampled steps per point (default 400)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out-dir", default="sim_out", help="where the PNGs go (default ./sim_out)")
     p.add_argument("--no-plots", action="store_true", help="tables only")
@@ -151,7 +133,7 @@ class Sweeper:
             t0 = time.perf_counter()
             self.memo[key] = sim.estimate(alg, p, nbytes, self.net)
             if time.perf_counter() - t0 > 1.0:
-                self.progress(f"  (simulated {lab} at p={p}, {sim._fmt_bytes(nbytes)}: "
+                self.progress(f"  (simulated {lab} at p={p}, {fmt_bytes(nbytes)}: "
                               f"{time.perf_counter() - t0:.1f} s)")
         return self.memo[key]
 
@@ -197,7 +179,7 @@ def run(args, out=print) -> dict:
 
     # 1. time vs p ------------------------------------------------------------
     for nbytes in args.sizes:
-        out(f"\n## time per all-reduce vs p · {sim._fmt_bytes(nbytes)}")
+        out(f"\n## time per all-reduce vs p · {fmt_bytes(nbytes)}")
         out(f"{'p':>6} " + "".join(f"{n:>{30 if n == 'auto' else 22}}" for n in names))
         rows = {n: [] for n in names}
         for p in ps:
@@ -224,13 +206,13 @@ def run(args, out=print) -> dict:
             if n != "auto" and (best is None or t < best[0]):
                 best = (t, lab)
         auto_lab = sw.time("auto", p, nbytes)[1] if "auto" in names else (best[1] if best else "")
-        out(f"{sim._fmt_bytes(nbytes):>10} " + "".join(cells) + f"   {auto_lab}")
-    out(f"latency-bound below, bandwidth-bound above (time = 2× the {sim._fmt_bytes(sweep[0])} time):")
+        out(f"{fmt_bytes(nbytes):>10} " + "".join(cells) + f"   {auto_lab}")
+    out(f"latency-bound below, bandwidth-bound above (time = 2× the {fmt_bytes(sweep[0])} time):")
     cross = {}
     for n in names:
         c = crossover(sweep, series[n])
         cross[n] = c
-        out(f"  {n:<18} {sim._fmt_bytes(c) if c else '> ' + sim._fmt_bytes(sweep[-1])}")
+        out(f"  {n:<18} {fmt_bytes(c) if c else '> ' + fmt_bytes(sweep[-1])}")
     report["vs_size"] = {"p": p, "sizes": list(sweep), "times": series, "crossover": cross}
 
     # 3. stragglers ---------------------------------------------------------------
@@ -239,7 +221,7 @@ def run(args, out=print) -> dict:
     delays = [sim.NoDelay(), sim.Exponential(mean), sim.LogNormal(mean / np.exp(0.5), 1.0),
               sim.Pareto(mean, 2.0)]
     out(f"\n## synchronous step: {args.compute_ms:g} ms compute + per-rank delay (mean {args.delay_ms:g} ms) "
-        f"+ all-reduce of {sim._fmt_bytes(big)} (fastest algorithm), {args.samples} samples")
+        f"+ all-reduce of {fmt_bytes(big)} (fastest algorithm), {args.samples} samples")
     out(f"{'p':>6} " + "".join(f"{str(d)[:34]:>36}" for d in delays))
     strag = {str(d): {"mean": [], "p99": []} for d in delays}
     algs = [n for n in names if n != "auto"] or ["ring"]
@@ -268,75 +250,49 @@ def run(args, out=print) -> dict:
 
 # -------------------------------------------------------------------- plots
 def plot_all(report: dict, names: Sequence[str], args, net: sim.Network) -> list[str]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     ps = report["p"]
     paths = []
     styles = {"ring": "o-", "halving_doubling": "s-", "torus2d": "^-", "auto": "k--"}
 
     # time vs p
     sizes = list(report["vs_p"])
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6.2 * len(sizes), 4.6), squeeze=False)
-    for ax, nbytes in zip(axes[0], sizes):
+    fig, axes = plotting.figure(len(sizes), (6.2 * len(sizes), 4.6))
+    for ax, nbytes in zip(axes, sizes):
         for n in names:
             ts = [t for t, _ in report["vs_p"][nbytes][n]]
             ax.plot(ps, np.array(ts) * 1e3, styles.get(n, ".-"), label=n, markersize=4,
                     linewidth=1.2 if n == "auto" else 1.6)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("ranks p")
-        ax.set_ylabel("time per all-reduce (ms)")
-        ax.set_title(f"{sim._fmt_bytes(nbytes)} all-reduce")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        plotting.style(ax, xlabel="ranks p", ylabel="time per all-reduce (ms)", logy=True,
+                       title=f"{fmt_bytes(nbytes)} all-reduce")
     fig.suptitle(f"simulated all-reduce vs p · {net.describe()}", fontsize=9)
-    fig.tight_layout()
-    paths.append(os.path.join(args.out_dir, FILES["p"]))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(plotting.save(fig, os.path.join(args.out_dir, FILES["p"])))
 
     # time vs size
     vs = report["vs_size"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, (ax,) = plotting.figure(1, (7.5, 4.8))
     for n in names:
         ax.plot(vs["sizes"], np.array(vs["times"][n]) * 1e3, styles.get(n, ".-"), label=n, markersize=4)
         c = vs["crossover"].get(n)
         if c and n != "auto":
             i = vs["sizes"].index(c)
             ax.plot([c], [vs["times"][n][i] * 1e3], "x", color="gray", markersize=9)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
-    ax.set_ylabel("time per all-reduce (ms)")
-    ax.set_title(f"p = {vs['p']}: latency-bound (flat) → bandwidth-bound (slope 1); × = time 2× the smallest size's",
-                 fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    paths.append(os.path.join(args.out_dir, FILES["size"]))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    plotting.style(ax, xlabel="message size (bytes)", ylabel="time per all-reduce (ms)", logy=True, title_size=9,
+                   title=f"p = {vs['p']}: latency-bound (flat) → bandwidth-bound (slope 1); "
+                         f"× = time 2× the smallest size's")
+    paths.append(plotting.save(fig, os.path.join(args.out_dir, FILES["size"])))
 
     # stragglers
     st = report["stragglers"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, (ax,) = plotting.figure(1, (7.5, 4.8))
     for i, (d, v) in enumerate(st["delays"].items()):
         color = f"C{i}"
         ax.plot(ps, np.array(v["mean"]) * 1e3, "-", color=color, label=f"{d}: mean")
         ax.plot(ps, np.array(v["p99"]) * 1e3, ":", color=color, label="p99")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("ranks p")
-    ax.set_ylabel("synchronous step time (ms)")
-    ax.set_title(f"{st['compute_s'] * 1e3:g} ms compute + per-rank delay + all-reduce; the slowest rank sets "
-                 "the pace", fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
+    plotting.style(ax, xlabel="ranks p", ylabel="synchronous step time (ms)", logy=True, title_size=9,
+                   title=f"{st['compute_s'] * 1e3:g} ms compute + per-rank delay + all-reduce; the slowest "
+                         "rank sets the pace")
     ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    paths.append(os.path.join(args.out_dir, FILES["stragglers"]))
-    fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
+    paths.append(plotting.save(fig, os.path.join(args.out_dir, FILES["stragglers"])))
     return paths
 
 

@@ -58,7 +58,7 @@ def test_bench_allreduce_writes_a_png(tmp_path):
 def test_bench_kernels_table(tmp_path, capsys):
     assert main(["bench", "kernels", "--sizes", "1M", "--device", "cpu", "--plot", str(tmp_path / "k.png")]) == 0
     out = capsys.readouterr().out
-    assert "pack/copy" in out and "1 MB" in out and (tmp_path / "k.png").exists()
+    assert "pack/copy" in out and "1 MiB" in out and (tmp_path / "k.png").exists()
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -1,0 +1,37 @@
+"""Sizes and counts on the command line and in tables (binary units: 1 KiB = 1024 B)."""
+from __future__ import annotations
+
+import argparse
+import re
+
+
+def parse_size(text: str) -> int:
+    """'64K', '1M', '16MB', '1GiB', '4096' -> bytes (K, M, G are powers of two)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)i?b?\s*", text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}; use e.g. 64K, 1M, 16MB")
+    return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)])
+
+
+def size_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive sizes."""
+    sizes = [parse_size(s) for s in text.split(",") if s.strip()]
+    if not sizes or min(sizes) <= 0:
+        raise argparse.ArgumentTypeError("sizes must be positive, e.g. 64K,256M")
+    return sizes
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def fmt_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{int(n)} B"
