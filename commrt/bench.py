@@ -56,14 +56,21 @@ class Row:
 
 
 def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> float:
-    """Seconds per call of ``fn`` (median over ``repeats`` barrier-aligned runs)."""
+    """Seconds per call of ``fn`` (median over ``repeats`` barrier-aligned runs).
+
+    On a GPU the device is synchronised before the clock stops: NCCL calls
+    return once enqueued.
+    """
+    sync = torch.cuda.synchronize if comm.device.type == "cuda" else (lambda: None)
     fn()   # warm-up: plan compilation, scratch allocation, connections
+    sync()
     times = []
     for _ in range(repeats):
         comm.barrier()
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
+        sync()
         times.append((time.perf_counter() - t0) / iters)
     return statistics.median(times)
 

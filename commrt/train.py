@@ -94,10 +94,11 @@ def _shard(n: int, epoch: int, seed: int, rank: int, world: int, global_batch: i
 def evaluate(model, data: Digits, comm) -> float:
     """Accuracy on the test split, each rank scoring its share, summed over ranks."""
     n = len(data.x_test)
-    idx = torch.arange(comm.rank, n, comm.world_size)
+    idx = torch.arange(comm.rank, n, comm.world_size, device=data.x_test.device)
     with torch.no_grad():
         pred = model(data.x_test[idx]).argmax(1)
-    counts = torch.tensor([(pred == data.y_test[idx]).sum().item(), len(idx)], dtype=torch.float64)
+    counts = torch.tensor([(pred == data.y_test[idx]).sum().item(), len(idx)], dtype=torch.float64,
+                          device=comm.device)
     commrt.all_reduce(counts, comm, op="sum")
     return counts[0].item() / counts[1].item()
 
@@ -107,7 +108,9 @@ def run(args) -> int:
     comm = commrt.init(args.backend, timeout=args.timeout)
     rank, world = comm.rank, comm.world_size
     data = load_digits(args.seed)
-    model = make_model(args.seed)
+    if comm.device.type != "cpu":   # nccl: model and data live on this rank's GPU
+        data = Digits(*(t.to(comm.device) for t in (data.x_train, data.y_train, data.x_test, data.y_test)))
+    model = make_model(args.seed).to(comm.device)
     algorithm = resolve(args.algorithm)
     batch_schedule = args.batch_schedule_obj
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
@@ -135,6 +138,7 @@ def run(args) -> int:
             losses = []
             steps = 0
             for idx in _shard(n, epoch, args.seed, rank, world, gb):
+                idx = idx.to(comm.device)
                 if straggle:
                     time.sleep(straggle)
                 loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
@@ -164,8 +168,9 @@ def run(args) -> int:
         trace_path = merge_traces([os.path.join(trace_dir, f"rank{r}.json") for r in range(world)], args.trace)
     m = stats.mean()
     phases = torch.tensor([m.step_s, m.backward_s, m.pack_s, m.comm_s, m.unpack_s, m.exposed_s,
-                           m.bytes_sent, wall], dtype=torch.float64)
+                           m.bytes_sent, wall], dtype=torch.float64, device=comm.device)
     commrt.all_reduce(phases, comm, op="avg")
+    phases = phases.cpu()
     if rank == 0:
         print(summary_table(args, comm, acc, samples, phases.tolist(), stats, trace_path, batch_schedule))
     comm.close()

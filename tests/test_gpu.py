@@ -63,6 +63,49 @@ def test_nccl_all_reduce_matches_ncclAllReduce():
     assert results == {0: [], 1: []}, results
 
 
+def _sync_worker(rank, world, port, q):
+    try:
+        comm = commrt.init("nccl", rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
+                           device=torch.device("cuda", rank), timeout=60)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda(rank)
+        ref = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rank)).cuda(rank)
+        with commrt.GradientSync(model, comm, bucket_mb=0.05, first_bucket_mb=0.01, trace=True) as sync:
+            model(x).square().mean().backward()
+            sync.step(opt)
+        # expected: the average of both ranks' gradients, computed here on the CPU
+        grads = []
+        for r in range(world):
+            m = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+            with torch.no_grad():
+                for p, v in zip(m.parameters(), ref):
+                    p.copy_(v.cpu())
+            m(torch.randn(8, 64, generator=torch.Generator().manual_seed(r))).square().mean().backward()
+            grads.append([p.grad for p in m.parameters()])
+        errs = [((p.detach().cpu() - (r0.cpu() - 0.1 * (g0 + g1) / 2)).abs().max().item())
+                for p, r0, g0, g1 in zip(model.parameters(), ref, *grads)]
+        comm.close()
+        q.put((rank, [e for e in errs if e > 1e-5]))
+    except Exception as e:   # reported to the test process
+        q.put((rank, repr(e)))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs for two ranks")
+def test_gradient_sync_on_two_gpus():
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=_sync_worker, args=(r, 2, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = dict(q.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(60)
+    assert results == {0: [], 1: []}, results
+
+
 def test_nccl_world_of_one_on_gpu():
     comm = commrt.init("nccl", rank=0, world_size=1, device=torch.device("cuda", 0), timeout=60)
     t = torch.arange(10.0, device="cuda")
