@@ -197,7 +197,7 @@ def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_sch
         ("  pack", f"{ms(pack_s)} {share(pack_s)}"),
         ("  communication", f"{ms(comm_s)} {share(comm_s)}"),
         ("  unpack", f"{ms(unpack_s)} {share(unpack_s)}"),
-        ("  exposed communication", f"{ms(exposed_s)} {share(exposed_s)}"),
+        ("  exposed (blocked in wait)", f"{ms(exposed_s)} {share(exposed_s)}"),
         ("bytes sent per step", f"{bytes_sent / 1e3:,.1f} KB per rank"),
         ("trace", trace_path or "off (use --trace out.json)"),
     ]

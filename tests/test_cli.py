@@ -41,7 +41,7 @@ def test_train_end_to_end(algorithm, backend, tmp_path):
     assert float(s["final test accuracy"]) >= ACCURACY_THRESHOLD, proc.stdout
     assert s["ranks × backend"] == f"2 × {backend}"
     assert s["trace"] == str(trace) and trace.exists()
-    assert "exposed communication" in proc.stdout and "samples/s" in s["throughput"]
+    assert "exposed (blocked in wait)" in proc.stdout and "samples/s" in s["throughput"]
 
 
 def test_bench_allreduce_writes_a_png(tmp_path):
