@@ -84,3 +84,14 @@ def test_nccl_without_gpu_suggests_mpi_or_gloo(capsys):
         main(["train", "--backend", "nccl"])
     err = capsys.readouterr().err
     assert "needs a CUDA GPU" in err and "--backend mpi or gloo" in err
+
+
+@pytest.mark.mpi
+def test_train_runs_as_one_rank_under_mpiexec():
+    import shutil
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run([shutil.which("mpiexec"), "-n", "2", sys.executable, "-m", "commrt", "train", "--epochs", "3",
+                           "--quiet"], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = _summary(proc.stdout)
+    assert s["ranks × backend"] == "2 × mpi" and float(s["final test accuracy"]) >= 0.85

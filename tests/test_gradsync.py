@@ -30,8 +30,8 @@ def test_matches_ddp_and_fails_safely(nranks, tmp_path):
         assert c["buckets"] >= 3, name
         tol = BF16_TOL if name.startswith("bf16") else FP32_TOL
         assert c["rel_err"] <= tol, (name, c)
-    assert set(cases) == {"fp32 mpi ring", "fp32 gloo halving_doubling", "fp32 mpi no_sync accumulation",
-                          "bf16 wire mpi ring"}
+    assert set(cases) == {"fp32 mpi ring", "fp32 gloo halving_doubling", "fp32 mpi torus2d",
+                          "fp32 mpi no_sync accumulation", "bf16 wire mpi ring"}
     assert r["unused_zeros"]["identical_across_ranks"] and r["unused_zeros"]["branch_grad_is_average"]
     # the error policy names the parameters on the ranks that lacked them (all but rank 0)
     assert r["unused_error"][0] is None

@@ -112,6 +112,7 @@ def main(out):
     for name, transport, accumulate, kw in [
         ("fp32 mpi ring", "mpi", False, {}),
         ("fp32 gloo halving_doubling", "gloo", False, {"algorithm": "halving_doubling"}),
+        ("fp32 mpi torus2d", "mpi", False, {"algorithm": "torus2d"}),
         ("fp32 mpi no_sync accumulation", "mpi", True, {}),
         ("bf16 wire mpi ring", "mpi", False, {"comm_dtype": torch.bfloat16}),
     ]:
