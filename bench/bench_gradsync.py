@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commrt
+from commrt.bench import DelayBackward
 from commrt.launch import already_launched
 
 pytestmark = pytest.mark.skipif(not already_launched(),
@@ -111,18 +112,6 @@ def test_mlp_step(benchmark, record_bandwidth, env, impl):
     record_bandwidth("GradientSync vs DDP (MLP 25M, 2 ranks)", impl, "100MB", **info)
 
 
-class _SlowBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        time.sleep(ctx.seconds)   # emulated device compute: the CPU is free meanwhile
-        return g, None
-
-
 class _DeviceLike(torch.nn.Module):
     # 8 layers of 2048x2048 (128 MB of gradients, ~30-40 ms to all-reduce here) with 15 ms of
     # emulated device time per layer: backward clearly longer than communication, both large
@@ -134,7 +123,7 @@ class _DeviceLike(torch.nn.Module):
 
     def forward(self, x):
         for layer in self.layers:
-            x = _SlowBackward.apply(torch.relu(layer(x)), self.seconds)
+            x = DelayBackward.apply(torch.relu(layer(x)), self.seconds)
         return x
 
 

@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     cores = os.cpu_count()
     say(f"# calibration · mpi · {p} ranks on {cores} cores{' (oversubscribed)' if p > (cores or p) else ''}")
     say(f"# {pr}")
-    say(f"#   probe step times: " + ", ".join(f"{s} B: {t * 1e6:.1f} µs" for s, t in zip(pr.sizes, pr.step_s)))
-    say(f"#   per rank (α µs, GB/s): " + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank))
+    say("#   probe step times: " + ", ".join(f"{s} B: {t * 1e6:.1f} µs" for s, t in zip(pr.sizes, pr.step_s)))
+    say("#   per rank (α µs, GB/s): " + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank))
     say(f"{'size':>8} {'algorithm':<22} {'measured':>12} {'predicted':>12} {'error':>8} {'MPI_Allreduce':>14}")
     rows = []
     for nbytes in sizes:

@@ -23,6 +23,25 @@ from commrt.plotting import line_plot
 from commrt.units import fmt_bytes
 
 DEFAULT_SIZES = tuple(1 << k for k in range(16, 27, 2))   # 64 KiB .. 64 MiB
+
+
+class DelayBackward(torch.autograd.Function):
+    """Identity whose backward sleeps ``seconds``: emulated accelerator compute.
+
+    On a GPU, backward kernels leave the CPU (and the network) free for
+    communication; a sleep does the same on a CPU-only machine, so overlap
+    can be studied here. ``DelayBackward.apply(x, 0.01)``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
 NATIVE_NAMES = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce", "nccl": "ncclAllReduce"}
 
 

@@ -12,7 +12,6 @@ share) and ends with a summary table.
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time

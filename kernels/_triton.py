@@ -63,7 +63,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import List, Optional
+from typing import List
 
 import torch
 import triton

@@ -49,17 +49,23 @@ def _worker(rank, world, port, q):
         q.put((rank, repr(e)))
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs for two ranks")
-def test_nccl_all_reduce_matches_ncclAllReduce():
+def _two_ranks(worker) -> dict:
+    """Run ``worker(rank, 2, port, queue)`` on two spawned processes; {rank: what it reported}."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = _port()
-    procs = [ctx.Process(target=_worker, args=(r, 2, port, q)) for r in range(2)]
+    procs = [ctx.Process(target=worker, args=(r, 2, port, q)) for r in range(2)]
     for p in procs:
         p.start()
     results = dict(q.get(timeout=300) for _ in procs)
     for p in procs:
         p.join(60)
+    return results
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs for two ranks")
+def test_nccl_all_reduce_matches_ncclAllReduce():
+    results = _two_ranks(_worker)
     assert results == {0: [], 1: []}, results
 
 
@@ -94,15 +100,7 @@ def _sync_worker(rank, world, port, q):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs for two ranks")
 def test_gradient_sync_on_two_gpus():
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _port()
-    procs = [ctx.Process(target=_sync_worker, args=(r, 2, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    results = dict(q.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(60)
+    results = _two_ranks(_sync_worker)
     assert results == {0: [], 1: []}, results
 
 

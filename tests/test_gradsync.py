@@ -1,12 +1,12 @@
 """GradientSync: equivalence with PyTorch DDP (real processes), failure modes,
 bucketing, the trace timeline and overlap with backward (in-process ranks)."""
 import json
-import time
 
 import pytest
 import torch
 
 import commrt
+from commrt.bench import DelayBackward
 from commrt.buckets import assign_buckets
 from commrt.comm import Backend, Communicator, LaunchInfo
 
@@ -47,20 +47,6 @@ def _comm(tr, timeout=10.0):
     return Communicator(tr, Backend.GLOO, LaunchInfo("none", tr.rank, tr.world_size, 0, None), timeout, 1 << 20)
 
 
-class SlowBackward(torch.autograd.Function):
-    """Identity whose backward sleeps: stands in for accelerator compute that leaves the CPU free."""
-
-    @staticmethod
-    def forward(ctx, x, seconds):
-        ctx.seconds = seconds
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        time.sleep(ctx.seconds)
-        return g, None
-
-
 class Deep(torch.nn.Module):
     def __init__(self, slow=0.0):
         super().__init__()
@@ -73,7 +59,7 @@ class Deep(torch.nn.Module):
     def forward(self, x):
         h = torch.relu(self.first(x))
         if self.slow:
-            h = SlowBackward.apply(h, self.slow)
+            h = DelayBackward.apply(h, self.slow)
         return self.last(torch.relu(self.mid(h)))
 
 
