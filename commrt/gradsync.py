@@ -152,7 +152,6 @@ class GradientSync:
         self._done = 0
         self._next = 0
         self._seen: set[int] = set()
-        self._unused_names: list[str] = []
         self._error: BaseException | None = None
         self._closing = False
         self._accumulating = False
