@@ -33,6 +33,16 @@ from commrt.kernels._common import (
 ImplLike = Union[str, Impl]
 
 
+def _checked(impl: ImplLike, flat: torch.Tensor, what: str, tensors: Sequence[torch.Tensor]):
+    """The checks pack and unpack share: (use Triton?, tensors, their sizes, total elements)."""
+    kind = parse_impl(impl)
+    check_flat(flat, what)
+    tensors, sizes = check_list(tensors, flat.device, "tensors")
+    total = sum(sizes)
+    check_capacity(flat, total, what)
+    return use_triton(kind, flat.device), tensors, sizes, total
+
+
 def pack(
     tensors: Sequence[torch.Tensor],
     out: torch.Tensor,
@@ -68,13 +78,9 @@ def pack(
         >>> pack(grads, bucket, scale=0.5, impl="torch").tolist()
         [0.5, 0.5, 0.5, 0.5, 1.0, 1.0, 1.0]
     """
-    kind = parse_impl(impl)
-    check_flat(out, "out")
-    tensors, sizes = check_list(tensors, out.device, "tensors")
-    total = sum(sizes)
-    check_capacity(out, total, "out")
+    triton, tensors, sizes, total = _checked(impl, out, "out", tensors)
     scale = float(scale)
-    if use_triton(kind, out.device):
+    if triton:
         triton_backend().pack(tensors, out, scale, total)
     else:
         _torch.pack(tensors, out, scale, sizes)
@@ -115,13 +121,9 @@ def unpack(
         >>> a.tolist(), b.tolist()
         ([2.0, 4.0], [7.0])
     """
-    kind = parse_impl(impl)
-    check_flat(flat, "flat")
-    tensors, sizes = check_list(tensors, flat.device, "tensors")
-    total = sum(sizes)
-    check_capacity(flat, total, "flat")
+    triton, tensors, sizes, total = _checked(impl, flat, "flat", tensors)
     scale = float(scale)
-    if use_triton(kind, flat.device):
+    if triton:
         triton_backend().unpack(flat, tensors, scale, bool(accumulate), total)
     else:
         _torch.unpack(flat, tensors, scale, bool(accumulate), sizes)
