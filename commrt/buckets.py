@@ -89,17 +89,13 @@ def _fingerprint(buckets: Sequence[Bucket], extra: str) -> list[int]:
 def check_layout(comm, buckets: Sequence[Bucket], extra: str = "") -> None:
     """Raise on every rank if any rank's bucket layout differs from rank 0's.
 
-    One small all-reduce of int64 slots (each rank fills its own row), so a
+    One small exchange (:func:`~commrt.collectives.gather_rows`), so a
     mismatch can never deadlock: every rank gets every row and the same
     verdict. ``extra`` folds options that must agree (wire dtype,
     algorithm) into the fingerprint.
     """
-    from commrt.collectives import all_reduce   # avoid an import cycle
-    mine = _fingerprint(buckets, extra)
-    table = torch.zeros(comm.world_size, len(mine), dtype=torch.int64, device=comm.device)
-    table[comm.rank] = torch.tensor(mine, dtype=torch.int64)
-    all_reduce(table, comm, algorithm="ring", op="sum")
-    rows = table.cpu().tolist()
+    from commrt.collectives import gather_rows   # avoid an import cycle
+    rows = gather_rows(comm, _fingerprint(buckets, extra), torch.int64)
     bad = [r for r, row in enumerate(rows) if row != rows[0]]
     if bad:
         def say(r):

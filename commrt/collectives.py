@@ -76,3 +76,18 @@ def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algor
     if work is not tensor:
         tensor.copy_(work)
     return tensor
+
+
+def gather_rows(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> list[list]:
+    """Every rank's ``row`` (same length everywhere), on every rank, in rank order.
+
+    One sum all-reduce of a p-row table in which each rank fills only its
+    own row: exact (each slot adds one value to zeros), identical on every
+    rank, and it cannot deadlock on a mismatch the way differently sized
+    messages could. Collective: every rank calls it.
+    """
+    row = list(row)
+    table = torch.zeros(comm.world_size, len(row), dtype=dtype, device=comm.device)
+    table[comm.rank] = torch.tensor(row, dtype=dtype)
+    all_reduce(table, comm, algorithm="ring", op="sum")
+    return table.cpu().tolist()

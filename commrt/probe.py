@@ -17,9 +17,8 @@ test machine the median of 3 runs once read 850 µs for an 8 B step that
 takes 50 µs).
 
 Fit: α = the 8 B step time; β = the least-squares slope of (time − α)
-against bytes over the larger sizes. 4 MiB is larger than the default
-``piece_bytes`` (1 MiB), so β includes the executor's pipelining the way
-big buckets see it.
+against bytes over the larger sizes. 4 MiB is the default ``piece_bytes``,
+so β is measured on full-size pieces, the way big buckets send them.
 
 Agreement: ranks must choose the same algorithm, so every rank's (α, β)
 goes to everyone in one ring all-reduce of a small float64 buffer of p
@@ -117,9 +116,7 @@ def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float
     run(sched, buf, comm.transport, **kw)        # warm-up: plan, scratch, connections
     times = []
     for _ in range(repeats):
-        if not comm.transport.barrier(comm.timeout):
-            from commrt.errors import CommTimeoutError
-            raise CommTimeoutError(rank=comm.rank, peer=None, what="probe barrier", timeout_s=comm.timeout)
+        comm.barrier()
         t0 = time.perf_counter()
         run(sched, buf, comm.transport, **kw)
         times.append((time.perf_counter() - t0) / sched.num_steps)
@@ -163,14 +160,9 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
             steps = 20 if nb <= 4096 else 4
             mine.append(_time_steps(comm, _shift_schedule(p, steps), buf, repeats))
         alpha, beta = _fit(sizes, mine)
-        # Agree: gather everyone's numbers with one ring all-reduce (exact: zeros + one value per slot).
-        k = 2 + len(sizes)
-        table = torch.zeros(p * k, dtype=torch.float64, device=comm.device)
-        table[comm.rank * k:(comm.rank + 1) * k] = torch.tensor([alpha, beta, *mine], dtype=torch.float64)
-        from commrt.algorithms.ring import Ring
-        comm.executor.run(Ring().schedule(p), table, comm.transport, timeout=comm.timeout,
-                          piece_bytes=comm.piece_bytes)
-        rows = table.cpu().view(p, k).tolist()
+        # Agree: everyone's numbers, exactly, on every rank.
+        from commrt.collectives import gather_rows
+        rows = gather_rows(comm, [alpha, beta, *mine])
     res = ProbeResult(max(r[0] for r in rows), max(r[1] for r in rows), sizes,
                       tuple(max(r[2 + i] for r in rows) for i in range(len(sizes))),
                       tuple((r[0], r[1]) for r in rows), comm.backend.value, p,
