@@ -17,7 +17,7 @@ from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.algorithms.auto import Auto
 
-__all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "resolve", "NAMES"]
+__all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "resolve", "NAMES", "DEFAULT_ALGORITHM"]
 
 _BY_NAME = {
     "ring": Ring,
@@ -28,6 +28,8 @@ _BY_NAME = {
 }
 #: names accepted by ``algorithm="..."``
 NAMES = tuple(sorted(_BY_NAME))
+#: what ``algorithm=`` defaults to in :class:`commrt.GradientSync` and :func:`commrt.all_reduce`
+DEFAULT_ALGORITHM = "ring"
 
 
 def resolve(algorithm: "str | Algorithm") -> Algorithm:

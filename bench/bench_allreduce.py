@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import commrt
-from commrt.bench import busbw_factor, iterations_for
-from commrt.launch import already_launched
+from commrt.cli.bench import busbw_factor, iterations_for
+from commrt.cli.launch import already_launched
 
 SIZES = {"64KB": 1 << 16, "256KB": 1 << 18, "1MB": 1 << 20, "4MB": 1 << 22, "16MB": 1 << 24, "64MB": 1 << 26}
 IMPLS = ["ring", "halving_doubling", "torus2d", "native"]

@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commrt
-from commrt.bench import DelayBackward
-from commrt.launch import already_launched
+from commrt.cli.bench import DelayBackward
+from commrt.cli.launch import already_launched
 
 pytestmark = pytest.mark.skipif(not already_launched(),
                                 reason="multi-rank benchmark: run under mpiexec -n 2 python -m pytest ...")

@@ -31,7 +31,7 @@ import torch
 import commrt
 from commrt import sim
 from commrt.algorithms import resolve
-from commrt.bench import iterations_for, time_calls
+from commrt.cli.bench import iterations_for, time_calls
 from commrt.probe import probe
 
 DEFAULT_SIZES = "64K,1M,16M"
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write the rows to this file (rank 0)")
     ap.add_argument("--probe-file", default=None, help="write the probe result here (for commrt simulate --network)")
     args = ap.parse_args(argv)
-    from commrt.cli import parse_size
+    from commrt.cli.units import parse_size
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     comm = commrt.init("mpi", timeout=120)
     p = comm.world_size

@@ -15,7 +15,7 @@ schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
 from commrt.collectives import all_reduce
 from commrt.comm import Backend, Communicator, init
 from commrt.errors import CommError, CommTimeoutError, ScheduleError
-from commrt.gradsync import GradientSync
+from commrt.sync.gradsync import GradientSync
 from commrt.schedule import Schedule
 
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@ import enum
 
 import torch
 
-from commrt.algorithms import Algorithm, resolve
+from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.comm import Communicator
 
 #: dtypes :func:`all_reduce` accepts (integers with ``op="sum"`` only)
@@ -41,7 +41,7 @@ def check_tensor(tensor: torch.Tensor, comm: Communicator, op: ReduceOp) -> None
                          f"works on {comm.device}{hint}")
 
 
-def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algorithm" = "ring",
+def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algorithm" = DEFAULT_ALGORITHM,
                op: "str | ReduceOp" = "avg", *, timeout: float | None = None, tracer=None) -> torch.Tensor:
     """Reduce ``tensor`` across all ranks of ``comm``, in place; returns it.
 
@@ -64,6 +64,8 @@ def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algor
         # collective would pair this rank's messages with a peer's buckets.
         raise RuntimeError("commrt: a GradientSync step is in flight on this communicator; call "
                            "sync.wait() before other collectives (or use a second communicator)")
+    if comm._syncs:
+        comm._settle()
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     flat = work.view(-1)
     if comm.world_size > 1 and flat.numel() > 0:

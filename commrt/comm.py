@@ -13,6 +13,7 @@ import datetime
 import enum
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -108,6 +109,8 @@ class Communicator:
         self.cache: dict = {}
         #: the GradientSync whose step is in flight (its buckets own the message sequence)
         self._active_sync = None
+        #: open GradientSyncs, whose after-step work must finish before another collective
+        self._syncs: weakref.WeakSet = weakref.WeakSet()
         self._closed = False
         from commrt.executor import Executor   # executor imports kernels; keep init light
         self.executor = Executor()
@@ -115,10 +118,17 @@ class Communicator:
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""
         self._check_open()
+        self._settle()
         t = self.timeout if timeout is None else timeout
         with self.lock:
             if not self.transport.barrier(t):
                 raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
+
+    def _settle(self) -> None:
+        """Let GradientSync work that outlives wait() (asynchronous families) finish
+        first, so that every rank issues this collective after it, in the same order."""
+        for sync in tuple(self._syncs):
+            sync._quiesce()
 
     def _check_open(self) -> None:
         if self._closed:

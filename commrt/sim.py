@@ -82,13 +82,21 @@ from typing import Sequence
 import numpy as np
 
 from commrt.schedule import SEND, Collective, Schedule, Step
-from commrt.units import fmt_bytes
 
 __all__ = ["Link", "Network", "SimResult", "StepCost", "simulate", "closed_form", "estimate", "price_all",
            "Exponential", "LogNormal", "Pareto", "NoDelay", "arrivals", "synchronous_start",
            "simulate_steps", "StepStats", "ring_time", "halving_doubling_time", "torus_time"]
 
 GB = 1e9
+
+
+def fmt_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:g} {unit}"
+    return f"{int(n)} B"
+
 
 
 # --------------------------------------------------------------------------

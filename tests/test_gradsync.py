@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import commrt
-from commrt.bench import DelayBackward
-from commrt.buckets import assign_buckets
+from commrt.cli.bench import DelayBackward
+from commrt.sync.buckets import assign_buckets
 from commrt.comm import Backend, Communicator, LaunchInfo
 
 from local_transport import run_ranks

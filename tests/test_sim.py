@@ -291,7 +291,7 @@ def test_a_late_rank_delays_the_ring_by_at_most_its_lateness():
 # ----------------------------------------------------------------------------- CLI
 def test_simulate_cli_prints_tables_and_writes_three_plots(tmp_path):
     import argparse
-    from commrt import sim_cli
+    from commrt.cli import simulate as sim_cli
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     sim_cli.register(sub)

@@ -7,9 +7,11 @@ How a step flows:
 2. when every parameter of a bucket is ready, the bucket is handed to one
    progress thread, which takes buckets strictly in bucket order (so every
    rank issues the same sequence of messages), packs the gradients into the
-   bucket's flat buffer (scaled by 1/p and cast to ``comm_dtype`` in one
-   kernel pass), runs the algorithm's schedule on it and unpacks the
-   average back into ``.grad``;
+   bucket's flat buffer (scaled and cast to ``comm_dtype`` in one kernel
+   pass), hands it to the algorithm family's :class:`~commrt.sync.policy.Policy`
+   (an all-reduce family averages it; see :mod:`commrt.sync.policy` for
+   the hooks and when they run) and unpacks
+   the result back into ``.grad``;
 3. :meth:`GradientSync.wait` blocks only for buckets still in flight.
 
 On a GPU the same thread enqueues pack, NCCL calls and unpack on the
@@ -36,12 +38,14 @@ from typing import Iterator
 
 import torch
 
-from commrt.algorithms import Algorithm, resolve
-from commrt.buckets import MB, Bucket, assign_buckets, check_layout
+from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.comm import Communicator
 from commrt.errors import CommError, CommTimeoutError
 from commrt.kernels import SUPPORTED_DTYPES, pack, unpack
-from commrt.stats import StepStats, SyncStats
+from commrt.sync.buckets import MB, Bucket, assign_buckets, check_layout
+from commrt.sync.families import policy_for
+from commrt.sync.policy import SyncContext
+from commrt.sync.stats import StepStats, SyncStats
 from commrt.trace import Tracer
 
 
@@ -57,8 +61,9 @@ class GradientSync:
         model: the module whose parameters (those with ``requires_grad``)
             are synchronised; every rank must build the same model.
         comm: a :class:`~commrt.Communicator` from :func:`commrt.init`.
-        algorithm: name or :class:`~commrt.algorithms.Algorithm` instance;
-            its ``select`` picks a schedule per bucket size.
+        algorithm: name or :class:`~commrt.algorithms.Algorithm` instance
+            (default :data:`commrt.algorithms.DEFAULT_ALGORITHM`); its family's policy (:func:`commrt.sync.families.policy_for`)
+            decides what each bucket does (an all-reduce averages it).
         bucket_mb: bucket cap in MB of wire bytes (default 25, as DDP).
         first_bucket_mb: cap of the first bucket, small so communication
             starts early (default 1).
@@ -78,13 +83,13 @@ class GradientSync:
 
     Example::
 
-        sync = commrt.GradientSync(model, comm, algorithm="ring", comm_dtype=torch.bfloat16)
+        sync = commrt.GradientSync(model, comm, comm_dtype=torch.bfloat16)
         for x, y in loader:
             loss_fn(model(x), y).backward()   # buckets leave while backward runs
             sync.step(optimizer)              # wait, optimizer.step(), zero_grad()
     """
 
-    def __init__(self, model: torch.nn.Module, comm: Communicator, algorithm: "str | Algorithm" = "ring",
+    def __init__(self, model: torch.nn.Module, comm: Communicator, algorithm: "str | Algorithm" = DEFAULT_ALGORITHM,
                  bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, comm_dtype: torch.dtype | None = None,
                  *, unused: "str | Unused" = "zeros", grad_views: bool = True, trace: "bool | Tracer" = False):
         if not isinstance(model, torch.nn.Module):
@@ -132,13 +137,14 @@ class GradientSync:
                     if p.grad is not None:
                         v.copy_(p.grad)
                     p.grad = v
-        # Called collectively, in bucket order: size-aware algorithms may probe here.
-        self.schedules = [self.algorithm.select(comm.world_size, b.numel * esize, comm) for b in self.buckets]
         self._where = {id(p): b.index for b in self.buckets for p in b.params}
 
         self.tracer = trace if isinstance(trace, Tracer) else (
             Tracer(comm.rank, nvtx=comm.device.type == "cuda") if trace else None)
-        self.stats = SyncStats(algorithms=tuple(s.name for s in self.schedules),
+        self.policy = policy_for(self.algorithm)
+        labels = self.policy.setup(SyncContext(comm, tuple(self.buckets), tuple(self._buffers), comm_dtype,
+                                               self.tracer))
+        self.stats = SyncStats(algorithms=tuple(labels),
                                grad_bytes=sum(p.numel() * p.element_size() for _, p in named))
         self._cuda = comm.device.type == "cuda"
         self._zeros: dict[int, torch.Tensor] = {}
@@ -151,6 +157,7 @@ class GradientSync:
         self._ready_events: list = [None] * nb
         self._done = 0
         self._next = 0
+        self._background = False   # the policy's after_step() is running
         self._seen: set[int] = set()
         self._error: BaseException | None = None
         self._closing = False
@@ -163,6 +170,7 @@ class GradientSync:
         self._done_event = None
 
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+        comm._syncs.add(self)
         self._thread = threading.Thread(target=self._progress, name=f"commrt-progress-r{comm.rank}", daemon=True)
         self._thread.start()
 
@@ -211,18 +219,32 @@ class GradientSync:
                     self._cv.wait()
                 if self._closing:
                     return
-                b = self._next
+                b, step = self._next, self._cur.step
+            last = b == nb - 1
             try:
-                self._run_bucket(b)
+                if b == 0:
+                    self.policy.begin_step(step)
+                self._run_bucket(step, b)
+                with self._cv:
+                    self._next += 1
+                    self._done += 1
+                    # set with the last bucket's completion, so that no collective can slip in
+                    # between wait() returning and the policy's after-step work
+                    self._background = last
+                    self._cv.notify_all()
+                if last:
+                    with self._span("commrt/after_step", -1):
+                        sent = self.policy.after_step(step)
+                    with self._cv:
+                        self._cur.bytes_sent += sent
+                        self._background = False
+                        self._cv.notify_all()
             except BaseException as e:   # handed to wait(); the thread stops
                 with self._cv:
                     self._error = e
+                    self._background = False
                     self._cv.notify_all()
                 return
-            with self._cv:
-                self._next += 1
-                self._done += 1
-                self._cv.notify_all()
 
     def _grads(self, bucket: Bucket, create: bool) -> list[torch.Tensor]:
         out = []
@@ -241,8 +263,7 @@ class GradientSync:
             out.append(g)
         return out
 
-    def _pack(self, b: int) -> None:
-        scale = 1.0 / self.comm.world_size
+    def _pack(self, b: int, scale: float) -> None:
         views = self._views[b]
         if views is None:
             pack(self._grads(self.buckets[b], create=False), self._buffers[b], scale=scale)
@@ -269,18 +290,17 @@ class GradientSync:
     def _span(self, name: str, b: int):
         return self.tracer.span(name, bucket=b) if self.tracer is not None else contextlib.nullcontext()
 
-    def _run_bucket(self, b: int) -> None:
+    def _run_bucket(self, step: int, b: int) -> None:
         buf, comm = self._buffers[b], self.comm
         t0 = time.perf_counter()
         with comm.transport.stream():
             if self._ready_events[b] is not None:
                 torch.cuda.current_stream(comm.device).wait_event(self._ready_events[b])
             with self._span(f"commrt/bucket{b}/pack", b):
-                self._pack(b)
+                self._pack(b, self.policy.scale(step))
             t1 = time.perf_counter()
-            with self._span(f"commrt/bucket{b}/comm", b), comm.lock:
-                sent = comm.executor.run(self.schedules[b], buf, comm.transport, timeout=comm.timeout,
-                                         piece_bytes=comm.piece_bytes, bucket=b, tracer=self.tracer, owner=buf)
+            with self._span(f"commrt/bucket{b}/comm", b):
+                sent = self.policy.communicate(step, b, buf)
             t2 = time.perf_counter()
             with self._span(f"commrt/bucket{b}/unpack", b):
                 self._unpack(b)
@@ -318,20 +338,18 @@ class GradientSync:
                     if id(p) not in self._seen:
                         unused.append(name)
                 self._mark_ready(bucket.index)
-            # each bucket's own waits are bounded by comm.timeout per step; this is the backstop
-            deadline = time.monotonic() + self.comm.timeout * (nb + 1)
+            # each bucket's own waits (and the previous step's after-step work) are bounded
+            # by comm.timeout per schedule step; this is the backstop
+            deadline = time.monotonic() + self.comm.timeout * (nb + 2)
             while self._done < nb and self._error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CommTimeoutError(rank=self.comm.rank, peer=None, what="gradient buckets",
-                                           timeout_s=self.comm.timeout * (nb + 1),
+                                           timeout_s=self.comm.timeout * (nb + 2),
                                            algorithm=self.algorithm.name, bucket=self._next)
                 self._cv.wait(left)
             if self._error is not None:
-                err = self._error
-                if isinstance(err, CommError):
-                    raise err
-                raise CommError(f"commrt: gradient sync failed in bucket {self._next}: {err!r}") from err
+                self._raise_error()
             if self._cuda and self._done_event is not None:
                 torch.cuda.current_stream(self.comm.device).wait_event(self._done_event)
             end = time.perf_counter()
@@ -340,10 +358,12 @@ class GradientSync:
             if self._first_grad_t is not None:
                 cur.backward_s = self._last_grad_t - self._first_grad_t
             cur.step_s = end - self._step_start
+            cur.extra = self.policy.step_stats()
             self.stats.add(cur)
             # buffers that hold the gradients themselves (grad_views) are not extra memory
             self.stats.buffer_bytes = (sum(b.numel() * b.element_size()
                                            for b, v in zip(self._buffers, self._views) if v is None)
+                                       + self.policy.extra_bytes
                                        + sum(s.numel() * s.element_size()
                                              for s in self.comm.executor._scratch.values()))
             if self.tracer is not None:
@@ -371,15 +391,17 @@ class GradientSync:
                              f"ranks did not hang): {', '.join(unused[:10])}"
                              + (f" and {len(unused) - 10} more" if len(unused) > 10 else ""))
 
-    def step(self, optimizer: torch.optim.Optimizer, zero_grad: bool = True) -> None:
+    def step(self, optimizer: torch.optim.Optimizer, zero_grad: bool = True) -> int:
         """``wait()``, then ``optimizer.step()``, then ``optimizer.zero_grad()``
 
         (in place, ``set_to_none=False``, when gradients live in the bucket
-        buffers; see ``grad_views``)."""
+        buffers; see ``grad_views``). Returns the number of updates applied
+        (1, except for families that may apply none or several, such as
+        a late worker catching up)."""
         self.wait()
         t0 = time.perf_counter()
         us0 = self.tracer.now_us() if self.tracer else 0.0
-        optimizer.step()
+        applied = self.policy.apply(optimizer)
         if zero_grad:
             # gradients that live in bucket buffers are zeroed in place, so they stay there
             optimizer.zero_grad(set_to_none=not any(v is not None for v in self._views))
@@ -392,6 +414,7 @@ class GradientSync:
             now = self.tracer.now_us()
             self.tracer.add("commrt/optimizer", us0, now, step=last.step)
             self._step_start_us = now
+        return applied
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -419,8 +442,31 @@ class GradientSync:
             raise RuntimeError("tracing is off: create GradientSync(..., trace=True)")
         return self.tracer.save(path)
 
+    def _raise_error(self) -> None:
+        # caller holds _cv
+        err = self._error
+        if isinstance(err, CommError):
+            raise err
+        raise CommError(f"commrt: gradient sync failed in bucket {self._next}: {err!r}") from err
+
+    def _quiesce(self) -> None:
+        """Block until the policy's after-step work is done (before another collective
+        on the communicator, which would otherwise interleave with it)."""
+        if not self._background:
+            return
+        deadline = time.monotonic() + self.comm.timeout
+        with self._cv:
+            while self._background and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CommTimeoutError(rank=self.comm.rank, peer=None, what="after-step work",
+                                           timeout_s=self.comm.timeout, algorithm=self.algorithm.name)
+                self._cv.wait(left)
+            if self._error is not None:
+                self._raise_error()
+
     def close(self) -> None:
-        """Stop the progress thread and remove the hooks. Idempotent."""
+        """Finish work in flight, stop the progress thread and remove the hooks. Idempotent."""
         with self._cv:
             if self._closing:
                 return
@@ -430,6 +476,8 @@ class GradientSync:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self.comm._syncs.discard(self)
+        self.policy.close()
 
     def __enter__(self) -> "GradientSync":
         return self

@@ -28,6 +28,8 @@ class StepStats:
     optimizer_s: float = 0.0
     bytes_sent: int = 0
     buckets: int = 0
+    #: family-specific numbers (:meth:`commrt.sync.Policy.step_stats`), e.g. a gossip peer
+    extra: dict = field(default_factory=dict)
 
     @property
     def overlap(self) -> float:
@@ -65,7 +67,7 @@ class SyncStats:
         if not pool:
             return out
         for f in fields(StepStats):
-            if f.name != "step":
+            if f.name not in ("step", "extra"):
                 setattr(out, f.name, type(getattr(out, f.name))(sum(getattr(s, f.name) for s in pool) / len(pool)))
         return out
 

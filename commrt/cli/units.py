@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import re
 
+from commrt.sim import fmt_bytes  # noqa: F401  (re-exported: tables and tools format sizes alike)
+
 
 def parse_size(text: str) -> int:
     """'64K', '1M', '16MB', '1GiB', '4096' -> bytes (K, M, G are powers of two)."""
@@ -27,11 +29,3 @@ def positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
     return v
-
-
-def fmt_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
-    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= k:
-            return f"{n / k:g} {unit}"
-    return f"{int(n)} B"

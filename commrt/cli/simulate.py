@@ -16,7 +16,7 @@ PNGs to ``--out-dir``:
   different tails.
 
 It runs in one process (never relaunched as ranks). Usable on its own as
-``python -m commrt.sim_cli``; ``commrt.cli`` adds it with :func:`register`.
+``python -m commrt.cli.simulate``; ``commrt.cli.commands`` adds it with :func:`register`.
 """
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from typing import Sequence
 
 import numpy as np
 
-from commrt import plotting, sim
-from commrt.units import fmt_bytes, positive_int, size_list
+from commrt import sim
+from commrt.cli import plotting
+from commrt.cli.units import fmt_bytes, positive_int, size_list
 
 DEFAULT_ALGORITHMS = "ring,halving_doubling,torus2d,auto"
 

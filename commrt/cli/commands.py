@@ -20,8 +20,8 @@ from typing import Sequence
 
 import torch
 
-from commrt import launch as launcher
-from commrt.units import positive_int, size_list
+from commrt.cli import launch as launcher
+from commrt.cli.units import positive_int, size_list
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -111,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("inputs", nargs="+", help="per-rank trace JSON files")
     merge.set_defaults(run=cmd_trace_merge, single_process=True)
 
-    from commrt import sim_cli
-    sim_cli.register(sub)
+    from commrt.cli import simulate
+    simulate.register(sub)
     return parser
 
 
@@ -173,12 +173,12 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
 
 
 def cmd_train(args) -> int:
-    from commrt.train import run
+    from commrt.cli.train import run
     return run(args)
 
 
 def cmd_bench_kernels(args) -> int:
-    from commrt import bench
+    from commrt.cli import bench
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         print("commrt bench kernels: --device cuda needs a CUDA GPU; none is available here", file=sys.stderr)
@@ -215,7 +215,7 @@ def _relaunch_or_run(args, argv: Sequence[str], parser) -> int:
 
 def cmd_bench_allreduce(args) -> int:
     import commrt
-    from commrt import bench
+    from commrt.cli import bench
     comm = commrt.init(args.backend, timeout=args.timeout)
     algorithms = [a for a in args.algorithms.split(",") if a]
     title = (f"commrt bench allreduce · backend {comm.backend.value} · {comm.world_size} ranks · "

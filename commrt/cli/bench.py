@@ -19,8 +19,8 @@ import torch
 
 import commrt
 from commrt.algorithms import resolve
-from commrt.plotting import line_plot
-from commrt.units import fmt_bytes
+from commrt.cli.plotting import line_plot
+from commrt.cli.units import fmt_bytes
 
 DEFAULT_SIZES = tuple(1 << k for k in range(16, 27, 2))   # 64 KiB .. 64 MiB
 

@@ -1,0 +1,133 @@
+"""The seam between :class:`~commrt.GradientSync` and an algorithm family.
+
+GradientSync owns what every family shares: hooks, buckets and their
+buffers, the progress thread and its strict bucket order, ``wait`` /
+``step`` / ``no_sync``, unused parameters, timeouts, stats and traces. A
+:class:`Policy` decides what happens to a packed bucket at training step
+``t``. All hooks but :meth:`Policy.apply` run on the progress thread, in the
+same order on every rank::
+
+    setup(ctx)                       once, collectively, at construction
+    per step t:
+        begin_step(t)                before bucket 0 of step t leaves
+        scale(t)                     the factor the pack pass applies
+        communicate(t, b, buf)       per bucket, in bucket order
+        ... wait() returns ...
+        after_step(t)                work that may outlive wait(): it runs
+                                     while the caller computes step t+1
+    apply(optimizer)                 in sync.step(), on the caller's thread
+    close()                          drain, at sync.close()
+
+An all-reduce family scales by 1/p and runs one schedule per bucket
+(:mod:`commrt.sync.allreduce`); a gossip family scales by 1/2 and picks this
+step's peer; a backup-worker family decides in ``begin_step`` who takes
+part. Which policy serves an algorithm is decided by
+:func:`commrt.sync.families.policy_for`: an algorithm may offer its own
+(a ``sync_policy()`` method), otherwise its type picks one.
+
+Example (a family that sums instead of averaging)::
+
+    class Sum(commrt.sync.Policy):
+        def setup(self, ctx):
+            self.ctx = ctx
+            self.schedules = [self.algorithm.schedule(ctx.comm.world_size) for _ in ctx.buckets]
+            return tuple(s.name for s in self.schedules)
+
+        def communicate(self, step, bucket, buf):
+            return self.ctx.run(self.schedules[bucket], buf, bucket)
+"""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+import torch
+
+from commrt.sync.buckets import Bucket
+
+
+@dataclass(frozen=True, eq=False)
+class SyncContext:
+    """What a policy may use: the communicator, the buckets and a way to run schedules.
+
+    ``buffers[b]`` is bucket ``b``'s flat wire buffer (``comm_dtype``); the
+    gradients of that bucket are packed into it before
+    :meth:`Policy.communicate` and unpacked from it after.
+    """
+
+    comm: object                      # commrt.Communicator (not imported: no cycle)
+    buckets: tuple[Bucket, ...]
+    buffers: tuple[torch.Tensor, ...]
+    comm_dtype: torch.dtype
+    tracer: object = None             # commrt.trace.Tracer or None
+
+    @property
+    def element_size(self) -> int:
+        return self.buffers[0].element_size()
+
+    def run(self, schedule, buf: torch.Tensor, bucket: int | None = None) -> int:
+        """Run ``schedule`` in place on ``buf`` with the communicator's timeout,
+        pieces and tracer; return the bytes this rank sent. Errors name the
+        rank, peer, algorithm, step and ``bucket``."""
+        comm = self.comm
+        with comm.lock:
+            return comm.executor.run(schedule, buf, comm.transport, timeout=comm.timeout,
+                                     piece_bytes=comm.piece_bytes, bucket=bucket, tracer=self.tracer,
+                                     owner=buf)
+
+
+class Policy(abc.ABC):
+    """One algorithm family's treatment of gradient buckets (see the module docs).
+
+    Subclasses get the algorithm instance as ``self.algorithm``; every hook
+    but :meth:`communicate` has a default that does nothing special.
+    """
+
+    def __init__(self, algorithm):
+        self.algorithm = algorithm
+
+    def setup(self, ctx: SyncContext) -> tuple[str, ...]:
+        """Prepare for ``ctx.buckets``; return one label per bucket for stats and
+        traces (for example the schedule chosen for it). Called collectively,
+        in the same order on every rank, so a policy may communicate here."""
+        self.ctx = ctx
+        return tuple(self.algorithm.name for _ in ctx.buckets)
+
+    def begin_step(self, step: int) -> None:
+        """A decision made once per step, before its first bucket leaves."""
+
+    def scale(self, step: int) -> float:
+        """The factor applied to the gradients in the pack pass (1/p for an average)."""
+        return 1.0
+
+    @abc.abstractmethod
+    def communicate(self, step: int, bucket: int, buf: torch.Tensor) -> int:
+        """Bucket ``bucket`` of step ``step`` is packed (and scaled) in ``buf``.
+
+        On return ``buf`` must hold what the optimizer should apply for these
+        parameters. Returns the bytes this rank sent.
+        """
+
+    def after_step(self, step: int) -> int:
+        """Work that continues after ``wait()`` has returned for ``step`` (it
+        must not touch the bucket buffers: backward of step+1 writes there).
+        Runs before step+1's first bucket and before any other collective on
+        the communicator. Returns the bytes this rank sent."""
+        return 0
+
+    def apply(self, optimizer: torch.optim.Optimizer) -> int:
+        """Apply the synchronised gradients; return how many updates were applied."""
+        optimizer.step()
+        return 1
+
+    def step_stats(self) -> dict:
+        """Family-specific numbers for the step just finished (merged into
+        :attr:`StepStats.extra <commrt.sync.stats.StepStats.extra>`)."""
+        return {}
+
+    @property
+    def extra_bytes(self) -> int:
+        """Memory this policy holds beyond the bucket buffers (for stats)."""
+        return 0
+
+    def close(self) -> None:
+        """Finish or cancel work still in flight; called once by ``GradientSync.close``."""
