@@ -256,22 +256,19 @@ def _init_nccl(launch, rank, world_size, master_addr, master_port, timeout, devi
                                "use backend='mpi' (under mpiexec) or backend='gloo'")
         device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
     device = torch.device(device)
-    # Rank 0 makes the id; the others learn it over MPI or the TCPStore.
-    uid = nccl.get_unique_id() if rank == 0 else None
+    # Rank 0 makes the id; the others learn it over MPI or the TCPStore. cupy >= 14 takes
+    # (and returns) the 128-byte ncclUniqueId as bytes; older cupys used a tuple of chars.
+    uid = _uid_bytes(nccl.get_unique_id()) if rank == 0 else None
     if launch.launcher == "mpiexec" and master_port is None and launch.master_port is None:
         uid = _mpi_world().bcast(uid, root=0)
     else:
         store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
         if rank == 0:
-            store.set("nccl_unique_id", _uid_bytes(uid))
-        uid = _uid_tuple(store.get("nccl_unique_id"))
+            store.set("nccl_unique_id", uid)
+        uid = bytes(store.get("nccl_unique_id"))
     return NcclTransport(rank, world_size, uid, device, nccl=nccl)
 
 
 def _uid_bytes(uid) -> bytes:
-    """cupy returns the 128-byte ncclUniqueId as a tuple of signed chars."""
-    return uid if isinstance(uid, bytes) else bytes((int(x) + 256) % 256 for x in uid)
-
-
-def _uid_tuple(raw: bytes) -> tuple[int, ...]:
-    return tuple(b - 256 if b > 127 else b for b in raw)
+    """The ncclUniqueId as the 128 bytes cupy >= 14 expects (older cupys give signed chars)."""
+    return bytes(uid) if isinstance(uid, (bytes, bytearray)) else bytes((int(x) + 256) % 256 for x in uid)

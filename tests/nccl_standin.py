@@ -36,6 +36,9 @@ class StandInNccl:
 
         class NcclCommunicator:
             def __init__(self, ndev, commId, rank):
+                if not isinstance(commId, bytes):   # what cupy 14 raises (seen on an H100 box)
+                    raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got "
+                                    f"{type(commId).__name__})")
                 if len(commId) != 128:
                     raise ValueError(f"ncclUniqueId must be 128 bytes, got {len(commId)}")
                 ids = outer.mpi.allgather(tuple(commId))
@@ -67,7 +70,7 @@ class StandInNccl:
         self.NcclCommunicator = NcclCommunicator
 
     def get_unique_id(self):
-        return tuple(int(b) - 128 for b in os.urandom(128))
+        return os.urandom(128)   # cupy >= 14: 128 bytes
 
     def groupStart(self):
         self._depth += 1
