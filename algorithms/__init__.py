@@ -16,8 +16,10 @@ from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.algorithms.auto import Auto
+from commrt.algorithms.broadcast import BinomialTree, PipelinedChain
 
-__all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "resolve", "NAMES", "DEFAULT_ALGORITHM"]
+__all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "BinomialTree", "PipelinedChain",
+           "resolve", "NAMES", "DEFAULT_ALGORITHM"]
 
 _BY_NAME = {
     "ring": Ring,

@@ -5,6 +5,7 @@ Example::
     import commrt
     comm = commrt.init(backend="auto")            # mpiexec / torchrun / alone
     commrt.all_reduce(tensor, comm, algorithm="ring", op="avg")
+    commrt.broadcast(tensor, comm, root=0)
     sync = commrt.GradientSync(model, comm, algorithm="ring")   # in a training loop
 
 Everything else lives in modules with one job each: :mod:`commrt.schedule`
@@ -12,12 +13,12 @@ Everything else lives in modules with one job each: :mod:`commrt.schedule`
 schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
 :mod:`commrt.algorithms`, :mod:`commrt.kernels`, :mod:`commrt.trace`.
 """
-from commrt.collectives import all_reduce
+from commrt.collectives import all_reduce, broadcast
 from commrt.comm import Backend, Communicator, init
 from commrt.errors import CommError, CommTimeoutError, ScheduleError
 from commrt.sync.gradsync import GradientSync
 from commrt.schedule import Schedule
 
 __version__ = "0.1.0"
-__all__ = ["init", "Communicator", "Backend", "all_reduce", "GradientSync", "Schedule",
+__all__ = ["init", "Communicator", "Backend", "all_reduce", "broadcast", "GradientSync", "Schedule",
            "CommError", "CommTimeoutError", "ScheduleError"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import enum
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
@@ -90,10 +91,12 @@ class Communicator:
 
     One collective runs at a time per communicator (a lock enforces it in
     this process); every rank must issue collectives in the same order.
+    ``debug``: check every collective's arguments across ranks first (see
+    :mod:`commrt.collectives`).
     """
 
     def __init__(self, transport: Transport, backend: Backend, launch: LaunchInfo,
-                 timeout: float, piece_bytes: int):
+                 timeout: float, piece_bytes: int, debug: bool = False):
         self.transport = transport
         self.backend = backend
         self.rank = transport.rank
@@ -104,6 +107,7 @@ class Communicator:
         self.launcher = launch.launcher
         self.timeout = float(timeout)
         self.piece_bytes = int(piece_bytes)
+        self.debug = bool(debug)
         self.lock = threading.RLock()
         #: per-communicator derived data (e.g. a probed network model), keyed by owner
         self.cache: dict = {}
@@ -201,10 +205,63 @@ def _tcp_store(launch: LaunchInfo, rank: int, world_size: int, master_addr: str 
     return dist.PrefixStore("commrt", store)
 
 
+def _env_flag(name: str) -> bool | None:
+    v = os.environ.get(name, "").strip().lower()
+    if not v:
+        return None
+    if v in ("1", "true", "yes", "on", "detail"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name}={v!r}: use 1 or 0")
+
+
+class _AbortOnError:
+    """A ``sys.excepthook`` that ends the whole job when an exception escapes.
+
+    Without it, a rank that dies of an uncaught error (a CommTimeoutError
+    because a peer stopped, say) leaves the job hanging: MPI's shutdown
+    waits for the stopped peer forever, and gloo peers wait for messages
+    that never come until their own timeout. After the usual traceback,
+    under MPI this calls ``MPI_Abort`` (as ``python -m mpi4py`` does),
+    which makes the launcher kill every rank; otherwise the process exits
+    at once with status 1, without running exit handlers that could block
+    on the dead job. Installed once per process by :func:`init` and active
+    while a multi-rank communicator that asked for it is open.
+    """
+
+    def __init__(self, previous):
+        self.previous = previous
+        self.comms: weakref.WeakSet = weakref.WeakSet()
+
+    @classmethod
+    def install(cls, comm: "Communicator") -> None:
+        hook = sys.excepthook
+        if not isinstance(hook, cls):
+            hook = sys.excepthook = cls(hook)
+        hook.comms.add(comm)
+
+    def __call__(self, kind, value, tb) -> None:
+        self.previous(kind, value, tb)
+        live = [c for c in self.comms if not c._closed]
+        if not live:
+            return
+        comm = live[0]
+        print(f"commrt: rank {comm.rank}: uncaught {kind.__name__}; ending the whole job "
+              f"(commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0 to keep it running)",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.COMM_WORLD.Abort(1)
+        os._exit(1)
+
+
 def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_size: int | None = None,
          timeout: float = DEFAULT_TIMEOUT_S, master_addr: str | None = None,
          master_port: int | None = None, device: "torch.device | str | None" = None,
-         piece_bytes: int = 4 << 20, nccl_module=None) -> Communicator:
+         piece_bytes: int = 4 << 20, debug: bool | None = None, abort_on_error: bool | None = None,
+         nccl_module=None) -> Communicator:
     """Create a :class:`Communicator`.
 
     ``backend``: ``"auto"`` (nccl where CUDA is available, mpi under
@@ -212,6 +269,12 @@ def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_si
     world size come from the launcher (mpiexec or torchrun); explicit
     arguments override them. ``timeout`` bounds every wait (seconds).
     ``piece_bytes`` is the pipelining granularity of large transfers.
+    ``debug`` (default: the ``COMMRT_DEBUG`` environment variable) checks
+    every collective's arguments across ranks first and names mismatches.
+    ``abort_on_error`` (default True, or ``COMMRT_ABORT_ON_ERROR``): an
+    exception that nobody catches ends the whole job with exit status 1
+    (``MPI_Abort`` under MPI) instead of leaving the other ranks waiting;
+    turn it off if your program handles rank failures itself.
     ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
 
     Example::
@@ -222,6 +285,8 @@ def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_si
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if piece_bytes < 1024:
         raise ValueError(f"piece_bytes must be at least 1024, got {piece_bytes}")
+    debug = _env_flag("COMMRT_DEBUG") if debug is None else debug
+    abort_on_error = _env_flag("COMMRT_ABORT_ON_ERROR") if abort_on_error is None else abort_on_error
     launch = detect_launch()
     rank = launch.rank if rank is None else int(rank)
     world_size = launch.world_size if world_size is None else int(world_size)
@@ -244,7 +309,10 @@ def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_si
     else:
         transport = _init_nccl(launch, rank, world_size, master_addr, master_port, timeout,
                                device, nccl_module)
-    return Communicator(transport, be, launch, timeout, piece_bytes)
+    comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
+    if abort_on_error is not False and world_size > 1:
+        _AbortOnError.install(comm)
+    return comm
 
 
 def _init_nccl(launch, rank, world_size, master_addr, master_port, timeout, device, nccl_module):

@@ -40,5 +40,9 @@ class CommTimeoutError(CommError, TimeoutError):
         super().__init__(msg)
 
 
+class CollectiveMismatchError(CommError, ValueError):
+    """Ranks called different collectives (found by the ``COMMRT_DEBUG`` check)."""
+
+
 class ScheduleError(ValueError):
     """A schedule does not implement its collective, or is malformed."""

@@ -286,4 +286,15 @@ class Executor:
         except RuntimeError as e:   # engine errors (a peer's connection closed, ...)
             peers = sorted({x.peer for x in sp.sends + sp.recvs})
             raise CommError(f"commrt: rank {prepared.transport.rank}: {prepared.transport.name} failed in "
-                            f"step {sp.index} (peers {peers}): {e}") from e
+                            f"step {sp.index} (peers {peers}){_diagnose(str(e))}: {e}") from e
+
+
+def _diagnose(engine_message: str) -> str:
+    """What an engine's raw error most likely means, in commrt's terms."""
+    text = engine_message.lower()
+    if "truncat" in text or "preamble" in text:
+        return (" — a message was larger than the receive posted for it: the ranks called collectives "
+                "of different sizes; run with COMMRT_DEBUG=1 to have every rank name the mismatch")
+    if "connection reset" in text or "connection closed" in text or "broken pipe" in text:
+        return " — a peer closed its connection: it probably died; look at its output"
+    return ""

@@ -49,6 +49,8 @@ class Collective(enum.Enum):
     ALL_REDUCE = "all_reduce"
     REDUCE_SCATTER = "reduce_scatter"   # owners[c] ends with the full sum of chunk c
     ALL_GATHER = "all_gather"           # owners[c] starts with chunk c; everyone ends with it
+    BROADCAST = "broadcast"             # owners[c] (the root) starts with chunk c; everyone ends with
+                                        # that rank's chunk, nobody else's contribution mixed in
 
 
 class OpKind(enum.Enum):
@@ -383,6 +385,9 @@ def check(schedule: Schedule, max_errors: int = 20) -> CheckReport:
     for r in s.ranks:
         if s.collective is Collective.ALL_GATHER:
             state[r] = [full if s.owners[c] == r else _GARBAGE for c in range(s.num_chunks)]
+        elif s.collective is Collective.BROADCAST:
+            # a non-root's buffer is overwritten, so its old contents count as undefined
+            state[r] = [1 << r if s.owners[c] == r else _GARBAGE for c in range(s.num_chunks)]
         else:
             state[r] = [1 << r] * s.num_chunks
     initial = {r: list(v) for r, v in state.items()}
@@ -476,6 +481,8 @@ def check(schedule: Schedule, max_errors: int = 20) -> CheckReport:
                     want = initial[r][c]   # untouched
                 elif s.collective is Collective.REDUCE_SCATTER and s.owners[c] != r:
                     continue
+                elif s.collective is Collective.BROADCAST:
+                    want = 1 << s.owners[c]
                 else:
                     want = full
                 if v != want:

@@ -31,12 +31,19 @@ def test_matches_ddp_and_fails_safely(nranks, tmp_path):
         tol = BF16_TOL if name.startswith("bf16") else FP32_TOL
         assert c["rel_err"] <= tol, (name, c)
     assert set(cases) == {"fp32 mpi ring", "fp32 gloo halving_doubling", "fp32 mpi torus2d",
-                          "fp32 mpi no_sync accumulation", "bf16 wire mpi ring"}
+                          "fp32 mpi no_sync accumulation", "bf16 wire mpi ring",
+                          "fp32 mpi ring, each rank seeded differently"}
+    # models seeded per rank: rank 0's weights everywhere, bit for bit, right after construction
+    assert r["same_start"] == {"differed_before": True, "identical_after": True, "equals_rank0_model": True}
     assert r["unused_zeros"]["identical_across_ranks"] and r["unused_zeros"]["branch_grad_is_average"]
-    # the error policy names the parameters on the ranks that lacked them (all but rank 0)
-    assert r["unused_error"][0] is None
-    for msg in r["unused_error"][1:]:
-        assert "branch.bias, branch.weight" in msg
+    # the error policy raises on every rank (rank 0 had all its gradients), naming each rank that
+    # lacked some and the parameters, and no rank's optimizer stepped
+    assert len(r["unused_error"]) == nranks
+    for e in r["unused_error"]:
+        assert e["message"] is not None and e["params_unchanged"], e
+        for other in range(1, nranks):
+            assert f"rank {other}: branch.bias, branch.weight" in e["message"], e
+        assert "rank 0:" not in e["message"]
     for m in r["layout_mismatch"]:   # every rank raises, with both layouts in the message
         assert m["message"] and "gradient layouts differ across ranks" in m["message"]
         assert f"rank {nranks - 1}: 8 parameters" in m["message"]

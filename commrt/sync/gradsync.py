@@ -25,8 +25,14 @@ parameters are reduced as zeros (``unused="zeros"``, the default, DDP's
 ``find_unused_parameters`` behaviour): the others' gradients still average
 in, and the parameter's ``.grad`` is set to that average, so every rank
 keeps identical parameters. With ``unused="error"`` the bucket is still
-reduced (so other ranks never hang), then ``wait()`` raises ValueError
-naming the parameters.
+reduced (so other ranks never hang), then every rank learns, in one small
+exchange, which ranks skipped which parameters, and ``wait()`` raises
+ValueError naming them on every rank, before any rank's optimizer step.
+
+Same start: at construction every rank takes rank 0's parameters and
+buffers (as DDP does), so a script that seeds nothing still trains one
+model; ``broadcast_buffers=True`` also re-sends rank 0's buffers (BatchNorm
+statistics, say) after every ``step()``.
 """
 from __future__ import annotations
 
@@ -39,12 +45,14 @@ from typing import Iterator
 import torch
 
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
+from commrt.collectives import gather_rows
 from commrt.comm import Communicator
 from commrt.errors import CommError, CommTimeoutError
 from commrt.kernels import SUPPORTED_DTYPES, pack, unpack
 from commrt.sync.buckets import MB, Bucket, assign_buckets, check_layout
 from commrt.sync.families import policy_for
 from commrt.sync.policy import SyncContext
+from commrt.sync.state import broadcast_state
 from commrt.sync.stats import StepStats, SyncStats
 from commrt.trace import Tracer
 
@@ -80,6 +88,15 @@ class GradientSync:
             gradient set to None or replaced is copied in and re-viewed).
         trace: ``True`` or a :class:`~commrt.trace.Tracer` to record a
             Chrome-trace timeline (``save_trace``); NVTX ranges on GPU.
+        broadcast_init: start every rank from rank 0's parameters and
+            buffers (default True, as DDP). Turn it off only if the ranks
+            already agree (the broadcast then costs one model's worth of
+            traffic at construction for nothing).
+        broadcast_buffers: after every ``step()``, overwrite the model's
+            buffers with rank 0's (one broadcast per step; DDP does this
+            before every forward by default). Default False: buffers then
+            evolve per rank, which is what BatchNorm statistics of a model
+            evaluated on rank 0 usually want anyway.
 
     Example::
 
@@ -91,7 +108,8 @@ class GradientSync:
 
     def __init__(self, model: torch.nn.Module, comm: Communicator, algorithm: "str | Algorithm" = DEFAULT_ALGORITHM,
                  bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, comm_dtype: torch.dtype | None = None,
-                 *, unused: "str | Unused" = "zeros", grad_views: bool = True, trace: "bool | Tracer" = False):
+                 *, unused: "str | Unused" = "zeros", grad_views: bool = True, trace: "bool | Tracer" = False,
+                 broadcast_init: bool = True, broadcast_buffers: bool = False):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if not isinstance(comm, Communicator):
@@ -125,6 +143,9 @@ class GradientSync:
         esize = torch.empty((), dtype=comm_dtype).element_size()
         self.buckets: list[Bucket] = assign_buckets(named, int(bucket_mb * MB), int(first_bucket_mb * MB), esize)
         check_layout(comm, self.buckets, extra=f"{comm_dtype}|{self.algorithm!r}")
+        if broadcast_init:
+            broadcast_state(model, comm)
+        self.broadcast_buffers = bool(broadcast_buffers)
         self._buffers = [torch.zeros(b.numel, dtype=comm_dtype, device=comm.device) for b in self.buckets]
         # per bucket: views of its buffer shaped like its parameters, or None (pack/unpack path)
         self._views: list[list[torch.Tensor] | None] = [
@@ -386,10 +407,31 @@ class GradientSync:
             self._cur = StepStats(step=cur.step + 1, buckets=nb)
             self._step_start = end
             self.comm._active_sync = None
-        if unused and self.unused is Unused.ERROR:
-            raise ValueError(f"commrt: parameters without a gradient this step (reduced as zeros so other "
-                             f"ranks did not hang): {', '.join(unused[:10])}"
-                             + (f" and {len(unused) - 10} more" if len(unused) > 10 else ""))
+        if self.unused is Unused.ERROR:
+            self._raise_if_unused(unused)
+
+    def _raise_if_unused(self, unused: list[str]) -> None:
+        """unused="error": raise on every rank if any rank skipped parameters.
+
+        One exchange of p counts per step; the names follow only when some
+        count is not zero, so every rank takes the same branch."""
+        counts = [int(c[0]) for c in gather_rows(self.comm, [len(unused)], torch.int64)]
+        if not any(counts):
+            return
+        names = [n for b in self.buckets for n in b.names]
+        index = {n: i for i, n in enumerate(names)}
+        mine = [0] * len(names)
+        for n in unused:
+            mine[index[n]] = 1
+        rows = gather_rows(self.comm, mine, torch.int8)
+        parts = []
+        for r, row in enumerate(rows):
+            skipped = sorted(names[i] for i, v in enumerate(row) if v)
+            if skipped:
+                parts.append(f"rank {r}: {', '.join(skipped[:10])}"
+                             + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
+        raise ValueError("commrt: parameters without a gradient this step (unused='error'; reduced as zeros "
+                         "so that no rank hangs, and no optimizer step taken): " + "; ".join(parts))
 
     def step(self, optimizer: torch.optim.Optimizer, zero_grad: bool = True) -> int:
         """``wait()``, then ``optimizer.step()``, then ``optimizer.zero_grad()``
@@ -402,6 +444,8 @@ class GradientSync:
         t0 = time.perf_counter()
         us0 = self.tracer.now_us() if self.tracer else 0.0
         applied = self.policy.apply(optimizer)
+        if self.broadcast_buffers:
+            broadcast_state(self.model, self.comm, parameters=False)
         if zero_grad:
             # gradients that live in bucket buffers are zeroed in place, so they stay there
             optimizer.zero_grad(set_to_none=not any(v is not None for v in self._views))

@@ -51,8 +51,8 @@ def batch(rank, step, k=0):
     return torch.randn(16, 37, generator=g), torch.randint(0, 10, (16,), generator=g)
 
 
-def fresh(branch=False):
-    torch.manual_seed(7)
+def fresh(branch=False, seed=7):
+    torch.manual_seed(seed)
     return Net(branch=branch)
 
 
@@ -76,8 +76,8 @@ def train_ddp(rank, accumulate):
     return model
 
 
-def train_commrt(comm, rank, accumulate, **kw):
-    model = fresh()
+def train_commrt(comm, rank, accumulate, seed=7, **kw):
+    model = fresh(seed=seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     with commrt.GradientSync(model, comm, bucket_mb=0.05, first_bucket_mb=0.01, **kw) as sync:
         for s in range(STEPS):
@@ -109,7 +109,16 @@ def main(out):
     report = {"world_size": p, "cases": {}}
 
     ddp = {False: train_ddp(rank, False), True: train_ddp(rank, True)}
+    # every rank seeds its own model: GradientSync starts them all from rank 0's, bit for bit
+    model = fresh(seed=7 + rank)
+    differed = not same_everywhere(world, model)
+    sync = commrt.GradientSync(model, comms["mpi"])
+    report["same_start"] = {"differed_before": differed, "identical_after": same_everywhere(world, model),
+                            "equals_rank0_model": all(torch.equal(a, b) for a, b in
+                                                      zip(model.parameters(), fresh().parameters()))}
+    sync.close()
     for name, transport, accumulate, kw in [
+        ("fp32 mpi ring, each rank seeded differently", "mpi", False, {"seed": 7 + rank}),
         ("fp32 mpi ring", "mpi", False, {}),
         ("fp32 gloo halving_doubling", "gloo", False, {"algorithm": "halving_doubling"}),
         ("fp32 mpi torus2d", "mpi", False, {"algorithm": "torus2d"}),
@@ -137,17 +146,21 @@ def main(out):
     world.Allreduce(MPI.IN_PLACE, gsum.numpy(), op=MPI.SUM)
     report["unused_zeros"] = {"seconds": time.monotonic() - t0, "identical_across_ranks": same_everywhere(world, model),
                               "branch_grad_is_average": bool(torch.allclose(gsum, branch_grad.double() * p))}
-    # error policy: the rank without the gradient raises, naming it; the others finish the step
-    sync = commrt.GradientSync(fresh(branch=True), comm, unused="error")
+    # error policy: every rank raises, naming the ranks without the gradient, before any optimizer step
+    model = fresh(branch=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    sync = commrt.GradientSync(model, comm, unused="error")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
     x, y = batch(rank, 0)
     torch.nn.functional.cross_entropy(sync.model(x, use_branch=(rank == 0)), y).backward()
     try:
-        sync.wait()
-        report.setdefault("unused_error", {})[rank] = None
+        sync.step(opt)
+        msg = None
     except ValueError as e:
-        report.setdefault("unused_error", {})[rank] = str(e)
+        msg = str(e)
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     sync.close()
-    report["unused_error"] = world.gather(report["unused_error"][rank], root=0)
+    report["unused_error"] = world.gather({"message": msg, "params_unchanged": unchanged}, root=0)
 
     # a different model on the last rank: every rank raises, nobody hangs
     t0 = time.monotonic()
