@@ -1,8 +1,15 @@
-"""The command line end to end: commrt train on 2 real ranks, bench plots, flag errors."""
+"""The command line end to end: commrt train on 2 real ranks, bench plots, flag errors,
+the progress output at 80 columns, and a rank killed mid-run."""
+import fcntl
 import os
+import pty
 import re
+import signal
+import struct
 import subprocess
 import sys
+import termios
+import time
 
 import pytest
 
@@ -69,13 +76,28 @@ def test_bench_kernels_table(tmp_path, capsys):
     (["train", "--straggler", "5:0.1"], "outside 0..1"),
     (["train", "--straggler", "x"], "bad --straggler"),
     (["train", "--nproc", "0"], "must be at least 1"),
+    (["train", "--batch-size", "2000"], "larger than the 1438 training samples"),
+    (["train", "--batch-schedule", "0:64,2:4000", "--epochs", "3"], "global batch at epoch 2 is 4000"),
     (["bench", "allreduce", "--sizes", "12Q"], "bad size"),
+    (["bench", "allreduce", "--algorithms", "ring,nope"], "unknown algorithm 'nope'"),
 ])
 def test_bad_flags_get_clear_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    # the subcommand names itself and shows its own usage
+    command = " ".join(a for a in argv[:2] if not a.startswith("-"))
+    assert f"commrt {command}: error:" in err and f"usage: commrt {command}" in err, err
+
+
+@pytest.mark.parametrize("argv", [[], ["train"], ["bench", "allreduce"], ["simulate"], ["trace", "merge"]])
+def test_help_has_no_raw_markup(argv, capsys):
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    out = capsys.readouterr().out
+    assert "usage: commrt" in out and "``" not in out and ":func:" not in out
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU message")
@@ -95,3 +117,82 @@ def test_train_runs_as_one_rank_under_mpiexec():
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = _summary(proc.stdout)
     assert s["ranks × backend"] == "2 × mpi" and float(s["final test accuracy"]) >= 0.85
+
+
+def _run_in_pty(argv, cols=80, rows=24, timeout=300):
+    """Run ``argv`` with stdout/stderr on a pseudo-terminal of ``cols`` columns; return (rc, text)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE",
+                                                            "COLUMNS", "LINES")}
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:   # EIO: every writer closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    rc = proc.wait(timeout)
+    os.close(master)
+    return rc, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+def test_train_output_fits_an_80_column_terminal(backend):
+    epochs = 5
+    rc, out = _run_in_pty([sys.executable, "-m", "commrt", "train", "--backend", backend, "--epochs", str(epochs)])
+    assert rc == 0, out[-3000:]
+    lines = out.replace("\r\n", "\n").split("\n")
+    assert lines[0].startswith(f"starting 2 ranks ({backend})"), lines[:3]
+    # every redraw of the bar fits the width, so nothing wraps
+    for line in lines:
+        for frame in line.split("\r"):
+            assert len(frame.rstrip()) <= 80, repr(frame)
+    summary_at = next(i for i, ln in enumerate(lines) if "commrt train summary" in ln) - 1
+    progress = [ln for ln in lines[1:summary_at] if ln.strip("\r ")]
+    assert 1 <= len(progress) <= epochs, progress   # one bar on a terminal; a line per epoch under mpiexec
+    assert float(_summary(out.replace("\r", ""))["final test accuracy"]) > 0.5
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _rank_of(pid):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        return int(env.get(b"RANK", b"-1"))
+    except (OSError, ValueError):
+        return -1
+
+
+def test_train_names_a_rank_killed_mid_run():
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")}
+    proc = subprocess.Popen([sys.executable, "-m", "commrt", "train", "--backend", "gloo", "--epochs", "200",
+                             "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        first = proc.stdout.readline()
+        assert first.startswith("starting 2 ranks"), first
+        assert proc.stdout.readline().startswith("epoch 1/200"), "training did not start"
+        victim = next(c for c in _children(proc.pid) if _rank_of(c) == 1)
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 30
+    tail = err.strip().splitlines()[-3:]
+    assert "commrt: rank 1 was killed by SIGKILL" in tail[0], err[-2000:]
+    assert tail[-1].startswith("commrt: stopped the other ranks"), tail

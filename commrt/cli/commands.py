@@ -61,7 +61,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="commrt", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="commrt", description="commrt: data-parallel training, benchmarks and simulation of its "
+                                   "communication runtime. Run 'commrt COMMAND --help' for a command's flags.")
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("bench", help="measure collectives")
     bsub = bench.add_subparsers(dest="what", required=True)
@@ -75,13 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--iters", type=positive_int, default=None,
                     help="calls per timed run (default: from the size, ~0.4 GB moved per run)")
     ar.add_argument("--plot", metavar="PNG", help="also write busbw vs size to this PNG file")
-    ar.set_defaults(run=cmd_bench_allreduce)
+    ar.set_defaults(run=cmd_bench_allreduce, parser=ar)
     kb = bsub.add_parser("kernels", help="pack/unpack GB/s vs a plain copy and cat+scale (one process)")
     kb.add_argument("--sizes", type=size_list, default=None, help="bucket sizes (default 1M,4M,16M,64M,100M)")
     kb.add_argument("--wire", choices=sorted(DTYPES), default="float32", help="bucket (wire) dtype")
     kb.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     kb.add_argument("--plot", metavar="PNG", help="also write GB/s vs size to this PNG file")
-    kb.set_defaults(run=cmd_bench_kernels, single_process=True)
+    kb.set_defaults(run=cmd_bench_kernels, single_process=True, parser=kb)
 
     tr = sub.add_parser("train", help="data-parallel training of an MLP on the digits dataset (CPU by default)")
     _common(tr)
@@ -102,14 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--bucket-mb", type=float, default=0.1, help="bucket cap (the model is ~85K parameters)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
-    tr.set_defaults(run=cmd_train)
+    tr.set_defaults(run=cmd_train, parser=tr)
 
     trace = sub.add_parser("trace", help="work with Chrome-trace timelines")
     tsub = trace.add_subparsers(dest="what", required=True)
     merge = tsub.add_parser("merge", help="merge per-rank trace files into one (open in ui.perfetto.dev)")
     merge.add_argument("-o", "--output", required=True, help="merged JSON file to write")
     merge.add_argument("inputs", nargs="+", help="per-rank trace JSON files")
-    merge.set_defaults(run=cmd_trace_merge, single_process=True)
+    merge.set_defaults(run=cmd_trace_merge, single_process=True, parser=merge)
 
     from commrt.cli import simulate
     simulate.register(sub)
@@ -159,6 +161,12 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
     except ValueError as e:
         parser.error(f"batch size: {e}")
     args.batch_schedule_obj = sched
+    from commrt.cli.train import TRAIN_SAMPLES
+    too_big = [(e, sched.batch_size(e)) for e in range(args.epochs) if sched.batch_size(e) > TRAIN_SAMPLES]
+    if too_big:
+        e, b = too_big[0]
+        parser.error(f"batch size: the global batch at epoch {e} is {b}, larger than the {TRAIN_SAMPLES} "
+                     f"training samples of the digits data, so no step would run; use at most {TRAIN_SAMPLES}")
     args.comm_dtype_obj = DTYPES[args.comm_dtype]
     try:
         args.straggler = _straggler(args.straggler) if args.straggler else None
@@ -208,6 +216,8 @@ def _relaunch_or_run(args, argv: Sequence[str], parser) -> int:
     backend = check_backend(parser, args.backend)
     if args.nproc > 1 and not launcher.already_launched():
         child = list(argv) + ["--backend", backend]
+        # the ranks take seconds to import torch and meet: say so at once
+        print(f"starting {args.nproc} ranks ({backend})…", flush=True)
         return launcher.launch(child, args.nproc, use_mpiexec=backend == "mpi")
     args.backend = backend
     return args.run(args)
@@ -240,18 +250,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    # errors after parsing belong to the subcommand: "commrt train: error: ..." with its usage
+    sub = getattr(args, "parser", parser)
     if args.command == "train":
-        check_train(parser, args)
+        check_train(sub, args)
     if getattr(args, "algorithms", None):
         from commrt.algorithms import resolve
         for a in args.algorithms.split(","):
             try:
                 resolve(a)
             except ValueError as e:
-                parser.error(str(e))
+                sub.error(str(e))
     if getattr(args, "single_process", False):
         return args.run(args)
-    return _relaunch_or_run(args, argv, parser)
+    return _relaunch_or_run(args, argv, sub)
 
 
 if __name__ == "__main__":

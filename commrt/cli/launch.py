@@ -3,8 +3,9 @@
 ``commrt train --nproc 4`` (or ``bench``) re-runs itself as 4 ranks:
 under ``mpiexec`` for the mpi backend, otherwise as plain subprocesses with
 the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-MASTER_ADDR, MASTER_PORT) set. If any rank fails, the others are stopped
-and the failure's exit code is returned: a crashed worker never leaves the
+MASTER_ADDR, MASTER_PORT) set. If any rank fails, the others are stopped,
+the last lines name the rank that died (by which signal), stopped or
+failed, and its exit code is returned: a crashed worker never leaves the
 rest hanging.
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ def launch(argv: Sequence[str], nproc: int, *, use_mpiexec: bool, timeout: float
             raise RuntimeError("backend mpi needs mpiexec: pip install 'commrt[mpi]' (the mpich wheel "
                                "brings it), or use --backend gloo")
         procs = [subprocess.Popen([exe, "-n", str(nproc), *cmd], env=env)]
+        return _supervise(procs, timeout, ranks_known=False)   # mpiexec names failed ranks itself
     else:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
                    LOCAL_WORLD_SIZE=str(nproc))
@@ -67,15 +69,21 @@ def launch(argv: Sequence[str], nproc: int, *, use_mpiexec: bool, timeout: float
     return _supervise(procs, timeout)
 
 
-def _supervise(procs: list[subprocess.Popen], timeout: float | None) -> int:
+def _supervise(procs: list[subprocess.Popen], timeout: float | None, ranks_known: bool = True) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
             codes = [p.poll() for p in procs]
             bad = [c for c in codes if c not in (None, 0)]
             if bad:
+                # a rank that died takes its peers down a moment later (connection reset,
+                # timeout): give them that moment, so the report names the cause first
+                time.sleep(0.5)
+                story, code = _what_happened(procs) if ranks_known else ([], bad[0])
                 _stop(procs)
-                return bad[0]
+                for line in story:
+                    print(f"commrt: {line}", file=sys.stderr, flush=True)
+                return code
             if all(c == 0 for c in codes):
                 return 0
             if deadline is not None and time.monotonic() > deadline:
@@ -88,10 +96,52 @@ def _supervise(procs: list[subprocess.Popen], timeout: float | None) -> int:
         return 130
 
 
+def _state(pid: int) -> str:
+    """The process state letter from /proc (T = stopped), or '' where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
+    """Lines naming the failed ranks, causes first, and the exit code to return.
+
+    A rank killed by a signal or stopped is the likely cause; ranks that
+    exited with an error status usually followed it (their own error
+    messages, printed above, say what they saw)."""
+    killed, stopped, failed = [], [], []
+    for rank, p in enumerate(procs):
+        c = p.poll()
+        if c is None:
+            if _state(p.pid) in ("T", "t"):
+                stopped.append(rank)
+        elif c < 0:
+            killed.append((rank, c))
+        elif c > 0:
+            failed.append((rank, c))
+    lines = [f"rank {r} was killed by {_signame(-c)}" for r, c in killed]
+    lines += [f"rank {r} is stopped (SIGSTOP or a debugger), so its peers timed out" for r in stopped]
+    causes = bool(lines)
+    lines += [f"rank {r} exited with status {c}" + (" after that" if causes else "") for r, c in failed]
+    lines.append(f"stopped the other ranks of this {len(procs)}-rank job")
+    code = 128 - killed[0][1] if killed else (failed[0][1] if failed else 1)
+    return lines, code
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
+            p.send_signal(signal.SIGCONT)   # a stopped rank only acts on SIGTERM once it runs
     end = time.monotonic() + 5
     for p in procs:
         try:

@@ -76,9 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def register(subparsers) -> argparse.ArgumentParser:
     """Add ``simulate`` to a ``commrt`` sub-command parser (single-process: no relaunch)."""
     p = subparsers.add_parser("simulate", help="all-reduce at scale under an α-β network model (plots)",
-                              description=__doc__.split("\n\n")[0])
+                              description=__doc__.split("\n\n")[0].replace("``", ""))
     add_arguments(p)
-    p.set_defaults(run=cmd_simulate, single_process=True)
+    p.set_defaults(run=cmd_simulate, single_process=True, parser=p)
     return p
 
 
@@ -303,7 +303,7 @@ def cmd_simulate(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="commrt simulate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="commrt simulate", description=__doc__.split("\n\n")[0].replace("``", ""))
     add_arguments(parser)
     args = parser.parse_args(argv)
     return cmd_simulate(args)

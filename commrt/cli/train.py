@@ -23,6 +23,9 @@ import commrt
 from commrt.algorithms import resolve
 
 TEST_FRACTION = 0.2
+#: digits samples in scikit-learn's copy, and how many of them are training data
+DIGITS_SAMPLES = 1797
+TRAIN_SAMPLES = DIGITS_SAMPLES - int(DIGITS_SAMPLES * TEST_FRACTION)
 
 
 @dataclass
@@ -56,28 +59,37 @@ def make_model(seed: int, hidden: int = 256) -> torch.nn.Module:
 
 
 class Progress:
-    """A one-line progress bar on a terminal, one line per epoch otherwise."""
+    """Progress for rank 0: a tqdm bar on a terminal, one plain line per epoch otherwise.
+
+    On a terminal the bar is one line, redrawn in place and cut to the
+    terminal's width (tqdm re-reads it on every redraw), so nothing wraps.
+    Piped output (mpiexec, a log file, CI) gets no carriage returns: just
+    the line of each finished epoch.
+    """
 
     def __init__(self, total: int, enabled: bool, stream=None):
-        self.total, self.enabled = total, enabled
         self.stream = stream or sys.stdout
-        self.tty = self.enabled and self.stream.isatty()
-        self.done = 0
+        self.enabled = enabled
+        self.bar = None
+        if enabled and self.stream.isatty():
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, file=self.stream, dynamic_ncols=True, leave=True, mininterval=0.2,
+                            unit="step", bar_format="{n_fmt}/{total_fmt} {bar} {desc}")
 
     def update(self, n: int, text: str, epoch_end: bool = False) -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        width = 24
-        filled = int(width * self.done / max(1, self.total))
-        line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} steps  {text}"
-        if self.tty:
-            self.stream.write("\r" + line.ljust(110))
-            if self.done >= self.total:
-                self.stream.write("\n")
-        elif epoch_end:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        if self.bar is not None:
+            self.bar.set_description_str(text, refresh=False)
+            self.bar.update(n)
+            if epoch_end:
+                self.bar.refresh()
+        elif self.enabled and epoch_end:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
 
 
 def _shard(n: int, epoch: int, seed: int, rank: int, world: int, global_batch: int):
@@ -155,6 +167,7 @@ def run(args) -> int:
             epoch_rate = steps * gb / max(time.perf_counter() - t_epoch, 1e-9)
             bar.update(0, f"epoch {epoch + 1}/{args.epochs} loss {sum(losses) / max(1, len(losses)):.3f} "
                           f"acc {acc:.3f} {epoch_rate:,.0f} samples/s batch {gb}", epoch_end=True)
+        bar.close()
         wall = time.perf_counter() - t_start
         stats = sync.stats
         trace_path = None
