@@ -62,7 +62,8 @@ class Progress:
     """Progress for rank 0: a tqdm bar on a terminal, one plain line per epoch otherwise.
 
     On a terminal the bar is one line, redrawn in place and cut to the
-    terminal's width (tqdm re-reads it on every redraw), so nothing wraps.
+    terminal's width (read again on every update, so resizing works), so
+    nothing wraps.
     Piped output (mpiexec, a log file, CI) gets no carriage returns: just
     the line of each finished epoch.
     """
@@ -73,11 +74,21 @@ class Progress:
         self.bar = None
         if enabled and self.stream.isatty():
             from tqdm import tqdm
-            self.bar = tqdm(total=total, file=self.stream, dynamic_ncols=True, leave=True, mininterval=0.2,
-                            unit="step", bar_format="{n_fmt}/{total_fmt} {bar} {desc}")
+            # the width is ours to read (see _columns): tqdm's dynamic_ncols hides the bar
+            # altogether on a terminal that reports 0 lines (script(1), some CI runners)
+            self.bar = tqdm(total=total, file=self.stream, ncols=self._columns() - 1, nrows=24, leave=True,
+                            mininterval=0.2, unit="step", bar_format="{n_fmt}/{total_fmt} {bar} {desc}")
+
+    def _columns(self) -> int:
+        try:
+            cols = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):
+            cols = 0
+        return cols if cols > 0 else 80
 
     def update(self, n: int, text: str, epoch_end: bool = False) -> None:
         if self.bar is not None:
+            self.bar.ncols = self._columns() - 1   # never the last column: some terminals wrap there
             self.bar.set_description_str(text, refresh=False)
             self.bar.update(n)
             if epoch_end:
