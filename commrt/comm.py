@@ -14,6 +14,7 @@ import enum
 import os
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Mapping
@@ -24,6 +25,8 @@ from commrt.errors import CommError, CommTimeoutError
 from commrt.transports.base import Transport
 
 DEFAULT_TIMEOUT_S = 300.0
+#: seconds an aborting rank waits for the launcher to forward its last output
+ABORT_GRACE_S = 0.5
 
 
 class Backend(enum.Enum):
@@ -247,12 +250,18 @@ class _AbortOnError:
         if not live:
             return
         comm = live[0]
-        print(f"commrt: rank {comm.rank}: uncaught {kind.__name__}; ending the whole job "
+        # the message is repeated in this one line: a launcher that kills the job may drop
+        # the tail of a long traceback, and this line is what names the failing peer
+        print(f"commrt: rank {comm.rank}: uncaught {kind.__name__}: {value}; ending the whole job "
               f"(commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0 to keep it running)",
               file=sys.stderr, flush=True)
         sys.stdout.flush()
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            # MPI_Abort makes mpiexec kill every rank at once, and hydra drops whatever output
+            # its proxy has not forwarded yet (seen on a loaded machine: the traceback cut in
+            # half): give the forwarder a moment first
+            time.sleep(ABORT_GRACE_S)
             mpi.COMM_WORLD.Abort(1)
         os._exit(1)
 

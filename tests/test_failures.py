@@ -60,7 +60,9 @@ t0 = time.monotonic()
 try:
     commrt.all_reduce(t, comm, op="sum")
 except commrt.CommError as e:
-    print(f"rank {comm.rank} raised after {time.monotonic() - t0:.3f} s: {e}", flush=True)
+    # one write per line: print() writes the text and the newline apart, and mpiexec may
+    # interleave the two ranks' output between them
+    sys.stdout.write(f"rank {comm.rank} raised after {time.monotonic() - t0:.3f} s: {e}\\n")
 """, env={"COMMRT_DEBUG": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if " raised after " in ln]
