@@ -41,6 +41,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -62,7 +63,13 @@ _MIN_BETA = 1e-13     # 10 TB/s: a floor so a noisy fit never gives zero or nega
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """Agreed α (s/message) and β (s/byte) of this communicator's transport."""
+    """Agreed α (s/message) and β (s/byte) of this communicator's transport.
+
+    One link class (``ranks_per_node == 1``): ``alpha_s``/``beta_s_per_byte``
+    describe every link. Ranks spanning nodes: they describe links inside
+    a node, ``inter_alpha_s``/``inter_beta_s_per_byte`` one NIC between
+    nodes, shared by ``ranks_per_node`` ranks over ``nics_per_node`` NICs.
+    """
 
     alpha_s: float
     beta_s_per_byte: float
@@ -72,10 +79,22 @@ class ProbeResult:
     backend: str
     world_size: int
     seconds: float                         # wall time the probe took on this rank
+    ranks_per_node: int = 1
+    inter_alpha_s: float | None = None
+    inter_beta_s_per_byte: float | None = None
+    inter_step_s: tuple[float, ...] = ()   # one message per node, per size
+    shared_step_s: float | None = None     # every rank off-node at once, sizes[-2]
+    nics_per_node: int = 1
+
+    @property
+    def two_tier(self) -> bool:
+        return self.inter_alpha_s is not None
 
     def network(self) -> Network:
-        """The flat :class:`~commrt.sim.Network` for the simulator and ``auto``."""
-        return Network.from_probe(self.alpha_s, self.beta_s_per_byte)
+        """The :class:`~commrt.sim.Network` for the simulator and ``auto`` (two classes if probed)."""
+        inter = (self.inter_alpha_s, self.inter_beta_s_per_byte) if self.two_tier else None
+        return Network.from_probe(self.alpha_s, self.beta_s_per_byte, inter=inter,
+                                  ranks_per_node=self.ranks_per_node, nics_per_node=self.nics_per_node)
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -92,22 +111,48 @@ class ProbeResult:
         return path
 
     def __str__(self) -> str:
-        return (f"probe ({self.backend}, {self.world_size} ranks, {self.seconds * 1e3:.0f} ms): "
-                f"α = {self.alpha_s * 1e6:.1f} µs, β = 1/({self.bandwidth_gbps:.2f} GB/s)")
+        head = f"probe ({self.backend}, {self.world_size} ranks, {self.seconds * 1e3:.0f} ms): "
+        link = f"α = {self.alpha_s * 1e6:.1f} µs, β = 1/({self.bandwidth_gbps:.2f} GB/s)"
+        if not self.two_tier:
+            return head + link
+        return (head + f"{self.ranks_per_node} ranks/node; inside a node {link}; between nodes "
+                f"α = {self.inter_alpha_s * 1e6:.1f} µs, β = 1/({1e-9 / self.inter_beta_s_per_byte:.3f} GB/s)"
+                f" per NIC, {self.nics_per_node} NIC(s)/node")
 
 
-def _shift_schedule(world_size: int, steps: int) -> Schedule:
-    """``steps`` ring-shift steps: send chunk 0 to r+1, add r−1's into chunk 1.
+def _shift_schedule(world_size: int, steps: int, nxt=None, ranks=None) -> Schedule:
+    """``steps`` ring-shift steps: send chunk 0 to ``nxt[r]``, add the one from its sender into chunk 1.
 
     Like a reduce-scatter step of the ring (receive into scratch, then
     add). Not an all-reduce: the executor runs it without asking.
+    ``nxt`` (default r+1) must be a permutation of ``ranks`` (default all).
     """
     p = world_size
+    ranks = tuple(range(p)) if ranks is None else tuple(ranks)
+    nxt = {r: (r + 1) % p for r in ranks} if nxt is None else nxt
+    prv = {nxt[r]: r for r in ranks}
     ops = []
-    for r in range(p):
-        ops += [Op(OpKind.SEND, r, (r + 1) % p, 0, 1), Op(OpKind.RECV_REDUCE, r, (r - 1) % p, 1, 2)]
+    for r in ranks:
+        ops += [Op(OpKind.SEND, r, nxt[r], 0, 1), Op(OpKind.RECV_REDUCE, r, prv[r], 1, 2)]
     step = Step.of(ops, "probe")
-    return Schedule("probe", Collective.ALL_REDUCE, p, tuple(range(p)), 2, Steps(steps, lambda i: step))
+    return Schedule("probe", Collective.ALL_REDUCE, p, ranks, 2, Steps(steps, lambda i: step))
+
+
+def _tier_schedules(p: int, per_node: int) -> dict:
+    """The ring shifts that measure each link class when ``per_node`` ranks share a node.
+
+    ``intra``: a shift around each node's own ranks (all nodes at once, as in
+    a torus row phase). ``inter``: local rank 0 of each node shifts to local
+    rank 0 of the next node (one message per node: the NIC alone).
+    ``shared``: every rank shifts to its counterpart on the next node (all
+    ranks of a node off-node at once, as in a torus column phase); its
+    slowdown against ``inter`` says how many NICs the ranks share.
+    """
+    L = per_node
+    intra = {r: r - r % L + (r % L + 1) % L for r in range(p)}
+    shared = {r: (r + L) % p for r in range(p)}
+    lead = tuple(range(0, p, L))
+    return {"intra": (intra, None), "inter": ({r: shared[r] for r in lead}, lead), "shared": (shared, None)}
 
 
 def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float:
@@ -131,13 +176,47 @@ def _fit(sizes, times) -> tuple[float, float]:
     return alpha, max(beta, _MIN_BETA)
 
 
+def _ranks_per_node(comm) -> int | None:
+    """L if every rank says L ranks share its node, in blocks (local rank = r mod L), 1 < L < p.
+
+    Agreed in one small exchange, so every rank probes the same way even if
+    the launcher's variables disagree (then: None, one link class).
+    """
+    from commrt.collectives import gather_rows
+    p = comm.world_size
+    rows = gather_rows(comm, [comm.local_size or 0, comm.local_rank])
+    L = int(rows[0][0])
+    if not 1 < L < p or p % L or any((int(a), int(b)) != (L, r % L) for r, (a, b) in enumerate(rows)):
+        return None
+    return L
+
+
+def _measure(comm, nxt, ranks, sizes, repeats, big_steps=4) -> list[float]:
+    """This rank's fastest step time per size for the shift ``nxt`` over ``ranks`` (0 if not in it)."""
+    out = []
+    for nb in sizes:
+        buf = torch.zeros(2 * max(1, nb // 4), dtype=torch.float32, device=comm.device)   # 2 chunks of nb
+        steps = 20 if nb <= 4096 else big_steps
+        out.append(_time_steps(comm, _shift_schedule(comm.world_size, steps, nxt, ranks), buf, repeats))
+    return out
+
+
+def _nics(per_node: int, alone_s: float, shared_s: float, alpha_s: float) -> int:
+    """NICs per node from how much slower a node's ranks go off-node together than one alone
+    (same message size): L ranks on one NIC take L times as long, on L NICs as long."""
+    slowdown = max(shared_s - alpha_s, 1e-12) / max(alone_s - alpha_s, 1e-12)
+    return int(min(per_node, max(1, round(per_node / max(slowdown, 1e-9)))))
+
+
 def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeResult:
     """Measure α and β on ``comm``'s transport and agree on them (collective; cached).
 
     Every rank must call it, in the same order relative to other
     collectives (``algorithm="auto"`` does so inside ``select``). The
     result is cached in ``comm.cache["commrt.probe"]``; ``force`` probes
-    again.
+    again. When the launcher says the ranks span nodes (``comm.local_size``
+    L with 1 < L < p, ranks in blocks of L), both link classes are
+    measured (module doc).
     """
     cached = comm.cache.get(CACHE_KEY)
     if cached is not None and not force:
@@ -147,25 +226,39 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
         raise ValueError(f"probe sizes must be increasing, at least two, from 4 bytes up; got {sizes}")
     t_start = time.perf_counter()
     p = comm.world_size
+    from commrt.collectives import gather_rows
     with comm.lock:
         if p == 1:
             res = ProbeResult(0.0, _MIN_BETA, sizes, tuple(0.0 for _ in sizes), ((0.0, _MIN_BETA),),
                               comm.backend.value, 1, 0.0)
             comm.cache[CACHE_KEY] = res
             return res
-        mine = []
-        for nb in sizes:
-            numel = 2 * max(1, nb // 4)          # two chunks of nb bytes
-            buf = torch.zeros(numel, dtype=torch.float32, device=comm.device)
-            steps = 20 if nb <= 4096 else 4
-            mine.append(_time_steps(comm, _shift_schedule(p, steps), buf, repeats))
-        alpha, beta = _fit(sizes, mine)
-        # Agree: everyone's numbers, exactly, on every rank.
-        from commrt.collectives import gather_rows
-        rows = gather_rows(comm, [alpha, beta, *mine])
-    res = ProbeResult(max(r[0] for r in rows), max(r[1] for r in rows), sizes,
-                      tuple(max(r[2 + i] for r in rows) for i in range(len(sizes))),
-                      tuple((r[0], r[1]) for r in rows), comm.backend.value, p,
-                      time.perf_counter() - t_start)
+        per_node = _ranks_per_node(comm)
+        if per_node is None:
+            mine = _measure(comm, None, None, sizes, repeats)
+            rows = gather_rows(comm, [*_fit(sizes, mine), *mine])
+        else:
+            tiers = _tier_schedules(p, per_node)
+            intra = _measure(comm, *tiers["intra"], sizes, repeats)
+            # Fewer and smaller messages between nodes: there the link is the slow one.
+            inter = _measure(comm, *tiers["inter"], sizes[1:], repeats, big_steps=2)
+            shared = _measure(comm, *tiers["shared"], sizes[:2], repeats, big_steps=2)
+            inter = [shared[0], *inter]
+            # Everyone's numbers, exactly, on every rank.
+            rows = gather_rows(comm, [*_fit(sizes, intra), *intra, *_fit(sizes, inter), *inter, shared[1]])
+    k = len(sizes)
+
+    def agreed(i):     # column i, largest over ranks: synchronous steps go at the slowest link's pace
+        return max(r[i] for r in rows)
+    res = ProbeResult(agreed(0), agreed(1), sizes, tuple(agreed(2 + i) for i in range(k)),
+                      tuple((r[0], r[1]) for r in rows), comm.backend.value, p, time.perf_counter() - t_start)
+    if per_node is not None:
+        j = 2 + k
+        inter_step = tuple(agreed(j + 2 + i) for i in range(k))
+        shared = agreed(j + 2 + k)
+        res = dataclasses.replace(res, ranks_per_node=per_node, inter_alpha_s=agreed(j),
+                                  inter_beta_s_per_byte=agreed(j + 1), inter_step_s=inter_step,
+                                  shared_step_s=shared,
+                                  nics_per_node=_nics(per_node, inter_step[-2], shared, agreed(j)))
     comm.cache[CACHE_KEY] = res
     return res

@@ -6,4 +6,30 @@ then run on CPU tensors.
 """
 import os
 
+import pytest
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def netns_cluster():
+    """Make namespace hosts (tests/netns.py): ``netns_cluster(hosts, rate="1gbit")``.
+
+    Skips the test with the reason where namespaces cannot be made (not
+    root, no ip/tc, creation refused); tears every cluster down afterwards,
+    also when the test failed.
+    """
+    from netns import Cluster, Unavailable
+    made = []
+
+    def make(hosts: int, rate: str | None = "1gbit") -> Cluster:
+        try:
+            c = Cluster(hosts, rate=rate)
+        except Unavailable as e:
+            pytest.skip(str(e))
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()

@@ -268,6 +268,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--ranks-per-host", type=int, default=2)
     ap.add_argument("--rate", default="1gbit", help="tbf rate of each host's link, or 'none'")
+    ap.add_argument("--burst", default="256kb", help="tbf bucket size (default 256kb)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command each rank runs")
     args = ap.parse_args(argv)
@@ -277,7 +278,7 @@ def main(argv=None) -> int:
     if cmd[0] == "python":
         cmd[0] = sys.executable
     rate = None if args.rate == "none" else args.rate
-    with Cluster(args.hosts, rate=rate) as c:
+    with Cluster(args.hosts, rate=rate, burst=args.burst) as c:
         results = c.launch(args.ranks_per_host, cmd, timeout=args.timeout, check=False)
     for r in results:
         if r.rank == 0 or r.returncode != 0:

@@ -14,8 +14,8 @@ What each rank reports:
   all-reduce (a counting wrapper around the transport), split into peers
   on its own host and on other hosts, the host of each rank coming from
   the harness (GROUP_RANK), not from the rank numbering;
-* GradientSync against DDP (fp32, 10 steps) with ring and the default
-  torus, and a digest of the final parameters (equal on every rank);
+* GradientSync against DDP (fp32, 10 steps) with ring, the default
+  torus and auto, and a digest of the final parameters (equal on every rank);
 * with timing sizes: every candidate's measured time (the slowest rank's,
   median of interleaved runs) and auto's choice with its predictions.
 """
@@ -112,7 +112,7 @@ def gradsync_vs_ddp(comm):
     finally:
         dist.destroy_process_group()
     out = {}
-    for alg in ("ring", "torus2d"):
+    for alg in ("ring", "torus2d", "auto"):
         model, nbuckets = train_commrt(comm, comm.rank, False, steps=GRADSYNC_STEPS, algorithm=alg)
         out[alg] = {"rel_err": rel_err(model, ddp), "buckets": nbuckets, "digest": digest(model)}
     return out

@@ -1,0 +1,84 @@
+"""commrt across hosts for real: ranks in network namespaces joined by 1 Gbit/s links.
+
+tests/netns.py builds the hosts (a bridge, one tbf-shaped veth per host;
+``netem`` is not available in this kernel, so links differ in bandwidth
+only) and starts 2 ranks per host with torchrun's variables over gloo;
+tests/workers/multihost_worker.py is each rank. Skipped with the reason
+where namespaces cannot be made (not root, no ip/tc).
+"""
+import json
+import os
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.netns
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "multihost_worker.py")
+RANKS_PER_HOST = 2
+GBIT_BYTES_PER_S = 1e9 / 8
+FP32_TOL = 1e-5          # GradientSync vs DDP, as in tests/test_gradsync.py
+TIMED_SIZES = (64 << 10, 16 << 20)
+
+
+def run(netns_cluster, hosts, tmp_path, timing=()):
+    cluster = netns_cluster(hosts, rate="1gbit")
+    cluster.launch(RANKS_PER_HOST, [sys.executable, WORKER, str(tmp_path), ",".join(map(str, timing))],
+                   timeout=300)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(hosts * RANKS_PER_HOST)]
+
+
+def off_host_formula(alg, rank, hosts, L, nbytes):
+    """Bytes a rank sends to other hosts in one all-reduce of ``nbytes``, ranks in blocks of L per host.
+
+    ring: only the last rank of a host has its successor elsewhere; it sends
+    all its 2(p-1) chunks of n/p there. torus2d with one row per host: the
+    rows stay inside a host; every rank sends its 2(hosts-1) column chunks
+    of n/p to other hosts.
+    """
+    p = hosts * L
+    if alg == "ring":
+        return 2 * (p - 1) * nbytes // p if rank % L == L - 1 else 0
+    return 2 * (hosts - 1) * nbytes // p
+
+
+@pytest.mark.parametrize("hosts", [2, 4])
+def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_path):
+    reports = run(netns_cluster, hosts, tmp_path, timing=TIMED_SIZES if hosts == 4 else ())
+    p, L = hosts * RANKS_PER_HOST, RANKS_PER_HOST
+    for r in reports:
+        # commrt.init took node-local rank and size from the launch; the default torus is a row per host
+        assert (r["world_size"], r["backend"], r["local_size"], r["local_rank"]) == (p, "gloo", L, r["rank"] % L)
+        assert r["hosts"] == [q // L for q in range(p)] and r["host"] == r["rank"] // L
+        assert r["torus_shape"] == [hosts, L] and r["torus_schedule"] == 2 * (hosts - 1) + 2 * (L - 1)
+        # ring, halving_doubling, torus2d and auto equal the float64 reference (1, 1000, 100 003 floats)
+        assert r["failures"] == []
+        # GradientSync = DDP after 10 fp32 steps, and the same parameters on every rank
+        for alg, g in r["gradsync"].items():
+            assert g["rel_err"] <= FP32_TOL and g["buckets"] >= 3, (alg, g)
+            assert g["digest"] == reports[0]["gradsync"][alg]["digest"], alg
+        # bytes to other hosts, counted per peer by the transport wrapper, match the formulas
+        n = r["numel"] * 4
+        for alg in ("ring", "torus2d"):
+            assert r["bytes"][alg]["off_host"] == off_host_formula(alg, r["rank"], hosts, L, n), (alg, r)
+            assert sum(r["bytes"][alg].values()) == 2 * (p - 1) * n // p      # same total as the ring
+    total = {alg: sum(r["bytes"][alg]["off_host"] for r in reports) for alg in ("ring", "torus2d")}
+    assert total["torus2d"] == 2 * (hosts - 1) * n < total["ring"] == hosts * 2 * (p - 1) * n // p
+    # per host: the torus's L ranks share 2(hosts-1)/hosts·n, the ring's one rank sends 2(p-1)/p·n
+    assert max(r["bytes"]["torus2d"]["off_host"] for r in reports) * L < 2 * (p - 1) * n // p
+
+    # the probe found both link classes: 1 Gbit/s between hosts (one NIC each), faster inside a host
+    pr = reports[0]["probe"]
+    assert (pr["ranks_per_node"], pr["nics_per_node"]) == (L, 1), pr
+    inter_bw = 1 / pr["inter_beta_s_per_byte"]
+    assert 0.3 * GBIT_BYTES_PER_S < inter_bw < 1.1 * GBIT_BYTES_PER_S, pr
+    assert pr["inter_beta_s_per_byte"] > pr["beta_s_per_byte"], pr
+    def agreed(probe):                                  # all but this rank's own wall time
+        return {k: v for k, v in probe.items() if k != "seconds"}
+    assert all(agreed(r["probe"]) == agreed(pr) for r in reports)   # every rank prices alike
+
+    # auto's choice on the two-tier network is the fastest measured candidate, or within 10% of it
+    for size, t in (reports[0]["timing"] or {}).items():
+        best = min(t["measured"].values())
+        assert t["measured"][t["choice"]] <= 1.1 * best, (size, t)
+        assert all(r["timing"][size]["choice"] == t["choice"] for r in reports)
