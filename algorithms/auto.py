@@ -4,8 +4,9 @@ Candidates: :class:`~commrt.algorithms.Ring`,
 :class:`~commrt.algorithms.HalvingDoubling` and
 :class:`~commrt.algorithms.Torus2D` on every grid ``rows × cols = p`` with
 both sides at least 2. Each is priced with :func:`commrt.sim.estimate`: the
-α-β closed form when one link class carries every message (always so for a
-probed network), else a replay of its real schedule in the simulator
+α-β closed form when one link class carries every message (so for a probe
+of ranks on one node), else a replay of its real schedule in the simulator
+(so for a probe of ranks spanning nodes: both link classes, NIC sharing)
 (skipping candidates whose lower bound already loses, see
 :func:`commrt.sim.price_all`); the cheapest wins (ties go to the earlier
 candidate in that order).

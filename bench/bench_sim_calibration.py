@@ -1,20 +1,27 @@
 """Calibration: the simulator's prediction against measured all-reduce on this machine.
 
-Run on 2 and 4 ranks over the mpi transport::
+Run on 2 and 4 ranks over the mpi transport, or over gloo on hosts made of
+network namespaces (tests/netns.py: 4 hosts × 2 ranks, 1 Gbit/s links;
+needs root)::
 
     mpiexec -n 2 python bench/bench_sim_calibration.py
     mpiexec -n 4 python bench/bench_sim_calibration.py --json calib_p4.json
+    python tests/netns.py --hosts 4 --ranks-per-host 2 --rate 1gbit -- \
+        python bench/bench_sim_calibration.py --sizes 16M,64M --iters 1 \
+        --algorithms ring,torus2d,halving_doubling,auto
 
 Each run probes α and β with :func:`commrt.probe.probe` (the same probe
-``algorithm="auto"`` uses), then for ring, torus2d (its default grid) and
-halving-doubling at a few sizes measures ``commrt.all_reduce`` (median of
-``--repeats`` barrier-aligned runs, fixed iteration counts on every rank,
-as in ``commrt bench allreduce``) and predicts it with
-:func:`commrt.sim.simulate` of the very schedule that ran, on
-``Network.from_probe(α, β)``. Error = (predicted − measured) / measured.
-Rank 0 prints the table. With more ranks than cores the machine is
-oversubscribed: ranks wait for a core as well as for messages, which a
-per-message α and a per-byte β describe only on average.
+``algorithm="auto"`` uses; both link classes when the ranks span hosts),
+then for each algorithm (torus2d: its default grid, one row per host when
+the launcher says how many ranks share a host) at a few sizes measures
+``commrt.all_reduce`` (median of ``--repeats`` barrier-aligned runs, fixed
+iteration counts on every rank, as in ``commrt bench allreduce``) and
+predicts it with :func:`commrt.sim.simulate` of the very schedule that ran,
+on ``probe(comm).network()``. Error = (predicted − measured) / measured.
+The engine's own all-reduce (MPI_Allreduce, gloo's allreduce) is timed
+beside them. Rank 0 prints the table. With more ranks than cores the
+machine is oversubscribed: ranks wait for a core as well as for messages,
+which a per-message α and a per-byte β describe only on average.
 
 It is a script, not a pytest module (no test functions): the ranks must run
 the same collectives in the same order.
@@ -30,7 +37,7 @@ import torch
 
 import commrt
 from commrt import sim
-from commrt.algorithms import resolve
+from commrt.algorithms import Torus2D, resolve
 from commrt.cli.bench import iterations_for, time_calls
 from commrt.probe import probe
 
@@ -43,36 +50,52 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated (default {DEFAULT_SIZES})")
     ap.add_argument("--algorithms", default=DEFAULT_ALGORITHMS)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=None, help="calls per timed run (default by size)")
+    ap.add_argument("--backend", default="auto",
+                    help="auto (mpi under mpiexec, gloo under torchrun), mpi or gloo")
     ap.add_argument("--json", default=None, help="also write the rows to this file (rank 0)")
     ap.add_argument("--probe-file", default=None, help="write the probe result here (for commrt simulate --network)")
     args = ap.parse_args(argv)
     from commrt.cli.units import parse_size
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
-    comm = commrt.init("mpi", timeout=120)
+    comm = commrt.init(args.backend, timeout=300)
     p = comm.world_size
     pr = probe(comm, repeats=args.repeats)
     net = pr.network()
     say = print if comm.rank == 0 else (lambda *a, **k: None)
     cores = os.cpu_count()
-    say(f"# calibration · mpi · {p} ranks on {cores} cores{' (oversubscribed)' if p > (cores or p) else ''}")
+    native_name = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce",
+                   "nccl": "ncclAllReduce"}[comm.backend.value]
+    say(f"# calibration · {comm.backend} · {p} ranks on {cores} cores"
+        f"{' (oversubscribed)' if p > (cores or p) else ''}")
+    say(f"# network: {net.describe()}")
     say(f"# {pr}")
     say("#   probe step times: " + ", ".join(f"{s} B: {t * 1e6:.1f} µs" for s, t in zip(pr.sizes, pr.step_s)))
+    if pr.two_tier:
+        say("#   between hosts, one rank per host: " + ", ".join(
+            f"{sz} B: {t * 1e6:.1f} µs" for sz, t in zip(pr.sizes, pr.inter_step_s))
+            + f"; every rank at once, {pr.sizes[-2]} B: {pr.shared_step_s * 1e6:.1f} µs")
     say("#   per rank (α µs, GB/s): " + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank))
-    say(f"{'size':>8} {'algorithm':<22} {'measured':>12} {'predicted':>12} {'error':>8} {'MPI_Allreduce':>14}")
+    say(f"{'size':>8} {'algorithm':<22} {'measured':>12} {'predicted':>12} {'error':>8} "
+        f"{native_name:>14}")
     rows = []
     for nbytes in sizes:
         x = torch.ones(nbytes // 4)
-        iters = iterations_for(nbytes)
+        iters = args.iters or iterations_for(nbytes)
         native = time_calls(comm, lambda: comm.transport.native_all_reduce(x, "sum"), iters, args.repeats)
         for name in args.algorithms.split(","):
             alg = resolve(name)
             sched = alg.select(p, nbytes, comm)
+            shown = sched.name
+            if isinstance(alg, Torus2D):
+                shown = "torus2d({}x{})".format(*alg.shape(p, comm.local_size))
             t = time_calls(comm, lambda: commrt.all_reduce(x, comm, algorithm=alg, op="sum"), iters, args.repeats)
             pred = sim.simulate(sched, nbytes=nbytes, network=net).time_s
             err = (pred - t) / t
-            rows.append(dict(world_size=p, nbytes=nbytes, algorithm=sched.name, steps=sched.num_steps,
-                             measured_s=t, predicted_s=pred, error=err, mpi_allreduce_s=native))
-            say(f"{nbytes >> 10:>7}K {sched.name:<22} {t * 1e6:10.1f}µs {pred * 1e6:10.1f}µs {err * 100:+7.1f}% "
+            rows.append(dict(world_size=p, nbytes=nbytes, algorithm=shown, steps=sched.num_steps,
+                             measured_s=t, predicted_s=pred, error=err, native_s=native))
+            say(f"{nbytes >> 10:>7}K {shown:<22} {t * 1e6:10.1f}µs {pred * 1e6:10.1f}µs "
+                f"{err * 100:+7.1f}% "
                 f"{native * 1e6:12.1f}µs", flush=True)
     if comm.rank == 0:
         mean_abs = sum(abs(r["error"]) for r in rows) / len(rows)

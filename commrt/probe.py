@@ -20,13 +20,35 @@ Fit: α = the 8 B step time; β = the least-squares slope of (time − α)
 against bytes over the larger sizes. 4 MiB is the default ``piece_bytes``,
 so β is measured on full-size pieces, the way big buckets send them.
 
+Ranks on several nodes
+----------------------
+When the launcher says L ranks share each node (``comm.local_size``,
+1 < L < p, ranks in blocks, agreed across ranks in one small exchange),
+the probe measures the two link classes of :class:`~commrt.sim.Network`
+with three shifts (:func:`_tier_schedules`):
+
+* *intra*: around each node's own ranks, all nodes at once (8 B, 1 MiB,
+  4 MiB) → α, β inside a node;
+* *inter α*: every rank to its counterpart on the next node, 8 B: the
+  per-message cost with every rank busy, as in a collective step;
+* *inter β*: local rank 0 of each node alone to the next node's (1 MiB,
+  4 MiB, 2 steps a run: these are the slow messages) → one NIC's β;
+* *shared*: every rank to the next node at 1 MiB: L ranks behind one NIC
+  take L times as long as one alone, behind L NICs as long, which gives
+  ``nics_per_node``.
+
+:meth:`ProbeResult.network` is then a two-class network with
+``ranks_per_node`` = L, and ``auto`` replays each candidate's schedule on
+it. On 4 namespace hosts × 2 ranks with 1 Gbit/s links (tests/netns.py) it
+finds about 0.12 GB/s per NIC, one NIC per node, in about 2 s.
+
 Agreement: ranks must choose the same algorithm, so every rank's (α, β)
 goes to everyone in one ring all-reduce of a small float64 buffer of p
 rows (α, β, step times), each rank filling its own row and zeros elsewhere
 (so the sum is exact and bit-identical everywhere), and all use the **largest** α and the largest β
 (synchronous steps go at the pace of the slowest link).
 
-Cost: with the default ``repeats=5``, 6 runs (1 warm-up) of 20 steps of
+Cost (one node): with the default ``repeats=5``, 6 runs (1 warm-up) of 20 steps of
 8 B, 4 of 1 MiB and 4 of 4 MiB: 168 messages and 60 MiB sent per rank, 15
 barriers, and one small all-reduce: about 0.1 s with 2 ranks and 0.3 s
 with 4 ranks on this 2-core machine (oversubscribed, so every step
@@ -91,10 +113,12 @@ class ProbeResult:
         return self.inter_alpha_s is not None
 
     def network(self) -> Network:
-        """The :class:`~commrt.sim.Network` for the simulator and ``auto`` (two classes if probed)."""
+        """The :class:`~commrt.sim.Network` for the simulator and ``auto`` (two classes if
+        probed)."""
         inter = (self.inter_alpha_s, self.inter_beta_s_per_byte) if self.two_tier else None
         return Network.from_probe(self.alpha_s, self.beta_s_per_byte, inter=inter,
-                                  ranks_per_node=self.ranks_per_node, nics_per_node=self.nics_per_node)
+                                  ranks_per_node=self.ranks_per_node,
+                                  nics_per_node=self.nics_per_node)
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -115,13 +139,14 @@ class ProbeResult:
         link = f"α = {self.alpha_s * 1e6:.1f} µs, β = 1/({self.bandwidth_gbps:.2f} GB/s)"
         if not self.two_tier:
             return head + link
+        inter_gbps = 1e-9 / self.inter_beta_s_per_byte
         return (head + f"{self.ranks_per_node} ranks/node; inside a node {link}; between nodes "
-                f"α = {self.inter_alpha_s * 1e6:.1f} µs, β = 1/({1e-9 / self.inter_beta_s_per_byte:.3f} GB/s)"
-                f" per NIC, {self.nics_per_node} NIC(s)/node")
+                f"α = {self.inter_alpha_s * 1e6:.1f} µs, β = 1/({inter_gbps:.3f} GB/s) per NIC, "
+                f"{self.nics_per_node} NIC(s)/node")
 
 
 def _shift_schedule(world_size: int, steps: int, nxt=None, ranks=None) -> Schedule:
-    """``steps`` ring-shift steps: send chunk 0 to ``nxt[r]``, add the one from its sender into chunk 1.
+    """``steps`` ring-shift steps: send chunk 0 to ``nxt[r]``, add its sender's into chunk 1.
 
     Like a reduce-scatter step of the ring (receive into scratch, then
     add). Not an all-reduce: the executor runs it without asking.
@@ -152,7 +177,8 @@ def _tier_schedules(p: int, per_node: int) -> dict:
     intra = {r: r - r % L + (r % L + 1) % L for r in range(p)}
     shared = {r: (r + L) % p for r in range(p)}
     lead = tuple(range(0, p, L))
-    return {"intra": (intra, None), "inter": ({r: shared[r] for r in lead}, lead), "shared": (shared, None)}
+    return {"intra": (intra, None), "inter": ({r: shared[r] for r in lead}, lead),
+            "shared": (shared, None)}
 
 
 def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float:
@@ -186,18 +212,21 @@ def _ranks_per_node(comm) -> int | None:
     p = comm.world_size
     rows = gather_rows(comm, [comm.local_size or 0, comm.local_rank])
     L = int(rows[0][0])
-    if not 1 < L < p or p % L or any((int(a), int(b)) != (L, r % L) for r, (a, b) in enumerate(rows)):
+    blocks = all((int(a), int(b)) == (L, r % L) for r, (a, b) in enumerate(rows))
+    if not 1 < L < p or p % L or not blocks:
         return None
     return L
 
 
 def _measure(comm, nxt, ranks, sizes, repeats, big_steps=4) -> list[float]:
-    """This rank's fastest step time per size for the shift ``nxt`` over ``ranks`` (0 if not in it)."""
+    """This rank's fastest step time per size for the shift ``nxt`` over ``ranks`` (0 if not
+    in it)."""
     out = []
     for nb in sizes:
-        buf = torch.zeros(2 * max(1, nb // 4), dtype=torch.float32, device=comm.device)   # 2 chunks of nb
-        steps = 20 if nb <= 4096 else big_steps
-        out.append(_time_steps(comm, _shift_schedule(comm.world_size, steps, nxt, ranks), buf, repeats))
+        # two chunks of nb bytes: one goes out, the other takes the incoming sum
+        buf = torch.zeros(2 * max(1, nb // 4), dtype=torch.float32, device=comm.device)
+        sched = _shift_schedule(comm.world_size, 20 if nb <= 4096 else big_steps, nxt, ranks)
+        out.append(_time_steps(comm, sched, buf, repeats))
     return out
 
 
@@ -245,13 +274,15 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
             shared = _measure(comm, *tiers["shared"], sizes[:2], repeats, big_steps=2)
             inter = [shared[0], *inter]
             # Everyone's numbers, exactly, on every rank.
-            rows = gather_rows(comm, [*_fit(sizes, intra), *intra, *_fit(sizes, inter), *inter, shared[1]])
+            rows = gather_rows(comm, [*_fit(sizes, intra), *intra, *_fit(sizes, inter), *inter,
+                                      shared[1]])
     k = len(sizes)
 
-    def agreed(i):     # column i, largest over ranks: synchronous steps go at the slowest link's pace
+    def agreed(i):     # column i, largest over ranks: synchronous steps go at the slowest pace
         return max(r[i] for r in rows)
     res = ProbeResult(agreed(0), agreed(1), sizes, tuple(agreed(2 + i) for i in range(k)),
-                      tuple((r[0], r[1]) for r in rows), comm.backend.value, p, time.perf_counter() - t_start)
+                      tuple((r[0], r[1]) for r in rows), comm.backend.value, p,
+                      time.perf_counter() - t_start)
     if per_node is not None:
         j = 2 + k
         inter_step = tuple(agreed(j + 2 + i) for i in range(k))

@@ -156,8 +156,8 @@ class Network:
     its own NIC: a flat network with one link class.
 
     Presets: :meth:`h100_nvlink_ib` (published figures, sources in its
-    docstring) and :meth:`from_probe` (one class, measured here by
-    :mod:`commrt.probe`).
+    docstring) and :meth:`from_probe` (measured here by :mod:`commrt.probe`:
+    one class, or both when the ranks span nodes).
     """
 
     intra: Link
@@ -184,13 +184,15 @@ class Network:
         return cls(link, link, 1, 1, name)
 
     @classmethod
-    def from_probe(cls, alpha_s: float, beta_s_per_byte: float, inter: tuple[float, float] | None = None,
-                   ranks_per_node: int = 1, nics_per_node: int = 1) -> "Network":
+    def from_probe(cls, alpha_s: float, beta_s_per_byte: float,
+                   inter: tuple[float, float] | None = None, ranks_per_node: int = 1,
+                   nics_per_node: int = 1) -> "Network":
         """The network :mod:`commrt.probe` measured: one class, or with ``inter`` = (α, β)
         between nodes of ``ranks_per_node`` ranks sharing ``nics_per_node`` NICs."""
         if inter is None:
             return cls.flat(alpha_s, beta_s_per_byte, name="probe")
-        return cls(Link(alpha_s, beta_s_per_byte), Link(*inter), ranks_per_node, nics_per_node, "probe")
+        return cls(Link(alpha_s, beta_s_per_byte), Link(*inter), ranks_per_node, nics_per_node,
+                   "probe")
 
     @classmethod
     def h100_nvlink_ib(cls, ranks_per_node: int = 8, nics_per_node: int = 8) -> "Network":
@@ -249,7 +251,8 @@ class Network:
                        d.get("nics_per_node", 1), d.get("name", "custom"))
         if "alpha_s" in d and "beta_s_per_byte" in d:
             inter = d.get("inter_alpha_s"), d.get("inter_beta_s_per_byte")
-            return cls.from_probe(d["alpha_s"], d["beta_s_per_byte"], None if None in inter else inter,
+            return cls.from_probe(d["alpha_s"], d["beta_s_per_byte"],
+                                  None if None in inter else inter,
                                   d.get("ranks_per_node", 1), d.get("nics_per_node", 1))
         raise ValueError("a network file needs either intra/inter links (Network.to_dict()) "
                          "or alpha_s and beta_s_per_byte (a probe result)")

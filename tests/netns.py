@@ -107,7 +107,8 @@ def remove_stale() -> list[str]:
     """Delete namespaces this module made in processes that no longer exist (a killed run)."""
     removed = []
     try:
-        names = [line.split()[0] for line in _ip("ip", "netns", "list").splitlines() if line.strip()]
+        listed = _ip("ip", "netns", "list").splitlines()
+        names = [line.split()[0] for line in listed if line.strip()]
     except (RuntimeError, OSError, subprocess.TimeoutExpired):
         return removed
     for name in names:
@@ -166,7 +167,8 @@ class Cluster:
             self._made.append(ns)
             port = f"p{h}"
             # Both ends are born inside our namespaces: nothing appears in the caller's.
-            _ip("ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", IFNAME, "netns", ns)
+            _ip("ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", IFNAME,
+                "netns", ns)
             _ip("ip", "-n", sw, "link", "set", port, "master", "br0")
             _ip("ip", "-n", sw, "link", "set", port, "up")
             _ip("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", IFNAME)
@@ -204,8 +206,9 @@ class Cluster:
                     e = dict(os.environ, **(env or {}), **self.env(rank, h, lr, ranks_per_host))
                     out = open(os.path.join(logs, f"{rank}.out"), "w+")
                     err = open(os.path.join(logs, f"{rank}.err"), "w+")
-                    p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=e, stdout=out, stderr=err,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                    p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=e, stdout=out,
+                                         stderr=err, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
                     self._procs.append(p)
                     runs.append((rank, h, p, out, err))
             deadline = time.monotonic() + timeout
@@ -229,10 +232,11 @@ class Cluster:
         if check and any(r.returncode != 0 for r in results):
             timed_out = time.monotonic() >= deadline
             bad = [r for r in results if r.returncode != 0]
-            text = "\n".join(f"--- rank {r.rank} (host {r.host}) exit {r.returncode}\n{r.stdout[-2000:]}\n"
-                             f"{r.stderr[-3000:]}" for r in bad[:3])
-            raise AssertionError(f"{len(bad)} of {len(results)} ranks failed"
-                                 f"{f' (killed after {timeout} s)' if timed_out else ''}: {argv}\n{text}")
+            text = "\n".join(f"--- rank {r.rank} (host {r.host}) exit {r.returncode}\n"
+                             f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}" for r in bad[:3])
+            killed = f" (killed after {timeout} s)" if timed_out else ""
+            raise AssertionError(f"{len(bad)} of {len(results)} ranks failed{killed}: {argv}\n"
+                                 f"{text}")
         return results
 
     def _kill(self) -> None:
@@ -247,7 +251,7 @@ class Cluster:
         self._procs = [p for p in self._procs if p.poll() is None]
 
     def close(self) -> None:
-        """Kill our ranks still running and delete our namespaces (and so their links). Idempotent."""
+        """Kill our ranks still running, delete our namespaces (and so their links). Idempotent."""
         self._kill()
         for ns in reversed(self._made):
             try:
@@ -264,7 +268,7 @@ class Cluster:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Run a command as ranks on namespace hosts (needs root).")
+    ap = argparse.ArgumentParser(description="Run a command as ranks on namespace hosts (root).")
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--ranks-per-host", type=int, default=2)
     ap.add_argument("--rate", default="1gbit", help="tbf rate of each host's link, or 'none'")

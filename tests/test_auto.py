@@ -114,3 +114,36 @@ def test_auto_all_reduce_matches_mpi_and_all_ranks_agree(tmp_path):
         assert name == f"auto:{label}" and cands[0][0] == label
     # the choice names the trace spans
     assert ranks[0]["spans"] and all(s.startswith("commrt/auto:") for s in ranks[0]["spans"])
+
+
+def test_tier_shifts_measure_each_link_class():
+    from commrt.probe import _shift_schedule, _tier_schedules
+    p, L = 8, 2
+    tiers = _tier_schedules(p, L)
+    intra, _ = tiers["intra"]
+    assert all(intra[r] // L == r // L and intra[r] != r for r in range(p))      # stays on its node
+    shared, _ = tiers["shared"]
+    assert all(shared[r] // L == (r // L + 1) % (p // L) for r in range(p))   # all to the next node
+    inter, lead = tiers["inter"]
+    assert lead == (0, 2, 4, 6) and inter == {0: 2, 2: 4, 4: 6, 6: 0}        # one per node, alone
+    s = _shift_schedule(p, 3, inter, lead)
+    assert s.ranks == lead and s.num_steps == 3
+    assert {(o.rank, o.peer) for o in s.steps[0].ops if o.kind.name == "SEND"} == set(inter.items())
+
+
+def test_probe_network_with_two_tiers_and_nic_sharing():
+    from commrt.probe import ProbeResult, _nics
+    # two ranks behind one NIC take twice as long as one alone; behind two NICs, as long
+    assert _nics(2, alone_s=8.5e-3, shared_s=16.9e-3, alpha_s=1e-4) == 1
+    assert _nics(2, alone_s=8.5e-3, shared_s=8.7e-3, alpha_s=1e-4) == 2
+    assert _nics(8, alone_s=1e-3, shared_s=2e-3, alpha_s=0.0) == 4
+    r = ProbeResult(1e-4, 1 / 1e9, (8, 1 << 20), (1e-4, 1e-3), ((1e-4, 1e-9),), "gloo", 8, 1.0,
+                    ranks_per_node=2, inter_alpha_s=5e-4, inter_beta_s_per_byte=8e-9,
+                    nics_per_node=1)
+    net = r.network()
+    assert (net.ranks_per_node, net.nics_per_node) == (2, 1)
+    assert net.intra == sim.Link(1e-4, 1e-9) and net.inter == sim.Link(5e-4, 8e-9)
+    assert sim.Network.from_dict(r.to_dict()) == net              # a saved probe file loads as is
+    assert "between nodes" in str(r)
+    # on it, auto keeps the heavy bytes inside nodes for big buffers: one row per node
+    assert Auto(network=net).choose(8, 16 << 20).label == "torus2d(4x2)"

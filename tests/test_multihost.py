@@ -23,13 +23,14 @@ TIMED_SIZES = (64 << 10, 16 << 20)
 
 def run(netns_cluster, hosts, tmp_path, timing=()):
     cluster = netns_cluster(hosts, rate="1gbit")
-    cluster.launch(RANKS_PER_HOST, [sys.executable, WORKER, str(tmp_path), ",".join(map(str, timing))],
-                   timeout=300)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(hosts * RANKS_PER_HOST)]
+    argv = [sys.executable, WORKER, str(tmp_path), ",".join(map(str, timing))]
+    cluster.launch(RANKS_PER_HOST, argv, timeout=300)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text())
+            for r in range(hosts * RANKS_PER_HOST)]
 
 
 def off_host_formula(alg, rank, hosts, L, nbytes):
-    """Bytes a rank sends to other hosts in one all-reduce of ``nbytes``, ranks in blocks of L per host.
+    """Bytes a rank sends to other hosts in one all-reduce of ``nbytes`` (blocks of L per host).
 
     ring: only the last rank of a host has its successor elsewhere; it sends
     all its 2(p-1) chunks of n/p there. torus2d with one row per host: the
@@ -47,11 +48,13 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
     reports = run(netns_cluster, hosts, tmp_path, timing=TIMED_SIZES if hosts == 4 else ())
     p, L = hosts * RANKS_PER_HOST, RANKS_PER_HOST
     for r in reports:
-        # commrt.init took node-local rank and size from the launch; the default torus is a row per host
-        assert (r["world_size"], r["backend"], r["local_size"], r["local_rank"]) == (p, "gloo", L, r["rank"] % L)
+        # commrt.init took node-local rank and size from the launch; default torus: a row per host
+        launch = (r["world_size"], r["backend"], r["local_size"], r["local_rank"])
+        assert launch == (p, "gloo", L, r["rank"] % L)
         assert r["hosts"] == [q // L for q in range(p)] and r["host"] == r["rank"] // L
-        assert r["torus_shape"] == [hosts, L] and r["torus_schedule"] == 2 * (hosts - 1) + 2 * (L - 1)
-        # ring, halving_doubling, torus2d and auto equal the float64 reference (1, 1000, 100 003 floats)
+        assert r["torus_shape"] == [hosts, L]
+        assert r["torus_schedule"] == 2 * (hosts - 1) + 2 * (L - 1)        # steps
+        # ring, halving_doubling, torus2d and auto equal the float64 reference (1 to 100 003 floats)
         assert r["failures"] == []
         # GradientSync = DDP after 10 fp32 steps, and the same parameters on every rank
         for alg, g in r["gradsync"].items():
@@ -60,8 +63,9 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
         # bytes to other hosts, counted per peer by the transport wrapper, match the formulas
         n = r["numel"] * 4
         for alg in ("ring", "torus2d"):
-            assert r["bytes"][alg]["off_host"] == off_host_formula(alg, r["rank"], hosts, L, n), (alg, r)
-            assert sum(r["bytes"][alg].values()) == 2 * (p - 1) * n // p      # same total as the ring
+            want = off_host_formula(alg, r["rank"], hosts, L, n)
+            assert r["bytes"][alg]["off_host"] == want, (alg, r)
+            assert sum(r["bytes"][alg].values()) == 2 * (p - 1) * n // p    # same total as the ring
     total = {alg: sum(r["bytes"][alg]["off_host"] for r in reports) for alg in ("ring", "torus2d")}
     assert total["torus2d"] == 2 * (hosts - 1) * n < total["ring"] == hosts * 2 * (p - 1) * n // p
     # per host: the torus's L ranks share 2(hosts-1)/hosts·n, the ring's one rank sends 2(p-1)/p·n

@@ -42,7 +42,8 @@ def fresh(branch=False, seed=7):
 
 
 def rel_err(m1, m2):
-    return max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(m1.parameters(), m2.parameters()))
+    return max(((a - b).abs().max() / b.abs().max()).item()
+               for a, b in zip(m1.parameters(), m2.parameters()))
 
 
 def train_ddp(rank, accumulate, steps=STEPS):

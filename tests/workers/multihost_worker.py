@@ -119,7 +119,8 @@ def gradsync_vs_ddp(comm):
 
 
 def time_candidates(comm, nbytes, repeats):
-    """Every candidate's time (slowest rank, median of ``repeats`` interleaved runs) and auto's choice."""
+    """Every candidate's time (slowest rank, median of ``repeats`` interleaved runs), auto's
+    choice and its predictions."""
     algs = candidates(comm.world_size)
     x = torch.ones(nbytes // 4)
     for a in algs:                                  # warm-up: plans, scratch, connections
@@ -133,7 +134,8 @@ def time_candidates(comm, nbytes, repeats):
             mine[i].append(time.perf_counter() - t0)
     rows = gather_rows(comm, [t for ts in mine for t in ts])
     slowest = [max(r[k] for r in rows) for k in range(len(algs) * repeats)]
-    measured = {label(a): statistics.median(slowest[i * repeats:(i + 1) * repeats]) for i, a in enumerate(algs)}
+    measured = {label(a): statistics.median(slowest[i * repeats:(i + 1) * repeats])
+                for i, a in enumerate(algs)}
     choice = Auto().choose(comm.world_size, nbytes, comm)
     return {"measured": measured, "choice": choice.label, "predicted": dict(choice.candidates)}
 
@@ -155,7 +157,8 @@ def main(out_dir, timing_sizes):
     pr = probe(comm)
     report["probe"] = pr.to_dict()
     report["network"] = pr.network().describe()
-    report["timing"] = {str(n): time_candidates(comm, n, 5 if n <= 1 << 20 else 3) for n in timing_sizes}
+    report["timing"] = {str(n): time_candidates(comm, n, 5 if n <= 1 << 20 else 3)
+                        for n in timing_sizes}
     comm.close()
     with open(os.path.join(out_dir, f"rank{report['rank']}.json"), "w") as f:
         json.dump(report, f, indent=1)
