@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     if pr.two_tier:
         say("#   between hosts, one rank per host: " + ", ".join(
             f"{sz} B: {t * 1e6:.1f} µs" for sz, t in zip(pr.sizes, pr.inter_step_s))
-            + f"; every rank at once, {pr.sizes[-2]} B: {pr.shared_step_s * 1e6:.1f} µs")
+            + f"; every rank at once, {pr.sizes[-1]} B: {pr.shared_step_s * 1e6:.1f} µs")
     say("#   per rank (α µs, GB/s): " + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank))
     say(f"{'size':>8} {'algorithm':<22} {'measured':>12} {'predicted':>12} {'error':>8} "
         f"{native_name:>14}")

@@ -33,7 +33,7 @@ with three shifts (:func:`_tier_schedules`):
   per-message cost with every rank busy, as in a collective step;
 * *inter β*: local rank 0 of each node alone to the next node's (1 MiB,
   4 MiB, 2 steps a run: these are the slow messages) → one NIC's β;
-* *shared*: every rank to the next node at 1 MiB: L ranks behind one NIC
+* *shared*: every rank to the next node at 4 MiB: L ranks behind one NIC
   take L times as long as one alone, behind L NICs as long, which gives
   ``nics_per_node``.
 
@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -105,7 +106,7 @@ class ProbeResult:
     inter_alpha_s: float | None = None
     inter_beta_s_per_byte: float | None = None
     inter_step_s: tuple[float, ...] = ()   # one message per node, per size
-    shared_step_s: float | None = None     # every rank off-node at once, sizes[-2]
+    shared_step_s: float | None = None     # every rank off-node at once, largest size
     nics_per_node: int = 1
 
     @property
@@ -234,7 +235,9 @@ def _nics(per_node: int, alone_s: float, shared_s: float, alpha_s: float) -> int
     """NICs per node from how much slower a node's ranks go off-node together than one alone
     (same message size): L ranks on one NIC take L times as long, on L NICs as long."""
     slowdown = max(shared_s - alpha_s, 1e-12) / max(alone_s - alpha_s, 1e-12)
-    return int(min(per_node, max(1, round(per_node / max(slowdown, 1e-9)))))
+    estimate = per_node / max(slowdown, 1e-9)
+    # nearest on a log scale: 1.3 NICs' worth of slowdown is 1 NIC, not a tie-break of round()
+    return min(range(1, per_node + 1), key=lambda k: abs(math.log(k / estimate)))
 
 
 def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeResult:
@@ -271,7 +274,8 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
             intra = _measure(comm, *tiers["intra"], sizes, repeats)
             # Fewer and smaller messages between nodes: there the link is the slow one.
             inter = _measure(comm, *tiers["inter"], sizes[1:], repeats, big_steps=2)
-            shared = _measure(comm, *tiers["shared"], sizes[:2], repeats, big_steps=2)
+            shared = _measure(comm, *tiers["shared"], sizes[::len(sizes) - 1], repeats,
+                              big_steps=2)
             inter = [shared[0], *inter]
             # Everyone's numbers, exactly, on every rank.
             rows = gather_rows(comm, [*_fit(sizes, intra), *intra, *_fit(sizes, inter), *inter,
@@ -290,6 +294,6 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
         res = dataclasses.replace(res, ranks_per_node=per_node, inter_alpha_s=agreed(j),
                                   inter_beta_s_per_byte=agreed(j + 1), inter_step_s=inter_step,
                                   shared_step_s=shared,
-                                  nics_per_node=_nics(per_node, inter_step[-2], shared, agreed(j)))
+                                  nics_per_node=_nics(per_node, inter_step[-1], shared, agreed(j)))
     comm.cache[CACHE_KEY] = res
     return res

@@ -46,19 +46,28 @@ def rel_err(m1, m2):
                for a, b in zip(m1.parameters(), m2.parameters()))
 
 
+def _train(forward, no_sync, step, rank, accumulate, steps):
+    """The same data in the same order for both engines: an optional accumulated
+    micro-batch under ``no_sync``, then one synchronised backward and ``step``."""
+    for s in range(steps):
+        if accumulate:
+            with no_sync():
+                x, y = batch(rank, s, 1)
+                torch.nn.functional.cross_entropy(forward(x), y).backward()
+        x, y = batch(rank, s)
+        torch.nn.functional.cross_entropy(forward(x), y).backward()
+        step()
+
+
 def train_ddp(rank, accumulate, steps=STEPS):
     model = fresh()
     ddp = DDP(model, bucket_cap_mb=0.05)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for s in range(steps):
-        if accumulate:
-            with ddp.no_sync():
-                x, y = batch(rank, s, 1)
-                torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        x, y = batch(rank, s)
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+
+    def step():
         opt.step()
         opt.zero_grad()
+    _train(ddp, ddp.no_sync, step, rank, accumulate, steps)
     return model
 
 
@@ -66,13 +75,6 @@ def train_commrt(comm, rank, accumulate, seed=7, steps=STEPS, **kw):
     model = fresh(seed=seed)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     with commrt.GradientSync(model, comm, bucket_mb=0.05, first_bucket_mb=0.01, **kw) as sync:
-        for s in range(steps):
-            if accumulate:
-                with sync.no_sync():
-                    x, y = batch(rank, s, 1)
-                    torch.nn.functional.cross_entropy(model(x), y).backward()
-            x, y = batch(rank, s)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            sync.step(opt)
+        _train(model, sync.no_sync, lambda: sync.step(opt), rank, accumulate, steps)
         nbuckets = len(sync.buckets)
     return model, nbuckets

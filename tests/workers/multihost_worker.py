@@ -118,9 +118,9 @@ def gradsync_vs_ddp(comm):
     return out
 
 
-def time_candidates(comm, nbytes, repeats):
-    """Every candidate's time (slowest rank, median of ``repeats`` interleaved runs), auto's
-    choice and its predictions."""
+def time_candidates(comm, nbytes, repeats, iters=1):
+    """Every candidate's time per call (slowest rank, median of ``repeats`` interleaved runs of
+    ``iters`` calls), auto's choice and its predictions."""
     algs = candidates(comm.world_size)
     x = torch.ones(nbytes // 4)
     for a in algs:                                  # warm-up: plans, scratch, connections
@@ -130,8 +130,9 @@ def time_candidates(comm, nbytes, repeats):
         for i, a in enumerate(algs):
             comm.barrier()
             t0 = time.perf_counter()
-            commrt.all_reduce(x, comm, algorithm=a, op="sum")
-            mine[i].append(time.perf_counter() - t0)
+            for _ in range(iters):
+                commrt.all_reduce(x, comm, algorithm=a, op="sum")
+            mine[i].append((time.perf_counter() - t0) / iters)
     rows = gather_rows(comm, [t for ts in mine for t in ts])
     slowest = [max(r[k] for r in rows) for k in range(len(algs) * repeats)]
     measured = {label(a): statistics.median(slowest[i * repeats:(i + 1) * repeats])
@@ -157,7 +158,9 @@ def main(out_dir, timing_sizes):
     pr = probe(comm)
     report["probe"] = pr.to_dict()
     report["network"] = pr.network().describe()
-    report["timing"] = {str(n): time_candidates(comm, n, 5 if n <= 1 << 20 else 3)
+    # small buffers: many short calls, each run long enough that a rank woken late by the
+    # barrier on this oversubscribed machine does not decide the time
+    report["timing"] = {str(n): time_candidates(comm, n, *((7, 5) if n <= 1 << 20 else (3, 1)))
                         for n in timing_sizes}
     comm.close()
     with open(os.path.join(out_dir, f"rank{report['rank']}.json"), "w") as f:
