@@ -86,3 +86,14 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
         best = min(t["measured"].values())
         assert t["measured"][t["choice"]] <= 1.1 * best, (size, t)
         assert all(r["timing"][size]["choice"] == t["choice"] for r in reports)
+
+
+def test_harness_says_why_it_cannot_run(monkeypatch):
+    import netns
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    with pytest.raises(netns.Unavailable, match="need root"):
+        netns.Cluster(2)
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip")
+    with pytest.raises(netns.Unavailable, match="'tc' not found: install iproute2"):
+        netns.Cluster(2)
