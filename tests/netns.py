@@ -25,7 +25,11 @@ made (none in the caller's namespace), all traffic stays on the private
 test subnet inside them, and the namespace names carry this process's pid
 and a counter, so parallel runs never clash. :meth:`Cluster.close` (also on
 any error, and from the pytest fixture's teardown) kills the ranks it
-started and deletes the namespaces, which deletes their links.
+started and deletes the namespaces, which deletes their links. (A run
+killed with SIGKILL leaves empty namespaces behind; ``ip netns list``
+shows them as ``cmrt<pid>x<n>…`` and ``ip netns del`` removes them. They
+are not removed automatically, since a pid this process cannot see may
+belong to a live run in another pid namespace.)
 
 Ranks get the environment torchrun gives them: RANK, WORLD_SIZE,
 LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the host), MASTER_ADDR (host 0's
@@ -93,37 +97,6 @@ class RankResult:
     stderr: str
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def remove_stale() -> list[str]:
-    """Delete namespaces this module made in processes that no longer exist (a killed run)."""
-    removed = []
-    try:
-        listed = _ip("ip", "netns", "list").splitlines()
-        names = [line.split()[0] for line in listed if line.strip()]
-    except (RuntimeError, OSError, subprocess.TimeoutExpired):
-        return removed
-    for name in names:
-        if not name.startswith(_PREFIX) or "x" not in name:
-            continue
-        pid = name[len(_PREFIX):].split("x", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            try:
-                _ip("ip", "netns", "del", name)
-                removed.append(name)
-            except (RuntimeError, subprocess.TimeoutExpired):
-                pass
-    return removed
-
-
 class Cluster:
     """H hosts (namespaces) on a bridge, links shaped to ``rate`` (a tc rate: "1gbit").
 
@@ -138,7 +111,6 @@ class Cluster:
         reason = unavailable_reason()
         if reason:
             raise Unavailable(reason)
-        remove_stale()
         tag = f"{_PREFIX}{os.getpid()}x{next(_counter)}"
         self.switch = f"{tag}sw"
         self.namespaces = [f"{tag}h{h}" for h in range(hosts)]
