@@ -19,8 +19,9 @@ while every rank still sends the ring's 2(p−1)/p · n bytes: most of them,
 2(X−1)/X · n, along rows, and only 2(Y−1)/p · n along columns.
 
 **Default shape** (``Torus2D()`` with neither ``rows`` nor ``cols``): when
-the launcher says how many ranks share a node (``comm.local_size``) and
-that number L divides p with 1 < L < p, the grid is (p/L) × L: one row per
+the launcher says how many ranks share a node (``comm.local_size``, agreed
+across ranks by ``comm.ranks_per_node()``) and that number L divides p
+with 1 < L < p, the grid is (p/L) × L: one row per
 node, so the heavy row traffic stays inside a node and only the 1/L-sized
 shards cross the network, as in the paper. Otherwise (no launcher
 information, one rank per node, every rank on one node, or L not dividing
@@ -183,8 +184,15 @@ class Torus2D(Algorithm):
         return Schedule(self.name, collective, world_size, ranks, p, Steps.chain(parts), owners=owners)
 
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
-        """The schedule for ``world_size`` ranks, shaped with ``comm.local_size`` if known."""
-        rows, cols = self.shape(world_size, getattr(comm, "local_size", None))
+        """The schedule for ``world_size`` ranks, one row per node if ``comm`` knows the nodes.
+
+        A :class:`~commrt.Communicator` agrees on ranks per node across ranks
+        (:meth:`~commrt.comm.Communicator.ranks_per_node`: collective, on the
+        first call); other objects are asked for ``local_size``.
+        """
+        agreed = getattr(comm, "ranks_per_node", None)
+        local = agreed() if callable(agreed) else getattr(comm, "local_size", None)
+        rows, cols = self.shape(world_size, local)
         if (rows, cols) == (self.rows, self.cols):
             return self.schedule(world_size)
         return Torus2D(rows, cols).schedule(world_size)   # cached per shape

@@ -25,6 +25,7 @@ from commrt.errors import CommError, CommTimeoutError
 from commrt.transports.base import Transport
 
 DEFAULT_TIMEOUT_S = 300.0
+_NODE_KEY = "commrt.ranks_per_node"
 #: seconds an aborting rank waits for the launcher to forward its last output
 ABORT_GRACE_S = 0.5
 
@@ -121,6 +122,33 @@ class Communicator:
         self._closed = False
         from commrt.executor import Executor   # executor imports kernels; keep init light
         self.executor = Executor()
+
+    def ranks_per_node(self) -> int | None:
+        """Ranks per node as every rank agrees: collective on the first call, then cached.
+
+        L when each rank's launcher says L ranks share its node and they sit
+        in blocks (local rank = rank mod L) with 1 < L < world size; None,
+        on every rank alike, otherwise (one node, one rank per node, uneven
+        nodes, no launcher information). ``Torus2D()``'s default grid and
+        the probe's two link classes follow it, so a launch whose ranks
+        disagree about their nodes gets the same schedule everywhere, not a
+        hang.
+
+        Example::
+
+            >>> comm.ranks_per_node()      # torchrun --nnodes 4 --nproc-per-node 8  # doctest: +SKIP
+            8
+        """
+        if _NODE_KEY not in self.cache:
+            p, agreed = self.world_size, None
+            if p > 1:
+                from commrt.collectives import gather_rows
+                rows = gather_rows(self, [self.local_size or 0, self.local_rank])
+                L = int(rows[0][0])
+                blocks = all((int(a), int(b)) == (L, r % max(L, 1)) for r, (a, b) in enumerate(rows))
+                agreed = L if 1 < L < p and p % L == 0 and blocks else None
+            self.cache[_NODE_KEY] = agreed
+        return self.cache[_NODE_KEY]
 
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""

@@ -23,7 +23,8 @@ so β is measured on full-size pieces, the way big buckets send them.
 Ranks on several nodes
 ----------------------
 When the launcher says L ranks share each node (``comm.local_size``,
-1 < L < p, ranks in blocks, agreed across ranks in one small exchange),
+1 < L < p, ranks in blocks, agreed across ranks by
+:meth:`~commrt.comm.Communicator.ranks_per_node`),
 the probe measures the two link classes of :class:`~commrt.sim.Network`
 with three shifts (:func:`_tier_schedules`):
 
@@ -203,22 +204,6 @@ def _fit(sizes, times) -> tuple[float, float]:
     return alpha, max(beta, _MIN_BETA)
 
 
-def _ranks_per_node(comm) -> int | None:
-    """L if every rank says L ranks share its node, in blocks (local rank = r mod L), 1 < L < p.
-
-    Agreed in one small exchange, so every rank probes the same way even if
-    the launcher's variables disagree (then: None, one link class).
-    """
-    from commrt.collectives import gather_rows
-    p = comm.world_size
-    rows = gather_rows(comm, [comm.local_size or 0, comm.local_rank])
-    L = int(rows[0][0])
-    blocks = all((int(a), int(b)) == (L, r % L) for r, (a, b) in enumerate(rows))
-    if not 1 < L < p or p % L or not blocks:
-        return None
-    return L
-
-
 def _measure(comm, nxt, ranks, sizes, repeats, big_steps=4) -> list[float]:
     """This rank's fastest step time per size for the shift ``nxt`` over ``ranks`` (0 if not
     in it)."""
@@ -265,7 +250,7 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
                               comm.backend.value, 1, 0.0)
             comm.cache[CACHE_KEY] = res
             return res
-        per_node = _ranks_per_node(comm)
+        per_node = comm.ranks_per_node()
         if per_node is None:
             mine = _measure(comm, None, None, sizes, repeats)
             rows = gather_rows(comm, [*_fit(sizes, mine), *mine])

@@ -50,7 +50,7 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
     for r in reports:
         # commrt.init took node-local rank and size from the launch; default torus: a row per host
         launch = (r["world_size"], r["backend"], r["local_size"], r["local_rank"])
-        assert launch == (p, "gloo", L, r["rank"] % L)
+        assert launch == (p, "gloo", L, r["rank"] % L) and r["ranks_per_node"] == L
         assert r["hosts"] == [q // L for q in range(p)] and r["host"] == r["rank"] // L
         assert r["torus_shape"] == [hosts, L]
         assert r["torus_schedule"] == 2 * (hosts - 1) + 2 * (L - 1)        # steps

@@ -184,3 +184,22 @@ def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
     # 2 transports x 4 algorithms (2 grids, "torus2d", ring) x 2 ops x 4 sizes x 3 dtypes, per rank
     assert report["cases"] == 2 * 4 * 2 * 4 * 3 * nranks
     assert report["failures"] == [], json.dumps(report["failures"][:5], indent=1)
+
+
+@pytest.mark.parametrize("local_sizes, local_ranks, shape", [
+    ([2] * 8, [r % 2 for r in range(8)], (4, 2)),           # 4 nodes of 2: a row per node
+    ([2] * 7 + [4], [r % 2 for r in range(8)], (2, 4)),     # one rank disagrees: square everywhere
+    ([2] * 8, [r // 4 for r in range(8)], (2, 4)),          # not in blocks (round robin): square
+    ([None] * 8, [0] * 8, (2, 4)),                          # launcher silent: square
+])
+def test_default_grid_is_agreed_by_every_rank(local_sizes, local_ranks, shape):
+    from commrt.comm import Backend, Communicator, LaunchInfo
+
+    def body(tr):
+        launch = LaunchInfo("torchrun", tr.rank, 8, local_ranks[tr.rank], local_sizes[tr.rank])
+        comm = Communicator(tr, Backend.GLOO, launch, 10.0, 1 << 20)
+        return Torus2D().select(8, 4096, comm), comm.ranks_per_node()
+
+    for sched, per_node in run_ranks(8, body):
+        assert sched is Torus2D(*shape).schedule(8)
+        assert per_node == (2 if shape == (4, 2) else None)

@@ -149,6 +149,7 @@ def main(out_dir, timing_sizes):
     p = comm.world_size
     report = {"rank": comm.rank, "world_size": p, "backend": comm.backend.value, "host": host,
               "hosts": hosts, "local_rank": comm.local_rank, "local_size": comm.local_size,
+              "ranks_per_node": comm.ranks_per_node(),
               "torus_shape": list(Torus2D().shape(p, comm.local_size)),
               "torus_schedule": Torus2D().select(p, 4096, comm).num_steps}
     report["failures"] = check_all_reduce(comm)
