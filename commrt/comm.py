@@ -136,7 +136,7 @@ class Communicator:
 
         Example::
 
-            >>> comm.ranks_per_node()      # torchrun --nnodes 4 --nproc-per-node 8  # doctest: +SKIP
+            >>> comm.ranks_per_node()   # torchrun --nnodes 4 --nproc-per-node 8  # doctest: +SKIP
             8
         """
         if _NODE_KEY not in self.cache:
@@ -145,7 +145,8 @@ class Communicator:
                 from commrt.collectives import gather_rows
                 rows = gather_rows(self, [self.local_size or 0, self.local_rank])
                 L = int(rows[0][0])
-                blocks = all((int(a), int(b)) == (L, r % max(L, 1)) for r, (a, b) in enumerate(rows))
+                blocks = all((int(a), int(b)) == (L, r % max(L, 1))
+                             for r, (a, b) in enumerate(rows))
                 agreed = L if 1 < L < p and p % L == 0 and blocks else None
             self.cache[_NODE_KEY] = agreed
         return self.cache[_NODE_KEY]

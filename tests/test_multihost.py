@@ -94,6 +94,7 @@ def test_harness_says_why_it_cannot_run(monkeypatch):
     with pytest.raises(netns.Unavailable, match="need root"):
         netns.Cluster(2)
     monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(netns.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip")
+    monkeypatch.setattr(netns.shutil, "which",
+                        lambda tool: None if tool == "tc" else "/usr/sbin/ip")
     with pytest.raises(netns.Unavailable, match="'tc' not found: install iproute2"):
         netns.Cluster(2)
