@@ -41,7 +41,7 @@ with three shifts (:func:`_tier_schedules`):
 :meth:`ProbeResult.network` is then a two-class network with
 ``ranks_per_node`` = L, and ``auto`` replays each candidate's schedule on
 it. On 4 namespace hosts × 2 ranks with 1 Gbit/s links (tests/netns.py) it
-finds about 0.12 GB/s per NIC, one NIC per node, in about 2 s.
+finds about 0.12 GB/s per NIC, one NIC per node, in 2–3 s.
 
 Agreement: ranks must choose the same algorithm, so every rank's (α, β)
 goes to everyone in one ring all-reduce of a small float64 buffer of p
