@@ -17,8 +17,10 @@ from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.algorithms.auto import Auto
 from commrt.algorithms.broadcast import BinomialTree, PipelinedChain
+from commrt.algorithms.backup import BackupWorkers
 
 __all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "BinomialTree", "PipelinedChain",
+           "BackupWorkers",
            "resolve", "NAMES", "DEFAULT_ALGORITHM"]
 
 _BY_NAME = {
@@ -27,6 +29,7 @@ _BY_NAME = {
     "hd": HalvingDoubling,
     "torus2d": Torus2D,
     "auto": Auto,
+    "backup": BackupWorkers,   # b = 1
 }
 #: names accepted by ``algorithm="..."``
 NAMES = tuple(sorted(_BY_NAME))

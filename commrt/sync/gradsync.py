@@ -189,6 +189,7 @@ class GradientSync:
         self._step_start = time.perf_counter()
         self._step_start_us = self.tracer.now_us() if self.tracer else 0.0
         self._done_event = None
+        self._updates = 0
 
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
         comm._syncs.add(self)
@@ -444,6 +445,7 @@ class GradientSync:
         t0 = time.perf_counter()
         us0 = self.tracer.now_us() if self.tracer else 0.0
         applied = self.policy.apply(optimizer)
+        self._updates += applied
         if self.broadcast_buffers:
             broadcast_state(self.model, self.comm, parameters=False)
         if zero_grad:
@@ -459,6 +461,14 @@ class GradientSync:
             self.tracer.add("commrt/optimizer", us0, now, step=last.step)
             self._step_start_us = now
         return applied
+
+    @property
+    def global_step(self) -> int:
+        """The global step this rank's parameters and optimizer state hold: the updates
+        ``step()`` applied, unless the family tracks it itself (a late worker that
+        catches up jumps to the latest step)."""
+        held = self.policy.global_step
+        return self._updates if held is None else held
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

@@ -119,6 +119,12 @@ class Policy(abc.ABC):
         optimizer.step()
         return 1
 
+    @property
+    def global_step(self) -> int | None:
+        """The global step this rank's parameters hold, for families where that is not
+        simply the number of updates ``apply`` returned (None: count those)."""
+        return None
+
     def step_stats(self) -> dict:
         """Family-specific numbers for the step just finished (merged into
         :attr:`StepStats.extra <commrt.sync.stats.StepStats.extra>`)."""

@@ -1,0 +1,132 @@
+"""The control plane: a small key-value store every rank reaches (torch's ``TCPStore``).
+
+Decisions that need exactly one answer for all ranks, such as "which N
+gradients of step t came first" for backup workers, are made with the
+store's atomic ``add``: the k-th caller gets k, whoever it is, and nothing
+else is central. Bulk data never goes through it.
+
+Where the store lives decides which ranks may die:
+
+* **launcher-hosted** (preferred): ``commrt train --nproc`` hosts a store in
+  the launcher process and exports ``COMMRT_STORE=host:port``; under
+  torchrun the elastic agent hosts one (``TORCHELASTIC_USE_AGENT_STORE=true``
+  with ``MASTER_ADDR``/``MASTER_PORT``). Any worker may then die.
+* **rank 0** otherwise (plain ``mpiexec``, or ``commrt.init`` with explicit
+  ranks): rank 0 hosts it in a background thread of its own process and
+  tells the others its port. Then **rank 0's death is fatal** for the
+  control plane (the others get ``CommTimeoutError``), and rank 0's
+  ``close`` waits until every other rank is done with the store.
+
+Example::
+
+    >>> from commrt.store import ControlStore
+    >>> cs = ControlStore.open(comm)                  # doctest: +SKIP  (collective)
+    >>> cs.client("backup/0").add("arrivals/0", 1)   # doctest: +SKIP  1 for the first caller
+"""
+from __future__ import annotations
+
+import datetime
+import enum
+import os
+from dataclasses import dataclass
+
+import torch
+
+#: environment variable naming a launcher-hosted store, ``host:port``
+STORE_ENV = "COMMRT_STORE"
+CACHE_KEY = "commrt.store"
+
+
+class Host(enum.Enum):
+    LAUNCHER = "launcher"      # commrt's own launcher (COMMRT_STORE)
+    AGENT = "torchrun agent"   # torchrun's elastic agent
+    RANK0 = "rank 0"           # rank 0 of the job: its death ends the control plane
+
+
+def _parse(spec: str) -> tuple[str, int]:
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{STORE_ENV}={spec!r}: expected host:port, e.g. 127.0.0.1:29500")
+    return host, int(port)
+
+
+def launcher_store(env=None) -> tuple[str, int, Host] | None:
+    """(host, port, who) of a store hosted outside the workers, if the launcher says so."""
+    env = os.environ if env is None else env
+    if env.get(STORE_ENV):
+        return (*_parse(env[STORE_ENV]), Host.LAUNCHER)
+    if (env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true" and env.get("MASTER_ADDR")
+            and env.get("MASTER_PORT", "").isdigit()):
+        return env["MASTER_ADDR"], int(env["MASTER_PORT"]), Host.AGENT
+    return None
+
+
+def host_store(host: str = "127.0.0.1"):
+    """A TCPStore server on a free port (for launchers); returns it (``.port`` says where)."""
+    import torch.distributed as dist
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=300))
+
+
+@dataclass(eq=False)
+class ControlStore:
+    """Where the store is, and a way to open clients to it under one key prefix.
+
+    Each client is its own TCP connection: a thread blocked in ``wait`` on
+    one client does not hold up another thread's client.
+    """
+
+    host: str
+    port: int
+    where: Host
+    timeout: float
+    server: object = None      # the TCPStore server, when this rank hosts it
+
+    @classmethod
+    def open(cls, comm, timeout: float | None = None) -> "ControlStore":
+        """The job's control store, opened once per communicator (cached in ``comm.cache``).
+
+        Collective the first time when rank 0 must host it (it broadcasts the port)."""
+        cached = comm.cache.get(CACHE_KEY)
+        if cached is not None:
+            return cached
+        comm.cache[CACHE_KEY] = cs = cls._open(comm, comm.timeout if timeout is None else float(timeout))
+        return cs
+
+    @classmethod
+    def _open(cls, comm, timeout: float) -> "ControlStore":
+        found = launcher_store()
+        if found is not None:
+            return cls(found[0], found[1], found[2], timeout)
+        from commrt.collectives import broadcast
+        server, host = None, os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        if comm.rank == 0:
+            server = _tcp(host, 0, True, timeout)
+        addr = torch.zeros(5, dtype=torch.float64, device=comm.device)
+        if comm.rank == 0:
+            parts = [float(x) for x in _ipv4(host)] + [float(server.port)]
+            addr.copy_(torch.tensor(parts, dtype=torch.float64))
+        if comm.world_size > 1:
+            broadcast(addr, comm, root=0)
+        vals = [int(v) for v in addr.tolist()]
+        return cls(".".join(map(str, vals[:4])), vals[4], Host.RANK0, timeout, server)
+
+    def client(self, prefix: str):
+        """A new connection to the store, its keys under ``prefix`` (a ``PrefixStore``)."""
+        import torch.distributed as dist
+        return dist.PrefixStore(prefix, _tcp(self.host, self.port, False, self.timeout))
+
+    @property
+    def hosted_here(self) -> bool:
+        return self.server is not None
+
+
+def _tcp(host: str, port: int, master: bool, timeout: float):
+    import torch.distributed as dist
+    return dist.TCPStore(host, port, is_master=master, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout))
+
+
+def _ipv4(host: str) -> list[int]:
+    import socket
+    return [int(x) for x in socket.gethostbyname(host).split(".")]
