@@ -58,8 +58,9 @@ Stragglers
 :class:`Pareto`; seeded), then the collective runs. A synchronous step ends
 when the collective ends, so it waits for the slowest rank. Per-rank arrival
 times come from :func:`arrivals`; the aggregation that turns them into a
-start time is a separate, small function, so an aggregation that waits for
-only the first N of N+b arrivals can be added next to it.
+start time is a separate, small function: :func:`synchronous_start` waits
+for every rank, :func:`first_n_start` for the first N of N+b (backup
+workers).
 
 Example::
 
@@ -701,6 +702,20 @@ def synchronous_start(arrive: np.ndarray) -> np.ndarray:
     (e.g. the N-th of N+b arrivals) can sit beside it.
     """
     return arrive.max(axis=-1)
+
+
+def first_n_start(arrive: np.ndarray, n: int) -> np.ndarray:
+    """When a backup-worker step can start: once the ``n``-th rank arrived (the first n of
+    n + b; the b slowest are dropped). ``n`` = the number of ranks is :func:`synchronous_start`.
+
+    Every rank starts each step afresh (as the paper's workers fetch new parameters); in
+    commrt a very late worker first finishes its dropped gradient, so it may also miss the
+    next step, which this leaves out.
+    """
+    p = arrive.shape[-1]
+    if not 1 <= n <= p:
+        raise ValueError(f"n must be between 1 and the number of ranks ({p}), got {n}")
+    return np.partition(arrive, n - 1, axis=-1)[..., n - 1]
 
 
 @dataclass(frozen=True, eq=False)

@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="data-parallel training of an MLP on the digits dataset (CPU by default)")
     _common(tr)
     tr.add_argument("--algorithm", default="ring",
-                    help="ring, halving_doubling, torus2d, auto (default ring)")
+                    help="ring, halving_doubling, torus2d, auto, or backup (backup workers, see --backups; "
+                         "default ring)")
     tr.add_argument("--torus-shape", metavar="ROWSxCOLS", help="grid for --algorithm torus2d, e.g. 2x2")
     tr.add_argument("--epochs", type=positive_int, default=8)
     tr.add_argument("--batch-size", type=positive_int, default=64, help="global batch (all ranks together)")
@@ -97,8 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--label-smoothing", type=float, default=0.1,
                     help="for torch.nn.CrossEntropyLoss (default 0.1, as in Mikami et al.)")
     tr.add_argument("--comm-dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="wire dtype")
-    tr.add_argument("--straggler", metavar="RANK:SECONDS,...",
-                    help="make ranks slow: sleep this long before every step, e.g. 1:0.02")
+    tr.add_argument("--backups", type=int, default=None, metavar="B",
+                    help="with --algorithm backup: drop the last B of N+B gradients each step (default 1)")
+    tr.add_argument("--straggler", metavar="SPEC,...",
+                    help="make ranks slow before every step: RANK:SECONDS for a fixed delay (e.g. 1:0.02), "
+                         "or a delay every rank draws each step: exp:MEAN_S, pareto:MEAN_S[:SHAPE] "
+                         "(default shape 2) or lognormal:MEAN_S[:SIGMA] (default 1), e.g. pareto:0.01")
+    tr.add_argument("--kill", metavar="RANK:STEP",
+                    help="fault injection: rank RANK kills itself (SIGKILL) before step STEP; with "
+                         "--algorithm backup the others carry on")
     tr.add_argument("--trace", metavar="OUT.json", help="write a merged Chrome trace of all ranks")
     tr.add_argument("--lr", type=float, default=0.05)
     tr.add_argument("--bucket-mb", type=float, default=0.1, help="bucket cap (the model is ~85K parameters)")
@@ -118,17 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _straggler(text: str) -> list[tuple[int, float]]:
-    out = []
-    for part in text.split(","):
-        try:
-            r, sec = part.split(":")
-            out.append((int(r), float(sec)))
-        except ValueError:
-            raise ValueError(f"bad --straggler {part!r}; use RANK:SECONDS, e.g. 1:0.02") from None
-        if out[-1][1] < 0:
-            raise ValueError(f"--straggler seconds must be >= 0, got {part!r}")
-    return out
+def _straggler(text: str, seed: int = 0):
+    from commrt.cli.train import Stragglers
+    try:
+        return Stragglers.parse(text, seed)
+    except ValueError as e:
+        raise ValueError(f"bad --straggler {text!r}: {e}") from None
 
 
 def check_train(parser: argparse.ArgumentParser, args) -> None:
@@ -152,6 +155,15 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
             alg.schedule(nproc)
         except ValueError as e:
             parser.error(f"--torus-shape {args.torus_shape} with --nproc {nproc}: {e}")
+    if args.backups is not None or alg.name == "backup":
+        from commrt.algorithms import BackupWorkers
+        if alg.name != "backup":
+            parser.error("--backups only applies to --algorithm backup")
+        try:
+            alg = BackupWorkers(backups=1 if args.backups is None else args.backups)
+            alg.participants(nproc)
+        except ValueError as e:
+            parser.error(f"--backups with --nproc {nproc}: {e}")
     args.algorithm = alg
     try:
         sched = (BatchSizeSchedule.parse(args.batch_schedule) if args.batch_schedule
@@ -169,11 +181,19 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
                      f"training samples of the digits data, so no step would run; use at most {TRAIN_SAMPLES}")
     args.comm_dtype_obj = DTYPES[args.comm_dtype]
     try:
-        args.straggler = _straggler(args.straggler) if args.straggler else None
+        args.straggler = _straggler(args.straggler, args.seed) if args.straggler else None
     except ValueError as e:
         parser.error(str(e))
-    if args.straggler and any(not 0 <= r < nproc for r, _ in args.straggler):
+    if args.straggler and any(not 0 <= r < nproc for r, _ in args.straggler.fixed):
         parser.error(f"--straggler names a rank outside 0..{nproc - 1}")
+    if args.kill:
+        try:
+            r, step = (int(v) for v in args.kill.split(":"))
+        except ValueError:
+            parser.error(f"bad --kill {args.kill!r}; use RANK:STEP, e.g. 3:20")
+        if not 0 <= r < nproc or step < 0:
+            parser.error(f"--kill {args.kill}: the rank must be in 0..{nproc - 1} and the step >= 0")
+        args.kill = (r, step)
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error("--label-smoothing must be in [0, 1)")
     if args.lr <= 0 or args.bucket_mb <= 0:
@@ -218,7 +238,11 @@ def _relaunch_or_run(args, argv: Sequence[str], parser) -> int:
         child = list(argv) + ["--backend", backend]
         # the ranks take seconds to import torch and meet: say so at once
         print(f"starting {args.nproc} ranks ({backend})…", flush=True)
-        return launcher.launch(child, args.nproc, use_mpiexec=backend == "mpi")
+        # backup workers: the launcher hosts the control store (so any worker may die) and
+        # lets up to b workers die without stopping the others
+        backups = getattr(getattr(args, "algorithm", None), "backups", None)
+        return launcher.launch(child, args.nproc, use_mpiexec=backend == "mpi",
+                               host_store=backups is not None, tolerate=backups or 0)
     args.backend = backend
     return args.run(args)
 

@@ -7,6 +7,14 @@ MASTER_ADDR, MASTER_PORT) set. If any rank fails, the others are stopped,
 the last lines name the rank that died (by which signal), stopped or
 failed, and its exit code is returned: a crashed worker never leaves the
 rest hanging.
+
+With ``tolerate=b`` (``commrt train --algorithm backup``) up to b ranks may
+die while the others carry on; the launcher then also hosts the control
+store (``host_store``, :mod:`commrt.store`) so that any rank, rank 0 too,
+may be the one that dies. Under mpiexec that takes MPICH's
+``-disable-auto-cleanup`` (passed here; without it Hydra kills every rank
+when one dies). torchrun has no such switch: its agent stops all workers
+on any failure (and restarts them if ``--max-restarts`` allows).
 """
 from __future__ import annotations
 
@@ -41,40 +49,62 @@ def mpiexec_path() -> str | None:
 
 
 def launch(argv: Sequence[str], nproc: int, *, use_mpiexec: bool, timeout: float | None = None,
-           quiet_workers: bool = True) -> int:
+           quiet_workers: bool = True, host_store: bool = False, tolerate: int = 0) -> int:
     """Run ``python -m commrt <argv>`` as ``nproc`` ranks; return the exit code.
 
     Rank 0 keeps stdout (the progress bar and tables); the other ranks'
     stdout is dropped when ``quiet_workers``; every rank keeps stderr.
+    ``host_store``: host a TCPStore here for the ranks (``COMMRT_STORE``,
+    and the gloo rendezvous). ``tolerate``: how many ranks may die before
+    the launcher stops the rest (see the module docs).
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     cmd = [sys.executable, "-m", "commrt", *argv]
     env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    store = None
+    if host_store:
+        from commrt.store import STORE_ENV, host_store as make_store
+        store = make_store()   # lives as long as this process: the workers' control plane
+        env[STORE_ENV] = f"127.0.0.1:{store.port}"
     if use_mpiexec:
         exe = mpiexec_path()
         if exe is None:
             raise RuntimeError("backend mpi needs mpiexec: pip install 'commrt[mpi]' (the mpich wheel "
                                "brings it), or use --backend gloo")
-        procs = [subprocess.Popen([exe, "-n", str(nproc), *cmd], env=env)]
+        keep_going = ["-disable-auto-cleanup"] if tolerate else []
+        procs = [subprocess.Popen([exe, *keep_going, "-n", str(nproc), *cmd], env=env)]
         return _supervise(procs, timeout, ranks_known=False)   # mpiexec names failed ranks itself
     else:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
                    LOCAL_WORLD_SIZE=str(nproc))
+        if store is not None:   # the rendezvous too, so that rank 0 is not special
+            env.update(MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="true")
         procs = []
         for r in range(nproc):
             out = subprocess.DEVNULL if (quiet_workers and r) else None
             procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=out))
-    return _supervise(procs, timeout)
+    return _supervise(procs, timeout, tolerate=tolerate)
 
 
-def _supervise(procs: list[subprocess.Popen], timeout: float | None, ranks_known: bool = True) -> int:
+def _supervise(procs: list[subprocess.Popen], timeout: float | None, ranks_known: bool = True,
+               tolerate: int = 0) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
             codes = [p.poll() for p in procs]
             bad = [c for c in codes if c not in (None, 0)]
+            if bad and len(bad) <= tolerate and ranks_known:
+                if None in codes:
+                    time.sleep(0.05)
+                    continue
+                for rank, c in enumerate(codes):
+                    if c:
+                        how = f"was killed by {_signame(-c)}" if c < 0 else f"exited with status {c}"
+                        print(f"commrt: rank {rank} {how}; the other ranks carried on (up to {tolerate} "
+                              f"may fail)", file=sys.stderr, flush=True)
+                return 0
             if bad:
                 # a rank that died takes its peers down a moment later (connection reset,
                 # timeout): give them that moment, so the report names the cause first

@@ -13,7 +13,10 @@ PNGs to ``--out-dir``:
 * ``sim_stragglers.png``: mean and p99 time of a synchronous training step
   (``--compute-ms`` of compute, then the fastest algorithm's all-reduce of
   the largest size) vs p, with per-rank delays of equal mean and
-  different tails.
+  different tails;
+* ``sim_backup.png``: the same step with backup workers (Chen et al.): it
+  starts once the first N of the p = N + b ranks arrived, for b = 0, 1, 2
+  and about 2% of p, under exponential and Pareto delays.
 
 It runs in one process (never relaunched as ranks). Usable on its own as
 ``python -m commrt.cli.simulate``; ``commrt.cli.commands`` adds it with :func:`register`.
@@ -42,7 +45,8 @@ def size_sweep(p: int, itemsize: int = 4) -> tuple[int, ...]:
     """
     k = max(3, (p * itemsize - 1).bit_length())
     return tuple(1 << j for j in range(k, 31, 2))
-FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png", "stragglers": "sim_stragglers.png"}
+FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png", "stragglers": "sim_stragglers.png",
+         "backup": "sim_backup.png"}
 
 
 # ------------------------------------------------------------------ parsing
@@ -238,6 +242,7 @@ def run(args, out=print) -> dict:
             cells.append(f"{'mean ' + _fmt_time(m) + ' p99 ' + _fmt_time(q):>36}")
         out(f"{p:>6} " + "".join(cells))
     report["stragglers"] = {"delays": strag, "compute_s": args.compute_ms * 1e-3}
+    report["backup"] = backup_sweep(args, ps, sw, algs, big, mean, out)
     out(f"\n# swept in {time.perf_counter() - t_start:.1f} s")
 
     if not args.no_plots:
@@ -247,6 +252,45 @@ def run(args, out=print) -> dict:
             out(f"# wrote {os.path.abspath(path)}")
         report["files"] = paths
     return report
+
+
+def backup_counts(p: int) -> dict[str, int]:
+    """The b values compared at ``p`` ranks: 0, 1, 2 and about 2% of p (at least 1), all < p."""
+    bs = {"b=0": 0, "b=1": 1, "b=2": 2, "b≈2%": max(1, round(0.02 * p))}
+    return {k: b for k, b in bs.items() if b < p}
+
+
+def backup_sweep(args, ps, sw, algs, nbytes: int, mean: float, out) -> dict:
+    """Mean and p99 step time with backup workers: the step starts at the N-th of p = N + b
+    arrivals (:func:`commrt.sim.first_n_start`), then the all-reduce among the N runs, priced
+    as the p-rank one (b ≤ 2% of p changes it by little and equally for every b compared)."""
+    delays = [sim.Exponential(mean), sim.Pareto(mean, 2.0)]
+    res: dict = {}
+    for d in delays:
+        out(f"\n## backup workers · {args.compute_ms:g} ms compute + {d} per rank, first N of p = N + b "
+            f"(mean / p99)")
+        out(f"{'p':>6} " + "".join(f"{k:>24}" for k in backup_counts(4096)) + f"{'2% → b':>8}")
+        rows = {k: {"mean": [], "p99": [], "b": []} for k in backup_counts(4096)}
+        for p in ps:
+            arr = sim.arrivals(p, args.compute_ms * 1e-3, d, args.samples, args.seed)
+            t_coll = min(sw.time(n, p, nbytes)[0] for n in algs)
+            cells = []
+            for k in rows:
+                b = backup_counts(p).get(k)
+                if b is None:
+                    for v in ("mean", "p99", "b"):
+                        rows[k][v].append(None)
+                    cells.append(f"{'—':>24}")
+                    continue
+                step = sim.first_n_start(arr, p - b) + t_coll
+                m, q = float(step.mean()), float(np.percentile(step, 99))
+                rows[k]["mean"].append(m)
+                rows[k]["p99"].append(q)
+                rows[k]["b"].append(b)
+                cells.append(f"{_fmt_time(m) + ' / ' + _fmt_time(q):>24}")
+            out(f"{p:>6} " + "".join(cells) + f"{backup_counts(p).get('b≈2%', 0):>8}")
+        res[str(d)] = rows
+    return {"delays": res, "compute_s": args.compute_ms * 1e-3}
 
 
 # -------------------------------------------------------------------- plots
@@ -294,6 +338,22 @@ def plot_all(report: dict, names: Sequence[str], args, net: sim.Network) -> list
                          "rank sets the pace")
     ax.legend(fontsize=7, ncol=2)
     paths.append(plotting.save(fig, os.path.join(args.out_dir, FILES["stragglers"])))
+
+    # backup workers
+    bk = report["backup"]
+    fig, axes = plotting.figure(len(bk["delays"]), (6.2 * len(bk["delays"]), 4.6))
+    for ax, (d, rows) in zip(axes, bk["delays"].items()):
+        for i, (k, v) in enumerate(rows.items()):
+            pts = [(p, m, q) for p, m, q in zip(ps, v["mean"], v["p99"]) if m is not None]
+            xs = [x for x, _, _ in pts]
+            ax.plot(xs, [m * 1e3 for _, m, _ in pts], "-", color=f"C{i}", label=f"{k}: mean")
+            ax.plot(xs, [q * 1e3 for _, _, q in pts], ":", color=f"C{i}", label="p99")
+        plotting.style(ax, xlabel="ranks p = N + b", ylabel="step time (ms)", logy=True, title_size=9,
+                       title=f"backup workers, {d}")
+        ax.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"{bk['compute_s'] * 1e3:g} ms compute + per-rank delay; the step starts at the N-th "
+                 f"arrival", fontsize=9)
+    paths.append(plotting.save(fig, os.path.join(args.out_dir, FILES["backup"])))
     return paths
 
 

@@ -13,13 +13,16 @@ share) and ends with a summary table.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import commrt
+from commrt import sim
 from commrt.algorithms import resolve
 
 TEST_FRACTION = 0.2
@@ -50,6 +53,75 @@ def load_digits(seed: int = 0) -> Digits:
     n_test = int(len(x) * TEST_FRACTION)
     test, train = perm[:n_test], perm[n_test:]
     return Digits(x[train], y[train], x[test], y[test])
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Injected delays before each step: fixed seconds for chosen ranks, and a delay every
+    rank draws each step from ``draw`` (a :mod:`commrt.sim` delay), seeded per (rank, step).
+
+    Example::
+
+        >>> Stragglers.parse("1:0.02").delay(1, 0)
+        0.02
+        >>> s = Stragglers.parse("pareto:0.01")      # mean 10 ms, Pareto shape 2
+        >>> s.delay(0, 5) == s.delay(0, 5)           # the same draw every time
+        True
+    """
+
+    fixed: tuple[tuple[int, float], ...] = ()
+    draw: object = None
+    seed: int = 0
+
+    @classmethod
+    def parse(cls, text: str, seed: int = 0) -> "Stragglers":
+        """``RANK:SECONDS``, ``exp:MEAN``, ``pareto:MEAN[:SHAPE]`` or ``lognormal:MEAN[:SIGMA]``,
+        comma-separated; at most one distribution."""
+        fixed, draw = [], None
+        for part in text.split(","):
+            kind, *vals = part.strip().split(":")
+            try:
+                nums = [float(v) for v in vals]
+            except ValueError:
+                raise ValueError(f"{part!r} has a value that is not a number") from None
+            if any(v < 0 for v in nums) or not nums:
+                raise ValueError(f"{part!r}: give non-negative seconds, e.g. 1:0.02 or pareto:0.01")
+            if kind in ("exp", "pareto", "lognormal"):
+                if draw is not None:
+                    raise ValueError("give at most one distribution")
+                draw = _distribution(kind, *nums)
+            elif kind.isdigit() and len(nums) == 1:
+                fixed.append((int(kind), nums[0]))
+            else:
+                raise ValueError(f"{part!r}: use RANK:SECONDS, exp:MEAN, pareto:MEAN[:SHAPE] or "
+                                 f"lognormal:MEAN[:SIGMA]")
+        return cls(tuple(fixed), draw, seed)
+
+    def delay(self, rank: int, step: int) -> float:
+        d = dict(self.fixed).get(rank, 0.0)
+        if self.draw is not None:
+            d += float(self.draw.sample(np.random.default_rng([self.seed, rank, step]), 1)[0])
+        return d
+
+    def __str__(self) -> str:
+        parts = [f"rank {r}: {sec:g} s" for r, sec in self.fixed]
+        return ", ".join(parts + ([f"every rank: {self.draw}"] if self.draw is not None else []))
+
+
+def _distribution(kind: str, mean: float, *shape: float):
+    if len(shape) > 1:
+        raise ValueError(f"{kind} takes MEAN and at most one shape value")
+    if kind == "exp":
+        if shape:
+            raise ValueError("exp takes only MEAN")
+        return sim.Exponential(mean)
+    if kind == "pareto":
+        a = shape[0] if shape else 2.0
+        if a <= 1:
+            raise ValueError(f"pareto shape must be above 1 for a finite mean, got {a:g}")
+        return sim.Pareto(mean * (a - 1), a)          # mean = scale / (shape - 1)
+    sigma = shape[0] if shape else 1.0
+    return sim.LogNormal(mean / float(np.exp(sigma ** 2 / 2)), sigma)   # mean = median·e^(σ²/2)
 
 
 def make_model(seed: int, hidden: int = 256) -> torch.nn.Module:
@@ -113,8 +185,12 @@ def _shard(n: int, epoch: int, seed: int, rank: int, world: int, global_batch: i
         yield perm[start:start + local]
 
 
-def evaluate(model, data: Digits, comm) -> float:
-    """Accuracy on the test split, each rank scoring its share, summed over ranks."""
+def evaluate(model, data: Digits, comm, local: bool = False) -> float:
+    """Accuracy on the test split, each rank scoring its share, summed over ranks
+    (``local``: this rank scores all of it, with no collective)."""
+    if local:
+        with torch.no_grad():
+            return (model(data.x_test).argmax(1) == data.y_test).float().mean().item()
     n = len(data.x_test)
     idx = torch.arange(comm.rank, n, comm.world_size, device=data.x_test.device)
     with torch.no_grad():
@@ -137,7 +213,10 @@ def run(args) -> int:
     batch_schedule = args.batch_schedule_obj
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    straggle = dict(args.straggler or []).get(rank, 0.0)
+    straggle = args.straggler
+    # backup workers: ranks run at their own pace and may die, so nothing may wait on all of them
+    backup = getattr(algorithm, "backups", None) is not None
+    step_no = 0
     n = len(data.x_train)
     total_steps = sum(n // batch_schedule.batch_size(e) for e in range(args.epochs))
     bar = Progress(total_steps, enabled=rank == 0 and not args.quiet)
@@ -161,11 +240,16 @@ def run(args) -> int:
             steps = 0
             for idx in _shard(n, epoch, args.seed, rank, world, gb):
                 idx = idx.to(comm.device)
+                if args.kill and args.kill == (rank, step_no):
+                    os.kill(os.getpid(), signal.SIGKILL)
                 if straggle:
-                    time.sleep(straggle)
+                    time.sleep(straggle.delay(rank, step_no))
+                step_no += 1
                 loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
                 loss.backward()
                 sync.step(opt)
+                if backup and sync.policy.finished:
+                    break
                 losses.append(loss.item())
                 steps += 1
                 samples += gb
@@ -174,7 +258,9 @@ def run(args) -> int:
                 rate = samples / (time.perf_counter() - t_start)
                 bar.update(1, f"epoch {epoch + 1}/{args.epochs} loss {loss.item():.3f} acc {acc:.3f} "
                               f"{rate:,.0f} samples/s comm {comm_share:.0%}")
-            acc = evaluate(model, data, comm)
+            acc = evaluate(model, data, comm, local=backup)
+            if backup and sync.policy.finished:
+                break
             epoch_rate = steps * gb / max(time.perf_counter() - t_epoch, 1e-9)
             bar.update(0, f"epoch {epoch + 1}/{args.epochs} loss {sum(losses) / max(1, len(losses)):.3f} "
                           f"acc {acc:.3f} {epoch_rate:,.0f} samples/s batch {gb}", epoch_end=True)
@@ -185,22 +271,30 @@ def run(args) -> int:
         if args.trace:
             os.makedirs(trace_dir, exist_ok=True)
             sync.save_trace(os.path.join(trace_dir, f"rank{rank}.json"))
-    comm.barrier()
+    report = sync.policy.report() if backup else None
+    if backup:   # close() drained: every live rank holds the final state and wrote its trace
+        acc = evaluate(model, data, comm, local=True)
+    else:
+        comm.barrier()
     if args.trace and rank == 0:
         from commrt.trace import merge_traces
-        trace_path = merge_traces([os.path.join(trace_dir, f"rank{r}.json") for r in range(world)], args.trace)
+        paths = [os.path.join(trace_dir, f"rank{r}.json") for r in range(world)]
+        trace_path = merge_traces([p for p in paths if os.path.exists(p)], args.trace)
     m = stats.mean()
     phases = torch.tensor([m.step_s, m.backward_s, m.pack_s, m.comm_s, m.unpack_s, m.exposed_s,
                            m.bytes_sent, wall], dtype=torch.float64, device=comm.device)
-    commrt.all_reduce(phases, comm, op="avg")
+    if not backup:
+        commrt.all_reduce(phases, comm, op="avg")
     phases = phases.cpu()
     if rank == 0:
-        print(summary_table(args, comm, acc, samples, phases.tolist(), stats, trace_path, batch_schedule))
-    comm.close()
+        print(summary_table(args, comm, acc, samples, phases.tolist(), stats, trace_path, batch_schedule,
+                            report))
+    if not (backup and report.missing and comm.backend.value == "mpi"):
+        comm.close()   # (MPI's communicator free would wait on the dead rank)
     return 0
 
 
-def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_schedule) -> str:
+def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_schedule, report=None) -> str:
     step_s, backward_s, pack_s, comm_s, unpack_s, exposed_s, bytes_sent, wall = phases
     compute_s = max(0.0, step_s - exposed_s)
     ms = lambda x: f"{x * 1e3:9.3f} ms"   # noqa: E731
@@ -224,7 +318,19 @@ def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_sch
         ("bytes sent per step", f"{bytes_sent / 1e3:,.1f} KB per rank"),
         ("trace", trace_path or "off (use --trace out.json)"),
     ]
+    if args.straggler:
+        rows.insert(8, ("stragglers", str(args.straggler)))
+    if report is not None:
+        n = report.world_size - report.backups
+        rows[8:8] = [
+            ("backup workers", f"first {n} of {report.world_size} gradients per step "
+                               f"(b = {report.backups})"),
+            ("global steps", f"{report.global_step}"),
+            ("dropped gradients", ", ".join(f"r{r} {d}" for r, d in sorted(report.dropped.items()))),
+            ("missing ranks", ", ".join(map(str, report.missing)) or "none"),
+        ]
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 44)
     body = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
-    return f"{line}\ncommrt train summary (means over steps, averaged over ranks)\n{line}\n{body}\n{line}"
+    who = "rank 0's view" if report is not None else "averaged over ranks"
+    return f"{line}\ncommrt train summary (means over steps, {who})\n{line}\n{body}\n{line}"
