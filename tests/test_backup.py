@@ -9,6 +9,7 @@ the average of that step's on-time gradients (replayed here); dead ranks.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -255,3 +256,49 @@ def test_all_reduce_refuses_backup_workers():
             commrt.all_reduce(torch.ones(8), comm, algorithm="backup")
         return True
     assert run_ranks(2, body) == [True, True]
+
+
+# --------------------------------------------------------- command line
+def test_commrt_train_with_backup_workers_survives_a_killed_rank():
+    """The launcher hosts the store and keeps the job up when rank 3 dies; the summary names it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")}
+    proc = subprocess.run([sys.executable, "-m", "commrt", "train", "--nproc", "4", "--backend", "gloo",
+                           "--algorithm", "backup", "--backups", "1", "--epochs", "1", "--kill", "3:6",
+                           "--straggler", "exp:0.005", "--timeout", "4", "--quiet"],
+                          capture_output=True, text=True, timeout=240, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    rows = {m.group(1): m.group(2) for m in
+            (re.match(r"^(\S.*?)\s{2,}(.+)$", ln) for ln in proc.stdout.splitlines()) if m}
+    assert rows["missing ranks"] == "3", out
+    assert rows["backup workers"].startswith("first 3 of 4 gradients"), out
+    assert set(rows["dropped gradients"].replace(",", "").split()[::2]) == {"r0", "r1", "r2"}, out
+    assert int(rows["global steps"]) >= 20 and float(rows["final test accuracy"]) > 0.5, out
+    assert "rank 3 was killed by SIGKILL; the other ranks carried on" in proc.stderr, out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--backups", "1"], "--backups only applies to --algorithm backup"),
+    (["--algorithm", "backup", "--backups", "2", "--nproc", "2"], "needs more than 2 ranks"),
+    (["--algorithm", "backup", "--backups", "-1"], "non-negative integer"),
+    (["--straggler", "pareto:0.01:0.5"], "shape must be above 1"),
+    (["--straggler", "exp:0.01,lognormal:0.01"], "at most one distribution"),
+    (["--straggler", "weibull:0.01"], "use RANK:SECONDS, exp:MEAN"),
+    (["--kill", "9:1"], "--kill 9:1: the rank must be in 0..1"),
+])
+def test_train_flags_for_backup_workers_are_checked(args, message, capsys):
+    from commrt.cli import main
+    with pytest.raises(SystemExit):
+        main(["train", *args])
+    assert message in capsys.readouterr().err
+
+
+def test_straggler_draws_have_the_requested_mean():
+    from commrt.cli.train import Stragglers
+    for spec in ("exp:0.01", "pareto:0.01:3", "lognormal:0.01:0.5"):
+        s = Stragglers.parse(spec, seed=1)
+        draws = [s.delay(r, t) for r in range(4) for t in range(5000)]
+        assert abs(sum(draws) / len(draws) - 0.01) < 0.0015, (spec, sum(draws) / len(draws))
+        assert s.delay(2, 7) == s.delay(2, 7) != s.delay(3, 7)
+    fixed = Stragglers.parse("1:0.5,exp:0.0")
+    assert fixed.delay(1, 3) == 0.5 and fixed.delay(0, 3) == 0.0

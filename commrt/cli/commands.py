@@ -160,7 +160,8 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
         if alg.name != "backup":
             parser.error("--backups only applies to --algorithm backup")
         try:
-            alg = BackupWorkers(backups=1 if args.backups is None else args.backups)
+            alg = BackupWorkers(backups=1 if args.backups is None else args.backups,
+                                dead_after_s=min(10.0, args.timeout))
             alg.participants(nproc)
         except ValueError as e:
             parser.error(f"--backups with --nproc {nproc}: {e}")
