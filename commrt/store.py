@@ -90,7 +90,8 @@ class ControlStore:
         cached = comm.cache.get(CACHE_KEY)
         if cached is not None:
             return cached
-        comm.cache[CACHE_KEY] = cs = cls._open(comm, comm.timeout if timeout is None else float(timeout))
+        timeout = comm.timeout if timeout is None else float(timeout)
+        comm.cache[CACHE_KEY] = cs = cls._open(comm, timeout)
         return cs
 
     @classmethod

@@ -35,12 +35,13 @@ def spawn_gloo(n, *args, timeout=120):
     """Run the worker as ``n`` gloo ranks with torchrun's variables; the store lives here."""
     store = host_store()
     env = dict(os.environ, WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="true", PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1")
+               MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="true",
+               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     env.pop(STORE_ENV, None)
     script = os.path.join(HERE, "workers", "backup_worker.py")
-    procs = [subprocess.Popen([sys.executable, script, *map(str, args)], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(n)]
+    procs = [subprocess.Popen([sys.executable, script, *map(str, args)],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(n)]
     outs = []
     deadline = time.monotonic() + timeout
     try:
@@ -148,7 +149,8 @@ def test_random_stragglers_end_identical(scenario, tmp_path):
         assert r["global_step"] == final == sum(r["applied"]), r
         assert r["updates"][str(r["rank"])] == final and r["missing"] == []
     parts = participants_by_step(recs)
-    assert sorted(parts) == list(range(final)) and all(len(v) == N_RANKS - 1 for v in parts.values())
+    assert sorted(parts) == list(range(final))
+    assert all(len(v) == N_RANKS - 1 for v in parts.values())
     dropped = sum(recs[0]["dropped"].values())
     assert dropped >= 1, "no gradient was ever late: the delays did not show"
     assert len({tuple(v) for v in parts.values()}) >= 2, "the on-time set never changed"
@@ -251,7 +253,8 @@ def test_all_reduce_refuses_backup_workers():
     from local_transport import run_ranks
 
     def body(tr):
-        comm = Communicator(tr, Backend.GLOO, LaunchInfo("none", tr.rank, tr.world_size, 0, None), 5, 1 << 20)
+        launch = LaunchInfo("none", tr.rank, tr.world_size, 0, None)
+        comm = Communicator(tr, Backend.GLOO, launch, 5, 1 << 20)
         with pytest.raises(ValueError, match="only GradientSync"):
             commrt.all_reduce(torch.ones(8), comm, algorithm="backup")
         return True
@@ -261,10 +264,12 @@ def test_all_reduce_refuses_backup_workers():
 # --------------------------------------------------------- command line
 def test_commrt_train_with_backup_workers_survives_a_killed_rank():
     """The launcher hosts the store and keeps the job up when rank 3 dies; the summary names it."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "commrt", "train", "--nproc", "4", "--backend", "gloo",
-                           "--algorithm", "backup", "--backups", "1", "--epochs", "1", "--kill", "3:6",
-                           "--straggler", "exp:0.005", "--timeout", "4", "--quiet"],
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")}
+    proc = subprocess.run([sys.executable, "-m", "commrt", "train", "--nproc", "4", "--backend",
+                           "gloo", "--algorithm", "backup", "--backups", "1", "--epochs", "1",
+                           "--kill", "3:6", "--straggler", "exp:0.005", "--timeout", "4",
+                           "--quiet"],
                           capture_output=True, text=True, timeout=240, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out

@@ -158,7 +158,8 @@ def snapshot_layout(params: list[torch.Tensor], optimizer) -> dict:
             else:
                 values.append([j, str(key), v])
     total = sum(_aligned(p.numel() * p.element_size()) for p in params)
-    total += sum(_aligned(_dtype(d).itemsize * int(torch.Size(s).numel())) for _, _, d, s, _ in tensors)
+    total += sum(_aligned(_dtype(d).itemsize * int(torch.Size(s).numel()))
+                 for _, _, d, s, _ in tensors)
     return {"optimizer": type(optimizer).__name__ if optimizer is not None else None,
             "tensors": tensors, "values": values, "nbytes": total}
 
@@ -196,8 +197,9 @@ def pack_snapshot(params, optimizer, flat: torch.Tensor | None = None) -> tuple[
 def load_snapshot(flat: torch.Tensor, layout: dict, params, optimizer) -> None:
     """Overwrite ``params`` and ``optimizer``'s state with a snapshot, bit for bit."""
     if optimizer is not None and layout["optimizer"] not in (None, type(optimizer).__name__):
-        raise ValueError(f"commrt: the catch-up snapshot comes from a {layout['optimizer']} but this rank "
-                         f"steps a {type(optimizer).__name__}: every rank must use the same optimizer")
+        raise ValueError(f"commrt: the catch-up snapshot comes from a {layout['optimizer']} but "
+                         f"this rank steps a {type(optimizer).__name__}: every rank must use the "
+                         f"same optimizer")
     with torch.no_grad():
         for (kind, *where), view in _views(flat, params, layout):
             if kind == "param":
@@ -240,7 +242,7 @@ class BackupPolicy(Policy):
         self.n = alg.participants(self.p)        # ValueError on every rank when p <= b
         self.timeout = comm.timeout
         inner = [self._inner_for(b.numel * ctx.element_size) for b in ctx.buckets]
-        for a in dict.fromkeys(inner):           # a shape that does not fit N fails here, everywhere
+        for a in dict.fromkeys(inner):   # a shape that does not fit N fails here, everywhere
             a.schedule(self.p, tuple(range(self.n)))
         self.inner = inner
         # MPI moves a message only inside MPI calls (MPICH runs no progress thread by default),
@@ -278,7 +280,8 @@ class BackupPolicy(Policy):
         self._report: BackupReport | None = None
         self._stale: frozenset[int] = frozenset()
         self._stop = threading.Event()
-        self._hb = threading.Thread(target=self._heartbeat, name=f"commrt-backup-hb-r{self.rank}", daemon=True)
+        self._hb = threading.Thread(target=self._heartbeat, name=f"commrt-backup-hb-r{self.rank}",
+                                    daemon=True)
         self._hb.start()
         return tuple(f"backup(b={alg.backups}):{label(a)}" for a in inner)
 
@@ -300,9 +303,9 @@ class BackupPolicy(Policy):
 
     def _begin(self) -> None:
         if self._unapplied:
-            raise RuntimeError("commrt: backup workers need sync.step(optimizer) after every backward "
-                               "(a late rank loads the latest parameters and optimizer state there); "
-                               "sync.wait() followed by optimizer.step() cannot do that")
+            raise RuntimeError("commrt: backup workers need sync.step(optimizer) after every "
+                               "backward (a late rank loads the latest parameters and optimizer "
+                               "state there); sync.wait() followed by optimizer.step() cannot")
         g = self.held
         if self.final is not None and g >= self.final:
             self.role, self.ranks = Role.FINAL, ()
@@ -333,7 +336,8 @@ class BackupPolicy(Policy):
         return [v.decode() for v in self.store.multi_get(keys)]
 
     def _poll(self, done, serve: bool = False) -> bool:
-        """Call ``done()`` (a store query) with growing pauses until it is true or the timeout passes."""
+        """Call ``done()`` (a store query) with growing pauses until it is true or the
+        timeout passes."""
         deadline = time.monotonic() + self.timeout
         pause, next_serve = 0.0, 0.0
         while not done():
@@ -360,8 +364,9 @@ class BackupPolicy(Policy):
         return CommTimeoutError(
             rank=self.rank, peer=missing[0] if missing else None, timeout_s=self.timeout,
             algorithm=str(self.algorithm), step=g,
-            what=(f"the first {self.n} of {self.p} gradients of global step {g}; only {len(arrived)} ranks "
-                  f"arrived, missing ranks {missing} (more than backups={self.algorithm.backups} gone)"))
+            what=(f"the first {self.n} of {self.p} gradients of global step {g}; only "
+                  f"{len(arrived)} ranks arrived, missing ranks {missing} (more than "
+                  f"backups={self.algorithm.backups} gone)"))
 
     def scale(self, step: int) -> float:
         return 1.0 / self.n
@@ -419,8 +424,9 @@ class BackupPolicy(Policy):
         deadline = time.monotonic() + self.timeout
         if not self._poll(lambda: self.store.check([f"r/{req}"])):
             self._failed = True
-            raise CommTimeoutError(rank=self.rank, peer=None, timeout_s=self.timeout, algorithm=str(self.algorithm),
-                                   step=self.held, what="an on-time rank to answer its catch-up request") from None
+            raise CommTimeoutError(rank=self.rank, peer=None, timeout_s=self.timeout,
+                                   algorithm=str(self.algorithm), step=self.held,
+                                   what="an on-time rank to answer its catch-up request")
         resp = json.loads(self.store.get(f"r/{req}"))
         server, layout = resp["server"], resp["layout"]
         nbytes = layout["nbytes"]
@@ -435,8 +441,9 @@ class BackupPolicy(Policy):
         for j in range(len(pieces)):
             if not pend.wait_recv(j, deadline):
                 self._failed = True
-                raise CommTimeoutError(rank=self.rank, peer=server, what="recv", timeout_s=self.timeout,
-                                       algorithm=f"{self.algorithm} catch-up", step=self.held)
+                raise CommTimeoutError(rank=self.rank, peer=server, what="recv",
+                                       timeout_s=self.timeout, step=self.held,
+                                       algorithm=f"{self.algorithm} catch-up")
         pend.finish()
         if not tr.sync(deadline):
             raise CommTimeoutError(rank=self.rank, peer=server, what="recv", timeout_s=self.timeout,
@@ -486,8 +493,8 @@ class BackupPolicy(Policy):
         if self._state_event is not None:
             torch.cuda.current_stream(self.ctx.comm.device).wait_event(self._state_event)
         flat, layout = pack_snapshot(self.params, self._opt)
-        self.store.set(f"r/{req}", json.dumps({"server": self.rank, "step": self.held, "final": self.final,
-                                               "layout": layout}))
+        self.store.set(f"r/{req}", json.dumps({"server": self.rank, "step": self.held,
+                                               "final": self.final, "layout": layout}))
         s = _Send(req, peer, flat, time.monotonic())
         self._sending.append(s)
         self.served += 1
@@ -498,7 +505,8 @@ class BackupPolicy(Policy):
         comm = self.ctx.comm
         with comm.lock:
             comm.transport.begin(s.flat)
-            s.pending = comm.transport.exchange([(x, s.peer) for x in _pieces(s.flat)], [], CATCHUP_TAG)
+            sends = [(x, s.peer) for x in _pieces(s.flat)]
+            s.pending = comm.transport.exchange(sends, [], CATCHUP_TAG)
 
     def _progress_sends(self) -> None:
         now = time.monotonic()
@@ -558,7 +566,8 @@ class BackupPolicy(Policy):
         self._mark_final()
         # 2. answer catch-up requests until every live rank holds the final state
         others = [r for r in range(self.p) if r != self.rank]
-        fins: dict[int, dict] = {self.rank: {"step": self.held, "dropped": self.dropped, "updates": self.updates}}
+        fins: dict[int, dict] = {self.rank: {"step": self.held, "dropped": self.dropped,
+                                             "updates": self.updates}}
         while True:
             self._serve()
             for r in others:
@@ -572,9 +581,10 @@ class BackupPolicy(Policy):
             self._progress_sends()
             time.sleep(0.002)
         missing = tuple(r for r in range(self.p) if r not in fins)
-        self._report = BackupReport(self.rank, self.p, self.algorithm.backups, self.held, self.final,
-                                    {r: f["dropped"] for r, f in sorted(fins.items())},
-                                    {r: f["updates"] for r, f in sorted(fins.items())}, missing, self.served)
+        self._report = BackupReport(self.rank, self.p, self.algorithm.backups, self.held,
+                                    self.final, {r: f["dropped"] for r, f in sorted(fins.items())},
+                                    {r: f["updates"] for r, f in sorted(fins.items())}, missing,
+                                    self.served)
         # 3. the store lives in this process: keep it up until every live rank is done with it
         self._stop_heartbeat()
         self.store.set(f"bye/{self.rank}", "1")
@@ -588,8 +598,8 @@ class BackupPolicy(Policy):
         if self._report is not None:
             return self._report
         return BackupReport(self.rank, self.p, self.algorithm.backups, self.held, self.final,
-                            {self.rank: self.dropped}, {self.rank: self.updates}, tuple(sorted(self._stale)),
-                            self.served)
+                            {self.rank: self.dropped}, {self.rank: self.updates},
+                            tuple(sorted(self._stale)), self.served)
 
     # ----------------------------------------------------------- heartbeat
     def _heartbeat(self) -> None:
@@ -610,5 +620,6 @@ class BackupPolicy(Policy):
             for r, v in enumerate(vals):
                 if seen.get(r) != v:
                     seen[r], changed[r] = v, now
+            limit = self.algorithm.dead_after_s
             self._stale = frozenset(r for r in range(self.p)
-                                    if r != self.rank and now - changed[r] > self.algorithm.dead_after_s)
+                                    if r != self.rank and now - changed[r] > limit)

@@ -43,8 +43,10 @@ def linear_model():
 
 
 def targets(model, rank, g, n):
-    """Integer gradients, multiples of n (so scaling by 1/n is exact), distinct per rank and step."""
-    return [torch.full_like(p, float(n * ((rank + 1) * (g + 2) + i))) for i, p in enumerate(model.parameters())]
+    """Integer gradients, multiples of n (so scaling by 1/n is exact), distinct per rank and
+    global step."""
+    return [torch.full_like(p, float(n * ((rank + 1) * (g + 2) + i)))
+            for i, p in enumerate(model.parameters())]
 
 
 def mlp():
@@ -66,7 +68,8 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
     rec = {"rank": rank, "case": case, "steps": [], "applied": [], "step_s": []}
     steps = {"exact": SLOW_STEPS, "adam": SLOW_STEPS, "random": RANDOM_STEPS, "ready": RANDOM_STEPS,
              "dead": DEAD_STEPS}[case]
-    sync = commrt.GradientSync(model, comm, algorithm=algorithm, bucket_mb=0.004, first_bucket_mb=0.001)
+    sync = commrt.GradientSync(model, comm, algorithm=algorithm, bucket_mb=0.004,
+                               first_bucket_mb=0.001)
     if case == "ready":
         sync.policy.send_when_ready = True
     rec["buckets"] = len(sync.buckets)
@@ -130,16 +133,18 @@ def main(backend, scenario, out, backups=1):
     def sgd(m):
         return torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.5)
 
+    def momentum(m):
+        return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
     if scenario == "slow":
         run_case(comm, "exact", out, alg, sgd, linear_model(), linear_backward, slow)
         run_case(comm, "adam", out, alg, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), mlp(),
                  data_backward, slow)
     elif scenario in ("random", "ready"):
-        run_case(comm, scenario, out, alg, lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
-                 mlp(), data_backward, random_delay)
+        run_case(comm, scenario, out, alg, momentum, mlp(), data_backward, random_delay)
     elif scenario == "dead":
-        run_case(comm, "dead", out, alg, lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
-                 mlp(), data_backward, lambda r, it: 0.02, die_at=DIE_AT)
+        run_case(comm, "dead", out, alg, momentum, mlp(), data_backward, lambda r, it: 0.02,
+                 die_at=DIE_AT)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     if scenario != "dead":
