@@ -248,8 +248,8 @@ def run(args) -> int:
                 loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
                 loss.backward()
                 sync.step(opt)
-                if backup and sync.policy.finished:
-                    break
+                if backup and (sync.policy.finished or sync.global_step >= total_steps):
+                    break         # training ended, or this rank holds the planned global steps
                 losses.append(loss.item())
                 steps += 1
                 samples += gb
@@ -259,7 +259,7 @@ def run(args) -> int:
                 bar.update(1, f"epoch {epoch + 1}/{args.epochs} loss {loss.item():.3f} acc {acc:.3f} "
                               f"{rate:,.0f} samples/s comm {comm_share:.0%}")
             acc = evaluate(model, data, comm, local=backup)
-            if backup and sync.policy.finished:
+            if backup and (sync.policy.finished or sync.global_step >= total_steps):
                 break
             epoch_rate = steps * gb / max(time.perf_counter() - t_epoch, 1e-9)
             bar.update(0, f"epoch {epoch + 1}/{args.epochs} loss {sum(losses) / max(1, len(losses)):.3f} "

@@ -57,6 +57,12 @@ step's all-reduce (after taking one of the N tickets) fails that step for
 its peers with the usual timeout error; the paper's parameter server has
 the same window.
 
+**Control-plane cost.** Per step a rank makes about five store round trips
+(ticket, name, poll for the N names, read them, look for requests): tens to
+hundreds of microseconds on one machine. Each heartbeat thread reads all p
+counters every 0.25 s, so the store (one server) sees O(p²) reads per
+quarter second: fine for tens to a few hundred ranks, the limit beyond.
+
 **Ending.** The first rank to call ``close()`` ends training at the global
 step it holds: it takes a ticket on that step marked "closing", and a step
 whose first N tickets include one makes no update. Every rank then ends at
@@ -72,6 +78,7 @@ involve every rank at once, which backup workers are meant to avoid.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import threading
@@ -311,9 +318,10 @@ class BackupPolicy(Policy):
             self.role, self.ranks = Role.FINAL, ()
             return
         self._unapplied = True
-        pos = self.store.add(f"a/{g}", 1)
-        self.store.set(f"s/{g}/{pos - 1}", str(self.rank))
-        firsts = self._first_n(g)
+        with self._span("commrt/backup/arrive", step=g):
+            pos = self.store.add(f"a/{g}", 1)
+            self.store.set(f"s/{g}/{pos - 1}", str(self.rank))
+            firsts = self._first_n(g)
         if any(s.startswith("x") for s in firsts):
             self.final, self.role, self.ranks = g, Role.FINAL, ()
         elif pos <= self.n:
@@ -388,7 +396,8 @@ class BackupPolicy(Policy):
             return 1
         if self.role is Role.LATE:
             req, self._req = self._req, None
-            return self._catch_up(req)
+            with self._span("commrt/backup/catch-up", step=self.held):
+                return self._catch_up(req)
         self._mark_final()
         self._serve()
         return 0
@@ -489,10 +498,15 @@ class BackupPolicy(Policy):
             self._state_event = torch.cuda.Event()
             self._state_event.record(torch.cuda.current_stream(self.ctx.comm.device))
 
+    def _span(self, name: str, **args):
+        tracer = self.ctx.tracer
+        return tracer.span(name, **args) if tracer is not None else contextlib.nullcontext()
+
     def _start_send(self, req: int, peer: int) -> None:
         if self._state_event is not None:
             torch.cuda.current_stream(self.ctx.comm.device).wait_event(self._state_event)
-        flat, layout = pack_snapshot(self.params, self._opt)
+        with self._span("commrt/backup/snapshot", peer=peer):
+            flat, layout = pack_snapshot(self.params, self._opt)
         self.store.set(f"r/{req}", json.dumps({"server": self.rank, "step": self.held,
                                                "final": self.final, "layout": layout}))
         s = _Send(req, peer, flat, time.monotonic())
