@@ -127,6 +127,8 @@ class BackupReport:
     updates: dict[int, int] = field(default_factory=dict)
     missing: tuple[int, ...] = ()
     served: int = 0
+    #: seconds ``close()`` spent ending training and waiting for the others to hold the end
+    drain_s: float = 0.0
 
 
 @dataclass
@@ -566,7 +568,8 @@ class BackupPolicy(Policy):
         self._hb.join(timeout=self.timeout)
 
     def _drain(self) -> None:
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline = start + self.timeout
         # 1. end training at the step this rank holds, or catch up to where it ended
         while self.final is None or self.held < self.final:
             g = self.held
@@ -598,7 +601,7 @@ class BackupPolicy(Policy):
         self._report = BackupReport(self.rank, self.p, self.algorithm.backups, self.held,
                                     self.final, {r: f["dropped"] for r, f in sorted(fins.items())},
                                     {r: f["updates"] for r, f in sorted(fins.items())}, missing,
-                                    self.served)
+                                    self.served, time.monotonic() - start)
         # 3. the store lives in this process: keep it up until every live rank is done with it
         self._stop_heartbeat()
         self.store.set(f"bye/{self.rank}", "1")
