@@ -88,8 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="data-parallel training of an MLP on the digits dataset (CPU by default)")
     _common(tr)
     tr.add_argument("--algorithm", default="ring",
-                    help="ring, halving_doubling, torus2d, auto, or backup (backup workers, see --backups; "
-                         "default ring)")
+                    help="ring, halving_doubling, torus2d, auto, or backup (backup workers, "
+                         "see --backups; default ring)")
     tr.add_argument("--torus-shape", metavar="ROWSxCOLS", help="grid for --algorithm torus2d, e.g. 2x2")
     tr.add_argument("--epochs", type=positive_int, default=8)
     tr.add_argument("--batch-size", type=positive_int, default=64, help="global batch (all ranks together)")
@@ -99,11 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="for torch.nn.CrossEntropyLoss (default 0.1, as in Mikami et al.)")
     tr.add_argument("--comm-dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="wire dtype")
     tr.add_argument("--backups", type=int, default=None, metavar="B",
-                    help="with --algorithm backup: drop the last B of N+B gradients each step (default 1)")
+                    help="with --algorithm backup: drop the last B of N+B gradients each step "
+                         "(default 1)")
     tr.add_argument("--straggler", metavar="SPEC,...",
-                    help="make ranks slow before every step: RANK:SECONDS for a fixed delay (e.g. 1:0.02), "
-                         "or a delay every rank draws each step: exp:MEAN_S, pareto:MEAN_S[:SHAPE] "
-                         "(default shape 2) or lognormal:MEAN_S[:SIGMA] (default 1), e.g. pareto:0.01")
+                    help="make ranks slow before every step: RANK:SECONDS for a fixed delay "
+                         "(e.g. 1:0.02), or a delay every rank draws each step: exp:MEAN_S, "
+                         "pareto:MEAN_S[:SHAPE] (default shape 2) or lognormal:MEAN_S[:SIGMA] "
+                         "(default 1), e.g. pareto:0.01")
     tr.add_argument("--kill", metavar="RANK:STEP",
                     help="fault injection: rank RANK kills itself (SIGKILL) before step STEP; with "
                          "--algorithm backup the others carry on")
@@ -193,7 +195,8 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
         except ValueError:
             parser.error(f"bad --kill {args.kill!r}; use RANK:STEP, e.g. 3:20")
         if not 0 <= r < nproc or step < 0:
-            parser.error(f"--kill {args.kill}: the rank must be in 0..{nproc - 1} and the step >= 0")
+            parser.error(f"--kill {args.kill}: the rank must be in 0..{nproc - 1} "
+                         f"and the step >= 0")
         args.kill = (r, step)
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error("--label-smoothing must be in [0, 1)")

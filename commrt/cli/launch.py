@@ -101,9 +101,10 @@ def _supervise(procs: list[subprocess.Popen], timeout: float | None, ranks_known
                     continue
                 for rank, c in enumerate(codes):
                     if c:
-                        how = f"was killed by {_signame(-c)}" if c < 0 else f"exited with status {c}"
-                        print(f"commrt: rank {rank} {how}; the other ranks carried on (up to {tolerate} "
-                              f"may fail)", file=sys.stderr, flush=True)
+                        how = (f"was killed by {_signame(-c)}" if c < 0
+                               else f"exited with status {c}")
+                        print(f"commrt: rank {rank} {how}; the other ranks carried on (up to "
+                              f"{tolerate} may fail)", file=sys.stderr, flush=True)
                 return 0
             if bad:
                 # a rank that died takes its peers down a moment later (connection reset,

@@ -45,8 +45,8 @@ def size_sweep(p: int, itemsize: int = 4) -> tuple[int, ...]:
     """
     k = max(3, (p * itemsize - 1).bit_length())
     return tuple(1 << j for j in range(k, 31, 2))
-FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png", "stragglers": "sim_stragglers.png",
-         "backup": "sim_backup.png"}
+FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png",
+         "stragglers": "sim_stragglers.png", "backup": "sim_backup.png"}
 
 
 # ------------------------------------------------------------------ parsing
@@ -267,8 +267,8 @@ def backup_sweep(args, ps, sw, algs, nbytes: int, mean: float, out) -> dict:
     delays = [sim.Exponential(mean), sim.Pareto(mean, 2.0)]
     res: dict = {}
     for d in delays:
-        out(f"\n## backup workers · {args.compute_ms:g} ms compute + {d} per rank, first N of p = N + b "
-            f"(mean / p99)")
+        out(f"\n## backup workers · {args.compute_ms:g} ms compute + {d} per rank, "
+            f"first N of p = N + b (mean / p99)")
         out(f"{'p':>6} " + "".join(f"{k:>24}" for k in backup_counts(4096)) + f"{'2% → b':>8}")
         rows = {k: {"mean": [], "p99": [], "b": []} for k in backup_counts(4096)}
         for p in ps:
@@ -348,11 +348,11 @@ def plot_all(report: dict, names: Sequence[str], args, net: sim.Network) -> list
             xs = [x for x, _, _ in pts]
             ax.plot(xs, [m * 1e3 for _, m, _ in pts], "-", color=f"C{i}", label=f"{k}: mean")
             ax.plot(xs, [q * 1e3 for _, _, q in pts], ":", color=f"C{i}", label="p99")
-        plotting.style(ax, xlabel="ranks p = N + b", ylabel="step time (ms)", logy=True, title_size=9,
-                       title=f"backup workers, {d}")
+        plotting.style(ax, xlabel="ranks p = N + b", ylabel="step time (ms)", logy=True,
+                       title_size=9, title=f"backup workers, {d}")
         ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(f"{bk['compute_s'] * 1e3:g} ms compute + per-rank delay; the step starts at the N-th "
-                 f"arrival", fontsize=9)
+    fig.suptitle(f"{bk['compute_s'] * 1e3:g} ms compute + per-rank delay; the step starts at "
+                 f"the N-th arrival", fontsize=9)
     paths.append(plotting.save(fig, os.path.join(args.out_dir, FILES["backup"])))
     return paths
 

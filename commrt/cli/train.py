@@ -287,14 +287,15 @@ def run(args) -> int:
         commrt.all_reduce(phases, comm, op="avg")
     phases = phases.cpu()
     if rank == 0:
-        print(summary_table(args, comm, acc, samples, phases.tolist(), stats, trace_path, batch_schedule,
-                            report))
+        print(summary_table(args, comm, acc, samples, phases.tolist(), stats, trace_path,
+                            batch_schedule, report))
     if not (backup and report.missing and comm.backend.value == "mpi"):
         comm.close()   # (MPI's communicator free would wait on the dead rank)
     return 0
 
 
-def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_schedule, report=None) -> str:
+def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_schedule,
+                  report=None) -> str:
     step_s, backward_s, pack_s, comm_s, unpack_s, exposed_s, bytes_sent, wall = phases
     compute_s = max(0.0, step_s - exposed_s)
     ms = lambda x: f"{x * 1e3:9.3f} ms"   # noqa: E731
@@ -326,7 +327,8 @@ def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_sch
             ("backup workers", f"first {n} of {report.world_size} gradients per step "
                                f"(b = {report.backups})"),
             ("global steps", f"{report.global_step}"),
-            ("dropped gradients", ", ".join(f"r{r} {d}" for r, d in sorted(report.dropped.items()))),
+            ("dropped gradients",
+             ", ".join(f"r{r} {d}" for r, d in sorted(report.dropped.items()))),
             ("missing ranks", ", ".join(map(str, report.missing)) or "none"),
         ]
     w = max(len(k) for k, _ in rows)
