@@ -283,7 +283,7 @@ class BackupPolicy(Policy):
         self._seen_req = 0
         self._open_reqs: dict[int, tuple[int, int]] = {}
         self._sending: list[_Send] = []
-        self._lost: list[_Send] = []          # sends whose receiver vanished: buffers kept alive
+        self._lost: list = []   # buffers of transfers whose peer vanished: the engine may hold them
         self._rbuf: torch.Tensor | None = None
         self._state_event = None
         self._report: BackupReport | None = None
@@ -430,7 +430,23 @@ class BackupPolicy(Policy):
         return i
 
     def _catch_up(self, req: int) -> int:
-        """Receive and load the snapshot answering request ``req``; return the updates gained."""
+        """Receive and load the snapshot answering request ``req``; return the updates gained.
+
+        A server that dies while its snapshot is on the way (the engine reports the lost
+        connection) is replaced: the request goes out again and another rank answers."""
+        for _ in range(self.p):
+            try:
+                return self._receive(req)
+            except CommError:
+                raise
+            except RuntimeError:
+                if self._rbuf is not None:
+                    self._lost.append(self._rbuf)   # the engine may still hold it
+                self._rbuf = None
+                req = self._request(self.held)
+        return self._receive(req)
+
+    def _receive(self, req: int) -> int:
         comm, tr = self.ctx.comm, self.ctx.comm.transport
         deadline = time.monotonic() + self.timeout
         if not self._poll(lambda: self.store.check([f"r/{req}"])):
@@ -543,7 +559,7 @@ class BackupPolicy(Policy):
                 self._sending.remove(s)
             elif now - s.started > self.timeout:
                 self._sending.remove(s)              # receiver gone: keep the buffer for the engine
-                self._lost.append(s)
+                self._lost.append(s.flat)
 
     # --------------------------------------------------------------- end
     def _mark_final(self) -> None:
