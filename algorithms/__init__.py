@@ -17,9 +17,10 @@ from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.algorithms.auto import Auto
 from commrt.algorithms.broadcast import BinomialTree, PipelinedChain
+from commrt.algorithms.gossip import Gossip
 
 __all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "BinomialTree", "PipelinedChain",
-           "resolve", "NAMES", "DEFAULT_ALGORITHM"]
+           "Gossip", "resolve", "NAMES", "DEFAULT_ALGORITHM"]
 
 _BY_NAME = {
     "ring": Ring,
@@ -27,6 +28,7 @@ _BY_NAME = {
     "hd": HalvingDoubling,
     "torus2d": Torus2D,
     "auto": Auto,
+    "gossip": Gossip,
 }
 #: names accepted by ``algorithm="..."``
 NAMES = tuple(sorted(_BY_NAME))

@@ -7,12 +7,14 @@ stay plain data: they never import this package.
 """
 from __future__ import annotations
 
-from commrt.algorithms import Algorithm
+from commrt.algorithms import Algorithm, Gossip
 from commrt.sync.allreduce import AllReducePolicy
+from commrt.sync.gossip import GossipPolicy
 from commrt.sync.policy import Policy
 
 #: (algorithm types, policy class), first match wins; the all-reduce family serves any Algorithm
 FAMILIES: tuple[tuple[tuple[type, ...], type[Policy]], ...] = (
+    ((Gossip,), GossipPolicy),
     ((Algorithm,), AllReducePolicy),
 )
 
