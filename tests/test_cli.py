@@ -69,7 +69,9 @@ def test_bench_kernels_table(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "--algorithm", "gossip"], "unknown algorithm 'gossip'"),
+    (["train", "--algorithm", "gosip"], "unknown algorithm 'gosip'"),
+    (["train", "--algorithm", "gossip", "--nproc", "6"], "power-of-two number of ranks, got 6"),
+    (["train", "--gossip-async"], "only apply to --algorithm gossip"),
     (["train", "--algorithm", "torus2d", "--torus-shape", "3x2", "--nproc", "4"], "rows × cols must equal p"),
     (["train", "--torus-shape", "2x2"], "only applies to --algorithm torus2d"),
     (["train", "--batch-size", "65", "--nproc", "2"], "batch size"),

@@ -57,3 +57,25 @@ def test_gossip_on_four_real_ranks_mpi_and_gloo(tmp_path):
 def test_one_message_per_bucket_per_step_at_two_and_eight_ranks(tmp_path, p):
     report, counts, _ = _run(tmp_path, p, "count")
     _check_counts(report, counts, p)
+
+
+@pytest.mark.mpi
+def test_train_gossip_reaches_the_ring_accuracy_on_four_ranks():
+    """Same epochs, batch and seed; gossip starts each rank from its own shard, shuffles it,
+    and averages the models every epoch. Measured: 0.9694 for both (8 epochs, batch 64)."""
+    from test_cli import _commrt, _summary
+    acc, rows = {}, {}
+    for algorithm in ("ring", "gossip"):
+        proc = _commrt("train", "--nproc", "4", "--backend", "mpi", "--algorithm", algorithm, "--quiet")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows[algorithm] = _summary(proc.stdout)
+        acc[algorithm] = float(rows[algorithm]["final test accuracy"])
+    assert acc["ring"] >= 0.9 and abs(acc["gossip"] - acc["ring"]) <= 0.01, acc
+    g = rows["gossip"]
+    assert g["algorithm"].startswith("gossip(hypercube,rotate)")
+    last, worst = (float(v.split()[0]) for v in g["disagreement (‖θ_r−θ̄‖/‖θ̄‖)"].split(","))
+    assert 0 < last <= worst < 0.5, g
+    # every rank sends the whole model once per step; the ring sends 2(p-1)/p of it
+    gossip_kb, ring_kb = (float(rows[a]["bytes sent per step"].split()[0].replace(",", "")) for a in
+                          ("gossip", "ring"))
+    assert ring_kb == pytest.approx(1.5 * gossip_kb, rel=0.01)

@@ -88,7 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="data-parallel training of an MLP on the digits dataset (CPU by default)")
     _common(tr)
     tr.add_argument("--algorithm", default="ring",
-                    help="ring, halving_doubling, torus2d, auto (default ring)")
+                    help="ring, halving_doubling, torus2d, auto, gossip (default ring)")
+    tr.add_argument("--gossip-topology", choices=["hypercube", "dissemination"], default=None,
+                    help="for --algorithm gossip (default hypercube; dissemination handles any --nproc)")
+    tr.add_argument("--gossip-async", action="store_true",
+                    help="for --algorithm gossip: apply each step's mix one step later, overlapped")
     tr.add_argument("--torus-shape", metavar="ROWSxCOLS", help="grid for --algorithm torus2d, e.g. 2x2")
     tr.add_argument("--epochs", type=positive_int, default=8)
     tr.add_argument("--batch-size", type=positive_int, default=64, help="global batch (all ranks together)")
@@ -133,7 +137,7 @@ def _straggler(text: str) -> list[tuple[int, float]]:
 
 def check_train(parser: argparse.ArgumentParser, args) -> None:
     """Reject bad flags before any rank starts, with the reason."""
-    from commrt.algorithms import Torus2D, resolve
+    from commrt.algorithms import Gossip, Torus2D, resolve
     from commrt.recipe import BatchSizeSchedule
     try:
         alg = resolve(args.algorithm)
@@ -152,6 +156,15 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
             alg.schedule(nproc)
         except ValueError as e:
             parser.error(f"--torus-shape {args.torus_shape} with --nproc {nproc}: {e}")
+    if args.gossip_topology or args.gossip_async:
+        if alg.name != "gossip":
+            parser.error("--gossip-topology and --gossip-async only apply to --algorithm gossip")
+        alg = Gossip(args.gossip_topology or "hypercube", asynchronous=args.gossip_async)
+    if alg.name == "gossip":
+        try:
+            alg.period_length(nproc)
+        except ValueError as e:
+            parser.error(f"--algorithm gossip with --nproc {nproc}: {e}")
     args.algorithm = alg
     try:
         sched = (BatchSizeSchedule.parse(args.batch_schedule) if args.batch_schedule
