@@ -348,3 +348,21 @@ def test_shuffle_bad_input_raises_on_every_rank():
         assert all(isinstance(r, ValueError) and msg in str(r) for r in results), results
     assert "fraction must be a number in [0, 1], got 1.5" in str(each_rank(3, frac)[1])
     assert "rank 2: 25" in str(each_rank(3, lengths)[0])
+
+
+# ---------------------------------------------------------------------- simulator
+def test_simulated_gossip_step_is_one_message_whatever_p():
+    from commrt import sim
+    flat = sim.Network.flat(10e-6, 1 / 20e9)
+    n = 1 << 20
+    for p in (2, 8, 64, 512):
+        r = sim.simulate_gossip(Gossip(), p, n, flat)
+        assert np.allclose(r.step_s, flat.inter.time(n), rtol=1e-12)        # α + nβ every step
+        assert r.mean_s < sim.ring_time(p, n, flat.inter) or p == 2
+    h100 = sim.Network.h100_nvlink_ib()
+    fixed = sim.simulate_gossip(Gossip(rotate=False), 64, n, h100)          # 8 nodes of 8
+    want = [h100.intra.time(n)] * 3 + [h100.inter.time(n)] * 3                # cube dims 0-2 stay on a node
+    assert np.allclose(fixed.step_s, want * 2, rtol=1e-12) and fixed.off_node.tolist() == [0, 0, 0, 1, 1, 1] * 2
+    rotated = sim.simulate_gossip(Gossip(), 64, n, h100)
+    assert rotated.off_node_share > fixed.off_node_share                      # rotation sends partners off-node
+    assert sim.simulate_gossip(Gossip(), 1, n).mean_s == 0.0
