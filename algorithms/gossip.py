@@ -40,6 +40,7 @@ Example::
     >>> s.num_steps, s.messages(), s.check().ok
     (1, 8, True)
 """
+
 from __future__ import annotations
 
 import enum
@@ -82,14 +83,24 @@ class Gossip(Algorithm):
 
     def __post_init__(self):
         try:
-            topo = Topology(self.topology) if not isinstance(self.topology, Topology) else self.topology
+            topo = (
+                Topology(self.topology)
+                if not isinstance(self.topology, Topology)
+                else self.topology
+            )
         except ValueError:
-            raise ValueError(f"topology must be 'hypercube' or 'dissemination', got {self.topology!r}") from None
+            raise ValueError(
+                f"topology must be 'hypercube' or 'dissemination', got {self.topology!r}"
+            ) from None
         object.__setattr__(self, "topology", topo)
         for flag in ("rotate", "asynchronous"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
+        if (
+            isinstance(self.seed, bool)
+            or not isinstance(self.seed, (int, np.integer))
+            or self.seed < 0
+        ):
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
 
     def supports(self, collective: Collective) -> bool:
@@ -103,8 +114,10 @@ class Gossip(Algorithm):
         if not isinstance(world_size, (int, np.integer)) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         if self.topology is Topology.HYPERCUBE and world_size & (world_size - 1):
-            raise ValueError(f"hypercube gossip needs a power-of-two number of ranks, got {world_size}; "
-                             f"use Gossip(topology='dissemination'), which handles any p")
+            raise ValueError(
+                f"hypercube gossip needs a power-of-two number of ranks, got {world_size}; "
+                f"use Gossip(topology='dissemination'), which handles any p"
+            )
         return max(1, (int(world_size) - 1).bit_length())
 
     @functools.lru_cache(maxsize=64)
@@ -130,9 +143,12 @@ class Gossip(Algorithm):
         k, period = int(step) % L, int(step) // L
         virt, real = self._permutation(int(world_size), period)
         if self.topology is Topology.HYPERCUBE:
-            partner = real[virt ^ (1 << k)]
+            partner = real[virt ^ (1 << k)].astype(np.int64, copy=False)
             return partner, partner
-        return real[(virt + (1 << k)) % world_size], real[(virt - (1 << k)) % world_size]
+        return (
+            real[(virt + (1 << k)) % world_size].astype(np.int64, copy=False),
+            real[(virt - (1 << k)) % world_size].astype(np.int64, copy=False),
+        )
 
     def peers(self, rank: int, step: int, world_size: int) -> tuple[int, int]:
         """``(send_to, recv_from)`` of ``rank`` at ``step``: pure, no messages.
@@ -144,8 +160,13 @@ class Gossip(Algorithm):
         return int(send[rank]), int(recv[rank])
 
     # -------------------------------------------------------------- schedule
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.GOSSIP, step: int = 0) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.GOSSIP,
+        step: int = 0,
+    ) -> Schedule:
         """Step ``step``'s exchange as a one-step :class:`~commrt.Schedule` over one chunk.
 
         Every rank sends the whole buffer to its ``send_to`` and adds what
@@ -157,30 +178,49 @@ class Gossip(Algorithm):
         """
         if collective is not Collective.GOSSIP:
             raise ValueError(f"gossip implements the gossip exchange only, not {collective.value}")
-        return self._schedule(world_size, participants(world_size, ranks), int(step))
+        ranks = participants(world_size, ranks)
+        send, recv = self.peer_arrays(step, len(ranks))
+        k = int(step) % self.period_length(len(ranks))
+        # Keyed on the pairing, not the step: a pairing seen before (always so at p = 2, often
+        # at small p, every period without rotation) returns the same Schedule object, so the
+        # executor's compiled plan and bound transport requests are reused too.
+        return self._schedule(world_size, ranks, k, send.tobytes(), recv.tobytes())
 
-    @functools.lru_cache(maxsize=128)
-    def _schedule(self, world_size: int, ranks: tuple[int, ...], step: int) -> Schedule:
+    @functools.lru_cache(maxsize=256)
+    def _schedule(
+        self, world_size: int, ranks: tuple[int, ...], k: int, send: bytes, recv: bytes
+    ) -> Schedule:
         m = len(ranks)
-        send, recv = self.peer_arrays(step, m)
         r = np.asarray(ranks, dtype=np.int32)
         if m == 1:
             return Schedule(self.name, Collective.GOSSIP, world_size, ranks, 1, (), sources=ranks)
+        send, recv = np.frombuffer(send, np.int64), np.frombuffer(recv, np.int64)
         kind = np.tile(np.array([SEND, RECV_REDUCE], np.int8), m)
         rank = np.repeat(r, 2)
         peer = np.empty(2 * m, np.int32)
         peer[0::2], peer[1::2] = r[send], r[recv]
-        k = step % self.period_length(m)
         label = f"cube dim {k}" if self.topology is Topology.HYPERCUBE else f"dissem ±{1 << k}"
         st = Step(kind, rank, peer, np.zeros(2 * m, np.int64), np.ones(2 * m, np.int64), label)
-        return Schedule(self.name, Collective.GOSSIP, world_size, ranks, 1, (st,),
-                        sources=tuple(int(x) for x in r[recv]))
+        return Schedule(
+            self.name,
+            Collective.GOSSIP,
+            world_size,
+            ranks,
+            1,
+            (st,),
+            sources=tuple(int(x) for x in r[recv]),
+        )
 
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
-        raise ValueError("gossip is not an all-reduce: use it in commrt.GradientSync(algorithm=Gossip(...)); "
-                         "for an exact average of tensors use commrt.all_reduce or commrt.average_parameters")
+        raise ValueError(
+            "gossip is not an all-reduce: use it in commrt.GradientSync(algorithm=Gossip(...)); "
+            "for an exact average of tensors use commrt.all_reduce or commrt.average_parameters"
+        )
 
     def __str__(self) -> str:
-        opts = [self.topology.value] + (["rotate"] if self.rotate else []) + (
-            ["async"] if self.asynchronous else [])
+        opts = (
+            [self.topology.value]
+            + (["rotate"] if self.rotate else [])
+            + (["async"] if self.asynchronous else [])
+        )
         return f"gossip({','.join(opts)})"

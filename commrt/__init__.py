@@ -23,5 +23,5 @@ from commrt.schedule import Schedule
 from commrt import data   # commrt.data.GossipShuffle
 
 __version__ = "0.1.0"
-__all__ = ["init", "Communicator", "Backend", "all_reduce", "broadcast", "average_parameters", "GradientSync",
-           "Schedule", "CommError", "CommTimeoutError", "ScheduleError", "data"]
+__all__ = ["init", "Communicator", "Backend", "all_reduce", "broadcast", "average_parameters",
+           "GradientSync", "Schedule", "CommError", "CommTimeoutError", "ScheduleError", "data"]

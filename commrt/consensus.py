@@ -5,6 +5,7 @@ apart. :func:`average_parameters` replaces every rank's parameters (and,
 if given, the optimizer's state tensors) by their mean over all ranks and
 reports how far apart the ranks were.
 """
+
 from __future__ import annotations
 
 import math
@@ -31,7 +32,9 @@ def _state_tensors(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
     return out
 
 
-def average_parameters(model: torch.nn.Module, comm, optimizer: torch.optim.Optimizer | None = None) -> float:
+def average_parameters(
+    model: torch.nn.Module, comm, optimizer: torch.optim.Optimizer | None = None
+) -> float:
     """Average ``model``'s parameters over all ranks, in place; return the disagreement.
 
     Collective: every rank calls it with the same model structure. The sum
@@ -57,12 +60,19 @@ def average_parameters(model: torch.nn.Module, comm, optimizer: torch.optim.Opti
     state = _state_tensors(model, optimizer)
     if comm.world_size == 1:
         return 0.0
-    counts = [len(params), sum(p.numel() for p in params), len(state), sum(s.numel() for s in state)]
+    counts = [
+        len(params),
+        sum(p.numel() for p in params),
+        len(state),
+        sum(s.numel() for s in state),
+    ]
     rows = gather_rows(comm, counts, torch.int64)
     if any(r != rows[0] for r in rows):
-        raise ValueError("commrt.average_parameters: ranks pass different models or optimizer states "
-                         "(tensors, elements, state tensors, state elements): "
-                         + "; ".join(f"rank {r}: {row}" for r, row in enumerate(rows)))
+        raise ValueError(
+            "commrt.average_parameters: ranks pass different models or optimizer states "
+            "(tensors, elements, state tensors, state elements): "
+            + "; ".join(f"rank {r}: {row}" for r, row in enumerate(rows))
+        )
     tensors = params + state
     num = den = 0.0
     p = comm.world_size
@@ -73,15 +83,17 @@ def average_parameters(model: torch.nn.Module, comm, optimizer: torch.optim.Opti
             while stop < len(tensors) and n + tensors[stop].numel() <= GROUP_ELEMS:
                 n += tensors[stop].numel()
                 stop += 1
-            flat = torch.cat([t.detach().reshape(-1).to(torch.float64) for t in tensors[start:stop]])
+            flat = torch.cat(
+                [t.detach().reshape(-1).to(torch.float64) for t in tensors[start:stop]]
+            )
             all_reduce(flat, comm, op="sum")
             flat.div_(p)
             offset = 0
             for i in range(start, stop):
                 t = tensors[i]
-                mean = flat[offset:offset + t.numel()].view_as(t)
+                mean = flat[offset : offset + t.numel()].view_as(t)
                 offset += t.numel()
-                if i < len(params):   # the disagreement is about the model, not optimizer state
+                if i < len(params):  # the disagreement is about the model, not optimizer state
                     num += float((t.detach().to(torch.float64) - mean).square().sum())
                     den += float(mean.square().sum())
                 t.copy_(mean)

@@ -21,6 +21,7 @@ they use a tag range of their own). NCCL groups from two threads could
 interleave, so on nccl the swap runs as a blocking exchange at the start of
 the epoch, after any gradient work in flight has finished.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,16 @@ class GossipShuffle:
         ...         train_step(xb, yb)
     """
 
-    def __init__(self, tensors: Sequence[torch.Tensor], comm, fraction: float = 0.5, seed: int = 0, *,
-                 gossip: Gossip | None = None, overlap: bool = True):
+    def __init__(
+        self,
+        tensors: Sequence[torch.Tensor],
+        comm,
+        fraction: float = 0.5,
+        seed: int = 0,
+        *,
+        gossip: Gossip | None = None,
+        overlap: bool = True,
+    ):
         self.comm = comm
         self.overlap = bool(overlap)
         self.seed = seed
@@ -91,10 +100,16 @@ class GossipShuffle:
         if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 1 for t in tensors):
             problem = "tensors must be a non-empty sequence of tensors with a sample dimension"
         elif len({t.shape[0] for t in tensors}) != 1:
-            problem = f"its tensors have different numbers of samples {[t.shape[0] for t in tensors]}"
+            problem = (
+                f"its tensors have different numbers of samples {[t.shape[0] for t in tensors]}"
+            )
         elif any(t.device.type != comm.device.type for t in tensors):
             problem = f"its tensors must live on {comm.device}"
-        ok_fraction = isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 <= fraction <= 1
+        ok_fraction = (
+            isinstance(fraction, (int, float))
+            and not isinstance(fraction, bool)
+            and 0 <= fraction <= 1
+        )
         if not problem and not ok_fraction:
             problem = f"fraction must be a number in [0, 1], got {fraction!r}"
         if not problem and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
@@ -107,8 +122,12 @@ class GossipShuffle:
             except (ValueError, AttributeError) as e:
                 problem = f"gossip: {e}"
         n = tensors[0].shape[0] if not problem else -1
-        row = [1.0 if problem else 0.0, float(n), float(fraction) if ok_fraction else math.nan,
-               float(_signature(tensors) if not problem else -1)]
+        row = [
+            1.0 if problem else 0.0,
+            float(n),
+            float(fraction) if ok_fraction else math.nan,
+            float(_signature(tensors) if not problem else -1),
+        ]
         # everybody learns everybody's verdict, so a problem on one rank raises on all
         rows = gather_rows(comm, row, torch.float64)
         bad = [r for r, rw in enumerate(rows) if rw[0]]
@@ -117,17 +136,24 @@ class GossipShuffle:
             raise ValueError(f"commrt.data.GossipShuffle: bad input on rank(s) {bad}{mine}")
         lengths = [int(rw[1]) for rw in rows]
         if len(set(lengths)) != 1:
-            raise ValueError("commrt.data.GossipShuffle: shards of different lengths on different ranks "
-                             f"({', '.join(f'rank {r}: {k}' for r, k in enumerate(lengths))}); every rank "
-                             f"must pass the same number of samples so that the swaps balance")
+            raise ValueError(
+                "commrt.data.GossipShuffle: shards of different lengths on different ranks "
+                f"({', '.join(f'rank {r}: {k}' for r, k in enumerate(lengths))}); every rank "
+                f"must pass the same number of samples so that the swaps balance"
+            )
         if len({rw[2] for rw in rows}) != 1:
-            raise ValueError(f"commrt.data.GossipShuffle: fraction differs across ranks: {[rw[2] for rw in rows]}")
+            raise ValueError(
+                "commrt.data.GossipShuffle: fraction differs across ranks: "
+                f"{[rw[2] for rw in rows]}"
+            )
         if len({rw[3] for rw in rows}) != 1:
-            raise ValueError("commrt.data.GossipShuffle: per-sample shapes or dtypes differ across ranks")
+            raise ValueError(
+                "commrt.data.GossipShuffle: per-sample shapes or dtypes differ across ranks"
+            )
         self._tensors = tensors
         self.fraction = float(fraction)
         self.gossip = gossip
-        self._swap: _Swap | None = None   # the last epoch's swap, until it has landed
+        self._swap: _Swap | None = None  # the last epoch's swap, until it has landed
         self._iterating = False
 
     @property
@@ -150,7 +176,9 @@ class GossipShuffle:
         """``(send_to, recv_from)`` of this rank in ``epoch``."""
         return self.gossip.peers(self.comm.rank, epoch, self.comm.world_size)
 
-    def batches(self, batch_size: int, epoch: int, *, drop_last: bool = False) -> Iterator[tuple[torch.Tensor, ...]]:
+    def batches(
+        self, batch_size: int, epoch: int, *, drop_last: bool = False
+    ) -> Iterator[tuple[torch.Tensor, ...]]:
         """This epoch's mini-batches (a tuple of tensors each), while the swap is in flight.
 
         Collective per epoch: every rank iterates (or closes the iterator)
@@ -189,7 +217,7 @@ class GossipShuffle:
         try:
             stop = len(order) - len(order) % batch_size if drop_last else len(order)
             for i in range(0, stop, batch_size):
-                idx = order[i:i + batch_size]
+                idx = order[i : i + batch_size]
                 # copies (advanced indexing), so the swap landing later never changes them
                 yield tuple(t[idx] for t in self._tensors)
         finally:
@@ -202,13 +230,25 @@ class GossipShuffle:
 class _Swap:
     """One epoch's non-blocking exchange of samples with the gossip peers."""
 
-    def __init__(self, shuffle: GossipShuffle, epoch: int, out_idx: torch.Tensor, send_to: int, recv_from: int):
+    def __init__(
+        self,
+        shuffle: GossipShuffle,
+        epoch: int,
+        out_idx: torch.Tensor,
+        send_to: int,
+        recv_from: int,
+    ):
         comm = self.comm = shuffle.comm
         self.epoch, self.out_idx = epoch, out_idx
         tensors = shuffle._tensors
         self.sends = [(t[out_idx].contiguous(), send_to) for t in tensors]
-        self.recvs = [(torch.empty((len(out_idx),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device),
-                       recv_from) for t in tensors]
+        self.recvs = [
+            (
+                torch.empty((len(out_idx),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device),
+                recv_from,
+            )
+            for t in tensors
+        ]
         self.received = [t for t, _ in self.recvs]
         self.blocking = comm.transport.stream_ordered
         if self.blocking:
@@ -216,7 +256,9 @@ class _Swap:
             comm._settle()
             comm.lock.acquire()
         try:
-            self.pending = comm.transport.exchange(self.sends, self.recvs, TAG_BASE + epoch % _TAG_EPOCHS)
+            self.pending = comm.transport.exchange(
+                self.sends, self.recvs, TAG_BASE + epoch % _TAG_EPOCHS
+            )
         except BaseException:
             if self.blocking:
                 comm.lock.release()
@@ -231,8 +273,15 @@ class _Swap:
         deadline = time.monotonic() + comm.timeout
 
         def fail(what, peer):
-            raise CommTimeoutError(rank=comm.rank, peer=peer, what=what, timeout_s=comm.timeout,
-                                   algorithm="gossip-shuffle", step=self.epoch)
+            raise CommTimeoutError(
+                rank=comm.rank,
+                peer=peer,
+                what=what,
+                timeout_s=comm.timeout,
+                algorithm="gossip-shuffle",
+                step=self.epoch,
+            )
+
         try:
             for i, (_, peer) in enumerate(self.recvs):
                 if not pending.wait_recv(i, deadline):

@@ -51,8 +51,9 @@ class Collective(enum.Enum):
     ALL_GATHER = "all_gather"           # owners[c] starts with chunk c; everyone ends with it
     BROADCAST = "broadcast"             # owners[c] (the root) starts with chunk c; everyone ends with
                                         # that rank's chunk, nobody else's contribution mixed in
-    GOSSIP = "gossip"                   # ranks[i] ends with its own contribution plus exactly that of
-                                        # sources[i] (itself: nothing added), in every chunk
+    # ranks[i] ends with its own contribution plus exactly that of sources[i] (if it names
+    # itself: nothing added), in every chunk
+    GOSSIP = "gossip"
 
 
 class OpKind(enum.Enum):
@@ -263,7 +264,8 @@ class Schedule:
         if self.collective is Collective.GOSSIP and (
                 self.sources is None or len(self.sources) != len(self.ranks)
                 or not set(self.sources) <= set(self.ranks)):
-            raise ScheduleError("a gossip schedule needs one source rank (a participant) per participant")
+            raise ScheduleError("a gossip schedule needs one source rank (a participant) per "
+                                "participant")
 
     @property
     def num_steps(self) -> int:

@@ -82,6 +82,7 @@ def test_bench_kernels_table(tmp_path, capsys):
     (["train", "--batch-schedule", "0:64,2:4000", "--epochs", "3"], "global batch at epoch 2 is 4000"),
     (["bench", "allreduce", "--sizes", "12Q"], "bad size"),
     (["bench", "allreduce", "--algorithms", "ring,nope"], "unknown algorithm 'nope'"),
+    (["bench", "allreduce", "--algorithms", "ring,gossip"], "gossip is not an all-reduce"),
 ])
 def test_bad_flags_get_clear_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

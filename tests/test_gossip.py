@@ -2,6 +2,7 @@
 the mixing math, and GradientSync / GossipShuffle / average_parameters on
 in-process ranks (threads over tests/local_transport.py). The same runtime
 paths on real MPI and gloo ranks are in test_gossip_mp.py."""
+
 import dataclasses
 import hashlib
 import threading
@@ -36,16 +37,18 @@ def test_peers_are_pure_consistent_and_never_self(topology):
         for p in sizes(topology, 33):
             for t in range(3 * g.period_length(p) + 1):
                 send, recv = g.peer_arrays(t, p)
-                assert sorted(send.tolist()) == list(range(p))           # a permutation
-                assert all(recv[send[r]] == r for r in range(p))          # my target receives from me
+                assert sorted(send.tolist()) == list(range(p))  # a permutation
+                assert all(recv[send[r]] == r for r in range(p))  # my target receives from me
                 if p > 1:
                     assert all(send != np.arange(p)) and all(recv != np.arange(p))
                 if topology == "hypercube":
                     assert np.array_equal(send, recv)
                 # pure: a fresh instance (another rank's) says the same, per rank
                 fresh = Gossip(topology, rotate=rotate, seed=5)
-                assert [fresh.peers(r, t, p) for r in range(p)] == list(zip(send.tolist(), recv.tolist()))
-    assert Gossip(topology).peers(0, 7, 1) == (0, 0)   # p = 1: nobody to talk to
+                assert [fresh.peers(r, t, p) for r in range(p)] == list(
+                    zip(send.tolist(), recv.tolist())
+                )
+    assert Gossip(topology).peers(0, 7, 1) == (0, 0)  # p = 1: nobody to talk to
 
 
 def test_fixed_cube_and_dissemination_follow_the_paper():
@@ -60,7 +63,10 @@ def test_fixed_cube_and_dissemination_follow_the_paper():
         real = np.argsort(virt)
         for k in range(4):
             assert rot.peers(3, period * 4 + k, 16)[0] == real[virt[3] ^ (1 << k)]
-    assert Gossip(seed=1).peer_arrays(9, 16)[0].tolist() != Gossip(seed=2).peer_arrays(9, 16)[0].tolist()
+    assert (
+        Gossip(seed=1).peer_arrays(9, 16)[0].tolist()
+        != Gossip(seed=2).peer_arrays(9, 16)[0].tolist()
+    )
 
 
 def test_bad_options_and_hypercube_on_six_ranks_raise():
@@ -89,13 +95,13 @@ def test_schedules_are_checked_for_p_1_to_64_and_several_steps(topology):
                 report = s.check()
                 assert report.ok, str(report)
                 assert s.collective is Collective.GOSSIP and s.num_steps == (1 if p > 1 else 0)
-                assert s.messages() == (p if p > 1 else 0)            # one message per rank
+                assert s.messages() == (p if p > 1 else 0)  # one message per rank
                 assert s.sources == tuple(g.peer_arrays(t, p)[1].tolist())
 
 
 def test_checker_knows_what_gossip_means():
     g = Gossip(rotate=False)
-    s = g.schedule(4, step=0)                                   # 0↔1, 2↔3
+    s = g.schedule(4, step=0)  # 0↔1, 2↔3
     # claims a different peer than the ops deliver
     wrong = dataclasses.replace(s, sources=(2, 0, 3, 2))
     assert "rank 0, chunk 0: ends with contributions of ranks {0,1}" in str(wrong.check())
@@ -104,10 +110,19 @@ def test_checker_knows_what_gossip_means():
     extra = dataclasses.replace(s, steps=(Step.of(ops),))
     assert "rank 0, chunk 0: ends with contributions of ranks {0,1,2}" in str(extra.check())
     # a copy instead of an add loses the rank's own contribution
-    ops = [Op(OpKind.RECV_COPY if o.kind is OpKind.RECV_REDUCE and o.rank == 3 else o.kind, o.rank, o.peer, 0, 1)
-           for o in s.steps[0].ops]
+    ops = [
+        Op(
+            OpKind.RECV_COPY if o.kind is OpKind.RECV_REDUCE and o.rank == 3 else o.kind,
+            o.rank,
+            o.peer,
+            0,
+            1,
+        )
+        for o in s.steps[0].ops
+    ]
     assert "rank 3, chunk 0: ends with contributions of ranks {2} (missing {3})" in str(
-        dataclasses.replace(s, steps=(Step.of(ops),)).check())
+        dataclasses.replace(s, steps=(Step.of(ops),)).check()
+    )
     with pytest.raises(ScheduleError, match="one source rank"):
         dataclasses.replace(s, sources=None)
 
@@ -132,7 +147,9 @@ def test_hypercube_averages_exactly_in_log2p_steps_in_every_rotation_period(p):
             out = mix(x, g, range(period * L, (period + 1) * L))
             assert np.allclose(out, x.mean(axis=0), rtol=0, atol=1e-13), (rotate, period)
             # one step fewer is not yet an average
-            assert not np.allclose(mix(x, g, range(period * L, (period + 1) * L - 1)), x.mean(axis=0))
+            assert not np.allclose(
+                mix(x, g, range(period * L, (period + 1) * L - 1)), x.mean(axis=0)
+            )
 
 
 @pytest.mark.parametrize("p", [8, 16, 32])
@@ -160,19 +177,23 @@ def test_dissemination_disagreement_shrinks_geometrically(p):
             w = 0.5 * np.eye(p)
             w[np.arange(p), recv] += 0.5
             m = w @ m
-        rate = np.linalg.norm(center @ m @ center, 2)   # worst case over all vectors, this period
+        rate = np.linalg.norm(center @ m @ center, 2)  # worst case over all vectors, this period
         assert 0.1 < rate <= DISSEMINATION_RATE + 1e-12, (period, rate)
     x = np.random.default_rng(p).standard_normal((p, 7))
     spread0 = np.linalg.norm(x - x.mean(0))
     for k in range(1, 9):
         x = mix(x, g, range((k - 1) * L, k * L))
         spread = np.linalg.norm(x - x.mean(0))
-        assert 0 < spread <= spread0 * DISSEMINATION_RATE ** k * (1 + 1e-9), k   # geometric, never exact
+        assert 0 < spread <= spread0 * DISSEMINATION_RATE**k * (1 + 1e-9), (
+            k
+        )  # geometric, never exact
 
 
 # --------------------------------------------------------------- in-process ranks
 def _comm(tr, timeout=20.0):
-    return Communicator(tr, Backend.GLOO, LaunchInfo("none", tr.rank, tr.world_size, 0, None), timeout, 1 << 20)
+    return Communicator(
+        tr, Backend.GLOO, LaunchInfo("none", tr.rank, tr.world_size, 0, None), timeout, 1 << 20
+    )
 
 
 def each_rank(p, fn):
@@ -182,8 +203,9 @@ def each_rank(p, fn):
     def body(r):
         try:
             out[r] = fn(_comm(LocalTransport(box, r, p)))
-        except BaseException as e:   # returned, so that a test sees every rank's error
+        except BaseException as e:  # returned, so that a test sees every rank's error
             out[r] = e
+
     threads = [threading.Thread(target=body, args=(r,)) for r in range(p)]
     for t in threads:
         t.start()
@@ -202,12 +224,17 @@ def ok(results):
 
 def _model():
     torch.manual_seed(3)
-    return torch.nn.Sequential(torch.nn.Linear(40, 300), torch.nn.Linear(300, 70), torch.nn.Linear(70, 5))
+    return torch.nn.Sequential(
+        torch.nn.Linear(40, 300), torch.nn.Linear(300, 70), torch.nn.Linear(70, 5)
+    )
 
 
 def _targets(m, rank, step):
     """Integer gradients, distinct per rank, step and parameter: every mix is exact."""
-    return [torch.full_like(q, float((rank + 1) * (step + 2) + 7 * i)) for i, q in enumerate(m.parameters())]
+    return [
+        torch.full_like(q, float((rank + 1) * (step + 2) + 7 * i))
+        for i, q in enumerate(m.parameters())
+    ]
 
 
 def gossip_steps(comm, alg, steps=6):
@@ -219,20 +246,31 @@ def gossip_steps(comm, alg, steps=6):
         for s in range(steps):
             sum((q * t).sum() for q, t in zip(m.parameters(), _targets(m, comm.rank, s))).backward()
             applied = sync.step(opt, zero_grad=False)
-            t = s - 1 if alg.asynchronous else s       # async: step s applies step s-1's mix
+            t = s - 1 if alg.asynchronous else s  # async: step s applies step s-1's mix
             if t < 0:
                 want = [torch.zeros_like(q) for q in m.parameters()]
             else:
                 src = alg.peers(comm.rank, t, p)[1]
-                want = [(a + b) / 2 if p > 1 else a for a, b in zip(_targets(m, comm.rank, t), _targets(m, src, t))]
+                want = [
+                    (a + b) / 2 if p > 1 else a
+                    for a, b in zip(_targets(m, comm.rank, t), _targets(m, src, t))
+                ]
             out.append((applied, all(torch.equal(q.grad, w) for q, w in zip(m.parameters(), want))))
             opt.zero_grad(set_to_none=False)
         return out, len(sync.buckets), sync.stats
 
 
-@pytest.mark.parametrize("p,alg", [(1, Gossip()), (2, Gossip()), (4, Gossip(asynchronous=True)),
-                                   (3, Gossip("dissemination")), (5, Gossip("dissemination", asynchronous=True))],
-                         ids=str)
+@pytest.mark.parametrize(
+    "p,alg",
+    [
+        (1, Gossip()),
+        (2, Gossip()),
+        (4, Gossip(asynchronous=True)),
+        (3, Gossip("dissemination")),
+        (5, Gossip("dissemination", asynchronous=True)),
+    ],
+    ids=str,
+)
 def test_gradient_sync_mixes_with_the_scheduled_peer(p, alg):
     for steps, nb, stats in ok(each_rank(p, lambda c: gossip_steps(c, alg))):
         assert nb >= 3
@@ -241,13 +279,18 @@ def test_gradient_sync_mixes_with_the_scheduled_peer(p, alg):
         assert stats.algorithms == (str(alg),) * nb
         extra = stats.last.extra
         assert extra["gossip_step"] == (4 if alg.asynchronous else 5)
-        if alg.asynchronous:   # the policy's own copy of every bucket (plus the swap piece) is counted
+        if (
+            alg.asynchronous
+        ):  # the policy's own copy of every bucket (plus the swap piece) is counted
             assert stats.buffer_bytes >= stats.grad_bytes
 
 
 def test_gradient_sync_refuses_a_hypercube_on_six_ranks_on_every_rank():
     results = each_rank(6, lambda c: commrt.GradientSync(_model(), c, algorithm=Gossip()))
-    assert all(isinstance(r, ValueError) and "power-of-two number of ranks, got 6" in str(r) for r in results)
+    assert all(
+        isinstance(r, ValueError) and "power-of-two number of ranks, got 6" in str(r)
+        for r in results
+    )
 
 
 def test_average_parameters_is_exact_and_reports_the_disagreement():
@@ -260,27 +303,35 @@ def test_average_parameters_is_exact_and_reports_the_disagreement():
             for i, q in enumerate(m.parameters()):
                 q.add_(0.01 * (comm.rank + 1) * (i + 1))
         sum(q.square().sum() for q in m.parameters()).backward()
-        opt.step()                                              # momentum buffers differ per rank
+        opt.step()  # momentum buffers differ per rank
         mine = [q.detach().double().clone() for q in m.parameters()]
         moms = [opt.state[q]["momentum_buffer"].double().clone() for q in m.parameters()]
         with commrt.GradientSync(m, comm, broadcast_init=False) as sync:
             d = commrt.average_parameters(m, comm, opt)
             recorded = sync.stats.disagreement
-        return mine, moms, d, recorded, [q.detach().clone() for q in m.parameters()], \
-            [opt.state[q]["momentum_buffer"].clone() for q in m.parameters()]
+        return (
+            mine,
+            moms,
+            d,
+            recorded,
+            [q.detach().clone() for q in m.parameters()],
+            [opt.state[q]["momentum_buffer"].clone() for q in m.parameters()],
+        )
 
     res = ok(each_rank(p, body))
     mean = [sum(r[0][i] for r in res) / p for i in range(len(res[0][0]))]
     mom = [sum(r[1][i] for r in res) / p for i in range(len(res[0][1]))]
     norm = torch.cat([x.flatten() for x in mean]).norm()
-    want = max(torch.cat([(a - b).flatten() for a, b in zip(r[0], mean)]).norm() / norm for r in res).item()
+    want = max(
+        torch.cat([(a - b).flatten() for a, b in zip(r[0], mean)]).norm() / norm for r in res
+    ).item()
     for r in res:
         assert r[2] == pytest.approx(want, rel=1e-9) and r[2] > 0 and r[3] == r[2]
         for got, exp in zip(r[4], mean):
-            assert torch.equal(got, exp.to(got.dtype))        # the float64 mean, rounded once
+            assert torch.equal(got, exp.to(got.dtype))  # the float64 mean, rounded once
         for got, exp in zip(r[5], mom):
             assert torch.equal(got, exp.to(got.dtype))
-    assert len({r[2] for r in res}) == 1                       # the same value on every rank
+    assert len({r[2] for r in res}) == 1  # the same value on every rank
     # now they agree: a second call measures 0
     assert ok(each_rank(1, lambda c: commrt.average_parameters(_model(), c))) == [0.0]
 
@@ -289,6 +340,7 @@ def test_average_parameters_refuses_different_models_on_every_rank():
     def body(comm):
         m = _model() if comm.rank else torch.nn.Linear(3, 3)
         return commrt.average_parameters(m, comm)
+
     results = each_rank(3, body)
     assert all(isinstance(r, ValueError) and "different models" in str(r) for r in results)
 
@@ -302,7 +354,9 @@ def shard(rank, n=24):
 
 def sample_hash(tables) -> str:
     """Order-free hash of all samples (rows) of all ranks' tables."""
-    return hashlib.sha256(b"".join(sorted(row.numpy().tobytes() for t in tables for row in t))).hexdigest()
+    return hashlib.sha256(
+        b"".join(sorted(row.numpy().tobytes() for t in tables for row in t))
+    ).hexdigest()
 
 
 def run_shuffle(comm, overlap=True, epochs=4, **kw):
@@ -312,7 +366,9 @@ def run_shuffle(comm, overlap=True, epochs=4, **kw):
     batches = []
     for e in range(epochs):
         for xb, yb in sh.batches(5, e):
-            assert torch.equal(xb, yb.double()[:, None] * torch.tensor([1.0, 2.0, 3.0]))   # rows stay whole
+            assert torch.equal(
+                xb, yb.double()[:, None] * torch.tensor([1.0, 2.0, 3.0])
+            )  # rows stay whole
             batches.append(yb.tolist())
     x, y = sh.tensors
     return start, x.clone(), y.clone(), batches
@@ -322,19 +378,25 @@ def run_shuffle(comm, overlap=True, epochs=4, **kw):
 def test_shuffle_keeps_every_sample_changes_every_shard_and_overlap_changes_nothing(p):
     over = ok(each_rank(p, run_shuffle))
     forced = ok(each_rank(p, lambda c: run_shuffle(c, overlap=False)))
-    before = sample_hash([torch.cat([x, y.double()[:, None]], 1) for x, y in (shard(r) for r in range(p))])
+    before = sample_hash(
+        [torch.cat([x, y.double()[:, None]], 1) for x, y in (shard(r) for r in range(p))]
+    )
     after = sample_hash([torch.cat([x, y.double()[:, None]], 1) for _, x, y, _ in over])
     assert before == after
-    assert sorted(i for _, _, y, _ in over for i in y.tolist()) == sorted(i for s, _, _, _ in over for i in s)
+    assert sorted(i for _, _, y, _ in over for i in y.tolist()) == sorted(
+        i for s, _, _, _ in over for i in s
+    )
     for start, x, y, _ in over:
-        assert len(y) == 24 and set(y.tolist()) != start           # size kept, content changed
+        assert len(y) == 24 and set(y.tolist()) != start  # size kept, content changed
     for a, b in zip(over, forced):
         assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) and a[3] == b[3]
 
 
 def test_shuffle_bad_input_raises_on_every_rank():
     def frac(comm):
-        return commrt.data.GossipShuffle(shard(comm.rank), comm, fraction=1.5 if comm.rank == 1 else 0.5)
+        return commrt.data.GossipShuffle(
+            shard(comm.rank), comm, fraction=1.5 if comm.rank == 1 else 0.5
+        )
 
     def lengths(comm):
         return commrt.data.GossipShuffle(shard(comm.rank, n=24 + (comm.rank == 2)), comm)
@@ -342,8 +404,11 @@ def test_shuffle_bad_input_raises_on_every_rank():
     def cube6(comm):
         return commrt.data.GossipShuffle(shard(comm.rank), comm, gossip=Gossip("hypercube"))
 
-    for p, fn, msg in ((3, frac, "bad input on rank(s) [1]"), (3, lengths, "shards of different lengths"),
-                       (6, cube6, "bad input on rank(s) [0, 1, 2, 3, 4, 5]")):
+    for p, fn, msg in (
+        (3, frac, "bad input on rank(s) [1]"),
+        (3, lengths, "shards of different lengths"),
+        (6, cube6, "bad input on rank(s) [0, 1, 2, 3, 4, 5]"),
+    ):
         results = each_rank(p, fn)
         assert all(isinstance(r, ValueError) and msg in str(r) for r in results), results
     assert "fraction must be a number in [0, 1], got 1.5" in str(each_rank(3, frac)[1])
@@ -353,16 +418,20 @@ def test_shuffle_bad_input_raises_on_every_rank():
 # ---------------------------------------------------------------------- simulator
 def test_simulated_gossip_step_is_one_message_whatever_p():
     from commrt import sim
+
     flat = sim.Network.flat(10e-6, 1 / 20e9)
     n = 1 << 20
     for p in (2, 8, 64, 512):
         r = sim.simulate_gossip(Gossip(), p, n, flat)
-        assert np.allclose(r.step_s, flat.inter.time(n), rtol=1e-12)        # α + nβ every step
+        assert np.allclose(r.step_s, flat.inter.time(n), rtol=1e-12)  # α + nβ every step
         assert r.mean_s < sim.ring_time(p, n, flat.inter) or p == 2
     h100 = sim.Network.h100_nvlink_ib()
-    fixed = sim.simulate_gossip(Gossip(rotate=False), 64, n, h100)          # 8 nodes of 8
-    want = [h100.intra.time(n)] * 3 + [h100.inter.time(n)] * 3                # cube dims 0-2 stay on a node
-    assert np.allclose(fixed.step_s, want * 2, rtol=1e-12) and fixed.off_node.tolist() == [0, 0, 0, 1, 1, 1] * 2
+    fixed = sim.simulate_gossip(Gossip(rotate=False), 64, n, h100)  # 8 nodes of 8
+    want = [h100.intra.time(n)] * 3 + [h100.inter.time(n)] * 3  # cube dims 0-2 stay on a node
+    assert (
+        np.allclose(fixed.step_s, want * 2, rtol=1e-12)
+        and fixed.off_node.tolist() == [0, 0, 0, 1, 1, 1] * 2
+    )
     rotated = sim.simulate_gossip(Gossip(), 64, n, h100)
-    assert rotated.off_node_share > fixed.off_node_share                      # rotation sends partners off-node
+    assert rotated.off_node_share > fixed.off_node_share  # rotation sends partners off-node
     assert sim.simulate_gossip(Gossip(), 1, n).mean_s == 0.0

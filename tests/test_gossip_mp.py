@@ -1,6 +1,7 @@
 """Gossip on real ranks (mpiexec): GradientSync mixes with the scheduled peer over MPI
 and gloo, sync and async; one message per bucket per step, counted at the transport,
 at p = 2, 4 and 8; exact averaging through the executor; the shuffle; consensus."""
+
 import json
 
 import pytest
@@ -18,14 +19,18 @@ def _run(tmp_path, p, mode):
 
 
 def _check_counts(report, counts, p):
-    assert max(report["exact"]) < 1e-13, report["exact"]        # exact mean after log2 p steps
+    assert max(report["exact"]) < 1e-13, report["exact"]  # exact mean after log2 p steps
     for rank, c in enumerate(counts):
         for name in ("gossip", "gossip-async"):
             g = c[name]
             for s in g["steps"]:
                 # one message per bucket per step, each to this step's scheduled peer, whole buckets
                 assert s["messages"] == g["buckets"], (rank, name, s)
-                assert s["peers"] == [s["scheduled"]] and s["bytes"] == g["bucket_bytes"], (rank, name, s)
+                assert s["peers"] == [s["scheduled"]] and s["bytes"] == g["bucket_bytes"], (
+                    rank,
+                    name,
+                    s,
+                )
         ring = c["ring"]
         assert all(s["messages"] == ring["buckets"] * 2 * (p - 1) for s in ring["steps"]), ring
 
@@ -47,8 +52,12 @@ def test_gossip_on_four_real_ranks_mpi_and_gloo(tmp_path):
         sh = report[f"shuffle {transport}"]
         assert sh["hash_before"] == sh["hash_after"]
     avg = report["average"]
-    assert avg["equal_to_mpi"] and avg["same_on_all"] and avg["d"] == pytest.approx(avg["d_ref"], rel=1e-9)
-    for e in report["bad_fraction"]:   # rank 1 alone passed -0.1: every rank raises, nobody waits
+    assert (
+        avg["equal_to_mpi"]
+        and avg["same_on_all"]
+        and avg["d"] == pytest.approx(avg["d_ref"], rel=1e-9)
+    )
+    for e in report["bad_fraction"]:  # rank 1 alone passed -0.1: every rank raises, nobody waits
         assert e["message"] and "bad input on rank(s) [1]" in e["message"] and e["seconds"] < 10, e
 
 
@@ -64,9 +73,12 @@ def test_train_gossip_reaches_the_ring_accuracy_on_four_ranks():
     """Same epochs, batch and seed; gossip starts each rank from its own shard, shuffles it,
     and averages the models every epoch. Measured: 0.9694 for both (8 epochs, batch 64)."""
     from test_cli import _commrt, _summary
+
     acc, rows = {}, {}
     for algorithm in ("ring", "gossip"):
-        proc = _commrt("train", "--nproc", "4", "--backend", "mpi", "--algorithm", algorithm, "--quiet")
+        proc = _commrt(
+            "train", "--nproc", "4", "--backend", "mpi", "--algorithm", algorithm, "--quiet"
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         rows[algorithm] = _summary(proc.stdout)
         acc[algorithm] = float(rows[algorithm]["final test accuracy"])
@@ -76,6 +88,8 @@ def test_train_gossip_reaches_the_ring_accuracy_on_four_ranks():
     last, worst = (float(v.split()[0]) for v in g["disagreement (‖θ_r−θ̄‖/‖θ̄‖)"].split(","))
     assert 0 < last <= worst < 0.5, g
     # every rank sends the whole model once per step; the ring sends 2(p-1)/p of it
-    gossip_kb, ring_kb = (float(rows[a]["bytes sent per step"].split()[0].replace(",", "")) for a in
-                          ("gossip", "ring"))
+    gossip_kb, ring_kb = (
+        float(rows[a]["bytes sent per step"].split()[0].replace(",", ""))
+        for a in ("gossip", "ring")
+    )
     assert ring_kb == pytest.approx(1.5 * gossip_kb, rel=0.01)

@@ -90,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--algorithm", default="ring",
                     help="ring, halving_doubling, torus2d, auto, gossip (default ring)")
     tr.add_argument("--gossip-topology", choices=["hypercube", "dissemination"], default=None,
-                    help="for --algorithm gossip (default hypercube; dissemination handles any --nproc)")
+                    help="for --algorithm gossip (default hypercube; dissemination handles "
+                         "any --nproc)")
     tr.add_argument("--gossip-async", action="store_true",
                     help="for --algorithm gossip: apply each step's mix one step later, overlapped")
     tr.add_argument("--torus-shape", metavar="ROWSxCOLS", help="grid for --algorithm torus2d, e.g. 2x2")
@@ -269,11 +270,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_train(sub, args)
     if getattr(args, "algorithms", None):
         from commrt.algorithms import resolve
+        from commrt.schedule import Collective
         for a in args.algorithms.split(","):
             try:
-                resolve(a)
+                alg = resolve(a)
             except ValueError as e:
                 sub.error(str(e))
+            if not alg.supports(Collective.ALL_REDUCE):
+                sub.error(f"{a} is not an all-reduce (gossip has a simulate section and "
+                          f"bench/bench_gossip.py of its own)")
     if getattr(args, "single_process", False):
         return args.run(args)
     return _relaunch_or_run(args, argv, sub)

@@ -45,8 +45,8 @@ def size_sweep(p: int, itemsize: int = 4) -> tuple[int, ...]:
     """
     k = max(3, (p * itemsize - 1).bit_length())
     return tuple(1 << j for j in range(k, 31, 2))
-FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png", "stragglers": "sim_stragglers.png",
-         "gossip": "sim_gossip_vs_p.png"}
+FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png",
+         "stragglers": "sim_stragglers.png", "gossip": "sim_gossip_vs_p.png"}
 
 
 # ------------------------------------------------------------------ parsing
@@ -173,8 +173,11 @@ def run(args, out=print) -> dict:
     net = network_from_args(args)
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     from commrt.algorithms import resolve
+    from commrt.schedule import Collective
     for n in names:
-        resolve(n)
+        if not resolve(n).supports(Collective.ALL_REDUCE):
+            raise SystemExit(f"commrt simulate: {n} is not an all-reduce; gossip has a section "
+                             f"of its own")
     ps = [1 << k for k in range(1, args.max_p.bit_length())]
     sw = Sweeper(net, progress=out)
     t_start = time.perf_counter()
@@ -341,9 +344,10 @@ def plot_gossip(report: dict, args, net: sim.Network) -> str:
     fig, axes = plotting.figure(len(sizes), (6.2 * len(sizes), 4.6))
     for ax, nbytes in zip(axes, sizes):
         for n, vals in report["gossip"][nbytes].items():
-            ax.plot(ps, np.array([t for t, _ in vals]) * 1e3, styles.get(n, ".-"), label=n, markersize=4)
-        plotting.style(ax, xlabel="ranks p", ylabel="communication per training step (ms)", logy=True,
-                       title=f"{fmt_bytes(nbytes)} of gradients: one gossip step vs one all-reduce")
+            ms = np.array([t for t, _ in vals]) * 1e3
+            ax.plot(ps, ms, styles.get(n, ".-"), label=n, markersize=4)
+        plotting.style(ax, xlabel="ranks p", ylabel="communication per training step (ms)",
+                       logy=True, title=f"{fmt_bytes(nbytes)} of gradients: one gossip step vs one all-reduce")
     fig.suptitle(f"simulated gossip vs all-reduce · {net.describe()}", fontsize=9)
     return plotting.save(fig, os.path.join(args.out_dir, FILES["gossip"]))
 

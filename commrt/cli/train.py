@@ -130,8 +130,9 @@ def evaluate(model, data: Digits, comm) -> float:
     return counts[0].item() / counts[1].item()
 
 
-def _gossip_shard(data: Digits, seed: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's own disjoint 1/p of the training data (one permutation from the seed), equal sizes."""
+def _gossip_shard(data: Digits, seed: int, rank: int, world: int):
+    """This rank's own disjoint 1/p of the training data as (x, y): equal sizes, one
+    permutation from the seed."""
     n = len(data.x_train) // world
     perm = torch.randperm(len(data.x_train), generator=torch.Generator().manual_seed(seed))
     mine = perm[rank * n:(rank + 1) * n].to(data.x_train.device)
@@ -152,7 +153,8 @@ def run(args) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     straggle = dict(args.straggler or []).get(rank, 0.0)
     n = len(data.x_train)
-    total_steps = sum((n // world) // (batch_schedule.batch_size(e) // world) if isinstance(algorithm, Gossip)
+    gossip = isinstance(algorithm, Gossip)
+    total_steps = sum((n // world) // (batch_schedule.batch_size(e) // world) if gossip
                       else n // batch_schedule.batch_size(e) for e in range(args.epochs))
     bar = Progress(total_steps, enabled=rank == 0 and not args.quiet)
     trace_dir = None
@@ -163,9 +165,8 @@ def run(args) -> int:
     acc = 0.0
     # gossip (GossipGraD): each rank trains on its own shard, swapping half of it with a gossip
     # peer every epoch; the models drift apart and are averaged exactly before each evaluation
-    gossip = isinstance(algorithm, Gossip)
-    shuffle = commrt.data.GossipShuffle(_gossip_shard(data, args.seed, rank, world), comm, fraction=0.5,
-                                        seed=args.seed) if gossip else None
+    shuffle = (commrt.data.GossipShuffle(_gossip_shard(data, args.seed, rank, world), comm,
+                                         fraction=0.5, seed=args.seed) if gossip else None)
     disagreements = []
     with commrt.GradientSync(model, comm, algorithm=algorithm, bucket_mb=args.bucket_mb,
                              first_bucket_mb=min(1.0, args.bucket_mb), comm_dtype=args.comm_dtype_obj,
@@ -182,8 +183,8 @@ def run(args) -> int:
             if gossip:
                 batches = shuffle.batches(gb // world, epoch, drop_last=True)
             else:
-                batches = ((data.x_train[i], data.y_train[i]) for i in
-                           (idx.to(comm.device) for idx in _shard(n, epoch, args.seed, rank, world, gb)))
+                idxs = (i.to(comm.device) for i in _shard(n, epoch, args.seed, rank, world, gb))
+                batches = ((data.x_train[i], data.y_train[i]) for i in idxs)
             for xb, yb in batches:
                 if straggle:
                     time.sleep(straggle)
@@ -204,7 +205,8 @@ def run(args) -> int:
             epoch_rate = steps * gb / max(time.perf_counter() - t_epoch, 1e-9)
             apart = f" apart {disagreements[-1]:.1e}" if gossip else ""
             bar.update(0, f"epoch {epoch + 1}/{args.epochs} loss {sum(losses) / max(1, len(losses)):.3f} "
-                          f"acc {acc:.3f}{apart} {epoch_rate:,.0f} samples/s batch {gb}", epoch_end=True)
+                          f"acc {acc:.3f}{apart} {epoch_rate:,.0f} samples/s batch {gb}",
+                       epoch_end=True)
         bar.close()
         wall = time.perf_counter() - t_start
         stats = sync.stats
@@ -222,8 +224,8 @@ def run(args) -> int:
     commrt.all_reduce(phases, comm, op="avg")
     phases = phases.cpu()
     if rank == 0:
-        print(summary_table(args, comm, acc, samples, phases.tolist(), stats, trace_path, batch_schedule,
-                            disagreements))
+        print(summary_table(args, comm, acc, samples, phases.tolist(), stats, trace_path,
+                            batch_schedule, disagreements))
     comm.close()
     return 0
 
@@ -254,8 +256,9 @@ def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_sch
         ("trace", trace_path or "off (use --trace out.json)"),
     ]
     if disagreements:   # gossip: how far apart the models were when averaged each epoch
-        rows.insert(5, ("disagreement (‖θ_r−θ̄‖/‖θ̄‖)", f"{disagreements[-1]:.2e} last epoch, "
-                                                      f"{max(disagreements):.2e} max; averaged every epoch"))
+        rows.insert(5, ("disagreement (‖θ_r−θ̄‖/‖θ̄‖)",
+                        f"{disagreements[-1]:.2e} last epoch, {max(disagreements):.2e} max; "
+                        f"averaged every epoch"))
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 44)
     body = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)

@@ -35,6 +35,7 @@ forward and backward run, and its result is applied at step t+1:
   dtype) plus a swap buffer of at most 1 Mi elements; reported in
   ``sync.stats.buffer_bytes``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -50,7 +51,7 @@ def _swap(a: torch.Tensor, b: torch.Tensor, tmp: torch.Tensor) -> None:
     n = tmp.numel()
     for i in range(0, a.numel(), n):
         j = min(a.numel(), i + n)
-        t = tmp[:j - i]
+        t = tmp[: j - i]
         t.copy_(a[i:j])
         a[i:j].copy_(b[i:j])
         b[i:j].copy_(t)
@@ -72,7 +73,9 @@ class GossipPolicy(Policy):
         if self.algorithm.asynchronous:
             self._wire = [torch.zeros_like(b) for b in ctx.buffers]
             largest = max(b.numel() for b in ctx.buffers)
-            self._tmp = torch.empty(min(largest, SWAP_ELEMS), dtype=ctx.comm_dtype, device=comm.device)
+            self._tmp = torch.empty(
+                min(largest, SWAP_ELEMS), dtype=ctx.comm_dtype, device=comm.device
+            )
         return tuple(str(self.algorithm) for _ in ctx.buckets)
 
     def begin_step(self, step: int) -> None:
@@ -99,7 +102,7 @@ class GossipPolicy(Policy):
 
     def apply(self, optimizer: torch.optim.Optimizer) -> int:
         if self.algorithm.asynchronous and self._step == 0:
-            return 0   # nothing mixed yet: step 0's gradient is applied (mixed) at step 1
+            return 0  # nothing mixed yet: step 0's gradient is applied (mixed) at step 1
         optimizer.step()
         return 1
 

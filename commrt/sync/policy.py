@@ -64,7 +64,8 @@ class SyncContext:
     def element_size(self) -> int:
         return self.buffers[0].element_size()
 
-    def run(self, schedule, buf: torch.Tensor, bucket: int | None = None, *, reused: bool = True) -> int:
+    def run(self, schedule, buf: torch.Tensor, bucket: int | None = None, *,
+            reused: bool = True) -> int:
         """Run ``schedule`` in place on ``buf`` with the communicator's timeout,
         pieces and tracer; return the bytes this rank sent. Errors name the
         rank, peer, algorithm, step and ``bucket``. ``reused=False`` for a

@@ -50,7 +50,8 @@ class SyncStats:
     buffer_bytes: int = 0
     #: bytes of the gradients being synchronised (for comparison)
     grad_bytes: int = 0
-    #: max over ranks of ||θ_r − θ̄|| / ||θ̄|| at the last commrt.average_parameters (None: never called)
+    #: max over ranks of ||θ_r − θ̄|| / ||θ̄|| at the last commrt.average_parameters
+    #: (None: never called)
     disagreement: float | None = None
 
     def add(self, s: StepStats) -> None:

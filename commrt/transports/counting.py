@@ -8,6 +8,7 @@ sends O(1) messages per bucket while a ring sends 2(p−1))::
     >>> comm.transport = counter = CountingTransport(comm.transport)   # doctest: +SKIP
     >>> ...; counter.messages, counter.bytes, counter.by_peer
 """
+
 from __future__ import annotations
 
 from collections import Counter
