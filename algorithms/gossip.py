@@ -55,6 +55,9 @@ from commrt.schedule import RECV_REDUCE, SEND, Collective, Schedule, Step
 
 __all__ = ["Gossip", "Topology"]
 
+_PAIR = np.array([1, 0], dtype=np.int64)
+_PAIR.setflags(write=False)
+
 
 class Topology(enum.Enum):
     HYPERCUBE = "hypercube"
@@ -140,6 +143,8 @@ class Gossip(Algorithm):
         L = self.period_length(world_size)
         if world_size == 1:
             return np.zeros(1, np.int64), np.zeros(1, np.int64)
+        if world_size == 2:  # every permutation pairs the two ranks: skip drawing one
+            return _PAIR, _PAIR
         k, period = int(step) % L, int(step) // L
         virt, real = self._permutation(int(world_size), period)
         if self.topology is Topology.HYPERCUBE:
