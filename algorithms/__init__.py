@@ -18,10 +18,10 @@ from commrt.algorithms.torus import Torus2D
 from commrt.algorithms.auto import Auto
 from commrt.algorithms.broadcast import BinomialTree, PipelinedChain
 from commrt.algorithms.backup import BackupWorkers
+from commrt.algorithms.gossip import Gossip
 
 __all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "BinomialTree", "PipelinedChain",
-           "BackupWorkers",
-           "resolve", "NAMES", "DEFAULT_ALGORITHM"]
+           "BackupWorkers", "Gossip", "resolve", "NAMES", "DEFAULT_ALGORITHM"]
 
 _BY_NAME = {
     "ring": Ring,
@@ -30,6 +30,7 @@ _BY_NAME = {
     "torus2d": Torus2D,
     "auto": Auto,
     "backup": BackupWorkers,   # b = 1
+    "gossip": Gossip,
 }
 #: names accepted by ``algorithm="..."``
 NAMES = tuple(sorted(_BY_NAME))

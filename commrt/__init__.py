@@ -6,6 +6,7 @@ Example::
     comm = commrt.init(backend="auto")            # mpiexec / torchrun / alone
     commrt.all_reduce(tensor, comm, algorithm="ring", op="avg")
     commrt.broadcast(tensor, comm, root=0)
+    commrt.average_parameters(model, comm)        # exact consensus; returns the disagreement
     sync = commrt.GradientSync(model, comm, algorithm="ring")   # in a training loop
 
 Everything else lives in modules with one job each: :mod:`commrt.schedule`
@@ -15,10 +16,12 @@ schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
 """
 from commrt.collectives import all_reduce, broadcast
 from commrt.comm import Backend, Communicator, init
+from commrt.consensus import average_parameters
 from commrt.errors import CommError, CommTimeoutError, ScheduleError
 from commrt.sync.gradsync import GradientSync
 from commrt.schedule import Schedule
+from commrt import data   # commrt.data.GossipShuffle
 
 __version__ = "0.1.0"
-__all__ = ["init", "Communicator", "Backend", "all_reduce", "broadcast", "GradientSync", "Schedule",
-           "CommError", "CommTimeoutError", "ScheduleError"]
+__all__ = ["init", "Communicator", "Backend", "all_reduce", "broadcast", "average_parameters",
+           "GradientSync", "Schedule", "CommError", "CommTimeoutError", "ScheduleError", "data"]

@@ -51,6 +51,9 @@ class Collective(enum.Enum):
     ALL_GATHER = "all_gather"           # owners[c] starts with chunk c; everyone ends with it
     BROADCAST = "broadcast"             # owners[c] (the root) starts with chunk c; everyone ends with
                                         # that rank's chunk, nobody else's contribution mixed in
+    # ranks[i] ends with its own contribution plus exactly that of sources[i] (if it names
+    # itself: nothing added), in every chunk
+    GOSSIP = "gossip"
 
 
 class OpKind(enum.Enum):
@@ -227,7 +230,9 @@ class Schedule:
     ``world_size`` (a torus row, the fastest N of N+b workers). ``owners``
     maps each chunk to the rank that ends with it (reduce-scatter) or starts
     with it (all-gather). ``span`` limits the collective to chunks
-    ``[lo, hi)``; chunks outside it must not be touched.
+    ``[lo, hi)``; chunks outside it must not be touched. ``sources`` (gossip
+    only) names, per participant, the one rank whose contribution it must
+    add to its own.
     """
 
     name: str
@@ -238,6 +243,7 @@ class Schedule:
     steps: Sequence[Step]
     owners: tuple[int, ...] | None = None
     span: tuple[int, int] | None = None
+    sources: tuple[int, ...] | None = None
     _programs: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self):
@@ -252,9 +258,14 @@ class Schedule:
             raise ScheduleError(f"ranks {bad} are outside world_size {self.world_size}")
         if self.num_chunks < 1:
             raise ScheduleError(f"num_chunks must be >= 1, got {self.num_chunks}")
-        if self.collective is not Collective.ALL_REDUCE and (
+        if self.collective not in (Collective.ALL_REDUCE, Collective.GOSSIP) and (
                 self.owners is None or len(self.owners) != self.num_chunks):
             raise ScheduleError(f"a {self.collective.value} schedule needs one owner per chunk")
+        if self.collective is Collective.GOSSIP and (
+                self.sources is None or len(self.sources) != len(self.ranks)
+                or not set(self.sources) <= set(self.ranks)):
+            raise ScheduleError("a gossip schedule needs one source rank (a participant) per "
+                                "participant")
 
     @property
     def num_steps(self) -> int:
@@ -372,7 +383,8 @@ def check(schedule: Schedule, max_errors: int = 20) -> CheckReport:
     * sends of undefined data, reductions that count a contribution twice,
       two writes to one chunk in a step when one of them is a copy;
     * at the end, the first rank and chunk (rank order, then chunk order)
-      that does not hold what the collective promises.
+      that does not hold what the collective promises (for gossip: its own
+      contribution and exactly its ``sources`` rank's, no more, no fewer).
     """
     s = schedule
     errors: list[str] = []
@@ -381,6 +393,7 @@ def check(schedule: Schedule, max_errors: int = 20) -> CheckReport:
     for r in s.ranks:
         full |= 1 << r
     lo_span, hi_span = s.chunk_span
+    source = dict(zip(s.ranks, s.sources)) if s.collective is Collective.GOSSIP else {}
     state: dict[int, list[int]] = {}
     for r in s.ranks:
         if s.collective is Collective.ALL_GATHER:
@@ -483,6 +496,8 @@ def check(schedule: Schedule, max_errors: int = 20) -> CheckReport:
                     continue
                 elif s.collective is Collective.BROADCAST:
                     want = 1 << s.owners[c]
+                elif s.collective is Collective.GOSSIP:
+                    want = 1 << r | 1 << source[r]
                 else:
                     want = full
                 if v != want:

@@ -69,7 +69,9 @@ def test_bench_kernels_table(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["train", "--algorithm", "gossip"], "unknown algorithm 'gossip'"),
+    (["train", "--algorithm", "gosip"], "unknown algorithm 'gosip'"),
+    (["train", "--algorithm", "gossip", "--nproc", "6"], "power-of-two number of ranks, got 6"),
+    (["train", "--gossip-async"], "only apply to --algorithm gossip"),
     (["train", "--algorithm", "torus2d", "--torus-shape", "3x2", "--nproc", "4"], "rows × cols must equal p"),
     (["train", "--torus-shape", "2x2"], "only applies to --algorithm torus2d"),
     (["train", "--batch-size", "65", "--nproc", "2"], "batch size"),
@@ -80,6 +82,7 @@ def test_bench_kernels_table(tmp_path, capsys):
     (["train", "--batch-schedule", "0:64,2:4000", "--epochs", "3"], "global batch at epoch 2 is 4000"),
     (["bench", "allreduce", "--sizes", "12Q"], "bad size"),
     (["bench", "allreduce", "--algorithms", "ring,nope"], "unknown algorithm 'nope'"),
+    (["bench", "allreduce", "--algorithms", "ring,gossip"], "gossip is not an all-reduce"),
 ])
 def test_bad_flags_get_clear_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:

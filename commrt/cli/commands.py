@@ -88,8 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="data-parallel training of an MLP on the digits dataset (CPU by default)")
     _common(tr)
     tr.add_argument("--algorithm", default="ring",
-                    help="ring, halving_doubling, torus2d, auto, or backup (backup workers, "
-                         "see --backups; default ring)")
+                    help="ring, halving_doubling, torus2d, auto, gossip, or backup (backup "
+                         "workers, see --backups; default ring)")
+    tr.add_argument("--gossip-topology", choices=["hypercube", "dissemination"], default=None,
+                    help="for --algorithm gossip (default hypercube; dissemination handles "
+                         "any --nproc)")
+    tr.add_argument("--gossip-async", action="store_true",
+                    help="for --algorithm gossip: apply each step's mix one step later, overlapped")
     tr.add_argument("--torus-shape", metavar="ROWSxCOLS", help="grid for --algorithm torus2d, e.g. 2x2")
     tr.add_argument("--epochs", type=positive_int, default=8)
     tr.add_argument("--batch-size", type=positive_int, default=64, help="global batch (all ranks together)")
@@ -138,7 +143,7 @@ def _straggler(text: str, seed: int = 0):
 
 def check_train(parser: argparse.ArgumentParser, args) -> None:
     """Reject bad flags before any rank starts, with the reason."""
-    from commrt.algorithms import Torus2D, resolve
+    from commrt.algorithms import Gossip, Torus2D, resolve
     from commrt.recipe import BatchSizeSchedule
     try:
         alg = resolve(args.algorithm)
@@ -167,6 +172,15 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
             alg.participants(nproc)
         except ValueError as e:
             parser.error(f"--backups with --nproc {nproc}: {e}")
+    if args.gossip_topology or args.gossip_async:
+        if alg.name != "gossip":
+            parser.error("--gossip-topology and --gossip-async only apply to --algorithm gossip")
+        alg = Gossip(args.gossip_topology or "hypercube", asynchronous=args.gossip_async)
+    if alg.name == "gossip":
+        try:
+            alg.period_length(nproc)
+        except ValueError as e:
+            parser.error(f"--algorithm gossip with --nproc {nproc}: {e}")
     args.algorithm = alg
     try:
         sched = (BatchSizeSchedule.parse(args.batch_schedule) if args.batch_schedule
@@ -284,11 +298,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_train(sub, args)
     if getattr(args, "algorithms", None):
         from commrt.algorithms import resolve
+        from commrt.schedule import Collective
         for a in args.algorithms.split(","):
             try:
-                resolve(a)
+                alg = resolve(a)
             except ValueError as e:
                 sub.error(str(e))
+            if not alg.supports(Collective.ALL_REDUCE):
+                sub.error(f"{a} is not an all-reduce (gossip has a simulate section and "
+                          f"bench/bench_gossip.py of its own)")
     if getattr(args, "single_process", False):
         return args.run(args)
     return _relaunch_or_run(args, argv, sub)

@@ -17,6 +17,9 @@ PNGs to ``--out-dir``:
 * ``sim_backup.png``: the same step with backup workers (Chen et al.): it
   starts once the first N of the p = N + b ranks arrived, for b = 0, 1, 2
   and about 2% of p, under exponential and Pareto delays.
+* ``sim_gossip_vs_p.png``: one gossip step (GossipGraD's one-peer exchange,
+  hypercube with and without rotation, mean over two periods) vs one ring
+  and one torus all-reduce of the same buffer, per size, vs p.
 
 It runs in one process (never relaunched as ranks). Usable on its own as
 ``python -m commrt.cli.simulate``; ``commrt.cli.commands`` adds it with :func:`register`.
@@ -46,7 +49,8 @@ def size_sweep(p: int, itemsize: int = 4) -> tuple[int, ...]:
     k = max(3, (p * itemsize - 1).bit_length())
     return tuple(1 << j for j in range(k, 31, 2))
 FILES = {"p": "sim_time_vs_p.png", "size": "sim_time_vs_size.png",
-         "stragglers": "sim_stragglers.png", "backup": "sim_backup.png"}
+         "stragglers": "sim_stragglers.png", "backup": "sim_backup.png",
+         "gossip": "sim_gossip_vs_p.png"}
 
 
 # ------------------------------------------------------------------ parsing
@@ -173,8 +177,11 @@ def run(args, out=print) -> dict:
     net = network_from_args(args)
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     from commrt.algorithms import resolve
+    from commrt.schedule import Collective
     for n in names:
-        resolve(n)
+        if not resolve(n).supports(Collective.ALL_REDUCE):
+            raise SystemExit(f"commrt simulate: {n} is not an all-reduce; gossip has a section "
+                             f"of its own")
     ps = [1 << k for k in range(1, args.max_p.bit_length())]
     sw = Sweeper(net, progress=out)
     t_start = time.perf_counter()
@@ -243,6 +250,7 @@ def run(args, out=print) -> dict:
         out(f"{p:>6} " + "".join(cells))
     report["stragglers"] = {"delays": strag, "compute_s": args.compute_ms * 1e-3}
     report["backup"] = backup_sweep(args, ps, sw, algs, big, mean, out)
+    report["gossip"] = gossip_sweep(ps, args.sizes, sw, out)
     out(f"\n# swept in {time.perf_counter() - t_start:.1f} s")
 
     if not args.no_plots:
@@ -354,7 +362,54 @@ def plot_all(report: dict, names: Sequence[str], args, net: sim.Network) -> list
     fig.suptitle(f"{bk['compute_s'] * 1e3:g} ms compute + per-rank delay; the step starts at "
                  f"the N-th arrival", fontsize=9)
     paths.append(plotting.save(fig, os.path.join(args.out_dir, FILES["backup"])))
+    paths.append(plot_gossip(report, args, net))
     return paths
+
+
+GOSSIP_COMPARE = ("ring", "torus2d")
+
+
+def gossip_sweep(ps: Sequence[int], sizes: Sequence[int], sw: Sweeper, out) -> dict:
+    """Mean time of one gossip step (hypercube, rotating and fixed, over two periods) vs p,
+    next to one ring and one torus all-reduce of the same buffer: per training step, each
+    is what the gradients of that size cost."""
+    from commrt.algorithms import Gossip
+    variants = {"gossip (rotate)": Gossip(rotate=True), "gossip (fixed cube)": Gossip(rotate=False)}
+    rep: dict = {}
+    for nbytes in sizes:
+        out(f"\n## gossip step vs all-reduce per training step · {fmt_bytes(nbytes)} "
+            f"(off-node: share of gossip messages that leave their node)")
+        out(f"{'p':>6} " + "".join(f"{n:>12}" for n in GOSSIP_COMPARE)
+            + "".join(f"{n:>22}{'off-node':>10}" for n in variants))
+        rows = {n: [] for n in (*GOSSIP_COMPARE, *variants)}
+        for p in ps:
+            cells = []
+            for n in GOSSIP_COMPARE:
+                t = sw.time(n, p, nbytes)[0]
+                rows[n].append((t, None))
+                cells.append(f"{_fmt_time(t):>12}")
+            for n, g in variants.items():
+                r = sim.simulate_gossip(g, p, nbytes, sw.net)
+                rows[n].append((r.mean_s, r.off_node_share))
+                cells.append(f"{_fmt_time(r.mean_s):>22}{r.off_node_share:>10.0%}")
+            out(f"{p:>6} " + "".join(cells))
+        rep[nbytes] = rows
+    return rep
+
+
+def plot_gossip(report: dict, args, net: sim.Network) -> str:
+    ps = report["p"]
+    sizes = list(report["gossip"])
+    styles = {"ring": "o-", "torus2d": "^-", "gossip (rotate)": "D-", "gossip (fixed cube)": "v--"}
+    fig, axes = plotting.figure(len(sizes), (6.2 * len(sizes), 4.6))
+    for ax, nbytes in zip(axes, sizes):
+        for n, vals in report["gossip"][nbytes].items():
+            ms = np.array([t for t, _ in vals]) * 1e3
+            ax.plot(ps, ms, styles.get(n, ".-"), label=n, markersize=4)
+        plotting.style(ax, xlabel="ranks p", ylabel="communication per training step (ms)",
+                       logy=True, title=f"{fmt_bytes(nbytes)} of gradients: one gossip step vs one all-reduce")
+    fig.suptitle(f"simulated gossip vs all-reduce · {net.describe()}", fontsize=9)
+    return plotting.save(fig, os.path.join(args.out_dir, FILES["gossip"]))
 
 
 def cmd_simulate(args) -> int:

@@ -6,6 +6,11 @@ downloaded. Each epoch every rank takes its slice of one global shuffle
 (the same permutation everywhere, from the seed and the epoch), trains an
 MLP with commrt's :class:`~commrt.GradientSync`, and the ranks evaluate on
 the held-out 20% together (correct/total summed with ``commrt.all_reduce``).
+With ``--algorithm gossip`` each rank instead starts from its own disjoint
+shard, gossip-shuffled every epoch (:class:`commrt.data.GossipShuffle`),
+and the models are averaged exactly (:func:`commrt.average_parameters`) at
+the end of every epoch, before evaluating; the summary shows how far apart
+they were.
 
 Rank 0 shows a progress bar (loss, accuracy, samples/s, communication
 share) and ends with a summary table.
@@ -23,7 +28,7 @@ import torch
 
 import commrt
 from commrt import sim
-from commrt.algorithms import resolve
+from commrt.algorithms import Gossip, resolve
 
 TEST_FRACTION = 0.2
 #: digits samples in scikit-learn's copy, and how many of them are training data
@@ -201,6 +206,15 @@ def evaluate(model, data: Digits, comm, local: bool = False) -> float:
     return counts[0].item() / counts[1].item()
 
 
+def _gossip_shard(data: Digits, seed: int, rank: int, world: int):
+    """This rank's own disjoint 1/p of the training data as (x, y): equal sizes, one
+    permutation from the seed."""
+    n = len(data.x_train) // world
+    perm = torch.randperm(len(data.x_train), generator=torch.Generator().manual_seed(seed))
+    mine = perm[rank * n:(rank + 1) * n].to(data.x_train.device)
+    return data.x_train[mine].clone(), data.y_train[mine].clone()
+
+
 def run(args) -> int:
     """One rank of ``commrt train`` (the CLI launches the ranks)."""
     comm = commrt.init(args.backend, timeout=args.timeout)
@@ -218,7 +232,9 @@ def run(args) -> int:
     backup = getattr(algorithm, "backups", None) is not None
     step_no = 0
     n = len(data.x_train)
-    total_steps = sum(n // batch_schedule.batch_size(e) for e in range(args.epochs))
+    gossip = isinstance(algorithm, Gossip)
+    total_steps = sum((n // world) // (batch_schedule.batch_size(e) // world) if gossip
+                      else n // batch_schedule.batch_size(e) for e in range(args.epochs))
     bar = Progress(total_steps, enabled=rank == 0 and not args.quiet)
     trace_dir = None
     if args.trace:
@@ -226,6 +242,11 @@ def run(args) -> int:
     t_start = time.perf_counter()
     samples = 0
     acc = 0.0
+    # gossip (GossipGraD): each rank trains on its own shard, swapping half of it with a gossip
+    # peer every epoch; the models drift apart and are averaged exactly before each evaluation
+    shuffle = (commrt.data.GossipShuffle(_gossip_shard(data, args.seed, rank, world), comm,
+                                         fraction=0.5, seed=args.seed) if gossip else None)
+    disagreements = []
     with commrt.GradientSync(model, comm, algorithm=algorithm, bucket_mb=args.bucket_mb,
                              first_bucket_mb=min(1.0, args.bucket_mb), comm_dtype=args.comm_dtype_obj,
                              trace=bool(args.trace)) as sync:
@@ -238,14 +259,18 @@ def run(args) -> int:
             t_epoch = time.perf_counter()
             losses = []
             steps = 0
-            for idx in _shard(n, epoch, args.seed, rank, world, gb):
-                idx = idx.to(comm.device)
+            if gossip:
+                batches = shuffle.batches(gb // world, epoch, drop_last=True)
+            else:
+                idxs = (i.to(comm.device) for i in _shard(n, epoch, args.seed, rank, world, gb))
+                batches = ((data.x_train[i], data.y_train[i]) for i in idxs)
+            for xb, yb in batches:
                 if args.kill and args.kill == (rank, step_no):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if straggle:
                     time.sleep(straggle.delay(rank, step_no))
                 step_no += 1
-                loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
+                loss = loss_fn(model(xb), yb)
                 loss.backward()
                 sync.step(opt)
                 if backup and (sync.policy.finished or sync.global_step >= total_steps):
@@ -258,12 +283,16 @@ def run(args) -> int:
                 rate = samples / (time.perf_counter() - t_start)
                 bar.update(1, f"epoch {epoch + 1}/{args.epochs} loss {loss.item():.3f} acc {acc:.3f} "
                               f"{rate:,.0f} samples/s comm {comm_share:.0%}")
+            if gossip:
+                disagreements.append(commrt.average_parameters(model, comm, opt))
             acc = evaluate(model, data, comm, local=backup)
             if backup and (sync.policy.finished or sync.global_step >= total_steps):
                 break
             epoch_rate = steps * gb / max(time.perf_counter() - t_epoch, 1e-9)
+            apart = f" apart {disagreements[-1]:.1e}" if gossip else ""
             bar.update(0, f"epoch {epoch + 1}/{args.epochs} loss {sum(losses) / max(1, len(losses)):.3f} "
-                          f"acc {acc:.3f} {epoch_rate:,.0f} samples/s batch {gb}", epoch_end=True)
+                          f"acc {acc:.3f}{apart} {epoch_rate:,.0f} samples/s batch {gb}",
+                       epoch_end=True)
         bar.close()
         wall = time.perf_counter() - t_start
         stats = sync.stats
@@ -288,14 +317,14 @@ def run(args) -> int:
     phases = phases.cpu()
     if rank == 0:
         print(summary_table(args, comm, acc, samples, phases.tolist(), stats, trace_path,
-                            batch_schedule, report))
+                            batch_schedule, report, disagreements))
     if not (backup and report.missing and comm.backend.value == "mpi"):
         comm.close()   # (MPI's communicator free would wait on the dead rank)
     return 0
 
 
 def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_schedule,
-                  report=None) -> str:
+                  report=None, disagreements=()) -> str:
     step_s, backward_s, pack_s, comm_s, unpack_s, exposed_s, bytes_sent, wall = phases
     compute_s = max(0.0, step_s - exposed_s)
     ms = lambda x: f"{x * 1e3:9.3f} ms"   # noqa: E731
@@ -331,6 +360,10 @@ def summary_table(args, comm, acc, samples, phases, stats, trace_path, batch_sch
              ", ".join(f"r{r} {d}" for r, d in sorted(report.dropped.items()))),
             ("missing ranks", ", ".join(map(str, report.missing)) or "none"),
         ]
+    if disagreements:   # gossip: how far apart the models were when averaged each epoch
+        rows.insert(5, ("disagreement (‖θ_r−θ̄‖/‖θ̄‖)",
+                        f"{disagreements[-1]:.2e} last epoch, {max(disagreements):.2e} max; "
+                        f"averaged every epoch"))
     w = max(len(k) for k, _ in rows)
     line = "-" * (w + 44)
     body = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)

@@ -7,14 +7,16 @@ stay plain data: they never import this package.
 """
 from __future__ import annotations
 
-from commrt.algorithms import Algorithm, BackupWorkers
+from commrt.algorithms import Algorithm, BackupWorkers, Gossip
 from commrt.sync.allreduce import AllReducePolicy
 from commrt.sync.backup import BackupPolicy
+from commrt.sync.gossip import GossipPolicy
 from commrt.sync.policy import Policy
 
 #: (algorithm types, policy class), first match wins; the all-reduce family serves any Algorithm
 FAMILIES: tuple[tuple[tuple[type, ...], type[Policy]], ...] = (
     ((BackupWorkers,), BackupPolicy),
+    ((Gossip,), GossipPolicy),
     ((Algorithm,), AllReducePolicy),
 )
 

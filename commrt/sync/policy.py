@@ -64,15 +64,19 @@ class SyncContext:
     def element_size(self) -> int:
         return self.buffers[0].element_size()
 
-    def run(self, schedule, buf: torch.Tensor, bucket: int | None = None) -> int:
+    def run(self, schedule, buf: torch.Tensor, bucket: int | None = None, *,
+            reused: bool = True) -> int:
         """Run ``schedule`` in place on ``buf`` with the communicator's timeout,
         pieces and tracer; return the bytes this rank sent. Errors name the
-        rank, peer, algorithm, step and ``bucket``."""
+        rank, peer, algorithm, step and ``bucket``. ``reused=False`` for a
+        schedule run only a few times (a new one every few steps): its
+        binding to ``buf`` then just ages out of the executor's small cache
+        instead of being kept for as long as ``buf`` lives."""
         comm = self.comm
         with comm.lock:
             return comm.executor.run(schedule, buf, comm.transport, timeout=comm.timeout,
                                      piece_bytes=comm.piece_bytes, bucket=bucket, tracer=self.tracer,
-                                     owner=buf)
+                                     owner=buf if reused else None)
 
 
 class Policy(abc.ABC):

@@ -50,6 +50,9 @@ class SyncStats:
     buffer_bytes: int = 0
     #: bytes of the gradients being synchronised (for comparison)
     grad_bytes: int = 0
+    #: max over ranks of ||θ_r − θ̄|| / ||θ̄|| at the last commrt.average_parameters
+    #: (None: never called)
+    disagreement: float | None = None
 
     def add(self, s: StepStats) -> None:
         self.steps.append(s)
@@ -84,7 +87,8 @@ class SyncStats:
             f"bytes sent per step {m.bytes_sent / 1e6:10.2f} MB in {m.buckets} buckets",
             f"algorithms          {', '.join(dict.fromkeys(self.algorithms))}",
             f"extra memory        {self.buffer_bytes / 1e6:.1f} MB (gradients {self.grad_bytes / 1e6:.1f} MB)",
-        ])
+        ] + ([f"disagreement        {self.disagreement:.3e} (max over ranks of |θ_r − θ̄| / |θ̄|, "
+               f"at the last average_parameters)"] if self.disagreement is not None else []))
 
     def __str__(self) -> str:
         return self.summary()

@@ -44,11 +44,23 @@ class _GlooPending(Pending):
     def __init__(self, sworks, rworks):
         self.sworks, self.rworks = sworks, rworks
 
+    # A gloo Work must not be waited on twice (the second wait blocks until its timeout), but
+    # the Pending contract lets the executor wait on a send again (it does after sends_first):
+    # a finished work is dropped, so that a repeated wait returns at once, as MPI's Test does.
     def wait_recv(self, i: int, deadline: float) -> bool:
-        return wait_work(self.rworks[i], deadline)
+        return self._wait(self.rworks, i, deadline)
 
     def wait_send(self, i: int, deadline: float) -> bool:
-        return wait_work(self.sworks[i], deadline)
+        return self._wait(self.sworks, i, deadline)
+
+    @staticmethod
+    def _wait(works, i: int, deadline: float) -> bool:
+        if works[i] is None:
+            return True
+        if wait_work(works[i], deadline):
+            works[i] = None
+            return True
+        return False
 
 
 class GlooTransport(Transport):

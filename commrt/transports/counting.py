@@ -1,0 +1,82 @@
+"""A transport wrapper that counts what leaves this rank: messages, bytes, per peer.
+
+Wrap a communicator's transport to see how many point-to-point messages an
+algorithm really sends (tests and benchmarks use it to show that gossip
+sends O(1) messages per bucket while a ring sends 2(p−1))::
+
+    >>> from commrt.transports.counting import CountingTransport
+    >>> comm.transport = counter = CountingTransport(comm.transport)   # doctest: +SKIP
+    >>> ...; counter.messages, counter.bytes, counter.by_peer
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from commrt.transports.base import Pair, Pending, Prepared, Transport
+
+
+class _CountingPrepared(Prepared):
+    __slots__ = ("inner", "counter")
+
+    def __init__(self, counter: "CountingTransport", inner: Prepared, sends: Sequence[Pair]):
+        super().__init__(counter, sends, inner.recvs, inner.tag)
+        self.inner, self.counter = inner, counter
+
+    def start(self) -> Pending:
+        self.counter.count(self.sends)
+        return self.inner.start()
+
+    def free(self) -> None:
+        self.inner.free()
+
+
+class CountingTransport(Transport):
+    """Forwards everything to ``inner`` and counts every send it starts."""
+
+    def __init__(self, inner: Transport):
+        super().__init__(inner.rank, inner.world_size, inner.device)
+        self.inner = inner
+        self.name = inner.name
+        self.stream_ordered = inner.stream_ordered
+        self.reset()
+
+    def reset(self) -> None:
+        self.messages = 0
+        self.bytes = 0
+        self.by_peer: Counter = Counter()
+
+    def count(self, sends: Sequence[Pair]) -> None:
+        for t, peer in sends:
+            self.messages += 1
+            self.bytes += t.numel() * t.element_size()
+            self.by_peer[peer] += 1
+
+    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
+        self.count(sends)
+        return self.inner.exchange(sends, recvs, tag)
+
+    def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
+        return _CountingPrepared(self, self.inner.prepare(sends, recvs, tag), sends)
+
+    def barrier(self, timeout: float) -> bool:
+        return self.inner.barrier(timeout)
+
+    def native_all_reduce(self, tensor, op: str = "sum") -> None:
+        self.inner.native_all_reduce(tensor, op)
+
+    def stream(self):
+        return self.inner.stream()
+
+    def begin(self, tensor) -> None:
+        self.inner.begin(tensor)
+
+    def end(self, tensor) -> None:
+        self.inner.end(tensor)
+
+    def sync(self, deadline: float) -> bool:
+        return self.inner.sync(deadline)
+
+    def close(self) -> None:
+        self.inner.close()
