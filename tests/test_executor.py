@@ -6,7 +6,7 @@ must equal the reference bit for bit, whatever the order of additions.
 import pytest
 import torch
 
-from commrt.algorithms import HalvingDoubling, Ring
+from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring
 from commrt.errors import CommTimeoutError
 from commrt.executor import Executor, compile_plan
 from commrt.schedule import Collective
@@ -18,7 +18,7 @@ def _inputs(p, n, dtype=torch.float64):
     return [torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(r)).to(dtype) for r in range(p)]
 
 
-@pytest.mark.parametrize("alg", [Ring(), HalvingDoubling()], ids=str)
+@pytest.mark.parametrize("alg", [Ring(), HalvingDoubling(), RecursiveDoubling()], ids=str)
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 7, 8])
 @pytest.mark.parametrize("n", [1, 7, 1000, 4099])
 def test_all_reduce_exact(alg, p, n):
@@ -100,7 +100,7 @@ def test_plan_pieces_and_scratch():
     assert plan.scratch_numel == 1000
     # all-gather copies land in place: no scratch, no waiting for sends
     ag = plan.steps[3]
-    assert all(not x.reduce and x.scratch == -1 for x in ag.recvs) and not ag.sends_first
+    assert all(not x.reduce and x.scratch == -1 for x in ag.recvs) and not any(ag.after_sends)
     # empty chunks produce no messages at all
     tiny = compile_plan(Ring().schedule(4), rank=3, numel=1, piece_elems=300)
     assert all(x.stop > x.start for st in tiny.steps for x in st.sends + st.recvs)
@@ -161,7 +161,9 @@ def test_swap_in_place_waits_for_the_send_before_writing_back():
                     Op(OpKind.SEND, 1, 0, 0, 1), Op(OpKind.RECV_COPY, 1, 0, 0, 1)], "swap")
     sched = Schedule("swap", Collective.ALL_REDUCE, 2, (0, 1), 1, (step,))
     plan = compile_plan(sched, 0, 10, 4)
-    assert plan.steps[0].sends_first and all(x.scratch >= 0 for x in plan.steps[0].recvs)
+    assert all(x.scratch >= 0 for x in plan.steps[0].recvs)
+    # pieces [0,4) [4,8) [8,10): each write-back waits only for the send piece it overwrites
+    assert plan.steps[0].after_sends == (1, 2, 3)
 
     def body(tr):
         buf = torch.full((10,), float(tr.rank))
