@@ -75,9 +75,8 @@ def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algor
         >>> t = torch.full((1000,), float(comm.rank))          # doctest: +SKIP
         >>> commrt.all_reduce(t, comm, algorithm="ring", op="sum")
     """
-    op = _OPS.get(op) if isinstance(op, (str, ReduceOp)) else None
-    if op is None:
-        op = ReduceOp.parse(op)
+    parsed = _OPS.get(op) if isinstance(op, (str, ReduceOp)) else None
+    op = parsed if parsed is not None else ReduceOp.parse(op)
     alg = resolve(algorithm)
     check_tensor(tensor, comm, op)
     _enter(comm)
@@ -141,7 +140,8 @@ def _run(tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout,
             schedule = pick(comm.world_size, numel * work.element_size(), comm)
             comm.executor.run(schedule, work, comm.transport,
                               timeout=comm.timeout if timeout is None else timeout,
-                              piece_bytes=comm.piece_bytes, average=average, tracer=tracer, owner=work)
+                              piece_bytes=comm.piece_bytes, average=average, tracer=tracer, owner=work,
+                              spin_s=comm.spin_s)
     if work is not tensor:
         tensor.copy_(work)
     return tensor

@@ -261,12 +261,15 @@ class Executor:
 
     def run(self, schedule: Schedule, buf: torch.Tensor, transport: Transport, *,
             timeout: float, piece_bytes: int = 4 << 20, average: bool = False,
-            bucket: int | None = None, tracer=None, owner: torch.Tensor | None = None) -> int:
+            bucket: int | None = None, tracer=None, owner: torch.Tensor | None = None,
+            spin_s: float = 0.0) -> int:
         """Run ``schedule`` in place on the contiguous ``buf`` (taken as flat); return the bytes this rank sent.
 
         ``average`` divides by the number of participating ranks at the end.
         Raises :class:`~commrt.CommTimeoutError` if any wait exceeds
         ``timeout`` seconds, naming the rank, peer, algorithm, step and bucket.
+        ``spin_s``: how long a wait polls before it yields the core
+        (:func:`~commrt.transports.base.poll_until`); for callers that block.
         """
         bound = self.bind(schedule, buf, transport, max(1, piece_bytes // buf.element_size()), owner)
         if not bound.member:
@@ -277,12 +280,12 @@ class Executor:
         run_step = self._run_step
         if tracer is None:
             for step in bound.steps:
-                run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
+                run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
         else:
             for step in bound.steps:
                 sp = step[0]
                 with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket):
-                    run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
+                    run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
         if average and plan.group_size > 1:
             buf.div_(plan.group_size)
         return plan.send_elems * buf.element_size()
@@ -309,9 +312,10 @@ class Executor:
         return plan.send_elems * buf.element_size()
 
     @staticmethod
-    def _run_step(step, deadline: float, schedule: Schedule, timeout: float, bucket) -> None:
+    def _run_step(step, deadline: float, schedule: Schedule, timeout: float, bucket,
+                  spin_s: float = 0.0) -> None:
         sp, prepared, post = step
-        pend = prepared.start()
+        pend = prepared.start(spin_s)
         try:
             sent = 0
             for i, (after, apply) in enumerate(post):

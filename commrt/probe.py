@@ -193,7 +193,8 @@ def _tier_schedules(p: int, per_node: int) -> dict:
 
 def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float:
     run = comm.executor.run
-    kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes)
+    # waits as commrt.all_reduce waits, so α is the latency it sees
+    kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes, spin_s=comm.spin_s)
     run(sched, buf, comm.transport, **kw)        # warm-up: plan, scratch, connections
     times = []
     for _ in range(repeats):
