@@ -172,3 +172,52 @@ def test_swap_in_place_waits_for_the_send_before_writing_back():
 
     out = run_ranks(2, body)
     assert torch.equal(out[0], torch.ones(10)) and torch.equal(out[1], torch.zeros(10))
+
+
+def test_steady_state_call_reuses_its_binding_and_compiles_nothing(monkeypatch):
+    import commrt
+    import commrt.executor as ex_mod
+    compiled = []
+    real = ex_mod.compile_plan
+    monkeypatch.setattr(ex_mod, "compile_plan", lambda *a: compiled.append(a[1:]) or real(*a))
+
+    def body(tr):
+        comm = _local_comm(tr)
+        x = torch.ones(7, dtype=torch.float64)
+        bindings = []
+        for _ in range(5):
+            commrt.all_reduce(x, comm, algorithm="recursive_doubling", op="sum")
+            bindings.append(tuple(comm.executor._bound.values()))
+        y = torch.ones(7, dtype=torch.float64)          # another buffer: its own binding, same plan
+        commrt.all_reduce(y, comm, algorithm="rd", op="sum")
+        return x, y, bindings, len(comm.executor._bound)
+
+    for x, y, bindings, n_bound in run_ranks(2, body):
+        assert torch.equal(x, torch.full((7,), 32.0)) and torch.equal(y, torch.full((7,), 2.0))
+        assert all(b == bindings[0] and len(b) == 1 for b in bindings)   # the same Bound object
+        assert n_bound == 2
+    assert sorted(compiled) == [(0, 7, 1 << 17), (1, 7, 1 << 17)]      # one plan per rank, ever
+
+
+def test_poll_until_spins_before_yielding_and_still_times_out(monkeypatch):
+    import time
+    from commrt.transports import base
+    yields = []
+    monkeypatch.setattr(base.os, "sched_yield", lambda: yields.append(1))
+    t_ready = time.monotonic() + 2e-3
+    assert base.poll_until(lambda: time.monotonic() > t_ready, time.monotonic() + 5, spin_s=1.0)
+    assert yields == []                                   # caught while spinning
+    t_ready = time.monotonic() + 2e-3
+    assert base.poll_until(lambda: time.monotonic() > t_ready, time.monotonic() + 5)
+    assert yields                                         # no spin: the core is yielded between polls
+    t0 = time.monotonic()
+    assert not base.poll_until(lambda: False, t0 + 0.05, spin_s=10.0)   # the deadline bounds the spin
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_spin_only_when_every_local_rank_has_a_core():
+    import os
+    from commrt.comm import SPIN_S, _spin_s
+    cores = len(os.sched_getaffinity(0))
+    assert _spin_s(1) == SPIN_S > 0 and _spin_s(cores) == SPIN_S
+    assert _spin_s(cores + 1) == 0.0 and _spin_s(None) == 0.0
