@@ -22,8 +22,8 @@ from commrt.algorithms.auto import Auto
 from commrt.algorithms.broadcast import BinomialTree, PipelinedChain
 from commrt.algorithms.backup import BackupWorkers
 
-__all__ = ["Algorithm", "Ring", "HalvingDoubling", "RecursiveDoubling", "Torus2D", "Auto", "BinomialTree", "PipelinedChain",
-           "BackupWorkers",
+__all__ = ["Algorithm", "Ring", "HalvingDoubling", "RecursiveDoubling", "Torus2D", "Auto",
+           "BinomialTree", "PipelinedChain", "BackupWorkers",
            "resolve", "NAMES", "DEFAULT_ALGORITHM"]
 
 _BY_NAME = {

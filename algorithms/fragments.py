@@ -104,7 +104,8 @@ def fold_in(core: Sequence[int], extras: Sequence[int], block: Block) -> list[St
 
 
 def fold_out(core: Sequence[int], extras: Sequence[int], block: Block) -> list[Step]:
-    """Core rank ``j`` hands the finished ``block`` back to extra ``j`` (one step; none without extras)."""
+    """Core rank ``j`` hands the finished ``block`` back to extra ``j`` (one step; none
+    without extras)."""
     if not extras:
         return []
     ops = []
@@ -126,5 +127,5 @@ def pairwise_exchange(core: Sequence[int], distance: int, block: Block, phase: s
     kind = np.empty(n, np.int8)
     kind[0::2], kind[1::2] = SEND, RECV_REDUCE
     peer = np.repeat(partner, 2)
-    return Step(kind, np.repeat(r, 2), peer, np.full(n, block[0], np.int64), np.full(n, block[1], np.int64),
-                phase)
+    lo, hi = np.full(n, block[0], np.int64), np.full(n, block[1], np.int64)
+    return Step(kind, np.repeat(r, 2), peer, lo, hi, phase)

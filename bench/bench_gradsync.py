@@ -119,7 +119,8 @@ def test_mlp_step(benchmark, record_bandwidth, env, impl):
 def _small_layers(n=50, width=70):
     # 50 x (70*70 + 70) = 248,500 parameters: ~1 MB of fp32 gradients in 100 tensors
     torch.manual_seed(0)
-    return torch.nn.Sequential(*[m for _ in range(n) for m in (torch.nn.Linear(width, width), torch.nn.Tanh())])
+    layers = [m for _ in range(n) for m in (torch.nn.Linear(width, width), torch.nn.Tanh())]
+    return torch.nn.Sequential(*layers)
 
 
 @pytest.mark.parametrize("impl", ["local", "commrt-mpi", "commrt-gloo", "ddp-gloo"])
@@ -147,11 +148,13 @@ def test_small_layers_step(benchmark, record_bandwidth, env, impl):
     info = {"step_us": benchmark.stats.stats.median * 1e6}
     if sync is not None:
         m = sync.stats.mean(skip=2)
-        info.update(buckets=float(len(sync.buckets)), comm_us=(m.pack_s + m.comm_s + m.unpack_s) * 1e6,
+        info.update(buckets=float(len(sync.buckets)),
+                    comm_us=(m.pack_s + m.comm_s + m.unpack_s) * 1e6,
                     exposed_us=m.exposed_s * 1e6)
         sync.close()
     benchmark.extra_info.update(info)
-    record_bandwidth("50 small layers (1 MB), 2 ranks: step time; overhead = step - local", impl, "1MB", **info)
+    record_bandwidth("50 small layers (1 MB), 2 ranks: step time; overhead = step - local", impl,
+                     "1MB", **info)
 
 
 class _DeviceLike(torch.nn.Module):

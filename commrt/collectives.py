@@ -39,7 +39,8 @@ class ReduceOp(enum.Enum):
 
 
 # the usual spellings, looked up without the enum machinery (all_reduce's hot path)
-_OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG, ReduceOp.SUM: ReduceOp.SUM, ReduceOp.AVG: ReduceOp.AVG}
+_OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG,
+        ReduceOp.SUM: ReduceOp.SUM, ReduceOp.AVG: ReduceOp.AVG}
 
 
 def check_tensor(tensor: torch.Tensor, comm: Communicator, op: ReduceOp) -> None:
@@ -140,8 +141,8 @@ def _run(tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout,
             schedule = pick(comm.world_size, numel * work.element_size(), comm)
             comm.executor.run(schedule, work, comm.transport,
                               timeout=comm.timeout if timeout is None else timeout,
-                              piece_bytes=comm.piece_bytes, average=average, tracer=tracer, owner=work,
-                              spin_s=comm.spin_s)
+                              piece_bytes=comm.piece_bytes, average=average, tracer=tracer,
+                              owner=work, spin_s=comm.spin_s)
     if work is not tensor:
         tensor.copy_(work)
     return tensor

@@ -197,7 +197,8 @@ class Communicator:
 
 
 def _spin_s(local_size: int | None) -> float:
-    """:data:`SPIN_S` if ``local_size`` ranks fit on this process's cores, else 0 (also if unknown)."""
+    """:data:`SPIN_S` if ``local_size`` ranks fit on this process's cores, else 0 (also when
+    unknown)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:   # not on Linux

@@ -163,7 +163,8 @@ class Bound:
                 recvs.append((into, x.peer))
                 dst = buf[x.start:x.stop] if x.scratch >= 0 else None
                 post.append((after, _applier(dst, into, x.reduce, reducer)))
-            self.steps.append((sp, transport.prepare(sends, recvs, sp.index * _PIECE_TAGS), tuple(post)))
+            prepared = transport.prepare(sends, recvs, sp.index * _PIECE_TAGS)
+            self.steps.append((sp, prepared, tuple(post)))
 
     def free(self) -> None:
         for _, prepared, _ in self.steps:
@@ -263,7 +264,8 @@ class Executor:
             timeout: float, piece_bytes: int = 4 << 20, average: bool = False,
             bucket: int | None = None, tracer=None, owner: torch.Tensor | None = None,
             spin_s: float = 0.0) -> int:
-        """Run ``schedule`` in place on the contiguous ``buf`` (taken as flat); return the bytes this rank sent.
+        """Run ``schedule`` in place on the contiguous ``buf`` (taken as flat); return the bytes
+        this rank sent.
 
         ``average`` divides by the number of participating ranks at the end.
         Raises :class:`~commrt.CommTimeoutError` if any wait exceeds
@@ -271,7 +273,8 @@ class Executor:
         ``spin_s``: how long a wait polls before it yields the core
         (:func:`~commrt.transports.base.poll_until`); for callers that block.
         """
-        bound = self.bind(schedule, buf, transport, max(1, piece_bytes // buf.element_size()), owner)
+        piece_elems = max(1, piece_bytes // buf.element_size())
+        bound = self.bind(schedule, buf, transport, piece_elems, owner)
         if not bound.member:
             return 0
         plan = bound.plan
@@ -284,7 +287,8 @@ class Executor:
         else:
             for step in bound.steps:
                 sp = step[0]
-                with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket):
+                with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase,
+                                 bucket=bucket):
                     run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
         if average and plan.group_size > 1:
             buf.div_(plan.group_size)
@@ -301,13 +305,14 @@ class Executor:
                     self._run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
                     continue
                 sp = step[0]
-                with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket):
+                with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase,
+                                 bucket=bucket):
                     self._run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
             if average and plan.group_size > 1:
                 buf.div_(plan.group_size)
         if not transport.sync(time.monotonic() + timeout):
-            raise CommTimeoutError(rank=transport.rank, peer=None, what="device stream", timeout_s=timeout,
-                                   algorithm=schedule.name, bucket=bucket)
+            raise CommTimeoutError(rank=transport.rank, peer=None, what="device stream",
+                                   timeout_s=timeout, algorithm=schedule.name, bucket=bucket)
         transport.end(buf)
         return plan.send_elems * buf.element_size()
 
@@ -321,7 +326,8 @@ class Executor:
             for i, (after, apply) in enumerate(post):
                 while sent < after:
                     if not pend.wait_send(sent, deadline):
-                        _timeout(prepared, "send", sp.sends[sent].peer, sp, schedule, timeout, bucket)
+                        _timeout(prepared, "send", sp.sends[sent].peer, sp, schedule, timeout,
+                                 bucket)
                     sent += 1
                 if not pend.wait_recv(i, deadline):
                     _timeout(prepared, "recv", sp.recvs[i].peer, sp, schedule, timeout, bucket)
@@ -339,10 +345,11 @@ class Executor:
                             f"step {sp.index} (peers {peers}){_diagnose(str(e))}: {e}") from e
 
 
-def _timeout(prepared: Prepared, what: str, peer: int, sp: StepPlan, schedule: Schedule, timeout: float,
-             bucket) -> None:
+def _timeout(prepared: Prepared, what: str, peer: int, sp: StepPlan, schedule: Schedule,
+             timeout: float, bucket) -> None:
     raise CommTimeoutError(rank=prepared.transport.rank, peer=peer, what=what, timeout_s=timeout,
-                           algorithm=schedule.name, step=sp.index, num_steps=schedule.num_steps, bucket=bucket)
+                           algorithm=schedule.name, step=sp.index, num_steps=schedule.num_steps,
+                           bucket=bucket)
 
 
 def _diagnose(engine_message: str) -> str:

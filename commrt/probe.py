@@ -292,8 +292,8 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
                               big_steps=2)
             inter = [shared[0], *inter]
             # Everyone's numbers, exactly, on every rank.
-            rows = gather_rows(comm, [*_fit(sizes, intra, gamma), *intra, *_fit(sizes, inter, gamma),
-                                      *inter, shared[1], gamma])
+            rows = gather_rows(comm, [*_fit(sizes, intra, gamma), *intra,
+                                      *_fit(sizes, inter, gamma), *inter, shared[1], gamma])
     k = len(sizes)
 
     def agreed(i):     # column i, largest over ranks: synchronous steps go at the slowest pace

@@ -93,8 +93,8 @@ from commrt.schedule import RECV_REDUCE, SEND, Collective, Schedule, Step
 
 __all__ = ["Link", "Network", "SimResult", "StepCost", "simulate", "closed_form", "estimate", "price_all",
            "Exponential", "LogNormal", "Pareto", "NoDelay", "arrivals", "synchronous_start",
-           "simulate_steps", "StepStats", "ring_time", "halving_doubling_time", "recursive_doubling_time",
-           "torus_time"]
+           "simulate_steps", "StepStats", "ring_time", "halving_doubling_time",
+           "recursive_doubling_time", "torus_time"]
 
 GB = 1e9
 
@@ -307,7 +307,8 @@ def halving_doubling_time(p: int, nbytes: float, link: Link, gamma: float = 0.0)
 def recursive_doubling_time(p: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
     """Recursive doubling: log2(q)·(α + nβ + nγ) on the q = 2^⌊log2 p⌋ core ranks (the whole
 
-    buffer each step), plus, when p > q, the fold-in and fold-out of halving-doubling (2α + 2nβ + nγ).
+    buffer each step), plus, when p > q, the fold-in and fold-out of halving-doubling
+    (2α + 2nβ + nγ).
     """
     if p <= 1:
         return 0.0
@@ -321,10 +322,12 @@ def torus_time(rows: int, cols: int, nbytes: float, link: Link, gamma: float = 0
     p = rows * cols
     if p <= 1:
         return 0.0
-    return 2 * (rows + cols - 2) * link.alpha_s + (p - 1) / p * nbytes * (2 * link.beta_s_per_byte + gamma)
+    per_byte = 2 * link.beta_s_per_byte + gamma
+    return 2 * (rows + cols - 2) * link.alpha_s + (p - 1) / p * nbytes * per_byte
 
 
-def closed_form(algorithm, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float | None:
+def closed_form(algorithm, world_size: int, nbytes: float, link: Link,
+                gamma: float = 0.0) -> float | None:
     """The α-β(-γ) closed form for ``algorithm`` on one link class, or None if it has none.
 
     A :class:`~commrt.algorithms.Torus2D` without a shape is priced on the
@@ -534,7 +537,8 @@ class _Replayer:
         if not self.gamma:
             return None
         red = np.flatnonzero(step.kind == RECV_REDUCE)
-        b = (self.bounds.take(step.hi.take(red)) - self.bounds.take(step.lo.take(red))).astype(np.float64)
+        hi, lo = self.bounds.take(step.hi.take(red)), self.bounds.take(step.lo.take(red))
+        b = (hi - lo).astype(np.float64)
         return np.bincount(step.rank.take(red), b, self.p) * self.gamma
 
     def finish_step(self, clock: np.ndarray, step: Step) -> np.ndarray:

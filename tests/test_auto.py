@@ -21,9 +21,11 @@ def _fake_comm(p):
 
 
 def test_candidates_are_ring_hd_rd_and_every_real_torus_grid():
-    assert [str(a) for a in candidates(12)] == ["ring", "halving_doubling", "recursive_doubling",
-                                                "torus2d(2×6)", "torus2d(3×4)", "torus2d(4×3)", "torus2d(6×2)"]
-    assert candidates(7) == [Ring(), HalvingDoubling(), RecursiveDoubling()]   # a prime has no 2D grid
+    assert [str(a) for a in candidates(12)] == [
+        "ring", "halving_doubling", "recursive_doubling",
+        "torus2d(2×6)", "torus2d(3×4)", "torus2d(4×3)", "torus2d(6×2)"]
+    # a prime has no 2D grid
+    assert candidates(7) == [Ring(), HalvingDoubling(), RecursiveDoubling()]
     assert resolve("auto") == Auto()
 
 
@@ -65,20 +67,23 @@ def test_choices_are_cached_on_the_communicator_and_name_the_schedule():
     assert s1.name == "auto:torus2d(3x4)" and s1.check().ok
     auto.select(12, SMALL, comm)
     made = choices(comm)
-    assert {n: c.label for n, c in made.items()} == {LARGE: "torus2d(3x4)", SMALL: "recursive_doubling"}
+    assert {n: c.label for n, c in made.items()} == {LARGE: "torus2d(3x4)",
+                                                     SMALL: "recursive_doubling"}
     assert "torus2d(3x4)" in str(made[LARGE])
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
 def test_recursive_doubling_wins_where_latency_dominates(p):
     # this machine's order of magnitude (tests/probe): α 10 µs, 4 GB/s, adds at 8 GB/s
-    net = dataclasses.replace(sim.Network.flat(alpha_s=10e-6, beta_s_per_byte=1 / 4e9), gamma_s_per_byte=1 / 8e9)
+    net = dataclasses.replace(sim.Network.flat(alpha_s=10e-6, beta_s_per_byte=1 / 4e9),
+                              gamma_s_per_byte=1 / 8e9)
     auto = Auto(network=net)
     for n in (8, 4 << 10):
         c = auto.choose(p, n)
         assert c.label == "recursive_doubling", c
         # its predicted time is its closed form: log2(q) (+2 folded) full-buffer steps
-        assert c.predicted_s == pytest.approx(sim.recursive_doubling_time(p, n, net.inter, net.gamma_s_per_byte))
+        want = sim.recursive_doubling_time(p, n, net.inter, net.gamma_s_per_byte)
+        assert c.predicted_s == pytest.approx(want)
     # large buffers: RD sends log2(q)·n and adds as much; the bandwidth-optimal schedules win,
     # even at p = 2, where RD's one step moves the ring's bytes but adds twice what the ring adds
     assert auto.choose(p, 32 << 20).label in ("ring", "halving_doubling")

@@ -209,9 +209,10 @@ def test_poll_until_spins_before_yielding_and_still_times_out(monkeypatch):
     assert yields == []                                   # caught while spinning
     t_ready = time.monotonic() + 2e-3
     assert base.poll_until(lambda: time.monotonic() > t_ready, time.monotonic() + 5)
-    assert yields                                         # no spin: the core is yielded between polls
+    assert yields                     # no spin: the core is yielded between polls
     t0 = time.monotonic()
-    assert not base.poll_until(lambda: False, t0 + 0.05, spin_s=10.0)   # the deadline bounds the spin
+    # the deadline bounds the spin
+    assert not base.poll_until(lambda: False, t0 + 0.05, spin_s=10.0)
     assert time.monotonic() - t0 < 1.0
 
 

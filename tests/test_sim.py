@@ -76,14 +76,16 @@ def test_recursive_doubling_matches_closed_form(p):
     assert got.time_s == pytest.approx(want, rel=1e-9)
     assert sim.closed_form("rd", p, nbytes, FLAT.inter) == pytest.approx(want, rel=1e-12)
     # every core step carries the whole buffer each way
-    assert set(got.step_bytes[got.step_messages > 0] // got.step_messages[got.step_messages > 0]) == {nbytes}
+    busy = got.step_messages > 0
+    assert set(got.step_bytes[busy] // got.step_messages[busy]) == {nbytes}
 
 
 GAMMA = dataclasses.replace(FLAT, gamma_s_per_byte=1 / 6e9)
 
 
-@pytest.mark.parametrize("alg,p", [(Ring(), 8), (Ring(), 5), (HalvingDoubling(), 16), (HalvingDoubling(), 12),
-                                   (RecursiveDoubling(), 16), (RecursiveDoubling(), 12), (Torus2D(4, 4), 16),
+@pytest.mark.parametrize("alg,p", [(Ring(), 8), (Ring(), 5), (HalvingDoubling(), 16),
+                                   (HalvingDoubling(), 12), (RecursiveDoubling(), 16),
+                                   (RecursiveDoubling(), 12), (Torus2D(4, 4), 16),
                                    (Torus2D(3, 4), 12)], ids=str)
 def test_reduction_time_gamma_replays_as_the_closed_forms_say(alg, p):
     nbytes = 4 * 1024 * p            # every chunk the same size
@@ -101,7 +103,8 @@ def test_gamma_is_validated_and_saved():
     with pytest.raises(ValueError, match="gamma_s_per_byte"):
         dataclasses.replace(FLAT, gamma_s_per_byte=-1.0)
     assert sim.Network.from_dict(GAMMA.to_dict()) == GAMMA
-    probed = sim.Network.from_dict({"alpha_s": 5e-6, "beta_s_per_byte": 1e-9, "gamma_s_per_byte": 2e-10})
+    probed = sim.Network.from_dict({"alpha_s": 5e-6, "beta_s_per_byte": 1e-9,
+                                    "gamma_s_per_byte": 2e-10})
     assert probed.gamma_s_per_byte == 2e-10 and "adds at 5 GB/s" in probed.describe()
 
 

@@ -123,7 +123,8 @@ def table_header(names: Sequence[str], world_size: int, title: str) -> str:
     """The last name is the native all-reduce; a final column gives every other's time over its."""
     cols = "".join(f" | {n[:26]:>26}" for n in names)
     sub = "".join(f" | {'time(us)':>9} {'algbw':>7} {'busbw':>8}" for _ in names)
-    return (f"# {title}\n# busbw = algbw x 2(p-1)/p = algbw x {busbw_factor(world_size):.3g}; GB/s. "
+    factor = busbw_factor(world_size)
+    return (f"# {title}\n# busbw = algbw x 2(p-1)/p = algbw x {factor:.3g}; GB/s. "
             f"x native: each algorithm's time over the native one's, in column order\n"
             f"#{'size':>10} {'count':>11}{cols} | x native\n#{'':>10} {'(elements)':>11}{sub} |")
 
