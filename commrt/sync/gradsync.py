@@ -336,12 +336,7 @@ class GradientSync:
             if self._cuda:
                 self._done_event = torch.cuda.Event()
                 self._done_event.record(torch.cuda.current_stream(comm.device))
-        t3 = time.perf_counter()
-        cur = self._cur
-        cur.pack_s += t1 - t0
-        cur.comm_s += t2 - t1
-        cur.unpack_s += t3 - t2
-        cur.bytes_sent += sent
+        self._account(t0, t1, t2, time.perf_counter(), sent)
 
     def _run_bucket_plain(self, step: int, b: int) -> None:
         """:meth:`_run_bucket` without a device stream or trace spans to enter (CPU, no tracer)."""
@@ -351,7 +346,9 @@ class GradientSync:
         sent = self.policy.communicate(step, b, self._buffers[b])
         t2 = time.perf_counter()
         self._unpack(b)
-        t3 = time.perf_counter()
+        self._account(t0, t1, t2, time.perf_counter(), sent)
+
+    def _account(self, t0: float, t1: float, t2: float, t3: float, sent: int) -> None:
         cur = self._cur
         cur.pack_s += t1 - t0
         cur.comm_s += t2 - t1
