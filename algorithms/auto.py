@@ -119,6 +119,10 @@ class Auto(Algorithm):
 
     def choose(self, world_size: int, nbytes: int, comm=None) -> Choice:
         """The cheapest candidate for ``nbytes`` on ``world_size`` ranks (cached on ``comm``)."""
+        if comm is not None:   # a repeated call: one lookup (all_reduce's hot path)
+            hit = comm.cache.get(CACHE_KEY, {}).get((self, world_size, nbytes))
+            if hit is not None:
+                return hit
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         if nbytes < 0:
