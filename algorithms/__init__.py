@@ -11,8 +11,11 @@ Example::
 """
 from __future__ import annotations
 
+import functools
+
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.algorithms.auto import Auto
@@ -20,13 +23,16 @@ from commrt.algorithms.broadcast import BinomialTree, PipelinedChain
 from commrt.algorithms.backup import BackupWorkers
 from commrt.algorithms.gossip import Gossip
 
-__all__ = ["Algorithm", "Ring", "HalvingDoubling", "Torus2D", "Auto", "BinomialTree", "PipelinedChain",
-           "BackupWorkers", "Gossip", "resolve", "NAMES", "DEFAULT_ALGORITHM"]
+__all__ = ["Algorithm", "Ring", "HalvingDoubling", "RecursiveDoubling", "Torus2D", "Auto",
+           "BinomialTree", "PipelinedChain", "BackupWorkers", "Gossip",
+           "resolve", "NAMES", "DEFAULT_ALGORITHM"]
 
 _BY_NAME = {
     "ring": Ring,
     "halving_doubling": HalvingDoubling,
     "hd": HalvingDoubling,
+    "recursive_doubling": RecursiveDoubling,
+    "rd": RecursiveDoubling,
     "torus2d": Torus2D,
     "auto": Auto,
     "backup": BackupWorkers,   # b = 1
@@ -39,13 +45,22 @@ DEFAULT_ALGORITHM = "ring"
 
 
 def resolve(algorithm: "str | Algorithm") -> Algorithm:
-    """Turn an ``algorithm=`` argument into an :class:`Algorithm` instance."""
+    """Turn an ``algorithm=`` argument into an :class:`Algorithm` instance.
+
+    A name gives the same (frozen, default-option) instance every time, so
+    the schedules it caches are found again by every call.
+    """
     if isinstance(algorithm, Algorithm):
         return algorithm
     if isinstance(algorithm, str):
-        cls = _BY_NAME.get(algorithm.lower().replace("-", "_"))
-        if cls is not None:
-            return cls()
-        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(NAMES)} "
-                         f"or pass an instance such as commrt.algorithms.Ring()")
+        return _named(algorithm)
     raise TypeError(f"algorithm must be a name or an Algorithm instance, got {type(algorithm).__name__}")
+
+
+@functools.lru_cache(maxsize=64)
+def _named(name: str) -> Algorithm:
+    cls = _BY_NAME.get(name.lower().replace("-", "_"))
+    if cls is None:
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(NAMES)} "
+                         f"or pass an instance such as commrt.algorithms.Ring()")
+    return cls()

@@ -1,7 +1,8 @@
 """``algorithm="auto"``: pick the algorithm (and torus shape) per buffer size from the cost model.
 
 Candidates: :class:`~commrt.algorithms.Ring`,
-:class:`~commrt.algorithms.HalvingDoubling` and
+:class:`~commrt.algorithms.HalvingDoubling`,
+:class:`~commrt.algorithms.RecursiveDoubling` and
 :class:`~commrt.algorithms.Torus2D` on every grid ``rows × cols = p`` with
 both sides at least 2. Each is priced with :func:`commrt.sim.estimate`: the
 α-β closed form when one link class carries every message (so for a probe
@@ -42,6 +43,7 @@ from typing import Sequence
 
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.schedule import Collective, Schedule
@@ -54,8 +56,9 @@ DEFAULT_NBYTES = 25 << 20
 
 
 def candidates(world_size: int) -> list[Algorithm]:
-    """Ring, halving-doubling, then every torus grid with both sides ≥ 2 (rows ascending)."""
-    out: list[Algorithm] = [Ring(), HalvingDoubling()]
+    """Ring, halving-doubling, recursive doubling, then every torus grid with both sides ≥ 2
+    (rows ascending)."""
+    out: list[Algorithm] = [Ring(), HalvingDoubling(), RecursiveDoubling()]
     out += [Torus2D(r, world_size // r) for r in range(2, world_size // 2 + 1)
             if world_size % r == 0 and world_size // r >= 2]
     return out
@@ -116,6 +119,10 @@ class Auto(Algorithm):
 
     def choose(self, world_size: int, nbytes: int, comm=None) -> Choice:
         """The cheapest candidate for ``nbytes`` on ``world_size`` ranks (cached on ``comm``)."""
+        if comm is not None:   # a repeated call: one lookup (all_reduce's hot path)
+            hit = comm.cache.get(CACHE_KEY, {}).get((self, world_size, nbytes))
+            if hit is not None:
+                return hit
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         if nbytes < 0:

@@ -3,7 +3,9 @@
 A fragment is a lazy list of :class:`~commrt.schedule.Step` s over a subset
 of ranks and a list of *blocks* (contiguous chunk ranges, one per rank). A
 ring all-reduce is ``ring_reduce_scatter`` then ``ring_all_gather`` over
-all ranks; a 2D torus runs the same fragments over rows and columns.
+all ranks; a 2D torus runs the same fragments over rows and columns;
+halving-doubling and recursive doubling share the fold-in/fold-out that
+lets a power-of-two core serve any number of ranks.
 Steps are built with numpy, one array op per field, so a 4096-rank ring
 costs microseconds per step.
 """
@@ -13,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from commrt.schedule import RECV_COPY, RECV_REDUCE, SEND, Step, Steps
+from commrt.schedule import RECV_COPY, RECV_REDUCE, SEND, Op, OpKind, Step, Steps
 
 Block = tuple[int, int]   # chunk range [lo, hi)
 
@@ -77,3 +79,53 @@ def split_block(block: Block, parts: int) -> list[Block]:
         raise ValueError(f"block {block} of {n} chunks does not split into {parts} parts")
     w = n // parts
     return [(lo + k * w, lo + (k + 1) * w) for k in range(parts)]
+
+
+def split_core(ranks: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``(core, extras)``: the first q = 2^floor(log2 m) of ``ranks``, and the rest.
+
+    Recursive halving and doubling pair rank ``i`` with ``i ^ d``, which
+    needs a power of two; the ``m - q < q`` extras fold into the core
+    around it (:func:`fold_in`, :func:`fold_out`).
+    """
+    ranks = tuple(ranks)
+    q = 1 << (len(ranks).bit_length() - 1)
+    return ranks[:q], ranks[q:]
+
+
+def fold_in(core: Sequence[int], extras: Sequence[int], block: Block) -> list[Step]:
+    """Extra ``j`` adds its ``block`` into core rank ``j`` (one step; none without extras)."""
+    if not extras:
+        return []
+    ops = []
+    for j, e in enumerate(extras):
+        ops += [Op(OpKind.SEND, e, core[j], *block), Op(OpKind.RECV_REDUCE, core[j], e, *block)]
+    return [Step.of(ops, "fold-in")]
+
+
+def fold_out(core: Sequence[int], extras: Sequence[int], block: Block) -> list[Step]:
+    """Core rank ``j`` hands the finished ``block`` back to extra ``j`` (one step; none
+    without extras)."""
+    if not extras:
+        return []
+    ops = []
+    for j, e in enumerate(extras):
+        ops += [Op(OpKind.SEND, core[j], e, *block), Op(OpKind.RECV_COPY, e, core[j], *block)]
+    return [Step.of(ops, "fold-out")]
+
+
+def pairwise_exchange(core: Sequence[int], distance: int, block: Block, phase: str) -> Step:
+    """Core position ``i`` sends ``block`` to position ``i ^ distance`` and adds the one it gets.
+
+    Every send reads the buffer as it was before the step, so both
+    partners end with the sum of their two blocks.
+    """
+    r = np.asarray(core, dtype=np.int32)
+    m = len(r)
+    partner = r[np.arange(m) ^ distance]
+    n = 2 * m
+    kind = np.empty(n, np.int8)
+    kind[0::2], kind[1::2] = SEND, RECV_REDUCE
+    peer = np.repeat(partner, 2)
+    lo, hi = np.full(n, block[0], np.int64), np.full(n, block[1], np.int64)
+    return Step(kind, np.repeat(r, 2), peer, lo, hi, phase)

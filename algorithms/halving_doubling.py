@@ -5,6 +5,8 @@ Reduce-scatter by recursive halving, then all-gather by recursive doubling:
 p is not a power of two the q = 2^floor(log2 p) "core" ranks run it, and
 each extra rank first folds its whole buffer into core rank (extra - q) and
 gets the result back at the end (two more steps, more bytes for those ranks).
+:class:`~commrt.algorithms.RecursiveDoubling` shares that fold and halves the
+steps again for small buffers, at log2(p) times the bytes.
 """
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
+from commrt.algorithms.fragments import fold_in, fold_out, split_core
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step
 
 
 @dataclass(frozen=True)
 class HalvingDoubling(Algorithm):
-    """Latency-optimal all-reduce for small buffers.
+    """Rabenseifner's all-reduce: the ring's bytes in 2·log2 p steps.
 
     Example::
 
@@ -35,15 +38,9 @@ class HalvingDoubling(Algorithm):
         if collective is not Collective.ALL_REDUCE:
             raise ValueError(f"{self.name} implements all_reduce only, not {collective.value}")
         ranks = participants(world_size, ranks)
-        m = len(ranks)
-        q = 1 << (m.bit_length() - 1)
-        core, extras = ranks[:q], ranks[q:]
-        steps: list[Step] = []
-        if extras:
-            ops = []
-            for j, e in enumerate(extras):
-                ops += [Op(OpKind.SEND, e, core[j], 0, q), Op(OpKind.RECV_REDUCE, core[j], e, 0, q)]
-            steps.append(Step.of(ops, "fold-in"))
+        core, extras = split_core(ranks)
+        q = len(core)
+        steps: list[Step] = fold_in(core, extras, (0, q))
         rng = [(0, q)] * q
         d = q // 2
         while d >= 1:   # recursive halving: keep the half on my side of bit d
@@ -69,9 +66,5 @@ class HalvingDoubling(Algorithm):
             rng = new
             steps.append(Step.of(ops, "doubling"))
             d *= 2
-        if extras:
-            ops = []
-            for j, e in enumerate(extras):
-                ops += [Op(OpKind.SEND, core[j], e, 0, q), Op(OpKind.RECV_COPY, e, core[j], 0, q)]
-            steps.append(Step.of(ops, "fold-out"))
+        steps += fold_out(core, extras, (0, q))
         return Schedule(self.name, collective, world_size, ranks, q, tuple(steps))

@@ -38,6 +38,11 @@ class ReduceOp(enum.Enum):
             raise ValueError(f"unknown op {op!r}; choose 'sum' or 'avg'") from None
 
 
+# the usual spellings, looked up without the enum machinery (all_reduce's hot path)
+_OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG,
+        ReduceOp.SUM: ReduceOp.SUM, ReduceOp.AVG: ReduceOp.AVG}
+
+
 def check_tensor(tensor: torch.Tensor, comm: Communicator, op: ReduceOp) -> None:
     """Raise ValueError/TypeError for tensors commrt cannot reduce, saying why."""
     if not isinstance(tensor, torch.Tensor):
@@ -71,14 +76,14 @@ def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algor
         >>> t = torch.full((1000,), float(comm.rank))          # doctest: +SKIP
         >>> commrt.all_reduce(t, comm, algorithm="ring", op="sum")
     """
-    op = ReduceOp.parse(op)
+    parsed = _OPS.get(op) if isinstance(op, (str, ReduceOp)) else None
+    op = parsed if parsed is not None else ReduceOp.parse(op)
     alg = resolve(algorithm)
     check_tensor(tensor, comm, op)
     _enter(comm)
     if comm.debug:
         _agree(comm, _Call("all_reduce", tuple(tensor.shape), tensor.dtype, op.value, alg.name))
-    return _run(tensor, comm, lambda nbytes: alg.select(comm.world_size, nbytes, comm),
-                op is ReduceOp.AVG, timeout, tracer)
+    return _run(tensor, comm, alg.select, op is ReduceOp.AVG, timeout, tracer)
 
 
 def broadcast(tensor: torch.Tensor, comm: Communicator, root: int = 0, *,
@@ -108,9 +113,9 @@ def broadcast(tensor: torch.Tensor, comm: Communicator, root: int = 0, *,
         _agree(comm, _Call("broadcast", tuple(tensor.shape), tensor.dtype, f"root{root}",
                            algorithm.name if algorithm is not None else "auto"))
 
-    def pick(nbytes: int):
-        alg = algorithm if algorithm is not None else _bcast.choose(comm.world_size, nbytes)
-        return alg.schedule(comm.world_size, root=root)
+    def pick(world_size: int, nbytes: int, comm: Communicator):
+        alg = algorithm if algorithm is not None else _bcast.choose(world_size, nbytes)
+        return alg.schedule(world_size, root=root)
     return _run(tensor, comm, pick, False, timeout, tracer)
 
 
@@ -127,15 +132,17 @@ def _enter(comm: Communicator) -> None:
 
 
 def _run(tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout, tracer) -> torch.Tensor:
-    """Run ``pick(nbytes)``'s schedule in place on ``tensor`` (through a contiguous copy if needed)."""
+    """Run ``pick(world_size, nbytes, comm)``'s schedule in place on ``tensor`` (through a
+    contiguous copy if needed)."""
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    flat = work.view(-1)
-    if comm.world_size > 1 and flat.numel() > 0:
+    numel = work.numel()
+    if comm.world_size > 1 and numel > 0:
         with comm.lock:
-            schedule = pick(flat.numel() * flat.element_size())
-            comm.executor.run(schedule, flat, comm.transport,
+            schedule = pick(comm.world_size, numel * work.element_size(), comm)
+            comm.executor.run(schedule, work, comm.transport,
                               timeout=comm.timeout if timeout is None else timeout,
-                              piece_bytes=comm.piece_bytes, average=average, tracer=tracer, owner=work)
+                              piece_bytes=comm.piece_bytes, average=average, tracer=tracer,
+                              owner=work, spin_s=comm.spin_s)
     if work is not tensor:
         tensor.copy_(work)
     return tensor
@@ -210,6 +217,5 @@ def _gather(comm: Communicator, row, dtype: torch.dtype) -> list[list]:
     row = list(row)
     table = torch.zeros(comm.world_size, len(row), dtype=dtype, device=comm.device)
     table[comm.rank] = torch.tensor(row, dtype=dtype)
-    ring = resolve("ring")
-    _run(table, comm, lambda nbytes: ring.select(comm.world_size, nbytes), False, None, None)
+    _run(table, comm, resolve("ring").select, False, None, None)
     return table.cpu().tolist()

@@ -28,6 +28,8 @@ DEFAULT_TIMEOUT_S = 300.0
 _NODE_KEY = "commrt.ranks_per_node"
 #: seconds an aborting rank waits for the launcher to forward its last output
 ABORT_GRACE_S = 0.5
+#: how long a blocking collective polls before yielding its core, when every local rank has one
+SPIN_S = 100e-6
 
 
 class Backend(enum.Enum):
@@ -97,6 +99,12 @@ class Communicator:
     this process); every rank must issue collectives in the same order.
     ``debug``: check every collective's arguments across ranks first (see
     :mod:`commrt.collectives`).
+    ``spin_s``: how long waits inside a blocking collective poll before
+    yielding the core (:func:`~commrt.transports.base.poll_until`):
+    :data:`SPIN_S` when the launcher says every rank on this node has a
+    core of its own, else 0 (with more ranks than cores, the peer being
+    waited for needs this very core). GradientSync's progress thread never
+    spins: backward runs beside it. Set it to 0 to never spin.
     """
 
     def __init__(self, transport: Transport, backend: Backend, launch: LaunchInfo,
@@ -112,6 +120,7 @@ class Communicator:
         self.timeout = float(timeout)
         self.piece_bytes = int(piece_bytes)
         self.debug = bool(debug)
+        self.spin_s = _spin_s(launch.local_size)
         self.lock = threading.RLock()
         #: per-communicator derived data (e.g. a probed network model), keyed by owner
         self.cache: dict = {}
@@ -185,6 +194,16 @@ class Communicator:
     def __repr__(self) -> str:
         return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
                 f"backend={self.backend.value}, device={self.device})")
+
+
+def _spin_s(local_size: int | None) -> float:
+    """:data:`SPIN_S` if ``local_size`` ranks fit on this process's cores, else 0 (also when
+    unknown)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:   # not on Linux
+        cores = os.cpu_count() or 1
+    return SPIN_S if local_size is not None and local_size <= cores else 0.0
 
 
 def _resolve_backend(backend: "str | Backend", launch: LaunchInfo) -> Backend:

@@ -15,6 +15,7 @@ travel in the buffer's dtype.
 """
 from __future__ import annotations
 
+import functools
 import time
 import weakref
 from collections import OrderedDict
@@ -26,7 +27,7 @@ import torch
 from commrt.errors import CommError, CommTimeoutError
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES, reduce_
 from commrt.schedule import OpKind, Schedule, chunk_bounds
-from commrt.transports.base import Transport
+from commrt.transports.base import Prepared, Transport
 
 _MAX_PLANS = 64
 _MAX_BOUND = 32
@@ -51,8 +52,9 @@ class StepPlan:
     phase: str
     sends: tuple[Xfer, ...]
     recvs: tuple[Xfer, ...]
-    #: a reduction here writes where a send of this step reads: wait for the sends first
-    sends_first: bool
+    #: per receive: how many of this step's sends (in order) must have left before its data
+    #: is written back into the buffer (a sum, or a copy via scratch, where a send reads)
+    after_sends: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,11 @@ def _overlaps(a0: int, a1: int, ranges) -> bool:
     return any(a0 < b1 and b0 < a1 for b0, b1 in ranges)
 
 
+def _last_overlap(a0: int, a1: int, xfers) -> int:
+    """1 + the index of the last transfer overlapping ``[a0, a1)``, 0 if none does."""
+    return max((j + 1 for j, x in enumerate(xfers) if a0 < x.stop and x.start < a1), default=0)
+
+
 def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) -> Plan:
     """This rank's messages for a buffer of ``numel`` elements (see module doc)."""
     bounds = chunk_bounds(numel, schedule.num_chunks)
@@ -92,24 +99,40 @@ def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) ->
             for k, a, b in _pieces(bounds[o.lo], bounds[o.hi], piece_elems):
                 send_x.append(Xfer(o.peer, a, b, k))
         scratch = 0
-        sends_first = False
+        after = []
         for j, o in enumerate(recvs):
             a0, a1 = recv_ranges[j]
             reduce = o.kind is OpKind.RECV_REDUCE
             clash = _overlaps(a0, a1, send_ranges) or _overlaps(a0, a1, recv_ranges[:j] + recv_ranges[j + 1:])
             via_scratch = reduce or clash
-            # writing back into the buffer (a sum, or a copy that had to go via
-            # scratch) must not race a send of this step still reading there
-            sends_first |= via_scratch and _overlaps(a0, a1, send_ranges)
             for k, a, b in _pieces(a0, a1, piece_elems):
                 recv_x.append(Xfer(o.peer, a, b, k, reduce, scratch if via_scratch else -1))
+                # writing back into the buffer must not race a send of this step still
+                # reading there; only the overlapping pieces are waited for, so piece k is
+                # reduced while pieces k+1.. are still on the wire
+                after.append(_last_overlap(a, b, send_x) if via_scratch else 0)
                 if via_scratch:
                     scratch += b - a
+        # sends are waited for in order: keep the counts non-decreasing
+        for i in range(1, len(after)):
+            after[i] = max(after[i], after[i - 1])
         scratch_max = max(scratch_max, scratch)
         if send_x or recv_x:
-            steps.append(StepPlan(index, step.phase, tuple(send_x), tuple(recv_x), sends_first))
+            steps.append(StepPlan(index, step.phase, tuple(send_x), tuple(recv_x), tuple(after)))
     sent = sum(x.stop - x.start for st in steps for x in st.sends)
     return Plan(tuple(steps), scratch_max, len(schedule.ranks), schedule.num_steps, sent)
+
+
+def _applier(dst: torch.Tensor | None, got: torch.Tensor, reduce: bool, reducer) -> Callable | None:
+    """A no-argument call that adds (``reduce``) or copies the received view ``got`` into
+    ``dst``, or None when it was received straight into place."""
+    if not reduce:
+        return None if dst is None else functools.partial(dst.copy_, got)
+    if reducer is not default_reduce:
+        return functools.partial(reducer, dst, got)
+    if dst.dtype is not got.dtype or (dst.device.type != "cpu" and dst.dtype in KERNEL_DTYPES):
+        return functools.partial(reduce_, dst, got)
+    return functools.partial(dst.add_, got)
 
 
 class Bound:
@@ -118,24 +141,30 @@ class Bound:
     Holds every tensor view a run needs and each step's :class:`Prepared`
     transport operations (MPI persistent requests), so a repeated
     collective on the same buffer (a GradientSync bucket, a benchmark loop)
-    does no slicing and builds no requests. Per step: ``(plan step,
-    prepared ops, [(destination view, received view, reduce?) per
-    receive])``.
+    does no slicing, builds no requests and makes no decisions: per step
+    ``(plan step, prepared ops, [(sends to wait for first, apply) per
+    receive])``, where ``apply()`` adds or copies the received data into
+    place (None: it was received in place).
     """
 
-    __slots__ = ("plan", "steps", "views")
+    __slots__ = ("schedule", "plan", "steps", "scratch", "member")
 
-    def __init__(self, plan: Plan, buf: torch.Tensor, scratch: torch.Tensor, transport: Transport):
-        self.plan = plan
+    def __init__(self, schedule: Schedule, plan: Plan, buf: torch.Tensor, scratch: torch.Tensor,
+                 transport: Transport, reducer=None):
+        self.schedule, self.plan, self.scratch = schedule, plan, scratch
+        self.member = transport.rank in schedule.ranks
+        reducer = reducer or default_reduce
         self.steps = []
         for sp in plan.steps:
             sends = [(buf[x.start:x.stop], x.peer) for x in sp.sends]
             recvs, post = [], []
-            for x in sp.recvs:
+            for x, after in zip(sp.recvs, sp.after_sends):
                 into = buf[x.start:x.stop] if x.scratch < 0 else scratch[x.scratch:x.scratch + x.stop - x.start]
                 recvs.append((into, x.peer))
-                post.append((buf[x.start:x.stop] if x.scratch >= 0 else None, into, x.reduce))
-            self.steps.append((sp, transport.prepare(sends, recvs, sp.index * _PIECE_TAGS), post))
+                dst = buf[x.start:x.stop] if x.scratch >= 0 else None
+                post.append((after, _applier(dst, into, x.reduce, reducer)))
+            prepared = transport.prepare(sends, recvs, sp.index * _PIECE_TAGS)
+            self.steps.append((sp, prepared, tuple(post)))
 
     def free(self) -> None:
         for _, prepared, _ in self.steps:
@@ -148,7 +177,7 @@ def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
     sides share a dtype, one ``add_`` (for fp16/bf16 torch also adds in fp32
     and rounds once: the kernel's semantics, without its per-call checks,
     which cost more than a 64 KB add); otherwise the kernel's reference path.
-    float64 and integers: ``add_``."""
+    float64 and integers: ``add_``. (Bound resolves this once per buffer.)"""
     if dst.dtype is src.dtype and (dst.device.type == "cpu" or dst.dtype not in KERNEL_DTYPES):
         dst.add_(src)
     else:
@@ -156,7 +185,7 @@ def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 class Executor:
-    """Runs schedules; caches compiled plans and one scratch buffer per dtype/device.
+    """Runs schedules; caches compiled plans, bindings and one scratch buffer per dtype/device.
 
     Not thread-safe by itself: the :class:`~commrt.Communicator` lock
     serialises collectives.
@@ -169,24 +198,33 @@ class Executor:
         self._bound: OrderedDict = OrderedDict()
         self._dead: list = []   # keys whose owner tensor died (filled by weakref finalizers)
 
-    def bind(self, plan: Plan, buf: torch.Tensor, scratch: torch.Tensor, transport: Transport,
+    def bind(self, schedule: Schedule, buf: torch.Tensor, transport: Transport, piece_elems: int,
              owner: torch.Tensor | None = None) -> Bound:
-        """The cached :class:`Bound` for these buffers, made on first use.
+        """The cached :class:`Bound` for ``schedule`` on ``buf``, compiled and made on first use.
 
-        A binding holds views of ``buf``; it is dropped when ``owner`` (the
-        caller's tensor) is garbage collected, or when it falls out of the
-        small LRU, so the cache never keeps much memory alive.
+        One dictionary lookup when warm. The key holds the buffer's address:
+        a binding holds views of ``buf``, so that address cannot be reused
+        by another tensor while the binding lives. It is dropped when
+        ``owner`` (the caller's tensor) is garbage collected, or when it
+        falls out of the small LRU, so the cache never keeps much memory
+        alive.
         """
+        key = (id(schedule), buf.data_ptr(), buf.numel(), buf.dtype, piece_elems, id(transport))
+        hit = self._bound.get(key)
+        if hit is not None and hit.schedule is schedule:
+            self._bound.move_to_end(key)
+            return hit
         while self._dead:
             dead = self._bound.pop(self._dead.pop(), None)
             if dead is not None:
                 dead.free()
-        key = (id(plan), buf.data_ptr(), buf.dtype, scratch.data_ptr(), id(transport))
-        hit = self._bound.get(key)
-        if hit is not None and hit.plan is plan:
-            self._bound.move_to_end(key)
-            return hit
-        bound = self._bound[key] = Bound(plan, buf, scratch, transport)
+        flat = buf.view(-1)
+        plan = self.plan(schedule, transport.rank, flat.numel(), piece_elems)
+        scratch = self.scratch(plan.scratch_numel, flat.dtype, flat.device)
+        old = self._bound.pop(key, None)
+        if old is not None:
+            old.free()
+        bound = self._bound[key] = Bound(schedule, plan, flat, scratch, transport, self.reduce)
         if owner is not None:
             weakref.finalize(owner, self._dead.append, key)
         if len(self._bound) > _MAX_BOUND:
@@ -224,62 +262,80 @@ class Executor:
 
     def run(self, schedule: Schedule, buf: torch.Tensor, transport: Transport, *,
             timeout: float, piece_bytes: int = 4 << 20, average: bool = False,
-            bucket: int | None = None, tracer=None, owner: torch.Tensor | None = None) -> int:
-        """Run ``schedule`` in place on the 1-D contiguous ``buf``; return the bytes this rank sent.
+            bucket: int | None = None, tracer=None, owner: torch.Tensor | None = None,
+            spin_s: float = 0.0) -> int:
+        """Run ``schedule`` in place on the contiguous ``buf`` (taken as flat); return the bytes
+        this rank sent.
 
         ``average`` divides by the number of participating ranks at the end.
         Raises :class:`~commrt.CommTimeoutError` if any wait exceeds
         ``timeout`` seconds, naming the rank, peer, algorithm, step and bucket.
+        ``spin_s``: how long a wait polls before it yields the core
+        (:func:`~commrt.transports.base.poll_until`); for callers that block.
         """
-        rank = transport.rank
-        if rank not in schedule.ranks:
-            return 0
         piece_elems = max(1, piece_bytes // buf.element_size())
-        plan = self.plan(schedule, rank, buf.numel(), piece_elems)
-        scratch = self.scratch(plan.scratch_numel, buf.dtype, buf.device)
-        name = schedule.name
+        bound = self.bind(schedule, buf, transport, piece_elems, owner)
+        if not bound.member:
+            return 0
+        plan = bound.plan
+        if transport.stream_ordered:
+            return self._run_ordered(bound, buf, transport, timeout, average, bucket, tracer)
+        run_step = self._run_step
+        if tracer is None:
+            for step in bound.steps:
+                run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
+        else:
+            for step in bound.steps:
+                sp = step[0]
+                with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase,
+                                 bucket=bucket):
+                    run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
+        if average and plan.group_size > 1:
+            buf.div_(plan.group_size)
+        return plan.send_elems * buf.element_size()
 
-        def fail(what: str, peer: int, sp: StepPlan):
-            raise CommTimeoutError(rank=rank, peer=peer, what=what, timeout_s=timeout, algorithm=name,
-                                   step=sp.index, num_steps=plan.num_steps, bucket=bucket)
-
-        bound = self.bind(plan, buf, scratch, transport, owner)
+    def _run_ordered(self, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
+                     average: bool, bucket, tracer) -> int:
+        """:meth:`run` on a stream-ordered transport: everything is enqueued on its stream."""
+        plan, schedule = bound.plan, bound.schedule
         transport.begin(buf)
         with transport.stream():
             for step in bound.steps:
                 if tracer is None:
-                    self._run_step(step, time.monotonic() + timeout, fail)
+                    self._run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
                     continue
                 sp = step[0]
-                with tracer.span(f"commrt/{name}/step{sp.index}", phase=sp.phase, bucket=bucket):
-                    self._run_step(step, time.monotonic() + timeout, fail)
+                with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase,
+                                 bucket=bucket):
+                    self._run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
             if average and plan.group_size > 1:
                 buf.div_(plan.group_size)
         if not transport.sync(time.monotonic() + timeout):
-            raise CommTimeoutError(rank=rank, peer=None, what="device stream", timeout_s=timeout,
-                                   algorithm=name, bucket=bucket)
+            raise CommTimeoutError(rank=transport.rank, peer=None, what="device stream",
+                                   timeout_s=timeout, algorithm=schedule.name, bucket=bucket)
         transport.end(buf)
         return plan.send_elems * buf.element_size()
 
-    def _run_step(self, step, deadline: float, fail) -> None:
+    @staticmethod
+    def _run_step(step, deadline: float, schedule: Schedule, timeout: float, bucket,
+                  spin_s: float = 0.0) -> None:
         sp, prepared, post = step
-        pend = prepared.start()
+        pend = prepared.start(spin_s)
         try:
-            if sp.sends_first:
-                for j, x in enumerate(sp.sends):
-                    if not pend.wait_send(j, deadline):
-                        fail("send", x.peer, sp)
-            reduce = self.reduce
-            for i, (dst, got, is_sum) in enumerate(post):
+            sent = 0
+            for i, (after, apply) in enumerate(post):
+                while sent < after:
+                    if not pend.wait_send(sent, deadline):
+                        _timeout(prepared, "send", sp.sends[sent].peer, sp, schedule, timeout,
+                                 bucket)
+                    sent += 1
                 if not pend.wait_recv(i, deadline):
-                    fail("recv", sp.recvs[i].peer, sp)
-                if is_sum:
-                    reduce(dst, got)
-                elif dst is not None:
-                    dst.copy_(got)
-            for j in range(len(sp.sends)):
+                    _timeout(prepared, "recv", sp.recvs[i].peer, sp, schedule, timeout, bucket)
+                if apply is not None:
+                    apply()
+            for j in range(sent, len(sp.sends)):
                 if not pend.wait_send(j, deadline):
-                    fail("send", sp.sends[j].peer, sp)
+                    _timeout(prepared, "send", sp.sends[j].peer, sp, schedule, timeout, bucket)
             pend.finish()
         except CommError:
             raise
@@ -287,6 +343,13 @@ class Executor:
             peers = sorted({x.peer for x in sp.sends + sp.recvs})
             raise CommError(f"commrt: rank {prepared.transport.rank}: {prepared.transport.name} failed in "
                             f"step {sp.index} (peers {peers}){_diagnose(str(e))}: {e}") from e
+
+
+def _timeout(prepared: Prepared, what: str, peer: int, sp: StepPlan, schedule: Schedule,
+             timeout: float, bucket) -> None:
+    raise CommTimeoutError(rank=prepared.transport.rank, peer=peer, what=what, timeout_s=timeout,
+                           algorithm=schedule.name, step=sp.index, num_steps=schedule.num_steps,
+                           bucket=bucket)
 
 
 def _diagnose(engine_message: str) -> str:

@@ -17,8 +17,12 @@ test machine the median of 3 runs once read 850 µs for an 8 B step that
 takes 50 µs).
 
 Fit: α = the 8 B step time; β = the least-squares slope of (time − α)
-against bytes over the larger sizes. 4 MiB is the default ``piece_bytes``,
+against bytes over the larger sizes, less γ. 4 MiB is the default ``piece_bytes``,
 so β is measured on full-size pieces, the way big buckets send them.
+γ, the time per byte of the executor's reduction, is timed on its own (an
+add of the 4 MiB buffer's two halves, no messages) and taken out of the
+slope, which includes it: the step adds what it receives. Algorithms that
+add more than they send (recursive doubling) then price honestly.
 
 Ranks on several nodes
 ----------------------
@@ -109,6 +113,7 @@ class ProbeResult:
     inter_step_s: tuple[float, ...] = ()   # one message per node, per size
     shared_step_s: float | None = None     # every rank off-node at once, largest size
     nics_per_node: int = 1
+    gamma_s_per_byte: float = 0.0          # agreed (max over ranks) reduction time per byte
 
     @property
     def two_tier(self) -> bool:
@@ -120,7 +125,8 @@ class ProbeResult:
         inter = (self.inter_alpha_s, self.inter_beta_s_per_byte) if self.two_tier else None
         return Network.from_probe(self.alpha_s, self.beta_s_per_byte, inter=inter,
                                   ranks_per_node=self.ranks_per_node,
-                                  nics_per_node=self.nics_per_node)
+                                  nics_per_node=self.nics_per_node,
+                                  gamma_s_per_byte=self.gamma_s_per_byte)
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -139,6 +145,8 @@ class ProbeResult:
     def __str__(self) -> str:
         head = f"probe ({self.backend}, {self.world_size} ranks, {self.seconds * 1e3:.0f} ms): "
         link = f"α = {self.alpha_s * 1e6:.1f} µs, β = 1/({self.bandwidth_gbps:.2f} GB/s)"
+        if self.gamma_s_per_byte:
+            link += f", adds at {1e-9 / self.gamma_s_per_byte:.2f} GB/s"
         if not self.two_tier:
             return head + link
         inter_gbps = 1e-9 / self.inter_beta_s_per_byte
@@ -185,7 +193,8 @@ def _tier_schedules(p: int, per_node: int) -> dict:
 
 def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float:
     run = comm.executor.run
-    kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes)
+    # waits as commrt.all_reduce waits, so α is the latency it sees
+    kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes, spin_s=comm.spin_s)
     run(sched, buf, comm.transport, **kw)        # warm-up: plan, scratch, connections
     times = []
     for _ in range(repeats):
@@ -196,11 +205,29 @@ def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float
     return min(times)
 
 
-def _fit(sizes, times) -> tuple[float, float]:
+def _time_reduce(comm, nbytes: int, repeats: int) -> float:
+    """Seconds per byte of the executor's reduction: add ``nbytes`` of float32 into as many."""
+    half = max(1, nbytes // 4)
+    buf = torch.zeros(2 * half, dtype=torch.float32, device=comm.device)
+    dst, src = buf[half:], buf[:half]
+    sync = torch.cuda.synchronize if buf.device.type == "cuda" else (lambda: None)
+    times = []
+    for _ in range(repeats + 1):   # the first one warms up
+        sync()
+        t0 = time.perf_counter()
+        comm.executor.reduce(dst, src)
+        sync()
+        times.append(time.perf_counter() - t0)
+    return min(times[1:]) / (half * buf.element_size())
+
+
+def _fit(sizes, times, gamma: float = 0.0) -> tuple[float, float]:
+    """(α, β): the first size's time, and the slope over the others less ``gamma`` (each
+    probe step adds what it receives, so its slope includes the reduction)."""
     alpha = max(float(times[0]), 0.0)
     s = np.asarray(sizes[1:], dtype=np.float64)
     t = np.asarray(times[1:], dtype=np.float64) - alpha
-    beta = float((s * t).sum() / (s * s).sum()) if len(s) else _MIN_BETA
+    beta = float((s * t).sum() / (s * s).sum()) - gamma if len(s) else _MIN_BETA
     return alpha, max(beta, _MIN_BETA)
 
 
@@ -250,10 +277,12 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
                               comm.backend.value, 1, 0.0)
             comm.cache[CACHE_KEY] = res
             return res
+        # the reduction's own pace (no messages), taken out of the fitted slopes below
+        gamma = _time_reduce(comm, sizes[-1], repeats)
         per_node = comm.ranks_per_node()
         if per_node is None:
             mine = _measure(comm, None, None, sizes, repeats)
-            rows = gather_rows(comm, [*_fit(sizes, mine), *mine])
+            rows = gather_rows(comm, [*_fit(sizes, mine, gamma), *mine, gamma])
         else:
             tiers = _tier_schedules(p, per_node)
             intra = _measure(comm, *tiers["intra"], sizes, repeats)
@@ -263,15 +292,15 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
                               big_steps=2)
             inter = [shared[0], *inter]
             # Everyone's numbers, exactly, on every rank.
-            rows = gather_rows(comm, [*_fit(sizes, intra), *intra, *_fit(sizes, inter), *inter,
-                                      shared[1]])
+            rows = gather_rows(comm, [*_fit(sizes, intra, gamma), *intra,
+                                      *_fit(sizes, inter, gamma), *inter, shared[1], gamma])
     k = len(sizes)
 
     def agreed(i):     # column i, largest over ranks: synchronous steps go at the slowest pace
         return max(r[i] for r in rows)
     res = ProbeResult(agreed(0), agreed(1), sizes, tuple(agreed(2 + i) for i in range(k)),
                       tuple((r[0], r[1]) for r in rows), comm.backend.value, p,
-                      time.perf_counter() - t_start)
+                      time.perf_counter() - t_start, gamma_s_per_byte=agreed(-1))
     if per_node is not None:
         j = 2 + k
         inter_step = tuple(agreed(j + 2 + i) for i in range(k))

@@ -38,16 +38,23 @@ waits only on its own peers. With equal messages and equal start times it
 is the same as bulk-synchronous steps (step time = the slowest message), so
 the closed forms hold exactly:
 
-* ring: ``2(p−1)α + 2(p−1)/p · nβ``
-* halving-doubling (p a power of two): ``2·log2(p)·α + 2(p−1)/p · nβ``
-* 2D torus X×Y: ``2(X+Y−2)α + 2(p−1)/p · nβ``
+* ring: ``2(p−1)α + 2(p−1)/p · nβ + (p−1)/p · nγ``
+* halving-doubling (p a power of two): ``2·log2(p)·α + 2(p−1)/p · nβ + (p−1)/p · nγ``
+* recursive doubling (p a power of two): ``log2(p)·(α + nβ + nγ)``
+* 2D torus X×Y: ``2(X+Y−2)α + 2(p−1)/p · nβ + (p−1)/p · nγ``
 
 (tests/test_sim.py checks them within 1% for p up to 4096). Where one rank
 per node talks off-node in a step (a ring or a torus row laid along the
 nodes), the NIC term never binds and the step takes the inter-node α, β, as
 in the closed form. Where several ranks of a node send off-node at once
-through fewer NICs, their messages slow down in proportion. Not modelled:
-reduction compute (γ), pipelining inside a message, protocol switches
+through fewer NICs, their messages slow down in proportion.
+
+*Reduction.* A rank that adds received bytes into its buffer spends
+``γ`` (``Network.gamma_s_per_byte``) per byte after its messages of the
+step arrived (0 by default: free). It is what separates recursive doubling
+(adds the whole buffer every step) from the ring (adds 1/p of it per
+step) when latency does not. Not modelled: overlap of a reduction with
+later pieces, pipelining inside a message, protocol switches
 (eager/rendezvous, NCCL LL/Simple), topology beyond node/NIC (switch
 oversubscription), and contention between different steps.
 
@@ -82,12 +89,12 @@ from typing import Sequence
 
 import numpy as np
 
-from commrt.schedule import SEND, Collective, Schedule, Step
+from commrt.schedule import RECV_REDUCE, SEND, Collective, Schedule, Step
 
 __all__ = ["Link", "Network", "SimResult", "StepCost", "simulate", "closed_form", "estimate", "price_all",
            "Exponential", "LogNormal", "Pareto", "NoDelay", "arrivals", "synchronous_start",
-           "simulate_steps", "StepStats", "ring_time", "halving_doubling_time", "torus_time",
-           "simulate_gossip", "GossipSim"]
+           "simulate_steps", "StepStats", "ring_time", "halving_doubling_time",
+           "recursive_doubling_time", "torus_time", "simulate_gossip", "GossipSim"]
 
 GB = 1e9
 
@@ -167,8 +174,12 @@ class Network:
     ranks_per_node: int = 1
     nics_per_node: int = 1
     name: str = "custom"
+    #: seconds per byte a rank takes to add received data into its buffer
+    gamma_s_per_byte: float = 0.0
 
     def __post_init__(self):
+        object.__setattr__(self, "gamma_s_per_byte",
+                           _check_number("gamma_s_per_byte", self.gamma_s_per_byte, positive=False))
         for f in ("intra", "inter"):
             if not isinstance(getattr(self, f), Link):
                 raise TypeError(f"Network.{f} must be a Link, got {type(getattr(self, f)).__name__}")
@@ -188,13 +199,14 @@ class Network:
     @classmethod
     def from_probe(cls, alpha_s: float, beta_s_per_byte: float,
                    inter: tuple[float, float] | None = None, ranks_per_node: int = 1,
-                   nics_per_node: int = 1) -> "Network":
+                   nics_per_node: int = 1, gamma_s_per_byte: float = 0.0) -> "Network":
         """The network :mod:`commrt.probe` measured: one class, or with ``inter`` = (α, β)
-        between nodes of ``ranks_per_node`` ranks sharing ``nics_per_node`` NICs."""
+        between nodes of ``ranks_per_node`` ranks sharing ``nics_per_node`` NICs; ranks
+        add received bytes at ``gamma_s_per_byte``."""
+        intra = Link(alpha_s, beta_s_per_byte)
         if inter is None:
-            return cls.flat(alpha_s, beta_s_per_byte, name="probe")
-        return cls(Link(alpha_s, beta_s_per_byte), Link(*inter), ranks_per_node, nics_per_node,
-                   "probe")
+            return cls(intra, intra, 1, 1, "probe", gamma_s_per_byte)
+        return cls(intra, Link(*inter), ranks_per_node, nics_per_node, "probe", gamma_s_per_byte)
 
     @classmethod
     def h100_nvlink_ib(cls, ranks_per_node: int = 8, nics_per_node: int = 8) -> "Network":
@@ -237,10 +249,11 @@ class Network:
     def describe(self) -> str:
         def link(l: Link) -> str:
             return f"α {l.alpha_s * 1e6:.3g} µs, {l.bandwidth_gbps:.4g} GB/s"
+        add = f"; adds at {1e-9 / self.gamma_s_per_byte:.4g} GB/s" if self.gamma_s_per_byte else ""
         if self.ranks_per_node == 1:
-            return f"{self.name}: flat, {link(self.inter)}"
+            return f"{self.name}: flat, {link(self.inter)}{add}"
         return (f"{self.name}: {self.ranks_per_node} ranks/node, intra {link(self.intra)}; "
-                f"inter {link(self.inter)} per NIC, {self.nics_per_node} NIC(s)/node")
+                f"inter {link(self.inter)} per NIC, {self.nics_per_node} NIC(s)/node{add}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -248,14 +261,15 @@ class Network:
     @classmethod
     def from_dict(cls, d: dict) -> "Network":
         """From :meth:`to_dict` output, or a probe file ``{"alpha_s": .., "beta_s_per_byte": ..}``."""
+        gamma = d.get("gamma_s_per_byte", 0.0)
         if "intra" in d:
             return cls(Link(**d["intra"]), Link(**d["inter"]), d.get("ranks_per_node", 1),
-                       d.get("nics_per_node", 1), d.get("name", "custom"))
+                       d.get("nics_per_node", 1), d.get("name", "custom"), gamma)
         if "alpha_s" in d and "beta_s_per_byte" in d:
             inter = d.get("inter_alpha_s"), d.get("inter_beta_s_per_byte")
             return cls.from_probe(d["alpha_s"], d["beta_s_per_byte"],
                                   None if None in inter else inter,
-                                  d.get("ranks_per_node", 1), d.get("nics_per_node", 1))
+                                  d.get("ranks_per_node", 1), d.get("nics_per_node", 1), gamma)
         raise ValueError("a network file needs either intra/inter links (Network.to_dict()) "
                          "or alpha_s and beta_s_per_byte (a probe result)")
 
@@ -269,49 +283,66 @@ class Network:
 # closed forms
 # --------------------------------------------------------------------------
 
-def ring_time(p: int, nbytes: float, link: Link) -> float:
-    """Ring all-reduce: 2(p−1)α + 2(p−1)/p · nβ."""
+def ring_time(p: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
+    """Ring all-reduce: 2(p−1)α + 2(p−1)/p · nβ + (p−1)/p · nγ (γ: seconds per byte added)."""
     if p <= 1:
         return 0.0
-    return 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * nbytes * link.beta_s_per_byte
+    return 2 * (p - 1) * link.alpha_s + (p - 1) / p * nbytes * (2 * link.beta_s_per_byte + gamma)
 
 
-def halving_doubling_time(p: int, nbytes: float, link: Link) -> float:
-    """Halving-doubling: 2·log2(q)·α + 2(q−1)/q · nβ on the q = 2^⌊log2 p⌋ core ranks,
+def halving_doubling_time(p: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
+    """Halving-doubling: 2·log2(q)·α + 2(q−1)/q · nβ + (q−1)/q · nγ on the q = 2^⌊log2 p⌋
 
-    plus, when p > q, the fold-in and fold-out of the whole buffer (2α + 2nβ).
+    core ranks, plus, when p > q, the fold-in and fold-out of the whole buffer (2α + 2nβ + nγ).
     """
     if p <= 1:
         return 0.0
     q = 1 << (p.bit_length() - 1)
-    t = 2 * math.log2(q) * link.alpha_s + 2 * (q - 1) / q * nbytes * link.beta_s_per_byte
+    t = 2 * math.log2(q) * link.alpha_s + (q - 1) / q * nbytes * (2 * link.beta_s_per_byte + gamma)
     if p > q:
-        t += 2 * link.time(nbytes)
+        t += 2 * link.time(nbytes) + nbytes * gamma
     return t
 
 
-def torus_time(rows: int, cols: int, nbytes: float, link: Link) -> float:
-    """2D torus all-reduce on X·Y ranks: 2(X+Y−2)α + 2(p−1)/p · nβ."""
+def recursive_doubling_time(p: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
+    """Recursive doubling: log2(q)·(α + nβ + nγ) on the q = 2^⌊log2 p⌋ core ranks (the whole
+
+    buffer each step), plus, when p > q, the fold-in and fold-out of halving-doubling
+    (2α + 2nβ + nγ).
+    """
+    if p <= 1:
+        return 0.0
+    q = 1 << (p.bit_length() - 1)
+    fold = p > q
+    return (math.log2(q) + 2 * fold) * link.time(nbytes) + (math.log2(q) + fold) * nbytes * gamma
+
+
+def torus_time(rows: int, cols: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
+    """2D torus all-reduce on X·Y ranks: 2(X+Y−2)α + 2(p−1)/p · nβ + (p−1)/p · nγ."""
     p = rows * cols
     if p <= 1:
         return 0.0
-    return 2 * (rows + cols - 2) * link.alpha_s + 2 * (p - 1) / p * nbytes * link.beta_s_per_byte
+    per_byte = 2 * link.beta_s_per_byte + gamma
+    return 2 * (rows + cols - 2) * link.alpha_s + (p - 1) / p * nbytes * per_byte
 
 
-def closed_form(algorithm, world_size: int, nbytes: float, link: Link) -> float | None:
-    """The α-β closed form for ``algorithm`` on one link class, or None if it has none.
+def closed_form(algorithm, world_size: int, nbytes: float, link: Link,
+                gamma: float = 0.0) -> float | None:
+    """The α-β(-γ) closed form for ``algorithm`` on one link class, or None if it has none.
 
     A :class:`~commrt.algorithms.Torus2D` without a shape is priced on the
     grid it picks without a communicator (the most square one).
     """
-    from commrt.algorithms import HalvingDoubling, Ring, Torus2D, resolve
+    from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring, Torus2D, resolve
     alg = resolve(algorithm)
     if isinstance(alg, Ring):
-        return ring_time(world_size, nbytes, link)
+        return ring_time(world_size, nbytes, link, gamma)
     if isinstance(alg, HalvingDoubling):
-        return halving_doubling_time(world_size, nbytes, link)
+        return halving_doubling_time(world_size, nbytes, link, gamma)
+    if isinstance(alg, RecursiveDoubling):
+        return recursive_doubling_time(world_size, nbytes, link, gamma)
     if isinstance(alg, Torus2D):
-        return torus_time(*alg.shape(world_size), nbytes, link)
+        return torus_time(*alg.shape(world_size), nbytes, link, gamma)
     return None
 
 
@@ -320,7 +351,7 @@ def estimate(algorithm, world_size: int, nbytes: int, network: "Network", *, ite
     message and the algorithm has one, else :func:`simulate` of its schedule."""
     link = network.single_class(world_size)
     if link is not None and not isinstance(algorithm, Schedule):
-        t = closed_form(algorithm, world_size, nbytes, link)
+        t = closed_form(algorithm, world_size, nbytes, link, network.gamma_s_per_byte)
         if t is not None:
             return t
     return simulate(algorithm, world_size, nbytes, network=network, itemsize=itemsize).time_s
@@ -345,7 +376,7 @@ def price_all(algorithms: Sequence, world_size: int, nbytes: int, network: "Netw
                 min(network.intra.beta_s_per_byte, network.inter.beta_s_per_byte))
     bounds = []
     for a in algorithms:
-        lb = closed_form(a, world_size, nbytes, fast)
+        lb = closed_form(a, world_size, nbytes, fast, network.gamma_s_per_byte)
         bounds.append(0.0 if lb is None else lb * (1 - 1e-3))   # margin: chunk sizes round
     best = math.inf
     for i in sorted(range(len(algorithms)), key=lambda i: (bounds[i], i)):
@@ -499,6 +530,25 @@ class _Replayer:
         self.shared_nics = network.nics_per_node < rpn
         self.alpha = np.array([network.intra.alpha_s, network.inter.alpha_s])
         self.beta = np.array([network.intra.beta_s_per_byte, network.inter.beta_s_per_byte])
+        self.gamma = network.gamma_s_per_byte
+
+    def reduce_times(self, step: Step) -> np.ndarray | None:
+        """Per rank: seconds spent adding what it received in ``step`` (None when γ = 0)."""
+        if not self.gamma:
+            return None
+        red = np.flatnonzero(step.kind == RECV_REDUCE)
+        hi, lo = self.bounds.take(step.hi.take(red)), self.bounds.take(step.lo.take(red))
+        b = (hi - lo).astype(np.float64)
+        return np.bincount(step.rank.take(red), b, self.p) * self.gamma
+
+    def finish_step(self, clock: np.ndarray, step: Step) -> np.ndarray:
+        """The clocks after ``step``'s messages (see :meth:`advance`) and its reductions."""
+        src, dst, _, t = self.message_times(step)
+        clock, _ = self.advance(clock, src, dst, t)
+        extra = self.reduce_times(step)
+        if extra is not None:
+            clock = clock + (extra if clock.ndim == 1 else extra[:, None])
+        return clock
 
     def message_times(self, step: Step) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(src, dst, bytes, seconds) of the step's non-empty messages."""
@@ -586,6 +636,10 @@ def simulate(algorithm_or_schedule, world_size: int | None = None, nbytes: int =
     for i, step in enumerate(sched.steps):
         src, dst, b, t = rp.message_times(step)
         clock, last = rp.advance(clock, src, dst, t)
+        extra = rp.reduce_times(step)
+        if extra is not None and extra.any():
+            clock = clock + extra
+            last = max(last, float(clock[extra > 0].max()))
         phase.append(step.phase)
         end[i] = last if len(t) else t0
         slowest[i] = t.max() if len(t) else 0.0
@@ -854,8 +908,7 @@ def simulate_steps(algorithm_or_schedule, world_size: int | None = None, nbytes:
         clock = np.zeros((p, samples))
         clock[part] = arrive_part.T
         for step in sched.steps:
-            src, dst, _, t = rp.message_times(step)
-            clock, _ = rp.advance(clock, src, dst, t)
+            clock = rp.finish_step(clock, step)
         end = clock[part].max(axis=0)
     else:
         end = start + base.time_s

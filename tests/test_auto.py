@@ -1,11 +1,12 @@
 """algorithm="auto": choices from the cost model, the probe, and one mpiexec run against MPI."""
+import dataclasses
 import json
 from types import SimpleNamespace
 
 import pytest
 
 from commrt import sim
-from commrt.algorithms import Auto, HalvingDoubling, Ring, Torus2D, resolve
+from commrt.algorithms import Auto, HalvingDoubling, RecursiveDoubling, Ring, Torus2D, resolve
 from commrt.algorithms.auto import candidates, choices
 from commrt.probe import _fit
 
@@ -19,27 +20,30 @@ def _fake_comm(p):
     return SimpleNamespace(world_size=p, cache={})
 
 
-def test_candidates_are_ring_hd_and_every_real_torus_grid():
-    assert [str(a) for a in candidates(12)] == ["ring", "halving_doubling", "torus2d(2×6)", "torus2d(3×4)",
-                                                "torus2d(4×3)", "torus2d(6×2)"]
-    assert candidates(7) == [Ring(), HalvingDoubling()]          # a prime has no 2D grid
+def test_candidates_are_ring_hd_rd_and_every_real_torus_grid():
+    assert [str(a) for a in candidates(12)] == [
+        "ring", "halving_doubling", "recursive_doubling",
+        "torus2d(2×6)", "torus2d(3×4)", "torus2d(4×3)", "torus2d(6×2)"]
+    # a prime has no 2D grid
+    assert candidates(7) == [Ring(), HalvingDoubling(), RecursiveDoubling()]
     assert resolve("auto") == Auto()
 
 
 def test_small_messages_pick_latency_optimal_and_large_bandwidth_optimal():
     auto = Auto(network=FLAT)
-    # p = 12: HD has the fewest steps (8, with fold-in/out) but moves 3.75n; the most
+    # p = 12: recursive doubling has the fewest steps (5, with fold-in/out), HD 8; the most
     # square torus moves the ring's 1.83n in 10 steps; the ring needs 22 steps.
-    assert auto.choose(12, SMALL).label == "halving_doubling"
+    assert auto.choose(12, SMALL).label == "recursive_doubling"
     big = auto.choose(12, LARGE)
     assert big.label == "torus2d(3x4)" and big.algorithm == Torus2D(3, 4)
     assert big.predicted_s == pytest.approx(sim.torus_time(3, 4, LARGE, FLAT.inter))
     # a prime: no torus; the ring wins big messages
-    assert auto.choose(7, SMALL).label == "halving_doubling"
+    assert auto.choose(7, SMALL).label == "recursive_doubling"
     assert auto.choose(7, LARGE).label == "ring"
-    # flat α-β and p a power of two: HD's steps are fewest and its bytes equal the ring's
-    for n in (SMALL, LARGE):
-        assert auto.choose(64, n).label == "halving_doubling"
+    # p a power of two: RD's 6 steps win latency-bound sizes; for large ones HD has the
+    # ring's bytes in 12 steps (RD sends 6n)
+    assert auto.choose(64, SMALL).label == "recursive_doubling"
+    assert auto.choose(64, LARGE).label == "halving_doubling"
     # candidates come back cheapest first
     times = [t for _, t in big.candidates]
     assert times == sorted(times) and big.candidates[0] == ("torus2d(3x4)", big.predicted_s)
@@ -47,7 +51,7 @@ def test_small_messages_pick_latency_optimal_and_large_bandwidth_optimal():
 
 def test_with_nodes_the_torus_takes_one_row_per_node_for_large_messages():
     auto = Auto(network=sim.Network.h100_nvlink_ib())
-    assert auto.choose(64, 64 << 10).label == "halving_doubling"
+    assert auto.choose(64, 64 << 10).label == "recursive_doubling"
     big = auto.choose(64, LARGE)
     assert big.label == "torus2d(8x8)"            # rows of 8 = one node: NVLink rows, IB columns
     assert big.predicted_s == pytest.approx(
@@ -63,8 +67,39 @@ def test_choices_are_cached_on_the_communicator_and_name_the_schedule():
     assert s1.name == "auto:torus2d(3x4)" and s1.check().ok
     auto.select(12, SMALL, comm)
     made = choices(comm)
-    assert {n: c.label for n, c in made.items()} == {LARGE: "torus2d(3x4)", SMALL: "halving_doubling"}
+    assert {n: c.label for n, c in made.items()} == {LARGE: "torus2d(3x4)",
+                                                     SMALL: "recursive_doubling"}
     assert "torus2d(3x4)" in str(made[LARGE])
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+def test_recursive_doubling_wins_where_latency_dominates(p):
+    # this machine's order of magnitude (tests/probe): α 10 µs, 4 GB/s, adds at 8 GB/s
+    net = dataclasses.replace(sim.Network.flat(alpha_s=10e-6, beta_s_per_byte=1 / 4e9),
+                              gamma_s_per_byte=1 / 8e9)
+    auto = Auto(network=net)
+    for n in (8, 4 << 10):
+        c = auto.choose(p, n)
+        assert c.label == "recursive_doubling", c
+        # its predicted time is its closed form: log2(q) (+2 folded) full-buffer steps
+        want = sim.recursive_doubling_time(p, n, net.inter, net.gamma_s_per_byte)
+        assert c.predicted_s == pytest.approx(want)
+    # large buffers: RD sends log2(q)·n and adds as much; the bandwidth-optimal schedules win,
+    # even at p = 2, where RD's one step moves the ring's bytes but adds twice what the ring adds
+    assert auto.choose(p, 32 << 20).label in ("ring", "halving_doubling")
+    # with no per-message latency nothing favours few steps: RD never wins
+    free = dataclasses.replace(net, intra=sim.Link(0.0, 1 / 4e9), inter=sim.Link(0.0, 1 / 4e9))
+    assert Auto(network=free).choose(p, 8).label != "recursive_doubling"
+
+
+def test_recursive_doubling_crossover_follows_alpha_over_gamma():
+    # p = 2: RD = α + n(β+γ), ring = 2α + nβ + nγ/2, so RD wins below n = 2α/γ
+    link = sim.Link(10e-6, 1 / 4e9)
+    gamma = 1 / 8e9
+    net = sim.Network(link, link, gamma_s_per_byte=gamma)
+    cross = 2 * link.alpha_s / gamma
+    assert Auto(network=net).choose(2, int(cross * 0.9) // 4 * 4).label == "recursive_doubling"
+    assert Auto(network=net).choose(2, int(cross * 1.1) // 4 * 4).label == "ring"
 
 
 def test_schedule_without_a_size_needs_a_network():

@@ -6,7 +6,7 @@ must equal the reference bit for bit, whatever the order of additions.
 import pytest
 import torch
 
-from commrt.algorithms import HalvingDoubling, Ring
+from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring
 from commrt.errors import CommTimeoutError
 from commrt.executor import Executor, compile_plan
 from commrt.schedule import Collective
@@ -18,7 +18,7 @@ def _inputs(p, n, dtype=torch.float64):
     return [torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(r)).to(dtype) for r in range(p)]
 
 
-@pytest.mark.parametrize("alg", [Ring(), HalvingDoubling()], ids=str)
+@pytest.mark.parametrize("alg", [Ring(), HalvingDoubling(), RecursiveDoubling()], ids=str)
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5, 7, 8])
 @pytest.mark.parametrize("n", [1, 7, 1000, 4099])
 def test_all_reduce_exact(alg, p, n):
@@ -100,7 +100,7 @@ def test_plan_pieces_and_scratch():
     assert plan.scratch_numel == 1000
     # all-gather copies land in place: no scratch, no waiting for sends
     ag = plan.steps[3]
-    assert all(not x.reduce and x.scratch == -1 for x in ag.recvs) and not ag.sends_first
+    assert all(not x.reduce and x.scratch == -1 for x in ag.recvs) and not any(ag.after_sends)
     # empty chunks produce no messages at all
     tiny = compile_plan(Ring().schedule(4), rank=3, numel=1, piece_elems=300)
     assert all(x.stop > x.start for st in tiny.steps for x in st.sends + st.recvs)
@@ -161,7 +161,9 @@ def test_swap_in_place_waits_for_the_send_before_writing_back():
                     Op(OpKind.SEND, 1, 0, 0, 1), Op(OpKind.RECV_COPY, 1, 0, 0, 1)], "swap")
     sched = Schedule("swap", Collective.ALL_REDUCE, 2, (0, 1), 1, (step,))
     plan = compile_plan(sched, 0, 10, 4)
-    assert plan.steps[0].sends_first and all(x.scratch >= 0 for x in plan.steps[0].recvs)
+    assert all(x.scratch >= 0 for x in plan.steps[0].recvs)
+    # pieces [0,4) [4,8) [8,10): each write-back waits only for the send piece it overwrites
+    assert plan.steps[0].after_sends == (1, 2, 3)
 
     def body(tr):
         buf = torch.full((10,), float(tr.rank))
@@ -170,3 +172,53 @@ def test_swap_in_place_waits_for_the_send_before_writing_back():
 
     out = run_ranks(2, body)
     assert torch.equal(out[0], torch.ones(10)) and torch.equal(out[1], torch.zeros(10))
+
+
+def test_steady_state_call_reuses_its_binding_and_compiles_nothing(monkeypatch):
+    import commrt
+    import commrt.executor as ex_mod
+    compiled = []
+    real = ex_mod.compile_plan
+    monkeypatch.setattr(ex_mod, "compile_plan", lambda *a: compiled.append(a[1:]) or real(*a))
+
+    def body(tr):
+        comm = _local_comm(tr)
+        x = torch.ones(7, dtype=torch.float64)
+        bindings = []
+        for _ in range(5):
+            commrt.all_reduce(x, comm, algorithm="recursive_doubling", op="sum")
+            bindings.append(tuple(comm.executor._bound.values()))
+        y = torch.ones(7, dtype=torch.float64)          # another buffer: its own binding, same plan
+        commrt.all_reduce(y, comm, algorithm="rd", op="sum")
+        return x, y, bindings, len(comm.executor._bound)
+
+    for x, y, bindings, n_bound in run_ranks(2, body):
+        assert torch.equal(x, torch.full((7,), 32.0)) and torch.equal(y, torch.full((7,), 2.0))
+        assert all(b == bindings[0] and len(b) == 1 for b in bindings)   # the same Bound object
+        assert n_bound == 2
+    assert sorted(compiled) == [(0, 7, 1 << 17), (1, 7, 1 << 17)]      # one plan per rank, ever
+
+
+def test_poll_until_spins_before_yielding_and_still_times_out(monkeypatch):
+    import time
+    from commrt.transports import base
+    yields = []
+    monkeypatch.setattr(base.os, "sched_yield", lambda: yields.append(1))
+    t_ready = time.monotonic() + 2e-3
+    assert base.poll_until(lambda: time.monotonic() > t_ready, time.monotonic() + 5, spin_s=1.0)
+    assert yields == []                                   # caught while spinning
+    t_ready = time.monotonic() + 2e-3
+    assert base.poll_until(lambda: time.monotonic() > t_ready, time.monotonic() + 5)
+    assert yields                     # no spin: the core is yielded between polls
+    t0 = time.monotonic()
+    # the deadline bounds the spin
+    assert not base.poll_until(lambda: False, t0 + 0.05, spin_s=10.0)
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_spin_only_when_every_local_rank_has_a_core():
+    import os
+    from commrt.comm import SPIN_S, _spin_s
+    cores = len(os.sched_getaffinity(0))
+    assert _spin_s(1) == SPIN_S > 0 and _spin_s(cores) == SPIN_S
+    assert _spin_s(cores + 1) == 0.0 and _spin_s(None) == 0.0

@@ -3,13 +3,13 @@ import dataclasses
 
 import pytest
 
-from commrt.algorithms import HalvingDoubling, Ring, resolve
+from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring, resolve
 from commrt.algorithms.fragments import ring_reduce_scatter, split_block
 from commrt.errors import ScheduleError
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step, check, chunk_bounds, parallel
 
 WORLD_SIZES = range(1, 65)
-ALL_REDUCE_ALGORITHMS = [Ring(), HalvingDoubling()]
+ALL_REDUCE_ALGORITHMS = [Ring(), HalvingDoubling(), RecursiveDoubling()]
 
 
 @pytest.mark.parametrize("alg", ALL_REDUCE_ALGORITHMS, ids=str)
@@ -32,6 +32,26 @@ def test_step_counts():
         assert Ring().schedule(p).num_steps == 2 * (p - 1)
     assert HalvingDoubling().schedule(8).num_steps == 6          # 2 log2 8
     assert HalvingDoubling().schedule(6).num_steps == 2 * 2 + 2  # core of 4, fold-in/out
+    for p in range(1, 65):
+        q = 1 << (p.bit_length() - 1)
+        rd = RecursiveDoubling().schedule(p)
+        assert rd.num_steps == q.bit_length() - 1 + 2 * (p > q)   # log2 q, + fold-in/out
+        assert rd.num_chunks == 1 and rd.messages() == (q.bit_length() - 1) * q + 2 * (p - q)
+
+
+def test_recursive_doubling_folds_like_halving_doubling():
+    # the extras (ranks 4, 5 of 6) fold in and out through the same fragments, on the same
+    # partners; only the chunk range differs (one chunk here, q chunks there)
+    rd, hd = RecursiveDoubling().schedule(6), HalvingDoubling().schedule(6)
+    for i in (0, -1):
+        a, b = rd.steps[i], hd.steps[i]
+        assert a.phase == b.phase and [(o.kind, o.rank, o.peer) for o in a.ops] == \
+            [(o.kind, o.rank, o.peer) for o in b.ops]
+    # core steps: partner = position XOR 2^k, whole buffer, send and add
+    assert [str(o) for o in rd.steps[2].ops_of(1)] == ["c0→3", "c0+←3"]
+    assert resolve("rd") == resolve("recursive-doubling") == RecursiveDoubling()
+    with pytest.raises(ValueError, match="all_reduce only"):
+        RecursiveDoubling().schedule(4, collective=Collective.REDUCE_SCATTER)
 
 
 @pytest.mark.parametrize("alg", ALL_REDUCE_ALGORITHMS, ids=str)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from commrt import sim
-from commrt.algorithms import HalvingDoubling, Ring, Torus2D
+from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring, Torus2D
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step
 
 FLAT = sim.Network.flat(alpha_s=5e-6, beta_s_per_byte=1 / 12.5e9)
@@ -65,6 +65,47 @@ def test_non_power_of_two_halving_doubling_and_closed_form_helper():
         assert _within(got, sim.halving_doubling_time(p, nbytes, FLAT.inter)), p
         assert sim.closed_form("hd", p, nbytes, FLAT.inter) == sim.halving_doubling_time(p, nbytes, FLAT.inter)
     assert sim.closed_form(Torus2D(3, 4), 12, 4096, FLAT.inter) == sim.torus_time(3, 4, 4096, FLAT.inter)
+
+
+@pytest.mark.parametrize("p", P_VALIDATE + [3, 6, 12, 100])
+def test_recursive_doubling_matches_closed_form(p):
+    nbytes = 4 * 1024 * 128
+    got = sim.simulate(RecursiveDoubling(), p, nbytes, network=FLAT)
+    q = 1 << (p.bit_length() - 1)
+    want = (math.log2(q) + 2 * (p > q)) * FLAT.inter.time(nbytes)
+    assert got.time_s == pytest.approx(want, rel=1e-9)
+    assert sim.closed_form("rd", p, nbytes, FLAT.inter) == pytest.approx(want, rel=1e-12)
+    # every core step carries the whole buffer each way
+    busy = got.step_messages > 0
+    assert set(got.step_bytes[busy] // got.step_messages[busy]) == {nbytes}
+
+
+GAMMA = dataclasses.replace(FLAT, gamma_s_per_byte=1 / 6e9)
+
+
+@pytest.mark.parametrize("alg,p", [(Ring(), 8), (Ring(), 5), (HalvingDoubling(), 16),
+                                   (HalvingDoubling(), 12), (RecursiveDoubling(), 16),
+                                   (RecursiveDoubling(), 12), (Torus2D(4, 4), 16),
+                                   (Torus2D(3, 4), 12)], ids=str)
+def test_reduction_time_gamma_replays_as_the_closed_forms_say(alg, p):
+    nbytes = 4 * 1024 * p            # every chunk the same size
+    got = sim.simulate(alg, p, nbytes, network=GAMMA).time_s
+    want = sim.closed_form(alg, p, nbytes, GAMMA.inter, GAMMA.gamma_s_per_byte)
+    assert _within(got, want), (got, want)
+    assert got > sim.simulate(alg, p, nbytes, network=FLAT).time_s   # adding costs time
+    assert sim.estimate(alg, p, nbytes, GAMMA) == want
+    # the per-sample dataflow replay adds the same reduction time
+    flow = sim.simulate_steps(alg, p, nbytes, GAMMA, samples=2, dataflow=True)
+    assert flow.mean_s == pytest.approx(got, rel=1e-9)
+
+
+def test_gamma_is_validated_and_saved():
+    with pytest.raises(ValueError, match="gamma_s_per_byte"):
+        dataclasses.replace(FLAT, gamma_s_per_byte=-1.0)
+    assert sim.Network.from_dict(GAMMA.to_dict()) == GAMMA
+    probed = sim.Network.from_dict({"alpha_s": 5e-6, "beta_s_per_byte": 1e-9,
+                                    "gamma_s_per_byte": 2e-10})
+    assert probed.gamma_s_per_byte == 2e-10 and "adds at 5 GB/s" in probed.describe()
 
 
 # ----------------------------------------------------------------------------- link classes

@@ -22,7 +22,8 @@ from commrt.algorithms import resolve
 from commrt.cli.plotting import line_plot
 from commrt.cli.units import fmt_bytes
 
-DEFAULT_SIZES = tuple(1 << k for k in range(16, 27, 2))   # 64 KiB .. 64 MiB
+#: 8 B and 4 KiB (latency-bound: one small bucket, gossip, control traffic), then 64 KiB .. 64 MiB
+DEFAULT_SIZES = (8, 1 << 12) + tuple(1 << k for k in range(16, 27, 2))
 
 
 class DelayBackward(torch.autograd.Function):
@@ -119,16 +120,22 @@ def measure_allreduce(comm, sizes: Sequence[int] = DEFAULT_SIZES, algorithms: Se
 
 
 def table_header(names: Sequence[str], world_size: int, title: str) -> str:
+    """The last name is the native all-reduce; a final column gives every other's time over its."""
     cols = "".join(f" | {n[:26]:>26}" for n in names)
     sub = "".join(f" | {'time(us)':>9} {'algbw':>7} {'busbw':>8}" for _ in names)
-    return (f"# {title}\n# busbw = algbw x 2(p-1)/p = algbw x {busbw_factor(world_size):.3g}; GB/s\n"
-            f"#{'size':>10} {'count':>11}{cols}\n#{'':>10} {'(elements)':>11}{sub}")
+    factor = busbw_factor(world_size)
+    return (f"# {title}\n# busbw = algbw x 2(p-1)/p = algbw x {factor:.3g}; GB/s. "
+            f"x native: each algorithm's time over the native one's, in column order\n"
+            f"#{'size':>10} {'count':>11}{cols} | x native\n#{'':>10} {'(elements)':>11}{sub} |")
 
 
 def table_row(row: Row, world_size: int) -> str:
     cells = "".join(f" | {r.time_s * 1e6:9.1f} {r.algbw(row.nbytes):7.3f} {r.busbw(row.nbytes, world_size):8.3f}"
                     for r in row.results)
-    return f" {fmt_bytes(row.nbytes):>10} {row.count:>11}{cells}"
+    *mine, native = row.results
+    ratios = (" ".join(f"{r.time_s / native.time_s:.2f}" for r in mine)
+              if mine and native.name.startswith("native") else "")
+    return f" {fmt_bytes(row.nbytes):>10} {row.count:>11}{cells} | {ratios}"
 
 
 def plot_rows(rows: Sequence[Row], world_size: int, path: str, title: str) -> str:

@@ -69,9 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     bsub = bench.add_subparsers(dest="what", required=True)
     ar = bsub.add_parser("allreduce", help="all-reduce: commrt algorithms vs the native engine")
     _common(ar)
-    ar.add_argument("--algorithms", default="ring,halving_doubling,torus2d",
-                    help="comma-separated algorithm names (default ring,halving_doubling,torus2d)")
-    ar.add_argument("--sizes", type=size_list, default=None, help="comma-separated sizes (default 64K..64M, x4)")
+    ar.add_argument("--algorithms", default="auto,ring,halving_doubling,recursive_doubling,torus2d",
+                    help="comma-separated algorithm names "
+                         "(default auto,ring,halving_doubling,recursive_doubling,torus2d)")
+    ar.add_argument("--sizes", type=size_list, default=None,
+                    help="comma-separated sizes (default 8,4K, then 64K..64M, x4)")
     ar.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     ar.add_argument("--repeats", type=positive_int, default=3, help="timed runs per point (median)")
     ar.add_argument("--iters", type=positive_int, default=None,

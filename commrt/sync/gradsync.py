@@ -291,14 +291,18 @@ class GradientSync:
             pack(self._grads(self.buckets[b], create=False), self._buffers[b], scale=scale)
             return
         # Gradients normally already sit in the buffer (autograd accumulated
-        # into the views); bring in any that were set to None or replaced.
+        # into the views, and hands back the same tensor object: one identity
+        # test per parameter); bring in any that were set to None or replaced.
         for p, v in zip(self.buckets[b].params, views):
             g = p.grad
+            if g is v:
+                continue
             if g is None:
                 v.zero_()
             elif g.data_ptr() != v.data_ptr():
                 v.copy_(g)
-        self._buffers[b].mul_(scale)
+        if scale != 1.0:
+            self._buffers[b].mul_(scale)
 
     def _unpack(self, b: int) -> None:
         views = self._views[b]
@@ -306,13 +310,16 @@ class GradientSync:
             unpack(self._buffers[b], self._grads(self.buckets[b], create=True))
             return
         for p, v in zip(self.buckets[b].params, views):
-            if p.grad is None or p.grad.data_ptr() != v.data_ptr():
+            g = p.grad
+            if g is not v and (g is None or g.data_ptr() != v.data_ptr()):
                 p.grad = v
 
     def _span(self, name: str, b: int):
         return self.tracer.span(name, bucket=b) if self.tracer is not None else contextlib.nullcontext()
 
     def _run_bucket(self, step: int, b: int) -> None:
+        if self.tracer is None and not self._cuda:
+            return self._run_bucket_plain(step, b)
         buf, comm = self._buffers[b], self.comm
         t0 = time.perf_counter()
         with comm.transport.stream():
@@ -329,7 +336,19 @@ class GradientSync:
             if self._cuda:
                 self._done_event = torch.cuda.Event()
                 self._done_event.record(torch.cuda.current_stream(comm.device))
-        t3 = time.perf_counter()
+        self._account(t0, t1, t2, time.perf_counter(), sent)
+
+    def _run_bucket_plain(self, step: int, b: int) -> None:
+        """:meth:`_run_bucket` without a device stream or trace spans to enter (CPU, no tracer)."""
+        t0 = time.perf_counter()
+        self._pack(b, self.policy.scale(step))
+        t1 = time.perf_counter()
+        sent = self.policy.communicate(step, b, self._buffers[b])
+        t2 = time.perf_counter()
+        self._unpack(b)
+        self._account(t0, t1, t2, time.perf_counter(), sent)
+
+    def _account(self, t0: float, t1: float, t2: float, t3: float, sent: int) -> None:
         cur = self._cur
         cur.pack_s += t1 - t0
         cur.comm_s += t2 - t1

@@ -31,16 +31,16 @@ def as_buffer(t: torch.Tensor, MPI):
 
 
 class _MpiPending(Pending):
-    __slots__ = ("sreqs", "rreqs")
+    __slots__ = ("sreqs", "rreqs", "spin_s")
 
-    def __init__(self, sreqs, rreqs):
-        self.sreqs, self.rreqs = sreqs, rreqs
+    def __init__(self, sreqs, rreqs, spin_s: float = 0.0):
+        self.sreqs, self.rreqs, self.spin_s = sreqs, rreqs, spin_s
 
     def wait_recv(self, i: int, deadline: float) -> bool:
-        return poll_until(self.rreqs[i].Test, deadline)
+        return poll_until(self.rreqs[i].Test, deadline, self.spin_s)
 
     def wait_send(self, i: int, deadline: float) -> bool:
-        return poll_until(self.sreqs[i].Test, deadline)
+        return poll_until(self.sreqs[i].Test, deadline, self.spin_s)
 
 
 class _MpiPrepared(Prepared):
@@ -59,9 +59,11 @@ class _MpiPrepared(Prepared):
         self.preqs = rreqs + sreqs   # receives start first
         self._startall = MPI.Prequest.Startall
 
-    def start(self) -> Pending:
+    def start(self, spin_s: float = 0.0) -> Pending:
         self._startall(self.preqs)
-        return self.pending
+        pending = self.pending
+        pending.spin_s = spin_s
+        return pending
 
     def free(self) -> None:
         for r in self.preqs:

@@ -24,7 +24,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 # fp32: 1e-6 (p <= 4 adds at unit roundoff 6e-8); bf16: p * 2^-8 (one rounding
 # per hop at unit roundoff 2^-8, the sum travels in bf16 between hops).
 RTOL = {"float32": 1e-6, "float64": 1e-12}
-ALGORITHMS = sys.argv[2].split(",") if len(sys.argv) > 2 else ["ring", "halving_doubling"]
+ALGORITHMS = (sys.argv[2].split(",") if len(sys.argv) > 2
+              else ["ring", "halving_doubling", "recursive_doubling"])
 
 
 def free_port():
