@@ -24,9 +24,9 @@ class _CountingPrepared(Prepared):
         super().__init__(counter, sends, inner.recvs, inner.tag)
         self.inner, self.counter = inner, counter
 
-    def start(self) -> Pending:
+    def start(self, spin_s: float = 0.0) -> Pending:
         self.counter.count(self.sends)
-        return self.inner.start()
+        return self.inner.start(spin_s)
 
     def free(self) -> None:
         self.inner.free()
@@ -45,13 +45,16 @@ class CountingTransport(Transport):
     def reset(self) -> None:
         self.messages = 0
         self.bytes = 0
-        self.by_peer: Counter = Counter()
+        self.by_peer: Counter = Counter()         # messages sent to each peer
+        self.bytes_by_peer: Counter = Counter()   # bytes sent to each peer
 
     def count(self, sends: Sequence[Pair]) -> None:
         for t, peer in sends:
+            nbytes = t.numel() * t.element_size()
             self.messages += 1
-            self.bytes += t.numel() * t.element_size()
+            self.bytes += nbytes
             self.by_peer[peer] += 1
+            self.bytes_by_peer[peer] += nbytes
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
         self.count(sends)

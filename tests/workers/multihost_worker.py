@@ -36,31 +36,12 @@ from commrt.algorithms import Torus2D  # noqa: E402
 from commrt.algorithms.auto import Auto, candidates, label  # noqa: E402
 from commrt.collectives import gather_rows  # noqa: E402
 from commrt.probe import probe  # noqa: E402
-from commrt.transports.base import Prepared  # noqa: E402
+from commrt.transports.counting import CountingTransport  # noqa: E402
 from ddp_reference import rel_err, train_commrt, train_ddp  # noqa: E402
 
 ALGORITHMS = ("ring", "halving_doubling", "torus2d", "auto")
 SIZES = (1, 1000, 100_003)
 GRADSYNC_STEPS = 10
-
-
-class CountingTransport:
-    """The communicator's transport, counting the bytes this rank sends to each peer."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.sent = collections.Counter()
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def exchange(self, sends, recvs, tag):
-        for t, peer in sends:
-            self.sent[peer] += t.numel() * t.element_size()
-        return self.inner.exchange(sends, recvs, tag)
-
-    def prepare(self, sends, recvs, tag):
-        return Prepared(self, sends, recvs, tag)   # every start goes through exchange above
 
 
 def inputs(rank, n):
@@ -90,9 +71,9 @@ def bytes_by_host(comm, counter, hosts):
 def count_bytes(comm, hosts, numel):
     out = {}
     for alg in ("ring", "torus2d"):
-        before = collections.Counter(comm.transport.sent)
+        before = collections.Counter(comm.transport.bytes_by_peer)
         commrt.all_reduce(torch.ones(numel), comm, algorithm=alg, op="sum")
-        out[alg] = bytes_by_host(comm, comm.transport.sent - before, hosts)
+        out[alg] = bytes_by_host(comm, comm.transport.bytes_by_peer - before, hosts)
     return out
 
 
