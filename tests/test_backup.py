@@ -282,6 +282,7 @@ def test_commrt_train_with_backup_workers_survives_a_killed_rank():
     rows = {m.group(1): m.group(2) for m in
             (re.match(r"^(\S.*?)\s{2,}(.+)$", ln) for ln in proc.stdout.splitlines()) if m}
     assert rows["missing ranks"] == "3", out
+    assert max(map(len, proc.stdout.splitlines())) <= 80, proc.stdout   # the summary fits a terminal
     assert rows["backup workers"].startswith("first 3 of 4 gradients"), out
     assert set(rows["dropped gradients"].replace(",", "").split()[::2]) == {"r0", "r1", "r2"}, out
     assert int(rows["global steps"]) >= 20 and float(rows["final test accuracy"]) > 0.5, out

@@ -182,7 +182,8 @@ def check_train(parser: argparse.ArgumentParser, args) -> None:
         try:
             alg.period_length(nproc)
         except ValueError as e:
-            parser.error(f"--algorithm gossip with --nproc {nproc}: {e}")
+            parser.error(f"--algorithm gossip with --nproc {nproc}: {e} "
+                         f"(here: --gossip-topology dissemination)")
     args.algorithm = alg
     try:
         sched = (BatchSizeSchedule.parse(args.batch_schedule) if args.batch_schedule
