@@ -14,7 +14,7 @@ candidate in that order).
 
 The network is ``Auto(network=...)`` if given, else measured on the
 communicator at first use by :func:`commrt.probe.probe` (collective, tens of
-milliseconds, cached in ``comm.cache``; see that module for what it sends).
+milliseconds, cached in ``comm.slots``; see that module for what it sends).
 ``select`` is called collectively (every rank, same order), and every rank
 prices the candidates with the same agreed α and β, so all ranks choose the
 same schedule.
@@ -33,8 +33,9 @@ Example::
     >>> from commrt.sim import Network
     >>> net = Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)
     >>> Auto(network=net).choose(64, 1 << 10).label, Auto(network=net).choose(64, 1 << 28).label
-    ('halving_doubling', 'ring')
+    ('recursive_doubling', 'halving_doubling')
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,10 +48,9 @@ from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.schedule import Collective, Schedule
+from commrt.sim import Network, price_all
 
-__all__ = ["Auto", "Choice", "choices", "candidates", "CACHE_KEY"]
-
-CACHE_KEY = "commrt.auto"
+__all__ = ["Auto", "Choice", "choices", "candidates"]
 #: the size :meth:`Auto.schedule` chooses for when no size is given: DDP's 25 MB bucket
 DEFAULT_NBYTES = 25 << 20
 
@@ -59,8 +59,11 @@ def candidates(world_size: int) -> list[Algorithm]:
     """Ring, halving-doubling, recursive doubling, then every torus grid with both sides ≥ 2
     (rows ascending)."""
     out: list[Algorithm] = [Ring(), HalvingDoubling(), RecursiveDoubling()]
-    out += [Torus2D(r, world_size // r) for r in range(2, world_size // 2 + 1)
-            if world_size % r == 0 and world_size // r >= 2]
+    out += [
+        Torus2D(r, world_size // r)
+        for r in range(2, world_size // 2 + 1)
+        if world_size % r == 0 and world_size // r >= 2
+    ]
     return out
 
 
@@ -80,15 +83,17 @@ class Choice:
     algorithm: Algorithm
     label: str
     predicted_s: float
-    candidates: tuple[tuple[str, float], ...]     # (label, predicted seconds), cheapest first;
+    candidates: tuple[tuple[str, float], ...]  # (label, predicted seconds), cheapest first;
     #                                              candidates that provably cannot win are left out
-    network: object                                # the commrt.sim.Network it was priced on
+    network: object  # the commrt.sim.Network it was priced on
     schedule: Schedule = dataclasses.field(repr=False, compare=False)
 
     def __str__(self) -> str:
         others = ", ".join(f"{n} {t * 1e6:.1f}" for n, t in self.candidates[1:4])
-        return (f"auto: {self.label} for {self.nbytes} B on {self.world_size} ranks "
-                f"(predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)")
+        return (
+            f"auto: {self.label} for {self.nbytes} B on {self.world_size} ranks "
+            f"(predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)"
+        )
 
 
 @dataclass(frozen=True)
@@ -104,52 +109,75 @@ class Auto(Algorithm):
     name = "auto"
 
     def __post_init__(self):
-        from commrt.sim import Network
         if self.network is not None and not isinstance(self.network, Network):
-            raise TypeError(f"Auto(network=...) takes a commrt.sim.Network, got {type(self.network).__name__}")
+            raise TypeError(
+                f"Auto(network=...) takes a commrt.sim.Network, got {type(self.network).__name__}"
+            )
 
     def _network(self, comm):
         if self.network is not None:
             return self.network
         if comm is None:
-            raise ValueError("Auto needs a network to price algorithms on: run it through commrt.all_reduce "
-                             "(it probes the communicator) or give Auto(network=commrt.sim.Network...)")
-        from commrt.probe import probe
+            raise ValueError(
+                "Auto needs a network to price algorithms on: run it through "
+                "commrt.all_reduce (it probes the communicator) or give "
+                "Auto(network=commrt.sim.Network...)"
+            )
+        from commrt.probe import probe  # lazy: the probe needs torch, the schedules do not
+
         return probe(comm).network()
+
+    def on_network(self, network: Network) -> "Auto":
+        """This chooser, pricing on ``network`` unless it was given one: the simulator
+        asks, so that ``simulate("auto", ...)`` chooses for the simulated network."""
+        return self if self.network is not None else dataclasses.replace(self, network=network)
 
     def choose(self, world_size: int, nbytes: int, comm=None) -> Choice:
         """The cheapest candidate for ``nbytes`` on ``world_size`` ranks (cached on ``comm``)."""
-        if comm is not None:   # a repeated call: one lookup (all_reduce's hot path)
-            hit = comm.cache.get(CACHE_KEY, {}).get((self, world_size, nbytes))
+        if comm is not None:  # a repeated call: one lookup (all_reduce's hot path)
+            hit = comm.slots.auto_choices.get((self, world_size, nbytes))
             if hit is not None:
                 return hit
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         if nbytes < 0:
             raise ValueError(f"nbytes must be non-negative, got {nbytes}")
-        store = comm.cache.setdefault(CACHE_KEY, {}) if comm is not None else None
+        store = comm.slots.auto_choices if comm is not None else None
         key = (self, world_size, int(nbytes))
         if store is not None and key in store:
             return store[key]
         network = self._network(comm)
-        from commrt.sim import price_all
         algs = candidates(world_size) if world_size > 1 else [Ring()]
-        times = price_all(algs, world_size, int(nbytes), network, itemsize=4 if nbytes % 4 == 0 else 1)
+        itemsize = 4 if nbytes % 4 == 0 else 1
+        times = price_all(algs, world_size, int(nbytes), network, itemsize=itemsize)
         priced = sorted((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
         t, _, best = priced[0]
         sched = dataclasses.replace(best.schedule(world_size), name=f"auto:{label(best)}")
-        choice = Choice(world_size, int(nbytes), best, label(best), t,
-                        tuple((label(a), s) for s, _, a in priced), network, sched)
+        choice = Choice(
+            world_size,
+            int(nbytes),
+            best,
+            label(best),
+            t,
+            tuple((label(a), s) for s, _, a in priced),
+            network,
+            sched,
+        )
         if store is not None:
             store[key] = choice
         return choice
 
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
-        """The chosen schedule, named ``auto:<choice>``; probes ``comm`` on first use (collective)."""
+        """The chosen schedule, named ``auto:<choice>``; probes ``comm`` on first use
+        (collective)."""
         return self.choose(world_size, nbytes, comm).schedule
 
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.ALL_REDUCE) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.ALL_REDUCE,
+    ) -> Schedule:
         """The choice for a 25 MiB buffer (DDP's bucket size) on ``Auto(network=...)``.
 
         Auto decides per buffer size, so without a size this picks for
@@ -157,10 +185,15 @@ class Auto(Algorithm):
         communicator to probe here) and raises ValueError otherwise.
         """
         if collective is not Collective.ALL_REDUCE:
-            raise ValueError(f"{self.name} chooses all_reduce schedules only, not {collective.value}")
+            raise ValueError(
+                f"{self.name} chooses all_reduce schedules only, not {collective.value}"
+            )
         if self.network is None:
-            raise ValueError("Auto.schedule(world_size) has no buffer size and no communicator to probe: use "
-                             "Auto().select(world_size, nbytes, comm), or Auto(network=...).schedule(world_size)")
+            raise ValueError(
+                "Auto.schedule(world_size) has no buffer size and no communicator "
+                "to probe: use Auto().select(world_size, nbytes, comm), or "
+                "Auto(network=...).schedule(world_size)"
+            )
         if ranks is None:
             return self.choose(world_size, DEFAULT_NBYTES).schedule
         m = len(tuple(ranks))
@@ -177,5 +210,5 @@ def choices(comm) -> dict[int, Choice]:
         >>> for nbytes, c in choices(comm).items():              # doctest: +SKIP
         ...     print(nbytes, c.label, c.predicted_s)
     """
-    store = comm.cache.get(CACHE_KEY, {})
+    store = comm.slots.auto_choices
     return {nbytes: c for (_, p, nbytes), c in store.items() if p == comm.world_size}

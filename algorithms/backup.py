@@ -22,6 +22,7 @@ Example::
     >>> s.ranks, s.check().ok
     ((0, 1, 3), True)
 """
+
 from __future__ import annotations
 
 import math
@@ -56,31 +57,47 @@ class BackupWorkers(Algorithm):
 
     def __post_init__(self):
         from commrt.algorithms import resolve
+
         if isinstance(self.backups, bool) or not isinstance(self.backups, int) or self.backups < 0:
-            raise ValueError(f"BackupWorkers backups must be a non-negative integer, "
-                             f"got {self.backups!r}")
+            raise ValueError(
+                f"BackupWorkers backups must be a non-negative integer, got {self.backups!r}"
+            )
         inner = resolve(self.inner)
         if isinstance(inner, BackupWorkers) or not inner.supports(Collective.ALL_REDUCE):
-            raise ValueError(f"BackupWorkers inner must be an all-reduce algorithm (ring, "
-                             f"halving_doubling, torus2d, auto), got {self.inner!r}")
+            raise ValueError(
+                f"BackupWorkers inner must be an all-reduce algorithm (ring, "
+                f"halving_doubling, torus2d, auto), got {self.inner!r}"
+            )
         object.__setattr__(self, "inner", inner)
-        if (isinstance(self.dead_after_s, bool) or not isinstance(self.dead_after_s, (int, float))
-                or not math.isfinite(self.dead_after_s) or self.dead_after_s <= 0):
-            raise ValueError(f"BackupWorkers dead_after_s must be a positive number of seconds, "
-                             f"got {self.dead_after_s!r}")
+        if (
+            isinstance(self.dead_after_s, bool)
+            or not isinstance(self.dead_after_s, (int, float))
+            or not math.isfinite(self.dead_after_s)
+            or self.dead_after_s <= 0
+        ):
+            raise ValueError(
+                f"BackupWorkers dead_after_s must be a positive number of seconds, "
+                f"got {self.dead_after_s!r}"
+            )
 
     def participants(self, world_size: int) -> int:
         """N: how many gradients each global step averages on ``world_size`` ranks."""
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
         if world_size <= self.backups:
-            raise ValueError(f"BackupWorkers(backups={self.backups}) needs more than "
-                             f"{self.backups} ranks (N + b with N >= 1), but there are "
-                             f"{world_size}")
+            raise ValueError(
+                f"BackupWorkers(backups={self.backups}) needs more than "
+                f"{self.backups} ranks (N + b with N >= 1), but there are "
+                f"{world_size}"
+            )
         return world_size - self.backups
 
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.ALL_REDUCE) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.ALL_REDUCE,
+    ) -> Schedule:
         """The inner all-reduce over ``ranks``, the N on-time ranks of one step
         (default: the first N ranks)."""
         if collective is not Collective.ALL_REDUCE:
@@ -90,10 +107,12 @@ class BackupWorkers(Algorithm):
         return self.inner.schedule(world_size, ranks)
 
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
-        raise ValueError("backup workers average the first N gradients of a training step, which "
-                         "only GradientSync(model, comm, algorithm='backup') can decide; "
-                         "commrt.all_reduce needs every rank's tensor: use ring, "
-                         "halving_doubling, torus2d or auto")
+        raise ValueError(
+            "backup workers average the first N gradients of a training step, which "
+            "only GradientSync(model, comm, algorithm='backup') can decide; "
+            "commrt.all_reduce needs every rank's tensor: use ring, "
+            "halving_doubling, torus2d or auto"
+        )
 
     def __str__(self) -> str:
         return f"{self.name}(b={self.backups}, {self.inner})"

@@ -1,4 +1,5 @@
 """The algorithm interface and the name registry behind ``algorithm="..."``."""
+
 from __future__ import annotations
 
 import abc
@@ -18,8 +19,12 @@ class Algorithm(abc.ABC):
     name: ClassVar[str]
 
     @abc.abstractmethod
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.ALL_REDUCE) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.ALL_REDUCE,
+    ) -> Schedule:
         """The schedule for ``world_size`` ranks (or the subset ``ranks``)."""
 
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:

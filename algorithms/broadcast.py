@@ -14,6 +14,7 @@ that every rank ends with the root's data and nothing else.
 :func:`choose` picks between them by size (what :func:`commrt.broadcast`
 uses when no algorithm is given).
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,7 +30,9 @@ TREE_MAX_BYTES = 256 << 10
 CHAIN_PIECE_BYTES = 1 << 20
 
 
-def _rooted(world_size: int, ranks: Sequence[int] | None, root: int | None) -> tuple[tuple[int, ...], int]:
+def _rooted(
+    world_size: int, ranks: Sequence[int] | None, root: int | None
+) -> tuple[tuple[int, ...], int]:
     """Participants rotated so that the root comes first (virtual rank 0)."""
     ranks = participants(world_size, ranks)
     root = ranks[0] if root is None else int(root)
@@ -63,8 +66,13 @@ class BinomialTree(_BroadcastAlgorithm):
     name = "binomial_tree"
 
     @functools.lru_cache(maxsize=256)
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.BROADCAST, root: int | None = None) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.BROADCAST,
+        root: int | None = None,
+    ) -> Schedule:
         self._check(collective)
         ranks, virt = _rooted(world_size, ranks, root)
         m = len(virt)
@@ -72,11 +80,15 @@ class BinomialTree(_BroadcastAlgorithm):
         while d < m:
             ops = []
             for v in range(min(d, m - d)):
-                ops += [Op(OpKind.SEND, virt[v], virt[v + d], 0, 1),
-                        Op(OpKind.RECV_COPY, virt[v + d], virt[v], 0, 1)]
+                ops += [
+                    Op(OpKind.SEND, virt[v], virt[v + d], 0, 1),
+                    Op(OpKind.RECV_COPY, virt[v + d], virt[v], 0, 1),
+                ]
             steps.append(Step.of(ops, f"tree{d}"))
             d *= 2
-        return Schedule(self.name, collective, world_size, ranks, 1, tuple(steps), owners=(virt[0],))
+        return Schedule(
+            self.name, collective, world_size, ranks, 1, tuple(steps), owners=(virt[0],)
+        )
 
 
 @dataclass(frozen=True)
@@ -99,8 +111,13 @@ class PipelinedChain(_BroadcastAlgorithm):
             raise ValueError(f"chunks must be a positive integer, got {self.chunks!r}")
 
     @functools.lru_cache(maxsize=256)
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.BROADCAST, root: int | None = None) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.BROADCAST,
+        root: int | None = None,
+    ) -> Schedule:
         self._check(collective)
         ranks, chain = _rooted(world_size, ranks, root)
         m, n = len(chain), self.chunks
@@ -109,9 +126,12 @@ class PipelinedChain(_BroadcastAlgorithm):
             ops = []
             for j in range(max(0, s - n + 1), min(m - 1, s + 1)):
                 c = s - j
-                ops += [Op(OpKind.SEND, chain[j], chain[j + 1], c, c + 1),
-                        Op(OpKind.RECV_COPY, chain[j + 1], chain[j], c, c + 1)]
+                ops += [
+                    Op(OpKind.SEND, chain[j], chain[j + 1], c, c + 1),
+                    Op(OpKind.RECV_COPY, chain[j + 1], chain[j], c, c + 1),
+                ]
             return Step.of(ops, "chain")
+
         steps = Steps(m - 2 + n if m > 1 else 0, make)
         return Schedule(self.name, collective, world_size, ranks, n, steps, owners=(chain[0],) * n)
 

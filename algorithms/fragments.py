@@ -9,6 +9,7 @@ lets a power-of-two core serve any number of ranks.
 Steps are built with numpy, one array op per field, so a 4096-rank ring
 costs microseconds per step.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -17,12 +18,14 @@ import numpy as np
 
 from commrt.schedule import RECV_COPY, RECV_REDUCE, SEND, Op, OpKind, Step, Steps
 
-Block = tuple[int, int]   # chunk range [lo, hi)
+Block = tuple[int, int]  # chunk range [lo, hi)
 
 
 def _arrays(ranks: Sequence[int], blocks: Sequence[Block]):
     if len(ranks) != len(blocks):
-        raise ValueError(f"a ring over {len(ranks)} ranks needs {len(ranks)} blocks, got {len(blocks)}")
+        raise ValueError(
+            f"a ring over {len(ranks)} ranks needs {len(ranks)} blocks, got {len(blocks)}"
+        )
     r = np.asarray(ranks, dtype=np.int32)
     b = np.asarray(blocks, dtype=np.int64).reshape(len(blocks), 2)
     return r, b[:, 0], b[:, 1], np.arange(len(r))
@@ -42,8 +45,9 @@ def _ring_step(r, lo, hi, pos, send_block, recv_block, recv_kind: int, phase: st
     return Step(kind, rank, peer, a, b, phase)
 
 
-def ring_reduce_scatter(ranks: Sequence[int], blocks: Sequence[Block],
-                        phase: str = "reduce-scatter") -> tuple[Steps, dict[int, int]]:
+def ring_reduce_scatter(
+    ranks: Sequence[int], blocks: Sequence[Block], phase: str = "reduce-scatter"
+) -> tuple[Steps, dict[int, int]]:
     """Ring reduce-scatter of ``blocks`` over ``ranks`` (len(ranks) - 1 steps).
 
     In step ``s`` the rank at ring position ``i`` sends block ``i - s`` to
@@ -53,13 +57,17 @@ def ring_reduce_scatter(ranks: Sequence[int], blocks: Sequence[Block],
     """
     r, lo, hi, pos = _arrays(ranks, blocks)
     m = len(r)
-    steps = Steps(m - 1, lambda s: _ring_step(r, lo, hi, pos, (pos - s) % m, (pos - s - 1) % m,
-                                              RECV_REDUCE, phase))
+    steps = Steps(
+        m - 1,
+        lambda s: _ring_step(r, lo, hi, pos, (pos - s) % m, (pos - s - 1) % m, RECV_REDUCE, phase),
+    )
     holder = {(i + 1) % m: int(rank) for i, rank in enumerate(ranks)}
     return steps, holder
 
 
-def ring_all_gather(ranks: Sequence[int], blocks: Sequence[Block], phase: str = "all-gather") -> Steps:
+def ring_all_gather(
+    ranks: Sequence[int], blocks: Sequence[Block], phase: str = "all-gather"
+) -> Steps:
     """Ring all-gather; position ``i`` starts with block ``i + 1``.
 
     That is where :func:`ring_reduce_scatter` leaves the sums, so the two
@@ -67,8 +75,10 @@ def ring_all_gather(ranks: Sequence[int], blocks: Sequence[Block], phase: str = 
     """
     r, lo, hi, pos = _arrays(ranks, blocks)
     m = len(r)
-    return Steps(m - 1, lambda s: _ring_step(r, lo, hi, pos, (pos + 1 - s) % m, (pos - s) % m,
-                                             RECV_COPY, phase))
+    return Steps(
+        m - 1,
+        lambda s: _ring_step(r, lo, hi, pos, (pos + 1 - s) % m, (pos - s) % m, RECV_COPY, phase),
+    )
 
 
 def split_block(block: Block, parts: int) -> list[Block]:

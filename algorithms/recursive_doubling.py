@@ -11,6 +11,7 @@ When p is not a power of two the extras fold into the q = 2^floor(log2 p)
 core ranks first and get the result back last, exactly as in
 :mod:`commrt.algorithms.halving_doubling` (the same fragments).
 """
+
 from __future__ import annotations
 
 import functools
@@ -20,6 +21,8 @@ from typing import Sequence
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import fold_in, fold_out, pairwise_exchange, split_core
 from commrt.schedule import Collective, Schedule
+from commrt.sim.network import Link
+from commrt.sim.pricing import recursive_doubling_time
 
 
 @dataclass(frozen=True)
@@ -35,14 +38,23 @@ class RecursiveDoubling(Algorithm):
 
     name = "recursive_doubling"
 
+    def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
+        """All-reduce seconds on one link class, by
+        :func:`commrt.sim.pricing.recursive_doubling_time` (what :func:`commrt.sim.closed_form` and ``auto`` price it with)."""
+        return recursive_doubling_time(world_size, nbytes, link, gamma)
+
     @functools.lru_cache(maxsize=256)
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.ALL_REDUCE) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.ALL_REDUCE,
+    ) -> Schedule:
         if collective is not Collective.ALL_REDUCE:
             raise ValueError(f"{self.name} implements all_reduce only, not {collective.value}")
         ranks = participants(world_size, ranks)
         core, extras = split_core(ranks)
-        whole = (0, 1)   # one chunk: every message carries the whole buffer
+        whole = (0, 1)  # one chunk: every message carries the whole buffer
         steps = fold_in(core, extras, whole)
         d = 1
         while d < len(core):

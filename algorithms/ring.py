@@ -3,6 +3,7 @@
 Bandwidth-optimal (each rank sends 2(p-1)/p of the buffer) with 2(p-1)
 latency steps; the default for large buffers.
 """
+
 from __future__ import annotations
 
 import functools
@@ -12,6 +13,8 @@ from typing import Sequence
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import ring_all_gather, ring_reduce_scatter
 from commrt.schedule import Collective, Schedule, Steps
+from commrt.sim.network import Link
+from commrt.sim.pricing import ring_time
 
 
 @dataclass(frozen=True)
@@ -27,12 +30,21 @@ class Ring(Algorithm):
 
     name = "ring"
 
+    def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
+        """All-reduce seconds on one link class, by :func:`commrt.sim.pricing.ring_time`
+        (what :func:`commrt.sim.closed_form` and ``auto`` price it with)."""
+        return ring_time(world_size, nbytes, link, gamma)
+
     def supports(self, collective: Collective) -> bool:
         return True
 
     @functools.lru_cache(maxsize=256)
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.ALL_REDUCE) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.ALL_REDUCE,
+    ) -> Schedule:
         ranks = participants(world_size, ranks)
         m = len(ranks)
         blocks = [(k, k + 1) for k in range(m)]

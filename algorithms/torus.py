@@ -20,7 +20,7 @@ while every rank still sends the ring's 2(p−1)/p · n bytes: most of them,
 
 **Default shape** (``Torus2D()`` with neither ``rows`` nor ``cols``): when
 the launcher says how many ranks share a node (``comm.local_size``, agreed
-across ranks by ``comm.ranks_per_node()``) and that number L divides p
+across ranks by ``commrt.topology.ranks_per_node(comm)``) and that number L divides p
 with 1 < L < p, the grid is (p/L) × L: one row per
 node, so the heavy row traffic stays inside a node and only the 1/L-sized
 shards cross the network, as in the paper. Otherwise (no launcher
@@ -48,6 +48,7 @@ Example::
     step  phase                  r0          r1          r2          r3
     0     row reduce-scatter     c0-1→1 ...
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,6 +59,8 @@ from typing import Sequence
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import ring_all_gather, ring_reduce_scatter, split_block
 from commrt.schedule import Collective, Schedule, Steps, parallel
+from commrt.sim.network import Link
+from commrt.sim.pricing import torus_time
 
 __all__ = ["Torus2D", "square_shape"]
 
@@ -73,7 +76,7 @@ def square_shape(p: int) -> tuple[int, int]:
     for r in range(math.isqrt(p), 0, -1):
         if p % r == 0:
             return r, p // r
-    return 1, p   # p == 0 never reaches here; participants() rejects it
+    return 1, p  # p == 0 never reaches here; participants() rejects it
 
 
 def _factorizations(p: int) -> str:
@@ -111,6 +114,11 @@ class Torus2D(Algorithm):
 
     name = "torus2d"
 
+    def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
+        """All-reduce seconds on one link class, by :func:`commrt.sim.pricing.torus_time`
+        (what :func:`commrt.sim.closed_form` and ``auto`` price it with)."""
+        return torus_time(*self.shape(world_size), nbytes, link, gamma)
+
     def __post_init__(self):
         _check_dim("rows", self.rows)
         _check_dim("cols", self.cols)
@@ -130,15 +138,21 @@ class Torus2D(Algorithm):
         rows, cols = self.rows, self.cols
         if rows is not None and cols is not None:
             if rows * cols != p:
-                raise ValueError(f"Torus2D grid {rows}×{cols} has {rows * cols} ranks but p={p} ranks take part "
-                                 f"(rows={rows}, cols={cols}); rows × cols must equal p, e.g. "
-                                 f"{_factorizations(p)}, or leave rows/cols as None to choose automatically")
+                raise ValueError(
+                    f"Torus2D grid {rows}×{cols} has {rows * cols} ranks but p={p} ranks take part "
+                    f"(rows={rows}, cols={cols}); rows × cols must equal p, e.g. "
+                    f"{_factorizations(p)}, or leave rows/cols as None to choose automatically"
+                )
             return rows, cols
         if rows is not None or cols is not None:
-            given, gname, other = (rows, "rows", "cols") if rows is not None else (cols, "cols", "rows")
+            given, gname, other = (
+                (rows, "rows", "cols") if rows is not None else (cols, "cols", "rows")
+            )
             if p % given:
-                raise ValueError(f"Torus2D {gname}={given} does not divide p={p} ranks, so no {other} fits; "
-                                 f"possible grids for p={p}: {_factorizations(p)}")
+                raise ValueError(
+                    f"Torus2D {gname}={given} does not divide p={p} ranks, so no {other} fits; "
+                    f"possible grids for p={p}: {_factorizations(p)}"
+                )
             return (given, p // given) if rows is not None else (p // given, given)
         if local_size is not None and 1 < local_size < p and p % local_size == 0:
             return p // local_size, local_size
@@ -146,8 +160,12 @@ class Torus2D(Algorithm):
 
     # --------------------------------------------------------------- schedule
     @functools.lru_cache(maxsize=256)
-    def schedule(self, world_size: int, ranks: Sequence[int] | None = None,
-                 collective: Collective = Collective.ALL_REDUCE) -> Schedule:
+    def schedule(
+        self,
+        world_size: int,
+        ranks: Sequence[int] | None = None,
+        collective: Collective = Collective.ALL_REDUCE,
+    ) -> Schedule:
         """The torus schedule over ``ranks`` (default: all of ``world_size``), row by row.
 
         Steps are lazy: ``Torus2D(64, 64).schedule(4096)`` costs nothing
@@ -157,7 +175,7 @@ class Torus2D(Algorithm):
         ranks = participants(world_size, ranks)
         p = len(ranks)
         Y, X = self.shape(p)
-        grid = [ranks[y * X:(y + 1) * X] for y in range(Y)]          # grid[y][x]
+        grid = [ranks[y * X : (y + 1) * X] for y in range(Y)]  # grid[y][x]
         columns = [tuple(grid[y][x] for y in range(Y)) for x in range(X)]
         # Chunk layout: X row blocks of Y chunks; block k = chunks [kY, (k+1)Y).
         row_blocks = [(k * Y, (k + 1) * Y) for k in range(X)]
@@ -168,11 +186,15 @@ class Torus2D(Algorithm):
         col_rs = [ring_reduce_scatter(c, b, PHASES[1]) for c, b in zip(columns, col_blocks)]
         parts: list = []
         if collective is not Collective.ALL_GATHER:
-            parts += [parallel([ring_reduce_scatter(row, row_blocks, PHASES[0])[0] for row in grid]),
-                      parallel([steps for steps, _ in col_rs])]
+            parts += [
+                parallel([ring_reduce_scatter(row, row_blocks, PHASES[0])[0] for row in grid]),
+                parallel([steps for steps, _ in col_rs]),
+            ]
         if collective is not Collective.REDUCE_SCATTER:
-            parts += [parallel([ring_all_gather(c, b, PHASES[2]) for c, b in zip(columns, col_blocks)]),
-                      parallel([ring_all_gather(row, row_blocks, PHASES[3]) for row in grid])]
+            parts += [
+                parallel([ring_all_gather(c, b, PHASES[2]) for c, b in zip(columns, col_blocks)]),
+                parallel([ring_all_gather(row, row_blocks, PHASES[3]) for row in grid]),
+            ]
         owners = None
         if collective is not Collective.ALL_REDUCE:
             # chunk -> the rank that ends the reduce-scatter with it (= where an all-gather starts)
@@ -181,21 +203,29 @@ class Torus2D(Algorithm):
                 for k, (lo, _hi) in enumerate(blocks):
                     owners[lo] = holder[k]
             owners = tuple(owners)
-        return Schedule(self.name, collective, world_size, ranks, p, Steps.chain(parts), owners=owners)
+        return Schedule(
+            self.name, collective, world_size, ranks, p, Steps.chain(parts), owners=owners
+        )
 
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
         """The schedule for ``world_size`` ranks, one row per node if ``comm`` knows the nodes.
 
         A :class:`~commrt.Communicator` agrees on ranks per node across ranks
-        (:meth:`~commrt.comm.Communicator.ranks_per_node`: collective, on the
-        first call); other objects are asked for ``local_size``.
+        (:func:`commrt.topology.ranks_per_node`: collective, on the first
+        call); other objects are asked for ``local_size``.
         """
-        agreed = getattr(comm, "ranks_per_node", None)
-        local = agreed() if callable(agreed) else getattr(comm, "local_size", None)
+        from commrt.comm import Communicator  # runtime types stay out of the schedules' import
+
+        if isinstance(comm, Communicator):
+            from commrt.topology import ranks_per_node
+
+            local = ranks_per_node(comm)
+        else:
+            local = getattr(comm, "local_size", None)
         rows, cols = self.shape(world_size, local)
         if (rows, cols) == (self.rows, self.cols):
             return self.schedule(world_size)
-        return Torus2D(rows, cols).schedule(world_size)   # cached per shape
+        return Torus2D(rows, cols).schedule(world_size)  # cached per shape
 
     # ---------------------------------------------------------------- display
     def describe(self, world_size: int, local_size: int | None = None) -> str:
@@ -204,9 +234,14 @@ class Torus2D(Algorithm):
         grid = [list(range(y * cols, (y + 1) * cols)) for y in range(rows)]
 
         def groups(gs):
-            return " ".join("[" + " ".join(map(str, g)) + "]" for g in gs[:8]) + (" …" if len(gs) > 8 else "")
-        head = (f"{self.name} {rows}×{cols} grid: rows {groups(grid)} · "
-                f"columns {groups([[grid[y][x] for y in range(rows)] for x in range(cols)])}")
+            return " ".join("[" + " ".join(map(str, g)) + "]" for g in gs[:8]) + (
+                " …" if len(gs) > 8 else ""
+            )
+
+        head = (
+            f"{self.name} {rows}×{cols} grid: rows {groups(grid)} · "
+            f"columns {groups([[grid[y][x] for y in range(rows)] for x in range(cols)])}"
+        )
         return head + "\n" + Torus2D(rows, cols).schedule(world_size).table()
 
     def __str__(self) -> str:

@@ -13,6 +13,7 @@ limit for comparison is memory-copy bandwidth (bench_kernels.py measures
 it): on one machine every byte a rank sends is a copy through shared memory.
 Outside mpiexec the benchmarks skip, saying how to run them.
 """
+
 import pytest
 import torch
 
@@ -21,14 +22,24 @@ from commrt.cli.bench import busbw_factor, iterations_for
 from commrt.cli.launch import already_launched
 
 # 8 B and 4 KiB: latency-bound (one small bucket, gossip, control traffic); the rest: bandwidth
-SIZES = {"8B": 8, "4KB": 1 << 12, "64KB": 1 << 16, "256KB": 1 << 18, "1MB": 1 << 20, "4MB": 1 << 22,
-         "16MB": 1 << 24, "64MB": 1 << 26}
+SIZES = {
+    "8B": 8,
+    "4KB": 1 << 12,
+    "64KB": 1 << 16,
+    "256KB": 1 << 18,
+    "1MB": 1 << 20,
+    "4MB": 1 << 22,
+    "16MB": 1 << 24,
+    "64MB": 1 << 26,
+}
 # native first: the others report their time relative to it
 IMPLS = ["native", "auto", "ring", "halving_doubling", "recursive_doubling", "torus2d"]
 TRANSPORTS = ["mpi", "gloo"]
 
-pytestmark = pytest.mark.skipif(not already_launched(),
-                                reason="multi-rank benchmark: run under mpiexec -n 2 (or 4) python -m pytest ...")
+pytestmark = pytest.mark.skipif(
+    not already_launched(),
+    reason="multi-rank benchmark: run under mpiexec -n 2 (or 4) python -m pytest ...",
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +64,9 @@ def test_allreduce(benchmark, record_bandwidth, comms, native_times, transport, 
     nbytes = SIZES[size]
     x = torch.ones(nbytes // 4)
     if impl == "native":
-        fn = lambda: comm.transport.native_all_reduce(x, "sum")   # noqa: E731
+        fn = lambda: comm.transport.native_all_reduce(x, "sum")  # noqa: E731
     else:
-        fn = lambda: commrt.all_reduce(x, comm, algorithm=impl, op="sum")   # noqa: E731
+        fn = lambda: commrt.all_reduce(x, comm, algorithm=impl, op="sum")  # noqa: E731
     benchmark.group = f"allreduce {transport} p={comm.world_size} {size}"
     comm.barrier()
     # fixed counts on every rank: timing-based calibration could differ between ranks and deadlock
@@ -63,7 +74,9 @@ def test_allreduce(benchmark, record_bandwidth, comms, native_times, transport, 
     t = benchmark.stats.stats.median
     algbw = nbytes / t / 1e9
     busbw = algbw * busbw_factor(comm.world_size)
-    benchmark.extra_info.update(bytes=nbytes, world_size=comm.world_size, algbw_GBps=algbw, busbw_GBps=busbw)
+    benchmark.extra_info.update(
+        bytes=nbytes, world_size=comm.world_size, algbw_GBps=algbw, busbw_GBps=busbw
+    )
     cols = dict(time_us=t * 1e6, algbw=algbw, busbw=busbw)
     key = (transport, comm.world_size, size)
     if impl == "native":

@@ -42,7 +42,7 @@ def comm():
     c.close()
 
 
-def gossip_step(comm, x, gossip=Gossip()):
+def gossip_step(comm, x, gossip=Gossip()):  # noqa: B008 (a frozen dataclass)
     """One gossip exchange per call, step numbers counting up (the same on every rank)."""
     steps = itertools.count()
 

@@ -19,6 +19,7 @@
   (wait() on a step without gradients reduces every bucket), and the
   overlapped step; overlap is real when step << backward + communication.
 """
+
 import os
 import socket
 import time
@@ -32,8 +33,10 @@ import commrt
 from commrt.cli.bench import DelayBackward
 from commrt.cli.launch import already_launched
 
-pytestmark = pytest.mark.skipif(not already_launched(),
-                                reason="multi-rank benchmark: run under mpiexec -n 2 python -m pytest ...")
+pytestmark = pytest.mark.skipif(
+    not already_launched(),
+    reason="multi-rank benchmark: run under mpiexec -n 2 python -m pytest ...",
+)
 
 ROUNDS, ITERS = 5, 2
 
@@ -44,16 +47,25 @@ IN, HIDDEN, OUT = 512, 2560, 10
 def _mlp():
     torch.manual_seed(0)
     # 512*2560 + 3*2560*2560 + 2560*1536 + 1536*10 ~= 24.9M parameters (~100 MB of fp32 gradients)
-    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                               torch.nn.Linear(HIDDEN, 1536), torch.nn.ReLU(), torch.nn.Linear(1536, OUT))
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, 1536),
+        torch.nn.ReLU(),
+        torch.nn.Linear(1536, OUT),
+    )
 
 
 @pytest.fixture(scope="module")
 def env():
     from mpi4py import MPI
+
     world = MPI.COMM_WORLD
     if world.Get_rank() == 0:
         with socket.socket() as s:
@@ -62,8 +74,12 @@ def env():
     else:
         port = None
     port = world.bcast(port)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.Get_rank(),
-                            world_size=world.Get_size())
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=world.Get_rank(),
+        world_size=world.Get_size(),
+    )
     comms = {"mpi": commrt.init("mpi", timeout=120), "gloo": commrt.init("gloo", timeout=120)}
     yield comms
     for c in comms.values():
@@ -102,15 +118,23 @@ def test_mlp_step(benchmark, record_bandwidth, env, impl):
         def step():
             loss_fn(model(x), y).backward()
             sync.step(opt)
+
     benchmark.group = "GradientSync vs DDP, MLP 25M params, 2 ranks"
     benchmark.pedantic(step, rounds=ROUNDS, iterations=ITERS, warmup_rounds=1)
-    info = {"step_ms": benchmark.stats.stats.median * 1e3, "rss_growth_MB": _rss_mb() - rss0,
-            "grad_MB": grad_mb}
+    info = {
+        "step_ms": benchmark.stats.stats.median * 1e3,
+        "rss_growth_MB": _rss_mb() - rss0,
+        "grad_MB": grad_mb,
+    }
     if sync is not None:
         m = sync.stats.mean(skip=2)
-        info.update(comm_ms=(m.pack_s + m.comm_s + m.unpack_s) * 1e3, exposed_ms=m.exposed_s * 1e3,
-                    exposed_share=m.exposed_s / max(1e-9, m.pack_s + m.comm_s + m.unpack_s),
-                    extra_MB=sync.stats.buffer_bytes / 2**20, backward_ms=m.backward_s * 1e3)
+        info.update(
+            comm_ms=(m.pack_s + m.comm_s + m.unpack_s) * 1e3,
+            exposed_ms=m.exposed_s * 1e3,
+            exposed_share=m.exposed_s / max(1e-9, m.pack_s + m.comm_s + m.unpack_s),
+            extra_MB=sync.stats.buffer_bytes / 2**20,
+            backward_ms=m.backward_s * 1e3,
+        )
         sync.close()
     benchmark.extra_info.update(info)
     record_bandwidth("GradientSync vs DDP (MLP 25M, 2 ranks)", impl, "100MB", **info)
@@ -141,6 +165,7 @@ def test_small_layers_step(benchmark, record_bandwidth, env, impl):
         else:
             opt.step()
             opt.zero_grad()
+
     benchmark.group = "50 small layers (1 MB of gradients), 2 ranks: per-step cost"
     env["mpi"].barrier()
     # fixed counts on every rank (DDP and commrt collectives must line up)
@@ -148,13 +173,16 @@ def test_small_layers_step(benchmark, record_bandwidth, env, impl):
     info = {"step_us": benchmark.stats.stats.median * 1e6}
     if sync is not None:
         m = sync.stats.mean(skip=2)
-        info.update(buckets=float(len(sync.buckets)),
-                    comm_us=(m.pack_s + m.comm_s + m.unpack_s) * 1e6,
-                    exposed_us=m.exposed_s * 1e6)
+        info.update(
+            buckets=float(len(sync.buckets)),
+            comm_us=(m.pack_s + m.comm_s + m.unpack_s) * 1e6,
+            exposed_us=m.exposed_s * 1e6,
+        )
         sync.close()
     benchmark.extra_info.update(info)
-    record_bandwidth("50 small layers (1 MB), 2 ranks: step time; overhead = step - local", impl,
-                     "1MB", **info)
+    record_bandwidth(
+        "50 small layers (1 MB), 2 ranks: step time; overhead = step - local", impl, "1MB", **info
+    )
 
 
 class _DeviceLike(torch.nn.Module):
@@ -186,7 +214,7 @@ def test_overlap(benchmark, record_bandwidth, env, transport):
             p.grad = None
 
     def comm_only():
-        sync.wait()   # no gradients this step: every bucket is reduced (as zeros)
+        sync.wait()  # no gradients this step: every bucket is reduced (as zeros)
 
     def step():
         model(x).sum().backward()
@@ -208,8 +236,15 @@ def test_overlap(benchmark, record_bandwidth, env, transport):
     benchmark.group = f"overlap ({transport})"
     benchmark.pedantic(step, rounds=ROUNDS, iterations=1, warmup_rounds=1)
     t_step = benchmark.stats.stats.median
-    info = {"backward_ms": t_bwd * 1e3, "comm_ms": t_comm * 1e3, "step_ms": t_step * 1e3,
-            "sum_ms": (t_bwd + t_comm) * 1e3, "hidden_share": (t_bwd + t_comm - t_step) / t_comm}
+    info = {
+        "backward_ms": t_bwd * 1e3,
+        "comm_ms": t_comm * 1e3,
+        "step_ms": t_step * 1e3,
+        "sum_ms": (t_bwd + t_comm) * 1e3,
+        "hidden_share": (t_bwd + t_comm - t_step) / t_comm,
+    }
     benchmark.extra_info.update(info)
-    record_bandwidth("overlap: backward (emulated device compute) vs communication", transport, "128MB", **info)
+    record_bandwidth(
+        "overlap: backward (emulated device compute) vs communication", transport, "128MB", **info
+    )
     sync.close()

@@ -46,6 +46,7 @@ size with pack / copy, and the paired op / copy ratios. (The speed goals:
 CPU pack >= 80% of copy from 4 MB; GPU pack >= 90% of copy and faster than
 cat_mul.)
 """
+
 from __future__ import annotations
 
 import math
@@ -61,7 +62,14 @@ SIZES_MB = [1, 4, 16, 64, 100]
 SCALE = 1.0 / 8
 OPS = ["pack", "pack_bf16", "unpack", "unpack_acc_bf16", "copy", "cat_mul"]
 # bytes per element that each op must read + write
-BYTES_PER_ELEM = {"pack": 8, "pack_bf16": 6, "unpack": 8, "unpack_acc_bf16": 10, "copy": 8, "cat_mul": 8}
+BYTES_PER_ELEM = {
+    "pack": 8,
+    "pack_bf16": 6,
+    "unpack": 8,
+    "unpack_acc_bf16": 10,
+    "copy": 8,
+    "cat_mul": 8,
+}
 
 
 def resnet50_shapes():
@@ -71,9 +79,17 @@ def resnet50_shapes():
     for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         for b in range(blocks):
             out = width * 4
-            shapes += [(width, inp, 1, 1), (width,), (width,),
-                       (width, width, 3, 3), (width,), (width,),
-                       (out, width, 1, 1), (out,), (out,)]
+            shapes += [
+                (width, inp, 1, 1),
+                (width,),
+                (width,),
+                (width, width, 3, 3),
+                (width,),
+                (width,),
+                (out, width, 1, 1),
+                (out,),
+                (out,),
+            ]
             if b == 0:  # downsample conv + BN
                 shapes += [(out, inp, 1, 1), (out,), (out,)]
             inp = out
@@ -115,51 +131,84 @@ def _cuda_skip_reason():
 
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(_cuda_skip_reason() is not None,
-                                                                     reason=str(_cuda_skip_reason()))]),
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason())),
+        ],
+    ),
 ]
 
-LAYOUT_OPS = [("resnet50", op) for op in OPS] + [("small", op) for op in ("pack", "copy", "cat_mul")]
+LAYOUT_OPS = [("resnet50", op) for op in OPS] + [
+    ("small", op) for op in ("pack", "copy", "cat_mul")
+]
 
 _results = {}  # (device, layout, mb, op) -> (median GB/s, best GB/s)
 _paired = {}  # (device, layout, mb, op) -> op GB/s / copy GB/s, timed alternately
 
 
+def summary_line(cells, first: int = 15, width: int = 12) -> str:
+    """One row of the summary tables: the first cell left-aligned in ``first`` characters,
+    the rest right-aligned in ``width``, always a space apart (an op name of 15,
+    "unpack_acc_bf16", ran into its neighbour without one). Five sizes fit 80 columns."""
+    head, *rest = cells
+    return " ".join([f"{head:<{first}}", *(f"{c:>{width}}" for c in rest)]).rstrip()
+
+
+def _gbs_rows(dev: str, layout: str) -> list[list[str]]:
+    """One row per op (then pack/copy), one column per size: median GB/s (the best round's
+    is in --benchmark-json, extra_info gbps_best)."""
+    sizes = [mb for mb in SIZES_MB if any((dev, layout, mb, op) in _results for op in OPS)]
+    rows = [["op"] + [f"{mb} MB" for mb in sizes]]
+    for op in OPS:
+        if any((dev, layout, mb, op) in _results for mb in sizes):
+            cells = [_results.get((dev, layout, mb, op)) for mb in sizes]
+            rows.append([op] + [f"{r[0]:.1f}" if r else "-" for r in cells])
+    ratio = ["pack/copy"]
+    for mb in sizes:
+        p, c = _results.get((dev, layout, mb, "pack")), _results.get((dev, layout, mb, "copy"))
+        ratio.append(f"{p[0] / c[0]:.0%}" if p and c else "-")
+    return rows + [ratio]
+
+
+def _paired_rows(dev: str, layout: str) -> list[list[str]]:
+    """One row per op (copy aside), one column per size: op GB/s over copy GB/s."""
+    sizes = [mb for mb in SIZES_MB if any((dev, layout, mb, op) in _paired for op in OPS)]
+    rows = [["op"] + [f"{mb} MB" for mb in sizes]]
+    for op in OPS:
+        if op != "copy" and any((dev, layout, mb, op) in _paired for mb in sizes):
+            cells = [_paired.get((dev, layout, mb, op)) for mb in sizes]
+            rows.append([op] + [f"{r:.0%}" if r is not None else "-" for r in cells])
+    return rows
+
+
 class _Summary:
-    """Prints the GB/s table at the end of the session (registered by the fixture below)."""
+    """Prints the GB/s tables at the end of the session (registered by the fixture below):
+    per device and layout, an op per row and a size per column, within 80 columns."""
 
     def pytest_terminal_summary(self, terminalreporter):
         if not _results:
             return
         tr = terminalreporter
-        tr.section("kernel throughput, GB/s (bytes read + written): median [best round]")
-        head = ["device", "layout", "size"] + OPS + ["pack/copy"]
-        tr.write_line("".join(f"{c:>15}" for c in head))
+        tr.section("kernel GB/s (bytes read + written), median; best: --benchmark-json")
         keys = sorted({k[:2] for k in _results})
         for dev, layout in keys:
-            for mb in SIZES_MB:
-                if not any((dev, layout, mb, op) in _results for op in OPS):
-                    continue
-                row = [dev, layout, f"{mb} MB"]
-                for op in OPS:
-                    r = _results.get((dev, layout, mb, op))
-                    row.append(f"{r[0]:.1f} [{r[1]:.1f}]" if r else "-")
-                p, c = _results.get((dev, layout, mb, "pack")), _results.get((dev, layout, mb, "copy"))
-                row.append(f"{p[0] / c[0]:.0%} [{p[1] / c[1]:.0%}]" if p and c else "-")
-                tr.write_line("".join(f"{x:>15}" for x in row))
+            tr.write_line(f"{dev} · {layout}")
+            for row in _gbs_rows(dev, layout):
+                tr.write_line(summary_line(row))
         if not _paired:
             return
-        tr.section("op GB/s / copy GB/s, paired: best of 15 rounds timed alternately with copy_")
-        ops = [op for op in OPS if op != "copy"]
-        tr.write_line("".join(f"{c:>15}" for c in ["device", "layout", "size"] + ops))
-        for dev, layout in keys:
-            for mb in SIZES_MB:
-                if not any((dev, layout, mb, op) in _paired for op in ops):
-                    continue
-                row = [dev, layout, f"{mb} MB"]
-                row += [f"{_paired[(dev, layout, mb, op)]:.0%}" if (dev, layout, mb, op) in _paired else "-"
-                        for op in ops]
-                tr.write_line("".join(f"{x:>15}" for x in row))
+        tr.section("op GB/s / copy GB/s, paired: best of 15 rounds alternating with copy_")
+        tr.write_line(
+            "Trust these ratios over pack/copy above: op and copy_ run in turn, so load\n"
+            "on the machine slows both alike; above, each op was timed on its own, at\n"
+            "another moment."
+        )
+        for dev, layout in sorted({k[:2] for k in _paired}):
+            tr.write_line(f"{dev} · {layout}")
+            for row in _paired_rows(dev, layout):
+                tr.write_line(summary_line(row))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -223,7 +272,9 @@ def test_kernel_throughput(benchmark, layout, op, mb, device):
     n, fn = _make(layout, op, device, mb)
     nbytes = BYTES_PER_ELEM[op] * n
     benchmark.group = f"{device} {layout} {mb:>3} MB"
-    benchmark.extra_info.update(op=op, layout=layout, device=device, bucket_mb=mb, elements=n, bytes_moved=nbytes)
+    benchmark.extra_info.update(
+        op=op, layout=layout, device=device, bucket_mb=mb, elements=n, bytes_moved=nbytes
+    )
     if device == "cuda":
         # queue `reps` launches between two synchronizations, so a round
         # lasts >= ~1 ms of GPU time and launch latency overlaps execution
@@ -247,8 +298,9 @@ def test_kernel_throughput(benchmark, layout, op, mb, device):
     med = stats.stats.median / reps
     best = stats.stats.min / reps
     gbps = nbytes / med / 1e9
-    benchmark.extra_info.update(launches_per_round=reps, gbps_median=round(gbps, 2),
-                                gbps_best=round(nbytes / best / 1e9, 2))
+    benchmark.extra_info.update(
+        launches_per_round=reps, gbps_median=round(gbps, 2), gbps_best=round(nbytes / best / 1e9, 2)
+    )
     _results[(device, layout, mb, op)] = (gbps, nbytes / best / 1e9)
     if op != "copy":
         # the same comparison with both timed alternately: other processes'

@@ -26,6 +26,7 @@ which a per-message α and a per-byte β describe only on average.
 It is a script, not a pytest module (no test functions): the ranks must run
 the same collectives in the same order.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,16 +48,26 @@ DEFAULT_ALGORITHMS = "ring,torus2d,halving_doubling"
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default=DEFAULT_SIZES, help=f"comma-separated (default {DEFAULT_SIZES})")
+    ap.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"comma-separated (default {DEFAULT_SIZES})"
+    )
     ap.add_argument("--algorithms", default=DEFAULT_ALGORITHMS)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--iters", type=int, default=None, help="calls per timed run (default by size)")
-    ap.add_argument("--backend", default="auto",
-                    help="auto (mpi under mpiexec, gloo under torchrun), mpi or gloo")
+    ap.add_argument(
+        "--backend",
+        default="auto",
+        help="auto (mpi under mpiexec, gloo under torchrun), mpi or gloo",
+    )
     ap.add_argument("--json", default=None, help="also write the rows to this file (rank 0)")
-    ap.add_argument("--probe-file", default=None, help="write the probe result here (for commrt simulate --network)")
+    ap.add_argument(
+        "--probe-file",
+        default=None,
+        help="write the probe result here (for commrt simulate --network)",
+    )
     args = ap.parse_args(argv)
     from commrt.cli.units import parse_size
+
     sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     comm = commrt.init(args.backend, timeout=300)
     p = comm.world_size
@@ -64,39 +75,72 @@ def main(argv=None) -> int:
     net = pr.network()
     say = print if comm.rank == 0 else (lambda *a, **k: None)
     cores = os.cpu_count()
-    native_name = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce",
-                   "nccl": "ncclAllReduce"}[comm.backend.value]
-    say(f"# calibration · {comm.backend} · {p} ranks on {cores} cores"
-        f"{' (oversubscribed)' if p > (cores or p) else ''}")
+    native_name = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce", "nccl": "ncclAllReduce"}[
+        comm.backend.value
+    ]
+    say(
+        f"# calibration · {comm.backend} · {p} ranks on {cores} cores"
+        f"{' (oversubscribed)' if p > (cores or p) else ''}"
+    )
     say(f"# network: {net.describe()}")
     say(f"# {pr}")
-    say("#   probe step times: " + ", ".join(f"{s} B: {t * 1e6:.1f} µs" for s, t in zip(pr.sizes, pr.step_s)))
+    say(
+        "#   probe step times: "
+        + ", ".join(f"{s} B: {t * 1e6:.1f} µs" for s, t in zip(pr.sizes, pr.step_s))
+    )
     if pr.two_tier:
-        say("#   between hosts, one rank per host: " + ", ".join(
-            f"{sz} B: {t * 1e6:.1f} µs" for sz, t in zip(pr.sizes, pr.inter_step_s))
-            + f"; every rank at once, {pr.sizes[-1]} B: {pr.shared_step_s * 1e6:.1f} µs")
-    say("#   per rank (α µs, GB/s): " + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank))
-    say(f"{'size':>8} {'algorithm':<22} {'measured':>12} {'predicted':>12} {'error':>8} "
-        f"{native_name:>14}")
+        say(
+            "#   between hosts, one rank per host: "
+            + ", ".join(f"{sz} B: {t * 1e6:.1f} µs" for sz, t in zip(pr.sizes, pr.inter_step_s))
+            + f"; every rank at once, {pr.sizes[-1]} B: {pr.shared_step_s * 1e6:.1f} µs"
+        )
+    say(
+        "#   per rank (α µs, GB/s): "
+        + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank)
+    )
+    say(
+        f"{'size':>8} {'algorithm':<22} {'measured':>12} {'predicted':>12} {'error':>8} "
+        f"{native_name:>14}"
+    )
     rows = []
     for nbytes in sizes:
         x = torch.ones(nbytes // 4)
         iters = args.iters or iterations_for(nbytes)
-        native = time_calls(comm, lambda: comm.transport.native_all_reduce(x, "sum"), iters, args.repeats)
+        native = time_calls(
+            comm, lambda x=x: comm.transport.native_all_reduce(x, "sum"), iters, args.repeats
+        )
         for name in args.algorithms.split(","):
             alg = resolve(name)
             sched = alg.select(p, nbytes, comm)
             shown = sched.name
             if isinstance(alg, Torus2D):
                 shown = "torus2d({}x{})".format(*alg.shape(p, comm.local_size))
-            t = time_calls(comm, lambda: commrt.all_reduce(x, comm, algorithm=alg, op="sum"), iters, args.repeats)
+            t = time_calls(
+                comm,
+                lambda x=x, alg=alg: commrt.all_reduce(x, comm, algorithm=alg, op="sum"),
+                iters,
+                args.repeats,
+            )
             pred = sim.simulate(sched, nbytes=nbytes, network=net).time_s
             err = (pred - t) / t
-            rows.append(dict(world_size=p, nbytes=nbytes, algorithm=shown, steps=sched.num_steps,
-                             measured_s=t, predicted_s=pred, error=err, native_s=native))
-            say(f"{nbytes >> 10:>7}K {shown:<22} {t * 1e6:10.1f}µs {pred * 1e6:10.1f}µs "
+            rows.append(
+                dict(
+                    world_size=p,
+                    nbytes=nbytes,
+                    algorithm=shown,
+                    steps=sched.num_steps,
+                    measured_s=t,
+                    predicted_s=pred,
+                    error=err,
+                    native_s=native,
+                )
+            )
+            say(
+                f"{nbytes >> 10:>7}K {shown:<22} {t * 1e6:10.1f}µs {pred * 1e6:10.1f}µs "
                 f"{err * 100:+7.1f}% "
-                f"{native * 1e6:12.1f}µs", flush=True)
+                f"{native * 1e6:12.1f}µs",
+                flush=True,
+            )
     if comm.rank == 0:
         mean_abs = sum(abs(r["error"]) for r in rows) / len(rows)
         say(f"# mean |error| {mean_abs * 100:.1f}% over {len(rows)} points")

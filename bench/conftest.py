@@ -10,30 +10,39 @@ OMP_NUM_THREADS says otherwise), as ``commrt``'s own launcher does.
 Benchmarks record throughput with :func:`record_bandwidth`; a table of
 them (GB/s, algbw/busbw) is printed after pytest-benchmark's own.
 """
+
 import os
 
 import pytest
 
-os.environ.setdefault("TRITON_INTERPRET", "1")   # kernels on CPU tensors, as in tests/
+os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels on CPU tensors, as in tests/
 
-_RANK = int(os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0"))))
-_LOCAL = int(os.environ.get("MPI_LOCALNRANKS", os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE",
-                                                               os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+_RANK = int(
+    os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
+)
+_LOCAL = int(
+    os.environ.get(
+        "MPI_LOCALNRANKS",
+        os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    )
+)
 _ROWS_KEY = pytest.StashKey[list]()
 
 
-@pytest.hookimpl(trylast=True)   # after the terminal reporter exists
+@pytest.hookimpl(trylast=True)  # after the terminal reporter exists
 def pytest_configure(config):
     config.stash[_ROWS_KEY] = []
     if _LOCAL > 1 and "OMP_NUM_THREADS" not in os.environ:
         # ranks share the machine's cores: one intra-op thread pool per rank's share,
         # as commrt's own launcher sets, instead of every rank spawning one per core
         import torch
+
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _LOCAL))
     if _RANK != 0:
         # Silence the terminal reporter itself: redirecting fd 1 here would be
         # undone by pytest's output capture, which is active at this point.
         from _pytest._io import TerminalWriter
+
         reporter = config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:
             reporter._tw = TerminalWriter(open(os.devnull, "w"))
@@ -63,5 +72,7 @@ def pytest_terminal_summary(terminalreporter, config):
         if group != last_group:
             tr.write_line(f"\n{group}")
             last_group = group
-        cells = "  ".join(f"{k} {v:8.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in cols.items())
+        cells = "  ".join(
+            f"{k} {v:8.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in cols.items()
+        )
         tr.write_line(f"  {size:>8}  {name:<34} {cells}")

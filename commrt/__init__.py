@@ -14,14 +14,27 @@ Everything else lives in modules with one job each: :mod:`commrt.schedule`
 schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
 :mod:`commrt.algorithms`, :mod:`commrt.kernels`, :mod:`commrt.trace`.
 """
+
+from commrt import data  # commrt.data.GossipShuffle
 from commrt.collectives import all_reduce, broadcast
 from commrt.comm import Backend, Communicator, init
 from commrt.consensus import average_parameters
 from commrt.errors import CommError, CommTimeoutError, ScheduleError
-from commrt.sync.gradsync import GradientSync
 from commrt.schedule import Schedule
-from commrt import data   # commrt.data.GossipShuffle
+from commrt.sync.gradsync import GradientSync
 
 __version__ = "0.1.0"
-__all__ = ["init", "Communicator", "Backend", "all_reduce", "broadcast", "average_parameters",
-           "GradientSync", "Schedule", "CommError", "CommTimeoutError", "ScheduleError", "data"]
+__all__ = [
+    "init",
+    "Communicator",
+    "Backend",
+    "all_reduce",
+    "broadcast",
+    "average_parameters",
+    "GradientSync",
+    "Schedule",
+    "CommError",
+    "CommTimeoutError",
+    "ScheduleError",
+    "data",
+]

@@ -1,27 +1,47 @@
 """Collectives on whole tensors: :func:`all_reduce` and :func:`broadcast`.
 
+The first time each call signature (kind, shape, dtype, op, algorithm, root)
+is used on a communicator, all ranks check, in one small exchange of fixed
+size, that they make the same call; a mismatch raises
+:class:`~commrt.errors.CollectiveMismatchError` on every rank, naming what
+each side called, on any backend (instead of a truncated message on one rank,
+an abort inside gloo, or silently wrong math for equal sizes in different
+shapes). Agreed signatures are remembered on the communicator
+(``comm.slots.agreed_calls``), so a repeated call costs one set lookup.
+
 With ``COMMRT_DEBUG=1`` in the environment (or ``commrt.init(debug=True)``)
-every collective first checks, in one small exchange of fixed size, that all
-ranks make the same call (kind, shape, dtype, op, algorithm, root); a
-mismatch raises :class:`~commrt.errors.CollectiveMismatchError` on every rank,
-naming what each side called, instead of a truncated message on one rank
-and a timeout on the other. It costs one extra latency-bound exchange per
-call: a debugging aid, as ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` is for torch.
+every call is checked, which also catches a rank making a call it made
+before while another makes a new one. It costs one extra latency-bound
+exchange per call: a debugging aid, as ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` is
+for torch.
 """
+
 from __future__ import annotations
 
 import enum
+import math
+import zlib
 
 import torch
 
+from commrt import rows as _rows
+from commrt import tags
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.algorithms import broadcast as _bcast
 from commrt.comm import Communicator
-from commrt.errors import CollectiveMismatchError
+from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError
+from commrt.p2p import Exchange, Where, engine_error
 from commrt.schedule import Collective
 
 #: dtypes :func:`all_reduce` accepts (integers with ``op="sum"`` only)
-SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64)
+SUPPORTED_DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+)
 
 
 class ReduceOp(enum.Enum):
@@ -39,8 +59,12 @@ class ReduceOp(enum.Enum):
 
 
 # the usual spellings, looked up without the enum machinery (all_reduce's hot path)
-_OPS = {"sum": ReduceOp.SUM, "avg": ReduceOp.AVG,
-        ReduceOp.SUM: ReduceOp.SUM, ReduceOp.AVG: ReduceOp.AVG}
+_OPS = {
+    "sum": ReduceOp.SUM,
+    "avg": ReduceOp.AVG,
+    ReduceOp.SUM: ReduceOp.SUM,
+    ReduceOp.AVG: ReduceOp.AVG,
+}
 
 
 def check_tensor(tensor: torch.Tensor, comm: Communicator, op: ReduceOp) -> None:
@@ -48,22 +72,37 @@ def check_tensor(tensor: torch.Tensor, comm: Communicator, op: ReduceOp) -> None
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.requires_grad:
-        raise ValueError("the tensor requires grad: commrt collectives work in place, which autograd "
-                         "does not allow on such a tensor; pass tensor.detach() (or call under "
-                         "torch.no_grad()) to reduce its values")
+        raise ValueError(
+            "the tensor requires grad: commrt collectives work in place, which autograd "
+            "does not allow on such a tensor; pass tensor.detach() (or call under "
+            "torch.no_grad()) to reduce its values"
+        )
     if tensor.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"unsupported dtype {tensor.dtype}; commrt reduces "
-                         f"{', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)}")
+        raise ValueError(
+            f"unsupported dtype {tensor.dtype}; commrt reduces "
+            f"{', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)}"
+        )
     if op is ReduceOp.AVG and not tensor.dtype.is_floating_point:
-        raise ValueError(f"op='avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum'")
+        raise ValueError(
+            f"op='avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum'"
+        )
     if tensor.device.type != comm.device.type:
         hint = " (move it with .to(comm.device))"
-        raise ValueError(f"tensor is on {tensor.device} but the {comm.backend.value} communicator "
-                         f"works on {comm.device}{hint}")
+        raise ValueError(
+            f"tensor is on {tensor.device} but the {comm.backend.value} communicator "
+            f"works on {comm.device}{hint}"
+        )
 
 
-def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algorithm" = DEFAULT_ALGORITHM,
-               op: "str | ReduceOp" = "avg", *, timeout: float | None = None, tracer=None) -> torch.Tensor:
+def all_reduce(
+    tensor: torch.Tensor,
+    comm: Communicator,
+    algorithm: "str | Algorithm" = DEFAULT_ALGORITHM,
+    op: "str | ReduceOp" = "avg",
+    *,
+    timeout: float | None = None,
+    tracer=None,
+) -> torch.Tensor:
     """Reduce ``tensor`` across all ranks of ``comm``, in place; returns it.
 
     ``algorithm`` is a name (``"ring"``, ``"halving_doubling"``, ...) or an
@@ -81,13 +120,22 @@ def all_reduce(tensor: torch.Tensor, comm: Communicator, algorithm: "str | Algor
     alg = resolve(algorithm)
     check_tensor(tensor, comm, op)
     _enter(comm)
-    if comm.debug:
-        _agree(comm, _Call("all_reduce", tuple(tensor.shape), tensor.dtype, op.value, alg.name))
-    return _run(tensor, comm, alg.select, op is ReduceOp.AVG, timeout, tracer)
+    average = op is ReduceOp.AVG
+    key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
+    if comm.debug or key not in comm.slots.agreed_calls:
+        _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
+    return _run(tensor, comm, alg.select, average, timeout, tracer)
 
 
-def broadcast(tensor: torch.Tensor, comm: Communicator, root: int = 0, *,
-              algorithm: Algorithm | None = None, timeout: float | None = None, tracer=None) -> torch.Tensor:
+def broadcast(
+    tensor: torch.Tensor,
+    comm: Communicator,
+    root: int = 0,
+    *,
+    algorithm: Algorithm | None = None,
+    timeout: float | None = None,
+    tracer=None,
+) -> torch.Tensor:
     """Overwrite ``tensor`` on every rank with rank ``root``'s, in place; returns it.
 
     A binomial tree for small buffers and a pipelined chain for large ones
@@ -104,34 +152,34 @@ def broadcast(tensor: torch.Tensor, comm: Communicator, root: int = 0, *,
     check_tensor(tensor, comm, ReduceOp.SUM)
     if not isinstance(root, int) or not 0 <= root < comm.world_size:
         raise ValueError(f"root must be a rank in 0..{comm.world_size - 1}, got {root!r}")
-    if algorithm is not None and not (isinstance(algorithm, Algorithm) and algorithm.supports(
-            Collective.BROADCAST)):
-        raise ValueError(f"{algorithm!r} is not a broadcast algorithm; use commrt.algorithms.BinomialTree() "
-                         f"or PipelinedChain()")
+    if algorithm is not None and not (
+        isinstance(algorithm, Algorithm) and algorithm.supports(Collective.BROADCAST)
+    ):
+        raise ValueError(
+            f"{algorithm!r} is not a broadcast algorithm; use commrt.algorithms.BinomialTree() "
+            f"or PipelinedChain()"
+        )
     _enter(comm)
-    if comm.debug:
-        _agree(comm, _Call("broadcast", tuple(tensor.shape), tensor.dtype, f"root{root}",
-                           algorithm.name if algorithm is not None else "auto"))
+    name = algorithm.name if algorithm is not None else "auto"
+    key = ("broadcast", tensor.shape, tensor.dtype, root, name)
+    if comm.debug or key not in comm.slots.agreed_calls:
+        _agree(comm, _Call("broadcast", tensor.shape, tensor.dtype, f"root{root}", name), key)
 
     def pick(world_size: int, nbytes: int, comm: Communicator):
         alg = algorithm if algorithm is not None else _bcast.choose(world_size, nbytes)
         return alg.schedule(world_size, root=root)
+
     return _run(tensor, comm, pick, False, timeout, tracer)
 
 
 def _enter(comm: Communicator) -> None:
     """What every collective checks before it touches the wire."""
-    comm._check_open()
-    if comm._active_sync is not None:
-        # Its buckets are mid-sequence on the wire; interleaving another
-        # collective would pair this rank's messages with a peer's buckets.
-        raise RuntimeError("commrt: a GradientSync step is in flight on this communicator; call "
-                           "sync.wait() before other collectives (or use a second communicator)")
-    if comm._syncs:
-        comm._settle()
+    comm.admit_collective()
 
 
-def _run(tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout, tracer) -> torch.Tensor:
+def _run(
+    tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout, tracer
+) -> torch.Tensor:
     """Run ``pick(world_size, nbytes, comm)``'s schedule in place on ``tensor`` (through a
     contiguous copy if needed)."""
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -139,40 +187,85 @@ def _run(tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout,
     if comm.world_size > 1 and numel > 0:
         with comm.lock:
             schedule = pick(comm.world_size, numel * work.element_size(), comm)
-            comm.executor.run(schedule, work, comm.transport,
-                              timeout=comm.timeout if timeout is None else timeout,
-                              piece_bytes=comm.piece_bytes, average=average, tracer=tracer,
-                              owner=work, spin_s=comm.spin_s)
+            comm.executor.run(
+                schedule,
+                work,
+                comm.transport,
+                timeout=comm.timeout if timeout is None else timeout,
+                piece_bytes=comm.piece_bytes,
+                average=average,
+                tracer=tracer,
+                owner=work,
+                spin_s=comm.spin_s,
+            )
     if work is not tensor:
         tensor.copy_(work)
     return tensor
 
 
+#: dtypes a call description can name (SUPPORTED_DTYPES first: their codes stay put)
+_DTYPES = SUPPORTED_DTYPES + (torch.int8, torch.uint8, torch.int16, torch.bool)
+
+
 class _Call:
-    """One rank's description of a collective call, as a fixed-length row of numbers."""
+    """One rank's description of a collective call, as a row of numbers whose length
+    does not depend on the call (so the exchange that compares rows has the same size
+    on every rank, whatever each called): the first ``MAX_DIMS`` dimensions, the
+    element count and a CRC of the whole shape; op and algorithm as text (cut at
+    ``MAX_TEXT`` bytes) and a CRC of both in full. Every value is an integer below
+    2**53, exact in float64."""
 
     MAX_DIMS, MAX_TEXT = 8, 24
-    KINDS = ("all_reduce", "broadcast")
+    KINDS = ("all_reduce", "broadcast", "gather_rows")
+    HEAD = 6  # kind, ndim, dtype, numel, shape CRC, text CRC
 
     def __init__(self, kind: str, shape: tuple, dtype: torch.dtype, op: str, algorithm: str):
-        self.kind, self.shape, self.dtype, self.op, self.algorithm = kind, shape, dtype, op, algorithm
+        self.kind, self.shape, self.dtype, self.op, self.algorithm = (
+            kind,
+            tuple(shape),
+            dtype,
+            op,
+            algorithm,
+        )
+        self.ndim, self.numel = len(self.shape), math.prod(self.shape)
 
-    def row(self) -> list[float]:
-        dims = list(self.shape[:self.MAX_DIMS]) + [-1] * (self.MAX_DIMS - min(len(self.shape), self.MAX_DIMS))
-        return ([self.KINDS.index(self.kind), len(self.shape), SUPPORTED_DTYPES.index(self.dtype)] + dims
-                + _text(self.op, self.MAX_TEXT) + _text(self.algorithm, self.MAX_TEXT))
+    def row(self) -> list[int]:
+        n = self.MAX_DIMS
+        dims = list(self.shape[:n]) + [-1] * (n - min(self.ndim, n))
+        dtype = _DTYPES.index(self.dtype) if self.dtype in _DTYPES else len(_DTYPES)
+        return (
+            [
+                self.KINDS.index(self.kind),
+                self.ndim,
+                dtype,
+                self.numel,
+                zlib.crc32(repr(self.shape).encode()),
+                zlib.crc32(f"{self.op}|{self.algorithm}|{self.dtype}".encode()),
+            ]
+            + dims
+            + _text(self.op, self.MAX_TEXT)
+            + _text(self.algorithm, self.MAX_TEXT)
+        )
 
     @classmethod
     def from_row(cls, row) -> "_Call":
         v = [int(x) for x in row]
-        n, d = cls.MAX_DIMS, cls.MAX_TEXT
-        shape = tuple(v[3:3 + min(v[1], n)])
-        return cls(cls.KINDS[v[0]], shape, SUPPORTED_DTYPES[v[2]], _untext(v[3 + n:3 + n + d]),
-                   _untext(v[3 + n + d:]))
+        n, d, h = cls.MAX_DIMS, cls.MAX_TEXT, cls.HEAD
+        kind, ndim, dtype, numel = v[0], v[1], v[2], v[3]
+        call = cls(
+            cls.KINDS[kind],
+            tuple(v[h : h + min(ndim, n)]),
+            _DTYPES[dtype] if dtype < len(_DTYPES) else "another dtype",
+            _untext(v[h + n : h + n + d]),
+            _untext(v[h + n + d :]),
+        )
+        call.ndim, call.numel = ndim, numel
+        return call
 
     def __str__(self) -> str:
         dtype = str(self.dtype).replace("torch.", "")
-        return f"{self.kind}(shape={list(self.shape)}, {dtype}, {self.op}, algorithm={self.algorithm})"
+        shape = ", ".join(map(str, self.shape)) + (", ..." if self.ndim > self.MAX_DIMS else "")
+        return f"{self.kind}(shape=[{shape}], {dtype}, {self.op}, algorithm={self.algorithm})"
 
 
 def _text(s: str, n: int) -> list[int]:
@@ -184,10 +277,12 @@ def _untext(codes) -> str:
     return bytes(c for c in codes if c).decode(errors="replace")
 
 
-def _agree(comm: Communicator, call: _Call) -> None:
-    """Debug mode: raise on every rank unless every rank makes the same ``call``."""
-    rows = _gather(comm, call.row(), torch.float64)
+def _agree(comm: Communicator, call: _Call, key) -> None:
+    """Raise on every rank unless every rank makes the same ``call``; else remember
+    ``key`` (the caller's cheap form of ``call``) as agreed on ``comm``."""
+    rows = _exchange_rows(comm, call.row(), call.algorithm)
     if all(r == rows[0] for r in rows):
+        comm.slots.agreed_calls.add(key)
         return
     calls = [_Call.from_row(r) for r in rows]
     mine = calls[comm.rank]
@@ -195,10 +290,66 @@ def _agree(comm: Communicator, call: _Call) -> None:
     groups: dict[str, list[int]] = {}
     for r, c in enumerate(calls):
         groups.setdefault(str(c), []).append(r)
-    sides = "; ".join(f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {c}" for c, rs in groups.items())
-    raise CollectiveMismatchError(f"commrt (COMMRT_DEBUG): rank {comm.rank} called {mine} but rank {other} "
-                                  f"called {calls[other]}" + (f". All calls: {sides}" if len(groups) > 2 or
-                                                              comm.world_size > 2 else ""))
+    sides = "; ".join(
+        f"rank{'s' if len(rs) > 1 else ''} {','.join(map(str, rs))}: {c}"
+        for c, rs in groups.items()
+    )
+    sizes = len({c.numel for c in calls}) > 1
+    how = (
+        "COMMRT_DEBUG"
+        if comm.debug
+        else "checked on a call signature's first use; COMMRT_DEBUG=1 checks every call"
+    )
+    raise CollectiveMismatchError(
+        f"commrt: rank {comm.rank} called {mine} but rank {other} called {calls[other]}"
+        + (f". All calls: {sides}" if len(groups) > 2 or comm.world_size > 2 else "")
+        + (
+            ": the ranks called collectives of different sizes"
+            if sizes
+            else ": same number of elements, different calls"
+        )
+        + f" ({how})"
+    )
+
+
+#: said beside a timeout in the call check (a note: the error itself reads as step 0's)
+CHECK_NOTE = (
+    "commrt: this wait was the check that all ranks make the same call, run the "
+    "first time a call signature is used: the peer never came to this call, or it "
+    "is repeating an earlier call while this rank makes a new one (COMMRT_DEBUG=1 "
+    "checks every call and names such a mismatch)"
+)
+
+
+def _exchange_rows(comm: Communicator, row: list[int], algorithm: str) -> list[list[int]]:
+    """Every rank's call row, on every rank: each rank sends its row to every other
+    in one group under its own tag. Every message has the same size, so ranks that
+    disagree still complete it; it stays out of the executor (no plan, no binding,
+    so the data calls' caches see only the data calls). A peer that never comes
+    times out as step 0 of ``algorithm`` would (the call went no further)."""
+    mine = torch.tensor(row, dtype=torch.float64, device=comm.device)
+    if comm.world_size == 1:
+        return [row]
+    peers = [r for r in range(comm.world_size) if r != comm.rank]
+    got = {r: torch.empty_like(mine) for r in peers}
+    where = Where(algorithm, step=0)
+    try:
+        Exchange(
+            comm,
+            sends=[(mine, r) for r in peers],
+            recvs=[(got[r], r) for r in peers],
+            tag=tags.CALL_CHECK,
+            where=where,
+            hold_lock=True,
+        ).complete()
+    except CommTimeoutError as e:
+        e.add_note(CHECK_NOTE)
+        raise
+    except CommError:
+        raise
+    except RuntimeError as e:  # engine errors (a peer's connection closed, ...), as the executor
+        raise engine_error(comm.transport, e, peers, where) from e
+    return [row if r == comm.rank else got[r].cpu().tolist() for r in range(comm.world_size)]
 
 
 def gather_rows(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> list[list]:
@@ -207,15 +358,13 @@ def gather_rows(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> 
     One sum all-reduce of a p-row table in which each rank fills only its
     own row: exact (each slot adds one value to zeros), identical on every
     rank, and it cannot deadlock on a mismatch the way differently sized
-    messages could. Collective: every rank calls it.
+    messages could. Collective: every rank calls it. Rows of different lengths
+    raise :class:`~commrt.errors.CollectiveMismatchError` on every rank (checked
+    the first time each length is used, as :func:`all_reduce` checks its calls).
     """
     _enter(comm)
-    return _gather(comm, row, dtype)
-
-
-def _gather(comm: Communicator, row, dtype: torch.dtype) -> list[list]:
     row = list(row)
-    table = torch.zeros(comm.world_size, len(row), dtype=dtype, device=comm.device)
-    table[comm.rank] = torch.tensor(row, dtype=dtype)
-    _run(table, comm, resolve("ring").select, False, None, None)
-    return table.cpu().tolist()
+    key = ("gather_rows", len(row), dtype)
+    if comm.debug or key not in comm.slots.agreed_calls:
+        _agree(comm, _Call("gather_rows", (len(row),), dtype, "", "rows"), key)
+    return _rows.gather(comm, row, dtype)

@@ -7,25 +7,27 @@ Example::
         print(comm.rank, comm.world_size, comm.backend, comm.device)
         comm.barrier()
 """
+
 from __future__ import annotations
 
-import datetime
 import enum
 import os
 import sys
 import threading
 import time
+import warnings
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
+from commrt.rendezvous import _mpi_world
+from commrt.rendezvous import tcp_store as _tcp_store
 from commrt.transports.base import Transport
 
 DEFAULT_TIMEOUT_S = 300.0
-_NODE_KEY = "commrt.ranks_per_node"
 #: seconds an aborting rank waits for the launcher to forward its last output
 ABORT_GRACE_S = 0.5
 #: how long a blocking collective polls before yielding its core, when every local rank has one
@@ -45,11 +47,11 @@ class Backend(enum.Enum):
 class LaunchInfo:
     """Rank layout as the launcher announced it in the environment."""
 
-    launcher: str          # "mpiexec", "torchrun" or "none"
+    launcher: str  # "mpiexec", "torchrun" or "none"
     rank: int
     world_size: int
     local_rank: int
-    local_size: int | None   # None when the launcher does not say
+    local_size: int | None  # None when the launcher does not say
     master_addr: str | None = None
     master_port: int | None = None
 
@@ -75,8 +77,15 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     port = _int(env, "MASTER_PORT")
     addr = env.get("MASTER_ADDR") or None
     if "RANK" in env and "WORLD_SIZE" in env:
-        return LaunchInfo("torchrun", _int(env, "RANK"), _int(env, "WORLD_SIZE"),
-                          _int(env, "LOCAL_RANK") or 0, _int(env, "LOCAL_WORLD_SIZE"), addr, port)
+        return LaunchInfo(
+            "torchrun",
+            _int(env, "RANK"),
+            _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_RANK") or 0,
+            _int(env, "LOCAL_WORLD_SIZE"),
+            addr,
+            port,
+        )
     rank = _int(env, "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
     size = _int(env, "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
     if rank is not None and size is not None:
@@ -84,6 +93,32 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         local_size = _int(env, "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
         return LaunchInfo("mpiexec", rank, size, local_rank, local_size, addr, port)
     return LaunchInfo("none", 0, 1, 0, 1, addr, port)
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Ranks per node as every rank agreed (see :func:`commrt.topology.ranks_per_node`)."""
+
+    ranks_per_node: int | None
+
+
+@dataclass
+class CommSlots:
+    """What other modules derive once per communicator, one typed field each (not a
+    string-keyed dict: a reader finds every user of a slot by its name)."""
+
+    #: commrt.topology: ranks per node as every rank agreed (collective on first use)
+    node_layout: NodeLayout | None = None
+    #: commrt.probe: the measured network model (a ProbeResult)
+    probe: object | None = None
+    #: commrt.algorithms.auto: (Auto, world size, bytes) -> Choice, identical on every rank
+    auto_choices: dict = field(default_factory=dict)
+    #: commrt.store: the job's control store (a ControlStore)
+    control_store: object | None = None
+    #: commrt.sync.backup: backup-worker policies made so far (each gets its own key space)
+    backup_instances: int = 0
+    #: commrt.collectives: call signatures all ranks agreed on (each checked on first use)
+    agreed_calls: set = field(default_factory=set)
 
 
 class Communicator:
@@ -107,8 +142,15 @@ class Communicator:
     spins: backward runs beside it. Set it to 0 to never spin.
     """
 
-    def __init__(self, transport: Transport, backend: Backend, launch: LaunchInfo,
-                 timeout: float, piece_bytes: int, debug: bool = False):
+    def __init__(
+        self,
+        transport: Transport,
+        backend: Backend,
+        launch: LaunchInfo,
+        timeout: float,
+        piece_bytes: int,
+        debug: bool = False,
+    ):
         self.transport = transport
         self.backend = backend
         self.rank = transport.rank
@@ -122,66 +164,92 @@ class Communicator:
         self.debug = bool(debug)
         self.spin_s = _spin_s(launch.local_size)
         self.lock = threading.RLock()
-        #: per-communicator derived data (e.g. a probed network model), keyed by owner
-        self.cache: dict = {}
+        #: what other modules derive once per communicator (a probed network, auto's choices)
+        self.slots = CommSlots()
         #: the GradientSync whose step is in flight (its buckets own the message sequence)
         self._active_sync = None
         #: open GradientSyncs, whose after-step work must finish before another collective
         self._syncs: weakref.WeakSet = weakref.WeakSet()
         self._closed = False
-        from commrt.executor import Executor   # executor imports kernels; keep init light
+        from commrt.executor import Executor  # executor imports kernels; keep init light
+
         self.executor = Executor()
-
-    def ranks_per_node(self) -> int | None:
-        """Ranks per node as every rank agrees: collective on the first call, then cached.
-
-        L when each rank's launcher says L ranks share its node and they sit
-        in blocks (local rank = rank mod L) with 1 < L < world size; None,
-        on every rank alike, otherwise (one node, one rank per node, uneven
-        nodes, no launcher information). ``Torus2D()``'s default grid and
-        the probe's two link classes follow it, so a launch whose ranks
-        disagree about their nodes gets the same schedule everywhere, not a
-        hang.
-
-        Example::
-
-            >>> comm.ranks_per_node()   # torchrun --nnodes 4 --nproc-per-node 8  # doctest: +SKIP
-            8
-        """
-        if _NODE_KEY not in self.cache:
-            p, agreed = self.world_size, None
-            if p > 1:
-                from commrt.collectives import gather_rows
-                rows = gather_rows(self, [self.local_size or 0, self.local_rank])
-                L = int(rows[0][0])
-                blocks = all((int(a), int(b)) == (L, r % max(L, 1))
-                             for r, (a, b) in enumerate(rows))
-                agreed = L if 1 < L < p and p % L == 0 and blocks else None
-            self.cache[_NODE_KEY] = agreed
-        return self.cache[_NODE_KEY]
 
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""
-        self._check_open()
-        self._settle()
+        self.check_open()
+        self.settle()
         t = self.timeout if timeout is None else timeout
         with self.lock:
             if not self.transport.barrier(t):
                 raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
 
-    def _settle(self) -> None:
-        """Let GradientSync work that outlives wait() (asynchronous families) finish
-        first, so that every rank issues this collective after it, in the same order."""
-        for sync in tuple(self._syncs):
-            sync._quiesce()
+    # -- what collectives and GradientSync need from each other, through the communicator
 
-    def _check_open(self) -> None:
+    def admit_collective(self) -> None:
+        """Check that a collective may start now; every collective calls this first.
+
+        Raises if the communicator is closed or a GradientSync step is on the
+        wire (its buckets are mid-sequence: interleaving another collective
+        would pair this rank's messages with a peer's buckets); otherwise lets
+        open syncs' after-step work finish, so every rank issues the
+        collective after it, in the same order.
+        """
+        self.check_open()
+        if self._active_sync is not None:
+            raise RuntimeError(
+                "commrt: a GradientSync step is in flight on this communicator; "
+                "call sync.wait() before other collectives (or use a second "
+                "communicator)"
+            )
+        if self._syncs:
+            self.settle()
+
+    def settle(self) -> None:
+        """Let GradientSync work that outlives wait() (asynchronous families) finish
+        first, so that every rank issues the next collective after it, in the same order."""
+        for sync in tuple(self._syncs):
+            sync.quiesce()
+
+    def register_sync(self, sync) -> None:
+        """Note an open GradientSync (held weakly): later collectives settle it first."""
+        self._syncs.add(sync)
+
+    def unregister_sync(self, sync) -> None:
+        self._syncs.discard(sync)
+        if self._active_sync is sync:
+            self._active_sync = None
+
+    def open_syncs(self) -> tuple:
+        """The GradientSyncs open on this communicator."""
+        return tuple(self._syncs)
+
+    def begin_sync_step(self, sync) -> None:
+        """``sync``'s buckets own the wire until :meth:`end_sync_step`."""
+        self._active_sync = sync
+
+    def end_sync_step(self, sync) -> None:
+        if self._active_sync is sync:
+            self._active_sync = None
+
+    def check_open(self) -> None:
+        """Raise :class:`CommError` if the communicator was closed."""
         if self._closed:
             raise CommError(f"rank {self.rank}: communicator is closed")
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        """Release the transport. Idempotent; the communicator is unusable after."""
-        if not self._closed:
+        """Close open GradientSyncs (each waits at most ``timeout`` for its progress thread),
+        then release the transport. Idempotent; the communicator is unusable after."""
+        if self._closed:
+            return
+        try:
+            for sync in self.open_syncs():
+                sync.close()
+        finally:
             self._closed = True
             self.transport.close()
 
@@ -192,8 +260,10 @@ class Communicator:
         self.close()
 
     def __repr__(self) -> str:
-        return (f"Communicator(rank={self.rank}, world_size={self.world_size}, "
-                f"backend={self.backend.value}, device={self.device})")
+        return (
+            f"Communicator(rank={self.rank}, world_size={self.world_size}, "
+            f"backend={self.backend.value}, device={self.device})"
+        )
 
 
 def _spin_s(local_size: int | None) -> float:
@@ -201,7 +271,7 @@ def _spin_s(local_size: int | None) -> float:
     unknown)."""
     try:
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:   # not on Linux
+    except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
     return SPIN_S if local_size is not None and local_size <= cores else 0.0
 
@@ -212,48 +282,17 @@ def _resolve_backend(backend: "str | Backend", launch: LaunchInfo) -> Backend:
     name = str(backend).lower()
     if name == "auto":
         if torch.cuda.is_available():
-            return Backend.NCCL
+            from commrt.transports.nccl import nccl_missing
+
+            missing = nccl_missing()
+            if missing is None:
+                return Backend.NCCL
+            warnings.warn(f"commrt: backend='auto' falls back to mpi/gloo: {missing}", stacklevel=3)
         return Backend.MPI if launch.launcher == "mpiexec" else Backend.GLOO
     try:
         return Backend(name)
     except ValueError:
         raise ValueError(f"unknown backend {backend!r}; choose auto, nccl, mpi or gloo") from None
-
-
-def _mpi_world():
-    from commrt.transports.mpi import _mpi
-    return _mpi().COMM_WORLD
-
-
-def _tcp_store(launch: LaunchInfo, rank: int, world_size: int, master_addr: str | None,
-               master_port: int | None, timeout: float):
-    """A TCPStore for gloo/NCCL rendezvous, wrapped in a commrt prefix.
-
-    Port 0 under mpiexec: rank 0 lets the OS pick a free port and tells the
-    others over MPI, so ``mpiexec -n 4 ... backend="gloo"`` needs no set-up.
-    """
-    import torch.distributed as dist
-    td = datetime.timedelta(seconds=timeout)
-    addr = master_addr or launch.master_addr or "127.0.0.1"
-    port = master_port if master_port is not None else launch.master_port
-    if world_size == 1:
-        store = dist.HashStore()
-    elif port is None and launch.launcher == "mpiexec":
-        world = _mpi_world()
-        store = (dist.TCPStore(addr, 0, world_size, True, timeout=td, wait_for_workers=False)
-                 if rank == 0 else None)
-        port = world.bcast(store.port if rank == 0 else None, root=0)
-        addr = world.bcast(addr, root=0)
-        if rank != 0:
-            store = dist.TCPStore(addr, port, world_size, False, timeout=td)
-    elif port is None:
-        raise ValueError("gloo/nccl rendezvous needs MASTER_ADDR and MASTER_PORT (torchrun sets "
-                         "them) or master_addr=/master_port= arguments")
-    else:
-        # Under torchrun's elastic agent the agent already hosts the store.
-        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        store = dist.TCPStore(addr, port, world_size, rank == 0 and not agent, timeout=td)
-    return dist.PrefixStore("commrt", store)
 
 
 def _env_flag(name: str) -> bool | None:
@@ -294,15 +333,18 @@ class _AbortOnError:
 
     def __call__(self, kind, value, tb) -> None:
         self.previous(kind, value, tb)
-        live = [c for c in self.comms if not c._closed]
+        live = [c for c in self.comms if not c.closed]
         if not live:
             return
         comm = live[0]
         # the message is repeated in this one line: a launcher that kills the job may drop
         # the tail of a long traceback, and this line is what names the failing peer
-        print(f"commrt: rank {comm.rank}: uncaught {kind.__name__}: {value}; ending the whole job "
-              f"(commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0 to keep it running)",
-              file=sys.stderr, flush=True)
+        print(
+            f"commrt: rank {comm.rank}: uncaught {kind.__name__}: {value}; ending the whole job "
+            f"(commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0 to keep it running)",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.stdout.flush()
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
@@ -314,15 +356,26 @@ class _AbortOnError:
         os._exit(1)
 
 
-def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_size: int | None = None,
-         timeout: float = DEFAULT_TIMEOUT_S, master_addr: str | None = None,
-         master_port: int | None = None, device: "torch.device | str | None" = None,
-         piece_bytes: int = 4 << 20, debug: bool | None = None, abort_on_error: bool | None = None,
-         nccl_module=None) -> Communicator:
+def init(
+    backend: "str | Backend" = "auto",
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    device: "torch.device | str | None" = None,
+    piece_bytes: int = 4 << 20,
+    debug: bool | None = None,
+    abort_on_error: bool | None = None,
+    nccl_module=None,
+) -> Communicator:
     """Create a :class:`Communicator`.
 
-    ``backend``: ``"auto"`` (nccl where CUDA is available, mpi under
-    mpiexec, gloo otherwise), ``"nccl"``, ``"mpi"`` or ``"gloo"``. Rank and
+    ``backend``: ``"auto"`` (nccl where CUDA and CuPy with NCCL are
+    available, mpi under mpiexec, gloo otherwise; a CUDA machine without
+    CuPy/NCCL falls back with a warning that says what to install),
+    ``"nccl"``, ``"mpi"`` or ``"gloo"``. Rank and
     world size come from the launcher (mpiexec or torchrun); explicit
     arguments override them. ``timeout`` bounds every wait (seconds).
     ``piece_bytes`` is the pipelining granularity of large transfers.
@@ -332,6 +385,8 @@ def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_si
     exception that nobody catches ends the whole job with exit status 1
     (``MPI_Abort`` under MPI) instead of leaving the other ranks waiting;
     turn it off if your program handles rank failures itself.
+    ``device`` (nccl only): default, or ``"cuda"`` without an index, is
+    ``cuda:<local_rank % device_count>``.
     ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
 
     Example::
@@ -343,7 +398,9 @@ def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_si
     if piece_bytes < 1024:
         raise ValueError(f"piece_bytes must be at least 1024, got {piece_bytes}")
     debug = _env_flag("COMMRT_DEBUG") if debug is None else debug
-    abort_on_error = _env_flag("COMMRT_ABORT_ON_ERROR") if abort_on_error is None else abort_on_error
+    abort_on_error = (
+        _env_flag("COMMRT_ABORT_ON_ERROR") if abort_on_error is None else abort_on_error
+    )
     launch = detect_launch()
     rank = launch.rank if rank is None else int(rank)
     world_size = launch.world_size if world_size is None else int(world_size)
@@ -353,47 +410,42 @@ def init(backend: "str | Backend" = "auto", *, rank: int | None = None, world_si
 
     if be is Backend.MPI:
         from commrt.transports.mpi import MpiTransport
+
         world = _mpi_world()
         if world.Get_size() != world_size or world.Get_rank() != rank:
-            raise ValueError(f"the mpi backend takes rank and size from MPI (rank {world.Get_rank()} "
-                             f"of {world.Get_size()}), not rank {rank} of {world_size}; launch with "
-                             f"mpiexec -n {world_size}")
+            raise ValueError(
+                f"the mpi backend takes rank and size from MPI (rank {world.Get_rank()} "
+                f"of {world.Get_size()}), not rank {rank} of {world_size}; launch with "
+                f"mpiexec -n {world_size}"
+            )
         transport: Transport = MpiTransport(world)
     elif be is Backend.GLOO:
         from commrt.transports.gloo import GlooTransport
+
         store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
         transport = GlooTransport(store, rank, world_size, timeout)
     else:
-        transport = _init_nccl(launch, rank, world_size, master_addr, master_port, timeout,
-                               device, nccl_module)
+        transport = _nccl_transport(
+            launch, rank, world_size, master_addr, master_port, timeout, device, nccl_module
+        )
     comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
     if abort_on_error is not False and world_size > 1:
         _AbortOnError.install(comm)
     return comm
 
 
-def _init_nccl(launch, rank, world_size, master_addr, master_port, timeout, device, nccl_module):
-    from commrt.transports.nccl import NcclTransport, import_nccl
-    nccl = nccl_module if nccl_module is not None else import_nccl()
-    if device is None:
-        if not torch.cuda.is_available():
-            raise RuntimeError("backend 'nccl' needs a CUDA GPU and none is available here; "
-                               "use backend='mpi' (under mpiexec) or backend='gloo'")
-        device = torch.device("cuda", launch.local_rank % torch.cuda.device_count())
-    device = torch.device(device)
-    # Rank 0 makes the id; the others learn it over MPI or the TCPStore. cupy >= 14 takes
-    # (and returns) the 128-byte ncclUniqueId as bytes; older cupys used a tuple of chars.
-    uid = _uid_bytes(nccl.get_unique_id()) if rank == 0 else None
-    if launch.launcher == "mpiexec" and master_port is None and launch.master_port is None:
-        uid = _mpi_world().bcast(uid, root=0)
-    else:
-        store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
-        if rank == 0:
-            store.set("nccl_unique_id", uid)
-        uid = bytes(store.get("nccl_unique_id"))
-    return NcclTransport(rank, world_size, uid, device, nccl=nccl)
+def _nccl_transport(launch, rank, world_size, master_addr, master_port, timeout, device, nccl):
+    """The NCCL transport (:mod:`commrt.transports.nccl_bootstrap`); the unique id travels
+    over MPI under mpiexec without a port, else through the TCPStore."""
+    from commrt.transports.nccl_bootstrap import init_nccl
 
-
-def _uid_bytes(uid) -> bytes:
-    """The ncclUniqueId as the 128 bytes cupy >= 14 expects (older cupys give signed chars)."""
-    return bytes(uid) if isinstance(uid, (bytes, bytearray)) else bytes((int(x) + 256) % 256 for x in uid)
+    over_mpi = launch.launcher == "mpiexec" and master_port is None and launch.master_port is None
+    return init_nccl(
+        rank,
+        world_size,
+        launch.local_rank,
+        device,
+        nccl,
+        mpi_world=_mpi_world() if over_mpi else None,
+        make_store=lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
+    )

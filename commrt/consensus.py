@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from commrt.coalesce import coalesced
 from commrt.collectives import all_reduce, gather_rows
 
 #: float64 elements averaged per all-reduce (bounds the temporary copy: 64 MiB)
@@ -73,34 +74,21 @@ def average_parameters(
             "(tensors, elements, state tensors, state elements): "
             + "; ".join(f"rank {r}: {row}" for r, row in enumerate(rows))
         )
-    tensors = params + state
+    model_tensors = {id(t) for t in params}
     num = den = 0.0
     p = comm.world_size
     with torch.no_grad():
-        start = 0
-        while start < len(tensors):
-            stop, n = start + 1, tensors[start].numel()
-            while stop < len(tensors) and n + tensors[stop].numel() <= GROUP_ELEMS:
-                n += tensors[stop].numel()
-                stop += 1
-            flat = torch.cat(
-                [t.detach().reshape(-1).to(torch.float64) for t in tensors[start:stop]]
-            )
-            all_reduce(flat, comm, op="sum")
-            flat.div_(p)
-            offset = 0
-            for i in range(start, stop):
-                t = tensors[i]
-                mean = flat[offset : offset + t.numel()].view_as(t)
-                offset += t.numel()
-                if i < len(params):  # the disagreement is about the model, not optimizer state
+        for group in coalesced(params + state, max_bytes=GROUP_ELEMS * 8, wire=torch.float64):
+            all_reduce(group.flat, comm, op="sum")
+            group.flat.div_(p)
+            for t, mean in group.views():
+                if id(t) in model_tensors:  # the disagreement is about the model, not its state
                     num += float((t.detach().to(torch.float64) - mean).square().sum())
                     den += float(mean.square().sum())
                 t.copy_(mean)
-            start = stop
     mine = math.sqrt(num) / math.sqrt(den) if den > 0 else (0.0 if num == 0 else math.inf)
     worst = max(row[0] for row in gather_rows(comm, [mine], torch.float64))
-    for sync in tuple(comm._syncs):
+    for sync in comm.open_syncs():
         if sync.model is model:
             sync.stats.disagreement = worst
     return worst

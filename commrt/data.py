@@ -25,22 +25,18 @@ the epoch, after any gradient work in flight has finished.
 from __future__ import annotations
 
 import math
-import time
 import zlib
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
+from commrt import tags
 from commrt.algorithms.gossip import Gossip, Topology
 from commrt.collectives import gather_rows
-from commrt.errors import CommTimeoutError
+from commrt.p2p import Exchange, Where
 
 __all__ = ["GossipShuffle"]
-
-#: tags of shuffle messages: far above the executor's (schedule step × 1024 + piece)
-TAG_BASE = 1 << 28
-_TAG_EPOCHS = 1 << 20
 
 
 def _signature(tensors) -> int:
@@ -198,7 +194,7 @@ class GossipShuffle:
         order = torch.from_numpy(rng.permutation(n)).to(comm.device)
         send_to, recv_from = self.peers(epoch)
         if k and send_to != comm.rank:
-            self._swap = _Swap(self, epoch, out_idx, send_to, recv_from)
+            self._swap = _Swap(self.comm, self._tensors, epoch, out_idx, send_to, recv_from)
             if not self.overlap or comm.transport.stream_ordered:
                 self._swap.wait()
         return self._iterate(order, batch_size, drop_last)
@@ -232,15 +228,14 @@ class _Swap:
 
     def __init__(
         self,
-        shuffle: GossipShuffle,
+        comm,
+        tensors: Sequence[torch.Tensor],
         epoch: int,
         out_idx: torch.Tensor,
         send_to: int,
         recv_from: int,
     ):
-        comm = self.comm = shuffle.comm
         self.epoch, self.out_idx = epoch, out_idx
-        tensors = shuffle._tensors
         self.sends = [(t[out_idx].contiguous(), send_to) for t in tensors]
         self.recvs = [
             (
@@ -250,48 +245,22 @@ class _Swap:
             for t in tensors
         ]
         self.received = [t for t, _ in self.recvs]
-        self.blocking = comm.transport.stream_ordered
-        if self.blocking:
+        blocking = comm.transport.stream_ordered
+        if blocking:
             # NCCL: no other thread may enqueue a group meanwhile; let gradient work finish first
-            comm._settle()
-            comm.lock.acquire()
-        try:
-            self.pending = comm.transport.exchange(
-                self.sends, self.recvs, TAG_BASE + epoch % _TAG_EPOCHS
-            )
-        except BaseException:
-            if self.blocking:
-                comm.lock.release()
-            raise
+            comm.settle()
+        self.exchange = Exchange(
+            comm,
+            self.sends,
+            self.recvs,
+            tags.shuffle(epoch),
+            Where("gossip-shuffle", step=epoch),
+            hold_lock=blocking,
+        )
         self.done = False
 
     def wait(self) -> None:
         if self.done:
             return
         self.done = True
-        comm, pending = self.comm, self.pending
-        deadline = time.monotonic() + comm.timeout
-
-        def fail(what, peer):
-            raise CommTimeoutError(
-                rank=comm.rank,
-                peer=peer,
-                what=what,
-                timeout_s=comm.timeout,
-                algorithm="gossip-shuffle",
-                step=self.epoch,
-            )
-
-        try:
-            for i, (_, peer) in enumerate(self.recvs):
-                if not pending.wait_recv(i, deadline):
-                    fail("recv", peer)
-            for i, (_, peer) in enumerate(self.sends):
-                if not pending.wait_send(i, deadline):
-                    fail("send", peer)
-            pending.finish()
-            if not comm.transport.sync(deadline):
-                fail("device stream", None)
-        finally:
-            if self.blocking:
-                comm.lock.release()
+        self.exchange.complete()

@@ -4,6 +4,7 @@ Every error that comes from waiting on another rank carries enough context to
 find the culprit without a debugger: this rank, the peer, the algorithm, the
 schedule step and (under GradientSync) the bucket.
 """
+
 from __future__ import annotations
 
 
@@ -19,9 +20,18 @@ class CommTimeoutError(CommError, TimeoutError):
     ``timeout_s`` and ``what`` (``"send"``, ``"recv"`` or ``"barrier"``).
     """
 
-    def __init__(self, *, rank: int, peer: int | None, what: str, timeout_s: float,
-                 algorithm: str | None = None, step: int | None = None,
-                 num_steps: int | None = None, bucket: int | None = None):
+    def __init__(
+        self,
+        *,
+        rank: int,
+        peer: int | None,
+        what: str,
+        timeout_s: float,
+        algorithm: str | None = None,
+        step: int | None = None,
+        num_steps: int | None = None,
+        bucket: int | None = None,
+    ):
         self.rank, self.peer, self.what = rank, peer, what
         self.timeout_s, self.algorithm = timeout_s, algorithm
         self.step, self.num_steps, self.bucket = step, num_steps, bucket
@@ -33,10 +43,12 @@ class CommTimeoutError(CommError, TimeoutError):
         if bucket is not None:
             where.append(f"bucket {bucket}")
         peer_txt = f" {'to' if what == 'send' else 'from'} rank {peer}" if peer is not None else ""
-        msg = (f"commrt: rank {rank} timed out after {timeout_s:g} s waiting for {what}{peer_txt}"
-               + (f" ({', '.join(where)})" if where else "")
-               + ". The peer may have crashed, stalled, or be running a different schedule; "
-                 "raise the timeout with commrt.init(timeout=...) if it is just slow.")
+        msg = (
+            f"commrt: rank {rank} timed out after {timeout_s:g} s waiting for {what}{peer_txt}"
+            + (f" ({', '.join(where)})" if where else "")
+            + ". The peer may have crashed, stalled, or be running a different schedule; "
+            "raise the timeout with commrt.init(timeout=...) if it is just slow."
+        )
         super().__init__(msg)
 
 

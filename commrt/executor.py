@@ -13,6 +13,7 @@ bf16 and fp16 buffers are reduced with fp32 arithmetic (each addition is
 computed in fp32 and rounded once to the buffer's dtype); partial sums
 travel in the buffer's dtype.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,14 +25,16 @@ from typing import Callable
 
 import torch
 
+from commrt import tags
 from commrt.errors import CommError, CommTimeoutError
-from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES, reduce_
+from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
+from commrt.kernels import reduce_
+from commrt.p2p import Where, engine_error, timeout_error
 from commrt.schedule import OpKind, Schedule, chunk_bounds
 from commrt.transports.base import Prepared, Transport
 
 _MAX_PLANS = 64
 _MAX_BOUND = 32
-_PIECE_TAGS = 1024   # tags per step: step * 1024 + piece (MPI/gloo also keep FIFO order per tag)
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,7 @@ class Xfer:
     stop: int
     piece: int
     reduce: bool = False
-    scratch: int = -1     # offset in the scratch buffer, -1 = straight into the buffer
+    scratch: int = -1  # offset in the scratch buffer, -1 = straight into the buffer
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,7 @@ class Plan:
     scratch_numel: int
     group_size: int
     num_steps: int
-    send_elems: int      # elements this rank sends over the whole schedule
+    send_elems: int  # elements this rank sends over the whole schedule
 
 
 def _pieces(start: int, stop: int, piece: int):
@@ -103,7 +106,9 @@ def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) ->
         for j, o in enumerate(recvs):
             a0, a1 = recv_ranges[j]
             reduce = o.kind is OpKind.RECV_REDUCE
-            clash = _overlaps(a0, a1, send_ranges) or _overlaps(a0, a1, recv_ranges[:j] + recv_ranges[j + 1:])
+            clash = _overlaps(a0, a1, send_ranges) or _overlaps(
+                a0, a1, recv_ranges[:j] + recv_ranges[j + 1 :]
+            )
             via_scratch = reduce or clash
             for k, a, b in _pieces(a0, a1, piece_elems):
                 recv_x.append(Xfer(o.peer, a, b, k, reduce, scratch if via_scratch else -1))
@@ -149,21 +154,32 @@ class Bound:
 
     __slots__ = ("schedule", "plan", "steps", "scratch", "member")
 
-    def __init__(self, schedule: Schedule, plan: Plan, buf: torch.Tensor, scratch: torch.Tensor,
-                 transport: Transport, reducer=None):
+    def __init__(
+        self,
+        schedule: Schedule,
+        plan: Plan,
+        buf: torch.Tensor,
+        scratch: torch.Tensor,
+        transport: Transport,
+        reducer=None,
+    ):
         self.schedule, self.plan, self.scratch = schedule, plan, scratch
         self.member = transport.rank in schedule.ranks
         reducer = reducer or default_reduce
         self.steps = []
         for sp in plan.steps:
-            sends = [(buf[x.start:x.stop], x.peer) for x in sp.sends]
+            sends = [(buf[x.start : x.stop], x.peer) for x in sp.sends]
             recvs, post = [], []
             for x, after in zip(sp.recvs, sp.after_sends):
-                into = buf[x.start:x.stop] if x.scratch < 0 else scratch[x.scratch:x.scratch + x.stop - x.start]
+                into = (
+                    buf[x.start : x.stop]
+                    if x.scratch < 0
+                    else scratch[x.scratch : x.scratch + x.stop - x.start]
+                )
                 recvs.append((into, x.peer))
-                dst = buf[x.start:x.stop] if x.scratch >= 0 else None
+                dst = buf[x.start : x.stop] if x.scratch >= 0 else None
                 post.append((after, _applier(dst, into, x.reduce, reducer)))
-            prepared = transport.prepare(sends, recvs, sp.index * _PIECE_TAGS)
+            prepared = transport.prepare(sends, recvs, tags.executor(sp.index))
             self.steps.append((sp, prepared, tuple(post)))
 
     def free(self) -> None:
@@ -196,10 +212,16 @@ class Executor:
         self._plans: OrderedDict = OrderedDict()
         self._scratch: dict[tuple, torch.Tensor] = {}
         self._bound: OrderedDict = OrderedDict()
-        self._dead: list = []   # keys whose owner tensor died (filled by weakref finalizers)
+        self._dead: list = []  # keys whose owner tensor died (filled by weakref finalizers)
 
-    def bind(self, schedule: Schedule, buf: torch.Tensor, transport: Transport, piece_elems: int,
-             owner: torch.Tensor | None = None) -> Bound:
+    def bind(
+        self,
+        schedule: Schedule,
+        buf: torch.Tensor,
+        transport: Transport,
+        piece_elems: int,
+        owner: torch.Tensor | None = None,
+    ) -> Bound:
         """The cached :class:`Bound` for ``schedule`` on ``buf``, compiled and made on first use.
 
         One dictionary lookup when warm. The key holds the buffer's address:
@@ -253,6 +275,10 @@ class Executor:
             self._scratch[key] = buf
         return buf
 
+    def scratch_bytes(self) -> int:
+        """Bytes of scratch memory held for receives (kept between calls)."""
+        return sum(s.numel() * s.element_size() for s in self._scratch.values())
+
     def release(self) -> None:
         """Drop cached scratch memory and bindings (re-made on next use)."""
         for b in self._bound.values():
@@ -260,10 +286,20 @@ class Executor:
         self._bound.clear()
         self._scratch.clear()
 
-    def run(self, schedule: Schedule, buf: torch.Tensor, transport: Transport, *,
-            timeout: float, piece_bytes: int = 4 << 20, average: bool = False,
-            bucket: int | None = None, tracer=None, owner: torch.Tensor | None = None,
-            spin_s: float = 0.0) -> int:
+    def run(
+        self,
+        schedule: Schedule,
+        buf: torch.Tensor,
+        transport: Transport,
+        *,
+        timeout: float,
+        piece_bytes: int = 4 << 20,
+        average: bool = False,
+        bucket: int | None = None,
+        tracer=None,
+        owner: torch.Tensor | None = None,
+        spin_s: float = 0.0,
+    ) -> int:
         """Run ``schedule`` in place on the contiguous ``buf`` (taken as flat); return the bytes
         this rank sent.
 
@@ -287,15 +323,24 @@ class Executor:
         else:
             for step in bound.steps:
                 sp = step[0]
-                with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase,
-                                 bucket=bucket):
+                with tracer.span(
+                    f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
+                ):
                     run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
         if average and plan.group_size > 1:
             buf.div_(plan.group_size)
         return plan.send_elems * buf.element_size()
 
-    def _run_ordered(self, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
-                     average: bool, bucket, tracer) -> int:
+    def _run_ordered(
+        self,
+        bound: Bound,
+        buf: torch.Tensor,
+        transport: Transport,
+        timeout: float,
+        average: bool,
+        bucket,
+        tracer,
+    ) -> int:
         """:meth:`run` on a stream-ordered transport: everything is enqueued on its stream."""
         plan, schedule = bound.plan, bound.schedule
         transport.begin(buf)
@@ -305,20 +350,28 @@ class Executor:
                     self._run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
                     continue
                 sp = step[0]
-                with tracer.span(f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase,
-                                 bucket=bucket):
+                with tracer.span(
+                    f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
+                ):
                     self._run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
             if average and plan.group_size > 1:
                 buf.div_(plan.group_size)
         if not transport.sync(time.monotonic() + timeout):
-            raise CommTimeoutError(rank=transport.rank, peer=None, what="device stream",
-                                   timeout_s=timeout, algorithm=schedule.name, bucket=bucket)
+            raise CommTimeoutError(
+                rank=transport.rank,
+                peer=None,
+                what="device stream",
+                timeout_s=timeout,
+                algorithm=schedule.name,
+                bucket=bucket,
+            )
         transport.end(buf)
         return plan.send_elems * buf.element_size()
 
     @staticmethod
-    def _run_step(step, deadline: float, schedule: Schedule, timeout: float, bucket,
-                  spin_s: float = 0.0) -> None:
+    def _run_step(
+        step, deadline: float, schedule: Schedule, timeout: float, bucket, spin_s: float = 0.0
+    ) -> None:
         sp, prepared, post = step
         pend = prepared.start(spin_s)
         try:
@@ -326,8 +379,9 @@ class Executor:
             for i, (after, apply) in enumerate(post):
                 while sent < after:
                     if not pend.wait_send(sent, deadline):
-                        _timeout(prepared, "send", sp.sends[sent].peer, sp, schedule, timeout,
-                                 bucket)
+                        _timeout(
+                            prepared, "send", sp.sends[sent].peer, sp, schedule, timeout, bucket
+                        )
                     sent += 1
                 if not pend.wait_recv(i, deadline):
                     _timeout(prepared, "recv", sp.recvs[i].peer, sp, schedule, timeout, bucket)
@@ -339,25 +393,26 @@ class Executor:
             pend.finish()
         except CommError:
             raise
-        except RuntimeError as e:   # engine errors (a peer's connection closed, ...)
-            peers = sorted({x.peer for x in sp.sends + sp.recvs})
-            raise CommError(f"commrt: rank {prepared.transport.rank}: {prepared.transport.name} failed in "
-                            f"step {sp.index} (peers {peers}){_diagnose(str(e))}: {e}") from e
+        except RuntimeError as e:  # engine errors (a peer's connection closed, ...)
+            where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
+            raise engine_error(
+                prepared.transport, e, [x.peer for x in sp.sends + sp.recvs], where
+            ) from e
 
 
-def _timeout(prepared: Prepared, what: str, peer: int, sp: StepPlan, schedule: Schedule,
-             timeout: float, bucket) -> None:
-    raise CommTimeoutError(rank=prepared.transport.rank, peer=peer, what=what, timeout_s=timeout,
-                           algorithm=schedule.name, step=sp.index, num_steps=schedule.num_steps,
-                           bucket=bucket)
-
-
-def _diagnose(engine_message: str) -> str:
-    """What an engine's raw error most likely means, in commrt's terms."""
-    text = engine_message.lower()
-    if "truncat" in text or "preamble" in text:
-        return (" — a message was larger than the receive posted for it: the ranks called collectives "
-                "of different sizes; run with COMMRT_DEBUG=1 to have every rank name the mismatch")
-    if "connection reset" in text or "connection closed" in text or "broken pipe" in text:
-        return " — a peer closed its connection: it probably died; look at its output"
-    return ""
+def _timeout(
+    prepared: Prepared,
+    what: str,
+    peer: int,
+    sp: StepPlan,
+    schedule: Schedule,
+    timeout: float,
+    bucket,
+) -> None:
+    raise timeout_error(
+        prepared.transport.rank,
+        what,
+        peer,
+        timeout,
+        Where(schedule.name, sp.index, schedule.num_steps, bucket),
+    )

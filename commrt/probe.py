@@ -58,14 +58,15 @@ Cost (one node): with the default ``repeats=5``, 6 runs (1 warm-up) of 20 steps 
 barriers, and one small all-reduce: about 0.1 s with 2 ranks and 0.3 s
 with 4 ranks on this 2-core machine (oversubscribed, so every step
 waits for a core), once per communicator: the result is cached in
-``comm.cache["commrt.probe"]``.
+``comm.slots.probe``.
 
 Example::
 
     >>> from commrt.probe import probe                      # doctest: +SKIP
-    >>> r = probe(comm)          # collective: every rank calls it
-    >>> r.alpha_s, r.beta_s_per_byte, r.network()
+    >>> r = probe(comm)          # collective: every rank calls it    # doctest: +SKIP
+    >>> r.alpha_s, r.beta_s_per_byte, r.network()                     # doctest: +SKIP
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,12 +82,10 @@ import torch
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step, Steps
 from commrt.sim import Network
 
-__all__ = ["ProbeResult", "probe", "CACHE_KEY", "SIZES"]
-
-CACHE_KEY = "commrt.probe"
+__all__ = ["ProbeResult", "probe", "SIZES"]
 #: probed message sizes in bytes; the first one measures α
 SIZES = (8, 1 << 20, 4 << 20)
-_MIN_BETA = 1e-13     # 10 TB/s: a floor so a noisy fit never gives zero or negative β
+_MIN_BETA = 1e-13  # 10 TB/s: a floor so a noisy fit never gives zero or negative β
 
 
 @dataclass(frozen=True)
@@ -102,18 +101,18 @@ class ProbeResult:
     alpha_s: float
     beta_s_per_byte: float
     sizes: tuple[int, ...]
-    step_s: tuple[float, ...]              # agreed (max over ranks) step time per size
-    per_rank: tuple[tuple[float, float], ...]   # every rank's own (α, β)
+    step_s: tuple[float, ...]  # agreed (max over ranks) step time per size
+    per_rank: tuple[tuple[float, float], ...]  # every rank's own (α, β)
     backend: str
     world_size: int
-    seconds: float                         # wall time the probe took on this rank
+    seconds: float  # wall time the probe took on this rank
     ranks_per_node: int = 1
     inter_alpha_s: float | None = None
     inter_beta_s_per_byte: float | None = None
-    inter_step_s: tuple[float, ...] = ()   # one message per node, per size
-    shared_step_s: float | None = None     # every rank off-node at once, largest size
+    inter_step_s: tuple[float, ...] = ()  # one message per node, per size
+    shared_step_s: float | None = None  # every rank off-node at once, largest size
     nics_per_node: int = 1
-    gamma_s_per_byte: float = 0.0          # agreed (max over ranks) reduction time per byte
+    gamma_s_per_byte: float = 0.0  # agreed (max over ranks) reduction time per byte
 
     @property
     def two_tier(self) -> bool:
@@ -123,10 +122,14 @@ class ProbeResult:
         """The :class:`~commrt.sim.Network` for the simulator and ``auto`` (two classes if
         probed)."""
         inter = (self.inter_alpha_s, self.inter_beta_s_per_byte) if self.two_tier else None
-        return Network.from_probe(self.alpha_s, self.beta_s_per_byte, inter=inter,
-                                  ranks_per_node=self.ranks_per_node,
-                                  nics_per_node=self.nics_per_node,
-                                  gamma_s_per_byte=self.gamma_s_per_byte)
+        return Network.from_probe(
+            self.alpha_s,
+            self.beta_s_per_byte,
+            inter=inter,
+            ranks_per_node=self.ranks_per_node,
+            nics_per_node=self.nics_per_node,
+            gamma_s_per_byte=self.gamma_s_per_byte,
+        )
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -150,9 +153,11 @@ class ProbeResult:
         if not self.two_tier:
             return head + link
         inter_gbps = 1e-9 / self.inter_beta_s_per_byte
-        return (head + f"{self.ranks_per_node} ranks/node; inside a node {link}; between nodes "
-                f"α = {self.inter_alpha_s * 1e6:.1f} µs, β = 1/({inter_gbps:.3f} GB/s) per NIC, "
-                f"{self.nics_per_node} NIC(s)/node")
+        return (
+            head + f"{self.ranks_per_node} ranks/node; inside a node {link}; between nodes "
+            f"α = {self.inter_alpha_s * 1e6:.1f} µs, β = 1/({inter_gbps:.3f} GB/s) per NIC, "
+            f"{self.nics_per_node} NIC(s)/node"
+        )
 
 
 def _shift_schedule(world_size: int, steps: int, nxt=None, ranks=None) -> Schedule:
@@ -187,15 +192,18 @@ def _tier_schedules(p: int, per_node: int) -> dict:
     intra = {r: r - r % L + (r % L + 1) % L for r in range(p)}
     shared = {r: (r + L) % p for r in range(p)}
     lead = tuple(range(0, p, L))
-    return {"intra": (intra, None), "inter": ({r: shared[r] for r in lead}, lead),
-            "shared": (shared, None)}
+    return {
+        "intra": (intra, None),
+        "inter": ({r: shared[r] for r in lead}, lead),
+        "shared": (shared, None),
+    }
 
 
 def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float:
     run = comm.executor.run
     # waits as commrt.all_reduce waits, so α is the latency it sees
     kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes, spin_s=comm.spin_s)
-    run(sched, buf, comm.transport, **kw)        # warm-up: plan, scratch, connections
+    run(sched, buf, comm.transport, **kw)  # warm-up: plan, scratch, connections
     times = []
     for _ in range(repeats):
         comm.barrier()
@@ -212,7 +220,7 @@ def _time_reduce(comm, nbytes: int, repeats: int) -> float:
     dst, src = buf[half:], buf[:half]
     sync = torch.cuda.synchronize if buf.device.type == "cuda" else (lambda: None)
     times = []
-    for _ in range(repeats + 1):   # the first one warms up
+    for _ in range(repeats + 1):  # the first one warms up
         sync()
         t0 = time.perf_counter()
         comm.executor.reduce(dst, src)
@@ -252,62 +260,103 @@ def _nics(per_node: int, alone_s: float, shared_s: float, alpha_s: float) -> int
     return min(range(1, per_node + 1), key=lambda k: abs(math.log(k / estimate)))
 
 
+def _measured_row(comm, sizes, repeats: int, per_node: int | None, gamma: float) -> list:
+    """This rank's fits and step times: one tier, or both (within and between nodes)."""
+    if per_node is None:
+        mine = _measure(comm, None, None, sizes, repeats)
+        return [*_fit(sizes, mine, gamma), *mine, gamma]
+    tiers = _tier_schedules(comm.world_size, per_node)
+    intra = _measure(comm, *tiers["intra"], sizes, repeats)
+    # Fewer and smaller messages between nodes: there the link is the slow one.
+    inter = _measure(comm, *tiers["inter"], sizes[1:], repeats, big_steps=2)
+    shared = _measure(comm, *tiers["shared"], sizes[:: len(sizes) - 1], repeats, big_steps=2)
+    inter = [shared[0], *inter]
+    return [
+        *_fit(sizes, intra, gamma),
+        *intra,
+        *_fit(sizes, inter, gamma),
+        *inter,
+        shared[1],
+        gamma,
+    ]
+
+
+def _agreed_result(rows, sizes, per_node: int | None, backend: str, elapsed_s: float):
+    """Everyone's rows (the same on every rank) as one ProbeResult."""
+    k, p = len(sizes), len(rows)
+
+    def agreed(i):  # column i, largest over ranks: synchronous steps go at the slowest pace
+        return max(r[i] for r in rows)
+
+    res = ProbeResult(
+        agreed(0),
+        agreed(1),
+        sizes,
+        tuple(agreed(2 + i) for i in range(k)),
+        tuple((r[0], r[1]) for r in rows),
+        backend,
+        p,
+        elapsed_s,
+        gamma_s_per_byte=agreed(-1),
+    )
+    if per_node is None:
+        return res
+    j = 2 + k
+    inter_step = tuple(agreed(j + 2 + i) for i in range(k))
+    shared = agreed(j + 2 + k)
+    return dataclasses.replace(
+        res,
+        ranks_per_node=per_node,
+        inter_alpha_s=agreed(j),
+        inter_beta_s_per_byte=agreed(j + 1),
+        inter_step_s=inter_step,
+        shared_step_s=shared,
+        nics_per_node=_nics(per_node, inter_step[-1], shared, agreed(j)),
+    )
+
+
 def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeResult:
     """Measure α and β on ``comm``'s transport and agree on them (collective; cached).
 
     Every rank must call it, in the same order relative to other
     collectives (``algorithm="auto"`` does so inside ``select``). The
-    result is cached in ``comm.cache["commrt.probe"]``; ``force`` probes
+    result is cached in ``comm.slots.probe``; ``force`` probes
     again. When the launcher says the ranks span nodes (``comm.local_size``
     L with 1 < L < p, ranks in blocks of L), both link classes are
     measured (module doc).
     """
-    cached = comm.cache.get(CACHE_KEY)
+    cached = comm.slots.probe
     if cached is not None and not force:
         return cached
     sizes = tuple(int(s) for s in sizes)
     if len(sizes) < 2 or sorted(sizes) != list(sizes) or sizes[0] < 4:
-        raise ValueError(f"probe sizes must be increasing, at least two, from 4 bytes up; got {sizes}")
+        raise ValueError(
+            f"probe sizes must be increasing, at least two, from 4 bytes up; got {sizes}"
+        )
     t_start = time.perf_counter()
     p = comm.world_size
-    from commrt.collectives import gather_rows
+    from commrt.rows import gather
+    from commrt.topology import ranks_per_node
+
+    comm.admit_collective()
     with comm.lock:
         if p == 1:
-            res = ProbeResult(0.0, _MIN_BETA, sizes, tuple(0.0 for _ in sizes), ((0.0, _MIN_BETA),),
-                              comm.backend.value, 1, 0.0)
-            comm.cache[CACHE_KEY] = res
+            res = ProbeResult(
+                0.0,
+                _MIN_BETA,
+                sizes,
+                tuple(0.0 for _ in sizes),
+                ((0.0, _MIN_BETA),),
+                comm.backend.value,
+                1,
+                0.0,
+            )
+            comm.slots.probe = res
             return res
         # the reduction's own pace (no messages), taken out of the fitted slopes below
         gamma = _time_reduce(comm, sizes[-1], repeats)
-        per_node = comm.ranks_per_node()
-        if per_node is None:
-            mine = _measure(comm, None, None, sizes, repeats)
-            rows = gather_rows(comm, [*_fit(sizes, mine, gamma), *mine, gamma])
-        else:
-            tiers = _tier_schedules(p, per_node)
-            intra = _measure(comm, *tiers["intra"], sizes, repeats)
-            # Fewer and smaller messages between nodes: there the link is the slow one.
-            inter = _measure(comm, *tiers["inter"], sizes[1:], repeats, big_steps=2)
-            shared = _measure(comm, *tiers["shared"], sizes[::len(sizes) - 1], repeats,
-                              big_steps=2)
-            inter = [shared[0], *inter]
-            # Everyone's numbers, exactly, on every rank.
-            rows = gather_rows(comm, [*_fit(sizes, intra, gamma), *intra,
-                                      *_fit(sizes, inter, gamma), *inter, shared[1], gamma])
-    k = len(sizes)
-
-    def agreed(i):     # column i, largest over ranks: synchronous steps go at the slowest pace
-        return max(r[i] for r in rows)
-    res = ProbeResult(agreed(0), agreed(1), sizes, tuple(agreed(2 + i) for i in range(k)),
-                      tuple((r[0], r[1]) for r in rows), comm.backend.value, p,
-                      time.perf_counter() - t_start, gamma_s_per_byte=agreed(-1))
-    if per_node is not None:
-        j = 2 + k
-        inter_step = tuple(agreed(j + 2 + i) for i in range(k))
-        shared = agreed(j + 2 + k)
-        res = dataclasses.replace(res, ranks_per_node=per_node, inter_alpha_s=agreed(j),
-                                  inter_beta_s_per_byte=agreed(j + 1), inter_step_s=inter_step,
-                                  shared_step_s=shared,
-                                  nics_per_node=_nics(per_node, inter_step[-1], shared, agreed(j)))
-    comm.cache[CACHE_KEY] = res
+        per_node = ranks_per_node(comm)
+        rows = gather(comm, _measured_row(comm, sizes, repeats, per_node, gamma))
+    res = _agreed_result(rows, sizes, per_node, comm.backend.value, time.perf_counter() - t_start)
+    comm.slots.probe = res
     return res

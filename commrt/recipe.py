@@ -45,6 +45,7 @@ Example (a custom loop)::
         bs.apply_lr(optimizer, epoch)       # scales each group's initial lr
         for x, y in loader: ...
 """
+
 from __future__ import annotations
 
 import math
@@ -80,16 +81,22 @@ class BatchSizeSchedule:
 
     def __post_init__(self):
         if not _is_int(self.base) or self.base < 1:
-            raise ValueError(f"BatchSizeSchedule base (the global batch at epoch 0) must be a positive "
-                             f"integer, got {self.base!r}")
+            raise ValueError(
+                f"BatchSizeSchedule base (the global batch at epoch 0) must be a positive "
+                f"integer, got {self.base!r}"
+            )
         if self.lr_scaling not in LR_SCALINGS:
-            raise ValueError(f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}")
+            raise ValueError(
+                f"lr_scaling must be one of {', '.join(LR_SCALINGS)}, got {self.lr_scaling!r}"
+            )
         items = self.milestones.items() if isinstance(self.milestones, Mapping) else self.milestones
         try:
             pairs = [(e, m) for e, m in items]
         except (TypeError, ValueError):
-            raise ValueError(f"milestones must map epochs to multipliers, e.g. {{30: 2, 60: 4}}, "
-                             f"got {self.milestones!r}") from None
+            raise ValueError(
+                f"milestones must map epochs to multipliers, e.g. {{30: 2, 60: 4}}, "
+                f"got {self.milestones!r}"
+            ) from None
         pairs.sort(key=lambda em: em[0] if _is_int(em[0]) else -1)
         seen, prev = set(), 1
         for e, m in pairs:
@@ -98,20 +105,38 @@ class BatchSizeSchedule:
             if e in seen:
                 raise ValueError(f"milestone epoch {e} is given twice")
             seen.add(e)
-            if isinstance(m, bool) or not isinstance(m, numbers.Real) or not m > 0 or not math.isfinite(m):
-                raise ValueError(f"milestone multiplier at epoch {e} must be a positive number, got {m!r}")
+            if (
+                isinstance(m, bool)
+                or not isinstance(m, numbers.Real)
+                or not m > 0
+                or not math.isfinite(m)
+            ):
+                raise ValueError(
+                    f"milestone multiplier at epoch {e} must be a positive number, got {m!r}"
+                )
             b = self.base * m
             if abs(b - round(b)) > 1e-9:
-                raise ValueError(f"milestone at epoch {e}: batch {self.base} × {m} = {b:g} is not a whole number")
+                raise ValueError(
+                    f"milestone at epoch {e}: batch {self.base} × {m} = {b:g} is not a whole number"
+                )
             if e == 0 and m != 1:
-                raise ValueError(f"epoch 0 runs the base batch {self.base}; set base={round(b)} instead of "
-                                 f"a multiplier {m} at epoch 0")
+                raise ValueError(
+                    f"epoch 0 runs the base batch {self.base}; set base={round(b)} instead of "
+                    f"a multiplier {m} at epoch 0"
+                )
             if m < prev:
-                raise ValueError(f"batch-size control grows the batch, but at epoch {e} it would shrink from "
-                                 f"{round(self.base * prev)} to {round(b)}")
+                raise ValueError(
+                    f"batch-size control grows the batch, but at epoch {e} it would shrink from "
+                    f"{round(self.base * prev)} to {round(b)}"
+                )
             prev = m
-        object.__setattr__(self, "milestones", tuple((int(e), int(m) if float(m).is_integer() else float(m))
-                                                     for e, m in pairs if e != 0))
+        object.__setattr__(
+            self,
+            "milestones",
+            tuple(
+                (int(e), int(m) if float(m).is_integer() else float(m)) for e, m in pairs if e != 0
+            ),
+        )
 
     # ---------------------------------------------------------------- parsing
     @classmethod
@@ -122,14 +147,18 @@ class BatchSizeSchedule:
         constant batch. ``str()`` of a schedule parses back to it.
         """
         if not isinstance(text, str) or not text.strip():
-            raise ValueError("batch schedule is empty; write EPOCH:BATCH pairs such as '0:32,5:64,10:128'")
+            raise ValueError(
+                "batch schedule is empty; write EPOCH:BATCH pairs such as '0:32,5:64,10:128'"
+            )
         text = text.strip()
         if ":" not in text:
             try:
                 return cls(int(text), (), lr_scaling)
             except ValueError:
-                raise ValueError(f"batch schedule {text!r}: expected a batch size or EPOCH:BATCH pairs "
-                                 f"such as '0:32,5:64,10:128'") from None
+                raise ValueError(
+                    f"batch schedule {text!r}: expected a batch size or EPOCH:BATCH pairs "
+                    f"such as '0:32,5:64,10:128'"
+                ) from None
         entries = []
         for part in text.split(","):
             fields = part.strip().split(":")
@@ -138,19 +167,29 @@ class BatchSizeSchedule:
                     raise ValueError
                 entries.append((int(fields[0]), int(fields[1])))
             except ValueError:
-                raise ValueError(f"batch schedule {text!r}: cannot read {part.strip()!r}; expected "
-                                 f"EPOCH:BATCH with whole numbers, e.g. '0:32,5:64,10:128'") from None
+                raise ValueError(
+                    f"batch schedule {text!r}: cannot read {part.strip()!r}; expected "
+                    f"EPOCH:BATCH with whole numbers, e.g. '0:32,5:64,10:128'"
+                ) from None
         epochs = [e for e, _ in entries]
         if len(set(epochs)) != len(epochs):
             raise ValueError(f"batch schedule {text!r}: an epoch is given twice")
         entries.sort()
         if entries[0][0] != 0:
-            raise ValueError(f"batch schedule {text!r} must start at epoch 0 (the batch to begin with), "
-                             f"e.g. '0:{entries[0][1]},{text}'")
+            raise ValueError(
+                f"batch schedule {text!r} must start at epoch 0 (the batch to begin with), "
+                f"e.g. '0:{entries[0][1]},{text}'"
+            )
         base = entries[0][1]
         if base < 1:
-            raise ValueError(f"batch schedule {text!r}: the batch at epoch 0 must be positive, got {base}")
-        return cls(base, tuple((e, b // base if b % base == 0 else b / base) for e, b in entries[1:]), lr_scaling)
+            raise ValueError(
+                f"batch schedule {text!r}: the batch at epoch 0 must be positive, got {base}"
+            )
+        return cls(
+            base,
+            tuple((e, b // base if b % base == 0 else b / base) for e, b in entries[1:]),
+            lr_scaling,
+        )
 
     # ---------------------------------------------------------------- queries
     def _multiplier(self, epoch: float) -> float:
@@ -195,8 +234,10 @@ class BatchSizeSchedule:
         if b % world_size:
             lo = b // world_size * world_size
             hint = f"{lo} or {lo + world_size}" if lo else f"{world_size}"
-            raise ValueError(f"global batch {b} (epoch {epoch}) does not split evenly over {world_size} ranks; "
-                             f"use a multiple of {world_size}, e.g. {hint}")
+            raise ValueError(
+                f"global batch {b} (epoch {epoch}) does not split evenly over {world_size} ranks; "
+                f"use a multiple of {world_size}, e.g. {hint}"
+            )
         return b // world_size
 
     def validate(self, world_size: int) -> None:

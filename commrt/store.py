@@ -23,24 +23,28 @@ Example::
     >>> cs = ControlStore.open(comm)                  # doctest: +SKIP  (collective)
     >>> cs.client("backup/0").add("arrivals/0", 1)   # doctest: +SKIP  1 for the first caller
 """
+
 from __future__ import annotations
 
 import datetime
 import enum
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from commrt.rendezvous import serve
+
 #: environment variable naming a launcher-hosted store, ``host:port``
 STORE_ENV = "COMMRT_STORE"
-CACHE_KEY = "commrt.store"
 
 
 class Host(enum.Enum):
-    LAUNCHER = "launcher"      # commrt's own launcher (COMMRT_STORE)
-    AGENT = "torchrun agent"   # torchrun's elastic agent
-    RANK0 = "rank 0"           # rank 0 of the job: its death ends the control plane
+    LAUNCHER = "launcher"  # commrt's own launcher (COMMRT_STORE)
+    AGENT = "torchrun agent"  # torchrun's elastic agent
+    RANK0 = "rank 0"  # rank 0 of the job: its death ends the control plane
 
 
 def _parse(spec: str) -> tuple[str, int]:
@@ -55,17 +59,20 @@ def launcher_store(env=None) -> tuple[str, int, Host] | None:
     env = os.environ if env is None else env
     if env.get(STORE_ENV):
         return (*_parse(env[STORE_ENV]), Host.LAUNCHER)
-    if (env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true" and env.get("MASTER_ADDR")
-            and env.get("MASTER_PORT", "").isdigit()):
+    if (
+        env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        and env.get("MASTER_ADDR")
+        and env.get("MASTER_PORT", "").isdigit()
+    ):
         return env["MASTER_ADDR"], int(env["MASTER_PORT"]), Host.AGENT
     return None
 
 
 def host_store(host: str = "127.0.0.1"):
-    """A TCPStore server on a free port (for launchers); returns it (``.port`` says where)."""
-    import torch.distributed as dist
-    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=300))
+    """A TCPStore server on a free port (for launchers); returns it (``.port`` says where).
+
+    It listens on ``host`` only (loopback by default), not on every interface."""
+    return serve(host, 0, 300.0)
 
 
 @dataclass(eq=False)
@@ -80,19 +87,17 @@ class ControlStore:
     port: int
     where: Host
     timeout: float
-    server: object = None      # the TCPStore server, when this rank hosts it
+    server: object = None  # the TCPStore server, when this rank hosts it
 
     @classmethod
     def open(cls, comm, timeout: float | None = None) -> "ControlStore":
-        """The job's control store, opened once per communicator (cached in ``comm.cache``).
+        """The job's control store, opened once per communicator (kept in ``comm.slots``).
 
         Collective the first time when rank 0 must host it (it broadcasts the port)."""
-        cached = comm.cache.get(CACHE_KEY)
-        if cached is not None:
-            return cached
-        timeout = comm.timeout if timeout is None else float(timeout)
-        comm.cache[CACHE_KEY] = cs = cls._open(comm, timeout)
-        return cs
+        if comm.slots.control_store is None:
+            timeout = comm.timeout if timeout is None else float(timeout)
+            comm.slots.control_store = cls._open(comm, timeout)
+        return comm.slots.control_store
 
     @classmethod
     def _open(cls, comm, timeout: float) -> "ControlStore":
@@ -100,6 +105,7 @@ class ControlStore:
         if found is not None:
             return cls(found[0], found[1], found[2], timeout)
         from commrt.collectives import broadcast
+
         server, host = None, os.environ.get("MASTER_ADDR") or "127.0.0.1"
         if comm.rank == 0:
             server = _tcp(host, 0, True, timeout)
@@ -115,6 +121,7 @@ class ControlStore:
     def client(self, prefix: str):
         """A new connection to the store, its keys under ``prefix`` (a ``PrefixStore``)."""
         import torch.distributed as dist
+
         return dist.PrefixStore(prefix, _tcp(self.host, self.port, False, self.timeout))
 
     @property
@@ -122,12 +129,45 @@ class ControlStore:
         return self.server is not None
 
 
+def poll(
+    done: Callable[[], bool],
+    timeout: float,
+    idle: Callable[[], None] | None = None,
+    idle_every_s: float = 0.005,
+) -> bool:
+    """Call ``done()`` (a store query) with growing pauses until it is true (True) or
+    ``timeout`` seconds pass (False). Meanwhile ``idle()``, if given, runs at most every
+    ``idle_every_s``: a rank may have work to do for the very ranks it waits for."""
+    deadline = time.monotonic() + timeout
+    pause, next_idle = 0.0, 0.0
+    while not done():
+        now = time.monotonic()
+        if now > deadline:
+            return False
+        if idle is not None and now >= next_idle:
+            idle()
+            next_idle = now + idle_every_s
+        # a short first pause answers fast on one machine; a growing one spares the store
+        time.sleep(pause)
+        pause = min(2e-3, 2 * pause + 1e-4)
+    return True
+
+
 def _tcp(host: str, port: int, master: bool, timeout: float):
     import torch.distributed as dist
-    return dist.TCPStore(host, port, is_master=master, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout))
+
+    if master:
+        return serve(host, port, timeout)
+    return dist.TCPStore(
+        host,
+        port,
+        is_master=master,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
 
 
 def _ipv4(host: str) -> list[int]:
     import socket
+
     return [int(x) for x in socket.gethostbyname(host).split(".")]

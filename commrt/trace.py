@@ -13,6 +13,7 @@ Example::
         ...
     tracer.save(f"trace.rank{comm.rank}.json")
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,6 +40,7 @@ class Tracer:
         self._nvtx = None
         if nvtx:
             import torch
+
             self._nvtx = torch.cuda.nvtx
         self.process_name = process_name or f"rank {rank}"
 
@@ -55,8 +57,15 @@ class Tracer:
 
     def add(self, name: str, start_us: float, end_us: float, cat: str = "commrt", **args) -> None:
         """Record a complete event that was timed elsewhere."""
-        ev = {"name": name, "cat": cat, "ph": "X", "ts": start_us, "dur": max(0.0, end_us - start_us),
-              "pid": self.rank, "tid": self._tid()}
+        ev = {
+            "name": name,
+            "cat": cat,
+            "ph": "X",
+            "ts": start_us,
+            "dur": max(0.0, end_us - start_us),
+            "pid": self.rank,
+            "tid": self._tid(),
+        }
         if args:
             ev["args"] = args
         self.events.append(ev)
@@ -75,8 +84,15 @@ class Tracer:
                 self._nvtx.range_pop()
 
     def instant(self, name: str, cat: str = "commrt", **args) -> None:
-        ev = {"name": name, "cat": cat, "ph": "i", "s": "t", "ts": self.now_us(),
-              "pid": self.rank, "tid": self._tid()}
+        ev = {
+            "name": name,
+            "cat": cat,
+            "ph": "i",
+            "s": "t",
+            "ts": self.now_us(),
+            "pid": self.rank,
+            "tid": self._tid(),
+        }
         if args:
             ev["args"] = args
         self.events.append(ev)
@@ -85,16 +101,30 @@ class Tracer:
         self.events.clear()
 
     def to_chrome(self) -> dict:
-        meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "tid": 0,
-                 "args": {"name": self.process_name}},
-                {"name": "process_sort_index", "ph": "M", "pid": self.rank, "tid": 0,
-                 "args": {"sort_index": self.rank}}]
+        meta = [
+            {
+                "name": "process_name",
+                "ph": "M",
+                "pid": self.rank,
+                "tid": 0,
+                "args": {"name": self.process_name},
+            },
+            {
+                "name": "process_sort_index",
+                "ph": "M",
+                "pid": self.rank,
+                "tid": 0,
+                "args": {"sort_index": self.rank},
+            },
+        ]
         names = {0: "main"}
-        for ident, tid in self._tids.items():
+        for tid in self._tids.values():
             if tid:
                 names[tid] = f"commrt progress {tid}" if tid == 1 else f"thread {tid}"
-        meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": n}}
-                 for tid, n in names.items()]
+        meta += [
+            {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": n}}
+            for tid, n in names.items()
+        ]
         return {"traceEvents": meta + list(self.events), "displayTimeUnit": "ms"}
 
     def save(self, path: str | os.PathLike) -> str:
@@ -103,7 +133,7 @@ class Tracer:
         tmp = f"{path}.tmp{os.getpid()}"
         with open(tmp, "w") as f:
             json.dump(self.to_chrome(), f)
-        os.replace(tmp, path)   # readers never see half a file
+        os.replace(tmp, path)  # readers never see half a file
         return path
 
 

@@ -29,6 +29,7 @@ Example::
     >>> _ = reduce_(bucket, bucket.clone())            # "receive" and add a peer's copy
     >>> unpack(bucket, grads)                          # grads = fp32(bucket)
 """
+
 from commrt.kernels._common import SUPPORTED_DTYPES, Impl
 from commrt.kernels.pack import pack, unpack
 from commrt.kernels.reduce import reduce_

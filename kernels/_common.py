@@ -6,6 +6,7 @@ inputs to the torch reference (:mod:`commrt.kernels._torch`) or to the Triton
 kernels (:mod:`commrt.kernels._triton`, imported only when first needed so
 that ``commrt.kernels`` works on machines without Triton).
 """
+
 from __future__ import annotations
 
 import enum
@@ -141,6 +142,8 @@ def use_triton(impl: Impl, device: torch.device) -> bool:
         return backend is not None and not backend.interpret_mode()
     backend = triton_backend()
     if backend is None:
-        raise RuntimeError(f"impl='triton' needs the triton package, which failed to import: {_TRITON_ERROR}")
+        raise RuntimeError(
+            f"impl='triton' needs the triton package, which failed to import: {_TRITON_ERROR}"
+        )
     backend.check_device(device)
     return True

@@ -33,6 +33,7 @@ the buffer tensor). Pass the same bucket tensor each step to benefit.
 Nothing loops over elements in Python; the Python loops are over large
 tensors, batches of small ones and pieces of ``CHUNK`` elements.
 """
+
 from __future__ import annotations
 
 import functools
@@ -184,7 +185,9 @@ def _no_grad(fn):
 
 
 @_no_grad
-def pack(tensors: List[torch.Tensor], out: torch.Tensor, scale: float, sizes: Tuple[int, ...]) -> None:
+def pack(
+    tensors: List[torch.Tensor], out: torch.Tensor, scale: float, sizes: Tuple[int, ...]
+) -> None:
     """out[off_i : off_i + n_i] = round(fp32(tensors[i]) * scale) for every i (n_i = sizes[i])."""
     if not any(sizes):
         return
@@ -233,8 +236,13 @@ def pack(tensors: List[torch.Tensor], out: torch.Tensor, scale: float, sizes: Tu
 
 
 @_no_grad
-def unpack(flat: torch.Tensor, tensors: List[torch.Tensor], scale: float, accumulate: bool,
-           sizes: Tuple[int, ...]) -> None:
+def unpack(
+    flat: torch.Tensor,
+    tensors: List[torch.Tensor],
+    scale: float,
+    accumulate: bool,
+    sizes: Tuple[int, ...],
+) -> None:
     """tensors[i] (=, or += in fp32) round(fp32(flat[off_i : off_i + n_i]) * scale) (n_i = sizes[i])."""
     if not any(sizes):
         return
@@ -283,7 +291,9 @@ def _write_back(ts, stage, stage_flat, accumulate: bool, dev) -> None:
         torch._foreach_copy_(ts, acc)
 
 
-def _scaled(src: torch.Tensor, scale: float, dev: torch.device, into: torch.Tensor = None) -> torch.Tensor:
+def _scaled(
+    src: torch.Tensor, scale: float, dev: torch.device, into: torch.Tensor = None
+) -> torch.Tensor:
     """fp32(src) * scale into a scratch segment (or ``into``)."""
     s = into if into is not None else _scratch(dev, src.numel(), 0)[: src.numel()]
     if src.dtype == _F32:

@@ -13,6 +13,7 @@ per-tensor dtype code in the pointer table (see :mod:`commrt.kernels._triton`).
 The tensors may have any shape but must be contiguous; the flat buffer and
 the tensors must not overlap.
 """
+
 from __future__ import annotations
 
 from typing import Sequence, Union
@@ -44,10 +45,7 @@ def _checked(impl: ImplLike, flat: torch.Tensor, what: str, tensors: Sequence[to
 
 
 def pack(
-    tensors: Sequence[torch.Tensor],
-    out: torch.Tensor,
-    scale: float = 1.0,
-    impl: ImplLike = "auto",
+    tensors: Sequence[torch.Tensor], out: torch.Tensor, scale: float = 1.0, impl: ImplLike = "auto"
 ) -> torch.Tensor:
     """Copy ``tensors`` into the flat buffer ``out``, scaled and cast to ``out.dtype``.
 

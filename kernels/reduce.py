@@ -6,6 +6,7 @@ The sum is computed in fp32 and rounded once, to nearest even, to
 ``dst.dtype``. ``alpha = beta = 1`` is the all-reduce step; other weights are
 the mixing step of gossip (e.g. ``alpha = beta = 0.5``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,7 +21,9 @@ def _flat_view(t, what: str) -> torch.Tensor:
         raise ValueError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     check_dtype(t, what)
     if not t.is_contiguous():
-        raise ValueError(f"{what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+        raise ValueError(
+            f"{what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})"
+        )
     return t.view(-1)
 
 

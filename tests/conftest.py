@@ -4,6 +4,7 @@ Triton reads TRITON_INTERPRET when it is first imported, so it is set here,
 before any test module imports commrt.kernels: the same @triton.jit kernels
 then run on CPU tensors.
 """
+
 import os
 
 import pytest
@@ -20,6 +21,7 @@ def netns_cluster():
     also when the test failed.
     """
     from netns import Cluster, Unavailable
+
     made = []
 
     def make(hosts: int, rate: str | None = "1gbit") -> Cluster:

@@ -5,6 +5,7 @@ sizes in milliseconds. Sends are buffered at post time (like MPI eager
 sends), so a step's sends always read the buffer as it was before the step;
 that is exactly the contract schedules are written against.
 """
+
 from __future__ import annotations
 
 import threading
@@ -19,7 +20,7 @@ from commrt.transports.base import Pending, Transport
 class Mailbox:
     def __init__(self):
         self.cv = threading.Condition()
-        self.queues = defaultdict(deque)   # (src, dst, tag) -> deque of tensors
+        self.queues = defaultdict(deque)  # (src, dst, tag) -> deque of tensors
 
 
 class _Pending(Pending):
@@ -37,7 +38,9 @@ class _Pending(Pending):
                 self.box.cv.wait(left)
             data = self.box.queues[key].popleft()
         if data.numel() != t.numel():
-            raise RuntimeError(f"size mismatch: rank {self.rank} expects {t.numel()} from {peer}, got {data.numel()}")
+            raise RuntimeError(
+                f"size mismatch: rank {self.rank} expects {t.numel()} from {peer}, got {data.numel()}"
+            )
         t.copy_(data)
         return True
 
@@ -76,7 +79,7 @@ def run_ranks(world_size, fn):
     def body(r):
         try:
             results[r] = fn(LocalTransport(box, r, world_size))
-        except BaseException as e:   # surfaced below, in the test thread
+        except BaseException as e:  # surfaced below, in the test thread
             errors.append((r, e))
 
     threads = [threading.Thread(target=body, args=(r,)) for r in range(world_size)]

@@ -11,6 +11,7 @@ table, so a wrong code or count in the adapter corrupts data or fails loudly.
 This checks commrt's NCCL adapter (grouping, pointers, counts, dtype codes,
 unique-id rendezvous). It says nothing about NCCL, CUDA streams or GPUs.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,18 @@ import numpy as np
 from mpi4py import MPI
 
 # ncclDataType_t -> (bytes per element, numpy dtype or None)
-_DTYPES = {0: (1, np.int8), 1: (1, np.uint8), 2: (4, np.int32), 3: (4, np.uint32), 4: (8, np.int64),
-           5: (8, np.uint64), 6: (2, np.float16), 7: (4, np.float32), 8: (8, np.float64), 9: (2, None)}
+_DTYPES = {
+    0: (1, np.int8),
+    1: (1, np.uint8),
+    2: (4, np.int32),
+    3: (4, np.uint32),
+    4: (8, np.int64),
+    5: (8, np.uint64),
+    6: (2, np.float16),
+    7: (4, np.float32),
+    8: (8, np.float64),
+    9: (2, None),
+}
 NCCL_SUM, NCCL_AVG = 0, 4
 
 
@@ -31,14 +42,16 @@ class StandInNccl:
         self.mpi = (mpi_comm or MPI.COMM_WORLD).Dup()
         self._depth = 0
         self._queued: list = []
-        self.calls: list[tuple] = []   # (op, count, dtype code, peer, stream) for tests to inspect
+        self.calls: list[tuple] = []  # (op, count, dtype code, peer, stream) for tests to inspect
         outer = self
 
         class NcclCommunicator:
             def __init__(self, ndev, commId, rank):
-                if not isinstance(commId, bytes):   # what cupy 14 raises (seen on an H100 box)
-                    raise TypeError(f"Argument 'commId' has incorrect type (expected bytes, got "
-                                    f"{type(commId).__name__})")
+                if not isinstance(commId, bytes):  # what cupy 14 raises (seen on an H100 box)
+                    raise TypeError(
+                        f"Argument 'commId' has incorrect type (expected bytes, got "
+                        f"{type(commId).__name__})"
+                    )
                 if len(commId) != 128:
                     raise ValueError(f"ncclUniqueId must be 128 bytes, got {len(commId)}")
                 ids = outer.mpi.allgather(tuple(commId))
@@ -58,7 +71,9 @@ class StandInNccl:
                 nbytes, npdt = _DTYPES[datatype]
                 if npdt is None:
                     raise TypeError("stand-in cannot reduce bf16")
-                a = np.frombuffer(MPI.buffer.fromaddress(sendbuf, count * nbytes), dtype=npdt).copy()
+                a = np.frombuffer(
+                    MPI.buffer.fromaddress(sendbuf, count * nbytes), dtype=npdt
+                ).copy()
                 out = np.frombuffer(MPI.buffer.fromaddress(recvbuf, count * nbytes), dtype=npdt)
                 outer.mpi.Allreduce(a, out, op=MPI.SUM)
                 if op == NCCL_AVG:
@@ -69,8 +84,13 @@ class StandInNccl:
 
         self.NcclCommunicator = NcclCommunicator
 
+    @property
+    def depth(self) -> int:
+        """How many ``groupStart()`` calls are still open (0 outside a group)."""
+        return self._depth
+
     def get_unique_id(self):
-        return os.urandom(128)   # cupy >= 14: 128 bytes
+        return os.urandom(128)  # cupy >= 14: 128 bytes
 
     def groupStart(self):
         self._depth += 1
@@ -97,10 +117,20 @@ class StandInNccl:
     def _flush(self):
         queued, self._queued = self._queued, []
         reqs = []
-        for kind, ptr, nbytes, peer in queued:   # receives first, then sends
+        for kind, ptr, nbytes, peer in queued:  # receives first, then sends
             if kind == "recv":
-                reqs.append(self.mpi.Irecv([MPI.buffer.fromaddress(ptr, nbytes) if nbytes else bytearray(), MPI.BYTE], source=peer))
+                reqs.append(
+                    self.mpi.Irecv(
+                        [MPI.buffer.fromaddress(ptr, nbytes) if nbytes else bytearray(), MPI.BYTE],
+                        source=peer,
+                    )
+                )
         for kind, ptr, nbytes, peer in queued:
             if kind == "send":
-                reqs.append(self.mpi.Isend([MPI.buffer.fromaddress(ptr, nbytes) if nbytes else bytearray(), MPI.BYTE], dest=peer))
+                reqs.append(
+                    self.mpi.Isend(
+                        [MPI.buffer.fromaddress(ptr, nbytes) if nbytes else bytearray(), MPI.BYTE],
+                        dest=peer,
+                    )
+                )
         MPI.Request.Waitall(reqs)

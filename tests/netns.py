@@ -45,6 +45,7 @@ Command line (for benchmarks; needs root)::
     python tests/netns.py --hosts 4 --ranks-per-host 2 --rate 1gbit -- \\
         python bench/bench_sim_calibration.py --sizes 16M,64M
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-SUBNET = "10.77.0"          # private test subnet; it exists only inside our namespaces
+SUBNET = "10.77.0"  # private test subnet; it exists only inside our namespaces
 IFNAME = "eth0"
 MASTER_PORT = 29500
 _PREFIX = "cmrt"
@@ -104,8 +105,9 @@ class Cluster:
     context manager, or call :meth:`close`.
     """
 
-    def __init__(self, hosts: int, rate: str | None = "1gbit", burst: str = "256kb",
-                 latency: str = "50ms"):
+    def __init__(
+        self, hosts: int, rate: str | None = "1gbit", burst: str = "256kb", latency: str = "50ms"
+    ):
         if hosts < 1 or hosts > 200:
             raise ValueError(f"hosts must be between 1 and 200, got {hosts}")
         reason = unavailable_reason()
@@ -139,8 +141,21 @@ class Cluster:
             self._made.append(ns)
             port = f"p{h}"
             # Both ends are born inside our namespaces: nothing appears in the caller's.
-            _ip("ip", "-n", sw, "link", "add", port, "type", "veth", "peer", "name", IFNAME,
-                "netns", ns)
+            _ip(
+                "ip",
+                "-n",
+                sw,
+                "link",
+                "add",
+                port,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                IFNAME,
+                "netns",
+                ns,
+            )
             _ip("ip", "-n", sw, "link", "set", port, "master", "br0")
             _ip("ip", "-n", sw, "link", "set", port, "up")
             _ip("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", IFNAME)
@@ -148,19 +163,49 @@ class Cluster:
             _ip("ip", "-n", ns, "link", "set", "lo", "up")
             if rate:
                 for where, dev in ((ns, IFNAME), (sw, port)):
-                    _ip("tc", "-n", where, "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate,
-                        "burst", burst, "latency", latency)
+                    _ip(
+                        "tc",
+                        "-n",
+                        where,
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "root",
+                        "tbf",
+                        "rate",
+                        rate,
+                        "burst",
+                        burst,
+                        "latency",
+                        latency,
+                    )
 
     def env(self, rank: int, host: int, local_rank: int, ranks_per_host: int) -> dict:
         """torchrun's variables for one rank, plus GLOO_SOCKET_IFNAME."""
         world = self.hosts * ranks_per_host
-        return dict(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
-                    LOCAL_WORLD_SIZE=str(ranks_per_host), GROUP_RANK=str(host),
-                    MASTER_ADDR=self.addresses[0], MASTER_PORT=str(MASTER_PORT),
-                    GLOO_SOCKET_IFNAME=IFNAME, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        return dict(
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(local_rank),
+            LOCAL_WORLD_SIZE=str(ranks_per_host),
+            GROUP_RANK=str(host),
+            MASTER_ADDR=self.addresses[0],
+            MASTER_PORT=str(MASTER_PORT),
+            GLOO_SOCKET_IFNAME=IFNAME,
+            OMP_NUM_THREADS="1",
+            PYTHONUNBUFFERED="1",
+        )
 
-    def launch(self, ranks_per_host: int, argv: list[str], *, timeout: float = 300,
-               env: dict | None = None, check: bool = True) -> list[RankResult]:
+    def launch(
+        self,
+        ranks_per_host: int,
+        argv: list[str],
+        *,
+        timeout: float = 300,
+        env: dict | None = None,
+        check: bool = True,
+    ) -> list[RankResult]:
         """Run ``argv`` as ``ranks_per_host`` ranks in every host, ranks in blocks per host.
 
         Returns every rank's exit status and output. ``check``: raise
@@ -178,9 +223,14 @@ class Cluster:
                     e = dict(os.environ, **(env or {}), **self.env(rank, h, lr, ranks_per_host))
                     out = open(os.path.join(logs, f"{rank}.out"), "w+")
                     err = open(os.path.join(logs, f"{rank}.err"), "w+")
-                    p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], env=e, stdout=out,
-                                         stderr=err, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)
+                    p = subprocess.Popen(
+                        ["ip", "netns", "exec", ns, *argv],
+                        env=e,
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
                     self._procs.append(p)
                     runs.append((rank, h, p, out, err))
             deadline = time.monotonic() + timeout
@@ -204,11 +254,15 @@ class Cluster:
         if check and any(r.returncode != 0 for r in results):
             timed_out = time.monotonic() >= deadline
             bad = [r for r in results if r.returncode != 0]
-            text = "\n".join(f"--- rank {r.rank} (host {r.host}) exit {r.returncode}\n"
-                             f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}" for r in bad[:3])
+            text = "\n".join(
+                f"--- rank {r.rank} (host {r.host}) exit {r.returncode}\n"
+                f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+                for r in bad[:3]
+            )
             killed = f" (killed after {timeout} s)" if timed_out else ""
-            raise AssertionError(f"{len(bad)} of {len(results)} ranks failed{killed}: {argv}\n"
-                                 f"{text}")
+            raise AssertionError(
+                f"{len(bad)} of {len(results)} ranks failed{killed}: {argv}\n{text}"
+            )
         return results
 
     def _kill(self) -> None:

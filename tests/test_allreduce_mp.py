@@ -8,12 +8,12 @@ MPI Allreduce, torch.distributed.all_reduce and a float64 reference. The
 tolerances are in tests/workers/allreduce_worker.py: fp32 1e-6 and bf16
 p·2^-8, relative to the sum of the magnitudes of the terms.
 """
+
 import glob
 import json
 import os
 
 import pytest
-
 from mp import mpiexec
 
 pytestmark = pytest.mark.mpi
@@ -40,9 +40,14 @@ def test_stalled_rank_makes_the_others_time_out(tmp_path):
         report = json.load(open(f))
         for transport in ("mpi", "gloo"):
             r = report[transport]
-            assert r.get("error", "") is not None, f"{transport}: all_reduce returned without the stalled rank"
+            assert r.get("error", "") is not None, (
+                f"{transport}: all_reduce returned without the stalled rank"
+            )
             # raised within the configured timeout (plus scheduling slack), not after
             assert timeout * 0.9 <= r["elapsed"] <= timeout + 2.0, r
             assert r["rank"] == rank and r["algorithm"] == "ring" and r["what"] in ("recv", "send")
             assert r["peer"] in (0, 1, 2) and r["step"] is not None
-            assert f"rank {rank} timed out after 3 s" in r["message"] and "algorithm ring, step" in r["message"]
+            assert (
+                f"rank {rank} timed out after 3 s" in r["message"]
+                and "algorithm ring, step" in r["message"]
+            )

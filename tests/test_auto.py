@@ -1,29 +1,36 @@
 """algorithm="auto": choices from the cost model, the probe, and one mpiexec run against MPI."""
+
 import dataclasses
 import json
 from types import SimpleNamespace
 
 import pytest
+from mp import mpiexec
 
 from commrt import sim
 from commrt.algorithms import Auto, HalvingDoubling, RecursiveDoubling, Ring, Torus2D, resolve
 from commrt.algorithms.auto import candidates, choices
+from commrt.comm import CommSlots
 from commrt.probe import _fit
-
-from mp import mpiexec
 
 FLAT = sim.Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)
 SMALL, LARGE = 1 << 10, 256 << 20
 
 
 def _fake_comm(p):
-    return SimpleNamespace(world_size=p, cache={})
+    return SimpleNamespace(world_size=p, slots=CommSlots())
 
 
 def test_candidates_are_ring_hd_rd_and_every_real_torus_grid():
     assert [str(a) for a in candidates(12)] == [
-        "ring", "halving_doubling", "recursive_doubling",
-        "torus2d(2×6)", "torus2d(3×4)", "torus2d(4×3)", "torus2d(6×2)"]
+        "ring",
+        "halving_doubling",
+        "recursive_doubling",
+        "torus2d(2×6)",
+        "torus2d(3×4)",
+        "torus2d(4×3)",
+        "torus2d(6×2)",
+    ]
     # a prime has no 2D grid
     assert candidates(7) == [Ring(), HalvingDoubling(), RecursiveDoubling()]
     assert resolve("auto") == Auto()
@@ -53,9 +60,10 @@ def test_with_nodes_the_torus_takes_one_row_per_node_for_large_messages():
     auto = Auto(network=sim.Network.h100_nvlink_ib())
     assert auto.choose(64, 64 << 10).label == "recursive_doubling"
     big = auto.choose(64, LARGE)
-    assert big.label == "torus2d(8x8)"            # rows of 8 = one node: NVLink rows, IB columns
+    assert big.label == "torus2d(8x8)"  # rows of 8 = one node: NVLink rows, IB columns
     assert big.predicted_s == pytest.approx(
-        sim.simulate(Torus2D(8, 8), 64, LARGE, network=auto.network).time_s)
+        sim.simulate(Torus2D(8, 8), 64, LARGE, network=auto.network).time_s
+    )
 
 
 def test_choices_are_cached_on_the_communicator_and_name_the_schedule():
@@ -63,20 +71,23 @@ def test_choices_are_cached_on_the_communicator_and_name_the_schedule():
     auto = Auto(network=FLAT)
     s1 = auto.select(12, LARGE, comm)
     s2 = Auto(network=FLAT).select(12, LARGE, comm)
-    assert s1 is s2                                   # same object: the executor's plan cache hits
+    assert s1 is s2  # same object: the executor's plan cache hits
     assert s1.name == "auto:torus2d(3x4)" and s1.check().ok
     auto.select(12, SMALL, comm)
     made = choices(comm)
-    assert {n: c.label for n, c in made.items()} == {LARGE: "torus2d(3x4)",
-                                                     SMALL: "recursive_doubling"}
+    assert {n: c.label for n, c in made.items()} == {
+        LARGE: "torus2d(3x4)",
+        SMALL: "recursive_doubling",
+    }
     assert "torus2d(3x4)" in str(made[LARGE])
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 8])
 def test_recursive_doubling_wins_where_latency_dominates(p):
     # this machine's order of magnitude (tests/probe): α 10 µs, 4 GB/s, adds at 8 GB/s
-    net = dataclasses.replace(sim.Network.flat(alpha_s=10e-6, beta_s_per_byte=1 / 4e9),
-                              gamma_s_per_byte=1 / 8e9)
+    net = dataclasses.replace(
+        sim.Network.flat(alpha_s=10e-6, beta_s_per_byte=1 / 4e9), gamma_s_per_byte=1 / 8e9
+    )
     auto = Auto(network=net)
     for n in (8, 4 << 10):
         c = auto.choose(p, n)
@@ -107,7 +118,7 @@ def test_schedule_without_a_size_needs_a_network():
         Auto().schedule(8)
     with pytest.raises(ValueError, match="needs a network"):
         Auto().select(8, 1024)
-    s = Auto(network=FLAT).schedule(12)               # picks for a 25 MiB bucket
+    s = Auto(network=FLAT).schedule(12)  # picks for a 25 MiB bucket
     assert s.name == "auto:torus2d(3x4)" and s.check().ok
     sub = Auto(network=FLAT).schedule(16, ranks=(0, 2, 4, 6, 8, 10))
     assert sub.ranks == (0, 2, 4, 6, 8, 10) and sub.check().ok
@@ -126,7 +137,7 @@ def test_probe_fit():
     sizes = (8, 1 << 20, 4 << 20)
     a, b = _fit(sizes, [alpha + s * beta for s in sizes])
     assert a == pytest.approx(alpha + 8 * beta) and b == pytest.approx(beta, rel=1e-6)
-    a, b = _fit(sizes, [1e-3, 0.5e-3, 0.4e-3])       # nonsense timings still give a usable model
+    a, b = _fit(sizes, [1e-3, 0.5e-3, 0.4e-3])  # nonsense timings still give a usable model
     assert a == 1e-3 and b > 0
 
 
@@ -143,7 +154,9 @@ def test_auto_all_reduce_matches_mpi_and_all_ranks_agree(tmp_path):
     assert all(r["choices"] == ranks[0]["choices"] for r in ranks)
     assert all(r["probe_cached_once"] for r in ranks)
     alpha, beta = ranks[0]["probe"]
-    assert alpha == max(a for a, _ in ranks[0]["per_rank"]) and beta == max(b for _, b in ranks[0]["per_rank"])
+    assert alpha == max(a for a, _ in ranks[0]["per_rank"]) and beta == max(
+        b for _, b in ranks[0]["per_rank"]
+    )
     assert set(ranks[0]["choices"]) == {"4", "4000", "4000012"}
     for label, name, _, cands in ranks[0]["choices"].values():
         assert name == f"auto:{label}" and cands[0][0] == label
@@ -153,14 +166,15 @@ def test_auto_all_reduce_matches_mpi_and_all_ranks_agree(tmp_path):
 
 def test_tier_shifts_measure_each_link_class():
     from commrt.probe import _shift_schedule, _tier_schedules
+
     p, L = 8, 2
     tiers = _tier_schedules(p, L)
     intra, _ = tiers["intra"]
-    assert all(intra[r] // L == r // L and intra[r] != r for r in range(p))      # stays on its node
+    assert all(intra[r] // L == r // L and intra[r] != r for r in range(p))  # stays on its node
     shared, _ = tiers["shared"]
-    assert all(shared[r] // L == (r // L + 1) % (p // L) for r in range(p))   # all to the next node
+    assert all(shared[r] // L == (r // L + 1) % (p // L) for r in range(p))  # all to the next node
     inter, lead = tiers["inter"]
-    assert lead == (0, 2, 4, 6) and inter == {0: 2, 2: 4, 4: 6, 6: 0}        # one per node, alone
+    assert lead == (0, 2, 4, 6) and inter == {0: 2, 2: 4, 4: 6, 6: 0}  # one per node, alone
     s = _shift_schedule(p, 3, inter, lead)
     assert s.ranks == lead and s.num_steps == 3
     assert {(o.rank, o.peer) for o in s.steps[0].ops if o.kind.name == "SEND"} == set(inter.items())
@@ -168,17 +182,29 @@ def test_tier_shifts_measure_each_link_class():
 
 def test_probe_network_with_two_tiers_and_nic_sharing():
     from commrt.probe import ProbeResult, _nics
+
     # two ranks behind one NIC take twice as long as one alone; behind two NICs, as long
     assert _nics(2, alone_s=8.5e-3, shared_s=16.9e-3, alpha_s=1e-4) == 1
     assert _nics(2, alone_s=8.5e-3, shared_s=8.7e-3, alpha_s=1e-4) == 2
     assert _nics(8, alone_s=1e-3, shared_s=2e-3, alpha_s=0.0) == 4
-    r = ProbeResult(1e-4, 1 / 1e9, (8, 1 << 20), (1e-4, 1e-3), ((1e-4, 1e-9),), "gloo", 8, 1.0,
-                    ranks_per_node=2, inter_alpha_s=5e-4, inter_beta_s_per_byte=8e-9,
-                    nics_per_node=1)
+    r = ProbeResult(
+        1e-4,
+        1 / 1e9,
+        (8, 1 << 20),
+        (1e-4, 1e-3),
+        ((1e-4, 1e-9),),
+        "gloo",
+        8,
+        1.0,
+        ranks_per_node=2,
+        inter_alpha_s=5e-4,
+        inter_beta_s_per_byte=8e-9,
+        nics_per_node=1,
+    )
     net = r.network()
     assert (net.ranks_per_node, net.nics_per_node) == (2, 1)
     assert net.intra == sim.Link(1e-4, 1e-9) and net.inter == sim.Link(5e-4, 8e-9)
-    assert sim.Network.from_dict(r.to_dict()) == net              # a saved probe file loads as is
+    assert sim.Network.from_dict(r.to_dict()) == net  # a saved probe file loads as is
     assert "between nodes" in str(r)
     # on it, auto keeps the heavy bytes inside nodes for big buffers: one row per node
     assert Auto(network=net).choose(8, 16 << 20).label == "torus2d(4x2)"

@@ -7,22 +7,21 @@ checks: the late rank never holds the others back; after close() every rank
 holds bit-identical parameters and optimizer state; every update is exactly
 the average of that step's on-time gradients (replayed here); dead ranks.
 """
+
 import json
 import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
+from mp import HERE, gloo_ranks, mpiexec
 
 import commrt
 from commrt.algorithms import BackupWorkers, HalvingDoubling, Ring, Torus2D, resolve
-from commrt.store import STORE_ENV, Host, host_store, launcher_store
+from commrt.store import STORE_ENV, Host, launcher_store
 from commrt.sync.backup import load_snapshot, pack_snapshot
-
-from mp import HERE, mpiexec
 
 sys.path.insert(0, os.path.join(HERE, "workers"))
 import backup_worker as W  # noqa: E402
@@ -33,31 +32,16 @@ N_RANKS = 4
 # ------------------------------------------------------------------ launch
 def spawn_gloo(n, *args, timeout=120):
     """Run the worker as ``n`` gloo ranks with torchrun's variables; the store lives here."""
-    store = host_store()
-    env = dict(os.environ, WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="true",
-               PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    env.pop(STORE_ENV, None)
-    script = os.path.join(HERE, "workers", "backup_worker.py")
-    procs = [subprocess.Popen([sys.executable, script, *map(str, args)],
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(n)]
-    outs = []
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=max(1, deadline - time.monotonic()))[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    return [p.returncode for p in procs], outs
+    return gloo_ranks(n, "backup_worker.py", *args, timeout=timeout)
 
 
 def failures(codes, outs):
     """The output of the ranks that failed, for assertion messages."""
-    return "\n".join(f"--- rank {r} exited {c}\n{o[-3000:]}"
-                     for r, (c, o) in enumerate(zip(codes, outs)) if c not in (0, -9))
+    return "\n".join(
+        f"--- rank {r} exited {c}\n{o[-3000:]}"
+        for r, (c, o) in enumerate(zip(codes, outs))
+        if c not in (0, -9)
+    )
 
 
 def run(backend, scenario, out, *args):
@@ -111,7 +95,7 @@ def test_one_slow_rank_does_not_hold_the_others_back(backend, tmp_path):
         assert slow["dropped"][str(n)] >= 1 and all(s["role"] == "late" for s in slow["steps"][:1])
         final = recs[0]["final"]
         assert final == W.SLOW_STEPS, case
-        for r in recs:   # updates applied == the global step held == the final step, everywhere
+        for r in recs:  # updates applied == the global step held == the final step, everywhere
             assert r["global_step"] == final == sum(r["applied"]) and r["missing"] == [], (case, r)
         assert_identical(states)
         parts = participants_by_step(recs)
@@ -173,7 +157,7 @@ def test_a_dead_rank_is_reported_missing_and_the_others_finish(tmp_path):
         assert r["missing"] == [3], r
         assert r["global_step"] == r["final"] == sum(r["applied"]) >= W.DEAD_STEPS, r
     # once rank 3 is gone the three others are exactly N: nobody is late any more
-    assert all(s["role"] == "on time" for r in recs for s in r["steps"][W.DIE_AT + 1:])
+    assert all(s["role"] == "on time" for r in recs for s in r["steps"][W.DIE_AT + 1 :])
 
 
 def test_more_dead_ranks_than_backups_time_out_naming_them(tmp_path):
@@ -222,11 +206,16 @@ def test_schedules_are_the_inner_all_reduce_over_the_on_time_ranks(inner):
             assert s.ranks == ranks and s.world_size == p
             assert s.check().ok, (p, b, ranks, s.check())
     with pytest.raises(ValueError, match="rows × cols must equal p"):
-        BackupWorkers(1, Torus2D(2, 2)).schedule(4)   # 3 on-time ranks do not fill a 2×2 grid
+        BackupWorkers(1, Torus2D(2, 2)).schedule(4)  # 3 on-time ranks do not fill a 2×2 grid
 
 
-@pytest.mark.parametrize("make", [lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
-                                  lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True),
+    ],
+)
 def test_a_snapshot_restores_parameters_and_optimizer_state_bit_for_bit(make):
     src, dst = W.mlp(), W.mlp()
     o_src, o_dst = make(src.parameters()), make(dst.parameters())
@@ -237,8 +226,8 @@ def test_a_snapshot_restores_parameters_and_optimizer_state_bit_for_bit(make):
         for p in dst.parameters():
             p.add_(1.0)
     flat, layout = pack_snapshot(list(src.parameters()), o_src)
-    json.dumps(layout)                               # it travels through the store
-    load_snapshot(flat.clone(), layout, list(dst.parameters()), o_dst)   # dst never stepped
+    json.dumps(layout)  # it travels through the store
+    load_snapshot(flat.clone(), layout, list(dst.parameters()), o_dst)  # dst never stepped
     a, b = W.state_of(src, o_src), W.state_of(dst, o_dst)
     assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="same optimizer"):
@@ -255,8 +244,9 @@ def test_the_store_a_launcher_hosts_is_found():
 
 
 def test_all_reduce_refuses_backup_workers():
-    from commrt.comm import Backend, Communicator, LaunchInfo
     from local_transport import run_ranks
+
+    from commrt.comm import Backend, Communicator, LaunchInfo
 
     def body(tr):
         launch = LaunchInfo("none", tr.rank, tr.world_size, 0, None)
@@ -264,42 +254,77 @@ def test_all_reduce_refuses_backup_workers():
         with pytest.raises(ValueError, match="only GradientSync"):
             commrt.all_reduce(torch.ones(8), comm, algorithm="backup")
         return True
+
     assert run_ranks(2, body) == [True, True]
 
 
 # --------------------------------------------------------- command line
 def test_commrt_train_with_backup_workers_survives_a_killed_rank():
     """The launcher hosts the store and keeps the job up when rank 3 dies; the summary names it."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "commrt", "train", "--nproc", "4", "--backend",
-                           "gloo", "--algorithm", "backup", "--backups", "1", "--epochs", "1",
-                           "--kill", "3:6", "--straggler", "exp:0.005", "--timeout", "4",
-                           "--quiet"],
-                          capture_output=True, text=True, timeout=240, env=env)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "commrt",
+            "train",
+            "--nproc",
+            "4",
+            "--backend",
+            "gloo",
+            "--algorithm",
+            "backup",
+            "--backups",
+            "1",
+            "--epochs",
+            "1",
+            "--kill",
+            "3:6",
+            "--straggler",
+            "exp:0.005",
+            "--timeout",
+            "4",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    rows = {m.group(1): m.group(2) for m in
-            (re.match(r"^(\S.*?)\s{2,}(.+)$", ln) for ln in proc.stdout.splitlines()) if m}
+    rows = {
+        m.group(1): m.group(2)
+        for m in (re.match(r"^(\S.*?)\s{2,}(.+)$", ln) for ln in proc.stdout.splitlines())
+        if m
+    }
     assert rows["missing ranks"] == "3", out
-    assert max(map(len, proc.stdout.splitlines())) <= 80, proc.stdout   # the summary fits a terminal
+    assert max(map(len, proc.stdout.splitlines())) <= 80, proc.stdout  # the summary fits a terminal
     assert rows["backup workers"].startswith("first 3 of 4 gradients"), out
     assert set(rows["dropped gradients"].replace(",", "").split()[::2]) == {"r0", "r1", "r2"}, out
     assert int(rows["global steps"]) >= 20 and float(rows["final test accuracy"]) > 0.5, out
     assert "rank 3 was killed by SIGKILL; the other ranks carried on" in proc.stderr, out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--backups", "1"], "--backups only applies to --algorithm backup"),
-    (["--algorithm", "backup", "--backups", "2", "--nproc", "2"], "needs more than 2 ranks"),
-    (["--algorithm", "backup", "--backups", "-1"], "non-negative integer"),
-    (["--straggler", "pareto:0.01:0.5"], "shape must be above 1"),
-    (["--straggler", "exp:0.01,lognormal:0.01"], "at most one distribution"),
-    (["--straggler", "weibull:0.01"], "use RANK:SECONDS, exp:MEAN"),
-    (["--kill", "9:1"], "--kill 9:1: the rank must be in 0..1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--backups", "1"], "--backups only applies to --algorithm backup"),
+        (["--algorithm", "backup", "--backups", "2", "--nproc", "2"], "needs more than 2 ranks"),
+        (["--algorithm", "backup", "--backups", "-1"], "non-negative integer"),
+        (["--straggler", "pareto:0.01:0.5"], "shape must be above 1"),
+        (["--straggler", "exp:0.01,lognormal:0.01"], "at most one distribution"),
+        (["--straggler", "weibull:0.01"], "use RANK:SECONDS, exp:MEAN"),
+        (["--kill", "9:1"], "--kill 9:1: the rank must be in 0..1"),
+    ],
+)
 def test_train_flags_for_backup_workers_are_checked(args, message, capsys):
     from commrt.cli import main
+
     with pytest.raises(SystemExit):
         main(["train", *args])
     assert message in capsys.readouterr().err
@@ -307,6 +332,7 @@ def test_train_flags_for_backup_workers_are_checked(args, message, capsys):
 
 def test_straggler_draws_have_the_requested_mean():
     from commrt.cli.train import Stragglers
+
     for spec in ("exp:0.01", "pareto:0.01:3", "lognormal:0.01:0.5"):
         s = Stragglers.parse(spec, seed=1)
         draws = [s.delay(r, t) for r in range(4) for t in range(5000)]

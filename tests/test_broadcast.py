@@ -1,16 +1,21 @@
 """commrt.broadcast: the schedules (checked symbolically), and real processes
 against MPI Bcast and torch.distributed.broadcast."""
+
 import json
 
 import pytest
+from mp import mpiexec
 
 from commrt.algorithms import BinomialTree, PipelinedChain
 from commrt.algorithms.broadcast import TREE_MAX_BYTES, choose
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step
 
-from mp import mpiexec
-
-ALGORITHMS = [BinomialTree(), PipelinedChain(chunks=1), PipelinedChain(chunks=3), PipelinedChain(chunks=8)]
+ALGORITHMS = [
+    BinomialTree(),
+    PipelinedChain(chunks=1),
+    PipelinedChain(chunks=3),
+    PipelinedChain(chunks=8),
+]
 
 
 @pytest.mark.parametrize("alg", ALGORITHMS, ids=repr)
@@ -46,17 +51,40 @@ def test_choice_by_size():
 
 def test_checker_catches_broken_broadcasts():
     def sched(steps, p=3):
-        return Schedule("bad", Collective.BROADCAST, p, tuple(range(p)), 1, tuple(steps), owners=(0,))
+        return Schedule(
+            "bad", Collective.BROADCAST, p, tuple(range(p)), 1, tuple(steps), owners=(0,)
+        )
+
     # rank 2 never receives
     s = sched([Step.of([Op(OpKind.SEND, 0, 1, 0, 1), Op(OpKind.RECV_COPY, 1, 0, 0, 1)])])
     assert "rank 2, chunk 0: ends with undefined data" in str(s.check())
     # rank 1 forwards before it has the data
-    s = sched([Step.of([Op(OpKind.SEND, 1, 2, 0, 1), Op(OpKind.RECV_COPY, 2, 1, 0, 1),
-                        Op(OpKind.SEND, 0, 1, 0, 1), Op(OpKind.RECV_COPY, 1, 0, 0, 1)])])
+    s = sched(
+        [
+            Step.of(
+                [
+                    Op(OpKind.SEND, 1, 2, 0, 1),
+                    Op(OpKind.RECV_COPY, 2, 1, 0, 1),
+                    Op(OpKind.SEND, 0, 1, 0, 1),
+                    Op(OpKind.RECV_COPY, 1, 0, 0, 1),
+                ]
+            )
+        ]
+    )
     assert "rank 1 sends chunk 0 to rank 2 before it holds any data" in str(s.check())
     # a reduction mixes in a non-root's (undefined) buffer
-    s = sched([Step.of([Op(OpKind.SEND, 0, 1, 0, 1), Op(OpKind.RECV_REDUCE, 1, 0, 0, 1),
-                        Op(OpKind.SEND, 0, 2, 0, 1), Op(OpKind.RECV_COPY, 2, 0, 0, 1)])])
+    s = sched(
+        [
+            Step.of(
+                [
+                    Op(OpKind.SEND, 0, 1, 0, 1),
+                    Op(OpKind.RECV_REDUCE, 1, 0, 0, 1),
+                    Op(OpKind.SEND, 0, 2, 0, 1),
+                    Op(OpKind.RECV_COPY, 2, 0, 0, 1),
+                ]
+            )
+        ]
+    )
     assert "reduces into undefined data" in str(s.check())
 
 

@@ -1,5 +1,6 @@
 """The command line end to end: commrt train on 2 real ranks, bench plots, flag errors,
 the progress output at 80 columns, and a rank killed mid-run."""
+
 import fcntl
 import os
 import pty
@@ -15,13 +16,22 @@ import pytest
 
 from commrt.cli import main
 
-ACCURACY_THRESHOLD = 0.90   # digits MLP, 4 epochs: ~0.95-0.97 measured
+ACCURACY_THRESHOLD = 0.90  # digits MLP, 4 epochs: ~0.95-0.97 measured
 
 
 def _commrt(*args, timeout=240):
-    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")}
-    return subprocess.run([sys.executable, "-m", "commrt", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "commrt", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _summary(out: str) -> dict:
@@ -34,15 +44,35 @@ def _summary(out: str) -> dict:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm,backend", [("ring", "mpi"), ("ring", "gloo"), ("halving_doubling", "mpi"),
-                                               ("torus2d", "mpi"), ("auto", "mpi")])
+@pytest.mark.parametrize(
+    "algorithm,backend",
+    [
+        ("ring", "mpi"),
+        ("ring", "gloo"),
+        ("halving_doubling", "mpi"),
+        ("torus2d", "mpi"),
+        ("auto", "mpi"),
+    ],
+)
 def test_train_end_to_end(algorithm, backend, tmp_path):
     from commrt.algorithms import NAMES
+
     if algorithm not in NAMES:
         pytest.fail(f"{algorithm} is not registered")
     trace = tmp_path / "trace.json"
-    proc = _commrt("train", "--nproc", "2", "--backend", backend, "--algorithm", algorithm, "--epochs", "4",
-                   "--trace", str(trace))
+    proc = _commrt(
+        "train",
+        "--nproc",
+        "2",
+        "--backend",
+        backend,
+        "--algorithm",
+        algorithm,
+        "--epochs",
+        "4",
+        "--trace",
+        str(trace),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = _summary(proc.stdout)
     assert float(s["final test accuracy"]) >= ACCURACY_THRESHOLD, proc.stdout
@@ -53,37 +83,75 @@ def test_train_end_to_end(algorithm, backend, tmp_path):
 
 def test_bench_allreduce_writes_a_png(tmp_path):
     png = tmp_path / "allreduce.png"
-    proc = _commrt("bench", "allreduce", "--nproc", "2", "--backend", "gloo", "--sizes", "64K,256K",
-                   "--repeats", "1", "--iters", "5", "--plot", str(png))
+    proc = _commrt(
+        "bench",
+        "allreduce",
+        "--nproc",
+        "2",
+        "--backend",
+        "gloo",
+        "--sizes",
+        "64K,256K",
+        "--repeats",
+        "1",
+        "--iters",
+        "5",
+        "--plot",
+        str(png),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "busbw" in proc.stdout and "native (gloo allreduce)" in proc.stdout
     import matplotlib.image
+
     img = matplotlib.image.imread(str(png))
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 100
 
 
 def test_bench_kernels_table(tmp_path, capsys):
-    assert main(["bench", "kernels", "--sizes", "1M", "--device", "cpu", "--plot", str(tmp_path / "k.png")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "kernels",
+                "--sizes",
+                "1M",
+                "--device",
+                "cpu",
+                "--plot",
+                str(tmp_path / "k.png"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "pack/copy" in out and "1 MiB" in out and (tmp_path / "k.png").exists()
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["train", "--algorithm", "gosip"], "unknown algorithm 'gosip'"),
-    (["train", "--algorithm", "gossip", "--nproc", "6"], "power-of-two number of ranks, got 6"),
-    (["train", "--gossip-async"], "only apply to --algorithm gossip"),
-    (["train", "--algorithm", "torus2d", "--torus-shape", "3x2", "--nproc", "4"], "rows × cols must equal p"),
-    (["train", "--torus-shape", "2x2"], "only applies to --algorithm torus2d"),
-    (["train", "--batch-size", "65", "--nproc", "2"], "batch size"),
-    (["train", "--straggler", "5:0.1"], "outside 0..1"),
-    (["train", "--straggler", "x"], "bad --straggler"),
-    (["train", "--nproc", "0"], "must be at least 1"),
-    (["train", "--batch-size", "2000"], "larger than the 1438 training samples"),
-    (["train", "--batch-schedule", "0:64,2:4000", "--epochs", "3"], "global batch at epoch 2 is 4000"),
-    (["bench", "allreduce", "--sizes", "12Q"], "bad size"),
-    (["bench", "allreduce", "--algorithms", "ring,nope"], "unknown algorithm 'nope'"),
-    (["bench", "allreduce", "--algorithms", "ring,gossip"], "gossip is not an all-reduce"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["train", "--algorithm", "gosip"], "unknown algorithm 'gosip'"),
+        (["train", "--algorithm", "gossip", "--nproc", "6"], "power-of-two number of ranks, got 6"),
+        (["train", "--gossip-async"], "only apply to --algorithm gossip"),
+        (
+            ["train", "--algorithm", "torus2d", "--torus-shape", "3x2", "--nproc", "4"],
+            "rows × cols must equal p",
+        ),
+        (["train", "--torus-shape", "2x2"], "only applies to --algorithm torus2d"),
+        (["train", "--batch-size", "65", "--nproc", "2"], "batch size"),
+        (["train", "--straggler", "5:0.1"], "outside 0..1"),
+        (["train", "--straggler", "x"], "bad --straggler"),
+        (["train", "--nproc", "0"], "must be at least 1"),
+        (["train", "--batch-size", "2000"], "larger than the 1438 training samples"),
+        (
+            ["train", "--batch-schedule", "0:64,2:4000", "--epochs", "3"],
+            "global batch at epoch 2 is 4000",
+        ),
+        (["bench", "allreduce", "--sizes", "12Q"], "bad size"),
+        (["bench", "allreduce", "--algorithms", "ring,nope"], "unknown algorithm 'nope'"),
+        (["bench", "allreduce", "--algorithms", "ring,gossip"], "gossip is not an all-reduce"),
+    ],
+)
 def test_bad_flags_get_clear_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
@@ -95,7 +163,9 @@ def test_bad_flags_get_clear_errors(argv, message, capsys):
     assert f"commrt {command}: error:" in err and f"usage: commrt {command}" in err, err
 
 
-@pytest.mark.parametrize("argv", [[], ["train"], ["bench", "allreduce"], ["simulate"], ["trace", "merge"]])
+@pytest.mark.parametrize(
+    "argv", [[], ["train"], ["bench", "allreduce"], ["simulate"], ["trace", "merge"]]
+)
 def test_help_has_no_raw_markup(argv, capsys):
     with pytest.raises(SystemExit):
         main([*argv, "--help"])
@@ -114,9 +184,26 @@ def test_nccl_without_gpu_suggests_mpi_or_gloo(capsys):
 @pytest.mark.mpi
 def test_train_runs_as_one_rank_under_mpiexec():
     import shutil
+
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run([shutil.which("mpiexec"), "-n", "2", sys.executable, "-m", "commrt", "train", "--epochs", "3",
-                           "--quiet"], capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(
+        [
+            shutil.which("mpiexec"),
+            "-n",
+            "2",
+            sys.executable,
+            "-m",
+            "commrt",
+            "train",
+            "--epochs",
+            "3",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = _summary(proc.stdout)
     assert s["ranks × backend"] == "2 × mpi" and float(s["final test accuracy"]) >= 0.85
@@ -126,15 +213,18 @@ def _run_in_pty(argv, cols=80, rows=24, timeout=300):
     """Run ``argv`` with stdout/stderr on a pseudo-terminal of ``cols`` columns; return (rc, text)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE",
-                                                            "COLUMNS", "LINES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE", "COLUMNS", "LINES")
+    }
     proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
     os.close(slave)
     chunks = []
     while True:
         try:
             data = os.read(master, 65536)
-        except OSError:   # EIO: every writer closed the terminal
+        except OSError:  # EIO: every writer closed the terminal
             break
         if not data:
             break
@@ -147,7 +237,9 @@ def _run_in_pty(argv, cols=80, rows=24, timeout=300):
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
 def test_train_output_fits_an_80_column_terminal(backend):
     epochs = 5
-    rc, out = _run_in_pty([sys.executable, "-m", "commrt", "train", "--backend", backend, "--epochs", str(epochs)])
+    rc, out = _run_in_pty(
+        [sys.executable, "-m", "commrt", "train", "--backend", backend, "--epochs", str(epochs)]
+    )
     assert rc == 0, out[-3000:]
     lines = out.replace("\r\n", "\n").split("\n")
     assert lines[0].startswith(f"starting 2 ranks ({backend})"), lines[:3]
@@ -157,7 +249,9 @@ def test_train_output_fits_an_80_column_terminal(backend):
             assert len(frame.rstrip()) <= 80, repr(frame)
     summary_at = next(i for i, ln in enumerate(lines) if "commrt train summary" in ln) - 1
     progress = [ln for ln in lines[1:summary_at] if ln.strip("\r ")]
-    assert 1 <= len(progress) <= epochs, progress   # one bar on a terminal; a line per epoch under mpiexec
+    assert 1 <= len(progress) <= epochs, (
+        progress
+    )  # one bar on a terminal; a line per epoch under mpiexec
     assert float(_summary(out.replace("\r", ""))["final test accuracy"]) > 0.5
 
 
@@ -179,10 +273,29 @@ def _rank_of(pid):
 
 
 def test_train_names_a_rank_killed_mid_run():
-    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")}
-    proc = subprocess.Popen([sys.executable, "-m", "commrt", "train", "--backend", "gloo", "--epochs", "200",
-                             "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "commrt",
+            "train",
+            "--backend",
+            "gloo",
+            "--epochs",
+            "200",
+            "--timeout",
+            "20",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         first = proc.stdout.readline()
         assert first.startswith("starting 2 ranks"), first

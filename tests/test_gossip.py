@@ -10,14 +10,13 @@ import threading
 import numpy as np
 import pytest
 import torch
+from local_transport import LocalTransport, Mailbox
 
 import commrt
 from commrt.algorithms import Gossip, resolve
 from commrt.comm import Backend, Communicator, LaunchInfo
 from commrt.errors import ScheduleError
 from commrt.schedule import Collective, Op, OpKind, Step
-
-from local_transport import LocalTransport, Mailbox
 
 TOPOLOGIES = ["hypercube", "dissemination"]
 # disagreement ‖x − x̄‖ shrinks per period of ⌈log2 p⌉ dissemination steps by at least this factor
@@ -386,7 +385,7 @@ def test_shuffle_keeps_every_sample_changes_every_shard_and_overlap_changes_noth
     assert sorted(i for _, _, y, _ in over for i in y.tolist()) == sorted(
         i for s, _, _, _ in over for i in s
     )
-    for start, x, y, _ in over:
+    for start, _x, y, _ in over:
         assert len(y) == 24 and set(y.tolist()) != start  # size kept, content changed
     for a, b in zip(over, forced):
         assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) and a[3] == b[3]

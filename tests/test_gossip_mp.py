@@ -5,7 +5,6 @@ at p = 2, 4 and 8; exact averaging through the executor; the shuffle; consensus.
 import json
 
 import pytest
-
 from mp import mpiexec
 
 
@@ -84,7 +83,7 @@ def test_train_gossip_reaches_the_ring_accuracy_on_four_ranks():
         acc[algorithm] = float(rows[algorithm]["final test accuracy"])
     assert acc["ring"] >= 0.9 and abs(acc["gossip"] - acc["ring"]) <= 0.01, acc
     g = rows["gossip"]
-    assert max(map(len, proc.stdout.splitlines())) <= 80, proc.stdout   # the summary fits a terminal
+    assert max(map(len, proc.stdout.splitlines())) <= 80, proc.stdout  # the summary fits a terminal
     assert g["algorithm"].startswith("gossip(hypercube,rotate)")
     last, worst = (float(v.split()[0]) for v in g["disagreement (‖θ_r−θ̄‖/‖θ̄‖)"].split(","))
     assert 0 < last <= worst < 0.5, g

@@ -4,6 +4,7 @@ These run as-is on a machine with two or more GPUs and cupy + NCCL
 (pip install -e '.[dev,cuda]'): two spawned ranks, the unique id shared over
 a TCPStore, results compared with ncclAllReduce and a float64 reference.
 """
+
 import socket
 
 import pytest
@@ -26,8 +27,15 @@ def _port():
 
 def _worker(rank, world, port, q):
     try:
-        comm = commrt.init("nccl", rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
-                           device=torch.device("cuda", rank), timeout=60)
+        comm = commrt.init(
+            "nccl",
+            rank=rank,
+            world_size=world,
+            master_addr="127.0.0.1",
+            master_port=port,
+            device=torch.device("cuda", rank),
+            timeout=60,
+        )
         errs = []
         for n in (1, 7, 1000, 1_000_003):
             for dt in (torch.float32, torch.bfloat16):
@@ -39,13 +47,13 @@ def _worker(rank, world, port, q):
                     t = x.clone()
                     commrt.all_reduce(t, comm, algorithm=alg, op="sum")
                     torch.cuda.synchronize()
-                    tol = 1e-5 if dt == torch.float32 else world * 2 ** -8 * 8
+                    tol = 1e-5 if dt == torch.float32 else world * 2**-8 * 8
                     err = (t.double() - native.double()).abs().max().item()
                     if err > tol:
                         errs.append((n, str(dt), alg, err))
         comm.close()
         q.put((rank, errs))
-    except Exception as e:   # reported to the test process
+    except Exception as e:  # reported to the test process
         q.put((rank, repr(e)))
 
 
@@ -71,30 +79,47 @@ def test_nccl_all_reduce_matches_ncclAllReduce():
 
 def _sync_worker(rank, world, port, q):
     try:
-        comm = commrt.init("nccl", rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
-                           device=torch.device("cuda", rank), timeout=60)
+        comm = commrt.init(
+            "nccl",
+            rank=rank,
+            world_size=world,
+            master_addr="127.0.0.1",
+            master_port=port,
+            device=torch.device("cuda", rank),
+            timeout=60,
+        )
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda(rank)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+        ).cuda(rank)
         ref = [p.detach().clone() for p in model.parameters()]
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rank)).cuda(rank)
-        with commrt.GradientSync(model, comm, bucket_mb=0.05, first_bucket_mb=0.01, trace=True) as sync:
+        with commrt.GradientSync(
+            model, comm, bucket_mb=0.05, first_bucket_mb=0.01, trace=True
+        ) as sync:
             model(x).square().mean().backward()
             sync.step(opt)
         # expected: the average of both ranks' gradients, computed here on the CPU
         grads = []
         for r in range(world):
-            m = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+            m = torch.nn.Sequential(
+                torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+            )
             with torch.no_grad():
                 for p, v in zip(m.parameters(), ref):
                     p.copy_(v.cpu())
-            m(torch.randn(8, 64, generator=torch.Generator().manual_seed(r))).square().mean().backward()
+            m(
+                torch.randn(8, 64, generator=torch.Generator().manual_seed(r))
+            ).square().mean().backward()
             grads.append([p.grad for p in m.parameters()])
-        errs = [((p.detach().cpu() - (r0.cpu() - 0.1 * (g0 + g1) / 2)).abs().max().item())
-                for p, r0, g0, g1 in zip(model.parameters(), ref, *grads)]
+        errs = [
+            ((p.detach().cpu() - (r0.cpu() - 0.1 * (g0 + g1) / 2)).abs().max().item())
+            for p, r0, g0, g1 in zip(model.parameters(), ref, *grads)
+        ]
         comm.close()
         q.put((rank, [e for e in errs if e > 1e-5]))
-    except Exception as e:   # reported to the test process
+    except Exception as e:  # reported to the test process
         q.put((rank, repr(e)))
 
 
@@ -110,4 +135,39 @@ def test_nccl_world_of_one_on_gpu():
     commrt.all_reduce(t, comm, op="sum")
     comm.barrier()
     assert torch.equal(t.cpu(), torch.arange(10.0))
+    comm.close()
+
+
+def _last_gpu_worker(q):
+    """Rank 0 of 1 on the last GPU, one GradientSync step; is there a context on GPU 0?"""
+    try:
+        dev = torch.device("cuda", torch.cuda.device_count() - 1)
+        comm = commrt.init("nccl", rank=0, world_size=1, device=dev, timeout=60)
+        model = torch.nn.Linear(64, 64).to(dev)
+        with commrt.GradientSync(model, comm, bucket_mb=0.01) as sync:
+            model(torch.randn(8, 64, device=dev)).square().mean().backward()
+            sync.step(torch.optim.SGD(model.parameters(), lr=0.1))
+        torch.cuda.synchronize(dev)
+        comm.close()
+        q.put(("ok", bool(torch._C._cuda_hasPrimaryContext(0))))
+    except Exception as e:  # reported to the test process
+        q.put(("error", repr(e)))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a GPU other than GPU 0")
+def test_progress_thread_makes_no_context_on_gpu_0():
+    """The progress thread sets its device (issue 24): a rank on another GPU never
+    creates a CUDA context on GPU 0. A fresh process, so nothing else made one first."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_last_gpu_worker, args=(q,))
+    p.start()
+    result = q.get(timeout=300)
+    p.join(60)
+    assert result == ("ok", False), result
+
+
+def test_nccl_device_cuda_without_an_index_gets_one():
+    comm = commrt.init("nccl", rank=0, world_size=1, device="cuda", timeout=60)
+    assert comm.device == torch.device("cuda", 0)  # local rank 0 alone
     comm.close()

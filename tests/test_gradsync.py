@@ -1,21 +1,21 @@
 """GradientSync: equivalence with PyTorch DDP (real processes), failure modes,
 bucketing, the trace timeline and overlap with backward (in-process ranks)."""
+
 import json
 
 import pytest
 import torch
-
-import commrt
-from commrt.cli.bench import DelayBackward
-from commrt.sync.buckets import assign_buckets
-from commrt.comm import Backend, Communicator, LaunchInfo
-
 from local_transport import run_ranks
 from mp import mpiexec
 
+import commrt
+from commrt.cli.bench import DelayBackward
+from commrt.comm import Backend, Communicator, LaunchInfo
+from commrt.sync.buckets import assign_buckets
+
 # Stated tolerances (per tensor, max|commrt - DDP| / max|DDP| after 20 SGD+momentum steps):
 FP32_TOL = 1e-5
-BF16_TOL = 2e-2   # bf16 wire: ~2^-8 relative rounding of every averaged gradient, 20 steps of it
+BF16_TOL = 2e-2  # bf16 wire: ~2^-8 relative rounding of every averaged gradient, 20 steps of it
 
 
 @pytest.mark.mpi
@@ -30,12 +30,23 @@ def test_matches_ddp_and_fails_safely(nranks, tmp_path):
         assert c["buckets"] >= 3, name
         tol = BF16_TOL if name.startswith("bf16") else FP32_TOL
         assert c["rel_err"] <= tol, (name, c)
-    assert set(cases) == {"fp32 mpi ring", "fp32 gloo halving_doubling", "fp32 mpi torus2d",
-                          "fp32 mpi no_sync accumulation", "bf16 wire mpi ring",
-                          "fp32 mpi ring, each rank seeded differently"}
+    assert set(cases) == {
+        "fp32 mpi ring",
+        "fp32 gloo halving_doubling",
+        "fp32 mpi torus2d",
+        "fp32 mpi no_sync accumulation",
+        "bf16 wire mpi ring",
+        "fp32 mpi ring, each rank seeded differently",
+    }
     # models seeded per rank: rank 0's weights everywhere, bit for bit, right after construction
-    assert r["same_start"] == {"differed_before": True, "identical_after": True, "equals_rank0_model": True}
-    assert r["unused_zeros"]["identical_across_ranks"] and r["unused_zeros"]["branch_grad_is_average"]
+    assert r["same_start"] == {
+        "differed_before": True,
+        "identical_after": True,
+        "equals_rank0_model": True,
+    }
+    assert (
+        r["unused_zeros"]["identical_across_ranks"] and r["unused_zeros"]["branch_grad_is_average"]
+    )
     # the error policy raises on every rank (rank 0 had all its gradients), naming each rank that
     # lacked some and the parameters, and no rank's optimizer stepped
     assert len(r["unused_error"]) == nranks
@@ -44,14 +55,16 @@ def test_matches_ddp_and_fails_safely(nranks, tmp_path):
         for other in range(1, nranks):
             assert f"rank {other}: branch.bias, branch.weight" in e["message"], e
         assert "rank 0:" not in e["message"]
-    for m in r["layout_mismatch"]:   # every rank raises, with both layouts in the message
+    for m in r["layout_mismatch"]:  # every rank raises, with both layouts in the message
         assert m["message"] and "gradient layouts differ across ranks" in m["message"]
         assert f"rank {nranks - 1}: 8 parameters" in m["message"]
     assert "GradientSync step is in flight" in r["guard"]
 
 
 def _comm(tr, timeout=10.0):
-    return Communicator(tr, Backend.GLOO, LaunchInfo("none", tr.rank, tr.world_size, 0, None), timeout, 1 << 20)
+    return Communicator(
+        tr, Backend.GLOO, LaunchInfo("none", tr.rank, tr.world_size, 0, None), timeout, 1 << 20
+    )
 
 
 class Deep(torch.nn.Module):
@@ -76,14 +89,21 @@ def test_buckets_reverse_order_first_small():
     # reverse registration order; fp32 wire: last.* 8.2 KB + mid.bias 1 KB fit the 10 KB first bucket,
     # mid.weight 256 KB + first.bias 1 KB fit 300 KB, first.weight 64 KB would not
     b = assign_buckets(named, bucket_bytes=300 * 1024, first_bucket_bytes=10 * 1024, element_size=4)
-    assert [bk.names for bk in b] == [("last.bias", "last.weight", "mid.bias"), ("mid.weight", "first.bias"),
-                                      ("first.weight",)]
+    assert [bk.names for bk in b] == [
+        ("last.bias", "last.weight", "mid.bias"),
+        ("mid.weight", "first.bias"),
+        ("first.weight",),
+    ]
     assert b[0].offsets == (0, 8, 8 + 8 * 256) and b[0].numel == 8 + 8 * 256 + 256
     big = assign_buckets(named, bucket_bytes=16 * 1024, first_bucket_bytes=1024, element_size=4)
     # weights above the cap get their own bucket; first.bias (1 KB < 16 KB / 8) is too small to travel
     # alone and rides with first.weight; the first bucket stays strictly under its 1 KB cap
-    assert [bk.names for bk in big] == [("last.bias",), ("last.weight", "mid.bias"), ("mid.weight",),
-                                        ("first.bias", "first.weight")]
+    assert [bk.names for bk in big] == [
+        ("last.bias",),
+        ("last.weight", "mid.bias"),
+        ("mid.weight",),
+        ("first.bias", "first.weight"),
+    ]
 
 
 def test_trace_names_phases_and_overlap_with_backward(tmp_path):
@@ -96,7 +116,7 @@ def test_trace_names_phases_and_overlap_with_backward(tmp_path):
         sync = commrt.GradientSync(model, comm, bucket_mb=0.2, first_bucket_mb=0.01, trace=True)
         loop = []
         t_prev = sync.tracer.now_us()
-        for s in range(steps):
+        for _ in range(steps):
             x = torch.randn(32, 64)
             model(x).square().mean().backward()
             sync.step(opt)
@@ -113,13 +133,26 @@ def test_trace_names_phases_and_overlap_with_backward(tmp_path):
         data = json.loads(open(path).read())
         ev = [e for e in data["traceEvents"] if e["ph"] in ("X", "i")]
         names = {e["name"] for e in ev}
-        for want in ("commrt/bucket0/ready", "commrt/bucket0/pack", "commrt/bucket0/comm", "commrt/bucket0/unpack",
-                     "commrt/ring/step0", "commrt/ring/step1", "commrt/backward", "commrt/wait",
-                     "commrt/optimizer", "commrt/compute"):
+        for want in (
+            "commrt/bucket0/ready",
+            "commrt/bucket0/pack",
+            "commrt/bucket0/comm",
+            "commrt/bucket0/unpack",
+            "commrt/ring/step0",
+            "commrt/ring/step1",
+            "commrt/backward",
+            "commrt/wait",
+            "commrt/optimizer",
+            "commrt/compute",
+        ):
             assert want in names, want
         assert all(e["pid"] == rank for e in ev)
-        main_phases = [e for e in ev if e["name"] in ("commrt/compute", "commrt/wait", "commrt/optimizer")]
-        for s, (t0, t1) in list(enumerate(loop))[1:]:   # step 0's compute also counts set-up since construction
+        main_phases = [
+            e for e in ev if e["name"] in ("commrt/compute", "commrt/wait", "commrt/optimizer")
+        ]
+        for s, (t0, t1) in list(enumerate(loop))[
+            1:
+        ]:  # step 0's compute also counts set-up since construction
             # the main-thread phases of step s tile the loop iteration exactly
             got = sum(e["dur"] for e in main_phases if e["args"]["step"] == s)
             assert abs(got - (t1 - t0)) <= 0.01 * (t1 - t0) + 50, (s, got, t1 - t0)
@@ -127,7 +160,9 @@ def test_trace_names_phases_and_overlap_with_backward(tmp_path):
         for s in range(1, steps):
             bw = next(e for e in ev if e["name"] == "commrt/backward" and e["args"]["step"] == s)
             comm0 = [e for e in ev if e["name"] == "commrt/bucket0/comm"][s]
-            assert comm0["ts"] + comm0["dur"] < bw["ts"] + bw["dur"], "bucket 0 did not overlap backward"
+            assert comm0["ts"] + comm0["dur"] < bw["ts"] + bw["dur"], (
+                "bucket 0 did not overlap backward"
+            )
         m = stats.mean()
         assert m.bytes_sent > 0 and m.comm_s > 0 and m.backward_s > 0.04
 
@@ -135,6 +170,7 @@ def test_trace_names_phases_and_overlap_with_backward(tmp_path):
 def test_trace_merge_cli(tmp_path):
     from commrt.cli import main
     from commrt.trace import Tracer
+
     paths = []
     for r in range(2):
         t = Tracer(rank=r)
@@ -178,8 +214,10 @@ def test_no_sync_accumulates_then_averages():
     # models are built here, not in the rank threads: torch's global RNG is shared by threads
     models = [Deep() for _ in range(2)]
     refs = [Deep() for _ in range(2)]
-    xs = [[torch.randn(4, 64, generator=torch.Generator().manual_seed(10 * r + k)) for k in range(2)]
-          for r in range(2)]
+    xs = [
+        [torch.randn(4, 64, generator=torch.Generator().manual_seed(10 * r + k)) for k in range(2)]
+        for r in range(2)
+    ]
 
     def body(tr):
         comm = _comm(tr)
@@ -192,7 +230,9 @@ def test_no_sync_accumulates_then_averages():
         sync.close()
         ref(x[0]).sum().backward()
         ref(x[1]).sum().backward()
-        return [p.grad.clone() for p in model.parameters()], [p.grad.clone() for p in ref.parameters()]
+        return [p.grad.clone() for p in model.parameters()], [
+            p.grad.clone() for p in ref.parameters()
+        ]
 
     out = run_ranks(2, body)
     for i in range(len(out[0][0])):
@@ -208,15 +248,19 @@ def test_grad_views_live_in_the_bucket_and_survive_set_to_none():
     def body(tr):
         comm = _comm(tr)
         model = models[tr.rank]
-        opt = torch.optim.SGD(model.parameters(), lr=0.0)   # lr 0: parameters stay, grads are what we check
+        opt = torch.optim.SGD(
+            model.parameters(), lr=0.0
+        )  # lr 0: parameters stay, grads are what we check
         sync = commrt.GradientSync(model, comm, bucket_mb=0.2, first_bucket_mb=0.01)
         bf16 = commrt.GradientSync(Deep(), comm, comm_dtype=torch.bfloat16)
         inside = all(v is not None for v in sync._views) and all(v is None for v in bf16._views)
         bf16.close()
 
         def in_buffer(p):
-            return any(buf.data_ptr() <= p.grad.data_ptr() < buf.data_ptr() + buf.numel() * 4
-                       for buf in sync._buffers)
+            return any(
+                buf.data_ptr() <= p.grad.data_ptr() < buf.data_ptr() + buf.numel() * 4
+                for buf in sync._buffers
+            )
 
         out = []
         for mode in ("in place", "set to none"):
@@ -228,8 +272,8 @@ def test_grad_views_live_in_the_bucket_and_survive_set_to_none():
                 opt.step()
                 opt.zero_grad(set_to_none=False)
             else:
-                opt.zero_grad(set_to_none=True)   # the user's own zero_grad: grads become None
-        model(xs[tr.rank]).sum().backward()      # fresh autograd tensors, copied in at pack time
+                opt.zero_grad(set_to_none=True)  # the user's own zero_grad: grads become None
+        model(xs[tr.rank]).sum().backward()  # fresh autograd tensors, copied in at pack time
         sync.wait()
         out.append([p.grad.clone() for p in model.parameters()])
         views_back = all(in_buffer(p) for p in model.parameters())

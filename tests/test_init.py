@@ -1,4 +1,5 @@
 """Launcher detection and init's argument checks (single process)."""
+
 import pytest
 import torch
 
@@ -7,22 +8,55 @@ from commrt.comm import detect_launch
 
 
 def test_detect_mpich_hydra():
-    info = detect_launch({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"})
-    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_size) == ("mpiexec", 2, 4, 0, 2)
+    info = detect_launch(
+        {"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"}
+    )
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_size) == (
+        "mpiexec",
+        2,
+        4,
+        0,
+        2,
+    )
 
 
 def test_detect_open_mpi():
-    info = detect_launch({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8",
-                          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
-    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_size) == ("mpiexec", 3, 8, 1, 4)
+    info = detect_launch(
+        {
+            "OMPI_COMM_WORLD_RANK": "3",
+            "OMPI_COMM_WORLD_SIZE": "8",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        }
+    )
+    assert (info.launcher, info.rank, info.world_size, info.local_rank, info.local_size) == (
+        "mpiexec",
+        3,
+        8,
+        1,
+        4,
+    )
 
 
 def test_detect_torchrun_wins_over_mpi():
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "PMI_RANK": "0", "PMI_SIZE": "1"}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "PMI_RANK": "0",
+        "PMI_SIZE": "1",
+    }
     info = detect_launch(env)
-    assert (info.launcher, info.rank, info.world_size, info.master_addr, info.master_port) == \
-        ("torchrun", 1, 2, "10.0.0.1", 29500)
+    assert (info.launcher, info.rank, info.world_size, info.master_addr, info.master_port) == (
+        "torchrun",
+        1,
+        2,
+        "10.0.0.1",
+        29500,
+    )
 
 
 def test_detect_alone_and_bad_values():
@@ -33,8 +67,12 @@ def test_detect_alone_and_bad_values():
 
 def test_init_alone_with_gloo_and_all_reduce_is_identity():
     with commrt.init("gloo") as comm:
-        assert (comm.rank, comm.world_size, comm.backend, comm.device) == (0, 1, commrt.Backend.GLOO,
-                                                                           torch.device("cpu"))
+        assert (comm.rank, comm.world_size, comm.backend, comm.device) == (
+            0,
+            1,
+            commrt.Backend.GLOO,
+            torch.device("cpu"),
+        )
         t = torch.arange(5.0)
         assert commrt.all_reduce(t, comm, op="avg") is t and torch.equal(t, torch.arange(5.0))
         comm.barrier()

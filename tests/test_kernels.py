@@ -33,6 +33,7 @@ pack and non-accumulating unpack (both round the same fp32 product once);
 for accumulate / reduce_ they may differ by the fp32 roundings above (the
 torch CPU kernels may fuse multiply-add), so they are held to twice the bound.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -41,8 +42,7 @@ import math
 import pytest
 import torch
 
-from commrt.kernels import SUPPORTED_DTYPES, Impl, pack, reduce_, unpack
-from commrt.kernels import _common, _torch
+from commrt.kernels import SUPPORTED_DTYPES, Impl, _common, _torch, pack, reduce_, unpack
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DTYPES = [F32, F16, BF16]
@@ -128,12 +128,23 @@ def run_pack(shapes, src_dtypes, out_dtype, scale, seed=0, pad=5):
         assert ret is out
         assert out[total:].isnan().all(), f"{impl}: wrote past the packed total"
         outs[impl] = out[:total]
-    ref = torch.cat([t.double().reshape(-1) for t in tensors]) * f32(scale) if tensors else torch.zeros(0, dtype=torch.float64)
+    ref = (
+        torch.cat([t.double().reshape(-1) for t in tensors]) * f32(scale)
+        if tensors
+        else torch.zeros(0, dtype=torch.float64)
+    )
     for impl, got in outs.items():
-        assert_within(got, ref, pack_bound(ref, out_dtype), f"pack[{impl}] {[dname(d) for d in set(src_dtypes)]}->{dname(out_dtype)}")
+        assert_within(
+            got,
+            ref,
+            pack_bound(ref, out_dtype),
+            f"pack[{impl}] {[dname(d) for d in set(src_dtypes)]}->{dname(out_dtype)}",
+        )
         if out_dtype == F32 and set(src_dtypes) <= {F32} and is_pow2(scale):
             assert torch.equal(got, ref.to(F32)), f"pack[{impl}] fp32->fp32 * 2^k must be exact"
-    assert torch.equal(outs["triton"], outs["torch"]), "triton and torch pack must agree bit for bit"
+    assert torch.equal(outs["triton"], outs["torch"]), (
+        "triton and torch pack must agree bit for bit"
+    )
     return outs["triton"], outs["torch"], total
 
 
@@ -196,7 +207,11 @@ def run_unpack(shapes, flat_dtype, dst_dtypes, scale, accumulate, seed=0, pad=5)
         xi = x[off : off + n].reshape(t0.shape)
         off += n
         ref = t0.double() + xi if accumulate else xi
-        bound = acc_bound(t0.double().abs() + xi.abs(), t0.dtype) if accumulate else pack_bound(ref, t0.dtype)
+        bound = (
+            acc_bound(t0.double().abs() + xi.abs(), t0.dtype)
+            if accumulate
+            else pack_bound(ref, t0.dtype)
+        )
         for impl in ("triton", "torch"):
             g = got[impl][i]
             assert g.dtype == t0.dtype and g.shape == t0.shape
@@ -225,7 +240,9 @@ def test_unpack_sizes(flat, dst, scale, accumulate):
 @pytest.mark.parametrize("accumulate", [False, True], ids=["copy", "accumulate"])
 @pytest.mark.parametrize("scale", [1.0, 0.5, 2.0**-12])
 def test_unpack_fp32_power_of_two_scale_is_exact(scale, accumulate):
-    run_unpack([(3,), (1025,), (1023,), (1,), (0,), (4096,)], F32, [F32] * 6, scale, accumulate, seed=9)
+    run_unpack(
+        [(3,), (1025,), (1023,), (1,), (0,), (4096,)], F32, [F32] * 6, scale, accumulate, seed=9
+    )
 
 
 @needs_interpreter
@@ -280,7 +297,9 @@ def run_reduce(n, dst_dtype, src_dtype, alpha, beta, seed=0):
             # products exact, fp32 sum of two fp32 values rounded once == fp32(exact sum)
             assert torch.equal(g, ref.float()), what + ": must be exact"
     if is_pow2(alpha) and is_pow2(beta):
-        assert torch.equal(got["triton"], got["torch"]), "exact products: triton and torch must agree"
+        assert torch.equal(got["triton"], got["torch"]), (
+            "exact products: triton and torch must agree"
+        )
     else:
         assert_within(got["triton"], got["torch"].double(), 2 * bound, "reduce_ triton vs torch")
 
@@ -313,13 +332,32 @@ def _ties():
     k = torch.arange(0, 64, dtype=torch.float64)
     bf16_ties = 1.0 + k * 2.0**-7 + 2.0**-8  # halfway between bf16 neighbours in [1, 2)
     fp16_ties = 1.0 + k * 2.0**-10 + 2.0**-11
-    special = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), 3.0e38, -3.0e38, 7.0e4, 65519.0, 65520.0,
-                            1e-8, 2.0**-25, 3 * 2.0**-26, 1e-40, -1e-40], dtype=torch.float64)
+    special = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            float("inf"),
+            -float("inf"),
+            3.0e38,
+            -3.0e38,
+            7.0e4,
+            65519.0,
+            65520.0,
+            1e-8,
+            2.0**-25,
+            3 * 2.0**-26,
+            1e-40,
+            -1e-40,
+        ],
+        dtype=torch.float64,
+    )
     return torch.cat([bf16_ties, -bf16_ties, fp16_ties, -fp16_ties, special]).float()
 
 
 @needs_interpreter
-@pytest.mark.filterwarnings("ignore:overflow encountered in cast:RuntimeWarning")  # 7e4 -> fp16 inf, on purpose
+@pytest.mark.filterwarnings(
+    "ignore:overflow encountered in cast:RuntimeWarning"
+)  # 7e4 -> fp16 inf, on purpose
 @pytest.mark.parametrize("dst", [F16, BF16], ids=dname)
 def test_pack_rounds_to_nearest_even_like_torch(dst):
     x = _ties()
@@ -401,8 +439,10 @@ def test_empty_inputs(impl):
 
 def test_auto_uses_torch_for_cpu_tensors(monkeypatch):
     if _triton is not None:
+
         def boom(*a, **k):
             raise AssertionError("auto must not launch Triton for CPU tensors")
+
         for name in ("pack", "unpack", "reduce_"):
             monkeypatch.setattr(_triton, name, boom)
     x = torch.ones(3)
@@ -423,9 +463,11 @@ def test_impl_values():
 @pytest.mark.parametrize("bad", ["cuda", "", None, 1, Impl])
 def test_bad_impl(bad):
     x = torch.ones(2)
-    for call in (lambda: pack([x], torch.empty(2), impl=bad),
-                 lambda: unpack(torch.empty(2), [x], impl=bad),
-                 lambda: reduce_(x, x, impl=bad)):
+    for call in (
+        lambda: pack([x], torch.empty(2), impl=bad),
+        lambda: unpack(torch.empty(2), [x], impl=bad),
+        lambda: reduce_(x, x, impl=bad),
+    ):
         with pytest.raises(ValueError, match="'auto', 'triton', 'torch'"):
             call()
 
@@ -554,5 +596,7 @@ def test_docstring_examples():
 
     for name in ("commrt.kernels", "commrt.kernels.pack", "commrt.kernels.reduce"):
         importlib.import_module(name)
-        result = doctest.testmod(sys.modules[name])  # sys.modules: commrt.kernels.pack is also a function name
+        result = doctest.testmod(
+            sys.modules[name]
+        )  # sys.modules: commrt.kernels.pack is also a function name
         assert result.failed == 0 and result.attempted > 0, (name, result)

@@ -14,6 +14,7 @@ child process with TRITON_INTERPRET removed from its environment.
   CUDA device: Triton vs the torch path vs float64, every dtype pair, the
   first (autotuning) call included. Skipped where there is no CUDA GPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,9 +31,13 @@ HERE = os.path.abspath(__file__)
 def _run_child(mode: str, timeout: int = 600) -> str:
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    proc = subprocess.run([sys.executable, HERE, mode], env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, HERE, mode], env=env, capture_output=True, text=True, timeout=timeout
+    )
     if proc.returncode != 0:
-        raise AssertionError(f"child '{mode}' failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"child '{mode}' failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc.stdout
 
 
@@ -44,7 +49,9 @@ def _has_nvidia_backend() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _has_nvidia_backend(), reason="Triton's NVIDIA backend (ptxas) is not installed")
+@pytest.mark.skipif(
+    not _has_nvidia_backend(), reason="Triton's NVIDIA backend (ptxas) is not installed"
+)
 def test_kernels_compile_for_sm90():
     out = _run_child("compile", timeout=300)
     assert "compiled" in out, out
@@ -83,7 +90,13 @@ def test_gpu_launch_reuses_the_autotuned_config(monkeypatch):
     for args in [(x32, 1.0, 12), (x32, 2.0, 12), (x16, 1.0, 12), (x32, 1.0, 13), (x16, 3.0, 12)]:
         K._launch(kernel, tuned, (7,), args, {"OUT_CODE": 0}, dev)
     assert [c[0] for c in calls] == ["tuned", "kernel", "tuned", "tuned", "kernel"]
-    assert calls[1][3] == {"OUT_CODE": 0, "BLOCK": 2048, "num_warps": 8, "num_stages": 3, "enable_fp_fusion": False}
+    assert calls[1][3] == {
+        "OUT_CODE": 0,
+        "BLOCK": 2048,
+        "num_warps": 8,
+        "num_stages": 3,
+        "enable_fp_fusion": False,
+    }
     assert all(c[3]["enable_fp_fusion"] is False for c in calls) and calls[1][2] == (x32, 2.0, 12)
 
 
@@ -110,12 +123,36 @@ def _compile_check() -> None:
 
     tabs = ["flat_off", "numel", "dtype_code", "chunk_first", "chunk_owner"]
     scalars = {"scale": "fp32", "chunk": "i32", "size_key": "i32"}
-    pack_sig = {"src_addr": "*i64", **{t: "*i64" for t in tabs}, "out": "*bf16", **scalars,
-                "SRC_CODE": "constexpr", "OUT_CODE": "constexpr", "ALIGNED": "constexpr", "BLOCK": "constexpr"}
-    unpack_sig = {"flat": "*bf16", "dst_addr": "*i64", **{t: "*i64" for t in tabs}, **scalars,
-                  "DST_CODE": "constexpr", "ACCUMULATE": "constexpr", "ALIGNED": "constexpr", "BLOCK": "constexpr"}
-    reduce_sig = {"dst": "*fp32", "src": "*bf16", "n": "i32", "alpha": "fp32", "beta": "fp32", "size_key": "i32",
-                  "DST_CODE": "constexpr", "BLOCK": "constexpr"}
+    pack_sig = {
+        "src_addr": "*i64",
+        **{t: "*i64" for t in tabs},
+        "out": "*bf16",
+        **scalars,
+        "SRC_CODE": "constexpr",
+        "OUT_CODE": "constexpr",
+        "ALIGNED": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    unpack_sig = {
+        "flat": "*bf16",
+        "dst_addr": "*i64",
+        **{t: "*i64" for t in tabs},
+        **scalars,
+        "DST_CODE": "constexpr",
+        "ACCUMULATE": "constexpr",
+        "ALIGNED": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    reduce_sig = {
+        "dst": "*fp32",
+        "src": "*bf16",
+        "n": "i32",
+        "alpha": "fp32",
+        "beta": "fp32",
+        "size_key": "i32",
+        "DST_CODE": "constexpr",
+        "BLOCK": "constexpr",
+    }
     aligned_pack = ["src_addr", *tabs, "out", "chunk"]
     aligned_unpack = ["flat", "dst_addr", *tabs, "chunk"]
 
@@ -124,16 +161,28 @@ def _compile_check() -> None:
 
     for src_code in (0, 1, 2, 3):  # fp32, fp16, bf16 sources, and a mixed list
         for aligned in (True, False):
-            ptx = ptx_of(K._pack_kernel, pack_sig,
-                         {"SRC_CODE": src_code, "OUT_CODE": 2, "ALIGNED": aligned, "BLOCK": 2048}, aligned_pack)
+            ptx = ptx_of(
+                K._pack_kernel,
+                pack_sig,
+                {"SRC_CODE": src_code, "OUT_CODE": 2, "ALIGNED": aligned, "BLOCK": 2048},
+                aligned_pack,
+            )
             if aligned:
-                assert vec(ptx, "ld.global") and vec(ptx, "st.global"), f"pack src {src_code}: no vector access"
+                assert vec(ptx, "ld.global") and vec(ptx, "st.global"), (
+                    f"pack src {src_code}: no vector access"
+                )
             assert "fma" not in ptx
     for dst_code in (0, 2, 3):
         for acc in (False, True):
-            ptx = ptx_of(K._unpack_kernel, unpack_sig,
-                         {"DST_CODE": dst_code, "ACCUMULATE": acc, "ALIGNED": True, "BLOCK": 2048}, aligned_unpack)
-            assert vec(ptx, "ld.global") and vec(ptx, "st.global"), f"unpack dst {dst_code}: no vector access"
+            ptx = ptx_of(
+                K._unpack_kernel,
+                unpack_sig,
+                {"DST_CODE": dst_code, "ACCUMULATE": acc, "ALIGNED": True, "BLOCK": 2048},
+                aligned_unpack,
+            )
+            assert vec(ptx, "ld.global") and vec(ptx, "st.global"), (
+                f"unpack dst {dst_code}: no vector access"
+            )
             assert "fma" not in ptx
     ptx = ptx_of(K._reduce_kernel, reduce_sig, {"DST_CODE": 0, "BLOCK": 4096}, ["dst", "src", "n"])
     assert vec(ptx, "ld.global") and vec(ptx, "st.global") and "fma" not in ptx
@@ -166,9 +215,11 @@ def _cuda_check() -> None:
         bad = (err > bound).nonzero().flatten()
         if bad.numel():
             i = int(bad[0])
-            raise AssertionError(f"{what}: {bad.numel()} of {ref.numel()} elements out of bound, first at {i}: "
-                                 f"got {got[i].item()!r}, float64 reference {ref[i].item()!r}, "
-                                 f"bound {bound[i].item():.3g}; max err {err.max().item()}")
+            raise AssertionError(
+                f"{what}: {bad.numel()} of {ref.numel()} elements out of bound, first at {i}: "
+                f"got {got[i].item()!r}, float64 reference {ref[i].item()!r}, "
+                f"bound {bound[i].item():.3g}; max err {err.max().item()}"
+            )
 
     launches = []
     real = K._launch
@@ -188,7 +239,9 @@ def _cuda_check() -> None:
                     outs[impl] = out[:total]
                 ref = torch.cat([t.double() for t in ts]) * f32(scale)
                 check(outs["triton"], ref, ref.abs(), dst, f"pack {src}->{dst}")
-                assert torch.equal(outs["triton"], outs["torch"]), f"pack {src}->{dst} triton != torch"
+                assert torch.equal(outs["triton"], outs["torch"]), (
+                    f"pack {src}->{dst} triton != torch"
+                )
             # unpack, accumulate included; a fresh size forces the autotuner (it must restore dsts)
             for acc in (False, True):
                 n_list = [1025, 3, 100_003 + int(scale * 10) + (7 if acc else 0)]
@@ -201,7 +254,7 @@ def _cuda_check() -> None:
                     res[impl] = d
                 off = 0
                 for i, x0 in enumerate(init):
-                    xs = flat[off:off + x0.numel()].double() * f32(scale)
+                    xs = flat[off : off + x0.numel()].double() * f32(scale)
                     off += x0.numel()
                     ref = x0.double() + xs if acc else xs
                     mag = x0.double().abs() + xs.abs() if acc else ref.abs()
@@ -214,7 +267,13 @@ def _cuda_check() -> None:
             d = d0.clone()
             reduce_(d, s, alpha=a, beta=b, impl="triton")
             ref = f32(a) * d0.double() + f32(b) * s.double()
-            check(d, ref, (f32(a) * d0.double()).abs() + (f32(b) * s.double()).abs(), dst, f"reduce {dst}+={src}")
+            check(
+                d,
+                ref,
+                (f32(a) * d0.double()).abs() + (f32(b) * s.double()).abs(),
+                dst,
+                f"reduce {dst}+={src}",
+            )
     # auto dispatch picks Triton for CUDA tensors; a mixed list is one launch
     launches.clear()
     pack([rand(10, torch.float32), rand(10, torch.bfloat16)], torch.empty(20, device=dev))

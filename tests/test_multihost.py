@@ -6,6 +6,7 @@ only) and starts 2 ranks per host with torchrun's variables over gloo;
 tests/workers/multihost_worker.py is each rank. Skipped with the reason
 where namespaces cannot be made (not root, no ip/tc).
 """
+
 import json
 import os
 import sys
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.netns
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "multihost_worker.py")
 RANKS_PER_HOST = 2
 GBIT_BYTES_PER_S = 1e9 / 8
-FP32_TOL = 1e-5          # GradientSync vs DDP, as in tests/test_gradsync.py
+FP32_TOL = 1e-5  # GradientSync vs DDP, as in tests/test_gradsync.py
 TIMED_SIZES = (64 << 10, 16 << 20)
 
 
@@ -25,8 +26,9 @@ def run(netns_cluster, hosts, tmp_path, timing=()):
     cluster = netns_cluster(hosts, rate="1gbit")
     argv = [sys.executable, WORKER, str(tmp_path), ",".join(map(str, timing))]
     cluster.launch(RANKS_PER_HOST, argv, timeout=300)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text())
-            for r in range(hosts * RANKS_PER_HOST)]
+    return [
+        json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(hosts * RANKS_PER_HOST)
+    ]
 
 
 def off_host_formula(alg, rank, hosts, L, nbytes):
@@ -53,7 +55,7 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
         assert launch == (p, "gloo", L, r["rank"] % L) and r["ranks_per_node"] == L
         assert r["hosts"] == [q // L for q in range(p)] and r["host"] == r["rank"] // L
         assert r["torus_shape"] == [hosts, L]
-        assert r["torus_schedule"] == 2 * (hosts - 1) + 2 * (L - 1)        # steps
+        assert r["torus_schedule"] == 2 * (hosts - 1) + 2 * (L - 1)  # steps
         # ring, halving_doubling, torus2d and auto equal the float64 reference (1 to 100 003 floats)
         assert r["failures"] == []
         # GradientSync = DDP after 10 fp32 steps, and the same parameters on every rank
@@ -65,7 +67,7 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
         for alg in ("ring", "torus2d"):
             want = off_host_formula(alg, r["rank"], hosts, L, n)
             assert r["bytes"][alg]["off_host"] == want, (alg, r)
-            assert sum(r["bytes"][alg].values()) == 2 * (p - 1) * n // p    # same total as the ring
+            assert sum(r["bytes"][alg].values()) == 2 * (p - 1) * n // p  # same total as the ring
     total = {alg: sum(r["bytes"][alg]["off_host"] for r in reports) for alg in ("ring", "torus2d")}
     assert total["torus2d"] == 2 * (hosts - 1) * n < total["ring"] == hosts * 2 * (p - 1) * n // p
     # per host: the torus's L ranks share 2(hosts-1)/hosts·n, the ring's one rank sends 2(p-1)/p·n
@@ -77,9 +79,11 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
     inter_bw = 1 / pr["inter_beta_s_per_byte"]
     assert 0.3 * GBIT_BYTES_PER_S < inter_bw < 1.1 * GBIT_BYTES_PER_S, pr
     assert pr["inter_beta_s_per_byte"] > pr["beta_s_per_byte"], pr
-    def agreed(probe):                                  # all but this rank's own wall time
+
+    def agreed(probe):  # all but this rank's own wall time
         return {k: v for k, v in probe.items() if k != "seconds"}
-    assert all(agreed(r["probe"]) == agreed(pr) for r in reports)   # every rank prices alike
+
+    assert all(agreed(r["probe"]) == agreed(pr) for r in reports)  # every rank prices alike
 
     # auto's choice on the two-tier network is the fastest measured candidate, or within 10% of it
     for size, t in (reports[0]["timing"] or {}).items():
@@ -90,11 +94,13 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
 
 def test_harness_says_why_it_cannot_run(monkeypatch):
     import netns
+
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     with pytest.raises(netns.Unavailable, match="need root"):
         netns.Cluster(2)
     monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(netns.shutil, "which",
-                        lambda tool: None if tool == "tc" else "/usr/sbin/ip")
+    monkeypatch.setattr(
+        netns.shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip"
+    )
     with pytest.raises(netns.Unavailable, match="'tc' not found: install iproute2"):
         netns.Cluster(2)

@@ -1,4 +1,5 @@
 """Batch-size control (commrt.recipe.BatchSizeSchedule) and the label-smoothing pointer."""
+
 import doctest
 
 import pytest
@@ -11,12 +12,25 @@ from commrt.recipe import BatchSizeSchedule
 def test_batch_grows_at_milestones():
     bs = BatchSizeSchedule(base=256, milestones={30: 2, 60: 4})
     assert bs.milestones == ((30, 2), (60, 4))
-    assert [bs.batch_size(e) for e in (0, 29, 29.99, 30, 59, 60, 1000)] == [256, 256, 256, 512, 512, 1024, 1024]
+    assert [bs.batch_size(e) for e in (0, 29, 29.99, 30, 59, 60, 1000)] == [
+        256,
+        256,
+        256,
+        512,
+        512,
+        1024,
+        1024,
+    ]
     assert bs.batches == ((0, 256), (30, 512), (60, 1024))
     assert str(bs) == "0:256,30:512,60:1024"
-    assert bs.describe() == "global batch 256, 512 from epoch 30, 1024 from epoch 60; lr scales with the batch"
+    assert (
+        bs.describe()
+        == "global batch 256, 512 from epoch 30, 1024 from epoch 60; lr scales with the batch"
+    )
     # pairs in any order, and a dict, give the same (hashable, frozen) schedule
-    assert BatchSizeSchedule(256, [(60, 4), (30, 2)]) == bs and hash(BatchSizeSchedule(256, {30: 2, 60: 4}))
+    assert BatchSizeSchedule(256, [(60, 4), (30, 2)]) == bs and hash(
+        BatchSizeSchedule(256, {30: 2, 60: 4})
+    )
     assert BatchSizeSchedule(256).batch_size(10) == 256 and str(BatchSizeSchedule(256)) == "0:256"
 
 
@@ -25,25 +39,28 @@ def test_parse_and_round_trip():
     assert bs == BatchSizeSchedule(32, {5: 2, 10: 4})
     assert [bs.batch_size(e) for e in range(12)] == [32] * 5 + [64] * 5 + [128] * 2
     assert BatchSizeSchedule.parse(str(bs)) == bs
-    assert BatchSizeSchedule.parse(" 10:128 , 0:32 ,5:64 ") == bs          # order and spaces don't matter
+    assert BatchSizeSchedule.parse(" 10:128 , 0:32 ,5:64 ") == bs  # order and spaces don't matter
     assert BatchSizeSchedule.parse("256") == BatchSizeSchedule(256)
-    odd = BatchSizeSchedule.parse("0:32,3:48,7:100")                         # non-integer multipliers
+    odd = BatchSizeSchedule.parse("0:32,3:48,7:100")  # non-integer multipliers
     assert odd.batches == ((0, 32), (3, 48), (7, 100)) and str(odd) == "0:32,3:48,7:100"
     assert BatchSizeSchedule.parse("0:64,8:128", lr_scaling="constant").lr_scaling == "constant"
 
 
-@pytest.mark.parametrize("text,match", [
-    ("", "empty"),
-    ("abc", "expected a batch size"),
-    ("0:32,5", r"cannot read '5'"),
-    ("0:32,5:6x4", r"cannot read '5:6x4'"),
-    ("0:32,5:64:1", r"cannot read"),
-    ("5:64,10:128", r"must start at epoch 0.*'0:64,5:64,10:128'"),
-    ("0:32,5:64,5:128", "given twice"),
-    ("0:0", "must be positive"),
-    ("0:64,5:32", "would shrink from 64 to 32"),
-    ("0:64,-1:128", "must start at epoch 0"),
-])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("", "empty"),
+        ("abc", "expected a batch size"),
+        ("0:32,5", r"cannot read '5'"),
+        ("0:32,5:6x4", r"cannot read '5:6x4'"),
+        ("0:32,5:64:1", r"cannot read"),
+        ("5:64,10:128", r"must start at epoch 0.*'0:64,5:64,10:128'"),
+        ("0:32,5:64,5:128", "given twice"),
+        ("0:0", "must be positive"),
+        ("0:64,5:32", "would shrink from 64 to 32"),
+        ("0:64,-1:128", "must start at epoch 0"),
+    ],
+)
 def test_parse_errors_say_why(text, match):
     with pytest.raises(ValueError, match=match):
         BatchSizeSchedule.parse(text)
@@ -76,9 +93,9 @@ def test_constructor_validation():
 
 def test_lr_rules():
     lin = BatchSizeSchedule(256, {30: 2, 60: 4})
-    assert [lin.lr(e, 0.1) for e in (0, 30, 60)] == pytest.approx([0.1, 0.2, 0.4])   # Goyal et al.
+    assert [lin.lr(e, 0.1) for e in (0, 30, 60)] == pytest.approx([0.1, 0.2, 0.4])  # Goyal et al.
     const = BatchSizeSchedule(256, {30: 2, 60: 4}, lr_scaling="constant")
-    assert [const.lr(e, 0.1) for e in (0, 30, 60)] == [0.1, 0.1, 0.1]                # Smith et al.
+    assert [const.lr(e, 0.1) for e in (0, 30, 60)] == [0.1, 0.1, 0.1]  # Smith et al.
     frac = BatchSizeSchedule.parse("0:32,3:48")
     assert frac.lr(3, 1.0) == pytest.approx(1.5)
 
@@ -99,8 +116,11 @@ def test_per_rank_split():
     assert [bs.per_rank_batch(e, 4) for e in (0, 10, 20)] == [24, 48, 96]
     assert bs.per_rank_batch(0, 1) == 96
     bs.validate(6)
-    with pytest.raises(ValueError, match=r"global batch 96 \(epoch 0\) does not split evenly over 5 ranks; "
-                                         r"use a multiple of 5, e.g. 95 or 100"):
+    with pytest.raises(
+        ValueError,
+        match=r"global batch 96 \(epoch 0\) does not split evenly over 5 ranks; "
+        r"use a multiple of 5, e.g. 95 or 100",
+    ):
         bs.validate(5)
     with pytest.raises(ValueError, match="e.g. 128"):
         BatchSizeSchedule(100).per_rank_batch(0, 128)

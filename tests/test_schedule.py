@@ -1,4 +1,5 @@
 """Symbolic checks of every schedule, and of the checker itself."""
+
 import dataclasses
 
 import pytest
@@ -30,12 +31,12 @@ def test_ring_reduce_scatter_and_all_gather_for_p_1_to_64(collective):
 def test_step_counts():
     for p in (2, 3, 4, 8, 13, 64):
         assert Ring().schedule(p).num_steps == 2 * (p - 1)
-    assert HalvingDoubling().schedule(8).num_steps == 6          # 2 log2 8
+    assert HalvingDoubling().schedule(8).num_steps == 6  # 2 log2 8
     assert HalvingDoubling().schedule(6).num_steps == 2 * 2 + 2  # core of 4, fold-in/out
     for p in range(1, 65):
         q = 1 << (p.bit_length() - 1)
         rd = RecursiveDoubling().schedule(p)
-        assert rd.num_steps == q.bit_length() - 1 + 2 * (p > q)   # log2 q, + fold-in/out
+        assert rd.num_steps == q.bit_length() - 1 + 2 * (p > q)  # log2 q, + fold-in/out
         assert rd.num_chunks == 1 and rd.messages() == (q.bit_length() - 1) * q + 2 * (p - q)
 
 
@@ -45,8 +46,9 @@ def test_recursive_doubling_folds_like_halving_doubling():
     rd, hd = RecursiveDoubling().schedule(6), HalvingDoubling().schedule(6)
     for i in (0, -1):
         a, b = rd.steps[i], hd.steps[i]
-        assert a.phase == b.phase and [(o.kind, o.rank, o.peer) for o in a.ops] == \
-            [(o.kind, o.rank, o.peer) for o in b.ops]
+        assert a.phase == b.phase and [(o.kind, o.rank, o.peer) for o in a.ops] == [
+            (o.kind, o.rank, o.peer) for o in b.ops
+        ]
     # core steps: partner = position XOR 2^k, whole buffer, send and add
     assert [str(o) for o in rd.steps[2].ops_of(1)] == ["c0→3", "c0+←3"]
     assert resolve("rd") == resolve("recursive-doubling") == RecursiveDoubling()
@@ -83,27 +85,44 @@ def test_checker_reports_unmatched_send():
     ops = [o for o in s.steps[2].ops if not (o.rank == 3 and o.kind.is_recv)]
     r = check(_replace_step(s, 2, ops))
     assert not r.ok
-    assert "step 2: rank 2 sends chunks [0,1) to rank 3, which posts no matching receive" in r.errors[0]
+    assert (
+        "step 2: rank 2 sends chunks [0,1) to rank 3, which posts no matching receive"
+        in r.errors[0]
+    )
     with pytest.raises(ScheduleError, match="rank 2 sends"):
         r.raise_if_failed()
+
+
+def test_checker_reports_a_receive_without_a_send_instead_of_crashing():
+    s = Ring().schedule(4)
+    ops = [o for o in s.steps[2].ops if not (o.rank == 2 and o.kind is OpKind.SEND)]
+    r = check(_replace_step(s, 2, ops))  # raised KeyError before
+    assert not r.ok
+    assert (
+        "step 2: rank 3 receives chunks [0,1) from rank 2, which sends no such chunks" in r.errors
+    )
 
 
 def test_checker_reports_double_counting_and_self_wait():
     s = Ring().schedule(3)
     doubled = s.steps[0].ops + (Op(OpKind.SEND, 0, 1, 0, 1), Op(OpKind.RECV_REDUCE, 1, 0, 0, 1))
     r = check(_replace_step(s, 0, doubled))
-    assert any("rank 1, chunk 0: adds contributions of ranks {0} twice" in e for e in r.errors), r.errors
+    assert any("rank 1, chunk 0: adds contributions of ranks {0} twice" in e for e in r.errors), (
+        r.errors
+    )
     selfish = s.steps[0].ops + (Op(OpKind.SEND, 2, 2, 0, 1), Op(OpKind.RECV_REDUCE, 2, 2, 0, 1))
     assert "rank 2 waits on itself" in check(_replace_step(s, 0, selfish)).errors[0]
 
 
 def test_checker_names_first_rank_and_chunk_that_go_wrong():
     s = Ring().schedule(4)
-    truncated = dataclasses.replace(s, steps=s.steps[:-1])   # drop the last all-gather step
+    truncated = dataclasses.replace(s, steps=s.steps[:-1])  # drop the last all-gather step
     r = check(truncated)
     assert not r.ok
     # after 5 of 6 steps rank 0 still lacks chunk 2
-    assert r.errors[0].startswith("rank 0, chunk 2: ends with contributions of ranks {0,2,3} (missing {1})")
+    assert r.errors[0].startswith(
+        "rank 0, chunk 2: ends with contributions of ranks {0,2,3} (missing {1})"
+    )
     assert "needs {0,1,2,3}" in r.errors[0]
 
 
@@ -117,12 +136,22 @@ def test_checker_rejects_sending_undefined_data_in_all_gather():
 def test_checker_span_and_outside_ranks():
     # a fragment that reduces only chunks [2,4) of 6 over ranks 1 and 3 of 4
     steps, _ = ring_reduce_scatter((1, 3), split_block((2, 4), 2))
-    s = Schedule("frag", Collective.REDUCE_SCATTER, 4, (1, 3), 6, steps, owners=(None, None, 3, 1, None, None),
-                 span=(2, 4))
+    s = Schedule(
+        "frag",
+        Collective.REDUCE_SCATTER,
+        4,
+        (1, 3),
+        6,
+        steps,
+        owners=(None, None, 3, 1, None, None),
+        span=(2, 4),
+    )
     assert s.check().ok, str(s.check())
     bad = _replace_step(s, 0, steps[0].ops + (Op(OpKind.SEND, 0, 1, 2, 3),))
     assert "names a rank outside" in check(bad).errors[0]
-    outside = _replace_step(s, 0, steps[0].ops + (Op(OpKind.SEND, 1, 3, 4, 5), Op(OpKind.RECV_COPY, 3, 1, 4, 5)))
+    outside = _replace_step(
+        s, 0, steps[0].ops + (Op(OpKind.SEND, 1, 3, 4, 5), Op(OpKind.RECV_COPY, 3, 1, 4, 5))
+    )
     assert "outside [2, 4)" in check(outside).errors[0]
 
 

@@ -1,4 +1,5 @@
 """The simulator: closed-form validation up to p = 4096, link classes, NIC sharing, stragglers."""
+
 import dataclasses
 import math
 import os
@@ -22,13 +23,13 @@ def _within(got: float, want: float, rel: float = 0.01) -> bool:
 # ----------------------------------------------------------------------------- validation
 @pytest.mark.parametrize("p", P_VALIDATE)
 def test_ring_matches_closed_form(p):
-    nbytes = 4 * p * 1024          # divisible: every chunk the same size
+    nbytes = 4 * p * 1024  # divisible: every chunk the same size
     link = FLAT.inter
     want = 2 * (p - 1) * link.alpha_s + 2 * (p - 1) / p * nbytes * link.beta_s_per_byte
     t0 = time.perf_counter()
     got = sim.simulate(Ring(), p, nbytes, network=FLAT).time_s
     assert _within(got, want), (got, want)
-    assert time.perf_counter() - t0 < 30   # 8190 steps x 8192 ops: ~1-2 s unloaded
+    assert time.perf_counter() - t0 < 30  # 8190 steps x 8192 ops: ~1-2 s unloaded
 
 
 @pytest.mark.parametrize("p", P_VALIDATE)
@@ -53,7 +54,7 @@ def test_torus_matches_closed_form(p):
 @pytest.mark.parametrize("shape", [(2, 32), (32, 2), (4, 16), (1, 64)])
 def test_torus_any_shape_and_uneven_sizes(shape):
     p = 64
-    for nbytes in (4 * p * 1000, 4 * 1_000_003):   # the second is not divisible by 64 chunks
+    for nbytes in (4 * p * 1000, 4 * 1_000_003):  # the second is not divisible by 64 chunks
         got = sim.simulate(Torus2D(*shape), p, nbytes, network=FLAT).time_s
         assert _within(got, sim.torus_time(*shape, nbytes, FLAT.inter)), (shape, nbytes)
 
@@ -63,8 +64,12 @@ def test_non_power_of_two_halving_doubling_and_closed_form_helper():
         nbytes = 4 * 1024 * 128
         got = sim.simulate("hd", p, nbytes, network=FLAT).time_s
         assert _within(got, sim.halving_doubling_time(p, nbytes, FLAT.inter)), p
-        assert sim.closed_form("hd", p, nbytes, FLAT.inter) == sim.halving_doubling_time(p, nbytes, FLAT.inter)
-    assert sim.closed_form(Torus2D(3, 4), 12, 4096, FLAT.inter) == sim.torus_time(3, 4, 4096, FLAT.inter)
+        assert sim.closed_form("hd", p, nbytes, FLAT.inter) == sim.halving_doubling_time(
+            p, nbytes, FLAT.inter
+        )
+    assert sim.closed_form(Torus2D(3, 4), 12, 4096, FLAT.inter) == sim.torus_time(
+        3, 4, 4096, FLAT.inter
+    )
 
 
 @pytest.mark.parametrize("p", P_VALIDATE + [3, 6, 12, 100])
@@ -83,16 +88,26 @@ def test_recursive_doubling_matches_closed_form(p):
 GAMMA = dataclasses.replace(FLAT, gamma_s_per_byte=1 / 6e9)
 
 
-@pytest.mark.parametrize("alg,p", [(Ring(), 8), (Ring(), 5), (HalvingDoubling(), 16),
-                                   (HalvingDoubling(), 12), (RecursiveDoubling(), 16),
-                                   (RecursiveDoubling(), 12), (Torus2D(4, 4), 16),
-                                   (Torus2D(3, 4), 12)], ids=str)
+@pytest.mark.parametrize(
+    "alg,p",
+    [
+        (Ring(), 8),
+        (Ring(), 5),
+        (HalvingDoubling(), 16),
+        (HalvingDoubling(), 12),
+        (RecursiveDoubling(), 16),
+        (RecursiveDoubling(), 12),
+        (Torus2D(4, 4), 16),
+        (Torus2D(3, 4), 12),
+    ],
+    ids=str,
+)
 def test_reduction_time_gamma_replays_as_the_closed_forms_say(alg, p):
-    nbytes = 4 * 1024 * p            # every chunk the same size
+    nbytes = 4 * 1024 * p  # every chunk the same size
     got = sim.simulate(alg, p, nbytes, network=GAMMA).time_s
     want = sim.closed_form(alg, p, nbytes, GAMMA.inter, GAMMA.gamma_s_per_byte)
     assert _within(got, want), (got, want)
-    assert got > sim.simulate(alg, p, nbytes, network=FLAT).time_s   # adding costs time
+    assert got > sim.simulate(alg, p, nbytes, network=FLAT).time_s  # adding costs time
     assert sim.estimate(alg, p, nbytes, GAMMA) == want
     # the per-sample dataflow replay adds the same reduction time
     flow = sim.simulate_steps(alg, p, nbytes, GAMMA, samples=2, dataflow=True)
@@ -103,8 +118,9 @@ def test_gamma_is_validated_and_saved():
     with pytest.raises(ValueError, match="gamma_s_per_byte"):
         dataclasses.replace(FLAT, gamma_s_per_byte=-1.0)
     assert sim.Network.from_dict(GAMMA.to_dict()) == GAMMA
-    probed = sim.Network.from_dict({"alpha_s": 5e-6, "beta_s_per_byte": 1e-9,
-                                    "gamma_s_per_byte": 2e-10})
+    probed = sim.Network.from_dict(
+        {"alpha_s": 5e-6, "beta_s_per_byte": 1e-9, "gamma_s_per_byte": 2e-10}
+    )
     assert probed.gamma_s_per_byte == 2e-10 and "adds at 5 GB/s" in probed.describe()
 
 
@@ -127,27 +143,38 @@ def test_ring_over_nodes_is_paced_by_the_one_off_node_link_per_node():
 
 def test_torus_with_rows_on_nodes_splits_into_nvlink_rows_and_ib_columns():
     p, nbytes = 64, 4 * 64 * 4096
-    Y, X = 8, 8                                       # one row per node
+    Y, X = 8, 8  # one row per node
     i, e = H100.intra, H100.inter
     want = 2 * (X - 1) * i.time(nbytes / X) + 2 * (Y - 1) * e.time(nbytes / p)
     r = sim.simulate(Torus2D(Y, X), p, nbytes, network=H100)
     assert _within(r.time_s, want)
     phases = r.by_phase()
-    assert list(phases) == ["row reduce-scatter", "column reduce-scatter", "column all-gather", "row all-gather"]
-    assert phases["column reduce-scatter"][1] == pytest.approx((Y - 1) * e.time(nbytes / p), rel=1e-6)
+    assert list(phases) == [
+        "row reduce-scatter",
+        "column reduce-scatter",
+        "column all-gather",
+        "row all-gather",
+    ]
+    assert phases["column reduce-scatter"][1] == pytest.approx(
+        (Y - 1) * e.time(nbytes / p), rel=1e-6
+    )
 
 
 def _one_step(p: int, pairs, chunks: int) -> Schedule:
     ops = []
     for a, b in pairs:
         ops += [Op(OpKind.SEND, a, b, 0, 1), Op(OpKind.RECV_COPY, b, a, 0, 1)]
-    return Schedule("pairs", Collective.ALL_REDUCE, p, tuple(range(p)), chunks, (Step.of(ops, "x"),))
+    return Schedule(
+        "pairs", Collective.ALL_REDUCE, p, tuple(range(p)), chunks, (Step.of(ops, "x"),)
+    )
 
 
 @pytest.mark.parametrize("nics,expect_share", [(1, 4), (2, 2), (4, 1), (8, 1)])
 def test_nic_sharing_when_several_ranks_of_a_node_go_off_node(nics, expect_share):
     # 2 nodes of 4: ranks 0-3 each send one chunk to 4-7 at once.
-    net = sim.Network(sim.Link(1e-6, 1e-10), sim.Link(5e-6, 1e-9), ranks_per_node=4, nics_per_node=nics)
+    net = sim.Network(
+        sim.Link(1e-6, 1e-10), sim.Link(5e-6, 1e-9), ranks_per_node=4, nics_per_node=nics
+    )
     chunk = 1 << 20
     s = _one_step(8, [(r, r + 4) for r in range(4)], chunks=1)
     got = sim.simulate(s, nbytes=chunk, network=net, itemsize=1).time_s
@@ -155,10 +182,14 @@ def test_nic_sharing_when_several_ranks_of_a_node_go_off_node(nics, expect_share
 
 
 def test_intra_and_inter_traffic_of_one_rank_do_not_share_a_port():
-    net = sim.Network(sim.Link(1e-6, 1e-10), sim.Link(5e-6, 1e-9), ranks_per_node=2, nics_per_node=1)
+    net = sim.Network(
+        sim.Link(1e-6, 1e-10), sim.Link(5e-6, 1e-9), ranks_per_node=2, nics_per_node=1
+    )
     chunk = 1 << 20
-    both = _one_step(4, [(0, 1), (0, 2)], chunks=1)         # rank 0: one intra, one inter message
-    two_inter = _one_step(4, [(0, 2), (0, 3)], chunks=1)    # rank 0: two inter messages share its port
+    both = _one_step(4, [(0, 1), (0, 2)], chunks=1)  # rank 0: one intra, one inter message
+    two_inter = _one_step(
+        4, [(0, 2), (0, 3)], chunks=1
+    )  # rank 0: two inter messages share its port
     t_both = sim.simulate(both, nbytes=chunk, network=net, itemsize=1).time_s
     t_two = sim.simulate(two_inter, nbytes=chunk, network=net, itemsize=1).time_s
     assert t_both == pytest.approx(5e-6 + chunk * 1e-9, rel=1e-9)
@@ -195,8 +226,10 @@ def test_any_schedule_replays_including_reduce_scatter_all_gather_and_subsets(co
     want = (p - 1) * FLAT.inter.alpha_s + (p - 1) / p * nbytes * FLAT.inter.beta_s_per_byte
     assert r.time_s == pytest.approx(want, rel=1e-9)
     assert r.busbw_gbps == pytest.approx(nbytes / want / 1e9 * (p - 1) / p)
-    sub = Ring().schedule(32, ranks=tuple(range(0, 32, 2)))           # 16 of 32 ranks
-    assert sim.simulate(sub, nbytes=nbytes, network=FLAT).time_s == pytest.approx(sim.ring_time(16, nbytes, FLAT.inter))
+    sub = Ring().schedule(32, ranks=tuple(range(0, 32, 2)))  # 16 of 32 ranks
+    assert sim.simulate(sub, nbytes=nbytes, network=FLAT).time_s == pytest.approx(
+        sim.ring_time(16, nbytes, FLAT.inter)
+    )
 
 
 def test_simulate_rejects_bad_input():
@@ -237,7 +270,9 @@ def test_network_validation():
 
 
 def test_network_presets_and_round_trip(tmp_path):
-    assert H100.intra.bandwidth_gbps == pytest.approx(370) and H100.inter.bandwidth_gbps == pytest.approx(48)
+    assert H100.intra.bandwidth_gbps == pytest.approx(
+        370
+    ) and H100.inter.bandwidth_gbps == pytest.approx(48)
     assert (H100.ranks_per_node, H100.nics_per_node) == (8, 8)
     assert H100.single_class(8) is H100.intra and H100.single_class(16) is None
     probed = sim.Network.from_probe(50e-6, 1e-9)
@@ -250,7 +285,10 @@ def test_network_presets_and_round_trip(tmp_path):
 
 def test_estimate_is_the_closed_form_on_one_class_and_the_simulation_otherwise():
     assert sim.estimate("ring", 64, 1 << 20, FLAT) == sim.ring_time(64, 1 << 20, FLAT.inter)
-    assert sim.estimate("ring", 64, 1 << 20, H100) == sim.simulate("ring", 64, 1 << 20, network=H100).time_s
+    assert (
+        sim.estimate("ring", 64, 1 << 20, H100)
+        == sim.simulate("ring", 64, 1 << 20, network=H100).time_s
+    )
 
 
 def test_price_all_skips_only_candidates_that_cannot_win():
@@ -258,7 +296,7 @@ def test_price_all_skips_only_candidates_that_cannot_win():
     exact = [sim.simulate(a, 64, 1 << 16, network=H100).time_s for a in algs]
     priced = sim.price_all(algs, 64, 1 << 16, H100)
     assert min(t for t in priced if t is not None) == min(exact)
-    assert any(t is None for t in priced)                       # the ring cannot win at 64 KiB
+    assert any(t is None for t in priced)  # the ring cannot win at 64 KiB
     for t, e in zip(priced, exact):
         assert t is None or t == e
 
@@ -266,7 +304,9 @@ def test_price_all_skips_only_candidates_that_cannot_win():
 # ----------------------------------------------------------------------------- stragglers
 def test_delays_are_seeded_and_shaped():
     a = sim.arrivals(16, 0.1, sim.Exponential(1e-3), 50, seed=3)
-    assert a.shape == (50, 16) and np.array_equal(a, sim.arrivals(16, 0.1, sim.Exponential(1e-3), 50, seed=3))
+    assert a.shape == (50, 16) and np.array_equal(
+        a, sim.arrivals(16, 0.1, sim.Exponential(1e-3), 50, seed=3)
+    )
     assert not np.array_equal(a, sim.arrivals(16, 0.1, sim.Exponential(1e-3), 50, seed=4))
     assert (a >= 0.1).all()
     assert np.array_equal(sim.arrivals(4, 0.2, None, 3), np.full((3, 4), 0.2))
@@ -285,25 +325,95 @@ def test_synchronous_step_waits_for_the_slowest_rank():
     calm = sim.simulate_steps("ring", p, nbytes, FLAT, compute_s=compute, samples=10)
     assert np.allclose(calm.step_s, compute + coll) and calm.slowdown == pytest.approx(1.0)
     mean = 1e-3
-    expo = sim.simulate_steps("ring", p, nbytes, FLAT, compute_s=compute, delay=sim.Exponential(mean),
-                              samples=4000, seed=1)
-    harmonic = sum(1 / k for k in range(1, p + 1))           # E[max of p exponentials] = mean * H_p
+    expo = sim.simulate_steps(
+        "ring",
+        p,
+        nbytes,
+        FLAT,
+        compute_s=compute,
+        delay=sim.Exponential(mean),
+        samples=4000,
+        seed=1,
+    )
+    harmonic = sum(1 / k for k in range(1, p + 1))  # E[max of p exponentials] = mean * H_p
     assert expo.mean_s - compute - coll == pytest.approx(mean * harmonic, rel=0.05)
-    again = sim.simulate_steps("ring", p, nbytes, FLAT, compute_s=compute, delay=sim.Exponential(mean),
-                               samples=4000, seed=1)
+    again = sim.simulate_steps(
+        "ring",
+        p,
+        nbytes,
+        FLAT,
+        compute_s=compute,
+        delay=sim.Exponential(mean),
+        samples=4000,
+        seed=1,
+    )
     assert np.array_equal(expo.step_s, again.step_s)
     # same mean delay, heavier tail: worse p99 and worse mean at scale
-    pareto = sim.simulate_steps("ring", p, nbytes, FLAT, compute_s=compute, delay=sim.Pareto(mean, 2.0),
-                                samples=4000, seed=1)
+    pareto = sim.simulate_steps(
+        "ring",
+        p,
+        nbytes,
+        FLAT,
+        compute_s=compute,
+        delay=sim.Pareto(mean, 2.0),
+        samples=4000,
+        seed=1,
+    )
     assert pareto.p99_s > expo.p99_s and pareto.mean_s > expo.mean_s
     # more ranks, more waiting
-    small = sim.simulate_steps("ring", 4, nbytes, FLAT, compute_s=compute, delay=sim.Exponential(mean),
-                               samples=4000, seed=1)
+    small = sim.simulate_steps(
+        "ring",
+        4,
+        nbytes,
+        FLAT,
+        compute_s=compute,
+        delay=sim.Exponential(mean),
+        samples=4000,
+        seed=1,
+    )
     assert small.wait_s.mean() < expo.wait_s.mean()
     # overlap hides that fraction of the collective
     hidden = sim.simulate_steps("ring", p, nbytes, FLAT, compute_s=compute, overlap=1.0, samples=5)
     assert np.allclose(hidden.step_s, compute)
     assert "exponential" in str(expo)
+
+
+def test_delays_from_their_mean():
+    assert sim.Exponential.from_mean(2e-3) == sim.Exponential(2e-3)
+    assert sim.Pareto.from_mean(2e-3) == sim.Pareto(2e-3, 2.0)
+    assert sim.Pareto.from_mean(2e-3, 3.0) == sim.Pareto(4e-3, 3.0)
+    assert sim.LogNormal.from_mean(2e-3, 0.5).median_s == 2e-3 / float(np.exp(0.125))
+    for d in (
+        sim.Exponential.from_mean(1e-3),
+        sim.LogNormal.from_mean(1e-3),
+        sim.Pareto.from_mean(1e-3, 4.0),
+    ):
+        assert d.mean_s == pytest.approx(1e-3, rel=1e-12)
+    bad = [
+        (sim.Exponential.from_mean, (-1.0,), "non-negative"),
+        (sim.Exponential.from_mean, (math.inf,), "finite"),
+        (sim.LogNormal.from_mean, (1e-3, 0.0), "sigma must be positive"),
+        (sim.LogNormal.from_mean, (1e-3, math.nan), "sigma"),
+        (sim.Pareto.from_mean, (1e-3, 1.0), "above 1 for a finite mean"),
+        (sim.Pareto.from_mean, (math.nan,), "finite"),
+    ]
+    for make, args, why in bad:
+        with pytest.raises(ValueError, match=why):
+            make(*args)
+
+
+def test_backup_steps_start_at_the_nth_arrival():
+    p, coll, kw = 16, 1e-3, dict(compute_s=0.05, delay=sim.Exponential(1e-3), samples=200, seed=3)
+    arrive = sim.arrivals(p, 0.05, sim.Exponential(1e-3), 200, 3)
+    sync, one, two = sim.simulate_backup(p, coll, (0, 1, 2), **kw)
+    assert np.array_equal(sync.step_s, sim.synchronous_start(arrive) + coll)
+    assert np.array_equal(two.step_s, sim.first_n_start(arrive, p - 2) + coll)
+    assert (sync.backups, one.backups, two.backups) == (0, 1, 2)
+    assert sync.mean_s > one.mean_s > two.mean_s and sync.p99_s >= one.p99_s
+    # the same draws as a synchronous simulate_steps of a collective that takes as long
+    steps = sim.simulate_steps("ring", p, 1 << 20, FLAT, **kw)
+    (again,) = sim.simulate_backup(p, steps.collective_s, **kw)
+    assert np.array_equal(again.step_s, steps.step_s)
 
 
 def test_dataflow_replay_lets_early_ranks_start_but_still_waits_for_the_slowest():
@@ -332,12 +442,27 @@ def test_a_late_rank_delays_the_ring_by_at_most_its_lateness():
 # ----------------------------------------------------------------------------- CLI
 def test_simulate_cli_prints_tables_and_writes_three_plots(tmp_path):
     import argparse
+
     from commrt.cli import simulate as sim_cli
+
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
     sim_cli.register(sub)
-    args = parser.parse_args(["simulate", "--max-p", "32", "--at-p", "16", "--sizes", "64K,64M",
-                              "--samples", "50", "--out-dir", str(tmp_path)])
+    args = parser.parse_args(
+        [
+            "simulate",
+            "--max-p",
+            "32",
+            "--at-p",
+            "16",
+            "--sizes",
+            "64K,64M",
+            "--samples",
+            "50",
+            "--out-dir",
+            str(tmp_path),
+        ]
+    )
     assert args.single_process and args.run is sim_cli.cmd_simulate
     lines = []
     report = sim_cli.run(args, out=lines.append)
@@ -350,5 +475,6 @@ def test_simulate_cli_prints_tables_and_writes_three_plots(tmp_path):
     # the 64 MiB column at p=16 (2 nodes of 8): the torus with one row per node wins
     assert report["vs_p"][64 << 20]["auto"][3][1] == "torus2d(2x8)"
     with pytest.raises(SystemExit):
-        sim_cli.network_from_args(argparse.Namespace(network="nonsense", ranks_per_node=None,
-                                                     nics_per_node=None))
+        sim_cli.network_from_args(
+            argparse.Namespace(network="nonsense", ranks_per_node=None, nics_per_node=None)
+        )

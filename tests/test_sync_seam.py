@@ -14,6 +14,7 @@ ranks (this file re-runs itself under ``mpiexec -n 2``), with no file under
 Gradients are small integers times powers of two, so every expected value
 is exact and the checks use ``torch.equal``.
 """
+
 import json
 import os
 import re
@@ -66,8 +67,8 @@ def _policy_types():
             self.ctx = ctx
             self.log = []
             self.schedule = self.algorithm.schedule(ctx.comm.world_size)
-            self.wire = [torch.zeros_like(b) for b in ctx.buffers]   # on the wire after wait()
-            self.prev = [torch.zeros_like(b) for b in ctx.buffers]   # last step's sum, applied now
+            self.wire = [torch.zeros_like(b) for b in ctx.buffers]  # on the wire after wait()
+            self.prev = [torch.zeros_like(b) for b in ctx.buffers]  # last step's sum, applied now
             return tuple("stale" for _ in ctx.buckets)
 
         def begin_step(self, step):
@@ -113,12 +114,16 @@ def _policy_types():
 
 def model():
     torch.manual_seed(3)
-    return torch.nn.Sequential(torch.nn.Linear(40, 300), torch.nn.Linear(300, 70), torch.nn.Linear(70, 5))
+    return torch.nn.Sequential(
+        torch.nn.Linear(40, 300), torch.nn.Linear(300, 70), torch.nn.Linear(70, 5)
+    )
 
 
 def targets(m, rank, step):
     """Integer gradients, distinct per rank, step and parameter."""
-    return [torch.full_like(p, float((rank + 1) * (step + 2) + i)) for i, p in enumerate(m.parameters())]
+    return [
+        torch.full_like(p, float((rank + 1) * (step + 2) + i)) for i, p in enumerate(m.parameters())
+    ]
 
 
 def backward(m, rank, step):
@@ -127,8 +132,10 @@ def backward(m, rank, step):
 
 
 def worker(out):
-    import commrt
     from mpi4py import MPI
+
+    import commrt
+
     SumAll, Stale = _policy_types()
     world = MPI.COMM_WORLD
     comm = commrt.init("mpi", timeout=30)
@@ -137,12 +144,16 @@ def worker(out):
 
     m = model()
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
-    with commrt.GradientSync(m, comm, algorithm=SumAll(), bucket_mb=0.02, first_bucket_mb=0.005) as sync:
+    with commrt.GradientSync(
+        m, comm, algorithm=SumAll(), bucket_mb=0.02, first_bucket_mb=0.005
+    ) as sync:
         report["sum_labels"] = list(sync.stats.algorithms)
         for s in range(STEPS):
             backward(m, rank, s)
             report["applied"].append(("sum", sync.step(opt, zero_grad=False)))
-            want = [sum(targets(m, r, s)[i] for r in range(p)) for i in range(len(list(m.parameters())))]
+            want = [
+                sum(targets(m, r, s)[i] for r in range(p)) for i in range(len(list(m.parameters())))
+            ]
             report["sum"].append(all(torch.equal(q.grad, w) for q, w in zip(m.parameters(), want)))
             opt.zero_grad(set_to_none=False)
         report["sum_buckets"] = len(sync.buckets)
@@ -183,6 +194,7 @@ def worker(out):
 @pytest.mark.mpi
 def test_families_defined_outside_commrt_run_through_gradient_sync(tmp_path):
     from mp import mpiexec
+
     out = tmp_path / "seam.json"
     mpiexec(2, os.path.join("..", os.path.basename(__file__)), out, timeout=240)
     rows = json.loads(out.read_text())
@@ -191,7 +203,9 @@ def test_families_defined_outside_commrt_run_through_gradient_sync(tmp_path):
         assert r["sum_buckets"] >= 3 and r["stale_buckets"] >= 3
         assert r["sum_labels"] == ["sum:ring"] * r["sum_buckets"]
         assert r["sum"] == [True] * STEPS, "sum family: gradients are not the exact sum over ranks"
-        assert r["stale"] == [True] * STEPS, "stale family: gradient at t is not step t-1's exact sum"
+        assert r["stale"] == [True] * STEPS, (
+            "stale family: gradient at t is not step t-1's exact sum"
+        )
         assert r["between"] == [True] * STEPS
         assert [a for f, a in r["applied"] if f == "sum"] == [1] * STEPS
         assert [a for f, a in r["applied"] if f == "stale"] == [0] + [1] * (STEPS - 1)
@@ -211,8 +225,14 @@ def test_gradsync_knows_no_family():
     path = os.path.join(HERE, "..", "commrt", "sync", "gradsync.py")
     text = open(path).read()
     from commrt.algorithms import NAMES
-    forbidden = [r"\bselect\b", r"\bschedules?\b\s*\[", r"1(\.0*)?\s*/\s*[\w.]*world_size",
-                 r"/\s*[\w.]*world_size", r"executor\.run"]
+
+    forbidden = [
+        r"\bselect\b",
+        r"\bschedules?\b\s*\[",
+        r"1(\.0*)?\s*/\s*[\w.]*world_size",
+        r"/\s*[\w.]*world_size",
+        r"executor\.run",
+    ]
     forbidden += [rf"\b{re.escape(n)}\b" for n in NAMES]
     forbidden += [r"\bgossip\b", r"\bbackup\b", r"\bring\b", r"\btorus", r"\bhalving"]
     hits = [(pat, m.group(0)) for pat in forbidden for m in re.finditer(pat, text, re.IGNORECASE)]

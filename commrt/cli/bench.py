@@ -8,6 +8,7 @@ Every rank runs the same number of iterations (fixed by the message size,
 never by timing), so ranks can never disagree on how many collectives to
 run. Times are rank 0's, median of ``repeats`` runs of ``iters`` calls.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -22,8 +23,12 @@ from commrt.algorithms import resolve
 from commrt.cli.plotting import line_plot
 from commrt.cli.units import fmt_bytes
 
-#: 8 B and 4 KiB (latency-bound: one small bucket, gossip, control traffic), then 64 KiB .. 64 MiB
-DEFAULT_SIZES = (8, 1 << 12) + tuple(1 << k for k in range(16, 27, 2))
+#: 8 B and 4 KiB (latency-bound: one small bucket, gossip, control traffic), then 64 KiB,
+#: 1 MiB and 16 MiB: the default ``commrt bench allreduce`` sweep, seconds on 2 shared cores
+DEFAULT_SIZES = (8, 1 << 12) + tuple(1 << k for k in range(16, 25, 4))
+#: bytes a default timed run moves, and at most this many calls (:func:`default_iterations`)
+DEFAULT_BUDGET_BYTES = 16e6
+DEFAULT_MAX_ITERS = 50
 
 
 class DelayBackward(torch.autograd.Function):
@@ -43,6 +48,8 @@ class DelayBackward(torch.autograd.Function):
     def backward(ctx, grad):
         time.sleep(ctx.seconds)
         return grad, None
+
+
 NATIVE_NAMES = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce", "nccl": "ncclAllReduce"}
 
 
@@ -50,9 +57,14 @@ def busbw_factor(world_size: int) -> float:
     return 2 * (world_size - 1) / world_size if world_size > 1 else 1.0
 
 
-def iterations_for(nbytes: int, budget_bytes: float = 4e8) -> int:
-    """Calls per timed run: enough to last ~0.1 s on a slow machine, 3..1000."""
-    return int(min(1000, max(3, budget_bytes // max(nbytes, 1 << 14))))
+def iterations_for(nbytes: int, budget_bytes: float = 4e8, most: int = 1000) -> int:
+    """Calls per timed run: enough to last ~0.1 s on a slow machine, 3..``most``."""
+    return int(min(most, max(3, budget_bytes // max(nbytes, 1 << 14))))
+
+
+def default_iterations(nbytes: int) -> int:
+    """Calls per timed run of ``commrt bench allreduce`` without --iters: 3..50, ~16 MB."""
+    return iterations_for(nbytes, DEFAULT_BUDGET_BYTES, DEFAULT_MAX_ITERS)
 
 
 @dataclass
@@ -72,7 +84,7 @@ class Row:
     nbytes: int
     count: int
     results: list[Result] = field(default_factory=list)
-    moved: list[int] = field(default_factory=list)   # bytes read + written per result (kernels)
+    moved: list[int] = field(default_factory=list)  # bytes read + written per result (kernels)
 
 
 def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> float:
@@ -82,7 +94,7 @@ def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> 
     return once enqueued.
     """
     sync = torch.cuda.synchronize if comm.device.type == "cuda" else (lambda: None)
-    fn()   # warm-up: plan compilation, scratch allocation, connections
+    fn()  # warm-up: plan compilation, scratch allocation, connections
     sync()
     times = []
     for _ in range(repeats):
@@ -95,9 +107,16 @@ def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> 
     return statistics.median(times)
 
 
-def measure_allreduce(comm, sizes: Sequence[int] = DEFAULT_SIZES, algorithms: Sequence[str] = ("ring",),
-                      dtype: torch.dtype = torch.float32, native: bool = True, repeats: int = 3,
-                      iters: int | None = None, on_row: Callable[[Row], None] | None = None) -> list[Row]:
+def measure_allreduce(
+    comm,
+    sizes: Sequence[int] = DEFAULT_SIZES,
+    algorithms: Sequence[str] = ("ring",),
+    dtype: torch.dtype = torch.float32,
+    native: bool = True,
+    repeats: int = 3,
+    iters: int | None = None,
+    on_row: Callable[[Row], None] | None = None,
+) -> list[Row]:
     """Time ``commrt.all_reduce`` (sum) per algorithm and the native all-reduce per size."""
     algs = [resolve(a) for a in algorithms]
     esize = torch.empty((), dtype=dtype).element_size()
@@ -105,13 +124,20 @@ def measure_allreduce(comm, sizes: Sequence[int] = DEFAULT_SIZES, algorithms: Se
     for nbytes in sizes:
         count = max(1, nbytes // esize)
         x = torch.ones(count, dtype=dtype, device=comm.device)
-        n_iter = iters or iterations_for(nbytes)
+        n_iter = iters or default_iterations(nbytes)
         row = Row(count * esize, count)
         for alg in algs:
-            t = time_calls(comm, lambda: commrt.all_reduce(x, comm, algorithm=alg, op="sum"), n_iter, repeats)
+            t = time_calls(
+                comm,
+                lambda x=x, alg=alg: commrt.all_reduce(x, comm, algorithm=alg, op="sum"),
+                n_iter,
+                repeats,
+            )
             row.results.append(Result(alg.name, t))
         if native:
-            t = time_calls(comm, lambda: comm.transport.native_all_reduce(x, "sum"), n_iter, repeats)
+            t = time_calls(
+                comm, lambda x=x: comm.transport.native_all_reduce(x, "sum"), n_iter, repeats
+            )
             row.results.append(Result(f"native ({NATIVE_NAMES[comm.backend.value]})", t))
         rows.append(row)
         if on_row is not None:
@@ -120,29 +146,85 @@ def measure_allreduce(comm, sizes: Sequence[int] = DEFAULT_SIZES, algorithms: Se
 
 
 def table_header(names: Sequence[str], world_size: int, title: str) -> str:
-    """The last name is the native all-reduce; a final column gives every other's time over its."""
-    cols = "".join(f" | {n[:26]:>26}" for n in names)
-    sub = "".join(f" | {'time(us)':>9} {'algbw':>7} {'busbw':>8}" for _ in names)
+    """One line per algorithm and size (fits 80 columns); the last name is the native one."""
     factor = busbw_factor(world_size)
-    return (f"# {title}\n# busbw = algbw x 2(p-1)/p = algbw x {factor:.3g}; GB/s. "
-            f"x native: each algorithm's time over the native one's, in column order\n"
-            f"#{'size':>10} {'count':>11}{cols} | x native\n#{'':>10} {'(elements)':>11}{sub} |")
+    return (
+        f"# {title}\n# busbw = algbw × 2(p-1)/p = algbw × {factor:.3g}; × native: time over "
+        f"the native one's\n#{'size':>8} {'algorithm':<24}{'time µs':>10}"
+        f"{'algbw GB/s':>11}{'busbw GB/s':>11}{'× native':>9}"
+    )
+
+
+def _native(row: Row) -> Result | None:
+    last = row.results[-1] if row.results else None
+    return last if last is not None and last.name.startswith("native") else None
 
 
 def table_row(row: Row, world_size: int) -> str:
-    cells = "".join(f" | {r.time_s * 1e6:9.1f} {r.algbw(row.nbytes):7.3f} {r.busbw(row.nbytes, world_size):8.3f}"
-                    for r in row.results)
-    *mine, native = row.results
-    ratios = (" ".join(f"{r.time_s / native.time_s:.2f}" for r in mine)
-              if mine and native.name.startswith("native") else "")
-    return f" {fmt_bytes(row.nbytes):>10} {row.count:>11}{cells} | {ratios}"
+    """The lines of one size: one per algorithm, the size on the first."""
+    native = _native(row)
+    lines = []
+    for i, r in enumerate(row.results):
+        size = fmt_bytes(row.nbytes) if i == 0 else ""
+        ratio = f"{r.time_s / native.time_s:.2f}" if native is not None and r is not native else ""
+        lines.append(
+            f" {size:>8} {r.name[:24]:<24}{r.time_s * 1e6:10.1f}{r.algbw(row.nbytes):11.3f}"
+            f"{r.busbw(row.nbytes, world_size):11.3f}{ratio:>9}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def records(rows: Sequence[Row], world_size: int) -> list[dict]:
+    """Every measured point with all its columns, for --csv and --json."""
+    out = []
+    for row in rows:
+        native = _native(row)
+        for r in row.results:
+            out.append(
+                {
+                    "bytes": row.nbytes,
+                    "count": row.count,
+                    "algorithm": r.name,
+                    "time_us": r.time_s * 1e6,
+                    "algbw_GBps": r.algbw(row.nbytes),
+                    "busbw_GBps": r.busbw(row.nbytes, world_size),
+                    "x_native": r.time_s / native.time_s if native is not None else None,
+                }
+            )
+    return out
+
+
+def write_records(recs: Sequence[dict], csv_path: str | None, json_path: str | None) -> list[str]:
+    """Write ``recs`` as CSV and/or JSON; the paths written."""
+    import csv
+    import json
+
+    done = []
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(recs[0]) if recs else [])
+            w.writeheader()
+            w.writerows(recs)
+        done.append(csv_path)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(list(recs), f, indent=1)
+        done.append(json_path)
+    return done
 
 
 def plot_rows(rows: Sequence[Row], world_size: int, path: str, title: str) -> str:
     """Write busbw vs message size, one line per algorithm, as a PNG."""
-    series = {r.name: ([row.nbytes for row in rows], [row.results[i].busbw(row.nbytes, world_size) for row in rows])
-              for i, r in enumerate(rows[0].results)}
-    return line_plot(path, series, title=title, xlabel="message size (bytes)", ylabel="busbw (GB/s)")
+    series = {
+        r.name: (
+            [row.nbytes for row in rows],
+            [row.results[i].busbw(row.nbytes, world_size) for row in rows],
+        )
+        for i, r in enumerate(rows[0].results)
+    }
+    return line_plot(
+        path, series, title=title, xlabel="message size (bytes)", ylabel="busbw (GB/s)"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -152,7 +234,9 @@ def plot_rows(rows: Sequence[Row], world_size: int, path: str, title: str) -> st
 KERNEL_OPS = ("pack", "unpack", "copy", "cat+scale")
 
 
-def gradient_like(nbytes: int, esize: int = 4, dtype=torch.float32, device="cpu") -> list[torch.Tensor]:
+def gradient_like(
+    nbytes: int, esize: int = 4, dtype=torch.float32, device="cpu"
+) -> list[torch.Tensor]:
     """A bucket of gradient-shaped tensors: square-ish weights with their biases."""
     out, left = [], nbytes // esize
     width = 1024
@@ -167,8 +251,9 @@ def gradient_like(nbytes: int, esize: int = 4, dtype=torch.float32, device="cpu"
     return out
 
 
-def measure_kernels(sizes: Sequence[int], wire: torch.dtype = torch.float32, device: str = "cpu",
-                    repeats: int = 5) -> list[Row]:
+def measure_kernels(
+    sizes: Sequence[int], wire: torch.dtype = torch.float32, device: str = "cpu", repeats: int = 5
+) -> list[Row]:
     """GB/s (bytes read + written) of pack, unpack, copy and cat+scale per bucket size."""
     from commrt.kernels import pack, unpack
 
@@ -196,10 +281,11 @@ def measure_kernels(sizes: Sequence[int], wire: torch.dtype = torch.float32, dev
         flat = torch.empty(n, device=device)
         row = Row(n * 4, n)
         row.results = [
-            Result("pack", timed(lambda: pack(grads, bucket, scale=0.5))),
-            Result("unpack", timed(lambda: unpack(bucket, grads, scale=0.5))),
-            Result("copy", timed(lambda: dst.copy_(src))),
-            Result("cat+scale", timed(lambda: torch.cat(grads, out=flat).mul_(0.5))),
+            # each lambda runs inside timed() before the loop moves on
+            Result("pack", timed(lambda: pack(grads, bucket, scale=0.5))),  # noqa: B023
+            Result("unpack", timed(lambda: unpack(bucket, grads, scale=0.5))),  # noqa: B023
+            Result("copy", timed(lambda: dst.copy_(src))),  # noqa: B023
+            Result("cat+scale", timed(lambda: torch.cat(grads, out=flat).mul_(0.5))),  # noqa: B023
         ]
         # bytes read + written: fp32 side n*4, wire side n*wsize (copy and cat+scale: fp32 both ways)
         row.moved = [n * (4 + wsize), n * (4 + wsize), n * 8, n * 8]
@@ -208,19 +294,47 @@ def measure_kernels(sizes: Sequence[int], wire: torch.dtype = torch.float32, dev
 
 
 def kernel_table(rows: Sequence[Row], title: str) -> str:
-    head = (f"# {title}\n# GB/s = (bytes read + bytes written) / time; copy = Tensor.copy_ of the same "
-            f"elements (the limit)\n#{'size':>10} {'count':>11}"
-            + "".join(f" | {n:>10}" for n in KERNEL_OPS) + " | pack/copy")
+    head = (
+        f"# {title}\n# GB/s = (bytes read + written) / time; copy = Tensor.copy_ of the same\n"
+        f"# elements (the limit); pack/copy = pack's GB/s over copy's\n"
+        f"#{'size':>8}" + "".join(f"{n + ' GB/s':>15}" for n in KERNEL_OPS) + f"{'pack/copy':>10}"
+    )
     lines = [head]
     for row in rows:
         gbs = [m / r.time_s / 1e9 for m, r in zip(row.moved, row.results)]
-        lines.append(f" {fmt_bytes(row.nbytes):>10} {row.count:>11}" + "".join(f" | {g:10.2f}" for g in gbs)
-                     + f" | {gbs[0] / gbs[2]:8.0%}")
+        lines.append(
+            f" {fmt_bytes(row.nbytes):>8}"
+            + "".join(f"{g:15.2f}" for g in gbs)
+            + f"{gbs[0] / gbs[2]:10.0%}"
+        )
     return "\n".join(lines)
 
 
+def kernel_records(rows: Sequence[Row]) -> list[dict]:
+    """Every kernel point with its count, bytes moved and time, for --csv and --json."""
+    return [
+        {
+            "bytes": row.nbytes,
+            "count": row.count,
+            "op": r.name,
+            "moved_bytes": m,
+            "time_us": r.time_s * 1e6,
+            "GBps": m / r.time_s / 1e9,
+        }
+        for row in rows
+        for m, r in zip(row.moved, row.results)
+    ]
+
+
 def plot_kernels(rows: Sequence[Row], path: str, title: str) -> str:
-    series = {name: ([r.nbytes for r in rows], [r.moved[i] / r.results[i].time_s / 1e9 for r in rows])
-              for i, name in enumerate(KERNEL_OPS)}
-    return line_plot(path, series, title=title, xlabel="bucket size (bytes of fp32 gradients)",
-                     ylabel="GB/s (read + written)")
+    series = {
+        name: ([r.nbytes for r in rows], [r.moved[i] / r.results[i].time_s / 1e9 for r in rows])
+        for i, name in enumerate(KERNEL_OPS)
+    }
+    return line_plot(
+        path,
+        series,
+        title=title,
+        xlabel="bucket size (bytes of fp32 gradients)",
+        ylabel="GB/s (read + written)",
+    )

@@ -8,6 +8,10 @@ the last lines name the rank that died (by which signal), stopped or
 failed, and its exit code is returned: a crashed worker never leaves the
 rest hanging.
 
+Every rank runs on this machine, so the job listens on loopback only: the
+stores bind 127.0.0.1 (:func:`commrt.store.serve`) and gloo gets
+``GLOO_SOCKET_IFNAME=lo`` unless the caller set it.
+
 With ``tolerate=b`` (``commrt train --algorithm backup``) up to b ranks may
 die while the others carry on; the launcher then also hosts the control
 store (``host_store``, :mod:`commrt.store`) so that any rank, rank 0 too,
@@ -16,6 +20,7 @@ may be the one that dies. Under mpiexec that takes MPICH's
 when one dies). torchrun has no such switch: its agent stops all workers
 on any failure (and restarts them if ``--max-restarts`` allows).
 """
+
 from __future__ import annotations
 
 import os
@@ -34,8 +39,12 @@ CHILD_ENV = "COMMRT_LAUNCHED"
 def already_launched() -> bool:
     """True inside a rank started by mpiexec, torchrun or :func:`launch`."""
     env = os.environ
-    return bool(env.get(CHILD_ENV) or "PMI_RANK" in env or "OMPI_COMM_WORLD_RANK" in env
-                or ("RANK" in env and "WORLD_SIZE" in env))
+    return bool(
+        env.get(CHILD_ENV)
+        or "PMI_RANK" in env
+        or "OMPI_COMM_WORLD_RANK" in env
+        or ("RANK" in env and "WORLD_SIZE" in env)
+    )
 
 
 def free_port() -> int:
@@ -44,12 +53,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def loopback_ifname() -> str | None:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS), or None."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
 def mpiexec_path() -> str | None:
     return shutil.which("mpiexec") or shutil.which("mpirun")
 
 
-def launch(argv: Sequence[str], nproc: int, *, use_mpiexec: bool, timeout: float | None = None,
-           quiet_workers: bool = True, host_store: bool = False, tolerate: int = 0) -> int:
+def launch(
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    use_mpiexec: bool,
+    timeout: float | None = None,
+    quiet_workers: bool = True,
+    host_store: bool = False,
+    tolerate: int = 0,
+) -> int:
     """Run ``python -m commrt <argv>`` as ``nproc`` ranks; return the exit code.
 
     Rank 0 keeps stdout (the progress bar and tables); the other ranks'
@@ -63,33 +89,52 @@ def launch(argv: Sequence[str], nproc: int, *, use_mpiexec: bool, timeout: float
     cmd = [sys.executable, "-m", "commrt", *argv]
     env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # every rank is on this machine: keep gloo's sockets on loopback too (it would bind to
+    # the address of the host name otherwise); the stores listen on 127.0.0.1 (store.serve)
+    lo = loopback_ifname()
+    if lo is not None:
+        env.setdefault("GLOO_SOCKET_IFNAME", lo)
     store = None
     if host_store:
-        from commrt.store import STORE_ENV, host_store as make_store
-        store = make_store()   # lives as long as this process: the workers' control plane
+        from commrt.store import STORE_ENV
+        from commrt.store import host_store as make_store
+
+        store = make_store()  # lives as long as this process: the workers' control plane
         env[STORE_ENV] = f"127.0.0.1:{store.port}"
     if use_mpiexec:
         exe = mpiexec_path()
         if exe is None:
-            raise RuntimeError("backend mpi needs mpiexec: pip install 'commrt[mpi]' (the mpich wheel "
-                               "brings it), or use --backend gloo")
+            raise RuntimeError(
+                "backend mpi needs mpiexec: pip install 'commrt[mpi]' (the mpich wheel "
+                "brings it), or use --backend gloo"
+            )
         keep_going = ["-disable-auto-cleanup"] if tolerate else []
         procs = [subprocess.Popen([exe, *keep_going, "-n", str(nproc), *cmd], env=env)]
-        return _supervise(procs, timeout, ranks_known=False)   # mpiexec names failed ranks itself
+        return _supervise(procs, timeout, ranks_known=False)  # mpiexec names failed ranks itself
     else:
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(nproc),
-                   LOCAL_WORLD_SIZE=str(nproc))
-        if store is not None:   # the rendezvous too, so that rank 0 is not special
+        env.update(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+            WORLD_SIZE=str(nproc),
+            LOCAL_WORLD_SIZE=str(nproc),
+        )
+        if store is not None:  # the rendezvous too, so that rank 0 is not special
             env.update(MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="true")
         procs = []
         for r in range(nproc):
             out = subprocess.DEVNULL if (quiet_workers and r) else None
-            procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=out))
+            procs.append(
+                subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=out)
+            )
     return _supervise(procs, timeout, tolerate=tolerate)
 
 
-def _supervise(procs: list[subprocess.Popen], timeout: float | None, ranks_known: bool = True,
-               tolerate: int = 0) -> int:
+def _supervise(
+    procs: list[subprocess.Popen],
+    timeout: float | None,
+    ranks_known: bool = True,
+    tolerate: int = 0,
+) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
@@ -99,12 +144,8 @@ def _supervise(procs: list[subprocess.Popen], timeout: float | None, ranks_known
                 if None in codes:
                     time.sleep(0.05)
                     continue
-                for rank, c in enumerate(codes):
-                    if c:
-                        how = (f"was killed by {_signame(-c)}" if c < 0
-                               else f"exited with status {c}")
-                        print(f"commrt: rank {rank} {how}; the other ranks carried on (up to "
-                              f"{tolerate} may fail)", file=sys.stderr, flush=True)
+                for line in tolerated_lines(codes, tolerate):
+                    print(line, file=sys.stderr, flush=True)
                 return 0
             if bad:
                 # a rank that died takes its peers down a moment later (connection reset,
@@ -119,12 +160,27 @@ def _supervise(procs: list[subprocess.Popen], timeout: float | None, ranks_known
                 return 0
             if deadline is not None and time.monotonic() > deadline:
                 _stop(procs)
-                print(f"commrt: workers did not finish within {timeout:g} s; stopped them", file=sys.stderr)
+                print(
+                    f"commrt: workers did not finish within {timeout:g} s; stopped them",
+                    file=sys.stderr,
+                )
                 return 124
             time.sleep(0.05)
     except KeyboardInterrupt:
         _stop(procs)
         return 130
+
+
+def tolerated_lines(codes: list[int | None], tolerate: int) -> list[str]:
+    """What the launcher says when up to ``tolerate`` ranks failed and the rest finished:
+    a line per failed rank, then the allowance (each within 80 columns)."""
+    lines = []
+    for rank, c in enumerate(codes):
+        if c:
+            how = f"was killed by {_signame(-c)}" if c < 0 else f"exited with status {c}"
+            lines.append(f"commrt: rank {rank} {how}; the other ranks carried on")
+    lines.append(f"commrt: (up to {tolerate} of the {len(codes)} ranks may fail in this job)")
+    return lines
 
 
 def _state(pid: int) -> str:
@@ -153,9 +209,13 @@ def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
         elif c > 0:
             failed.append((rank, c))
     lines = [f"rank {r} was killed by {_signame(-c)}" for r, c in killed]
-    lines += [f"rank {r} is stopped (SIGSTOP or a debugger), so its peers timed out" for r in stopped]
+    lines += [
+        f"rank {r} is stopped (SIGSTOP or a debugger), so its peers timed out" for r in stopped
+    ]
     causes = bool(lines)
-    lines += [f"rank {r} exited with status {c}" + (" after that" if causes else "") for r, c in failed]
+    lines += [
+        f"rank {r} exited with status {c}" + (" after that" if causes else "") for r, c in failed
+    ]
     lines.append(f"stopped the other ranks of this {len(procs)}-rank job")
     code = 128 - killed[0][1] if killed else (failed[0][1] if failed else 1)
     return lines, code
@@ -172,7 +232,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
-            p.send_signal(signal.SIGCONT)   # a stopped rank only acts on SIGTERM once it runs
+            p.send_signal(signal.SIGCONT)  # a stopped rank only acts on SIGTERM once it runs
     end = time.monotonic() + 5
     for p in procs:
         try:

@@ -1,10 +1,24 @@
 """Sizes and counts on the command line and in tables (binary units: 1 KiB = 1024 B)."""
+
 from __future__ import annotations
 
 import argparse
 import re
 
+import torch
+
 from commrt.sim import fmt_bytes  # noqa: F401  (re-exported: tables and tools format sizes alike)
+
+#: dtype names the flags take
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def parse_size(text: str) -> int:
@@ -28,4 +42,15 @@ def positive_int(text: str) -> int:
     v = int(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds above 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give seconds as a number, got {text!r}") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"give a finite number of seconds above 0, got {text}")
     return v

@@ -1,12 +1,21 @@
 """Gradient synchronisation: :class:`GradientSync` and the families behind its seam.
 
-* :mod:`commrt.sync.gradsync`: hooks, buckets, the progress thread, wait/step;
+* :mod:`commrt.sync.gradsync`: GradientSync itself: hooks, wait/step/no_sync, report;
+* :mod:`commrt.sync.config`: its arguments, validated into one :class:`SyncConfig`;
+* :mod:`commrt.sync.stepstate`: what one step has seen so far (reset in one place);
+* :mod:`commrt.sync.progress`: the progress thread and the bucket runner;
+* :mod:`commrt.sync.buffers`: bucket buffers, pack and unpack (grads as bucket views);
+* :mod:`commrt.sync.unused`: parameters without a gradient in a step;
+* :mod:`commrt.sync.recording`: per-step stats and trace spans;
+* :mod:`commrt.sync.report`: the family-neutral :class:`SyncReport` (``sync.report()``);
 * :mod:`commrt.sync.policy`: the seam (:class:`Policy`, :class:`SyncContext`);
 * :mod:`commrt.sync.families`: which policy serves which algorithm;
 * :mod:`commrt.sync.allreduce`: the all-reduce family (ring, torus2d, auto, ...);
 * :mod:`commrt.sync.buckets`, :mod:`commrt.sync.stats`: bucketing, per-step stats.
 """
+
 from commrt.sync.gradsync import GradientSync
 from commrt.sync.policy import Policy, SyncContext
+from commrt.sync.report import SyncReport
 
-__all__ = ["GradientSync", "Policy", "SyncContext"]
+__all__ = ["GradientSync", "Policy", "SyncContext", "SyncReport"]

@@ -4,6 +4,7 @@ Ring, halving-doubling, the 2D torus, ``auto`` and any other algorithm
 whose ``select`` yields an all-reduce schedule. The pack pass scales by
 1/p, so the sum the schedule computes is the average.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,10 @@ class AllReducePolicy(Policy):
         self.ctx = ctx
         comm = ctx.comm
         # Called collectively, in bucket order: size-aware algorithms may probe here.
-        self.schedules = [self.algorithm.select(comm.world_size, b.numel * ctx.element_size, comm)
-                          for b in ctx.buckets]
+        self.schedules = [
+            self.algorithm.select(comm.world_size, b.numel * ctx.element_size, comm)
+            for b in ctx.buckets
+        ]
         self._scale = 1.0 / comm.world_size
         return tuple(s.name for s in self.schedules)
 

@@ -13,6 +13,7 @@ rather than paying a collective's latency alone.
 else's before any gradient moves, so a rank with a different model fails
 fast, with the difference in the message, on every rank.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,15 +34,19 @@ class Bucket:
     index: int
     params: tuple[torch.nn.Parameter, ...]
     names: tuple[str, ...]
-    offsets: tuple[int, ...]      # element offset of each parameter in the buffer
+    offsets: tuple[int, ...]  # element offset of each parameter in the buffer
     numel: int
 
     def __repr__(self) -> str:
         return f"Bucket({self.index}, {len(self.params)} params, {self.numel} elements)"
 
 
-def assign_buckets(named_params: Sequence[tuple[str, torch.nn.Parameter]], bucket_bytes: int,
-                   first_bucket_bytes: int, element_size: int) -> list[Bucket]:
+def assign_buckets(
+    named_params: Sequence[tuple[str, torch.nn.Parameter]],
+    bucket_bytes: int,
+    first_bucket_bytes: int,
+    element_size: int,
+) -> list[Bucket]:
     """Group parameters (given in registration order) into buckets, last first."""
     if bucket_bytes <= 0 or first_bucket_bytes <= 0:
         raise ValueError("bucket sizes must be positive")
@@ -56,8 +61,15 @@ def assign_buckets(named_params: Sequence[tuple[str, torch.nn.Parameter]], bucke
             for _, p in cur:
                 offs.append(off)
                 off += p.numel()
-            buckets.append(Bucket(len(buckets), tuple(p for _, p in cur), tuple(n for n, _ in cur),
-                                  tuple(offs), off))
+            buckets.append(
+                Bucket(
+                    len(buckets),
+                    tuple(p for _, p in cur),
+                    tuple(n for n, _ in cur),
+                    tuple(offs),
+                    off,
+                )
+            )
         cur, cur_bytes = [], 0
 
     for name, p in reversed(list(named_params)):
@@ -75,6 +87,13 @@ def assign_buckets(named_params: Sequence[tuple[str, torch.nn.Parameter]], bucke
     return buckets
 
 
+def describe(buckets: Sequence[Bucket], element_size: int, shown: int = 6) -> str:
+    """``"3 buckets [1.00, 4.20, 0.31] MB"``: the first ``shown`` sizes in wire MB."""
+    sizes = ", ".join(f"{b.numel * element_size / MB:.2f}" for b in buckets[:shown])
+    more = ", ..." if len(buckets) > shown else ""
+    return f"{len(buckets)} buckets [{sizes}{more}] MB"
+
+
 def _fingerprint(buckets: Sequence[Bucket], extra: str) -> list[int]:
     h = hashlib.blake2b(extra.encode(), digest_size=7)
     nparams = 0
@@ -83,7 +102,12 @@ def _fingerprint(buckets: Sequence[Bucket], extra: str) -> list[int]:
         for p in b.params:
             h.update(f"{tuple(p.shape)}{p.dtype}".encode())
             nparams += 1
-    return [int.from_bytes(h.digest(), "little"), len(buckets), nparams, sum(b.numel for b in buckets)]
+    return [
+        int.from_bytes(h.digest(), "little"),
+        len(buckets),
+        nparams,
+        sum(b.numel for b in buckets),
+    ]
 
 
 def check_layout(comm, buckets: Sequence[Bucket], extra: str = "") -> None:
@@ -94,16 +118,24 @@ def check_layout(comm, buckets: Sequence[Bucket], extra: str = "") -> None:
     verdict. ``extra`` folds options that must agree (wire dtype,
     algorithm) into the fingerprint.
     """
-    from commrt.collectives import gather_rows   # avoid an import cycle
+    from commrt.collectives import gather_rows  # avoid an import cycle
+
     rows = gather_rows(comm, _fingerprint(buckets, extra), torch.int64)
     bad = [r for r, row in enumerate(rows) if row != rows[0]]
     if bad:
+
         def say(r):
             _, nb, npar, nel = rows[r]
             return f"rank {r}: {npar} parameters, {nel} elements, {nb} buckets"
-        same = "" if any(rows[r][1:] != rows[0][1:] for r in bad) else \
-            " (same counts: shapes, dtypes, bucket_mb, comm_dtype or algorithm differ)"
-        raise CommError(f"commrt: gradient layouts differ across ranks{same}: {say(0)}; "
-                        + "; ".join(say(r) for r in bad[:4])
-                        + ". Every rank must build the same model (same parameters that require grad, "
-                          "in the same order) with the same GradientSync options.")
+
+        same = (
+            ""
+            if any(rows[r][1:] != rows[0][1:] for r in bad)
+            else " (same counts: shapes, dtypes, bucket_mb, comm_dtype or algorithm differ)"
+        )
+        raise CommError(
+            f"commrt: gradient layouts differ across ranks{same}: {say(0)}; "
+            + "; ".join(say(r) for r in bad[:4])
+            + ". Every rank must build the same model (same parameters that require grad, "
+            "in the same order) with the same GradientSync options."
+        )

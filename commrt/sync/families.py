@@ -5,6 +5,7 @@ family defined outside commrt needs nothing more); otherwise the first
 entry of :data:`FAMILIES` whose algorithm types match serves it. Algorithms
 stay plain data: they never import this package.
 """
+
 from __future__ import annotations
 
 from commrt.algorithms import Algorithm, BackupWorkers, Gossip
@@ -27,8 +28,10 @@ def policy_for(algorithm: Algorithm) -> Policy:
     if callable(offer):
         policy = offer()
         if not isinstance(policy, Policy):
-            raise TypeError(f"{type(algorithm).__name__}.sync_policy() must return a commrt.sync.Policy, "
-                            f"got {type(policy).__name__}")
+            raise TypeError(
+                f"{type(algorithm).__name__}.sync_policy() must return a commrt.sync.Policy, "
+                f"got {type(policy).__name__}"
+            )
         return policy
     for types, cls in FAMILIES:
         if isinstance(algorithm, types):

@@ -60,6 +60,9 @@ def _swap(a: torch.Tensor, b: torch.Tensor, tmp: torch.Tensor) -> None:
 class GossipPolicy(Policy):
     """Scale by ½, run this step's one-peer exchange per bucket (see the module docs)."""
 
+    # each rank mixes with one peer per step: models agree only at average_parameters
+    models_drift = True
+
     def setup(self, ctx: SyncContext) -> tuple[str, ...]:
         self.ctx = ctx
         comm = ctx.comm

@@ -18,6 +18,11 @@ same order on every rank::
     apply(optimizer)                 in sync.step(), on the caller's thread
     close()                          drain, at sync.close()
 
+What a tool may ask of any family, through ``sync.report()``
+(:class:`~commrt.sync.report.SyncReport`), has defaults here that fit the
+all-reduce family: :attr:`Policy.ranks_may_fail`, :attr:`Policy.models_drift`,
+:attr:`Policy.finished`, :attr:`Policy.missing_ranks` and :meth:`Policy.summary`.
+
 An all-reduce family scales by 1/p and runs one schedule per bucket
 (:mod:`commrt.sync.allreduce`); a gossip family scales by 1/2 and picks this
 step's peer; a backup-worker family decides in ``begin_step`` who takes
@@ -36,10 +41,12 @@ Example (a family that sums instead of averaging)::
         def communicate(self, step, bucket, buf):
             return self.ctx.run(self.schedules[bucket], buf, bucket)
 """
+
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+
 import torch
 
 from commrt.sync.buckets import Bucket
@@ -54,18 +61,19 @@ class SyncContext:
     :meth:`Policy.communicate` and unpacked from it after.
     """
 
-    comm: object                      # commrt.Communicator (not imported: no cycle)
+    comm: object  # commrt.Communicator (not imported: no cycle)
     buckets: tuple[Bucket, ...]
     buffers: tuple[torch.Tensor, ...]
     comm_dtype: torch.dtype
-    tracer: object = None             # commrt.trace.Tracer or None
+    tracer: object = None  # commrt.trace.Tracer or None
 
     @property
     def element_size(self) -> int:
         return self.buffers[0].element_size()
 
-    def run(self, schedule, buf: torch.Tensor, bucket: int | None = None, *,
-            reused: bool = True) -> int:
+    def run(
+        self, schedule, buf: torch.Tensor, bucket: int | None = None, *, reused: bool = True
+    ) -> int:
         """Run ``schedule`` in place on ``buf`` with the communicator's timeout,
         pieces and tracer; return the bytes this rank sent. Errors name the
         rank, peer, algorithm, step and ``bucket``. ``reused=False`` for a
@@ -74,9 +82,16 @@ class SyncContext:
         instead of being kept for as long as ``buf`` lives."""
         comm = self.comm
         with comm.lock:
-            return comm.executor.run(schedule, buf, comm.transport, timeout=comm.timeout,
-                                     piece_bytes=comm.piece_bytes, bucket=bucket, tracer=self.tracer,
-                                     owner=buf if reused else None)
+            return comm.executor.run(
+                schedule,
+                buf,
+                comm.transport,
+                timeout=comm.timeout,
+                piece_bytes=comm.piece_bytes,
+                bucket=bucket,
+                tracer=self.tracer,
+                owner=buf if reused else None,
+            )
 
 
 class Policy(abc.ABC):
@@ -85,6 +100,13 @@ class Policy(abc.ABC):
     Subclasses get the algorithm instance as ``self.algorithm``; every hook
     but :meth:`communicate` has a default that does nothing special.
     """
+
+    # -- traits a tool reads through sync.report(), whatever the family
+    #: ranks may die or run at their own pace while the others go on, so nothing may wait
+    #: on all of them (evaluation stays local; a summary is one rank's view)
+    ranks_may_fail: bool = False
+    #: the ranks' models differ between consensus points (average_parameters agrees them)
+    models_drift: bool = False
 
     def __init__(self, algorithm):
         self.algorithm = algorithm
@@ -128,6 +150,21 @@ class Policy(abc.ABC):
         """The global step this rank's parameters hold, for families where that is not
         simply the number of updates ``apply`` returned (None: count those)."""
         return None
+
+    @property
+    def finished(self) -> bool:
+        """This rank has nothing more to do: further steps are no-ops, so a loop may stop."""
+        return False
+
+    @property
+    def missing_ranks(self) -> tuple[int, ...]:
+        """Ranks this one lost (dead, or silent too long): a collective would wait on them."""
+        return ()
+
+    def summary(self) -> list[tuple[str, str]]:
+        """The family's own (label, value) rows for a summary table (complete after
+        ``close()``)."""
+        return []
 
     def step_stats(self) -> dict:
         """Family-specific numbers for the step just finished (merged into

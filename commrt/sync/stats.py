@@ -10,6 +10,7 @@ Definitions (seconds, per step, this rank):
   end of this one (the training iteration as the loop sees it);
 * ``bytes_sent``: bytes this rank put on the wire.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -71,24 +72,37 @@ class SyncStats:
             return out
         for f in fields(StepStats):
             if f.name not in ("step", "extra"):
-                setattr(out, f.name, type(getattr(out, f.name))(sum(getattr(s, f.name) for s in pool) / len(pool)))
+                setattr(
+                    out,
+                    f.name,
+                    type(getattr(out, f.name))(sum(getattr(s, f.name) for s in pool) / len(pool)),
+                )
         return out
 
     def summary(self) -> str:
         m = self.mean()
-        ms = lambda x: f"{x * 1e3:8.2f} ms"   # noqa: E731
-        return "\n".join([
-            f"steps recorded      {len(self.steps)}",
-            f"step time           {ms(m.step_s)}",
-            f"  backward          {ms(m.backward_s)}",
-            f"  exposed comm      {ms(m.exposed_s)}   ({m.overlap:.0%} of communication hidden)",
-            f"  optimizer         {ms(m.optimizer_s)}",
-            f"pack / comm / unpack {ms(m.pack_s)} / {ms(m.comm_s)} / {ms(m.unpack_s)}",
-            f"bytes sent per step {m.bytes_sent / 1e6:10.2f} MB in {m.buckets} buckets",
-            f"algorithms          {', '.join(dict.fromkeys(self.algorithms))}",
-            f"extra memory        {self.buffer_bytes / 1e6:.1f} MB (gradients {self.grad_bytes / 1e6:.1f} MB)",
-        ] + ([f"disagreement        {self.disagreement:.3e} (max over ranks of |θ_r − θ̄| / |θ̄|, "
-               f"at the last average_parameters)"] if self.disagreement is not None else []))
+        ms = lambda x: f"{x * 1e3:8.2f} ms"  # noqa: E731
+        return "\n".join(
+            [
+                f"steps recorded      {len(self.steps)}",
+                f"step time           {ms(m.step_s)}",
+                f"  backward          {ms(m.backward_s)}",
+                f"  exposed comm      {ms(m.exposed_s)}   ({m.overlap:.0%} of communication hidden)",
+                f"  optimizer         {ms(m.optimizer_s)}",
+                f"pack / comm / unpack {ms(m.pack_s)} / {ms(m.comm_s)} / {ms(m.unpack_s)}",
+                f"bytes sent per step {m.bytes_sent / 1e6:10.2f} MB in {m.buckets} buckets",
+                f"algorithms          {', '.join(dict.fromkeys(self.algorithms))}",
+                f"extra memory        {self.buffer_bytes / 1e6:.1f} MB (gradients {self.grad_bytes / 1e6:.1f} MB)",
+            ]
+            + (
+                [
+                    f"disagreement        {self.disagreement:.3e} (max over ranks of |θ_r − θ̄| / |θ̄|, "
+                    f"at the last average_parameters)"
+                ]
+                if self.disagreement is not None
+                else []
+            )
+        )
 
     def __str__(self) -> str:
         return self.summary()

@@ -6,6 +6,7 @@ MPI and gloo. Waits never block without a bound: :func:`poll_until`
 polls (spinning for ``spin_s`` first, if asked), yields the core between
 polls, then sleeps with growing pauses, until the deadline.
 """
+
 from __future__ import annotations
 
 import abc
@@ -16,7 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
-Pair = tuple[torch.Tensor, int]   # (contiguous tensor, peer rank)
+Pair = tuple[torch.Tensor, int]  # (contiguous tensor, peer rank)
 
 
 def poll_until(done: Callable[[], bool], deadline: float, spin_s: float = 0.0) -> bool:
@@ -85,7 +86,9 @@ class Prepared:
 
     __slots__ = ("transport", "sends", "recvs", "tag")
 
-    def __init__(self, transport: "Transport", sends: Sequence[Pair], recvs: Sequence[Pair], tag: int):
+    def __init__(
+        self, transport: "Transport", sends: Sequence[Pair], recvs: Sequence[Pair], tag: int
+    ):
         self.transport, self.sends, self.recvs, self.tag = transport, list(sends), list(recvs), tag
 
     def start(self, spin_s: float = 0.0) -> Pending:

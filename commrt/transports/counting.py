@@ -45,8 +45,8 @@ class CountingTransport(Transport):
     def reset(self) -> None:
         self.messages = 0
         self.bytes = 0
-        self.by_peer: Counter = Counter()         # messages sent to each peer
-        self.bytes_by_peer: Counter = Counter()   # bytes sent to each peer
+        self.by_peer: Counter = Counter()  # messages sent to each peer
+        self.bytes_by_peer: Counter = Counter()  # bytes sent to each peer
 
     def count(self, sends: Sequence[Pair]) -> None:
         for t, peer in sends:

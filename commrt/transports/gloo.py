@@ -4,6 +4,7 @@ The process group is commrt's own (built on a TCPStore), not torch's global
 default group, so a user's ``torch.distributed.init_process_group`` and
 commrt live side by side.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -70,7 +71,9 @@ class GlooTransport(Transport):
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
         super().__init__(rank, world_size, torch.device("cpu"))
-        self.pg = dist.ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout))
+        self.pg = dist.ProcessGroupGloo(
+            store, rank, world_size, datetime.timedelta(seconds=timeout)
+        )
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
         pg = self.pg

@@ -3,6 +3,7 @@
 Buffers are handed to MPI as raw bytes at the tensor's address (no copies,
 any dtype, bf16 included); reductions happen in commrt, not in MPI.
 """
+
 from __future__ import annotations
 
 import time
@@ -18,9 +19,11 @@ def _mpi():
     # gloo- or nccl-only job should not pay for (or need installed).
     try:
         from mpi4py import MPI
-    except ImportError as e:   # pragma: no cover - depends on the install
-        raise RuntimeError("the mpi backend needs mpi4py and an MPI library: "
-                           "pip install 'commrt[mpi]' (mpi4py + the mpich wheel)") from e
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise RuntimeError(
+            "the mpi backend needs mpi4py and an MPI library: "
+            "pip install 'commrt[mpi]' (mpi4py + the mpich wheel)"
+        ) from e
     return MPI
 
 
@@ -51,12 +54,12 @@ class _MpiPrepared(Prepared):
 
     def __init__(self, transport, sends, recvs, tag):
         super().__init__(transport, sends, recvs, tag)
-        comm, MPI = transport.comm, transport._MPI
-        tag %= transport._tag_ub
+        comm, MPI = transport.comm, transport.MPI
+        tag %= transport.tag_ub
         rreqs = [comm.Recv_init(as_buffer(t, MPI), source=peer, tag=tag) for t, peer in recvs]
         sreqs = [comm.Send_init(as_buffer(t, MPI), dest=peer, tag=tag) for t, peer in sends]
         self.pending = _MpiPending(sreqs, rreqs)
-        self.preqs = rreqs + sreqs   # receives start first
+        self.preqs = rreqs + sreqs  # receives start first
         self._startall = MPI.Prequest.Startall
 
     def start(self, spin_s: float = 0.0) -> Pending:
@@ -69,7 +72,7 @@ class _MpiPrepared(Prepared):
         for r in self.preqs:
             try:
                 r.Free()
-            except Exception:   # MPI already finalized, or still active after a timeout
+            except Exception:  # MPI already finalized, or still active after a timeout
                 pass
         self.preqs = []
 
@@ -85,12 +88,12 @@ class MpiTransport(Transport):
         # A private communicator: commrt's messages never match the user's.
         self.comm = base.Dup()
         super().__init__(self.comm.Get_rank(), self.comm.Get_size(), torch.device("cpu"))
-        self._tag_ub = int(self.comm.Get_attr(MPI.TAG_UB) or 32767)
-        self._MPI = MPI
+        self.tag_ub = int(self.comm.Get_attr(MPI.TAG_UB) or 32767)
+        self.MPI = MPI
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
-        tag %= self._tag_ub
-        comm, MPI = self.comm, self._MPI
+        tag %= self.tag_ub
+        comm, MPI = self.comm, self.MPI
         # Receives first, so the matching sends find them posted.
         rreqs = [comm.Irecv(as_buffer(t, MPI), source=peer, tag=tag) for t, peer in recvs]
         sreqs = [comm.Isend(as_buffer(t, MPI), dest=peer, tag=tag) for t, peer in sends]
@@ -116,5 +119,5 @@ class MpiTransport(Transport):
         if comm is not None:
             try:
                 comm.Free()
-            except Exception:   # MPI already finalized at interpreter exit
+            except Exception:  # MPI already finalized at interpreter exit
                 pass

@@ -4,18 +4,20 @@ One launch checks the mpi transport, the gloo transport (rendezvous over
 MPI) and the NCCL adapter with the MPI stand-in, for every algorithm, size,
 dtype and op. Rank 0 writes a JSON report to argv[1].
 """
+
 import json
+import os
 import socket
 import sys
-import os
 
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import commrt  # noqa: E402
 from nccl_standin import StandInNccl  # noqa: E402
+
+import commrt  # noqa: E402
 
 SIZES = [1, 7, 1000, 1_000_003]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -24,8 +26,11 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 # fp32: 1e-6 (p <= 4 adds at unit roundoff 6e-8); bf16: p * 2^-8 (one rounding
 # per hop at unit roundoff 2^-8, the sum travels in bf16 between hops).
 RTOL = {"float32": 1e-6, "float64": 1e-12}
-ALGORITHMS = (sys.argv[2].split(",") if len(sys.argv) > 2
-              else ["ring", "halving_doubling", "recursive_doubling"])
+ALGORITHMS = (
+    sys.argv[2].split(",")
+    if len(sys.argv) > 2
+    else ["ring", "halving_doubling", "recursive_doubling"]
+)
 
 
 def free_port():
@@ -46,8 +51,14 @@ def main(out_path):
         "gloo": commrt.init("gloo", timeout=60),
         "nccl-standin": commrt.init("nccl", nccl_module=standin, device="cpu", timeout=60),
         # second NCCL rendezvous path: the unique id through a TCPStore
-        "nccl-standin-store": commrt.init("nccl", nccl_module=StandInNccl(), device="cpu", timeout=60,
-                                          master_addr="127.0.0.1", master_port=port2),
+        "nccl-standin-store": commrt.init(
+            "nccl",
+            nccl_module=StandInNccl(),
+            device="cpu",
+            timeout=60,
+            master_addr="127.0.0.1",
+            master_port=port2,
+        ),
     }
     results, failures = [], []
     for n in SIZES:
@@ -57,10 +68,10 @@ def main(out_path):
             x = x64.to(dt)
             xd = x.double()
             ref = xd.clone()
-            world.Allreduce(MPI.IN_PLACE, ref.numpy(), op=MPI.SUM)             # float64 reference
+            world.Allreduce(MPI.IN_PLACE, ref.numpy(), op=MPI.SUM)  # float64 reference
             mag = xd.abs()
             world.Allreduce(MPI.IN_PLACE, mag.numpy(), op=MPI.SUM)
-            rtol = RTOL.get(dname, p * 2.0 ** -8)
+            rtol = RTOL.get(dname, p * 2.0**-8)
             # oracle 1: MPI Allreduce in the same dtype (fp32 copy for bf16: MPI has no bf16)
             mpi_in = x.clone() if dt != torch.bfloat16 else x.float()
             world.Allreduce(MPI.IN_PLACE, mpi_in.numpy(), op=MPI.SUM)
@@ -73,13 +84,27 @@ def main(out_path):
                         t = x.clone()
                         commrt.all_reduce(t, comm, algorithm=alg, op=op)
                         got = t.double() * (p if op == "avg" else 1)
-                        bound = rtol * mag + (2.0 ** -8 * got.abs() * (op == "avg") if dt == torch.bfloat16 else 0)
+                        bound = rtol * mag + (
+                            2.0**-8 * got.abs() * (op == "avg") if dt == torch.bfloat16 else 0
+                        )
                         # an oracle in the same dtype rounds too: allow both errors against it
-                        errs = {k: ((got - o.double()).abs() - w * bound).max().item() if n else -1.0
-                                for k, o, w in (("float64", ref, 1), ("mpi_allreduce", mpi_in, 2),
-                                                ("torch_dist", td, 2))}
-                        case = dict(rank=rank, transport=tname, algorithm=alg, op=op, n=n, dtype=dname,
-                                    excess=errs)
+                        errs = {
+                            k: ((got - o.double()).abs() - w * bound).max().item() if n else -1.0
+                            for k, o, w in (
+                                ("float64", ref, 1),
+                                ("mpi_allreduce", mpi_in, 2),
+                                ("torch_dist", td, 2),
+                            )
+                        }
+                        case = dict(
+                            rank=rank,
+                            transport=tname,
+                            algorithm=alg,
+                            op=op,
+                            n=n,
+                            dtype=dname,
+                            excess=errs,
+                        )
                         results.append(case)
                         if any(v > 0 for v in errs.values()):
                             failures.append(case)
@@ -93,8 +118,15 @@ def main(out_path):
     dist.destroy_process_group()
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"world_size": p, "cases": sum(n for n, _ in all_results),
-                       "failures": [f for _, fs in all_results for f in fs]}, f, indent=1)
+            json.dump(
+                {
+                    "world_size": p,
+                    "cases": sum(n for n, _ in all_results),
+                    "failures": [f for _, fs in all_results for f in fs],
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

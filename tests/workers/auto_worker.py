@@ -5,6 +5,7 @@ Checks that the result equals MPI's, that every rank made the same choices
 on the communicator, and that the choice names the trace spans. Rank 0
 writes a JSON report to argv[1].
 """
+
 import json
 import os
 import sys
@@ -15,7 +16,6 @@ from mpi4py import MPI
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
 from commrt.algorithms.auto import choices  # noqa: E402
-from commrt.probe import CACHE_KEY  # noqa: E402
 from commrt.trace import Tracer  # noqa: E402
 
 SIZES = [1, 1000, 1_000_003]
@@ -39,21 +39,32 @@ def main(out_path):
         excess = ((t - ref).abs() - 2e-6 * mag).max().item()
         if excess > 0:
             failures.append({"rank": rank, "n": n, "excess": excess})
-        probes.append(id(comm.cache.get(CACHE_KEY)))
+        probes.append(id(comm.slots.probe))
     # same size again: a cached choice, no new probe
     t = torch.ones(1000)
     commrt.all_reduce(t, comm, algorithm="auto", op="avg")
     if not torch.equal(t, torch.ones(1000)):
         failures.append({"rank": rank, "avg_of_ones": t[:4].tolist()})
-    probes.append(id(comm.cache.get(CACHE_KEY)))
-    probe = comm.cache[CACHE_KEY]
-    made = {str(nb): [c.label, c.schedule.name, c.predicted_s, [list(x) for x in c.candidates]]
-            for nb, c in sorted(choices(comm).items())}
-    spans = sorted({e["name"].split("/step")[0] for e in tracer.events if e["name"].startswith("commrt/")})
-    mine = {"rank": rank, "choices": made, "probe": [probe.alpha_s, probe.beta_s_per_byte],
-            "probe_cached_once": len(set(probes)) == 1 and probes[0] != id(None),
-            "probe_seconds": probe.seconds, "probe_step_s": list(probe.step_s),
-            "per_rank": [list(r) for r in probe.per_rank], "spans": spans, "failures": failures}
+    probes.append(id(comm.slots.probe))
+    probe = comm.slots.probe
+    made = {
+        str(nb): [c.label, c.schedule.name, c.predicted_s, [list(x) for x in c.candidates]]
+        for nb, c in sorted(choices(comm).items())
+    }
+    spans = sorted(
+        {e["name"].split("/step")[0] for e in tracer.events if e["name"].startswith("commrt/")}
+    )
+    mine = {
+        "rank": rank,
+        "choices": made,
+        "probe": [probe.alpha_s, probe.beta_s_per_byte],
+        "probe_cached_once": len(set(probes)) == 1 and probes[0] != id(None),
+        "probe_seconds": probe.seconds,
+        "probe_step_s": list(probe.step_s),
+        "per_rank": [list(r) for r in probe.per_rank],
+        "spans": spans,
+        "failures": failures,
+    }
     everyone = world.gather(mine, root=0)
     comm.close()
     if rank == 0:

@@ -18,6 +18,7 @@ Scenarios (each rank writes OUTDIR/<case>_rank<r>.json and .pt):
 * ``ready``: like ``random``, with catch-up sends started only after the
   late rank posted its receive (the path stream-ordered transports take).
 """
+
 import json
 import os
 import signal
@@ -45,8 +46,10 @@ def linear_model():
 def targets(model, rank, g, n):
     """Integer gradients, multiples of n (so scaling by 1/n is exact), distinct per rank and
     global step."""
-    return [torch.full_like(p, float(n * ((rank + 1) * (g + 2) + i)))
-            for i, p in enumerate(model.parameters())]
+    return [
+        torch.full_like(p, float(n * ((rank + 1) * (g + 2) + i)))
+        for i, p in enumerate(model.parameters())
+    ]
 
 
 def mlp():
@@ -66,10 +69,16 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
     rank = comm.rank
     opt = make_opt(model)
     rec = {"rank": rank, "case": case, "steps": [], "applied": [], "step_s": []}
-    steps = {"exact": SLOW_STEPS, "adam": SLOW_STEPS, "random": RANDOM_STEPS, "ready": RANDOM_STEPS,
-             "dead": DEAD_STEPS}[case]
-    sync = commrt.GradientSync(model, comm, algorithm=algorithm, bucket_mb=0.004,
-                               first_bucket_mb=0.001)
+    steps = {
+        "exact": SLOW_STEPS,
+        "adam": SLOW_STEPS,
+        "random": RANDOM_STEPS,
+        "ready": RANDOM_STEPS,
+        "dead": DEAD_STEPS,
+    }[case]
+    sync = commrt.GradientSync(
+        model, comm, algorithm=algorithm, bucket_mb=0.004, first_bucket_mb=0.001
+    )
     if case == "ready":
         sync.policy.send_when_ready = True
     rec["buckets"] = len(sync.buckets)
@@ -90,16 +99,20 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
             t_last = now
             rec["steps"].append(dict(sync.stats.last.extra, computed_at=g))
             if sync.policy.finished:
-                break             # training ended (another rank closed): nothing left to do
+                break  # training ended (another rank closed): nothing left to do
         sync.close()
     except commrt.CommTimeoutError as e:
         rec["error"] = str(e)
         rec["error_at"] = time.time()
         sync.close()
     rep = sync.policy.report()
-    rec.update(global_step=sync.global_step, final=rep.final_step, missing=list(rep.missing),
-               dropped={str(k): v for k, v in rep.dropped.items()},
-               updates={str(k): v for k, v in rep.updates.items()})
+    rec.update(
+        global_step=sync.global_step,
+        final=rep.final_step,
+        missing=list(rep.missing),
+        dropped={str(k): v for k, v in rep.dropped.items()},
+        updates={str(k): v for k, v in rep.updates.items()},
+    )
     torch.save(state_of(model, opt), os.path.join(out, f"{case}_rank{rank}.pt"))
     with open(os.path.join(out, f"{case}_rank{rank}.json"), "w") as f:
         json.dump(rec, f)
@@ -110,7 +123,6 @@ def main(backend, scenario, out, backups=1):
     comm = commrt.init(backend, timeout=timeout, abort_on_error=False)
     n = comm.world_size - int(backups)
     alg = BackupWorkers(backups=int(backups), dead_after_s=2.0 if scenario == "dead" else 10.0)
-    rank = comm.rank
 
     def linear_backward(model, r, g, it):
         loss = sum((p * t).sum() for p, t in zip(model.parameters(), targets(model, r, g, n)))
@@ -126,7 +138,7 @@ def main(backend, scenario, out, backups=1):
         return SLOW_S if r == comm.world_size - 1 else FAST_S
 
     def random_delay(r, it):
-        gen = torch.Generator().manual_seed(77 + it)      # the same draw on every rank
+        gen = torch.Generator().manual_seed(77 + it)  # the same draw on every rank
         who = int(torch.randint(0, comm.world_size, (1,), generator=gen))
         return float(torch.empty(1).exponential_(1 / 0.04, generator=gen)) if r == who else 0.0
 
@@ -138,13 +150,30 @@ def main(backend, scenario, out, backups=1):
 
     if scenario == "slow":
         run_case(comm, "exact", out, alg, sgd, linear_model(), linear_backward, slow)
-        run_case(comm, "adam", out, alg, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), mlp(),
-                 data_backward, slow)
+        run_case(
+            comm,
+            "adam",
+            out,
+            alg,
+            lambda m: torch.optim.Adam(m.parameters(), lr=1e-2),
+            mlp(),
+            data_backward,
+            slow,
+        )
     elif scenario in ("random", "ready"):
         run_case(comm, scenario, out, alg, momentum, mlp(), data_backward, random_delay)
     elif scenario == "dead":
-        run_case(comm, "dead", out, alg, momentum, mlp(), data_backward, lambda r, it: 0.02,
-                 die_at=DIE_AT)
+        run_case(
+            comm,
+            "dead",
+            out,
+            alg,
+            momentum,
+            mlp(),
+            data_backward,
+            lambda r, it: 0.02,
+            die_at=DIE_AT,
+        )
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     if scenario != "dead":

@@ -4,6 +4,7 @@ Every rank fills its tensor with its own values (so a rank that kept its
 data, or got a wrong piece, shows); after the broadcast all three results
 must equal the root's tensor bit for bit. Rank 0 writes a JSON report.
 """
+
 import json
 import os
 import socket
@@ -49,11 +50,22 @@ def main(out):
                     got = data(rank, n)
                     commrt.broadcast(got, comm, root=root, algorithm=alg)
                     cases += 1
-                    ok = torch.equal(got, want) and torch.equal(got, ref_mpi) and torch.equal(got, ref_td)
+                    ok = (
+                        torch.equal(got, want)
+                        and torch.equal(got, ref_mpi)
+                        and torch.equal(got, ref_td)
+                    )
                     if not ok:
-                        failures.append({"rank": rank, "transport": name, "n": n, "root": root,
-                                         "algorithm": repr(alg),
-                                         "max_err": (got - want).abs().max().item()})
+                        failures.append(
+                            {
+                                "rank": rank,
+                                "transport": name,
+                                "n": n,
+                                "root": root,
+                                "algorithm": repr(alg),
+                                "max_err": (got - want).abs().max().item(),
+                            }
+                        )
     cases = world.reduce(cases, root=0)
     failures = world.gather(failures, root=0)
     for c in comms.values():

@@ -5,6 +5,7 @@ GradientSync; :func:`rel_err` compares the parameters per tensor:
 max|commrt - ddp| / max|ddp|. ``torch.distributed`` must be initialised
 (gloo) before :func:`train_ddp`.
 """
+
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -19,7 +20,7 @@ class Net(torch.nn.Module):
         self.a = torch.nn.Linear(37, 300)
         self.b = torch.nn.Linear(300, 129)
         if branch:
-            self.branch = torch.nn.Linear(129, 129)      # used only when asked to
+            self.branch = torch.nn.Linear(129, 129)  # used only when asked to
         self.c = torch.nn.Linear(129, 10)
         if extra:
             self.d = torch.nn.Linear(10, 10)
@@ -42,8 +43,10 @@ def fresh(branch=False, seed=7):
 
 
 def rel_err(m1, m2):
-    return max(((a - b).abs().max() / b.abs().max()).item()
-               for a, b in zip(m1.parameters(), m2.parameters()))
+    return max(
+        ((a - b).abs().max() / b.abs().max()).item()
+        for a, b in zip(m1.parameters(), m2.parameters())
+    )
 
 
 def _train(forward, no_sync, step, rank, accumulate, steps):
@@ -67,6 +70,7 @@ def train_ddp(rank, accumulate, steps=STEPS):
     def step():
         opt.step()
         opt.zero_grad()
+
     _train(ddp, ddp.no_sync, step, rank, accumulate, steps)
     return model
 

@@ -18,10 +18,11 @@ from mpi4py import MPI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from test_gossip import _model, _targets, gossip_steps, run_shuffle, shard  # noqa: E402
+
 import commrt  # noqa: E402
 from commrt.algorithms import Gossip  # noqa: E402
 from commrt.transports.counting import CountingTransport  # noqa: E402
-from test_gossip import _model, _targets, gossip_steps, run_shuffle, shard  # noqa: E402
 
 STEPS = 4
 
@@ -44,7 +45,7 @@ def count_messages(comm, alg):
                     (q * t).sum() for q, t in zip(m.parameters(), _targets(m, comm.rank, s))
                 ).backward()
                 sync.step(opt)
-                sync._quiesce()  # async: the exchange of this step runs after wait(); count it here
+                sync.quiesce()  # async: the exchange of this step runs after wait(); count it here
                 rows.append(
                     {
                         "messages": counter.messages,

@@ -5,6 +5,7 @@ momentum on the same model, data and seed under DDP (gloo) and under
 GradientSync, then compares parameters. The error metric is per tensor:
 max|commrt - ddp| / max|ddp|.
 """
+
 import json
 import os
 import socket
@@ -16,8 +17,9 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import commrt  # noqa: E402
 from ddp_reference import Net, batch, fresh, rel_err, train_commrt, train_ddp  # noqa: E402
+
+import commrt  # noqa: E402
 
 
 def free_port():
@@ -47,9 +49,13 @@ def main(out):
     model = fresh(seed=7 + rank)
     differed = not same_everywhere(world, model)
     sync = commrt.GradientSync(model, comms["mpi"])
-    report["same_start"] = {"differed_before": differed, "identical_after": same_everywhere(world, model),
-                            "equals_rank0_model": all(torch.equal(a, b) for a, b in
-                                                      zip(model.parameters(), fresh().parameters()))}
+    report["same_start"] = {
+        "differed_before": differed,
+        "identical_after": same_everywhere(world, model),
+        "equals_rank0_model": all(
+            torch.equal(a, b) for a, b in zip(model.parameters(), fresh().parameters())
+        ),
+    }
     sync.close()
     for name, transport, accumulate, kw in [
         ("fp32 mpi ring, each rank seeded differently", "mpi", False, {"seed": 7 + rank}),
@@ -60,8 +66,11 @@ def main(out):
         ("bf16 wire mpi ring", "mpi", False, {"comm_dtype": torch.bfloat16}),
     ]:
         model, nb = train_commrt(comms[transport], rank, accumulate, **kw)
-        report["cases"][name] = {"rel_err": rel_err(model, ddp[accumulate]), "buckets": nb,
-                                 "identical_across_ranks": same_everywhere(world, model)}
+        report["cases"][name] = {
+            "rel_err": rel_err(model, ddp[accumulate]),
+            "buckets": nb,
+            "identical_across_ranks": same_everywhere(world, model),
+        }
 
     # unused parameters: the branch is used on rank 0 only (zeros policy); nobody hangs, all agree
     comm = comms["mpi"]
@@ -78,8 +87,11 @@ def main(out):
     sync.close()
     gsum = branch_grad.double().clone()
     world.Allreduce(MPI.IN_PLACE, gsum.numpy(), op=MPI.SUM)
-    report["unused_zeros"] = {"seconds": time.monotonic() - t0, "identical_across_ranks": same_everywhere(world, model),
-                              "branch_grad_is_average": bool(torch.allclose(gsum, branch_grad.double() * p))}
+    report["unused_zeros"] = {
+        "seconds": time.monotonic() - t0,
+        "identical_across_ranks": same_everywhere(world, model),
+        "branch_grad_is_average": bool(torch.allclose(gsum, branch_grad.double() * p)),
+    }
     # error policy: every rank raises, naming the ranks without the gradient, before any optimizer step
     model = fresh(branch=True)
     before = [p.detach().clone() for p in model.parameters()]
@@ -103,7 +115,9 @@ def main(out):
         msg = None
     except commrt.CommError as e:
         msg = str(e)
-    report["layout_mismatch"] = world.gather({"message": msg, "seconds": time.monotonic() - t0}, root=0)
+    report["layout_mismatch"] = world.gather(
+        {"message": msg, "seconds": time.monotonic() - t0}, root=0
+    )
 
     # collectives on the same communicator while a step is in flight are refused
     sync = commrt.GradientSync(fresh(), comm)

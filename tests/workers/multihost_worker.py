@@ -19,6 +19,7 @@ What each rank reports:
 * with timing sizes: every candidate's measured time (the slowest rank's,
   median of interleaved runs) and auto's choice with its predictions.
 """
+
 import collections
 import hashlib
 import json
@@ -31,13 +32,15 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ddp_reference import rel_err, train_commrt, train_ddp  # noqa: E402
+
 import commrt  # noqa: E402
 from commrt.algorithms import Torus2D  # noqa: E402
 from commrt.algorithms.auto import Auto, candidates, label  # noqa: E402
 from commrt.collectives import gather_rows  # noqa: E402
 from commrt.probe import probe  # noqa: E402
+from commrt.topology import ranks_per_node  # noqa: E402
 from commrt.transports.counting import CountingTransport  # noqa: E402
-from ddp_reference import rel_err, train_commrt, train_ddp  # noqa: E402
 
 ALGORITHMS = ("ring", "halving_doubling", "torus2d", "auto")
 SIZES = (1, 1000, 100_003)
@@ -71,6 +74,8 @@ def bytes_by_host(comm, counter, hosts):
 def count_bytes(comm, hosts, numel):
     out = {}
     for alg in ("ring", "torus2d"):
+        # the first call of a signature also agrees it across ranks: count a repeat only
+        commrt.all_reduce(torch.ones(numel), comm, algorithm=alg, op="sum")
         before = collections.Counter(comm.transport.bytes_by_peer)
         commrt.all_reduce(torch.ones(numel), comm, algorithm=alg, op="sum")
         out[alg] = bytes_by_host(comm, comm.transport.bytes_by_peer - before, hosts)
@@ -85,9 +90,13 @@ def digest(model):
 
 
 def gradsync_vs_ddp(comm):
-    port = int(os.environ["MASTER_PORT"]) + 1      # commrt's own store holds MASTER_PORT
-    dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{port}",
-                            rank=comm.rank, world_size=comm.world_size)
+    port = int(os.environ["MASTER_PORT"]) + 1  # commrt's own store holds MASTER_PORT
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{port}",
+        rank=comm.rank,
+        world_size=comm.world_size,
+    )
     try:
         ddp = train_ddp(comm.rank, False, steps=GRADSYNC_STEPS)
     finally:
@@ -104,7 +113,7 @@ def time_candidates(comm, nbytes, repeats, iters=1):
     ``iters`` calls), auto's choice and its predictions."""
     algs = candidates(comm.world_size)
     x = torch.ones(nbytes // 4)
-    for a in algs:                                  # warm-up: plans, scratch, connections
+    for a in algs:  # warm-up: plans, scratch, connections
         commrt.all_reduce(x, comm, algorithm=a, op="sum")
     mine = [[] for _ in algs]
     for _ in range(repeats):
@@ -116,8 +125,10 @@ def time_candidates(comm, nbytes, repeats, iters=1):
             mine[i].append((time.perf_counter() - t0) / iters)
     rows = gather_rows(comm, [t for ts in mine for t in ts])
     slowest = [max(r[k] for r in rows) for k in range(len(algs) * repeats)]
-    measured = {label(a): statistics.median(slowest[i * repeats:(i + 1) * repeats])
-                for i, a in enumerate(algs)}
+    measured = {
+        label(a): statistics.median(slowest[i * repeats : (i + 1) * repeats])
+        for i, a in enumerate(algs)
+    }
     choice = Auto().choose(comm.world_size, nbytes, comm)
     return {"measured": measured, "choice": choice.label, "predicted": dict(choice.candidates)}
 
@@ -128,11 +139,18 @@ def main(out_dir, timing_sizes):
     host = int(os.environ["GROUP_RANK"])
     hosts = [int(r[0]) for r in gather_rows(comm, [host])]
     p = comm.world_size
-    report = {"rank": comm.rank, "world_size": p, "backend": comm.backend.value, "host": host,
-              "hosts": hosts, "local_rank": comm.local_rank, "local_size": comm.local_size,
-              "ranks_per_node": comm.ranks_per_node(),
-              "torus_shape": list(Torus2D().shape(p, comm.local_size)),
-              "torus_schedule": Torus2D().select(p, 4096, comm).num_steps}
+    report = {
+        "rank": comm.rank,
+        "world_size": p,
+        "backend": comm.backend.value,
+        "host": host,
+        "hosts": hosts,
+        "local_rank": comm.local_rank,
+        "local_size": comm.local_size,
+        "ranks_per_node": ranks_per_node(comm),
+        "torus_shape": list(Torus2D().shape(p, comm.local_size)),
+        "torus_schedule": Torus2D().select(p, 4096, comm).num_steps,
+    }
     report["failures"] = check_all_reduce(comm)
     report["numel"] = numel = p * 1024
     report["bytes"] = count_bytes(comm, hosts, numel)
@@ -142,8 +160,10 @@ def main(out_dir, timing_sizes):
     report["network"] = pr.network().describe()
     # small buffers: many short calls, each run long enough that a rank woken late by the
     # barrier on this oversubscribed machine does not decide the time
-    report["timing"] = {str(n): time_candidates(comm, n, *((7, 5) if n <= 1 << 20 else (3, 1)))
-                        for n in timing_sizes}
+    report["timing"] = {
+        str(n): time_candidates(comm, n, *((7, 5) if n <= 1 << 20 else (3, 1)))
+        for n in timing_sizes
+    }
     comm.close()
     with open(os.path.join(out_dir, f"rank{report['rank']}.json"), "w") as f:
         json.dump(report, f, indent=1)

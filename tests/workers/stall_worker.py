@@ -5,6 +5,7 @@ per transport, how long the all_reduce took to fail and the error's fields.
 Processes leave with os._exit: requests to the dead peer are still posted
 and MPI_Finalize would wait on them.
 """
+
 import json
 import os
 import sys
@@ -17,12 +18,15 @@ import commrt  # noqa: E402
 
 
 def main(out_dir, timeout):
-    comms = {"mpi": commrt.init("mpi", timeout=timeout), "gloo": commrt.init("gloo", timeout=timeout)}
+    comms = {
+        "mpi": commrt.init("mpi", timeout=timeout),
+        "gloo": commrt.init("gloo", timeout=timeout),
+    }
     comm = comms["mpi"]
     staller = comm.world_size - 1
     comm.barrier()
     if comm.rank == staller:
-        time.sleep(3 * timeout + 2)   # alive, but never calls the collective
+        time.sleep(3 * timeout + 2)  # alive, but never calls the collective
         os._exit(0)
     report = {}
     for name, c in comms.items():
@@ -32,8 +36,15 @@ def main(out_dir, timeout):
             commrt.all_reduce(t, c, algorithm="ring")
             report[name] = {"error": None}
         except commrt.CommTimeoutError as e:
-            report[name] = {"elapsed": time.monotonic() - start, "message": str(e), "rank": e.rank,
-                            "peer": e.peer, "algorithm": e.algorithm, "step": e.step, "what": e.what}
+            report[name] = {
+                "elapsed": time.monotonic() - start,
+                "message": str(e),
+                "rank": e.rank,
+                "peer": e.peer,
+                "algorithm": e.algorithm,
+                "step": e.step,
+                "what": e.what,
+            }
     with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
         json.dump(report, f)
     sys.stdout.flush()

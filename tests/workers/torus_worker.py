@@ -7,6 +7,7 @@ float32, bfloat16 and integer-valued float64 (where every result must be
 bit-identical: small integer sums are exact whatever the order). Rank 0
 writes a JSON report.
 """
+
 import json
 import os
 import socket
@@ -55,23 +56,26 @@ def main(out_path, shapes):
         g = torch.Generator().manual_seed(1234 + 7 * rank + n)
         for dname, dt in DTYPES.items():
             exact = dname == "float64-int"
-            x = (torch.randint(-100, 100, (n,), generator=g).to(dt) if exact
-                 else torch.randn(n, generator=g, dtype=torch.float64).to(dt))
+            x = (
+                torch.randint(-100, 100, (n,), generator=g).to(dt)
+                if exact
+                else torch.randn(n, generator=g, dtype=torch.float64).to(dt)
+            )
             xd = x.double()
             ref = xd.clone()
-            world.Allreduce(MPI.IN_PLACE, ref.numpy(), op=MPI.SUM)                 # float64 reference
+            world.Allreduce(MPI.IN_PLACE, ref.numpy(), op=MPI.SUM)  # float64 reference
             mag = xd.abs()
             world.Allreduce(MPI.IN_PLACE, mag.numpy(), op=MPI.SUM)
-            mpi_in = x.clone() if dt != torch.bfloat16 else x.float()            # MPI has no bf16
+            mpi_in = x.clone() if dt != torch.bfloat16 else x.float()  # MPI has no bf16
             world.Allreduce(MPI.IN_PLACE, mpi_in.numpy(), op=MPI.SUM)
             td = x.clone()
             dist.all_reduce(td)
             # |out - ref| <= rtol * sum_r |x_r|: fp32 1e-6, bf16 p * 2^-8 (as in allreduce_worker.py)
-            rtol = {"float32": 1e-6, "bfloat16": p * 2.0 ** -8, "float64-int": 0.0}[dname]
+            rtol = {"float32": 1e-6, "bfloat16": p * 2.0**-8, "float64-int": 0.0}[dname]
             for tname, comm in comms.items():
                 for op in ("sum", "avg"):
                     outs = {}
-                    for aname, alg in reversed(list(algorithms.items())):   # ring first
+                    for aname, alg in reversed(list(algorithms.items())):  # ring first
                         t = x.clone()
                         commrt.all_reduce(t, comm, algorithm=alg, op=op)
                         outs[aname] = t
@@ -80,16 +84,34 @@ def main(out_path, shapes):
                         got = t.double() * (p if op == "avg" else 1)
                         bound = rtol * mag
                         if dt == torch.bfloat16 and op == "avg":
-                            bound = bound + 2.0 ** -8 * got.abs()
-                        oracles = (("float64", ref, 1), ("mpi_allreduce", mpi_in, 2), ("torch_dist", td, 2),
-                                   ("ring", ring * (p if op == "avg" else 1), 2))
-                        errs = {k: ((got - o.double()).abs() - w * bound).max().item() for k, o, w in oracles}
-                        if exact and op == "avg":   # same sum, same division: bit-identical to the ring
+                            bound = bound + 2.0**-8 * got.abs()
+                        oracles = (
+                            ("float64", ref, 1),
+                            ("mpi_allreduce", mpi_in, 2),
+                            ("torch_dist", td, 2),
+                            ("ring", ring * (p if op == "avg" else 1), 2),
+                        )
+                        errs = {
+                            k: ((got - o.double()).abs() - w * bound).max().item()
+                            for k, o, w in oracles
+                        }
+                        if (
+                            exact and op == "avg"
+                        ):  # same sum, same division: bit-identical to the ring
                             errs["ring_avg_bits"] = 0.0 if torch.equal(t.double(), ring) else 1.0
                         cases += 1
                         if any(v > 0 for v in errs.values()):
-                            failures.append(dict(rank=rank, transport=tname, algorithm=aname, op=op, n=n,
-                                                 dtype=dname, excess=errs))
+                            failures.append(
+                                dict(
+                                    rank=rank,
+                                    transport=tname,
+                                    algorithm=aname,
+                                    op=op,
+                                    n=n,
+                                    dtype=dname,
+                                    excess=errs,
+                                )
+                            )
     default_shape = Torus2D().shape(p, comms["mpi"].local_size)
     gathered = world.gather((cases, failures, bad_ok), root=0)
     for c in comms.values():
@@ -97,10 +119,17 @@ def main(out_path, shapes):
     dist.destroy_process_group()
     if rank == 0:
         with open(out_path, "w") as f:
-            json.dump({"world_size": p, "cases": sum(c for c, _, _ in gathered),
-                       "failures": [x for _, fs, _ in gathered for x in fs],
-                       "bad_shape_errors": [b for _, _, b in gathered],
-                       "default_shape": list(default_shape)}, f, indent=1)
+            json.dump(
+                {
+                    "world_size": p,
+                    "cases": sum(c for c, _, _ in gathered),
+                    "failures": [x for _, fs, _ in gathered for x in fs],
+                    "bad_shape_errors": [b for _, _, b in gathered],
+                    "default_shape": list(default_shape),
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,226 @@
+"""``commrt train``'s flags, checked before any rank starts.
+
+Every mistake ends in the subcommand's own ``parser.error``: one line that
+names the flag and what would work, exit status 2, never a traceback or a
+hang. Where the user left the batch at its default and it does not split
+over ``--nproc`` ranks, the nearest batch that does is taken instead, and
+one line on stdout says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import os
+
+from commrt.cli import launch as launcher
+from commrt.cli.units import DTYPES
+
+#: the global batch when neither --batch-size nor --batch-schedule is given
+DEFAULT_BATCH = 64
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """The names ``--algorithm`` accepts (the registry's, gossip and backup among them)."""
+    from commrt.algorithms import NAMES
+
+    return tuple(sorted({*NAMES, "gossip", "backup"}))
+
+
+def unknown_algorithm(name: str, names: tuple[str, ...], flag: str = "--algorithm") -> str:
+    """The error for a name the registry does not know, in command-line terms."""
+    close = difflib.get_close_matches(name.lower(), names, n=1)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"unknown algorithm {name!r} for {flag}; it takes {', '.join(names)}{hint}"
+
+
+def check_train(parser: argparse.ArgumentParser, args):
+    """Reject bad flags before any rank starts, with the reason; the checked options
+    (a :class:`commrt.cli.train.TrainOptions`; ``args`` stays as parsed)."""
+    from commrt.cli.train import TrainOptions
+
+    nproc, rank = args.nproc, 0
+    if launcher.already_launched():
+        from commrt.comm import detect_launch
+
+        nproc, rank = detect_launch().world_size, detect_launch().rank
+    fix = _batch_fix(args, nproc)
+    alg = _train_algorithm(parser, args, nproc, fix)
+    sched = _train_batches(parser, args, nproc, fix, announce=rank == 0)
+    straggler = _straggler(parser, args, nproc)
+    kill = _kill(parser, args.kill, nproc) if args.kill else None
+    if not 0.0 <= args.label_smoothing < 1.0:
+        parser.error("--label-smoothing must be in [0, 1)")
+    if args.lr <= 0 or args.bucket_mb <= 0:
+        parser.error("--lr and --bucket-mb must be positive")
+    return TrainOptions(
+        backend=args.backend,
+        timeout=args.timeout,
+        algorithm=alg,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_schedule=sched,
+        label_smoothing=args.label_smoothing,
+        comm_dtype=DTYPES[args.comm_dtype],
+        bucket_mb=args.bucket_mb,
+        seed=args.seed,
+        straggler=straggler,
+        kill=kill,
+        trace=args.trace,
+        quiet=args.quiet,
+    )
+
+
+def _train_algorithm(parser: argparse.ArgumentParser, args, nproc: int, batch_fix: str):
+    """The algorithm instance ``commrt train``'s flags ask for, checked against ``nproc``
+    (``batch_fix``: the batch flag the user must change too, if any)."""
+    from commrt.algorithms import Gossip, Torus2D, resolve
+
+    try:
+        alg = resolve(args.algorithm)
+    except ValueError:
+        parser.error(unknown_algorithm(args.algorithm, algorithm_names()))
+    if args.torus_shape:
+        if alg.name != "torus2d":
+            parser.error("--torus-shape only applies to --algorithm torus2d")
+        try:
+            rows, cols = (int(v) for v in args.torus_shape.lower().split("x"))
+            alg = Torus2D(rows=rows, cols=cols)
+            alg.schedule(nproc)
+        except ValueError as e:
+            parser.error(f"--torus-shape {args.torus_shape} with --nproc {nproc}: {e}")
+    if args.backups is not None or alg.name == "backup":
+        from commrt.algorithms import BackupWorkers
+
+        if alg.name != "backup":
+            parser.error("--backups only applies to --algorithm backup")
+        try:
+            alg = BackupWorkers(
+                backups=1 if args.backups is None else args.backups,
+                dead_after_s=min(10.0, args.timeout),
+            )
+            alg.participants(nproc)
+        except ValueError as e:
+            parser.error(f"--backups with --nproc {nproc}: {e}")
+    if args.gossip_topology or args.gossip_async:
+        if alg.name != "gossip":
+            parser.error("--gossip-topology and --gossip-async only apply to --algorithm gossip")
+        alg = Gossip(args.gossip_topology or "hypercube", asynchronous=args.gossip_async)
+    if alg.name == "gossip":
+        try:
+            alg.period_length(nproc)
+        except ValueError:
+            low = 1 << (nproc.bit_length() - 1)
+            parser.error(
+                f"--algorithm gossip with --nproc {nproc}: the hypercube topology needs a "
+                f"power-of-two number of ranks, got {nproc}; add --gossip-topology "
+                f"dissemination (any --nproc){' and ' + batch_fix if batch_fix else ''}, "
+                f"or use --nproc {low} or {low * 2}"
+            )
+    return alg
+
+
+def nearest_multiple(batch: int, nproc: int) -> int:
+    """The multiple of ``nproc`` nearest ``batch`` (the smaller on a tie; at least ``nproc``)."""
+    lo = batch // nproc * nproc
+    return lo if lo and batch - lo <= lo + nproc - batch else lo + nproc
+
+
+def _batch_fix(args, nproc: int) -> str:
+    """The batch flag (with a value that splits over ``nproc``) the user should pass instead
+    of theirs; "" when theirs splits, or when they gave none (a default is then picked)."""
+    from commrt.recipe import BatchSizeSchedule
+
+    if args.batch_schedule:
+        try:
+            sched = BatchSizeSchedule.parse(args.batch_schedule)
+        except ValueError:
+            return ""  # _train_batches says what is wrong with it
+        if all(b % nproc == 0 for _, b in sched.batches):
+            return ""
+        fixed = ",".join(f"{e}:{nearest_multiple(b, nproc)}" for e, b in sched.batches)
+        return f"--batch-schedule {fixed}"
+    if args.batch_size is not None and args.batch_size % nproc:
+        return f"--batch-size {nearest_multiple(args.batch_size, nproc)}"
+    return ""
+
+
+def _train_batches(
+    parser: argparse.ArgumentParser, args, nproc: int, fix: str, announce: bool = True
+):
+    """The batch-size schedule, checked to split over ``nproc`` ranks and fit the data
+    (``announce``: say on stdout when a default batch was changed to split)."""
+    from commrt.cli.train import TRAIN_SAMPLES
+    from commrt.recipe import BatchSizeSchedule
+
+    base = DEFAULT_BATCH if args.batch_size is None else args.batch_size
+    if not args.batch_schedule and args.batch_size is None and base % nproc:
+        base = nearest_multiple(DEFAULT_BATCH, nproc)
+        # the launcher says it once; its ranks (and mpiexec's other ranks) stay quiet
+        if announce and not os.environ.get(launcher.CHILD_ENV):
+            print(
+                f"global batch {base} ({base // nproc} per rank): the default "
+                f"{DEFAULT_BATCH} does not split over {nproc} ranks; pass --batch-size to choose",
+                flush=True,
+            )
+    try:
+        sched = (
+            BatchSizeSchedule.parse(args.batch_schedule)
+            if args.batch_schedule
+            else BatchSizeSchedule(base=base)
+        )
+        for e in range(args.epochs):
+            sched.per_rank_batch(e, nproc)
+    except ValueError as e:
+        if fix:
+            parser.error(f"batch size: it must split evenly over {nproc} ranks; use {fix}")
+        parser.error(f"batch size: {e}")
+    too_big = [
+        (e, sched.batch_size(e)) for e in range(args.epochs) if sched.batch_size(e) > TRAIN_SAMPLES
+    ]
+    if too_big:
+        e, b = too_big[0]
+        parser.error(
+            f"batch size: the global batch at epoch {e} is {b}, larger than the "
+            f"{TRAIN_SAMPLES} training samples of the digits data, so no step would run; "
+            f"use at most {TRAIN_SAMPLES}"
+        )
+    return sched
+
+
+def _straggler(parser: argparse.ArgumentParser, args, nproc: int):
+    """--straggler as a :class:`commrt.cli.train.Stragglers`, its ranks and delays checked."""
+    from commrt.cli.train import Stragglers
+
+    if not args.straggler:
+        return None
+    text = args.straggler
+    try:
+        s = Stragglers.parse(text, args.seed)
+    except ValueError as e:
+        parser.error(f"bad --straggler {text!r}: {e}")
+    if any(not 0 <= r < nproc for r, _ in s.fixed):
+        parser.error(f"--straggler names a rank outside 0..{nproc - 1}")
+    delays = [(f"a delay of {sec:g} s", sec) for _, sec in s.fixed]
+    if s.draw is not None:
+        delays.append((f"a mean delay of {s.draw.mean_s:g} s", s.draw.mean_s))
+    for what, sec in delays:
+        if not math.isfinite(sec) or sec >= args.timeout:
+            parser.error(
+                f"--straggler {text}: {what} before every step cannot finish within "
+                f"--timeout {args.timeout:g} s (the other ranks give up waiting then); give "
+                f"well under {args.timeout:g} s, or raise --timeout"
+            )
+    return s
+
+
+def _kill(parser: argparse.ArgumentParser, text: str, nproc: int) -> tuple[int, int]:
+    """--kill RANK:STEP as (rank, step)."""
+    try:
+        r, step = (int(v) for v in text.split(":"))
+    except ValueError:
+        parser.error(f"bad --kill {text!r}; use RANK:STEP, e.g. 3:20")
+    if not 0 <= r < nproc or step < 0:
+        parser.error(f"--kill {text}: the rank must be in 0..{nproc - 1} and the step >= 0")
+    return r, step

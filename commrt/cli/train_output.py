@@ -1,0 +1,158 @@
+"""What ``commrt train`` shows: rank 0's progress and the summary table.
+
+Rendering only: :mod:`commrt.cli.train` computes the numbers (an
+``Outcome``, ``Phases`` and the sync's :class:`~commrt.sync.report.SyncReport`)
+and hands them here to be drawn. Everything fits an 80-column terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from commrt.sync.report import SyncReport
+
+
+class Progress:
+    """Progress for rank 0: a tqdm bar on a terminal, one plain line per epoch otherwise.
+
+    On a terminal the bar is one line, redrawn in place and cut to the
+    terminal's width (read again on every update, so resizing works), so
+    nothing wraps.
+    Piped output (mpiexec, a log file, CI) gets no carriage returns: just
+    the line of each finished epoch.
+    """
+
+    def __init__(self, total: int, enabled: bool, stream=None):
+        self.stream = stream or sys.stdout
+        self.enabled = enabled
+        self.bar = None
+        if enabled and self.stream.isatty():
+            from tqdm import tqdm
+
+            # the width is ours to read (see _columns): tqdm's dynamic_ncols hides the bar
+            # altogether on a terminal that reports 0 lines (script(1), some CI runners)
+            self.bar = tqdm(
+                total=total,
+                file=self.stream,
+                ncols=self._columns() - 1,
+                nrows=24,
+                leave=True,
+                mininterval=0.2,
+                unit="step",
+                bar_format="{n_fmt}/{total_fmt} {bar} {desc}",
+            )
+
+    def _columns(self) -> int:
+        try:
+            cols = os.get_terminal_size(self.stream.fileno()).columns
+        except (OSError, ValueError):
+            cols = 0
+        return cols if cols > 0 else 80
+
+    def update(self, n: int, text: str, epoch_end: bool = False) -> None:
+        if self.bar is not None:
+            # never the last column: some terminals wrap there
+            self.bar.ncols = self._columns() - 1
+            self.bar.set_description_str(text, refresh=False)
+            self.bar.update(n)
+            if epoch_end:
+                self.bar.refresh()
+        elif self.enabled and epoch_end:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def step_line(
+    epoch: int, epochs: int, loss: float, acc: float, rate: float, comm_share: float
+) -> str:
+    return (
+        f"epoch {epoch + 1}/{epochs} loss {loss:.3f} acc {acc:.3f} "
+        f"{rate:,.0f} samples/s comm {comm_share:.0%}"
+    )
+
+
+def epoch_line(
+    epoch: int,
+    epochs: int,
+    losses: list[float],
+    acc: float,
+    disagreements: list[float],
+    rate: float,
+    global_batch: int,
+) -> str:
+    apart = f" apart {disagreements[-1]:.1e}" if disagreements else ""
+    return (
+        f"epoch {epoch + 1}/{epochs} loss {sum(losses) / max(1, len(losses)):.3f} "
+        f"acc {acc:.3f}{apart} {rate:,.0f} samples/s batch {global_batch}"
+    )
+
+
+def _algorithm_row(asked: str, labels) -> str:
+    """What was asked for and what each bucket ran, once when they are the same (the summary
+    must fit an 80-column terminal)."""
+    chosen = ", ".join(dict.fromkeys(labels))
+    ran = asked if chosen == asked else f"{asked} → {chosen}"
+    return f"{ran} ({len(labels)} buckets)"
+
+
+def _ranks_row(comm) -> str:
+    """How many ranks ran over which backend; one rank ran in this process, exchanging
+    nothing, whatever backend was set up."""
+    if comm.world_size == 1:
+        return "1 rank, in this process (nothing to exchange)"
+    return f"{comm.world_size} × {comm.backend.value}"
+
+
+def summary_rows(
+    opts, comm, out, ph, report: SyncReport, trace_path: str | None
+) -> list[tuple[str, str]]:
+    """The summary table's (label, value) rows, in order: ``opts``, ``out`` and ``ph`` are
+    :mod:`commrt.cli.train`'s ``TrainOptions``, ``Outcome`` and ``Phases``."""
+    compute_s = max(0.0, ph.step_s - ph.exposed_s)
+    ms = lambda x: f"{x * 1e3:9.3f} ms"  # noqa: E731
+    share = lambda x: f"{x / ph.step_s:6.1%}" if ph.step_s > 0 else "   n/a"  # noqa: E731
+    rows = [
+        ("final test accuracy", f"{out.accuracy:.4f}"),
+        ("wall time", f"{ph.wall_s:.2f} s"),
+        ("throughput", f"{out.samples / ph.wall_s:,.0f} samples/s"),
+        ("ranks × backend", _ranks_row(comm)),
+        ("algorithm", _algorithm_row(str(opts.algorithm), report.algorithms)),
+    ]
+    if out.disagreements:  # how far apart the models were when averaged each epoch
+        d = out.disagreements
+        rows.append(("disagreement (‖θ_r−θ̄‖/‖θ̄‖)", f"{d[-1]:.2e} last epoch, {max(d):.2e} max"))
+    rows += [
+        ("wire dtype", str(opts.comm_dtype or torch.float32).replace("torch.", "")),
+        ("batch schedule", str(opts.batch_schedule)),
+        ("label smoothing", f"{opts.label_smoothing:g}"),
+        *report.rows,
+    ]
+    if opts.straggler:
+        rows.append(("stragglers", str(opts.straggler)))
+    return rows + [
+        ("time per step", ms(ph.step_s)),
+        ("  compute (fwd+bwd+opt)", f"{ms(compute_s)} {share(compute_s)}"),
+        ("  pack", f"{ms(ph.pack_s)} {share(ph.pack_s)}"),
+        ("  communication", f"{ms(ph.comm_s)} {share(ph.comm_s)}"),
+        ("  unpack", f"{ms(ph.unpack_s)} {share(ph.unpack_s)}"),
+        ("  exposed (blocked in wait)", f"{ms(ph.exposed_s)} {share(ph.exposed_s)}"),
+        ("bytes sent per step", f"{ph.bytes_sent / 1e3:,.1f} KB per rank"),
+        ("trace", trace_path or "off (use --trace out.json)"),
+    ]
+
+
+def render_summary(rows: list[tuple[str, str]], one_rank: bool = False) -> str:
+    """The summary table's text (``one_rank``: the numbers are rank 0's alone)."""
+    w = max(len(k) for k, _ in rows)
+    line = "-" * (w + 44)
+    body = "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+    who = "rank 0's view" if one_rank else "averaged over ranks"
+    return f"{line}\ncommrt train summary (means over steps, {who})\n{line}\n{body}\n{line}"

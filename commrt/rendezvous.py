@@ -1,0 +1,131 @@
+"""The gloo/NCCL rendezvous store: where the ranks of a job first find each other.
+
+Also :func:`serve`, the one way commrt hosts a TCPStore server (here, the
+launcher's and the control store), so a job whose MASTER_ADDR is 127.0.0.1
+listens on loopback only. A leaf: :mod:`commrt.comm` and :mod:`commrt.store`
+import it, and it imports neither back.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+
+def tcp_store(
+    launch,
+    rank: int,
+    world_size: int,
+    master_addr: str | None,
+    master_port: int | None,
+    timeout: float,
+):
+    """A TCPStore for gloo/NCCL rendezvous, wrapped in a commrt prefix.
+
+    ``launch`` is the :class:`commrt.comm.LaunchInfo`. Port 0 under mpiexec:
+    rank 0 lets the OS pick a free port and tells the others over MPI, so
+    ``mpiexec -n 4 ... backend="gloo"`` needs no set-up.
+    """
+    import torch.distributed as dist
+
+    td = datetime.timedelta(seconds=timeout)
+    addr = master_addr or launch.master_addr or "127.0.0.1"
+    port = master_port if master_port is not None else launch.master_port
+    if world_size == 1:
+        store = dist.HashStore()
+    elif port is None and launch.launcher == "mpiexec":
+        world = _mpi_world()
+        store = serve(addr, 0, timeout, world_size) if rank == 0 else None
+        port = int(_bcast_text(world, str(store.port) if rank == 0 else ""))
+        addr = _bcast_text(world, addr)
+        if rank != 0:
+            store = dist.TCPStore(addr, port, world_size, False, timeout=td)
+    elif port is None:
+        raise ValueError(
+            "gloo/nccl rendezvous needs MASTER_ADDR and MASTER_PORT (torchrun sets "
+            "them) or master_addr=/master_port= arguments"
+        )
+    else:
+        # Under torchrun's elastic agent (or commrt's launcher) the store is hosted already.
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        if rank == 0 and not agent:
+            store = serve(addr, port, timeout, world_size, wait_for_workers=True)
+        else:
+            store = dist.TCPStore(addr, port, world_size, False, timeout=td)
+    return dist.PrefixStore("commrt", store)
+
+
+def serve(
+    host: str,
+    port: int,
+    timeout: float,
+    world_size: int | None = None,
+    wait_for_workers: bool = False,
+):
+    """A TCPStore server for ``host:port`` that listens on ``host``'s address only.
+
+    torch's TCPStore server listens on every interface whatever its host
+    name, so anyone who reaches the machine could write keys into the job's
+    control plane. Here, when ``host`` is an IP address (or ``localhost``),
+    we bind and ``listen()`` on that address ourselves and hand the socket
+    over (``master_listen_fd``): 127.0.0.1 for a local job, the private
+    interface's address for MASTER_ADDR=10.0.0.1. A host *name* may resolve
+    to a loopback address here and to the real one elsewhere (127.0.1.1 in
+    /etc/hosts), and an address that is not this machine's cannot be bound:
+    then it listens on every interface, as torch does.
+    """
+    import torch.distributed as dist
+
+    sock = _bound(host, port)
+    if sock is not None:
+        port = sock.getsockname()[1]
+    return dist.TCPStore(
+        host,
+        port,
+        world_size,
+        True,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=wait_for_workers,
+        # the store owns (and closes) the socket from here on
+        **({"master_listen_fd": sock.detach()} if sock is not None else {}),
+    )
+
+
+def _bound(host: str, port: int):
+    """A socket bound to ``host``'s IP address and listening, or None (see :func:`serve`)."""
+    import ipaddress
+    import socket
+
+    try:
+        ip = ipaddress.ip_address("127.0.0.1" if host == "localhost" else host)
+    except ValueError:
+        return None  # a host name: no way to tell which interface it means on every node
+    sock = socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((str(ip), port))
+        sock.listen(socket.SOMAXCONN)
+    except OSError:  # not an address of this machine (behind NAT, say): every interface
+        sock.close()
+        return None
+    return sock
+
+
+def _mpi_world():
+    from commrt.transports.mpi import _mpi
+
+    return _mpi().COMM_WORLD
+
+
+def _bcast_text(world, text: str, size: int = 256) -> str:
+    """Rank 0's ``text`` on every rank, as raw bytes (mpi4py's ``bcast`` would pickle)."""
+    from commrt.transports.mpi import _mpi
+
+    buf = bytearray(size)
+    if world.Get_rank() == 0:
+        data = text.encode()
+        if len(data) > size:
+            raise ValueError(f"{text[:40]!r}…: longer than {size} bytes")
+        buf[: len(data)] = data
+    world.Bcast([buf, _mpi().BYTE], root=0)
+    return bytes(buf).rstrip(b"\0").decode()

@@ -1,0 +1,44 @@
+"""Every rank's small row of numbers, on every rank: how ranks agree on anything.
+
+The primitive under the node layout, the probe's
+agreed timings and consensus reports. It sits below
+:mod:`commrt.collectives` so that modules the collectives depend on (the
+node layout that ``Torus2D()`` reads) can use it without a cycle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from commrt.algorithms.ring import Ring
+from commrt.comm import Communicator
+
+_RING = Ring()
+
+
+def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> list[list]:
+    """Every rank's ``row`` (same length everywhere), on every rank, in rank order.
+
+    One sum all-reduce of a p-row table in which each rank fills only its
+    own row: exact (each slot adds one value to zeros), identical on every
+    rank, and it cannot deadlock on a mismatch the way differently sized
+    messages could. Collective, with no admission check: callers that may
+    run beside a GradientSync step check first (:func:`commrt.collectives.gather_rows`).
+    """
+    row = list(row)
+    table = torch.zeros(comm.world_size, len(row), dtype=dtype, device=comm.device)
+    table[comm.rank] = torch.tensor(row, dtype=dtype)
+    if comm.world_size > 1:
+        with comm.lock:
+            comm.executor.run(
+                _RING.schedule(comm.world_size),
+                table,
+                comm.transport,
+                timeout=comm.timeout,
+                piece_bytes=comm.piece_bytes,
+                average=False,
+                tracer=None,
+                owner=table,
+                spin_s=comm.spin_s,
+            )
+    return table.cpu().tolist()

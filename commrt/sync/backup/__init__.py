@@ -1,0 +1,95 @@
+"""Backup workers behind the GradientSync seam: first N of N + b gradients per global step.
+
+Every rank holds a *global step* g: the number of global updates its
+parameters and optimizer state contain. Ranks agree on each step through
+the control store (:mod:`commrt.store`), nothing else central:
+
+1. **Arrival.** When a rank's first bucket of the step is ready
+   (:meth:`BackupPolicy.begin_step`), it takes a ticket with the store's
+   atomic ``add`` on the key of step g and writes its rank under that
+   ticket. Tickets 1..N are the step's participants; every rank reads the
+   same N names, so all agree on who takes part. Arrival is "backward has
+   begun producing gradients", so the rest of backward still overlaps the
+   all-reduce; a delay that falls after the first bucket is ready is not
+   seen.
+2. **On time** (ticket <= N): the gradients are scaled by 1/N in the pack
+   pass and the inner all-reduce runs over exactly those N ranks
+   (``schedule(p, ranks=...)`` on the existing communicator). At
+   ``sync.step(optimizer)`` the optimizer steps: the rank now holds g + 1.
+3. **Late** (ticket > N): the gradient is dropped (nothing goes on the
+   wire), and the rank posts a catch-up request. At ``sync.step`` it
+   receives a *snapshot* — parameters and every optimizer state tensor,
+   flattened, bit for bit — from an on-time rank and loads it, so it holds
+   exactly what the on-time ranks held after the latest global step they
+   finished, and computes its next gradient there. ``sync.step`` returns
+   the number of global updates that jumped over (0 or more).
+
+**Serving a snapshot costs an on-time rank a copy**, and an on-time rank
+serves at most ``max(1, b)`` snapshots at once, each in its own buffer
+freed when the receiver confirms: the details are in
+:mod:`commrt.sync.backup.catchup`. Nothing else is kept: no history of
+gradients.
+
+**Dead ranks.** Up to b ranks that stop between steps never arrive, so the
+others still find N arrivals per step and go on; a heartbeat (a store
+counter every 0.25 s) that stops moving for ``dead_after_s`` marks a rank
+missing in the stats. With more than b dead, a step never gets N arrivals
+and the waiting ranks raise :class:`~commrt.CommTimeoutError` after the
+timeout, naming the ranks that never arrived. A rank that dies *inside* a
+step's all-reduce (after taking one of the N tickets) fails that step for
+its peers with the usual timeout error; the paper's parameter server has
+the same window.
+
+**Control-plane cost.** Per step a rank makes about five store round trips
+(ticket, name, poll for the N names, read them, look for requests): tens to
+hundreds of microseconds on one machine. The heartbeats cost the store
+O(p²) reads per quarter second (:mod:`commrt.sync.backup.liveness`).
+
+**Ending.** The first rank to call ``close()`` ends training at the global
+step it holds: it takes a ticket on that step marked "closing", and a step
+whose first N tickets include one makes no update. Every rank then ends at
+that final state: ``close()`` keeps answering catch-up requests and returns
+once every live rank holds it (ranks missing for ``dead_after_s`` are not
+waited for; the wait is bounded by the timeout). Steps a rank takes after
+the end are no-ops that return 0. When rank 0 hosts the store (no launcher
+store), its ``close()`` also waits until every live rank has closed.
+
+Requires ``sync.step(optimizer)`` (a late rank must load optimizer state);
+``unused="error"``, ``broadcast_buffers=True`` and collectives between steps
+involve every rank at once, which backup workers are meant to avoid.
+
+The package, one module per job (imports go down this list, never up):
+
+==========================================  ==========================================
+:mod:`~commrt.sync.backup.policy`           :class:`BackupPolicy`, wiring the rest
+:mod:`~commrt.sync.backup.arrival`          tickets: who takes part in a global step
+:mod:`~commrt.sync.backup.catchup`          snapshot requests, serving, receiving
+:mod:`~commrt.sync.backup.liveness`         heartbeats, missing ranks, the end handshake
+:mod:`~commrt.sync.backup.snapshot`         parameters + optimizer state in one buffer
+:mod:`~commrt.sync.backup.keys`             every control-store key, in one place
+==========================================  ==========================================
+"""
+
+from __future__ import annotations
+
+from commrt.sync.backup.arrival import Arrival, Role
+from commrt.sync.backup.catchup import PIECE_BYTES, CatchUp
+from commrt.sync.backup.keys import Keys
+from commrt.sync.backup.liveness import HEARTBEAT_S, Liveness
+from commrt.sync.backup.policy import BackupPolicy, BackupReport
+from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot, snapshot_layout
+
+__all__ = [
+    "Arrival",
+    "BackupPolicy",
+    "BackupReport",
+    "CatchUp",
+    "HEARTBEAT_S",
+    "Keys",
+    "Liveness",
+    "PIECE_BYTES",
+    "Role",
+    "load_snapshot",
+    "pack_snapshot",
+    "snapshot_layout",
+]

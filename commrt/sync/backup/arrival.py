@@ -1,0 +1,94 @@
+"""Arrival: which N of the N + b ranks take part in a global step.
+
+When a rank's first bucket of global step g is ready, it takes a ticket
+with the store's atomic ``add`` on the step's counter and writes its name
+under that ticket. Tickets 1..N are the step's participants; every rank
+reads the same N names, so all agree on who takes part, and nothing else
+is central. A rank that ends training takes a ticket marked "closing"
+(:meth:`Arrival.take` with ``closing=True``): a step whose first N
+tickets include one makes no update.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from commrt.errors import CommTimeoutError
+from commrt.store import poll
+from commrt.sync.backup.keys import Keys
+
+#: the name a closing rank writes under its ticket starts with this
+CLOSING = "x"
+
+
+class Role(enum.Enum):
+    ON_TIME = "on time"
+    LATE = "late"
+    FINAL = "after the end"  # training has ended; nothing to do
+
+
+class Arrival:
+    """Tickets of global steps in one key space of the control store."""
+
+    def __init__(
+        self, store, cs, space: str, rank: int, world_size: int, n: int, algorithm, timeout: float
+    ):
+        self.store = store  # the policy's connection
+        self._cs, self._space = cs, space  # a fresh connection for the timeout's report
+        self.rank, self.p, self.n = rank, world_size, n
+        self.algorithm, self.timeout = algorithm, timeout
+
+    def take(self, step: int, closing: bool = False) -> int:
+        """Take the next ticket of ``step``; return its number (1 for the first rank)."""
+        pos = int(self.store.add(Keys.tickets(step), 1))
+        self.store.set(Keys.ticket(step, pos - 1), f"{CLOSING if closing else ''}{self.rank}")
+        return pos
+
+    def first_n(self, step: int, idle: Callable[[], None]) -> list[str]:
+        """The names under tickets 1..N of ``step`` (waits for them, bounded).
+
+        While it waits, ``idle()`` runs now and then: this rank answers catch-up
+        requests there, and a rank that is still catching up may be one of the N
+        this step waits for."""
+        keys = [Keys.ticket(step, i) for i in range(self.n)]
+        if not poll(lambda: self.store.check(keys), self.timeout, idle):
+            raise self._timeout(step)
+        return [v.decode() for v in self.store.multi_get(keys)]
+
+    def arrive(self, step: int, idle: Callable[[], None]) -> tuple[Role, tuple[int, ...]]:
+        """Take a ticket of ``step`` and wait for its first N: this rank's role and the
+        participants (none when training ended at ``step``)."""
+        pos = self.take(step)
+        names = self.first_n(step, idle)
+        if self.closes(names):
+            return Role.FINAL, ()
+        ranks = tuple(sorted(int(s) for s in names))
+        return (Role.ON_TIME if pos <= self.n else Role.LATE), ranks
+
+    @staticmethod
+    def closes(names: list[str]) -> bool:
+        """Whether a step with these first N names ends training (no update)."""
+        return any(s.startswith(CLOSING) for s in names)
+
+    def _timeout(self, step: int) -> CommTimeoutError:
+        # a fresh connection: the timed-out one may still receive the late reply
+        store = self._cs.client(self._space)
+        count = int(store.add(Keys.tickets(step), 0))
+        arrived = set()
+        for i in range(count):
+            if store.check([Keys.ticket(step, i)]):
+                arrived.add(int(store.get(Keys.ticket(step, i)).decode().lstrip(CLOSING)))
+        missing = sorted(set(range(self.p)) - arrived)
+        return CommTimeoutError(
+            rank=self.rank,
+            peer=missing[0] if missing else None,
+            timeout_s=self.timeout,
+            algorithm=str(self.algorithm),
+            step=step,
+            what=(
+                f"the first {self.n} of {self.p} gradients of global step {step}; only "
+                f"{len(arrived)} ranks arrived, missing ranks {missing} (more than "
+                f"backups={self.algorithm.backups} gone)"
+            ),
+        )

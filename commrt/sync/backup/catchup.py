@@ -1,0 +1,229 @@
+"""Catch-up: a late rank asks for the latest state, an on-time rank sends it.
+
+**Requests.** A late rank numbers its request with the store's atomic
+``add`` and writes ``"{rank} {step it holds}"`` under it.
+
+**Serving costs an on-time rank a copy.** Requests are answered right
+after the optimizer step (so the state is the freshest there is), and
+while a rank waits for a step's arrivals: the first on-time rank to see a
+request claims it (atomic ``add``), copies its state into a send buffer
+(:func:`~commrt.sync.backup.snapshot.pack_snapshot`), publishes the
+layout and starts non-blocking sends; later calls only check, through the
+store, whether the late rank has received it. On MPI and gloo the sends
+start at once (the engine holds them until the late rank posts its
+receive). On stream-ordered transports (NCCL) a send would occupy the
+transport stream until its receiver arrives, ahead of the on-time rank's
+next all-reduce; there the server starts the send only after the late
+rank has posted its receive (it says so through the store), so the send
+cannot wait on the late rank and costs the on-time rank the transfer of
+one snapshot. That path is correct by construction and exercised with
+``send_when_ready`` on MPI; it has not run on a GPU.
+
+**Memory bound.** A snapshot is the parameters plus the optimizer state
+(SGD with momentum: 2x the parameters; Adam: 3x). An on-time rank serves
+at most ``max(1, b)`` snapshots at once (each in its own buffer, freed
+when the receiver confirms); past that bound it claims no more requests
+and another on-time rank answers them, or the late rank waits (up to the
+timeout). A late rank keeps one receive buffer.
+
+Both sides move the snapshot as one :class:`~commrt.p2p.Exchange` of
+:data:`PIECE_BYTES` pieces under the tag :data:`commrt.tags.CATCHUP`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+
+import torch
+
+from commrt import tags
+from commrt.errors import CommError, CommTimeoutError
+from commrt.p2p import Exchange, Where
+from commrt.store import poll
+from commrt.sync.backup.keys import Keys
+from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
+
+#: bytes per catch-up message
+PIECE_BYTES = 64 << 20
+
+
+def pieces(flat: torch.Tensor) -> list[torch.Tensor]:
+    """``flat`` cut into messages of at most :data:`PIECE_BYTES`."""
+    return [flat[i : i + PIECE_BYTES] for i in range(0, flat.numel(), PIECE_BYTES)] or [flat]
+
+
+def span(tracer, name: str, **args):
+    """``tracer``'s span, or nothing when there is no tracer."""
+    return tracer.span(name, **args) if tracer is not None else contextlib.nullcontext()
+
+
+@dataclass
+class _Send:
+    """One snapshot on its way to a late rank."""
+
+    req: int
+    peer: int
+    flat: torch.Tensor
+    step: int  # the global step the snapshot holds
+    started: float
+    exchange: Exchange | None = None  # None until the sends start
+
+
+class CatchUp:
+    """Catch-up requests, serving them and receiving an answer, for one policy."""
+
+    def __init__(self, comm, store, params: list[torch.Tensor], algorithm, tracer=None):
+        self.comm, self.store, self.params = comm, store, params
+        self.algorithm, self.tracer = algorithm, tracer
+        self.rank, self.p, self.timeout = comm.rank, comm.world_size, comm.timeout
+        #: snapshots this rank has served
+        self.served = 0
+        # MPI moves a message only inside MPI calls (MPICH runs no progress thread by default),
+        # so a server tests its pending snapshot sends whenever it checks on them; gloo and NCCL
+        # progress on their own, and a gloo wait that times out breaks the connection: never polled
+        self._host_progress = comm.transport.name == "mpi"
+        self._seen = 0  # requests read from the store so far
+        self._open: dict[int, tuple[int, int]] = {}  # unanswered: req -> (rank, its step)
+        self._sending: list[_Send] = []
+        self._lost: list = []  # buffers of transfers whose peer vanished: the engine may hold them
+        self._rbuf: torch.Tensor | None = None  # the late side's receive buffer
+        self._state_event = None  # when this rank's state was last written
+
+    def _where(self, step: int) -> Where:
+        return Where(f"{self.algorithm} catch-up", step=step)
+
+    @property
+    def busy(self) -> bool:
+        """Snapshots are still on their way."""
+        return bool(self._sending)
+
+    @property
+    def held_bytes(self) -> int:
+        held = [s.flat for s in self._sending] + ([self._rbuf] if self._rbuf is not None else [])
+        return sum(t.numel() for t in held)
+
+    def record_state(self) -> None:
+        """This rank's parameters or optimizer state were just written (by the caller's stream)."""
+        # a snapshot may be copied on the progress thread, on another stream: order it after the
+        # optimizer step (and the loads) that produced this state
+        if self.comm.device.type == "cuda":
+            self._state_event = torch.cuda.Event()
+            self._state_event.record(torch.cuda.current_stream(self.comm.device))
+
+    # ------------------------------------------------------------ the late side
+    def request(self, step: int) -> int:
+        """Ask for a snapshot newer than ``step`` (the global step this rank holds)."""
+        i = int(self.store.add(Keys.REQUESTS, 1)) - 1
+        self.store.set(Keys.request(i), f"{self.rank} {step}")
+        return i
+
+    def receive(self, req: int, step: int, optimizer) -> dict:
+        """Receive and load the snapshot answering request ``req``; return its response
+        (``step`` and ``final`` of the state it held).
+
+        A server that dies while its snapshot is on the way (the engine reports the lost
+        connection) is replaced: the request goes out again and another rank answers."""
+        for _ in range(self.p):
+            try:
+                return self._receive(req, step, optimizer)
+            except CommError:
+                raise
+            except RuntimeError:
+                if self._rbuf is not None:
+                    self._lost.append(self._rbuf)  # the engine may still hold it
+                self._rbuf = None
+                req = self.request(step)
+        return self._receive(req, step, optimizer)
+
+    def _receive(self, req: int, step: int, optimizer) -> dict:
+        deadline = time.monotonic() + self.timeout
+        if not poll(lambda: self.store.check([Keys.response(req)]), self.timeout):
+            raise CommTimeoutError(
+                rank=self.rank,
+                peer=None,
+                timeout_s=self.timeout,
+                algorithm=str(self.algorithm),
+                step=step,
+                what="an on-time rank to answer its catch-up request",
+            )
+        resp = json.loads(self.store.get(Keys.response(req)))
+        layout = resp["layout"]
+        if self._rbuf is None or self._rbuf.numel() != layout["nbytes"]:
+            self._rbuf = torch.empty(layout["nbytes"], dtype=torch.uint8, device=self.comm.device)
+        recvs = [(x, resp["server"]) for x in pieces(self._rbuf)]
+        ex = Exchange(self.comm, [], recvs, tags.CATCHUP, self._where(step))
+        self.store.set(Keys.posted(req), "1")  # a stream-ordered server may send now
+        ex.complete(deadline)
+        self.store.set(Keys.received(req), "1")
+        load_snapshot(self._rbuf, layout, self.params, optimizer)
+        self.record_state()
+        return resp
+
+    # ------------------------------------------------------------ the on-time side
+    def serve(self, optimizer, step: int, final: int | None, send_now: bool) -> None:
+        """Answer the requests this rank can help with: those of ranks behind ``step``, the
+        global step it holds (``final``: where training ends, if known). ``send_now``: start
+        the sends at once, rather than when the late rank has posted its receive."""
+        if optimizer is None and self.p > 1:
+            return
+        self.progress()
+        n = int(self.store.add(Keys.REQUESTS, 0))
+        for i in range(self._seen, n):
+            who, g = (int(x) for x in self.store.get(Keys.request(i)).decode().split())
+            if who != self.rank:
+                self._open[i] = (who, g)
+        self._seen = n
+        for i, (who, g) in sorted(self._open.items()):
+            if g >= step:
+                continue  # this rank is no further than the requester
+            if len(self._sending) >= max(1, self.algorithm.backups):
+                break  # memory bound: another on-time rank will answer
+            del self._open[i]
+            if int(self.store.add(Keys.claim(i), 1)) != 1:
+                continue  # claimed by another rank
+            self._start_send(i, who, (step, final), optimizer, send_now)
+
+    def _start_send(
+        self, req: int, peer: int, held: tuple[int, int | None], optimizer, send_now: bool
+    ) -> None:
+        if self._state_event is not None:
+            torch.cuda.current_stream(self.comm.device).wait_event(self._state_event)
+        with span(self.tracer, "commrt/backup/snapshot", peer=peer):
+            flat, layout = pack_snapshot(self.params, optimizer)
+        step, final = held
+        self.store.set(
+            Keys.response(req),
+            json.dumps({"server": self.rank, "step": step, "final": final, "layout": layout}),
+        )
+        s = _Send(req, peer, flat, step, time.monotonic())
+        self._sending.append(s)
+        self.served += 1
+        if send_now:
+            self._post(s)
+
+    def _post(self, s: _Send) -> None:
+        sends = [(x, s.peer) for x in pieces(s.flat)]
+        s.exchange = Exchange(self.comm, sends, [], tags.CATCHUP, self._where(s.step))
+
+    def progress(self) -> None:
+        """Move the snapshots on their way along; forget those received or given up on."""
+        now = time.monotonic()
+        for s in list(self._sending):
+            if s.exchange is None:
+                if self.store.check([Keys.posted(s.req)]):
+                    self._post(s)
+                elif now - s.started > self.timeout:
+                    self._sending.remove(s)  # the late rank never came for it
+                continue
+            if self._host_progress:
+                s.exchange.sends_done()  # one MPI_Test: moves the message along
+            if self.store.check([Keys.received(s.req)]):
+                self._sending.remove(s)
+                s.exchange.complete(now + self.timeout)
+            elif now - s.started > self.timeout:
+                self._sending.remove(s)  # receiver gone: keep the buffer for the engine
+                s.exchange.abandon()
+                self._lost.append(s.flat)

@@ -1,0 +1,79 @@
+"""Every key backup workers use in the control store, in one place.
+
+Each :class:`~commrt.sync.backup.BackupPolicy` on a communicator gets its
+own key space (:meth:`Keys.space`), so two GradientSyncs never read each
+other's tickets. Inside it:
+
+=========================  =====================================================
+``a/{g}``                  ticket counter of global step g (atomic ``add``)
+``s/{g}/{i}``              name under ticket i+1 of step g: ``"{rank}"``, or
+                           ``"x{rank}"`` for a rank that closes there
+``nreq``                   catch-up request counter
+``q/{i}``                  request i: ``"{rank} {global step it holds}"``
+``c/{i}``                  claims on request i (the first claimer serves it)
+``r/{i}``                  response to request i: server, step, final, layout
+``k/{i}``                  the late rank posted its receive for request i
+``d/{i}``                  the late rank received request i's snapshot
+``hb/{r}``                 rank r's heartbeat counter
+``fin/{r}``                rank r holds the final state: its step and counts
+``bye/{r}``                rank r is done with the store
+=========================  =====================================================
+"""
+
+from __future__ import annotations
+
+
+class Keys:
+    """Names of the store keys (relative to a policy's key space)."""
+
+    #: counts catch-up requests (``add`` returns the next request's number + 1)
+    REQUESTS = "nreq"
+
+    @staticmethod
+    def space(instance: int) -> str:
+        """The prefix of the ``instance``-th backup policy made on a communicator."""
+        return f"commrt/backup/{instance}"
+
+    # ------------------------------------------------------------ arrival
+    @staticmethod
+    def tickets(step: int) -> str:
+        return f"a/{step}"
+
+    @staticmethod
+    def ticket(step: int, index: int) -> str:
+        """Who holds ticket ``index + 1`` of global step ``step``."""
+        return f"s/{step}/{index}"
+
+    # ------------------------------------------------------------ catch-up
+    @staticmethod
+    def request(req: int) -> str:
+        return f"q/{req}"
+
+    @staticmethod
+    def claim(req: int) -> str:
+        return f"c/{req}"
+
+    @staticmethod
+    def response(req: int) -> str:
+        return f"r/{req}"
+
+    @staticmethod
+    def posted(req: int) -> str:
+        return f"k/{req}"
+
+    @staticmethod
+    def received(req: int) -> str:
+        return f"d/{req}"
+
+    # ------------------------------------------------------------ liveness and the end
+    @staticmethod
+    def heartbeat(rank: int) -> str:
+        return f"hb/{rank}"
+
+    @staticmethod
+    def final(rank: int) -> str:
+        return f"fin/{rank}"
+
+    @staticmethod
+    def bye(rank: int) -> str:
+        return f"bye/{rank}"

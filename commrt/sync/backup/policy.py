@@ -1,0 +1,328 @@
+"""The backup-workers policy: arrival, catch-up and liveness wired behind the GradientSync seam.
+
+See :mod:`commrt.sync.backup` for the protocol. The policy keeps the
+global step this rank holds and its role in the current step; the parts
+do the talking: :class:`~commrt.sync.backup.arrival.Arrival` decides who
+takes part, :class:`~commrt.sync.backup.catchup.CatchUp` moves snapshots,
+:class:`~commrt.sync.backup.liveness.Liveness` watches who is still there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from commrt.algorithms.auto import Auto, label
+from commrt.algorithms.torus import Torus2D
+from commrt.errors import CommTimeoutError
+from commrt.store import ControlStore, Host
+from commrt.sync.backup.arrival import Arrival, Role
+from commrt.sync.backup.catchup import CatchUp, span
+from commrt.sync.backup.keys import Keys
+from commrt.sync.backup.liveness import Liveness
+from commrt.sync.policy import Policy, SyncContext
+
+
+@dataclass
+class BackupReport:
+    """What backup workers did, as seen from one rank (``sync.policy.report()``).
+
+    ``dropped`` and ``updates`` are per rank, filled in for every rank that
+    reached the final state (after ``close()``); ``missing`` are ranks that
+    never did (dead, or gone silent for ``dead_after_s``).
+    """
+
+    rank: int
+    world_size: int
+    backups: int
+    global_step: int
+    final_step: int | None
+    dropped: dict[int, int] = field(default_factory=dict)
+    updates: dict[int, int] = field(default_factory=dict)
+    missing: tuple[int, ...] = ()
+    served: int = 0
+    #: seconds ``close()`` spent ending training and waiting for the others to hold the end
+    drain_s: float = 0.0
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows for a summary table."""
+        n, p = self.world_size - self.backups, self.world_size
+        dropped = ", ".join(f"r{k} {d}" for k, d in sorted(self.dropped.items()))
+        return [
+            ("backup workers", f"first {n} of {p} gradients per step (b = {self.backups})"),
+            ("global steps", f"{self.global_step}"),
+            ("dropped gradients", dropped),
+            ("missing ranks", ", ".join(map(str, self.missing)) or "none"),
+        ]
+
+
+class BackupPolicy(Policy):
+    """The backup-workers family (see :mod:`commrt.sync.backup` for the protocol)."""
+
+    #: ranks may die or fall behind while the others go on (sync.report() tells tools)
+    ranks_may_fail = True
+
+    def __init__(self, algorithm):
+        super().__init__(algorithm)
+        # ---- options
+        #: start catch-up sends only once the late rank has posted its receive (stream-ordered
+        #: transports need this; None: decided by the transport at setup; tests set it to run
+        #: that path on MPI)
+        self.send_when_ready: bool | None = None
+        # ---- fixed at setup
+        self.ctx: SyncContext | None = None
+        self.rank, self.p = 0, 1  # this rank and the world size
+        self.n = 0  # N: the gradients each global step takes (p - b)
+        self.timeout = 0.0  # seconds any wait may take (the communicator's)
+        self.inner: list = []  # per bucket: the all-reduce among the N on-time ranks
+        self.cs: ControlStore | None = None  # the job's control store
+        self.store = None  # this policy's connection to it, in its own key space
+        self.arrival: Arrival | None = None
+        self.catchup: CatchUp | None = None
+        self.liveness: Liveness | None = None
+        # ---- where this rank stands
+        self.held = 0  # the global step this rank's state holds
+        self.final: int | None = None  # the global step training ends at, once known
+        self.role = Role.ON_TIME  # this rank's part in the current step
+        self.ranks: tuple[int, ...] = ()  # the current step's participants
+        self._schedules: list = []  # per bucket: the inner all-reduce over ``ranks``
+        self._req: int | None = None  # this step's catch-up request (late only)
+        self._opt = None  # the optimizer of the last sync.step (snapshots)
+        self._unapplied = False  # a step began and sync.step has not applied it yet
+        self._failed = False  # a wait timed out: close() does not drain
+        self._closed = False
+        self._said_final = False  # this rank told the others it holds the final state
+        # ---- stats
+        self.dropped = 0  # this rank's gradients that came late
+        self.updates = 0  # global updates this rank's state went through
+        self._report: BackupReport | None = None  # the complete report, after close()
+
+    def setup(self, ctx: SyncContext) -> tuple[str, ...]:
+        self.ctx, comm, alg = ctx, ctx.comm, self.algorithm
+        self.rank, self.p = comm.rank, comm.world_size
+        self.n = alg.participants(self.p)  # ValueError on every rank when p <= b
+        self.timeout = comm.timeout
+        inner = [self._inner_for(b.numel * ctx.element_size) for b in ctx.buckets]
+        for a in dict.fromkeys(inner):  # a shape that does not fit N fails here, everywhere
+            a.schedule(self.p, tuple(range(self.n)))
+        self.inner = inner
+        if self.send_when_ready is None:
+            self.send_when_ready = bool(comm.transport.stream_ordered)
+        instance = comm.slots.backup_instances
+        comm.slots.backup_instances = instance + 1
+        space = Keys.space(instance)
+        self.cs = ControlStore.open(comm)
+        self.store = self.cs.client(space)
+        params = [p for b in ctx.buckets for p in b.params]
+        self.arrival = Arrival(
+            self.store, self.cs, space, self.rank, self.p, self.n, alg, self.timeout
+        )
+        self.catchup = CatchUp(comm, self.store, params, alg, ctx.tracer)
+        self.liveness = Liveness(
+            self.cs, space, self.store, self.rank, self.p, alg.dead_after_s, self.timeout
+        )
+        self.liveness.start()
+        return tuple(f"backup(b={alg.backups}):{label(a)}" for a in inner)
+
+    def _inner_for(self, nbytes: int):
+        inner = self.algorithm.inner
+        if isinstance(inner, Auto):  # priced for the N ranks that take part (probes: collective)
+            return inner.choose(self.n, nbytes, self.ctx.comm).algorithm
+        if isinstance(inner, Torus2D) and inner.rows is None and inner.cols is None:
+            return Torus2D(*inner.shape(self.n))
+        return inner
+
+    # ------------------------------------------------------------ per step
+    def begin_step(self, step: int) -> None:
+        try:
+            self._begin()
+        except BaseException:
+            self._failed = True
+            raise
+
+    def _begin(self) -> None:
+        if self._unapplied:
+            raise RuntimeError(
+                "commrt: backup workers need sync.step(optimizer) after every "
+                "backward (a late rank loads the latest parameters and optimizer "
+                "state there); sync.wait() followed by optimizer.step() cannot"
+            )
+        g = self.held
+        if self.final is not None and g >= self.final:
+            self.role, self.ranks = Role.FINAL, ()
+            return
+        self._unapplied = True
+        with span(self.ctx.tracer, "commrt/backup/arrive", step=g):
+            self.role, self.ranks = self.arrival.arrive(g, self._serve)
+        if self.role is Role.FINAL:
+            self.final = g
+        elif self.role is Role.ON_TIME:
+            self._schedules = [a.schedule(self.p, self.ranks) for a in self.inner]
+        else:
+            self.dropped += 1
+            self._req = self.catchup.request(g)
+
+    def scale(self, step: int) -> float:
+        return 1.0 / self.n
+
+    def communicate(self, step: int, bucket: int, buf: torch.Tensor) -> int:
+        if self.role is not Role.ON_TIME:
+            return 0  # a late gradient is dropped: nothing goes on the wire
+        return self.ctx.run(self._schedules[bucket], buf, bucket)
+
+    def apply(self, optimizer: torch.optim.Optimizer) -> int:
+        self._opt = optimizer
+        self._unapplied = False
+        if self.role is Role.ON_TIME:
+            optimizer.step()
+            self.catchup.record_state()
+            self.held += 1
+            self.updates += 1
+            self._serve()
+            return 1
+        if self.role is Role.LATE:
+            req, self._req = self._req, None
+            with span(self.ctx.tracer, "commrt/backup/catch-up", step=self.held):
+                return self._catch_up(req)
+        self._say_final()
+        self._serve()
+        return 0
+
+    def _catch_up(self, req: int) -> int:
+        """Receive the snapshot answering ``req``; return the global updates it brought."""
+        try:
+            resp = self.catchup.receive(req, self.held, self._opt)
+        except CommTimeoutError:
+            self._failed = True
+            raise
+        gained = resp["step"] - self.held
+        self.held = resp["step"]
+        self.updates += gained
+        if resp["final"] is not None:
+            self.final = resp["final"]
+        if self.finished:
+            self._say_final()
+        return gained
+
+    def _serve(self) -> None:
+        self.catchup.serve(self._opt, self.held, self.final, not self.send_when_ready)
+
+    def step_stats(self) -> dict:
+        return {
+            "role": self.role.value,
+            "participants": list(self.ranks),
+            "dropped": self.dropped,
+            "global_step": self.held,
+            "missing": sorted(self.liveness.missing),
+        }
+
+    @property
+    def global_step(self) -> int:
+        return self.held
+
+    @property
+    def finished(self) -> bool:
+        """Training has ended (a rank closed) and this rank holds the final state:
+        further steps are no-ops, so a loop may stop."""
+        return self.final is not None and self.held >= self.final
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.catchup.held_bytes
+
+    # ------------------------------------------------------------ the end
+    def _counts(self) -> dict:
+        return {"step": self.held, "dropped": self.dropped, "updates": self.updates}
+
+    def _say_final(self) -> None:
+        if not self._said_final:
+            self._said_final = True
+            self.liveness.hold_final(self._counts())
+
+    def close(self) -> None:
+        if self._closed or self.liveness is None:  # closed already, or never set up
+            return
+        self._closed = True
+        try:
+            if not self._failed:
+                self._drain()
+        finally:
+            self.liveness.stop()
+
+    def _drain(self) -> None:
+        start = time.monotonic()
+        deadline = start + self.timeout
+        self._end_training()
+        others = [r for r in range(self.p) if r != self.rank]
+        fins = _wait_for_finals(
+            self._serve, self.liveness, self.catchup, {self.rank: self._counts()}, others, deadline
+        )
+        missing = tuple(r for r in range(self.p) if r not in fins)
+        self._report = self._report_of(fins, missing, time.monotonic() - start)
+        # the store may live in this process: keep it up until every live rank is done with it
+        self.liveness.stop()
+        self.liveness.say_bye()
+        if self.cs.where is Host.RANK0 and self.cs.hosted_here:
+            self.liveness.wait_for_byes([r for r in others if r not in missing], deadline)
+
+    def _end_training(self) -> None:
+        """End training at the step this rank holds, or catch up to where it ended."""
+        while self.final is None or self.held < self.final:
+            g = self.held
+            if self.final is None:
+                self.arrival.take(g, closing=True)
+                if self.arrival.closes(self.arrival.first_n(g, self._serve)):
+                    self.final = g
+                    break
+            self._catch_up(self.catchup.request(g))
+        self._say_final()
+
+    @property
+    def missing_ranks(self) -> tuple[int, ...]:
+        return self.report().missing
+
+    def summary(self) -> list[tuple[str, str]]:
+        return self.report().rows()
+
+    def report(self) -> BackupReport:
+        """What happened (complete after ``close()``; before, this rank's numbers only)."""
+        if self._report is not None:
+            return self._report
+        return self._report_of({self.rank: self._counts()}, tuple(sorted(self.liveness.missing)))
+
+    def _report_of(self, fins: dict[int, dict], missing: tuple, drain_s: float = 0.0):
+        per_rank = sorted(fins.items())
+        dropped = {r: f["dropped"] for r, f in per_rank}
+        updates = {r: f["updates"] for r, f in per_rank}
+        return BackupReport(
+            self.rank,
+            self.p,
+            self.algorithm.backups,
+            self.held,
+            self.final,
+            dropped,
+            updates,
+            missing,
+            self.catchup.served,
+            drain_s,
+        )
+
+
+def _wait_for_finals(
+    serve, liveness, catchup, fins: dict[int, dict], others: list[int], deadline: float
+) -> dict[int, dict]:
+    """Answer catch-up requests (``serve``) until every live rank holds the final state
+    (bounded by ``deadline``); add what each rank that does reported to ``fins``."""
+    while True:
+        serve()
+        liveness.read_finals(others, fins)
+        waiting = [r for r in others if r not in fins and r not in liveness.missing]
+        if not waiting or time.monotonic() > deadline:
+            break
+        time.sleep(0.005)
+    while catchup.busy and time.monotonic() < deadline:
+        catchup.progress()
+        time.sleep(0.002)
+    return fins

@@ -1,0 +1,103 @@
+"""The bucket buffers: where gradients are packed before they travel and found after.
+
+One flat buffer per bucket, in the wire dtype. With ``grad_views`` a bucket
+whose parameters all have the wire dtype keeps each ``.grad`` as a view of
+its buffer (DDP's ``gradient_as_bucket_view``): backward accumulates straight
+into it, packing is an in-place scale and unpacking nothing. The other
+buckets pack (scale and cast in one kernel pass) and unpack by copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from commrt.kernels import pack, unpack
+from commrt.sync.buckets import Bucket
+
+
+class BucketBuffers:
+    """Flat wire buffers of ``buckets`` and the moves between them and ``.grad``."""
+
+    def __init__(
+        self, buckets: list[Bucket], dtype: torch.dtype, device: torch.device, grad_views: bool
+    ):
+        self.buckets = buckets
+        #: per bucket: its flat wire buffer
+        self.buffers = [torch.zeros(b.numel, dtype=dtype, device=device) for b in buckets]
+        #: per bucket: views of its buffer shaped like its parameters, or None (pack/unpack path)
+        self.views: list[list[torch.Tensor] | None] = [
+            [buf[o : o + p.numel()].view_as(p) for o, p in zip(b.offsets, b.params)]
+            if grad_views and all(p.dtype == dtype for p in b.params)
+            else None
+            for b, buf in zip(buckets, self.buffers)
+        ]
+        # zero gradients standing in for parameters unused this step (pack path), made once
+        self._zeros: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for b, views in zip(buckets, self.views):
+                for p, v in zip(b.params, views or ()):
+                    if p.grad is not None:
+                        v.copy_(p.grad)
+                    p.grad = v
+
+    @property
+    def any_views(self) -> bool:
+        """Some gradients live in the buffers (``zero_grad`` must then keep them there)."""
+        return any(v is not None for v in self.views)
+
+    @property
+    def extra_bytes(self) -> int:
+        """Memory beyond the gradients: buffers that hold the gradients themselves are not."""
+        return sum(
+            b.numel() * b.element_size() for b, v in zip(self.buffers, self.views) if v is None
+        )
+
+    def _grads(self, bucket: Bucket, create: bool) -> list[torch.Tensor]:
+        out = []
+        for name, p in zip(bucket.names, bucket.params):
+            g = p.grad
+            if g is None:
+                if create:  # unpack target for a parameter unused here: it receives the average
+                    p.grad = g = torch.zeros_like(p)
+                else:
+                    g = self._zeros.get(id(p))
+                    if g is None:
+                        g = self._zeros[id(p)] = torch.zeros_like(p)
+            elif not g.is_contiguous():
+                raise ValueError(
+                    f"commrt: .grad of parameter {name} is not contiguous; "
+                    f"GradientSync packs gradients in place and needs contiguous ones"
+                )
+            out.append(g)
+        return out
+
+    def pack(self, b: int, scale: float) -> None:
+        """Bring bucket ``b``'s gradients into its buffer, times ``scale``."""
+        views = self.views[b]
+        if views is None:
+            pack(self._grads(self.buckets[b], create=False), self.buffers[b], scale=scale)
+            return
+        # Gradients normally already sit in the buffer (autograd accumulated
+        # into the views, and hands back the same tensor object: one identity
+        # test per parameter); bring in any that were set to None or replaced.
+        for p, v in zip(self.buckets[b].params, views):
+            g = p.grad
+            if g is v:
+                continue
+            if g is None:
+                v.zero_()
+            elif g.data_ptr() != v.data_ptr():
+                v.copy_(g)
+        if scale != 1.0:
+            self.buffers[b].mul_(scale)
+
+    def unpack(self, b: int) -> None:
+        """Make bucket ``b``'s ``.grad`` hold what its buffer holds."""
+        views = self.views[b]
+        if views is None:
+            unpack(self.buffers[b], self._grads(self.buckets[b], create=True))
+            return
+        for p, v in zip(self.buckets[b].params, views):
+            g = p.grad
+            if g is not v and (g is None or g.data_ptr() != v.data_ptr()):
+                p.grad = v

@@ -1,0 +1,47 @@
+"""Message tags: every user of the transport takes its tags from one registry.
+
+MPI and gloo match a receive to a send by (peer, tag) and keep FIFO order
+per tag, so two kinds of traffic between the same pair of ranks must never
+share a tag. Each kind owns a range here, and a test checks that the
+ranges stay apart (they used to stay apart only because comments said so).
+
+====================  ==========================================
+executor              schedule step × 1024 + piece, below 2**28
+gossip shuffle        2**28 + epoch mod 2**20
+backup catch-up       one tag, above both
+call check            one tag, after catch-up's
+====================  ==========================================
+"""
+
+from __future__ import annotations
+
+#: tags per schedule step: step * PIECE_TAGS + piece
+PIECE_TAGS = 1024
+#: the executor's tags stay below this
+EXECUTOR_END = 1 << 28
+#: first tag of the gossip shuffle's swaps
+SHUFFLE_BASE = EXECUTOR_END
+#: the shuffle cycles through this many epochs' tags
+SHUFFLE_EPOCHS = 1 << 20
+#: the backup workers' catch-up snapshots
+CATCHUP = 0x3FFFFF00
+#: the collectives' cross-rank check of a call signature (commrt.collectives)
+CALL_CHECK = CATCHUP + 1
+
+#: every range, [start, stop), by owner
+RANGES = {
+    "executor": (0, EXECUTOR_END),
+    "shuffle": (SHUFFLE_BASE, SHUFFLE_BASE + SHUFFLE_EPOCHS),
+    "catch-up": (CATCHUP, CATCHUP + 1),
+    "call check": (CALL_CHECK, CALL_CHECK + 1),
+}
+
+
+def executor(step: int, piece: int = 0) -> int:
+    """The tag of ``piece`` in schedule step ``step``."""
+    return step * PIECE_TAGS + piece
+
+
+def shuffle(epoch: int) -> int:
+    """The tag of the gossip shuffle's swap in ``epoch``."""
+    return SHUFFLE_BASE + epoch % SHUFFLE_EPOCHS

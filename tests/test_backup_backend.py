@@ -1,0 +1,59 @@
+"""Backup workers and the default backend: the mpich wheel ends every rank when one
+dies, so ``commrt train --algorithm backup`` picks gloo on ``--backend auto`` (and says
+so), and refuses ``--backend mpi`` with ``--kill`` (issue 23)."""
+
+import pytest
+
+from commrt.cli import commands, main
+from commrt.cli import launch as launcher
+
+BACKUP = ["train", "--nproc", "4", "--algorithm", "backup", "--backups", "1"]
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """Calls to the launcher, recorded instead of starting ranks; MPI looks installed."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "WORLD_SIZE", launcher.CHILD_ENV):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(commands, "default_backend", lambda: "mpi")
+    calls = []
+
+    def fake_launch(argv, nproc, **kw):
+        calls.append((list(argv), nproc, kw))
+        return 0
+
+    monkeypatch.setattr(launcher, "launch", fake_launch)
+    return calls
+
+
+def test_auto_backend_runs_backup_workers_over_gloo(launched, capsys):
+    assert main([*BACKUP, "--kill", "3:20"]) == 0
+    out = capsys.readouterr().out
+    assert "backup workers run over gloo: MPI ends every rank when one dies" in out
+    assert "starting 4 ranks (gloo)" in out
+    ((argv, nproc, kw),) = launched
+    assert argv[-2:] == ["--backend", "gloo"] and nproc == 4
+    assert kw["use_mpiexec"] is False and kw["tolerate"] == 1 and kw["host_store"] is True
+
+
+def test_auto_backend_without_backups_keeps_mpi(launched, capsys):
+    assert main(["train", "--nproc", "4", "--algorithm", "ring"]) == 0
+    out = capsys.readouterr().out
+    assert "over gloo" not in out and "starting 4 ranks (mpi)" in out
+    assert launched[0][2]["use_mpiexec"] is True
+
+
+def test_mpi_backend_with_kill_is_refused(launched, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*BACKUP, "--kill", "3:20", "--backend", "mpi"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "commrt train: error:" in err
+    assert "MPI ends every rank when one dies" in err and "--backend gloo" in err
+    assert not launched
+
+
+def test_explicit_gloo_with_kill_is_accepted(launched, capsys):
+    assert main([*BACKUP, "--kill", "3:20", "--backend", "gloo"]) == 0
+    assert "over gloo:" not in capsys.readouterr().out  # asked for, nothing to explain
+    assert launched[0][0][-2:] == ["--backend", "gloo"]

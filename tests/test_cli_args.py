@@ -1,0 +1,232 @@
+"""Careless arguments get one clear line from the parser (exit 2), never a traceback, a
+hang or advice that fails next: stragglers, batches that do not split, --version, bare
+subcommands, unknown algorithms, negative ranks; and what the summary and headers say.
+All in this process, no ranks started."""
+
+import importlib.util
+import pathlib
+import types
+
+import pytest
+
+import commrt
+from commrt.cli import main
+from commrt.cli.commands import build_parser, check_train
+from commrt.cli.train_args import nearest_multiple
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _not_launched(monkeypatch):
+    """These run as the user's own command, not as a rank some launcher started."""
+    for k in ("COMMRT_LAUNCHED", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "RANK"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def _error(argv, capsys) -> str:
+    """The one error line main(argv) exits 2 with."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ": error: " in ln]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]
+
+
+def _options(argv, capsys=None):
+    args = build_parser().parse_args(argv)
+    return check_train(args.parser, args)
+
+
+# ------------------------------------------------------------------- 1. --straggler
+
+
+@pytest.mark.parametrize(
+    "spec,says",
+    [
+        ("1:inf", "SECONDS must be a finite number, got inf"),
+        ("0:nan", "SECONDS must be a finite number, got nan"),
+        ("exp:inf", "MEAN must be a finite number"),
+        ("exp:1e9", "cannot finish within --timeout 300 s"),
+        ("1:300", "cannot finish within --timeout 300 s"),
+        ("foo", "unknown kind 'foo'"),
+        ("lognormal:0.01:-1", "SIGMA (the spread) must be above 0, got -1"),
+        ("lognormal:0.01:0", "SIGMA (the spread) must be above 0, got 0"),
+        ("pareto:0.01:1", "shape must be above 1"),
+        ("1:-0.5", "must be non-negative seconds"),
+        ("exp:0.01:2", "use exp:MEAN"),
+    ],
+)
+def test_straggler_mistakes_name_the_value_and_why(spec, says, capsys):
+    line = _error(["train", "--straggler", spec], capsys)
+    assert line.startswith("commrt train: error:") and "--straggler" in line
+    assert says in line, line
+
+
+def test_an_unknown_straggler_kind_lists_the_kinds(capsys):
+    line = _error(["train", "--straggler", "foo"], capsys)
+    assert "exp, pareto, lognormal" in line and "non-negative" not in line
+
+
+def test_a_bad_sigma_does_not_blame_the_seconds(capsys):
+    line = _error(["train", "--straggler", "lognormal:0.01:-1"], capsys)
+    assert "SIGMA" in line and "seconds" not in line.split("SIGMA")[1]
+
+
+def test_a_straggler_delay_is_measured_against_the_timeout_given(capsys):
+    line = _error(["train", "--timeout", "10", "--straggler", "pareto:20"], capsys)
+    assert "mean delay of 20 s" in line and "--timeout 10 s" in line
+    assert _options(["train", "--timeout", "60", "--straggler", "pareto:20"]).straggler
+
+
+def test_a_timeout_must_be_finite_and_positive(capsys):
+    for bad in ("inf", "nan", "0", "-1"):
+        assert "--timeout" in _error(["train", "--timeout", bad], capsys)
+
+
+# ------------------------------------------------------ 2. batches that do not split
+
+
+def test_nearest_multiple():
+    assert [nearest_multiple(64, p) for p in (1, 2, 3, 5, 6, 7, 100)] == [
+        64,
+        64,
+        63,
+        65,
+        66,
+        63,
+        100,
+    ]
+
+
+def test_a_default_batch_that_does_not_split_becomes_the_nearest_that_does(capsys):
+    opts = _options(["train", "--nproc", "3"])
+    assert opts.batch_schedule.batch_size(0) == 63
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and "global batch 63 (21 per rank)" in out[0], out
+    assert "--batch-size" in out[0]
+
+
+def test_the_gossip_advice_works_when_followed(capsys):
+    line = _error(["train", "--nproc", "3", "--algorithm", "gossip"], capsys)
+    assert "--gossip-topology dissemination" in line
+    # ... and following it trains: the default batch adapts to 3 ranks
+    opts = _options(
+        ["train", "--nproc", "3", "--algorithm", "gossip", "--gossip-topology", "dissemination"]
+    )
+    assert opts.batch_schedule.batch_size(0) % 3 == 0
+
+
+def test_the_gossip_error_advises_both_flags_when_both_are_needed(capsys):
+    line = _error(["train", "--nproc", "3", "--algorithm", "gossip", "--batch-size", "64"], capsys)
+    assert "--gossip-topology dissemination" in line and "--batch-size 63" in line
+
+
+@pytest.mark.parametrize(
+    "argv,advice",
+    [
+        (["--nproc", "3", "--batch-size", "64"], "--batch-size 63"),
+        (["--nproc", "5", "--batch-size", "64"], "--batch-size 65"),
+        (["--nproc", "3", "--batch-schedule", "0:32,3:64"], "--batch-schedule 0:33,3:63"),
+    ],
+)
+def test_a_batch_the_user_gave_that_does_not_split_gets_one_that_does(argv, advice, capsys):
+    line = _error(["train", *argv], capsys)
+    assert advice in line, line
+    # and the advice passes
+    fixed = argv[:2] + advice.split()
+    assert _options(["train", *fixed]).batch_schedule is not None
+
+
+# -------------------------------------------------- 3. --version, bare subcommands
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"commrt {commrt.__version__}" == "commrt 0.1.0"
+
+
+@pytest.mark.parametrize("command,names", [("bench", "allreduce, kernels"), ("trace", "merge")])
+def test_a_bare_command_names_its_subcommands_and_shows_its_usage(command, names, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([command])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: commrt {command}" in err and f"commrt {command}: error:" in err
+    assert names in err and "arguments are required" not in err, err
+
+
+def test_bare_commrt_names_the_commands(capsys):
+    line = _error([], capsys)
+    assert all(c in line for c in ("bench", "train", "trace", "simulate")), line
+
+
+# ------------------------------------------------------------ 4. --algorithm foo
+
+
+def test_an_unknown_algorithm_lists_what_the_flag_takes(capsys):
+    from commrt.algorithms import NAMES
+
+    line = _error(["train", "--algorithm", "foo"], capsys)
+    assert "unknown algorithm 'foo'" in line and "--algorithm" in line
+    assert all(n in line for n in (*NAMES, "gossip", "backup")), line
+    assert "instance" not in line and "commrt.algorithms" not in line
+
+
+def test_bench_algorithms_lists_only_all_reduces(capsys):
+    line = _error(["bench", "allreduce", "--algorithms", "nope"], capsys)
+    assert "ring" in line and "torus2d" in line and "gossip" not in line
+
+
+# ---------------------------------------------------------------- 5. --kill -1:5
+
+
+@pytest.mark.parametrize("argv", [["--kill", "-1:5"], ["--kill=-1:5"]])
+def test_a_negative_kill_rank_gets_the_range_message(argv, capsys):
+    line = _error(["train", *argv], capsys)
+    assert "--kill -1:5: the rank must be in 0..1" in line
+    assert "expected one argument" not in line
+
+
+def test_a_negative_straggler_rank_gets_the_range_message(capsys):
+    assert "outside 0..1" in _error(["train", "--straggler", "-1:0.5"], capsys)
+
+
+def test_a_good_kill_still_parses():
+    assert _options(["train", "--kill", "1:5"]).kill == (1, 5)
+
+
+# ------------------------------------------------------- 6. one rank, in-process
+
+
+def test_one_rank_says_it_ran_in_this_process():
+    from commrt.cli.train_output import _ranks_row
+
+    one = types.SimpleNamespace(world_size=1, backend=types.SimpleNamespace(value="mpi"))
+    two = types.SimpleNamespace(world_size=2, backend=types.SimpleNamespace(value="gloo"))
+    assert "in this process" in _ranks_row(one) and "mpi" not in _ranks_row(one)
+    assert _ranks_row(two) == "2 × gloo"
+
+
+# -------------------------------------------------------- 7. headers and tables
+
+
+def test_the_schedule_header_says_each_name_once():
+    from commrt.algorithms import Gossip, Ring
+
+    assert Gossip().schedule(4).table().splitlines()[0].startswith("gossip · 4 ranks")
+    assert Ring().schedule(4).table().splitlines()[0].startswith("ring all_reduce · 4 ranks")
+
+
+def test_the_kernel_bench_summary_keeps_names_apart():
+    spec = importlib.util.spec_from_file_location(
+        "bench_kernels_for_test", REPO / "bench" / "bench_kernels.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    head = ["device", "layout", "size", *mod.OPS]
+    assert mod.summary_line(head).split() == head
