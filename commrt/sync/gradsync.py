@@ -230,7 +230,6 @@ class GradientSync:
         (1, except for families that may apply none or several, such as
         a late worker catching up)."""
         self.wait()
-        t0, us0 = self._recorder.now()
         applied = self.policy.apply(optimizer)
         self._updates += applied
         if self.broadcast_buffers:
@@ -238,7 +237,7 @@ class GradientSync:
         if zero_grad:
             # gradients that live in bucket buffers are zeroed in place, so they stay there
             optimizer.zero_grad(set_to_none=not self.io.any_views)
-        self._recorder.optimized(t0, us0)
+        self._recorder.optimized()
         return applied
 
     @property

@@ -62,8 +62,13 @@ class StepRecorder:
             )
         self.step_start_us = now_us
 
-    def optimized(self, t0: float, us0: float) -> None:
-        """The optimizer ran from ``t0`` (``us0``) until now: it ends the step."""
+    def optimized(self) -> None:
+        """The optimizer ran from the end of the wait until now: it ends the step.
+
+        It starts where the wait's span ended, not at a fresh clock reading, so
+        the phases tile the loop exactly: whatever ran between the two (the step
+        state's reset, a GIL hand-off to another thread) is not a gap."""
+        t0, us0 = self.step_start, self.step_start_us
         t1 = time.perf_counter()
         last = self.stats.last
         last.optimizer_s = t1 - t0
