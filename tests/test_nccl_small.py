@@ -156,6 +156,55 @@ def test_a_restarted_torchrun_attempt_never_reads_a_dead_attempts_id(monkeypatch
     assert got == {0: b"\3" * 128, 1: b"\3" * 128}
 
 
+def test_rank_0_keeps_the_store_it_hosts_until_the_communicator_exists(monkeypatch):
+    """A store rank 0 hosts lives until the (collective) communicator creation returns.
+
+    Rank 1 reads the id late, as a slower process does. When rank 0 dropped its store
+    right after publishing, rank 1's read failed and rank 1 exited, while rank 0 waited
+    in the collective creation forever (CI hung in test_allreduce_mp this way)."""
+    import torch.distributed as dist
+
+    from commrt.transports import nccl_bootstrap
+
+    both_in = threading.Barrier(2, timeout=20)
+
+    class CollectiveTransport:  # creating a communicator waits for every rank, as NCCL's does
+        def __init__(self, rank, world_size, uid, device, nccl):
+            self.uid = uid
+            both_in.wait()
+
+    monkeypatch.setattr(nccl_bootstrap, "NcclTransport", CollectiveTransport)
+    fake = types.SimpleNamespace(get_unique_id=lambda: b"\7" * 128)
+    td = datetime.timedelta(seconds=5)
+    port: list[int] = []
+    got: dict = {}
+
+    def host():
+        store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=td, wait_for_workers=False)
+        port.append(store.port)
+        return store
+
+    def late_client():
+        time.sleep(0.5)  # rank 0 has published and returned from the exchange by now
+        return dist.TCPStore("127.0.0.1", port[0], 2, False, timeout=td)
+
+    def rank(r, make_store):
+        try:
+            got[r] = nccl_bootstrap.init_nccl(r, 2, r, "cpu", fake, make_store=make_store).uid
+        except Exception as e:  # noqa: BLE001 - the test reports what each rank saw
+            got[r] = e
+
+    threads = [
+        threading.Thread(target=rank, args=(0, host), daemon=True),
+        threading.Thread(target=rank, args=(1, late_client), daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert got == {0: b"\7" * 128, 1: b"\7" * 128}, got
+
+
 # -- item 4: device="cuda" without an index
 
 

@@ -89,6 +89,12 @@ def init_nccl(
     uid = uid_bytes(nccl.get_unique_id()) if rank == 0 else None
     if mpi_world is not None:
         uid = mpi_world.bcast(uid, root=0)
-    else:
-        uid = exchange_unique_id(make_store(), rank, uid)
-    return NcclTransport(rank, world_size, uid, device, nccl=nccl)
+        return NcclTransport(rank, world_size, uid, device, nccl=nccl)
+    # Rank 0 may host the store: it must outlive the exchange until the communicator
+    # exists. Creating it is collective, so by then every rank has read the id; a store
+    # dropped right after rank 0 published cut off a rank that was still reading.
+    store = make_store()
+    uid = exchange_unique_id(store, rank, uid)
+    transport = NcclTransport(rank, world_size, uid, device, nccl=nccl)
+    del store
+    return transport
