@@ -249,9 +249,11 @@ def test_train_output_fits_an_80_column_terminal(backend):
             assert len(frame.rstrip()) <= 80, repr(frame)
     summary_at = next(i for i, ln in enumerate(lines) if "commrt train summary" in ln) - 1
     progress = [ln for ln in lines[1:summary_at] if ln.strip("\r ")]
-    assert 1 <= len(progress) <= epochs, (
-        progress
-    )  # one bar on a terminal; a line per epoch under mpiexec
+    # a line per epoch, each once; on a terminal (gloo) the bar stays below them as well
+    done = [p.split("\r")[-1] for p in progress if p.split("\r")[-1].startswith("epoch ")]
+    assert [d.split()[1] for d in done] == [f"{e}/{epochs}" for e in range(1, epochs + 1)], progress
+    assert len(progress) == epochs + (backend == "gloo"), progress
+    assert lines[-2].startswith("commrt train: done "), lines[-3:]
     assert float(_summary(out.replace("\r", ""))["final test accuracy"]) > 0.5
 
 

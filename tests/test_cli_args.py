@@ -106,7 +106,7 @@ def test_a_default_batch_that_does_not_split_becomes_the_nearest_that_does(capsy
     assert opts.batch_schedule.batch_size(0) == 63
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and "global batch 63 (21 per rank)" in out[0], out
-    assert "--batch-size" in out[0]
+    assert "--batch-size" in out[0] and len(out[0]) <= 80, out[0]
 
 
 def test_the_gossip_advice_works_when_followed(capsys):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 from typing import Sequence
 
 import torch
@@ -235,7 +236,11 @@ def _add_train(sub) -> None:
         help="fault injection: rank RANK kills itself (SIGKILL) before step STEP; with "
         "--algorithm backup the others carry on",
     )
-    tr.add_argument("--trace", metavar="OUT.json", help="write a merged Chrome trace of all ranks")
+    tr.add_argument(
+        "--trace",
+        metavar="OUT.json",
+        help="write a merged Chrome trace of all ranks (for example out/trace.json)",
+    )
     tr.add_argument("--lr", type=float, default=0.05)
     tr.add_argument(
         "--bucket-mb", type=float, default=0.1, help="bucket cap (the model is ~85K parameters)"
@@ -312,13 +317,17 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
         print(f"starting {args.nproc} ranks ({backend})…", flush=True)
         # backup workers: the launcher hosts the control store (so any worker may die) and
         # lets up to b workers die without stopping the others
-        return launcher.launch(
+        code = launcher.launch(
             child,
             args.nproc,
             use_mpiexec=backend == "mpi",
             host_store=backups is not None,
             tolerate=backups or 0,
         )
+        if code == 0 and options is not None:  # the summary's times end before shut-down
+            took = time.time() - launcher.launched_at()
+            print(f"commrt train: done {took:.2f} s after the launch (shut-down included)")
+        return code
     if options is not None:
         return args.run(dataclasses.replace(options, backend=backend))
     return args.run(argparse.Namespace(**{**vars(args), "backend": backend}))

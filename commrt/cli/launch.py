@@ -34,6 +34,31 @@ from typing import Sequence
 
 #: set in the children so they know not to launch again
 CHILD_ENV = "COMMRT_LAUNCHED"
+#: when the launcher started (time.time() seconds), so that a rank can say how long
+#: the start-up took from the user's point of view
+LAUNCHED_AT_ENV = "COMMRT_LAUNCHED_AT"
+
+
+def process_started_at() -> float:
+    """When this process started, in ``time.time()`` seconds (Linux reads /proc: the
+    seconds spent importing torch count; elsewhere, now)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
+def launched_at() -> float:
+    """When this job was launched: the launcher's start, handed down in the environment,
+    else this process's own start."""
+    try:
+        return float(os.environ[LAUNCHED_AT_ENV])
+    except (KeyError, ValueError):
+        return process_started_at()
 
 
 def already_launched() -> bool:
@@ -88,6 +113,7 @@ def launch(
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     cmd = [sys.executable, "-m", "commrt", *argv]
     env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
+    env.setdefault(LAUNCHED_AT_ENV, repr(process_started_at()))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     # every rank is on this machine: keep gloo's sockets on loopback too (it would bind to
     # the address of the host name otherwise); the stores listen on 127.0.0.1 (store.serve)

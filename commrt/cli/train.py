@@ -31,6 +31,8 @@ import torch
 import commrt
 from commrt import sim
 from commrt.algorithms import Algorithm, Gossip
+from commrt.cli.launch import launched_at
+from commrt.cli.traces import merge_rank_traces, save_rank_trace
 from commrt.cli.train_output import Progress, epoch_line, render_summary, step_line, summary_rows
 from commrt.recipe import BatchSizeSchedule
 from commrt.sync.report import SyncReport
@@ -327,13 +329,16 @@ def gradient_sync(s: Setup) -> commrt.GradientSync:
 class Outcome:
     """What training produced on this rank."""
 
-    accuracy: float = 0.0
+    #: the last evaluation's test accuracy (None before the first)
+    accuracy: float | None = None
     samples: int = 0
     wall_s: float = 0.0
     #: per epoch, how far apart the models were when averaged (families whose models drift)
     disagreements: list[float] = field(default_factory=list)
     #: local steps taken (stragglers and --kill count them)
     step_no: int = 0
+    #: seconds from the launch to the first step: processes, imports, init, set-up
+    startup_s: float = 0.0
 
 
 def _done(sync: commrt.GradientSync, traits: SyncReport, total_steps: int) -> bool:
@@ -366,19 +371,22 @@ def _epoch(
         # at their own pace ranks count global steps (a late rank catches up several)
         bar.update(
             applied if traits.ranks_may_fail else 1,
-            step_line(epoch, opts.epochs, losses[-1], out.accuracy, rate, comm_share),
+            step_line(epoch, opts.epochs, losses[-1], rate, comm_share),
         )
         if _done(sync, traits, s.total_steps):
             break
     return losses
 
 
-def train(s: Setup, sync: commrt.GradientSync) -> Outcome:
-    """Every epoch: its steps, then (models that drift) exact averaging, then evaluation."""
+def train(s: Setup, sync: commrt.GradientSync, bar: Progress) -> Outcome:
+    """Every epoch: its steps, then (models that drift) exact averaging, then evaluation.
+
+    Each epoch ends with its line, the last one too (a family whose ranks stop at the
+    planned global step may stop inside an epoch), so the last line shows the last
+    evaluation."""
     opts, comm = s.opts, s.comm
     traits = sync.report()
-    bar = Progress(s.total_steps, enabled=comm.rank == 0 and not opts.quiet)
-    out = Outcome()
+    out = Outcome(startup_s=max(0.0, time.time() - launched_at()))
     t_start = time.perf_counter()
     for epoch in range(opts.epochs):
         gb = opts.batch_schedule.batch_size(epoch)
@@ -393,37 +401,15 @@ def train(s: Setup, sync: commrt.GradientSync) -> Outcome:
         if traits.models_drift:
             out.disagreements.append(commrt.average_parameters(s.model, comm, s.optimizer))
         out.accuracy = evaluate(s.model, s.data, comm, local=traits.ranks_may_fail)
+        epoch_rate = len(losses) * gb / max(time.perf_counter() - t_epoch, 1e-9)
+        bar.line(
+            epoch_line(epoch, opts.epochs, losses, out.accuracy, out.disagreements, epoch_rate, gb)
+        )
         if _done(sync, traits, s.total_steps):
             break
-        epoch_rate = len(losses) * gb / max(time.perf_counter() - t_epoch, 1e-9)
-        bar.update(
-            0,
-            epoch_line(epoch, opts.epochs, losses, out.accuracy, out.disagreements, epoch_rate, gb),
-            epoch_end=True,
-        )
     bar.close()
     out.wall_s = time.perf_counter() - t_start
     return out
-
-
-def _trace_dir(trace: str) -> str:
-    return os.path.splitext(trace)[0] + ".ranks"
-
-
-def save_rank_trace(opts: TrainOptions, sync: commrt.GradientSync, rank: int) -> None:
-    if opts.trace:
-        os.makedirs(_trace_dir(opts.trace), exist_ok=True)
-        sync.save_trace(os.path.join(_trace_dir(opts.trace), f"rank{rank}.json"))
-
-
-def merge_rank_traces(opts: TrainOptions, comm) -> str | None:
-    """Rank 0 merges the ranks' traces (those that were written) into ``--trace``."""
-    if not (opts.trace and comm.rank == 0):
-        return None
-    from commrt.trace import merge_traces
-
-    paths = [os.path.join(_trace_dir(opts.trace), f"rank{r}.json") for r in range(comm.world_size)]
-    return merge_traces([p for p in paths if os.path.exists(p)], opts.trace)
 
 
 # ------------------------------------------------------------------- run
@@ -433,15 +419,22 @@ def run(opts: TrainOptions) -> int:
     """One rank of ``commrt train`` (the CLI launches the ranks)."""
     comm = commrt.init(opts.backend, timeout=opts.timeout)
     s = set_up(opts, comm)
+    bar = Progress(s.total_steps, enabled=comm.rank == 0 and not opts.quiet)
     with gradient_sync(s) as sync:
-        out = train(s, sync)
-        save_rank_trace(opts, sync, comm.rank)
+        out = train(s, sync, bar)
+        save_rank_trace(opts.trace, sync, comm.rank)
+        if sync.report().closing:  # say what the pause before the summary is
+            bar.line(sync.report().closing)
     report = sync.report()
     if report.ranks_may_fail:  # close() drained: every live rank holds the final state
         out.accuracy = evaluate(s.model, s.data, comm, local=True)
+        bar.line(
+            f"closed: every live rank holds global step {report.global_step}; "
+            f"test accuracy {out.accuracy:.4f}"
+        )
     else:
         comm.barrier()
-    trace_path = merge_rank_traces(opts, comm)
+    trace_path = merge_rank_traces(opts.trace, comm)
     phases = Phases.of(sync.stats, out.wall_s, comm, average=not report.ranks_may_fail)
     if comm.rank == 0:
         rows = summary_rows(opts, comm, out, phases, report, trace_path)

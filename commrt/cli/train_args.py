@@ -160,8 +160,8 @@ def _train_batches(
         # the launcher says it once; its ranks (and mpiexec's other ranks) stay quiet
         if announce and not os.environ.get(launcher.CHILD_ENV):
             print(
-                f"global batch {base} ({base // nproc} per rank): the default "
-                f"{DEFAULT_BATCH} does not split over {nproc} ranks; pass --batch-size to choose",
+                f"global batch {base} ({base // nproc} per rank): {DEFAULT_BATCH} does not "
+                f"split over {nproc} ranks (--batch-size)",
                 flush=True,
             )
     try:

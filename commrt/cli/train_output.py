@@ -20,9 +20,9 @@ class Progress:
 
     On a terminal the bar is one line, redrawn in place and cut to the
     terminal's width (read again on every update, so resizing works), so
-    nothing wraps.
+    nothing wraps; each finished epoch's line is written above it and stays.
     Piped output (mpiexec, a log file, CI) gets no carriage returns: just
-    the line of each finished epoch.
+    the line of each finished epoch, and the notes.
     """
 
     def __init__(self, total: int, enabled: bool, stream=None):
@@ -52,15 +52,22 @@ class Progress:
             cols = 0
         return cols if cols > 0 else 80
 
-    def update(self, n: int, text: str, epoch_end: bool = False) -> None:
+    def update(self, n: int, text: str) -> None:
+        """``n`` more steps done; ``text`` describes the latest (the bar's tail)."""
         if self.bar is not None:
             # never the last column: some terminals wrap there
             self.bar.ncols = self._columns() - 1
             self.bar.set_description_str(text, refresh=False)
             self.bar.update(n)
-            if epoch_end:
-                self.bar.refresh()
-        elif self.enabled and epoch_end:
+
+    def line(self, text: str) -> None:
+        """A line that stays (an epoch's result, a note), above the bar on a terminal.
+
+        The bar keeps its own description, so its width does not jump when a
+        longer epoch line comes and goes."""
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        elif self.enabled:
             self.stream.write(text + "\n")
             self.stream.flush()
 
@@ -70,13 +77,10 @@ class Progress:
             self.bar = None
 
 
-def step_line(
-    epoch: int, epochs: int, loss: float, acc: float, rate: float, comm_share: float
-) -> str:
-    return (
-        f"epoch {epoch + 1}/{epochs} loss {loss:.3f} acc {acc:.3f} "
-        f"{rate:,.0f} samples/s comm {comm_share:.0%}"
-    )
+def step_line(epoch: int, epochs: int, loss: float, rate: float, comm_share: float) -> str:
+    """The bar's tail. No accuracy: that is the epoch lines' (an evaluation's), and a bar
+    that carried the previous one (or 0.000 before the first) disagreed with them."""
+    return f"epoch {epoch + 1}/{epochs} loss {loss:.3f} {rate:,.0f} samples/s comm {comm_share:.0%}"
 
 
 def epoch_line(
@@ -121,7 +125,8 @@ def summary_rows(
     share = lambda x: f"{x / ph.step_s:6.1%}" if ph.step_s > 0 else "   n/a"  # noqa: E731
     rows = [
         ("final test accuracy", f"{out.accuracy:.4f}"),
-        ("wall time", f"{ph.wall_s:.2f} s"),
+        ("start-up", f"{out.startup_s:.2f} s (launch to first step)"),
+        ("training", f"{ph.wall_s:.2f} s (steps and evaluations)"),
         ("throughput", f"{out.samples / ph.wall_s:,.0f} samples/s"),
         ("ranks × backend", _ranks_row(comm)),
         ("algorithm", _algorithm_row(str(opts.algorithm), report.algorithms)),
@@ -145,7 +150,7 @@ def summary_rows(
         ("  unpack", f"{ms(ph.unpack_s)} {share(ph.unpack_s)}"),
         ("  exposed (blocked in wait)", f"{ms(ph.exposed_s)} {share(ph.exposed_s)}"),
         ("bytes sent per step", f"{ph.bytes_sent / 1e3:,.1f} KB per rank"),
-        ("trace", trace_path or "off (use --trace out.json)"),
+        ("trace", trace_path or "off (use --trace out/trace.json)"),
     ]
 
 

@@ -107,6 +107,9 @@ class Policy(abc.ABC):
     ranks_may_fail: bool = False
     #: the ranks' models differ between consensus points (average_parameters agrees them)
     models_drift: bool = False
+    #: what ``close()`` does that may take a while, for a tool to say before it calls it
+    #: ("" when it returns at once)
+    closing: str = ""
 
     def __init__(self, algorithm):
         self.algorithm = algorithm

@@ -39,6 +39,8 @@ class SyncReport:
     missing_ranks: tuple[int, ...] = ()
     #: the family's own (label, value) rows for a summary table
     rows: tuple[tuple[str, str], ...] = ()
+    #: what ``close()`` does that may take a while ("" when it returns at once)
+    closing: str = ""
 
     @classmethod
     def of(cls, policy, algorithms: tuple[str, ...], global_step: int) -> "SyncReport":
@@ -51,6 +53,7 @@ class SyncReport:
             models_drift=policy.models_drift,
             missing_ranks=tuple(policy.missing_ranks),
             rows=tuple(policy.summary()),
+            closing=policy.closing,
         )
 
     def table(self) -> list[tuple[str, str]]:
@@ -63,6 +66,10 @@ class SyncReport:
         ]
 
     def __str__(self) -> str:
-        rows = self.table()
-        w = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)
+        return render_rows(self.table())
+
+
+def render_rows(rows: list[tuple[str, str]]) -> str:
+    """(label, value) rows as two aligned columns."""
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(w)}  {v}" for k, v in rows)

@@ -23,6 +23,7 @@ from commrt.sync.backup.catchup import CatchUp, span
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import Liveness
 from commrt.sync.policy import Policy, SyncContext
+from commrt.sync.report import render_rows
 
 
 @dataclass
@@ -55,7 +56,30 @@ class BackupReport:
             ("global steps", f"{self.global_step}"),
             ("dropped gradients", dropped),
             ("missing ranks", ", ".join(map(str, self.missing)) or "none"),
+            ("drain at close", f"{self.drain_s:.2f} s"),
         ]
+
+    def __str__(self) -> str:
+        return render_rows(self.rows())
+
+    @classmethod
+    def of(
+        cls, policy: "BackupPolicy", fins: dict[int, dict], missing, drain_s: float = 0.0
+    ) -> "BackupReport":
+        """``policy``'s report, with what ranks that reached the end said (``fins``)."""
+        per_rank = sorted(fins.items())
+        return cls(
+            policy.rank,
+            policy.p,
+            policy.algorithm.backups,
+            policy.held,
+            policy.final,
+            {r: f["dropped"] for r, f in per_rank},
+            {r: f["updates"] for r, f in per_rank},
+            tuple(sorted(missing)),
+            policy.catchup.served,
+            drain_s,
+        )
 
 
 class BackupPolicy(Policy):
@@ -66,6 +90,8 @@ class BackupPolicy(Policy):
 
     def __init__(self, algorithm):
         super().__init__(algorithm)
+        silent = f"≤ {algorithm.dead_after_s:g} s for silent ones"
+        self.closing = f"draining: live ranks agree on the last global step ({silent})"
         # ---- options
         #: start catch-up sends only once the late rank has posted its receive (stream-ordered
         #: transports need this; None: decided by the transport at setup; tests set it to run
@@ -260,7 +286,7 @@ class BackupPolicy(Policy):
             self._serve, self.liveness, self.catchup, {self.rank: self._counts()}, others, deadline
         )
         missing = tuple(r for r in range(self.p) if r not in fins)
-        self._report = self._report_of(fins, missing, time.monotonic() - start)
+        self._report = BackupReport.of(self, fins, missing, time.monotonic() - start)
         # the store may live in this process: keep it up until every live rank is done with it
         self.liveness.stop()
         self.liveness.say_bye()
@@ -290,24 +316,7 @@ class BackupPolicy(Policy):
         """What happened (complete after ``close()``; before, this rank's numbers only)."""
         if self._report is not None:
             return self._report
-        return self._report_of({self.rank: self._counts()}, tuple(sorted(self.liveness.missing)))
-
-    def _report_of(self, fins: dict[int, dict], missing: tuple, drain_s: float = 0.0):
-        per_rank = sorted(fins.items())
-        dropped = {r: f["dropped"] for r, f in per_rank}
-        updates = {r: f["updates"] for r, f in per_rank}
-        return BackupReport(
-            self.rank,
-            self.p,
-            self.algorithm.backups,
-            self.held,
-            self.final,
-            dropped,
-            updates,
-            missing,
-            self.catchup.served,
-            drain_s,
-        )
+        return BackupReport.of(self, {self.rank: self._counts()}, tuple(self.liveness.missing))
 
 
 def _wait_for_finals(
