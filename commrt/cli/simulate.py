@@ -133,7 +133,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--samples", type=positive_int, default=400, help="sampled steps per point (default 400)"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out-dir", default="sim_out", help="where the PNGs go (default ./sim_out)")
+    p.add_argument(
+        "--out-dir", default="out/sim", help="where the PNGs go (default out/sim, ignored by git)"
+    )
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument(
         "--json", metavar="PATH", help="also write every swept number (unrounded) as JSON"
