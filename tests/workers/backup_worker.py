@@ -15,6 +15,9 @@ Scenarios (each rank writes OUTDIR/<case>_rank<r>.json and .pt):
   step) sleeps an exponential delay; SGD with momentum on an MLP.
 * ``dead``: rank 3 kills itself (SIGKILL) before its backward at step
   ``DIE_AT``; the others record the report, or the error and when it came.
+* ``killclose``: like ``dead`` with the default ``dead_after_s``, but the
+  others close right after step ``DIE_AT`` (while rank 3 is freshly dead);
+  each records when its ``close()`` began and returned.
 * ``ready``: like ``random``, with catch-up sends started only after the
   late rank posted its receive (the path stream-ordered transports take).
 """
@@ -75,6 +78,7 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         "random": RANDOM_STEPS,
         "ready": RANDOM_STEPS,
         "dead": DEAD_STEPS,
+        "killclose": DIE_AT + 1,
     }[case]
     sync = commrt.GradientSync(
         model, comm, algorithm=algorithm, bucket_mb=0.004, first_bucket_mb=0.001
@@ -100,7 +104,9 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
             rec["steps"].append(dict(sync.stats.last.extra, computed_at=g))
             if sync.policy.finished:
                 break  # training ended (another rank closed): nothing left to do
+        rec["close_began"] = time.time()
         sync.close()
+        rec["close_ended"] = time.time()
     except commrt.CommTimeoutError as e:
         rec["error"] = str(e)
         rec["error_at"] = time.time()
@@ -122,7 +128,10 @@ def main(backend, scenario, out, backups=1):
     timeout = 6.0 if scenario == "dead" else 60.0
     comm = commrt.init(backend, timeout=timeout, abort_on_error=False)
     n = comm.world_size - int(backups)
-    alg = BackupWorkers(backups=int(backups), dead_after_s=2.0 if scenario == "dead" else 10.0)
+    if scenario == "killclose":
+        alg = BackupWorkers(backups=int(backups))  # the default dead_after_s
+    else:
+        alg = BackupWorkers(backups=int(backups), dead_after_s=2.0 if scenario == "dead" else 10.0)
 
     def linear_backward(model, r, g, it):
         loss = sum((p * t).sum() for p, t in zip(model.parameters(), targets(model, r, g, n)))
@@ -162,10 +171,10 @@ def main(backend, scenario, out, backups=1):
         )
     elif scenario in ("random", "ready"):
         run_case(comm, scenario, out, alg, momentum, mlp(), data_backward, random_delay)
-    elif scenario == "dead":
+    elif scenario in ("dead", "killclose"):
         run_case(
             comm,
-            "dead",
+            scenario,
             out,
             alg,
             momentum,
@@ -176,7 +185,7 @@ def main(backend, scenario, out, backups=1):
         )
     else:
         raise SystemExit(f"unknown scenario {scenario}")
-    if scenario != "dead":
+    if scenario not in ("dead", "killclose"):
         comm.close()
 
 

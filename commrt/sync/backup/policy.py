@@ -46,6 +46,24 @@ class BackupReport:
     #: seconds ``close()`` spent ending training and waiting for the others to hold the end
     drain_s: float = 0.0
 
+    @classmethod
+    def of(cls, policy, fins: dict[int, dict], missing: tuple, drain_s: float = 0.0):
+        """The report of ``policy`` given the final records ``fins`` of the ranks that hold
+        the end (``{rank: {"dropped": .., "updates": ..}}``) and the ranks that never did."""
+        per_rank = sorted(fins.items())
+        return cls(
+            policy.rank,
+            policy.p,
+            policy.algorithm.backups,
+            policy.held,
+            policy.final,
+            {r: f["dropped"] for r, f in per_rank},
+            {r: f["updates"] for r, f in per_rank},
+            missing,
+            policy.catchup.served,
+            drain_s,
+        )
+
     def rows(self) -> list[tuple[str, str]]:
         """(label, value) rows for a summary table."""
         n, p = self.world_size - self.backups, self.world_size
@@ -153,6 +171,7 @@ class BackupPolicy(Policy):
         if self.final is not None and g >= self.final:
             self.role, self.ranks = Role.FINAL, ()
             return
+        self.liveness.check_alive()  # a rank the others called dead takes no ticket
         self._unapplied = True
         with span(self.ctx.tracer, "commrt/backup/arrive", step=g):
             self.role, self.ranks = self.arrival.arrive(g, self._serve)
@@ -247,6 +266,7 @@ class BackupPolicy(Policy):
         self._closed = True
         try:
             if not self._failed:
+                self.liveness.check_alive()  # the others stopped waiting for it: no drain
                 self._drain()
         finally:
             self.liveness.stop()
@@ -260,7 +280,7 @@ class BackupPolicy(Policy):
             self._serve, self.liveness, self.catchup, {self.rank: self._counts()}, others, deadline
         )
         missing = tuple(r for r in range(self.p) if r not in fins)
-        self._report = self._report_of(fins, missing, time.monotonic() - start)
+        self._report = BackupReport.of(self, fins, missing, time.monotonic() - start)
         # the store may live in this process: keep it up until every live rank is done with it
         self.liveness.stop()
         self.liveness.say_bye()
@@ -290,23 +310,8 @@ class BackupPolicy(Policy):
         """What happened (complete after ``close()``; before, this rank's numbers only)."""
         if self._report is not None:
             return self._report
-        return self._report_of({self.rank: self._counts()}, tuple(sorted(self.liveness.missing)))
-
-    def _report_of(self, fins: dict[int, dict], missing: tuple, drain_s: float = 0.0):
-        per_rank = sorted(fins.items())
-        dropped = {r: f["dropped"] for r, f in per_rank}
-        updates = {r: f["updates"] for r, f in per_rank}
-        return BackupReport(
-            self.rank,
-            self.p,
-            self.algorithm.backups,
-            self.held,
-            self.final,
-            dropped,
-            updates,
-            missing,
-            self.catchup.served,
-            drain_s,
+        return BackupReport.of(
+            self, {self.rank: self._counts()}, tuple(sorted(self.liveness.missing))
         )
 
 
