@@ -187,3 +187,19 @@ def test_close_after_a_kill_does_not_wait_long_for_the_dead_rank(tmp_path):
         assert "error" not in r, r
         assert r["missing"] == [3] and r["global_step"] == r["final"], r
         assert r["close_ended"] - died < DEAD_AFTER_S + 3.0, (r["close_ended"] - died, r)
+
+
+def test_a_paused_rank_is_declared_dead_and_stops_with_a_clear_error(tmp_path):
+    """Rank 3 stops (SIGSTOP) for PAUSE_S > dead_after_s. The others record it dead, finish
+    and close without it; when it wakes, its next step raises RankDeclaredDeadError (before
+    taking a ticket), and it exits cleanly."""
+    codes, outs = gloo_ranks(4, "backup_worker.py", "gloo", "paused", tmp_path, 1, timeout=120)
+    assert codes == [0, 0, 0, 0], (codes, "\n".join(outs))
+    recs = [json.loads((tmp_path / f"paused_rank{r}.json").read_text()) for r in range(4)]
+    for r in recs[:3]:
+        assert "error" not in r, r
+        assert r["missing"] == [3] and r["global_step"] == r["final"], r
+    woke = recs[3]
+    assert woke["error_type"] == "RankDeclaredDeadError", woke
+    assert "rank 3 was declared dead by rank 2" in woke["error"], woke
+    assert woke["global_step"] < recs[0]["final"], woke  # it never took part again

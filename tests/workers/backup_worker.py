@@ -18,6 +18,10 @@ Scenarios (each rank writes OUTDIR/<case>_rank<r>.json and .pt):
 * ``killclose``: like ``dead`` with the default ``dead_after_s``, but the
   others close right after step ``DIE_AT`` (while rank 3 is freshly dead);
   each records when its ``close()`` began and returned.
+* ``paused``: rank 3 stops itself (SIGSTOP) before its backward at step
+  ``DIE_AT`` for ``PAUSE_S``, longer than ``dead_after_s``; a helper
+  process wakes it (SIGCONT). The others finish and close; rank 3 finds
+  itself declared dead and records the error.
 * ``ready``: like ``random``, with catch-up sends started only after the
   late rank posted its receive (the path stream-ordered transports take).
 """
@@ -25,6 +29,7 @@ Scenarios (each rank writes OUTDIR/<case>_rank<r>.json and .pt):
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -39,6 +44,7 @@ SLOW_STEPS = 10
 RANDOM_STEPS = 12
 DEAD_STEPS = 10
 DIE_AT = 3
+PAUSE_S = 5.0
 
 
 def linear_model():
@@ -79,6 +85,7 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         "ready": RANDOM_STEPS,
         "dead": DEAD_STEPS,
         "killclose": DIE_AT + 1,
+        "paused": DEAD_STEPS,
     }[case]
     sync = commrt.GradientSync(
         model, comm, algorithm=algorithm, bucket_mb=0.004, first_bucket_mb=0.001
@@ -93,7 +100,12 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
             if die_at is not None and it == die_at and rank == comm.world_size - 1:
                 with open(os.path.join(out, "died_at.txt"), "w") as f:
                     f.write(repr(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
+                if case == "paused":  # a helper wakes this rank after PAUSE_S
+                    wake = f"sleep {PAUSE_S}; kill -CONT {os.getpid()}"
+                    subprocess.Popen(["sh", "-c", wake])
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(delay(rank, it))
             g = sync.global_step
             backward(model, rank, g, it)
@@ -107,8 +119,9 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         rec["close_began"] = time.time()
         sync.close()
         rec["close_ended"] = time.time()
-    except commrt.CommTimeoutError as e:
+    except commrt.CommError as e:  # a timeout, or this rank was declared dead
         rec["error"] = str(e)
+        rec["error_type"] = type(e).__name__
         rec["error_at"] = time.time()
         sync.close()
     rep = sync.policy.report()
@@ -128,7 +141,7 @@ def main(backend, scenario, out, backups=1):
     timeout = 6.0 if scenario == "dead" else 60.0
     comm = commrt.init(backend, timeout=timeout, abort_on_error=False)
     n = comm.world_size - int(backups)
-    if scenario == "killclose":
+    if scenario in ("killclose", "paused"):
         alg = BackupWorkers(backups=int(backups))  # the default dead_after_s
     else:
         alg = BackupWorkers(backups=int(backups), dead_after_s=2.0 if scenario == "dead" else 10.0)
@@ -171,7 +184,7 @@ def main(backend, scenario, out, backups=1):
         )
     elif scenario in ("random", "ready"):
         run_case(comm, scenario, out, alg, momentum, mlp(), data_backward, random_delay)
-    elif scenario in ("dead", "killclose"):
+    elif scenario in ("dead", "killclose", "paused"):
         run_case(
             comm,
             scenario,
@@ -185,7 +198,7 @@ def main(backend, scenario, out, backups=1):
         )
     else:
         raise SystemExit(f"unknown scenario {scenario}")
-    if scenario not in ("dead", "killclose"):
+    if scenario not in ("dead", "killclose", "paused"):
         comm.close()
 
 
