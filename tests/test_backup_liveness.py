@@ -68,7 +68,7 @@ def store():
     del server
 
 
-def ranks(cs, p, space="t", dead_after_s=DEAD_AFTER_S, counters=None):
+def ranks(cs, p, space="t", dead_after_s=DEAD_AFTER_S, counters=None, timeout=30.0):
     """``p`` Liveness objects on one store; with ``counters`` (a list), each rank's thread
     counts its store operations in a CountingStore appended there."""
     out = []
@@ -77,7 +77,7 @@ def ranks(cs, p, space="t", dead_after_s=DEAD_AFTER_S, counters=None):
         if counters is not None:
             c = CountingStore(cs)
             counters.append(c)
-        out.append(Liveness(c, space, cs.client(space), r, p, dead_after_s, 30.0))
+        out.append(Liveness(c, space, cs.client(space), r, p, dead_after_s, timeout))
     return out
 
 
@@ -144,6 +144,17 @@ def test_a_stopped_rank_is_recorded_dead_and_everyone_sees_it(store):
     for lv in live:
         lv.stop()
     assert took > DEAD_AFTER_S * 0.9, took  # nobody is called dead before dead_after_s
+
+
+def test_a_rank_still_setting_up_gets_the_timeout_not_dead_after_s(store):
+    live = ranks(store, 3, "setup", dead_after_s=0.5, timeout=4.0)
+    live[0].start()
+    live[1].start()  # rank 2 never starts: it has not beaten once
+    time.sleep(3 * 0.5)
+    assert live[0].missing == frozenset() and not live[0].store.check([Keys.dead(2)])
+    wait_until(lambda: live[0].missing == {2}, "rank 2 recorded dead after the timeout")
+    live[0].stop()
+    live[1].stop()
 
 
 def test_a_rank_that_said_bye_is_gone_not_dead(store):

@@ -96,3 +96,10 @@ def test_the_section_runs_alone(capsys):
         64,
     ]
     assert all(len(ln) <= 80 for ln in lines) and "rtt 70 us, 70 us/op" in "\n".join(lines)
+
+
+def test_the_model_beats_as_often_as_the_runtime():
+    from commrt.sim import control
+    from commrt.sync.backup.liveness import HEARTBEAT_S
+
+    assert control.HEARTBEAT_S == HEARTBEAT_S  # the simulator keeps its own copy (no import)

@@ -31,6 +31,10 @@ at ``close()`` (without draining), via :meth:`Liveness.check_alive`.
 One store read per step (``dead/{rank}``) makes that check exact even
 when this rank's own thread has not run yet.
 
+A rank beats once as it starts (at the end of its setup); a counter that
+never moved from 0 belongs to a rank still setting up, and is called dead
+only after the communicator's timeout, not ``dead_after_s``.
+
 At the end, a rank that holds the final state says so under its ``fin``
 key, and one that is done with the store under its ``bye`` key.
 """
@@ -129,6 +133,8 @@ class Liveness:
         )
 
     def start(self) -> None:
+        """Beat once now (a rank that finished setting up has beaten), then in the thread."""
+        self.store.add(Keys.heartbeat(self.rank), 1)
         self._thread.start()
 
     def stop(self) -> None:
@@ -159,7 +165,10 @@ class Liveness:
         if watch is None or watch.target != target:  # a new neighbour gets a full dead_after_s
             watch = Watch(target, now)
         watch.saw(int(store.add(Keys.heartbeat(target), 0)), now)
-        if watch.silent(now, self.dead_after_s, reads):
+        # a rank that never beat has not finished its setup yet: the timeout, not
+        # dead_after_s, decides that it is not coming
+        limit = self.dead_after_s if watch.value else max(self.dead_after_s, self.timeout)
+        if watch.silent(now, limit, reads):
             if store.check([Keys.bye(target)]):
                 self.gone.add(target)
             else:
