@@ -44,14 +44,18 @@ class BackupWorkers(Algorithm):
             ``halving_doubling``, ``torus2d``, ``auto``) or an instance. A
             ``Torus2D`` shape must fit N.
         dead_after_s: a rank whose heartbeat (sent through the store every
-            quarter second) has not moved for this long is reported missing,
-            and draining at ``close()`` stops waiting for it. Keep it well
-            above any pause a live process may take (GC, swapping).
+            quarter second, or every ``dead_after_s / 8`` if that is
+            shorter) has not moved for this long is recorded dead by the
+            rank that watches it: every rank then reports it missing within
+            one more beat, and ``close()`` stops waiting for it. A live rank
+            paused for longer (swapping, SIGSTOP) finds itself declared dead
+            and raises ``RankDeclaredDeadError``; raise this above any pause a
+            live process may take.
     """
 
     backups: int = 1
     inner: "str | Algorithm" = "ring"
-    dead_after_s: float = 10.0
+    dead_after_s: float = 2.0
 
     name = "backup"
 

@@ -74,10 +74,12 @@ def test_simulate_fits_80_columns_and_writes_json(tmp_path):
     rc, out = _run_in_pty(argv)
     assert rc == 0, out[-3000:]
     lines = _fits(out)
-    for title in ("time per all-reduce vs p", "synchronous step", "backup workers", "gossip step"):
+    titles = ("time per all-reduce vs p", "synchronous step", "backup workers", "gossip step")
+    for title in (*titles, "backup workers' control plane"):
         assert any(title in ln for ln in lines), title
     report = json.loads(json_path.read_text())
     assert report["p"][-1] == 4096 and "gossip (rotate)" in report["gossip"]["65536"]
+    assert [r["p"] for r in report["control"]["rows"]] == [1 << k for k in range(2, 13)]
 
 
 def test_the_launchers_tolerated_failure_lines_fit_80_columns():

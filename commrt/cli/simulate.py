@@ -17,6 +17,9 @@ PNGs to ``--out-dir``:
 * ``sim_backup.png``: the same step with backup workers (Chen et al.): it
   starts once the first N of the p = N + b ranks arrived, for b = 0, 1, 2
   and about 2% of p, under exponential and Pareto delays.
+* (no figure) backup workers' control plane: the store's cost per global
+  step for p = 4 … ``--max-p``, flat and with a leader per node
+  (:mod:`commrt.cli.simulate_control`, ``--store-cost``).
 * ``sim_gossip_vs_p.png``: one gossip step (GossipGraD's one-peer exchange,
   hypercube with and without rotation, mean over two periods) vs one ring
   and one torus all-reduce of the same buffer, per size, vs p.
@@ -40,6 +43,7 @@ from typing import Sequence
 
 from commrt import sim
 from commrt.algorithms import resolve
+from commrt.cli import simulate_control
 from commrt.cli.simulate_plots import FILES, plot_all
 from commrt.cli.simulate_sections import (
     StepSetup,
@@ -133,6 +137,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--samples", type=positive_int, default=400, help="sampled steps per point (default 400)"
     )
     p.add_argument("--seed", type=int, default=0)
+    simulate_control.add_arguments(p)
     p.add_argument(
         "--out-dir", default="out/sim", help="where the PNGs go (default out/sim, ignored by git)"
     )
@@ -212,6 +217,9 @@ def run(args, out=print) -> dict:
     report["vs_size"] = vs_size_section(sw, names, args.at_p, out)
     report["stragglers"] = straggler_section(sw, algs, ps, setup, out)
     report["backup"] = backup_section(sw, algs, ps, setup, out)
+    report["control"] = simulate_control.control_section(
+        ps, args.store_cost, net.ranks_per_node, setup.compute_s, out
+    )
     report["gossip"] = gossip_section(sw, ps, args.sizes, out)
     out(f"\n# swept in {time.perf_counter() - t_start:.1f} s")
     if not args.no_plots:

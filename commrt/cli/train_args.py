@@ -98,7 +98,7 @@ def _train_algorithm(parser: argparse.ArgumentParser, args, nproc: int, batch_fi
         try:
             alg = BackupWorkers(
                 backups=1 if args.backups is None else args.backups,
-                dead_after_s=min(10.0, args.timeout),
+                dead_after_s=min(BackupWorkers.dead_after_s, args.timeout),
             )
             alg.participants(nproc)
         except ValueError as e:

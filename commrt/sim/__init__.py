@@ -2,9 +2,10 @@
 
 Rooms: :mod:`~commrt.sim.network` (links, nodes, NICs), :mod:`~commrt.sim.pricing`
 (closed forms, :func:`estimate`, :func:`price_all`), :mod:`~commrt.sim.replay`
-(:func:`simulate`), :mod:`~commrt.sim.gossip` (:func:`simulate_gossip`) and
+(:func:`simulate`), :mod:`~commrt.sim.gossip` (:func:`simulate_gossip`),
 :mod:`~commrt.sim.stragglers` (delays, arrivals, :func:`simulate_steps`,
-:func:`simulate_backup`). Algorithms are handed in (or named, see
+:func:`simulate_backup`) and :mod:`~commrt.sim.control` (backup workers'
+control store: cost per global step, :func:`~commrt.sim.control.control_cost`). Algorithms are handed in (or named, see
 :mod:`~commrt.sim.naming`); the simulator never imports :mod:`commrt.algorithms`.
 
 :func:`simulate` walks ``schedule.steps`` (the same lazily built

@@ -15,6 +15,13 @@ Scenarios (each rank writes OUTDIR/<case>_rank<r>.json and .pt):
   step) sleeps an exponential delay; SGD with momentum on an MLP.
 * ``dead``: rank 3 kills itself (SIGKILL) before its backward at step
   ``DIE_AT``; the others record the report, or the error and when it came.
+* ``killclose``: like ``dead`` with the default ``dead_after_s``, but the
+  others close right after step ``DIE_AT`` (while rank 3 is freshly dead);
+  each records when its ``close()`` began and returned.
+* ``paused``: rank 3 stops itself (SIGSTOP) before its backward at step
+  ``DIE_AT`` for ``PAUSE_S``, longer than ``dead_after_s``; a helper
+  process wakes it (SIGCONT). The others finish and close; rank 3 finds
+  itself declared dead and records the error.
 * ``ready``: like ``random``, with catch-up sends started only after the
   late rank posted its receive (the path stream-ordered transports take).
 """
@@ -22,6 +29,7 @@ Scenarios (each rank writes OUTDIR/<case>_rank<r>.json and .pt):
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -36,6 +44,7 @@ SLOW_STEPS = 10
 RANDOM_STEPS = 12
 DEAD_STEPS = 10
 DIE_AT = 3
+PAUSE_S = 5.0
 
 
 def linear_model():
@@ -75,6 +84,8 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         "random": RANDOM_STEPS,
         "ready": RANDOM_STEPS,
         "dead": DEAD_STEPS,
+        "killclose": DIE_AT + 1,
+        "paused": DEAD_STEPS,
     }[case]
     sync = commrt.GradientSync(
         model, comm, algorithm=algorithm, bucket_mb=0.004, first_bucket_mb=0.001
@@ -89,7 +100,12 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
             if die_at is not None and it == die_at and rank == comm.world_size - 1:
                 with open(os.path.join(out, "died_at.txt"), "w") as f:
                     f.write(repr(time.time()))
-                os.kill(os.getpid(), signal.SIGKILL)
+                if case == "paused":  # a helper wakes this rank after PAUSE_S
+                    wake = f"sleep {PAUSE_S}; kill -CONT {os.getpid()}"
+                    subprocess.Popen(["sh", "-c", wake])
+                    os.kill(os.getpid(), signal.SIGSTOP)
+                else:
+                    os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(delay(rank, it))
             g = sync.global_step
             backward(model, rank, g, it)
@@ -100,9 +116,12 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
             rec["steps"].append(dict(sync.stats.last.extra, computed_at=g))
             if sync.policy.finished:
                 break  # training ended (another rank closed): nothing left to do
+        rec["close_began"] = time.time()
         sync.close()
-    except commrt.CommTimeoutError as e:
+        rec["close_ended"] = time.time()
+    except commrt.CommError as e:  # a timeout, or this rank was declared dead
         rec["error"] = str(e)
+        rec["error_type"] = type(e).__name__
         rec["error_at"] = time.time()
         sync.close()
     rep = sync.policy.report()
@@ -122,7 +141,10 @@ def main(backend, scenario, out, backups=1):
     timeout = 6.0 if scenario == "dead" else 60.0
     comm = commrt.init(backend, timeout=timeout, abort_on_error=False)
     n = comm.world_size - int(backups)
-    alg = BackupWorkers(backups=int(backups), dead_after_s=2.0 if scenario == "dead" else 10.0)
+    if scenario in ("killclose", "paused"):
+        alg = BackupWorkers(backups=int(backups))  # the default dead_after_s
+    else:
+        alg = BackupWorkers(backups=int(backups), dead_after_s=2.0 if scenario == "dead" else 10.0)
 
     def linear_backward(model, r, g, it):
         loss = sum((p * t).sum() for p, t in zip(model.parameters(), targets(model, r, g, n)))
@@ -162,10 +184,10 @@ def main(backend, scenario, out, backups=1):
         )
     elif scenario in ("random", "ready"):
         run_case(comm, scenario, out, alg, momentum, mlp(), data_backward, random_delay)
-    elif scenario == "dead":
+    elif scenario in ("dead", "killclose", "paused"):
         run_case(
             comm,
-            "dead",
+            scenario,
             out,
             alg,
             momentum,
@@ -176,7 +198,7 @@ def main(backend, scenario, out, backups=1):
         )
     else:
         raise SystemExit(f"unknown scenario {scenario}")
-    if scenario != "dead":
+    if scenario not in ("dead", "killclose", "paused"):
         comm.close()
 
 

@@ -31,26 +31,35 @@ freed when the receiver confirms: the details are in
 gradients.
 
 **Dead ranks.** Up to b ranks that stop between steps never arrive, so the
-others still find N arrivals per step and go on; a heartbeat (a store
-counter every 0.25 s) that stops moving for ``dead_after_s`` marks a rank
-missing in the stats. With more than b dead, a step never gets N arrivals
+others still find N arrivals per step and go on. Each rank beats its own
+store counter and watches ONE neighbour's (the next live rank in ring
+order); a neighbour silent for ``dead_after_s`` (2 s by default) is
+recorded dead in the store, and every rank learns it within one more beat
+from a death counter it reads each beat (:mod:`commrt.sync.backup.liveness`).
+A rank that was only slow and finds itself declared dead raises
+:class:`~commrt.sync.backup.liveness.RankDeclaredDeadError` at its next
+step or ``close()``. With more than b dead, a step never gets N arrivals
 and the waiting ranks raise :class:`~commrt.CommTimeoutError` after the
 timeout, naming the ranks that never arrived. A rank that dies *inside* a
 step's all-reduce (after taking one of the N tickets) fails that step for
 its peers with the usual timeout error; the paper's parameter server has
 the same window.
 
-**Control-plane cost.** Per step a rank makes about five store round trips
-(ticket, name, poll for the N names, read them, look for requests): tens to
-hundreds of microseconds on one machine. The heartbeats cost the store
-O(p²) reads per quarter second (:mod:`commrt.sync.backup.liveness`).
+**Control-plane cost.** Per step a rank makes about seven store round trips
+(dead check, ticket, name, polls for the N names, read them, look for
+requests): tens to hundreds of microseconds on one machine; but every rank
+reads all N names, so the store's work per step grows as p². The
+heartbeats cost the store 3 operations per rank per beat, O(p) for the
+job. :mod:`commrt.sim.control` prices both for p up to 4096 from
+``bench/bench_control_plane.py``'s measurements (``commrt simulate``).
 
 **Ending.** The first rank to call ``close()`` ends training at the global
 step it holds: it takes a ticket on that step marked "closing", and a step
 whose first N tickets include one makes no update. Every rank then ends at
 that final state: ``close()`` keeps answering catch-up requests and returns
-once every live rank holds it (ranks missing for ``dead_after_s`` are not
-waited for; the wait is bounded by the timeout). Steps a rank takes after
+once every live rank holds it (ranks recorded dead are not waited for, so
+a death just before ``close()`` costs about ``dead_after_s``; the wait is
+bounded by the timeout). Steps a rank takes after
 the end are no-ops that return 0. When rank 0 hosts the store (no launcher
 store), its ``close()`` also waits until every live rank has closed.
 
@@ -64,7 +73,7 @@ The package, one module per job (imports go down this list, never up):
 :mod:`~commrt.sync.backup.policy`           :class:`BackupPolicy`, wiring the rest
 :mod:`~commrt.sync.backup.arrival`          tickets: who takes part in a global step
 :mod:`~commrt.sync.backup.catchup`          snapshot requests, serving, receiving
-:mod:`~commrt.sync.backup.liveness`         heartbeats, missing ranks, the end handshake
+:mod:`~commrt.sync.backup.liveness`         heartbeats, recorded deaths, the end handshake
 :mod:`~commrt.sync.backup.snapshot`         parameters + optimizer state in one buffer
 :mod:`~commrt.sync.backup.keys`             every control-store key, in one place
 ==========================================  ==========================================
@@ -75,7 +84,7 @@ from __future__ import annotations
 from commrt.sync.backup.arrival import Arrival, Role
 from commrt.sync.backup.catchup import PIECE_BYTES, CatchUp
 from commrt.sync.backup.keys import Keys
-from commrt.sync.backup.liveness import HEARTBEAT_S, Liveness
+from commrt.sync.backup.liveness import HEARTBEAT_S, Liveness, RankDeclaredDeadError
 from commrt.sync.backup.policy import BackupPolicy, BackupReport
 from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot, snapshot_layout
 
@@ -88,6 +97,7 @@ __all__ = [
     "Keys",
     "Liveness",
     "PIECE_BYTES",
+    "RankDeclaredDeadError",
     "Role",
     "load_snapshot",
     "pack_snapshot",

@@ -14,7 +14,10 @@ other's tickets. Inside it:
 ``r/{i}``                  response to request i: server, step, final, layout
 ``k/{i}``                  the late rank posted its receive for request i
 ``d/{i}``                  the late rank received request i's snapshot
-``hb/{r}``                 rank r's heartbeat counter
+``hb/{r}``                 rank r's heartbeat counter (``add`` 1 per beat)
+``dead/{r}``               rank r was recorded dead: ``"{watcher}"``
+``ndead``                  death counter: how many ``died/{i}`` entries there are
+``died/{i}``               the i-th recorded death: ``"{rank} {watcher}"``
 ``fin/{r}``                rank r holds the final state: its step and counts
 ``bye/{r}``                rank r is done with the store
 =========================  =====================================================
@@ -28,6 +31,8 @@ class Keys:
 
     #: counts catch-up requests (``add`` returns the next request's number + 1)
     REQUESTS = "nreq"
+    #: counts recorded deaths (every rank reads it once per heartbeat period)
+    DEATHS = "ndead"
 
     @staticmethod
     def space(instance: int) -> str:
@@ -69,6 +74,16 @@ class Keys:
     @staticmethod
     def heartbeat(rank: int) -> str:
         return f"hb/{rank}"
+
+    @staticmethod
+    def dead(rank: int) -> str:
+        """Set (to the watcher's rank) once ``rank`` is recorded dead."""
+        return f"dead/{rank}"
+
+    @staticmethod
+    def death(index: int) -> str:
+        """The ``index``-th recorded death (``"{rank} {watcher}"``)."""
+        return f"died/{index}"
 
     @staticmethod
     def final(rank: int) -> str:

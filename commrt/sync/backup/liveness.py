@@ -1,12 +1,42 @@
-"""Who is still there: heartbeats, missing ranks, and who holds the end of training.
+"""Who is still there: heartbeats, deaths recorded in the store, and the end handshake.
 
-A background thread adds 1 to this rank's heartbeat counter in the store
-every :data:`HEARTBEAT_S` and reads everyone's; a rank whose counter has
-not moved for ``dead_after_s`` is *missing* (:attr:`Liveness.missing`).
-Each heartbeat thread reads all p counters, so the store (one server) sees
-O(p²) reads per beat: fine for tens to a few hundred ranks, the limit
-beyond. At the end, a rank that holds the final state says so under its
-``fin`` key, and one that is done with the store under its ``bye`` key.
+Each rank's background thread does three store operations per period
+(:func:`beat_period`: :data:`HEARTBEAT_S`, or less for a small
+``dead_after_s``), so the store sees O(p) operations per period for the
+whole job, not the O(p²) of every rank reading every counter:
+
+1. **beat**: ``add`` 1 to its own counter ``hb/{rank}``;
+2. **watch one neighbour**: read the counter of the next rank in ring
+   order (rank+1, rank+2, … mod p) that is neither dead nor gone. A
+   counter that has not moved for ``dead_after_s`` *and* over at least
+   :func:`quiet_reads_needed` of this thread's own reads is a death: the
+   watcher records it (``dead/{rank}``, then an entry ``died/{i}`` under
+   the next number of the ``ndead`` counter). Needing several reads of
+   its own keeps a watcher that was itself stalled (a loaded machine, a
+   paused process) from blaming its neighbour for its own silence. When
+   the watched rank dies, its watcher moves on to the next live rank, so
+   the dead rank's own neighbour is watched again, by a new watcher that
+   gives it a full ``dead_after_s``: two adjacent ranks dying together
+   are both found, the second after about twice ``dead_after_s``. A rank
+   that said ``bye`` (closed) is *gone*, not dead: its watcher moves on.
+3. **read the death counter** ``ndead``: only when it moved does the
+   thread read the new ``died/{i}`` entries and update :attr:`Liveness.missing`.
+
+**False suspicion.** A rank that was only slow (stopped for longer than
+``dead_after_s``, e.g. SIGSTOP or swapping) and comes back finds itself
+declared dead: the others have stopped waiting for it at the end. It
+does not re-announce itself; it raises :class:`RankDeclaredDeadError`
+at its next step (before taking a ticket, so no step waits on it) and
+at ``close()`` (without draining), via :meth:`Liveness.check_alive`.
+One store read per step (``dead/{rank}``) makes that check exact even
+when this rank's own thread has not run yet.
+
+A rank beats once as it starts (at the end of its setup); a counter that
+never moved from 0 belongs to a rank still setting up, and is called dead
+only after the communicator's timeout, not ``dead_after_s``.
+
+At the end, a rank that holds the final state says so under its ``fin``
+key, and one that is done with the store under its ``bye`` key.
 """
 
 from __future__ import annotations
@@ -15,15 +45,65 @@ import json
 import threading
 import time
 
+from commrt.errors import CommError
 from commrt.store import ControlStore
 from commrt.sync.backup.keys import Keys
 
-#: seconds between heartbeats
+#: seconds between heartbeats (at most; see :func:`beat_period`)
 HEARTBEAT_S = 0.25
 
 
+def beat_period(dead_after_s: float) -> float:
+    """Seconds between two beats: :data:`HEARTBEAT_S`, or ``dead_after_s / 8`` when smaller,
+    so that a rank is never called dead after fewer than 8 missed beats."""
+    return min(HEARTBEAT_S, dead_after_s / 8)
+
+
+def quiet_reads_needed(dead_after_s: float) -> int:
+    """How many of the watcher's own reads must find the counter unmoved before it calls the
+    neighbour dead (half the reads ``dead_after_s`` spans, at least 3)."""
+    return max(3, int(0.5 * dead_after_s / beat_period(dead_after_s)))
+
+
+class RankDeclaredDeadError(CommError):
+    """This rank was silent for ``dead_after_s`` and the others recorded it as dead."""
+
+    def __init__(self, rank: int, watcher: int, dead_after_s: float):
+        self.rank, self.watcher = rank, watcher
+        super().__init__(
+            f"commrt: rank {rank} was declared dead by rank {watcher} (no heartbeat for "
+            f"{dead_after_s:g} s, backup workers): the other ranks no longer wait for it, "
+            f"so it stops here. A rank this slow needs a larger dead_after_s."
+        )
+
+
+class Watch:
+    """One neighbour's counter as this rank's thread sees it (pure bookkeeping, no store)."""
+
+    def __init__(self, target: int, now: float):
+        self.target, self.value, self.changed_at, self.quiet = target, None, now, 0
+
+    def saw(self, value: int, now: float) -> None:
+        if value != self.value:
+            self.value, self.changed_at, self.quiet = value, now, 0
+        else:
+            self.quiet += 1
+
+    def silent(self, now: float, dead_after_s: float, reads: int) -> bool:
+        return now - self.changed_at > dead_after_s and self.quiet >= reads
+
+
+def next_watched(rank: int, world_size: int, skip) -> int | None:
+    """The next rank after ``rank`` in ring order that is not in ``skip`` (None: none left)."""
+    for k in range(1, world_size):
+        r = (rank + k) % world_size
+        if r not in skip:
+            return r
+    return None
+
+
 class Liveness:
-    """This rank's heartbeat, the others' silence, and the end handshake."""
+    """This rank's heartbeat, its watch on one neighbour, the recorded deaths, and the end."""
 
     def __init__(
         self,
@@ -36,44 +116,96 @@ class Liveness:
         timeout: float,
     ):
         self.rank, self.p = rank, world_size
-        #: other ranks whose heartbeat has not moved for ``dead_after_s`` (set by the thread)
+        #: other ranks recorded dead in the store (set by the thread)
         self.missing: frozenset[int] = frozenset()
+        #: ranks that said bye (closed cleanly) found by this rank's watch
+        self.gone: set[int] = set()
+        #: the rank that declared this one dead, once seen (set by the thread)
+        self.declared_by: int | None = None
         self.dead_after_s, self.timeout = dead_after_s, timeout
+        self.period = beat_period(dead_after_s)
         self.store = store  # the policy's connection (the end handshake)
         self._cs, self._space = cs, space  # the thread opens its own connection
+        self._read_upto = 0  # died/{i} entries read so far
         self._stop = threading.Event()
         self._thread = threading.Thread(
-            target=self._beat, name=f"commrt-backup-hb-r{rank}", daemon=True
+            target=self._run, name=f"commrt-backup-hb-r{rank}", daemon=True
         )
 
     def start(self) -> None:
+        """Beat once now (a rank that finished setting up has beaten), then in the thread."""
+        self.store.add(Keys.heartbeat(self.rank), 1)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.timeout)
 
-    def _beat(self) -> None:
+    def _run(self) -> None:
         try:
             store = self._cs.client(self._space)
         except RuntimeError:
             return
-        keys = [Keys.heartbeat(r) for r in range(self.p)]
-        seen: dict[int, int] = {}
-        changed = {r: time.monotonic() for r in range(self.p)}
-        while not self._stop.wait(HEARTBEAT_S):
+        watch: Watch | None = None
+        beat = Keys.heartbeat(self.rank)
+        reads = quiet_reads_needed(self.dead_after_s)
+        while not self._stop.wait(self.period):
             try:
-                store.add(keys[self.rank], 1)
-                vals = [int(store.add(k, 0)) for k in keys]
+                store.add(beat, 1)
+                self.refresh(store)
+                watch = self._watch(store, watch, reads)
             except RuntimeError:  # the store went away (its host ended): nothing more to watch
                 return
-            now = time.monotonic()
-            for r, v in enumerate(vals):
-                if seen.get(r) != v:
-                    seen[r], changed[r] = v, now
-            self.missing = frozenset(
-                r for r in range(self.p) if r != self.rank and now - changed[r] > self.dead_after_s
-            )
+
+    def _watch(self, store, watch: Watch | None, reads: int) -> Watch | None:
+        now = time.monotonic()
+        target = next_watched(self.rank, self.p, self.missing | self.gone)
+        if target is None:
+            return None
+        if watch is None or watch.target != target:  # a new neighbour gets a full dead_after_s
+            watch = Watch(target, now)
+        watch.saw(int(store.add(Keys.heartbeat(target), 0)), now)
+        # a rank that never beat has not finished its setup yet: the timeout, not
+        # dead_after_s, decides that it is not coming
+        limit = self.dead_after_s if watch.value else max(self.dead_after_s, self.timeout)
+        if watch.silent(now, limit, reads):
+            if store.check([Keys.bye(target)]):
+                self.gone.add(target)
+            else:
+                self.declare_dead(store, target)
+                self.refresh(store)
+        return watch
+
+    def declare_dead(self, store, rank: int) -> None:
+        """Record in the store that ``rank`` is dead (this rank found it silent)."""
+        store.set(Keys.dead(rank), str(self.rank))
+        i = int(store.add(Keys.DEATHS, 1)) - 1
+        store.set(Keys.death(i), f"{rank} {self.rank}")
+
+    def refresh(self, store) -> None:
+        """Read the death counter; read the new entries only when it moved."""
+        count = int(store.add(Keys.DEATHS, 0))
+        found = set(self.missing)
+        while self._read_upto < count:
+            key = Keys.death(self._read_upto)
+            if not store.check([key]):  # counted, entry not written yet: read it next period
+                break
+            dead, by = (int(x) for x in store.get(key).decode().split())
+            if dead == self.rank:
+                self.declared_by = by
+            else:
+                found.add(dead)
+            self._read_upto += 1
+        if len(found) != len(self.missing):
+            self.missing = frozenset(found)
+
+    def check_alive(self) -> None:
+        """Raise :class:`RankDeclaredDeadError` if the others recorded this rank as dead
+        (one store read, on the policy's connection)."""
+        if self.declared_by is None and self.store.check([Keys.dead(self.rank)]):
+            self.declared_by = int(self.store.get(Keys.dead(self.rank)))
+        if self.declared_by is not None:
+            raise RankDeclaredDeadError(self.rank, self.declared_by, self.dead_after_s)
 
     # ------------------------------------------------------------ the end
     def hold_final(self, record: dict) -> None:

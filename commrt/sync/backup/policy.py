@@ -179,6 +179,7 @@ class BackupPolicy(Policy):
         if self.final is not None and g >= self.final:
             self.role, self.ranks = Role.FINAL, ()
             return
+        self.liveness.check_alive()  # a rank the others called dead takes no ticket
         self._unapplied = True
         with span(self.ctx.tracer, "commrt/backup/arrive", step=g):
             self.role, self.ranks = self.arrival.arrive(g, self._serve)
@@ -273,6 +274,7 @@ class BackupPolicy(Policy):
         self._closed = True
         try:
             if not self._failed:
+                self.liveness.check_alive()  # the others stopped waiting for it: no drain
                 self._drain()
         finally:
             self.liveness.stop()

@@ -1,0 +1,205 @@
+"""What backup workers' control plane costs one TCPStore, measured on this machine.
+
+Threads stand for ranks (torch's store calls release the GIL), each with its
+own connection to one real TCPStore server in this process, as ranks have:
+
+* ``rtt``: one client's round trip for a one-key ``add``, nothing else running;
+* ``op``: the server's time per one-key operation, from its throughput when
+  16 clients ``add`` to one key at once (the ticket counter's case);
+* ``key``: the server's extra time per key of a multi-key read
+  (``multi_get`` of 64 keys against 1, under 16 clients);
+* ``steps``: the real protocol for p = 4, 8, 16: every rank checks it was
+  not declared dead, takes a ticket, writes its name, polls for the first N
+  names and reads them (:class:`~commrt.sync.backup.arrival.Arrival`), its
+  idle time looking for catch-up requests, while every rank's heartbeat
+  thread (:class:`~commrt.sync.backup.liveness.Liveness`) runs. Steps follow
+  each other with no compute: the time per step is the control plane's own
+  latency under load; the operations are counted.
+
+``commrt.sim.control`` turns ``rtt``, ``op`` and ``key`` into the cost per
+step for p up to 4096 (``commrt simulate`` prints it). Run::
+
+    python bench/bench_control_plane.py            # the table (about a minute)
+    pytest bench/bench_control_plane.py --benchmark-only
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+
+from commrt.algorithms import BackupWorkers
+from commrt.sim.control import StoreCost, control_cost
+from commrt.store import ControlStore, Host, host_store
+from commrt.sync.backup.arrival import Arrival
+from commrt.sync.backup.keys import Keys
+from commrt.sync.backup.liveness import Liveness
+
+CLIENTS = 16
+OPS = 400  # per client, per measurement
+STEPS = 300
+REPEATS = 5  # each per-operation figure is the median of this many runs
+HB_WINDOW_S = 2.0  # heartbeats counted over this window
+
+
+class Counting:
+    """A store client that counts operations and keys (one count list per client)."""
+
+    def __init__(self, inner, tally: list):
+        self.inner, self.tally = inner, tally
+
+    def __getattr__(self, name):
+        fn = getattr(self.inner, name)
+
+        def counted(*args):
+            keys = args[0] if name in ("check", "multi_get") else [args[0]]
+            self.tally.append(len(keys))
+            return fn(*args)
+
+        return counted
+
+
+def open_store() -> tuple[object, ControlStore]:
+    server = host_store()
+    return server, ControlStore("127.0.0.1", server.port, Host.LAUNCHER, 60.0)
+
+
+def together(n: int, body) -> float:
+    """Run ``body(i)`` on ``n`` threads started together; the wall seconds they took."""
+    go = threading.Barrier(n + 1)
+
+    def run(i):
+        go.wait()
+        body(i)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    go.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start
+
+
+def measure_ops(cs: ControlStore, repeats: int = REPEATS) -> dict:
+    """rtt, op and key (seconds) as described in the module docstring: the median of
+    ``repeats`` measurements each (the machine is shared; one run can be far off)."""
+    runs = [measure_ops_once(cs) for _ in range(repeats)]
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def measure_ops_once(cs: ControlStore) -> dict:
+    one = cs.client("ops")
+    one.add("k", 0)
+    start = time.perf_counter()
+    for _ in range(OPS):
+        one.add("k", 0)
+    rtt = (time.perf_counter() - start) / OPS
+    clients = [cs.client("ops") for _ in range(CLIENTS)]
+    for i in range(64):
+        one.set(f"n/{i}", str(i))
+
+    def adds(i):
+        for _ in range(OPS):
+            clients[i].add("t", 1)
+
+    op = together(CLIENTS, adds) / (CLIENTS * OPS)
+    keys = [f"n/{i}" for i in range(64)]
+
+    def gets(width):
+        def body(i):
+            for _ in range(OPS // 4):
+                clients[i].multi_get(keys[:width])
+
+        return together(CLIENTS, body) / (CLIENTS * (OPS // 4))
+
+    key = (gets(64) - gets(1)) / 63  # may come out below 0 on a noisy run: the median decides
+
+    return {"rtt_s": rtt, "op_s": op, "key_s": key}
+
+
+def measure_steps(cs: ControlStore, p: int, backups: int = 1, steps: int = STEPS) -> dict:
+    """The real arrival protocol and heartbeats on ``p`` threads: seconds and store
+    operations (and keys) per global step."""
+    alg = BackupWorkers(backups)
+    n, space = alg.participants(p), f"steps{p}"
+    tallies = [[] for _ in range(p)]
+    stores = [Counting(cs.client(space), tallies[r]) for r in range(p)]
+    live = [Liveness(cs, space, stores[r], r, p, alg.dead_after_s, 60.0) for r in range(p)]
+    arrive = [Arrival(stores[r], cs, space, r, p, n, alg, 60.0) for r in range(p)]
+    for lv in live:
+        lv.start()
+
+    def rank(r):
+        for g in range(steps):
+            live[r].check_alive()
+            arrive[r].arrive(g, lambda: stores[r].add(Keys.REQUESTS, 0))
+
+    wall = together(p, rank)
+    # the heartbeats' own rate, over a window of several beats (steps may be over sooner)
+    probe = cs.client(space)
+    t0, b0 = time.perf_counter(), sum(int(probe.add(Keys.heartbeat(r), 0)) for r in range(p))
+    time.sleep(HB_WINDOW_S)
+    t1, b1 = time.perf_counter(), sum(int(probe.add(Keys.heartbeat(r), 0)) for r in range(p))
+    for lv in live:
+        lv.stop()
+    ops = sum(len(t) for t in tallies)
+    return {
+        "p": p,
+        "step_s": wall / steps,
+        "ops_per_step": ops / steps,
+        "keys_per_step": sum(map(sum, tallies)) / steps,
+        # each beat is three operations (beat, death counter, one neighbour)
+        "heartbeat_ops_per_s": 3 * (b1 - b0) / (t1 - t0),
+    }
+
+
+def main(out=print) -> dict:
+    server, cs = open_store()
+    ops = measure_ops(cs)
+    out(f"# one TCPStore, threads as ranks, this machine (medians of {REPEATS} runs)")
+    out(
+        f"rtt {ops['rtt_s'] * 1e6:.1f} us   server per op {ops['op_s'] * 1e6:.1f} us   "
+        f"per extra key {ops['key_s'] * 1e6:.2f} us"
+    )
+    out(f"# --store-cost {ops['rtt_s'] * 1e6:.1f},{ops['op_s'] * 1e6:.1f},{ops['key_s'] * 1e6:.2f}")
+    out("# measured: the real protocol, steps back to back; model: commrt.sim.control")
+    out(
+        f"{'p':>4} {'ms/step':>8} {'model ms':>9} {'ops/step':>9} {'model':>6} "
+        f"{'keys/step':>10} {'hb ops/s':>9} {'3p/0.25s':>9}"
+    )
+    cost = StoreCost(ops["rtt_s"], ops["op_s"], max(0.0, ops["key_s"]))
+    rows = []
+    for p in (4, 8, 16):
+        r = measure_steps(cs, p)
+        m = control_cost(p, 1, cost)
+        rows.append(dict(r, model_step_s=m.flat_s, model_ops_per_step=m.flat_ops))
+        out(
+            f"{p:>4} {r['step_s'] * 1e3:>8.2f} {m.flat_s * 1e3:>9.2f} {r['ops_per_step']:>9.0f} "
+            f"{m.flat_ops:>6.0f} {r['keys_per_step']:>10.0f} {r['heartbeat_ops_per_s']:>9.0f} "
+            f"{3 * p / 0.25:>9.0f}"
+        )
+    del server
+    return {"ops": ops, "steps": rows}
+
+
+def test_store_round_trip(benchmark):
+    server, cs = open_store()
+    c = cs.client("bench")
+    benchmark(c.add, "k", 0)
+    del server
+
+
+def test_arrival_of_eight_ranks(benchmark):
+    server, cs = open_store()
+    result = benchmark.pedantic(lambda: measure_steps(cs, 8, steps=10), rounds=3, iterations=1)
+    assert result["ops_per_step"] >= 8 * 4  # ticket, name, poll, read: at least four each
+    del server
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)
