@@ -81,9 +81,11 @@ def init_nccl(
     *,
     mpi_world=None,
     make_store: Callable[[], object] | None = None,
+    timeout: float = 300.0,
 ) -> NcclTransport:
     """An :class:`NcclTransport`; the unique id travels over ``mpi_world`` when given,
-    else through the store ``make_store()`` returns."""
+    else through the store ``make_store()`` returns. ``timeout`` bounds the calls NCCL
+    itself never times out (:mod:`commrt.transports.watchdog`)."""
     nccl = nccl_module if nccl_module is not None else import_nccl()
     device = nccl_device(device, local_rank)
     uid = uid_bytes(nccl.get_unique_id()) if rank == 0 else None
@@ -91,4 +93,4 @@ def init_nccl(
         uid = mpi_world.bcast(uid, root=0)
     else:
         uid = exchange_unique_id(make_store(), rank, uid)
-    return NcclTransport(rank, world_size, uid, device, nccl=nccl)
+    return NcclTransport(rank, world_size, uid, device, nccl=nccl, timeout=timeout)
