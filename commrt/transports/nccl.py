@@ -178,8 +178,9 @@ class NcclTransport(Transport):
     # ---- failures: abort, never wait on a stuck operation
     def abort(self, reason: str) -> None:
         """Abort the communicator (never waits) and mark the transport unusable."""
-        if self.broken is None:
-            self.broken = reason
+        if self.broken is not None:
+            return  # aborted already
+        self.broken = reason
         comm = self.comm
         if comm is not None and hasattr(comm, "abort"):
             comm.abort()
@@ -310,5 +311,3 @@ class NcclTransport(Transport):
         self.comm = None
         if self.broken is None and hasattr(comm, "destroy"):
             comm.destroy()
-        elif self.broken is not None and hasattr(comm, "abort"):
-            comm.abort()

@@ -1,0 +1,223 @@
+"""Issue 24's NCCL safety items that run in one process, with fakes (no GPU, no NCCL).
+
+* a timeout or an NCCL error aborts the communicator and marks the transport
+  unusable; close() then never calls destroy() (which would hang);
+* check_async_error() is polled while waiting: a failure is named at once;
+* the watchdog aborts a blocked call, and ends the process if it stays stuck;
+* tensors read on another stream live until that stream passed the read;
+* GradientSync tunes its kernels at construction, not in the first backward.
+
+The fakes check commrt's own logic around these calls; nothing here says
+anything about NCCL, CUDA or a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+
+import pytest
+import torch
+
+import commrt
+from commrt.errors import CommError, CommTimeoutError
+from commrt.kernels import lifetime
+from commrt.sync import buffers as B
+from commrt.sync.buckets import Bucket
+from commrt.transports.nccl import NcclTransport
+from commrt.transports.watchdog import Watchdog
+
+
+class FakeEvent:
+    def __init__(self, stream):
+        self.stream, self.at = stream, stream.enqueued
+
+    def query(self) -> bool:
+        return self.stream.ran >= self.at
+
+
+class FakeStream:
+    """A stream that runs its work only when the test says so."""
+
+    ptr = 0x77
+
+    def __init__(self):
+        self.enqueued = self.ran = 0
+
+    def record(self) -> FakeEvent:
+        return FakeEvent(self)
+
+    def run_all(self) -> None:
+        self.ran = self.enqueued
+
+
+class FakeNccl:
+    """cupy.cuda.nccl's calls, recording them; the group's work never runs by itself."""
+
+    def __init__(self, error: Exception | None = None, block_group_end: bool = False):
+        self.stream = FakeStream()
+        self.log: list[str] = []
+        self.error, self.block = error, block_group_end
+        self.unblock = threading.Event()
+        outer = self
+
+        class NcclCommunicator:
+            def __init__(self, ndev, commId, rank):  # noqa: N803
+                pass
+
+            def send(self, *a):
+                outer.stream.enqueued += 1
+
+            recv = send
+
+            def check_async_error(self):
+                if outer.error is not None:
+                    raise outer.error
+
+            def abort(self):
+                outer.log.append("abort")
+                outer.unblock.set()
+
+            def destroy(self):
+                outer.log.append("destroy")
+
+        self.NcclCommunicator = NcclCommunicator
+
+    def HostStream(self):  # noqa: N802
+        return self.stream
+
+    def groupStart(self):  # noqa: N802
+        pass
+
+    def groupEnd(self):  # noqa: N802
+        if self.block:  # a new pair's connection: returns only when aborted
+            self.unblock.wait(30)
+            raise RuntimeError("NCCL error: remote process exited or there was a network error")
+
+
+def _transport(nccl, timeout=0.3):
+    return NcclTransport(0, 2, b"\0" * 128, torch.device("cpu"), nccl=nccl, timeout=timeout)
+
+
+def test_a_timeout_aborts_and_close_never_destroys():
+    nccl = FakeNccl()
+    t = _transport(nccl)
+    pend = t.exchange([(torch.ones(4), 1)], [(torch.zeros(4), 1)], 0)
+    start = time.monotonic()
+    assert not pend.wait_recv(0, time.monotonic() + 0.2)  # the peer never comes
+    assert time.monotonic() - start < 2
+    assert nccl.log == ["abort"] and "did not finish" in t.broken
+    with pytest.raises(CommError, match="unusable .*make a new one"):
+        t.exchange([(torch.ones(4), 1)], [], 0)
+    t.close()
+    assert "destroy" not in nccl.log  # destroy() would wait for the stuck group forever
+
+
+def test_close_after_clean_work_destroys_and_stuck_work_aborts():
+    nccl = FakeNccl()
+    t = _transport(nccl)
+    t.exchange([(torch.ones(4), 1)], [], 0)
+    nccl.stream.run_all()
+    t.close()
+    assert nccl.log == ["destroy"]
+    nccl = FakeNccl()
+    t = _transport(nccl)
+    t.exchange([(torch.ones(4), 1)], [], 0)  # never completes
+    t.close()  # bounded by the timeout, then abort instead of destroy
+    assert nccl.log == ["abort"] and t.broken
+
+
+def test_an_async_error_is_named_at_once_not_after_the_timeout():
+    nccl = FakeNccl()
+    t = _transport(nccl, timeout=60)
+    pend = t.exchange([], [(torch.zeros(4), 1)], 0)
+    nccl.error = RuntimeError("NCCL error: remote process exited or there was a network error")
+    start = time.monotonic()
+    with pytest.raises(CommError, match="rank 0: NCCL failed: .*network error"):
+        pend.wait_recv(0, time.monotonic() + 60)
+    assert time.monotonic() - start < 1 and nccl.log == ["abort"]
+
+
+def test_the_watchdog_aborts_a_stuck_groupend_and_names_it():
+    nccl = FakeNccl(block_group_end=True)
+    t = _transport(nccl, timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(CommTimeoutError, match=r"connection setup in groupEnd \(peers \[1\]\)"):
+        t.exchange([(torch.ones(4), 1)], [], 0)
+    assert 0.4 < time.monotonic() - start < 3
+    assert nccl.log == ["abort"] and t.broken == "groupEnd timed out"
+
+
+def test_the_watchdog_ends_the_process_when_the_call_stays_stuck():
+    exits, aborted = [], []
+    stuck = threading.Event()
+    dog = Watchdog(0.2, lambda: aborted.append(1), "rank 0: groupEnd", 0.3, exits.append)
+    with dog:
+        stuck.wait(1.5)  # the abort did not unblock it
+    assert aborted == [1] and exits == [1] and dog.fired
+    with Watchdog(5, lambda: aborted.append(2), "fast", 0.1, exits.append) as fast:
+        pass
+    time.sleep(0.2)
+    assert not fast.fired and aborted == [1] and exits == [1]
+
+
+# ------------------------------------------------------------ cross-stream lifetimes
+def test_keep_alive_holds_tensors_until_the_stream_passes_them():
+    stream = FakeStream()
+    t = torch.ones(10)
+    ref = weakref.ref(t)
+    stream.enqueued += 1  # a copy reading t is queued
+    lifetime.keep_alive([t], stream)
+    del t
+    gc.collect()
+    assert ref() is not None and lifetime.held() >= 1
+    stream.run_all()
+    lifetime.held()  # prunes
+    gc.collect()
+    assert ref() is None
+    lifetime.keep_alive([torch.ones(1)])  # CPU without a stream: host work is synchronous
+    assert lifetime.held() == 0
+
+
+def test_a_replaced_gradient_outlives_its_copy_on_the_comm_stream():
+    """grad_views: a gradient that is not the bucket's view (replaced by the user) is copied
+    in on the comm stream; zero_grad(set_to_none) right after must not free it early."""
+    p = torch.nn.Parameter(torch.zeros(6))
+    bufs = B.BucketBuffers([Bucket(0, (p,), ("w",), (0,), 6)], torch.float32, p.device, True)
+    stream = bufs.stream = FakeStream()
+    p.grad = torch.full((6,), 2.0)  # replaced: no longer the bucket's view
+    ref = weakref.ref(p.grad)
+    stream.enqueued += 1
+    bufs.pack(0, 0.5)
+    p.grad = None  # zero_grad(set_to_none=True)
+    gc.collect()
+    assert ref() is not None, "freed while the comm stream may still read it"
+    stream.run_all()
+    lifetime.held()
+    gc.collect()
+    assert ref() is None and torch.equal(bufs.buffers[0], torch.ones(6))
+
+
+# ------------------------------------------------------------ autotuning at construction
+def test_kernels_are_tuned_when_gradient_sync_is_built(monkeypatch):
+    """On CUDA the first pack/unpack launch autotunes: GradientSync does it at construction
+    (here CPU tensors stand in, with the CUDA check and the kernels faked)."""
+    calls = []
+    monkeypatch.setattr(B, "_needs_tuning", lambda device: True)
+    monkeypatch.setattr(B, "pack", lambda grads, out, scale: calls.append(("pack", out.numel())))
+    monkeypatch.setattr(B, "unpack", lambda flat, grads: calls.append(("unpack", flat.numel())))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    with commrt.init("gloo") as comm:
+        sync = commrt.GradientSync(model, comm, comm_dtype=torch.bfloat16, bucket_mb=0.0001)
+        tuned = list(calls)
+        assert {k for k, _ in tuned} == {"pack", "unpack"}
+        assert sorted(n for k, n in tuned if k == "pack") == sorted(b.numel for b in sync.buckets)
+        assert all(p.grad is None for p in model.parameters())  # no gradient touched
+        sync.close()
+    calls.clear()
+    with commrt.init("gloo") as comm:  # fp32 views on the wire: nothing to tune
+        monkeypatch.setattr(B, "_needs_tuning", lambda device: device.type == "cuda")
+        commrt.GradientSync(model, comm).close()
+    assert calls == []
