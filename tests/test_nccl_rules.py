@@ -14,6 +14,7 @@ anything about NCCL, CUDA or a GPU.
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 import weakref
@@ -221,3 +222,59 @@ def test_kernels_are_tuned_when_gradient_sync_is_built(monkeypatch):
         monkeypatch.setattr(B, "_needs_tuning", lambda device: device.type == "cuda")
         commrt.GradientSync(model, comm).close()
     assert calls == []
+
+
+# ------------------------------------------------------------ the GPU tests' harness, on CPU
+def _report_env(q):
+    import os as _os
+
+    from commrt.kernels._triton import interpret_mode
+
+    q.put(("env", (_os.environ.get("TRITON_INTERPRET"), interpret_mode())))
+
+
+def _hang(q):
+    time.sleep(600)
+
+
+def test_gpu_workers_start_without_triton_interpret_and_hung_ones_are_killed():
+    """tests/test_gpu.py's workers must run the compiled kernels: conftest's TRITON_INTERPRET
+    is not inherited (the worker's Triton is not in interpreter mode), and a worker that hangs
+    is killed at the timeout, failing its test."""
+    import os
+
+    from test_gpu import _spawn
+
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # conftest's, for the CPU tests
+    assert _spawn([(_report_env, ())], timeout=120) == {"env": (None, False)}
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # restored
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="hung GPU workers killed"):
+        _spawn([(_hang, ())], timeout=3)
+    assert time.monotonic() - start < 60
+
+
+def test_gpu_check_prints_one_table_within_80_columns(tmp_path):
+    """bench/gpu_check.py without a GPU: every GPU test is listed with its skip reason, the
+    kernel rows say there is no GPU, nothing is wider than 80 columns."""
+    import subprocess
+    import sys
+
+    from mp import HERE
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the table holds results, not skip reasons: run it by hand")
+    script = os.path.join(os.path.dirname(HERE), "bench", "gpu_check.py")
+    proc = subprocess.run(
+        [sys.executable, script, "--quick", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
+    for name in ("test_bf16_wire_dtype", "test_a_communicator_timeout", "test_nccl_world_of"):
+        (line,) = [ln for ln in lines if ln.startswith(name)]
+        assert "skipped   no CUDA GPU" in line, line
+    assert any(ln.startswith("kernel GB/s") and "no CUDA GPU" in ln for ln in lines), lines
