@@ -89,8 +89,15 @@ def init_nccl(
     nccl = nccl_module if nccl_module is not None else import_nccl()
     device = nccl_device(device, local_rank)
     uid = uid_bytes(nccl.get_unique_id()) if rank == 0 else None
+    store = None
     if mpi_world is not None:
         uid = mpi_world.bcast(uid, root=0)
     else:
-        uid = exchange_unique_id(make_store(), rank, uid)
-    return NcclTransport(rank, world_size, uid, device, nccl=nccl, timeout=timeout)
+        store = make_store()
+        uid = exchange_unique_id(store, rank, uid)
+    # the store lives until the communicator exists: rank 0 may host it, and creating the
+    # communicator is collective, so once it returns every rank has read the id (dropped
+    # earlier, a rank that reads late finds the store's server gone)
+    transport = NcclTransport(rank, world_size, uid, device, nccl=nccl, timeout=timeout)
+    del store
+    return transport
