@@ -156,8 +156,9 @@ class NcclTransport(Transport):
             self._stream = torch.cuda.Stream(device)
         elif hasattr(self.nccl, "HostStream"):  # a CPU stand-in that models streams
             self._stream = self.nccl.HostStream()
+        self.watchdog = Watchdog()
         what = f"rank {rank}: creating the NCCL communicator ({world_size} ranks)"
-        with Watchdog(self.timeout, None, what):  # nothing to abort yet: ends the process
+        with self.watchdog.watch(self.timeout, None, what):  # nothing to abort: ends the process
             self.comm = self.nccl.NcclCommunicator(world_size, unique_id, rank)
 
     def _stream_ptr(self) -> int:
@@ -184,6 +185,9 @@ class NcclTransport(Transport):
         comm = self.comm
         if comm is not None and hasattr(comm, "abort"):
             comm.abort()
+
+    def _abort_group(self) -> None:
+        self.abort("groupEnd timed out")
 
     def check_error(self) -> None:
         """Raise (after aborting) an asynchronous NCCL error: a peer's network failure shows
@@ -232,7 +236,7 @@ class NcclTransport(Transport):
             for ptr, count, code, peer in recv_args:
                 comm.recv(ptr, count, code, peer, s)
         finally:
-            with Watchdog(self.timeout, lambda: self.abort("groupEnd timed out"), what) as dog:
+            with self.watchdog.watch(self.timeout, self._abort_group, what) as dog:
                 try:
                     nccl.groupEnd()
                 except Exception as e:
