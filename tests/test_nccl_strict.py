@@ -64,6 +64,19 @@ def test_backup_catch_up_between_ranks_that_never_connected(tmp_path):
     assert late["params"] != recs[1]["params"]  # the check can fail: rank 1 differs
 
 
+def test_the_stand_in_catches_a_mark_written_after_groupend(tmp_path):
+    """The catch-up deadlock in its smallest form, kept as a check on the stand-in itself:
+    marking the receive posted after its groupEnd, for a pair that never connected, blocks
+    until the watchdog (3 s) names it; marking first, the same transfer completes."""
+    codes, outs = gloo_ranks(2, "strict_worker.py", "handshake", tmp_path, timeout=120)
+    assert codes == [0, 0], TB.failures(codes, outs)
+    server, late = (json.loads((tmp_path / f"handshake_rank{r}.json").read_text()) for r in (0, 1))
+    assert "connection setup in groupEnd (peers [0])" in late["after"]["error"], late
+    assert not server["after"]["saw_mark"], server
+    assert late["first"] == {**late["first"], "error": None, "received": True}, late
+    assert server["first"]["error"] is None and server["first"]["saw_mark"], server
+
+
 def test_backup_workers_with_catch_up_end_identical_and_exact(tmp_path):
     """test_backup's oracle (identical parameters and optimizer state, every update the
     on-time average) over the strict stand-in: the stream-ordered catch-up path."""

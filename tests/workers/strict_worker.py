@@ -17,6 +17,7 @@ Each rank writes OUTDIR/<scenario>_rank<r>.json.
 """
 
 import atexit
+import datetime
 import json
 import os
 import sys
@@ -150,7 +151,55 @@ def catchup(comm):
     return rec
 
 
+def _mark_then_send(comm, store, mark_first: bool) -> dict:
+    """The catch-up handshake alone, between two ranks that never exchanged: rank 1 receives
+    and marks (before or after its groupEnd), rank 0 sends once it sees the mark."""
+    buf = torch.arange(1000.0) if comm.rank == 0 else torch.zeros(1000)
+    start, rec = time.monotonic(), {}
+    try:
+        if comm.rank == 1:
+            if mark_first:
+                store.set("posted", "1")
+            pend = comm.transport.exchange([], [(buf, 0)], 0)
+            if not mark_first:
+                store.set("posted", "1")
+            assert pend.wait_recv(0, time.monotonic() + comm.timeout)
+            rec["received"] = torch.equal(buf, torch.arange(1000.0))
+        else:
+            deadline = time.monotonic() + comm.timeout + 2
+            while not store.check(["posted"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            rec["saw_mark"] = store.check(["posted"])
+            if rec["saw_mark"]:
+                pend = comm.transport.exchange([(buf, 1)], [], 0)
+                assert pend.wait_send(0, time.monotonic() + comm.timeout)
+        rec["error"] = None
+    except commrt.CommError as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+    rec["elapsed"] = time.monotonic() - start
+    return rec
+
+
+def handshake(out):
+    """The old order (mark after groupEnd) deadlocks on the strict stand-in; mark first works."""
+    from commrt.store import ControlStore
+
+    rec = {}
+    for name, mark_first in (("after", False), ("first", True)):
+        comm = strict_comm(timeout=3.0)
+        store = ControlStore.open(comm).client(f"handshake/{name}")
+        rec[name] = _mark_then_send(comm, store, mark_first)
+        store.set(f"done{comm.rank}", "1")  # both ranks finish this phase before the next init
+        store.wait([f"done{1 - comm.rank}"], datetime.timedelta(seconds=60))
+        comm.close()
+        rec["rank"] = comm.rank
+    with open(os.path.join(out, f"handshake_rank{rec['rank']}.json"), "w") as f:
+        json.dump(rec, f)
+
+
 def main(scenario, out):
+    if scenario == "handshake":
+        return handshake(out)
     if scenario == "stuck":
         return stuck(out)
     comm = strict_comm(timeout=5.0 if scenario == "catchup" else 60.0)
