@@ -284,3 +284,32 @@ def test_gpu_check_prints_one_table_within_80_columns(tmp_path):
         (line,) = [ln for ln in lines if ln.startswith(name)]
         assert "skipped   no CUDA GPU" in line, line
     assert any(ln.startswith("kernel GB/s") and "no CUDA GPU" in ln for ln in lines), lines
+
+
+def test_a_catch_up_nccl_cannot_retry_fails_the_policy_and_close_does_not_drain():
+    """On NCCL a failed catch-up receive is raised, not retried; the backup policy then
+    closes without trying to drain (which would use the aborted transport)."""
+    import types
+
+    from commrt.algorithms import BackupWorkers
+    from commrt.sync.backup import BackupPolicy, Role
+
+    calls = []
+
+    class CatchUp:
+        def receive(self, req, step, opt):
+            calls.append("receive")
+            raise CommError("rank 3: catch-up receive failed; NCCL cannot cancel it")
+
+        def request(self, step):
+            calls.append("request")
+
+    policy = BackupPolicy(BackupWorkers(1))
+    policy.ctx = types.SimpleNamespace(tracer=None)
+    policy.catchup = CatchUp()
+    policy.liveness = types.SimpleNamespace(stop=lambda: calls.append("stop"))
+    policy.role = Role.LATE
+    with pytest.raises(CommError, match="cannot cancel"):
+        policy.apply(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    policy.close()
+    assert calls == ["receive", "stop"]  # no drain: no new request on the aborted transport
