@@ -37,6 +37,7 @@ def run(n, scenario, out, timeout=240):
 def test_every_all_reduce_and_gossip_family_passes_its_oracle_on_four_ranks(tmp_path):
     for rec in run(4, "families", tmp_path):
         assert rec["cases"] == 3 * len(SW.SIZES) * 2 * 2 and rec["failures"] == [], rec
+        assert rec["sync"] == {"ring": [True] * 3, "torus 2x2": [True] * 3}, rec["sync"]
         for alg, got in rec["gossip"].items():
             steps = got["steps"]
             assert all(good for _, good in steps), (alg, steps)

@@ -28,7 +28,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from nccl_strict import StrictNccl  # noqa: E402
-from test_gossip import gossip_steps  # noqa: E402
+from test_gossip import _model, _targets, gossip_steps  # noqa: E402
 
 import commrt  # noqa: E402
 from commrt.algorithms import BackupWorkers, Gossip, Ring, Torus2D  # noqa: E402
@@ -85,9 +85,29 @@ def gossip(comm):
     return out
 
 
+def gradient_sync(comm, alg, steps=3):
+    """GradientSync with an all-reduce ``alg``: per step, are the gradients exactly the
+    average of every rank's (integer-valued, so exact in any order)?"""
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    p, out = comm.world_size, []
+    with commrt.GradientSync(m, comm, algorithm=alg, bucket_mb=0.02, first_bucket_mb=0.005) as sync:
+        for s in range(steps):
+            sum((q * t).sum() for q, t in zip(m.parameters(), _targets(m, comm.rank, s))).backward()
+            sync.step(opt, zero_grad=False)
+            per_rank = [_targets(m, r, s) for r in range(p)]
+            want = [sum(ts) / p for ts in zip(*per_rank)]
+            out.append(all(torch.equal(q.grad, w) for q, w in zip(m.parameters(), want)))
+            opt.zero_grad(set_to_none=True)  # dropped while nothing may still read them
+    return out
+
+
 def families(comm):
     cases, failures = all_reduces(comm)
-    return {"cases": cases, "failures": failures, "gossip": gossip(comm)}
+    syncs = {"ring": gradient_sync(comm, "ring")}
+    if comm.world_size == 4:
+        syncs["torus 2x2"] = gradient_sync(comm, Torus2D(2, 2))
+    return {"cases": cases, "failures": failures, "gossip": gossip(comm), "sync": syncs}
 
 
 def mismatch(comm):
