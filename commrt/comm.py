@@ -448,4 +448,5 @@ def _nccl_transport(launch, rank, world_size, master_addr, master_port, timeout,
         nccl,
         mpi_world=_mpi_world() if over_mpi else None,
         make_store=lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
+        timeout=timeout,
     )

@@ -54,6 +54,7 @@ from commrt.kernels._triton_kernels import (
     _unpack_kernel,
     _unpack_kernel_tuned,
 )
+from commrt.kernels.lifetime import keep_alive
 
 # ----------------------------------------------------------------------------
 # configuration
@@ -278,6 +279,7 @@ def pack(tensors: List[torch.Tensor], out: torch.Tensor, scale: float, total: in
         dict(SRC_CODE=tab.list_code, OUT_CODE=DTYPE_CODE[out.dtype], ALIGNED=aligned),
         out.device,
     )
+    keep_alive(tensors)  # the kernel reads them through the table: the allocator cannot see it
 
 
 def unpack(
@@ -313,6 +315,7 @@ def unpack(
         )
     finally:
         _restore.tensors = ()
+    keep_alive(tensors)
 
 
 def reduce_(dst: torch.Tensor, src: torch.Tensor, alpha: float, beta: float) -> None:

@@ -10,6 +10,8 @@ table, so a wrong code or count in the adapter corrupts data or fails loudly.
 
 This checks commrt's NCCL adapter (grouping, pointers, counts, dtype codes,
 unique-id rendezvous). It says nothing about NCCL, CUDA streams or GPUs.
+It is lenient where NCCL hangs (a new pair's connection, mismatched counts,
+asynchronous completion): tests/nccl_strict.py models those rules.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def test_rank_0_keeps_the_store_it_hosts_until_the_communicator_exists(monkeypat
     both_in = threading.Barrier(2, timeout=20)
 
     class CollectiveTransport:  # creating a communicator waits for every rank, as NCCL's does
-        def __init__(self, rank, world_size, uid, device, nccl):
+        def __init__(self, rank, world_size, uid, device, nccl, timeout=None):
             self.uid = uid
             both_in.wait()
 

@@ -12,7 +12,13 @@ from __future__ import annotations
 import torch
 
 from commrt.kernels import pack, unpack
+from commrt.kernels.lifetime import keep_alive
 from commrt.sync.buckets import Bucket
+
+
+def _needs_tuning(device: torch.device) -> bool:
+    """Whether kernels on ``device`` autotune on their first launch (CUDA: Triton)."""
+    return device.type == "cuda"
 
 
 class BucketBuffers:
@@ -31,6 +37,9 @@ class BucketBuffers:
             else None
             for b, buf in zip(buckets, self.buffers)
         ]
+        #: the stream the moves run on when it is not a CUDA stream (tests' fake streams); None:
+        #: the current CUDA stream (see :func:`commrt.kernels.lifetime.keep_alive`)
+        self.stream = None
         # zero gradients standing in for parameters unused this step (pack path), made once
         self._zeros: dict[int, torch.Tensor] = {}
         with torch.no_grad():
@@ -39,6 +48,22 @@ class BucketBuffers:
                     if p.grad is not None:
                         v.copy_(p.grad)
                     p.grad = v
+        if _needs_tuning(device):
+            self.tune()
+
+    def tune(self) -> None:
+        """Run each pack/unpack bucket's kernels once, now: on CUDA the first launch of a
+        size and dtype autotunes (Triton's benchmark synchronises the device, allocates a
+        256 MB flush buffer and clones destinations), which must not happen on the progress
+        thread while the first backward runs. Unpack goes into scratch copies, so no
+        gradient changes."""
+        with torch.no_grad():
+            for b, (bucket, views) in enumerate(zip(self.buckets, self.views)):
+                if views is not None:
+                    continue  # in-place scale: no kernel to tune
+                grads = self._grads(bucket, create=False)
+                pack(grads, self.buffers[b], scale=1.0)
+                unpack(self.buffers[b], [torch.empty_like(g) for g in grads])
 
     @property
     def any_views(self) -> bool:
@@ -80,6 +105,7 @@ class BucketBuffers:
         # Gradients normally already sit in the buffer (autograd accumulated
         # into the views, and hands back the same tensor object: one identity
         # test per parameter); bring in any that were set to None or replaced.
+        copied = []
         for p, v in zip(self.buckets[b].params, views):
             g = p.grad
             if g is v:
@@ -88,6 +114,9 @@ class BucketBuffers:
                 v.zero_()
             elif g.data_ptr() != v.data_ptr():
                 v.copy_(g)
+                copied.append(g)
+        if copied:  # read on the communication stream: the caller may drop them meanwhile
+            keep_alive(copied, self.stream)
         if scale != 1.0:
             self.buffers[b].mul_(scale)
 

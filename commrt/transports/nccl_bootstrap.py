@@ -81,20 +81,23 @@ def init_nccl(
     *,
     mpi_world=None,
     make_store: Callable[[], object] | None = None,
+    timeout: float = 300.0,
 ) -> NcclTransport:
     """An :class:`NcclTransport`; the unique id travels over ``mpi_world`` when given,
-    else through the store ``make_store()`` returns."""
+    else through the store ``make_store()`` returns. ``timeout`` bounds the calls NCCL
+    itself never times out (:mod:`commrt.transports.watchdog`)."""
     nccl = nccl_module if nccl_module is not None else import_nccl()
     device = nccl_device(device, local_rank)
     uid = uid_bytes(nccl.get_unique_id()) if rank == 0 else None
+    store = None
     if mpi_world is not None:
         uid = mpi_world.bcast(uid, root=0)
-        return NcclTransport(rank, world_size, uid, device, nccl=nccl)
-    # Rank 0 may host the store: it must outlive the exchange until the communicator
-    # exists. Creating it is collective, so by then every rank has read the id; a store
-    # dropped right after rank 0 published cut off a rank that was still reading.
-    store = make_store()
-    uid = exchange_unique_id(store, rank, uid)
-    transport = NcclTransport(rank, world_size, uid, device, nccl=nccl)
+    else:
+        store = make_store()
+        uid = exchange_unique_id(store, rank, uid)
+    # the store lives until the communicator exists: rank 0 may host it, and creating the
+    # communicator is collective, so once it returns every rank has read the id (dropped
+    # earlier, a rank that reads late finds the store's server gone)
+    transport = NcclTransport(rank, world_size, uid, device, nccl=nccl, timeout=timeout)
     del store
     return transport

@@ -137,9 +137,25 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         json.dump(rec, f)
 
 
+def make_comm(backend, timeout):
+    """``nccl-strict``: the NCCL adapter over the strict stand-in (tests/nccl_strict.py)."""
+    if backend != "nccl-strict":
+        return commrt.init(backend, timeout=timeout, abort_on_error=False)
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from nccl_strict import StrictNccl
+
+    return commrt.init(
+        "nccl",
+        nccl_module=StrictNccl(hang_s=2 * timeout),
+        device="cpu",
+        timeout=timeout,
+        abort_on_error=False,
+    )
+
+
 def main(backend, scenario, out, backups=1):
-    timeout = 6.0 if scenario == "dead" else 60.0
-    comm = commrt.init(backend, timeout=timeout, abort_on_error=False)
+    timeout = 6.0 if scenario == "dead" else 20.0 if backend == "nccl-strict" else 60.0
+    comm = make_comm(backend, timeout)
     n = comm.world_size - int(backups)
     if scenario in ("killclose", "paused"):
         alg = BackupWorkers(backups=int(backups))  # the default dead_after_s

@@ -14,10 +14,22 @@ start at once (the engine holds them until the late rank posts its
 receive). On stream-ordered transports (NCCL) a send would occupy the
 transport stream until its receiver arrives, ahead of the on-time rank's
 next all-reduce; there the server starts the send only after the late
-rank has posted its receive (it says so through the store), so the send
-cannot wait on the late rank and costs the on-time rank the transfer of
-one snapshot. That path is correct by construction and exercised with
-``send_when_ready`` on MPI; it has not run on a GPU.
+rank has said, through the store, that it is posting its receive, so the
+send cannot wait on the late rank and costs the on-time rank the transfer
+of one snapshot.
+
+**NCCL's rules.** NCCL sets up a pair's connection inside ``groupEnd()``
+the first time the two exchange, and that ``groupEnd`` returns only once
+the peer has reached its matching group; backup workers' inner ring may
+never have connected a server to the late rank. So the late rank writes
+its mark *before* its receive's ``groupEnd``: written after, the late
+rank would wait in ``groupEnd`` for a send the server starts only once it
+sees the mark (a deadlock, holding the communicator's lock). NCCL cannot
+cancel an operation either, so on a stream-ordered transport a failed or
+timed-out transfer is never retried behind the stuck one: the error is
+raised (the transport aborts its communicator). Both rules are checked by
+the strict NCCL stand-in (tests/nccl_strict.py, tests/test_nccl_strict.py)
+on CPU; this path has not run on a GPU.
 
 **Memory bound.** A snapshot is the parameters plus the optimizer state
 (SGD with momentum: 2x the parameters; Adam: 3x). An on-time rank serves
@@ -131,7 +143,12 @@ class CatchUp:
                 return self._receive(req, step, optimizer)
             except CommError:
                 raise
-            except RuntimeError:
+            except RuntimeError as e:
+                if self.comm.transport.stream_ordered:  # the stuck receive cannot be cancelled
+                    raise CommError(
+                        f"commrt: rank {self.rank}: catch-up receive failed ({e}); NCCL cannot "
+                        "cancel it, so it is not retried"
+                    ) from e
                 if self._rbuf is not None:
                     self._lost.append(self._rbuf)  # the engine may still hold it
                 self._rbuf = None
@@ -154,9 +171,10 @@ class CatchUp:
         if self._rbuf is None or self._rbuf.numel() != layout["nbytes"]:
             self._rbuf = torch.empty(layout["nbytes"], dtype=torch.uint8, device=self.comm.device)
         recvs = [(x, resp["server"]) for x in pieces(self._rbuf)]
-        ex = Exchange(self.comm, [], recvs, tags.CATCHUP, self._where(step))
-        self.store.set(Keys.posted(req), "1")  # a stream-ordered server may send now
-        ex.complete(deadline)
+        # the mark first: on NCCL this receive's groupEnd may wait for the server's send,
+        # which a stream-ordered server starts only once it sees the mark (module docs)
+        self.store.set(Keys.posted(req), "1")
+        Exchange(self.comm, [], recvs, tags.CATCHUP, self._where(step)).complete(deadline)
         self.store.set(Keys.received(req), "1")
         load_snapshot(self._rbuf, layout, self.params, optimizer)
         self.record_state()
@@ -206,6 +224,7 @@ class CatchUp:
 
     def _post(self, s: _Send) -> None:
         sends = [(x, s.peer) for x in pieces(s.flat)]
+        s.started = time.monotonic()  # the receiver has the timeout from here to take it
         s.exchange = Exchange(self.comm, sends, [], tags.CATCHUP, self._where(s.step))
 
     def progress(self) -> None:
@@ -227,3 +246,13 @@ class CatchUp:
                 self._sending.remove(s)  # receiver gone: keep the buffer for the engine
                 s.exchange.abandon()
                 self._lost.append(s.flat)
+                if self.comm.transport.stream_ordered:
+                    # the send holds the stream (it cannot be cancelled): nothing after it runs
+                    raise CommTimeoutError(
+                        rank=self.rank,
+                        peer=s.peer,
+                        what="send (catch-up snapshot)",
+                        timeout_s=self.timeout,
+                        algorithm=str(self.algorithm),
+                        step=s.step,
+                    )

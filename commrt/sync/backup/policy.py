@@ -16,7 +16,7 @@ import torch
 
 from commrt.algorithms.auto import Auto, label
 from commrt.algorithms.torus import Torus2D
-from commrt.errors import CommTimeoutError
+from commrt.errors import CommError
 from commrt.store import ControlStore, Host
 from commrt.sync.backup.arrival import Arrival, Role
 from commrt.sync.backup.catchup import CatchUp, span
@@ -221,7 +221,7 @@ class BackupPolicy(Policy):
         """Receive the snapshot answering ``req``; return the global updates it brought."""
         try:
             resp = self.catchup.receive(req, self.held, self._opt)
-        except CommTimeoutError:
+        except CommError:  # a timeout, or NCCL's receive that cannot be retried
             self._failed = True
             raise
         gained = resp["step"] - self.held
@@ -234,7 +234,11 @@ class BackupPolicy(Policy):
         return gained
 
     def _serve(self) -> None:
-        self.catchup.serve(self._opt, self.held, self.final, not self.send_when_ready)
+        try:
+            self.catchup.serve(self._opt, self.held, self.final, not self.send_when_ready)
+        except CommError:  # a snapshot send that timed out on NCCL: close() must not drain
+            self._failed = True
+            raise
 
     def step_stats(self) -> dict:
         return {

@@ -1,0 +1,113 @@
+"""A watchdog for calls that block in C code with no timeout of their own.
+
+NCCL blocks without a bound in two places: creating a communicator (it
+waits for every rank) and the first send/recv between two ranks (the
+connection is set up inside ``groupEnd()``). A dead or mismatched peer
+hangs the caller there, holding whatever locks it holds. :class:`Watchdog`
+runs such a call with a timer: when the timer fires it calls
+``on_expire`` (the transport aborts its communicator, which makes NCCL
+return from the blocked call), and if the call still has not returned
+``grace_s`` later it ends the process with the named error, so no rank
+outlives its error stuck in C code.
+
+One watchdog thread serves every call of a transport: arming and
+disarming it is a lock and a notify (microseconds), so it can guard every
+``groupEnd`` on the hot path without starting a thread per call.
+
+Example::
+
+    >>> dog = Watchdog()
+    >>> with dog.watch(60.0, comm.abort, "rank 0: groupEnd (connect to rank 3)") as w:
+    ...     nccl.groupEnd()                                   # doctest: +SKIP
+    >>> w.fired          # the caller raises its named error when the timer went off
+    False
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Callable
+
+#: seconds a call may stay blocked after ``on_expire`` before the process is ended
+GRACE_S = 5.0
+
+
+class Watch:
+    """One guarded call: ``fired`` says whether its timer went off."""
+
+    def __init__(self, dog: "Watchdog", deadline: float, on_expire, what: str):
+        self.dog, self.deadline, self.on_expire, self.what = dog, deadline, on_expire, what
+        self.fired = self.done = False
+
+    def __enter__(self) -> "Watch":
+        self.dog.arm(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.dog.disarm(self)
+
+
+class Watchdog:
+    """A thread that calls a guarded call's ``on_expire`` at its deadline, and ends the
+    process (``exit(1)``) if the call is still running ``grace_s`` after that."""
+
+    def __init__(self, grace_s: float = GRACE_S, exit: Callable[[int], object] = os._exit):
+        self.grace_s, self._exit = grace_s, exit
+        self._cv = threading.Condition()
+        self._current: Watch | None = None
+        self._thread: threading.Thread | None = None
+
+    def watch(self, timeout_s: float, on_expire, what: str) -> Watch:
+        """A context manager guarding one call for ``timeout_s`` seconds."""
+        return Watch(self, time.monotonic() + timeout_s, on_expire, what)
+
+    def arm(self, w: Watch) -> None:
+        with self._cv:
+            self._current = w
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="commrt-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify_all()
+
+    def disarm(self, w: Watch) -> None:
+        with self._cv:
+            w.done = True
+            if self._current is w:
+                self._current = None
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                w = self._current
+                while w is None or w.fired or time.monotonic() < w.deadline:
+                    idle = w is None or w.fired
+                    self._cv.wait(None if idle else w.deadline - time.monotonic())
+                    w = self._current
+                w.fired = True  # (a disarmed call is no longer current)
+            self._expire(w)
+
+    def _expire(self, w: Watch) -> None:
+        if w.on_expire is not None:
+            try:
+                w.on_expire()
+            except Exception as e:  # noqa: BLE001 (the process ends below if it stays stuck)
+                print(f"commrt: watchdog: abort failed: {e!r}", file=sys.stderr, flush=True)
+        with self._cv:
+            end = time.monotonic() + self.grace_s
+            while not w.done and time.monotonic() < end:
+                self._cv.wait(end - time.monotonic())
+            if w.done:
+                return
+        print(
+            f"commrt: {w.what} blocked past its timeout and did not return "
+            f"{self.grace_s:g} s after the abort; ending the process",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._exit(1)

@@ -1,0 +1,260 @@
+"""Every family over the strict NCCL stand-in (tests/nccl_strict.py), as gloo_ranks ranks.
+
+    strict_worker.py SCENARIO OUTDIR
+
+Each rank writes OUTDIR/<scenario>_rank<r>.json.
+
+* ``families``: ring, halving-doubling and Torus2D all-reduce (sum and avg,
+  float32/float64, irregular sizes) against a float64 reference every rank
+  computes from every rank's seeded data; gossip (hypercube, synchronous
+  and asynchronous; dissemination) through GradientSync against the exact
+  mix (tests/test_gossip.py's oracle); a barrier and the native all-reduce.
+* ``mismatch``: rank 0 sends 4 float32 where rank 1 receives 8: a named
+  error on both, no hang.
+* ``stuck``: rank 1 never comes to rank 0's first exchange: rank 0's
+  groupEnd blocks on the new connection until the watchdog aborts it; then
+  ``with commrt.init(...)`` must exit (no destroy() hang).
+"""
+
+import atexit
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from nccl_strict import StrictNccl  # noqa: E402
+from test_gossip import _model, _targets, gossip_steps  # noqa: E402
+
+import commrt  # noqa: E402
+from commrt.algorithms import BackupWorkers, Gossip, Ring, Torus2D  # noqa: E402
+
+SIZES = (1, 7, 1000, 40_003)
+
+
+def strict_comm(timeout=60.0, hang_s=30.0):
+    return commrt.init(
+        "nccl",
+        nccl_module=StrictNccl(hang_s=hang_s),
+        device="cpu",
+        timeout=timeout,
+        abort_on_error=False,
+    )
+
+
+def data(rank, n, dtype):
+    return torch.randn(n, generator=torch.Generator().manual_seed(1000 * rank + n)).to(dtype)
+
+
+def all_reduces(comm):
+    p, failures, cases = comm.world_size, [], 0
+    algorithms = {"ring": "ring", "halving_doubling": "halving_doubling"}
+    if p == 4:
+        algorithms["torus 2x2"] = Torus2D(2, 2)
+    for name, alg in algorithms.items():
+        for n in SIZES:
+            for dtype in (torch.float32, torch.float64):
+                for op in ("sum", "avg"):
+                    t = data(comm.rank, n, dtype)
+                    commrt.all_reduce(t, comm, algorithm=alg, op=op)
+                    want = sum(data(r, n, dtype).double() for r in range(p))
+                    want = want / p if op == "avg" else want
+                    err = float((t.double() - want).abs().max())
+                    tol = 1e-12 if dtype == torch.float64 else 1e-5 * p
+                    cases += 1
+                    if err > tol:
+                        failures.append([name, n, str(dtype), op, err])
+    native = torch.full((5,), float(comm.rank + 1))
+    comm.transport.native_all_reduce(native, "sum")
+    if not torch.equal(native, torch.full((5,), float(p * (p + 1) // 2))):
+        failures.append(["native", native.tolist()])
+    comm.barrier()
+    return cases, failures
+
+
+def gossip(comm):
+    out = {}
+    algs = [Gossip(), Gossip(asynchronous=True), Gossip("dissemination", asynchronous=True)]
+    for alg in algs:
+        steps, nb, _ = gossip_steps(comm, alg)
+        out[str(alg)] = {"steps": steps, "buckets": nb}
+    return out
+
+
+def gradient_sync(comm, alg, steps=3):
+    """GradientSync with an all-reduce ``alg``: per step, are the gradients exactly the
+    average of every rank's (integer-valued, so exact in any order)?"""
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.0)
+    p, out = comm.world_size, []
+    with commrt.GradientSync(m, comm, algorithm=alg, bucket_mb=0.02, first_bucket_mb=0.005) as sync:
+        for s in range(steps):
+            sum((q * t).sum() for q, t in zip(m.parameters(), _targets(m, comm.rank, s))).backward()
+            sync.step(opt, zero_grad=False)
+            per_rank = [_targets(m, r, s) for r in range(p)]
+            want = [sum(ts) / p for ts in zip(*per_rank)]
+            out.append(all(torch.equal(q.grad, w) for q, w in zip(m.parameters(), want)))
+            opt.zero_grad(set_to_none=True)  # dropped while nothing may still read them
+    return out
+
+
+def families(comm):
+    cases, failures = all_reduces(comm)
+    syncs = {"ring": gradient_sync(comm, "ring")}
+    if comm.world_size == 4:
+        syncs["torus 2x2"] = gradient_sync(comm, Torus2D(2, 2))
+    return {"cases": cases, "failures": failures, "gossip": gossip(comm), "sync": syncs}
+
+
+def mismatch(comm):
+    peer = 1 - comm.rank
+    t = torch.ones(4 if comm.rank == 0 else 8)
+    start = time.monotonic()
+    try:
+        if comm.rank == 0:
+            ex = comm.transport.exchange([(t, peer)], [], 0)
+            ok = ex.wait_send(0, time.monotonic() + comm.timeout)
+        else:
+            ex = comm.transport.exchange([], [(t, peer)], 0)
+            ok = ex.wait_recv(0, time.monotonic() + comm.timeout)
+        return {"error": None, "ok": ok}
+    except commrt.CommError as e:
+        return {
+            "error": f"{type(e).__name__}: {e}",
+            "broken": comm.transport.broken,
+            "elapsed": time.monotonic() - start,
+        }
+
+
+def catchup(comm):
+    """Backup workers' catch-up alone: ranks 0 and 1 are on time (and have exchanged with each
+    other only, as a ring over them does), the last rank is late and asks for a snapshot; no
+    collective ever connected a server to it before."""
+    from commrt.store import ControlStore
+    from commrt.sync.backup import CatchUp, Keys
+
+    torch.manual_seed(comm.rank)
+    model = torch.nn.Linear(30, 20)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    params = list(model.parameters())
+    cu = CatchUp(comm, ControlStore.open(comm).client(Keys.space(0)), params, BackupWorkers(1))
+    late = comm.world_size - 1
+    rec, start = {}, time.monotonic()
+    try:
+        if comm.rank == late:
+            resp = cu.receive(cu.request(0), 0, opt)
+            rec["got_step"] = resp["step"]
+        else:
+            ring = torch.ones(8)
+            with comm.lock:  # the ring among the on-time ranks only, as the inner all-reduce runs
+                sched = Ring().schedule(comm.world_size, tuple(range(late)))
+                comm.executor.run(sched, ring, comm.transport, timeout=comm.timeout)
+            model(torch.ones(2, 30)).sum().backward()
+            opt.step()  # global step 1, with momentum state
+            deadline = time.monotonic() + 2 * comm.timeout
+            while comm.rank == 0 and time.monotonic() < deadline and (cu.served == 0 or cu.busy):
+                cu.serve(opt, 1, None, send_now=False)  # what stream-ordered transports do
+                time.sleep(0.005)
+        rec["error"] = None
+    except commrt.CommError as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+    rec["elapsed"] = time.monotonic() - start
+    rec["served"] = cu.served
+    rec["params"] = [p.detach().flatten().tolist() for p in params]
+    rec["momentum"] = [
+        opt.state[p].get("momentum_buffer", torch.zeros(0)).flatten().tolist() for p in params
+    ]
+    return rec
+
+
+def _mark_then_send(comm, store, mark_first: bool) -> dict:
+    """The catch-up handshake alone, between two ranks that never exchanged: rank 1 receives
+    and marks (before or after its groupEnd), rank 0 sends once it sees the mark."""
+    buf = torch.arange(1000.0) if comm.rank == 0 else torch.zeros(1000)
+    start, rec = time.monotonic(), {}
+    try:
+        if comm.rank == 1:
+            if mark_first:
+                store.set("posted", "1")
+            pend = comm.transport.exchange([], [(buf, 0)], 0)
+            if not mark_first:
+                store.set("posted", "1")
+            assert pend.wait_recv(0, time.monotonic() + comm.timeout)
+            rec["received"] = torch.equal(buf, torch.arange(1000.0))
+        else:
+            deadline = time.monotonic() + comm.timeout + 2
+            while not store.check(["posted"]) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            rec["saw_mark"] = store.check(["posted"])
+            if rec["saw_mark"]:
+                pend = comm.transport.exchange([(buf, 1)], [], 0)
+                assert pend.wait_send(0, time.monotonic() + comm.timeout)
+        rec["error"] = None
+    except commrt.CommError as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+    rec["elapsed"] = time.monotonic() - start
+    return rec
+
+
+def handshake(out):
+    """The old order (mark after groupEnd) deadlocks on the strict stand-in; mark first works."""
+    from commrt.store import ControlStore
+
+    rec = {}
+    for name, mark_first in (("after", False), ("first", True)):
+        comm = strict_comm(timeout=3.0)
+        store = ControlStore.open(comm).client(f"handshake/{name}")
+        rec[name] = _mark_then_send(comm, store, mark_first)
+        store.set(f"done{comm.rank}", "1")  # both ranks finish this phase before the next init
+        store.wait([f"done{1 - comm.rank}"], datetime.timedelta(seconds=60))
+        comm.close()
+        rec["rank"] = comm.rank
+    with open(os.path.join(out, f"handshake_rank{rec['rank']}.json"), "w") as f:
+        json.dump(rec, f)
+
+
+def main(scenario, out):
+    if scenario == "handshake":
+        return handshake(out)
+    if scenario == "stuck":
+        return stuck(out)
+    comm = strict_comm(timeout=5.0 if scenario == "catchup" else 60.0)
+    rec = {"rank": comm.rank, "world_size": comm.world_size}
+    rec.update({"families": families, "mismatch": mismatch, "catchup": catchup}[scenario](comm))
+    comm.close()
+    with open(os.path.join(out, f"{scenario}_rank{comm.rank}.json"), "w") as f:
+        json.dump(rec, f)
+
+
+def stuck(out):
+    """Rank 0's first exchange with rank 1, which never comes (it sleeps, then leaves)."""
+    timeout = 3.0
+    with strict_comm(timeout=timeout, hang_s=120.0) as comm:
+        rec = {"rank": comm.rank}
+        if comm.rank == 1:
+            time.sleep(timeout + 8)
+            return
+        start = time.monotonic()
+        try:
+            commrt.all_reduce(torch.ones(10), comm, algorithm="ring")
+            rec["error"] = None
+        except commrt.CommError as e:
+            rec["error"] = f"{type(e).__name__}: {e}"
+        rec["raised_after"] = time.monotonic() - start
+        rec["broken"] = comm.transport.broken
+        rec["closing_at"] = time.time()  # then close(): it must not wait on the stuck group
+
+        def write():
+            rec["exited_at"] = time.time()
+            with open(os.path.join(out, "stuck_rank0.json"), "w") as f:
+                json.dump(rec, f)
+
+        atexit.register(write)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
