@@ -9,6 +9,7 @@ takes part, :class:`~commrt.sync.backup.catchup.CatchUp` moves snapshots,
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -117,7 +118,7 @@ class BackupPolicy(Policy):
         self._req: int | None = None  # this step's catch-up request (late only)
         self._opt = None  # the optimizer of the last sync.step (snapshots)
         self._unapplied = False  # a step began and sync.step has not applied it yet
-        self._failed = False  # a wait timed out: close() does not drain
+        self.failed = False  # a wait timed out or NCCL failed: close() does not drain
         self._closed = False
         self._said_final = False  # this rank told the others it holds the final state
         # ---- stats
@@ -165,7 +166,7 @@ class BackupPolicy(Policy):
         try:
             self._begin()
         except BaseException:
-            self._failed = True
+            self.failed = True
             raise
 
     def _begin(self) -> None:
@@ -219,11 +220,8 @@ class BackupPolicy(Policy):
 
     def _catch_up(self, req: int) -> int:
         """Receive the snapshot answering ``req``; return the global updates it brought."""
-        try:
+        with _marks_failure(self):  # a timeout, or NCCL's receive that cannot be retried
             resp = self.catchup.receive(req, self.held, self._opt)
-        except CommError:  # a timeout, or NCCL's receive that cannot be retried
-            self._failed = True
-            raise
         gained = resp["step"] - self.held
         self.held = resp["step"]
         self.updates += gained
@@ -234,11 +232,8 @@ class BackupPolicy(Policy):
         return gained
 
     def _serve(self) -> None:
-        try:
+        with _marks_failure(self):  # a snapshot send that timed out on NCCL
             self.catchup.serve(self._opt, self.held, self.final, not self.send_when_ready)
-        except CommError:  # a snapshot send that timed out on NCCL: close() must not drain
-            self._failed = True
-            raise
 
     def step_stats(self) -> dict:
         return {
@@ -277,7 +272,7 @@ class BackupPolicy(Policy):
             return
         self._closed = True
         try:
-            if not self._failed:
+            if not self.failed:
                 self.liveness.check_alive()  # the others stopped waiting for it: no drain
                 self._drain()
         finally:
@@ -323,6 +318,16 @@ class BackupPolicy(Policy):
         if self._report is not None:
             return self._report
         return BackupReport.of(self, {self.rank: self._counts()}, tuple(self.liveness.missing))
+
+
+@contextlib.contextmanager
+def _marks_failure(policy: BackupPolicy):
+    """A CommError inside marks ``policy`` failed (its close() then does not drain)."""
+    try:
+        yield
+    except CommError:
+        policy.failed = True
+        raise
 
 
 def _wait_for_finals(
