@@ -239,13 +239,16 @@ def _channel(transport):
 
 def track(comm) -> None:
     """Announce ``comm``'s farewell if it is dropped, or still open at interpreter exit,
-    without ``close()`` (a script that just returns): ``weakref.finalize`` runs at either."""
-    weakref.finalize(comm, _leave, comm.watch)
+    without ``close()`` (a script that just returns): ``weakref.finalize`` runs at either.
+    The transport is released right after, so that gloo peers see the connection close
+    now rather than when the interpreter is finally gone."""
+    weakref.finalize(comm, _leave, comm.watch, comm.transport)
 
 
-def _leave(watch: Departures) -> None:
+def _leave(watch: Departures, transport) -> None:
     try:
         watch.announce(EXITED)
         watch.close()
+        transport.close()
     except Exception:  # exiting anyway
         pass

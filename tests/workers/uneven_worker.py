@@ -37,8 +37,13 @@ def shard(rank: int, steps: int):
 
 
 def model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    """The same model on every rank and thread (its own generator, not the global seed)."""
+    m = torch.nn.Sequential(torch.nn.Linear(FEATURES, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    return m
 
 
 def loss(m, batch):
@@ -47,9 +52,10 @@ def loss(m, batch):
     return torch.nn.functional.mse_loss(m(x.to(dtype)), y.to(dtype))
 
 
-def reference(world_size: int, steps: int, lr: float):
+def reference(world_size: int, steps: int, lr: float, over_all: bool = False):
     """Plain SGD in float64 where step t's gradient is the mean over the ranks that still
-    have a batch t: what join must compute."""
+    have a batch t: what join must compute (``over_all``: divided by the world size
+    instead, the wrong answer a test must be able to tell apart)."""
     m = model().double()
     shards = [shard(r, steps) for r in range(world_size)]
     for t in range(steps + world_size - 1):
@@ -62,7 +68,7 @@ def reference(world_size: int, steps: int, lr: float):
             grads = g if grads is None else [a + b for a, b in zip(grads, g)]
         with torch.no_grad():
             for p, g in zip(m.parameters(), grads):
-                p -= lr * g / len(live)
+                p -= lr * g / (world_size if over_all else len(live))
     return m
 
 
@@ -90,6 +96,7 @@ def run(comm, mode, loop, steps, out):
                 sync.step(opt)
         out["params"] = flat(m)
         out["reference"] = flat(reference(comm.world_size, steps, 0.1))
+        out["over_all_ranks"] = flat(reference(comm.world_size, steps, 0.1, over_all=True))
         return len(mine)
     for i, batch in enumerate(mine):
         loss(m, batch).backward()
