@@ -235,7 +235,7 @@ class Communicator:
     def begin_sync_step(self, sync) -> None:
         """``sync``'s buckets own the wire until :meth:`end_sync_step`."""
         self._active_sync = sync
-        self.watch.begin_sync()
+        self.watch.begin_sync(waits_on_all=not sync.policy.ranks_may_fail)
 
     def end_sync_step(self, sync) -> None:
         if self._active_sync is sync:

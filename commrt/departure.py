@@ -82,6 +82,7 @@ class Departures:
         #: GradientSync steps finished, and whether one is in flight
         self.sync_steps = 0
         self.in_sync = False
+        self.sync_waits_on_all = True
         #: peer -> its farewell, once heard
         self.left: dict[int, Farewell] = {}
         self.announced = False
@@ -91,8 +92,11 @@ class Departures:
     def begin_call(self) -> None:
         self.calls += 1
 
-    def begin_sync(self) -> None:
+    def begin_sync(self, waits_on_all: bool = True) -> None:
+        """A GradientSync step begins; ``waits_on_all=False`` for families whose steps go on
+        without ranks that left (backup workers): a farewell ends none of their waits."""
         self.in_sync = True
+        self.sync_waits_on_all = waits_on_all
 
     def end_sync(self) -> None:
         if self.in_sync:
@@ -120,6 +124,8 @@ class Departures:
 
     def blocking(self) -> PeerClosedError | None:
         """The error for the first peer that left before what this rank waits in."""
+        if self.in_sync and not self.sync_waits_on_all:
+            return None
         if self.in_sync:
             unit, mine = "GradientSync step", self.sync_steps + 1
         else:

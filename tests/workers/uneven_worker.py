@@ -10,8 +10,9 @@ in ``GradientSync.join``). ``LOOP``: ``allreduce`` (plain ``commrt.all_reduce`` 
 step) or ``gradsync`` (a GradientSync training loop).
 
 Each rank writes ``OUT_DIR/rank<r>.json``: the steps it ran, and for a rank that
-raised, the error's type, text and the seconds between the other rank leaving
-(read from a file it wrote) and the error. ``join`` also writes the final
+raised, the error's type, text and ``waited_s``: the seconds from the later of
+the other rank leaving (read from a file it wrote) and this rank's last call
+starting, to the error. ``join`` also writes the final
 parameters and the float64 reference (see :func:`reference`).
 """
 
@@ -76,12 +77,17 @@ def flat(m) -> list[float]:
     return torch.cat([p.detach().flatten() for p in m.parameters()]).tolist()
 
 
+#: time.time() when this rank's latest call (or step) began
+STARTED = [0.0]
+
+
 def run(comm, mode, loop, steps, out):
     """This rank's loop; returns how many steps it ran."""
     mine = shard(comm.rank, steps)
     if loop == "allreduce":
         t = torch.ones(1000)
         for i, _ in enumerate(mine):
+            STARTED[0] = time.time()
             commrt.all_reduce(t, comm, op="avg")
             if mode == "idle" and i == len(mine) - 2 and comm.rank > 0:
                 time.sleep(2.0)  # rank 0 leaves while this rank computes
@@ -99,6 +105,7 @@ def run(comm, mode, loop, steps, out):
         out["over_all_ranks"] = flat(reference(comm.world_size, steps, 0.1, over_all=True))
         return len(mine)
     for i, batch in enumerate(mine):
+        STARTED[0] = time.time()
         loss(m, batch).backward()
         sync.step(opt)
         if mode == "idle" and i == len(mine) - 2 and comm.rank > 0:
@@ -117,7 +124,7 @@ def main(backend, mode, loop, steps, out_dir):
         now = time.time()
         left_at = float(open(left_file).read()) if os.path.exists(left_file) else None
         out.update(error=type(e).__name__, message=str(e))
-        out["after_leaving_s"] = None if left_at is None else now - left_at
+        out["waited_s"] = None if left_at is None else now - max(left_at, STARTED[0])
     write = lambda: json.dump(out, open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w"))  # noqa: E731
     if "error" in out or mode == "join":
         write()
