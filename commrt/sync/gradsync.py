@@ -271,9 +271,9 @@ class GradientSync:
         shadows the steps the others still run, with zero gradients, until every rank has
         left it; each step averages over the ranks still training, and every rank applies
         it with ``optimizer``, so all end with identical parameters. Every rank must enter
-        it (see :mod:`commrt.sync.join` and the class example). ValueError for families
-        that cannot: gossip (one peer per step, no average to take); backup workers
-        tolerate missing ranks by design, so a finished rank just stops."""
+        it (see :mod:`commrt.sync.join` and the class example). ValueError, from the
+        family's policy (``Policy.join``) saying why, for families where it does not
+        apply."""
         if self._progress.state.started:
             raise RuntimeError("commrt: join() entered with a step in flight: sync.wait() first")
         return joined(self, self.policy.join(), optimizer)
