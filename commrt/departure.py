@@ -252,6 +252,8 @@ def track(comm) -> None:
 
 
 def _leave(watch: Departures, transport) -> None:
+    if watch.channel is None:  # closed already, or nobody to tell (one rank, NCCL)
+        return
     try:
         watch.announce(EXITED)
         watch.close()
