@@ -19,7 +19,7 @@ from commrt import data  # commrt.data.GossipShuffle
 from commrt.collectives import all_reduce, broadcast
 from commrt.comm import Backend, Communicator, init
 from commrt.consensus import average_parameters
-from commrt.errors import CommError, CommTimeoutError, ScheduleError
+from commrt.errors import CommError, CommTimeoutError, PeerClosedError, ScheduleError
 from commrt.schedule import Schedule
 from commrt.sync.gradsync import GradientSync
 
@@ -35,6 +35,7 @@ __all__ = [
     "Schedule",
     "CommError",
     "CommTimeoutError",
+    "PeerClosedError",
     "ScheduleError",
     "data",
 ]

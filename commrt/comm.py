@@ -22,6 +22,7 @@ from typing import Mapping
 
 import torch
 
+from commrt.departure import CLOSED, Departures, track
 from commrt.errors import CommError, CommTimeoutError
 from commrt.rendezvous import _mpi_world
 from commrt.rendezvous import tcp_store as _tcp_store
@@ -171,6 +172,10 @@ class Communicator:
         #: open GradientSyncs, whose after-step work must finish before another collective
         self._syncs: weakref.WeakSet = weakref.WeakSet()
         self._closed = False
+        #: what this rank began, and which peers left (commrt.departure); waits consult it
+        self.watch = Departures(transport)
+        transport.attach_watch(self.watch)
+        track(self)
         from commrt.executor import Executor  # executor imports kernels; keep init light
 
         self.executor = Executor()
@@ -179,6 +184,7 @@ class Communicator:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""
         self.check_open()
         self.settle()
+        self.watch.begin_call()
         t = self.timeout if timeout is None else timeout
         with self.lock:
             if not self.transport.barrier(t):
@@ -204,6 +210,8 @@ class Communicator:
             )
         if self._syncs:
             self.settle()
+        self.watch.begin_call()
+        self.watch.check()
 
     def settle(self) -> None:
         """Let GradientSync work that outlives wait() (asynchronous families) finish
@@ -227,10 +235,12 @@ class Communicator:
     def begin_sync_step(self, sync) -> None:
         """``sync``'s buckets own the wire until :meth:`end_sync_step`."""
         self._active_sync = sync
+        self.watch.begin_sync(waits_on_all=not sync.policy.ranks_may_fail)
 
     def end_sync_step(self, sync) -> None:
         if self._active_sync is sync:
             self._active_sync = None
+        self.watch.end_sync()
 
     def check_open(self) -> None:
         """Raise :class:`CommError` if the communicator was closed."""
@@ -243,7 +253,8 @@ class Communicator:
 
     def close(self) -> None:
         """Close open GradientSyncs (each waits at most ``timeout`` for its progress thread),
-        then release the transport. Idempotent; the communicator is unusable after."""
+        tell the peers this rank left (:mod:`commrt.departure`), then release the transport.
+        Idempotent; the communicator is unusable after."""
         if self._closed:
             return
         try:
@@ -251,6 +262,8 @@ class Communicator:
                 sync.close()
         finally:
             self._closed = True
+            self.watch.announce(CLOSED)
+            self.watch.close()
             self.transport.close()
 
     def __enter__(self) -> "Communicator":

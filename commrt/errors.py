@@ -58,3 +58,50 @@ class CollectiveMismatchError(CommError, ValueError):
 
 class ScheduleError(ValueError):
     """A schedule does not implement its collective, or is malformed."""
+
+
+class PeerClosedError(CommError):
+    """A peer closed its communicator (or its process exited) before a call this rank
+    waits in: it will never take part, so the wait is over.
+
+    Attributes: ``rank`` (this rank), ``peer`` (the rank that left), ``how``
+    (``"closed its communicator"`` or ``"exited"``), ``unit`` (``"collective call"`` or
+    ``"GradientSync step"``), ``peer_done`` (how many of those the peer finished, counted
+    from 1) and ``waiting_in`` (the one this rank waits in), ``where`` (algorithm,
+    schedule step and bucket, where known).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        peer: int,
+        how: str,
+        unit: str,
+        peer_done: int,
+        waiting_in: int,
+        where: str = "",
+    ):
+        self.rank, self.peer, self.how, self.unit = rank, peer, how, unit
+        self.peer_done, self.waiting_in, self.where = peer_done, waiting_in, where
+        super().__init__(
+            f"commrt: rank {peer} {how} after {unit} {peer_done} while rank {rank} waits in "
+            f"{unit} {waiting_in}" + (f" ({where})" if where else "") + f": rank {peer} will "
+            "not take part again. Make every rank run the same number of steps, or wrap the "
+            "training loop in GradientSync.join(optimizer) so that ranks which run out of data "
+            "shadow the others' steps."
+        )
+
+    def at(self, where: str) -> "PeerClosedError":
+        """The same error, naming where this rank waited (algorithm, step, bucket)."""
+        if self.where or not where:
+            return self
+        return PeerClosedError(
+            rank=self.rank,
+            peer=self.peer,
+            how=self.how,
+            unit=self.unit,
+            peer_done=self.peer_done,
+            waiting_in=self.waiting_in,
+            where=where,
+        )

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from commrt import tags
-from commrt.errors import CommError, CommTimeoutError
+from commrt.errors import CommError, CommTimeoutError, PeerClosedError
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.kernels import reduce_
 from commrt.p2p import Where, engine_error, timeout_error
@@ -373,8 +373,8 @@ class Executor:
         step, deadline: float, schedule: Schedule, timeout: float, bucket, spin_s: float = 0.0
     ) -> None:
         sp, prepared, post = step
-        pend = prepared.start(spin_s)
         try:
+            pend = prepared.start(spin_s)  # gloo raises here when a peer's connection closed
             sent = 0
             for i, (after, apply) in enumerate(post):
                 while sent < after:
@@ -391,6 +391,9 @@ class Executor:
                 if not pend.wait_send(j, deadline):
                     _timeout(prepared, "send", sp.sends[j].peer, sp, schedule, timeout, bucket)
             pend.finish()
+        except PeerClosedError as e:  # a peer that left (commrt.departure): say where we waited
+            where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
+            raise e.at(where.describe()) from None
         except CommError:
             raise
         except RuntimeError as e:  # engine errors (a peer's connection closed, ...)

@@ -39,6 +39,15 @@ class Where:
     num_steps: int | None = None
     bucket: int | None = None
 
+    def describe(self) -> str:
+        """The parts known, as in "algorithm ring, step 2 of 6, bucket 1"."""
+        parts = [f"algorithm {self.algorithm}"]
+        if self.step is not None:
+            parts.append(f"step {self.step}" + (f" of {self.num_steps}" if self.num_steps else ""))
+        if self.bucket is not None:
+            parts.append(f"bucket {self.bucket}")
+        return ", ".join(parts)
+
 
 def timeout_error(
     rank: int, what: str, peer: int | None, timeout_s: float, where: Where
@@ -58,7 +67,12 @@ def timeout_error(
 def engine_error(
     transport: Transport, err: Exception, peers: Sequence[int], where: Where
 ) -> CommError:
-    """An engine's raw error (a peer's connection closed, ...) in commrt's terms."""
+    """An engine's raw error (a peer's connection closed, ...) in commrt's terms: a peer
+    that left (its farewell, :mod:`commrt.departure`) is named as such."""
+    watch = transport.watch
+    left = watch.explain() if watch is not None else None
+    if left is not None:
+        return left.at(where.describe())
     step = f" in step {where.step}" if where.step is not None else ""
     return CommError(
         f"commrt: rank {transport.rank}: {transport.name} failed{step} "

@@ -10,6 +10,7 @@ executor              schedule step × 1024 + piece, below 2**28
 gossip shuffle        2**28 + epoch mod 2**20
 backup catch-up       one tag, above both
 call check            one tag, after catch-up's
+farewell              one tag, after the call check's
 ====================  ==========================================
 """
 
@@ -27,6 +28,8 @@ SHUFFLE_EPOCHS = 1 << 20
 CATCHUP = 0x3FFFFF00
 #: the collectives' cross-rank check of a call signature (commrt.collectives)
 CALL_CHECK = CATCHUP + 1
+#: a closing rank's farewell to its peers (commrt.departure), where no store carries it
+FAREWELL = CALL_CHECK + 1
 
 #: every range, [start, stop), by owner
 RANGES = {
@@ -34,6 +37,7 @@ RANGES = {
     "shuffle": (SHUFFLE_BASE, SHUFFLE_BASE + SHUFFLE_EPOCHS),
     "catch-up": (CATCHUP, CATCHUP + 1),
     "call check": (CALL_CHECK, CALL_CHECK + 1),
+    "farewell": (FAREWELL, FAREWELL + 1),
 }
 
 

@@ -100,6 +100,15 @@ class GossipPolicy(Policy):
         _swap(buf, self._wire[bucket], self._tmp)
         return 0
 
+    def join(self):
+        raise ValueError(
+            "commrt: GradientSync.join() does not apply to gossip: each step mixes a rank's "
+            "gradient with ONE peer's (half each), never an average over all ranks, so "
+            "there is no count of ranks still training to divide by, and a finished rank's "
+            "zero gradient would halve its partner's. Give every rank the same number of "
+            "steps (drop the last uneven batches), or use an all-reduce algorithm"
+        )
+
     def after_step(self, step: int) -> int:
         return sum(self._exchange(step, b, w) for b, w in enumerate(self._wire))
 

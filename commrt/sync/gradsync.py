@@ -48,11 +48,12 @@ import torch
 
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm
 from commrt.comm import Communicator
-from commrt.errors import CommError
 from commrt.sync.buckets import MB, Bucket, assign_buckets, check_layout, describe
 from commrt.sync.buffers import BucketBuffers
 from commrt.sync.config import SyncConfig, trainable
 from commrt.sync.families import policy_for
+from commrt.sync.hooks import GradHooks
+from commrt.sync.join import joined
 from commrt.sync.policy import SyncContext
 from commrt.sync.progress import BucketRunner, Progress
 from commrt.sync.recording import StepRecorder
@@ -109,6 +110,13 @@ class GradientSync:
         for x, y in loader:
             loss_fn(model(x), y).backward()   # buckets leave while backward runs
             sync.step(optimizer)              # wait, optimizer.step(), zero_grad()
+
+    Shards of different lengths (:meth:`join`)::
+
+        with sync.join(optimizer):            # on every rank
+            for x, y in my_shard:             # ranks out of data shadow the rest
+                loss_fn(model(x), y).backward()
+                sync.step(optimizer)
     """
 
     def __init__(
@@ -143,8 +151,6 @@ class GradientSync:
         self.buckets: list[Bucket] = _agreed_buckets(cfg, named, comm, model)
         self.io = BucketBuffers(self.buckets, cfg.comm_dtype, comm.device, cfg.grad_views)
         self._buffers, self._views = self.io.buffers, self.io.views  # (tests look inside)
-        #: id(parameter) -> its bucket
-        self._where = {id(p): b.index for b in self.buckets for p in b.params}
 
         # -- the family's policy, and what is recorded about each step
         self.tracer = _tracer(trace, comm)
@@ -159,36 +165,13 @@ class GradientSync:
         runner = BucketRunner(self.io, self.policy, comm, self.tracer)
         first, name = StepState.fresh(self.buckets, 0), f"commrt-progress-r{comm.rank}"
         self._progress = Progress(first, runner, self.policy, name=name)
-        #: inside no_sync(): gradients accumulate locally, hooks do nothing
-        self._accumulating = False
         #: optimizer updates step() applied
         self._updates = 0
 
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for _, p in named]
+        # -- the gradient hooks (autograd calls them as each .grad is accumulated)
+        self.hooks = GradHooks(self, self.buckets, self._progress, comm, named)
         comm.register_sync(self)
         self._progress.start()
-
-    # -- the gradient hook (autograd calls it as each .grad is accumulated)
-    def _on_grad(self, p: torch.nn.Parameter) -> None:
-        if self._accumulating:
-            return
-        now = time.perf_counter()
-        b = self._where[id(p)]
-        progress = self._progress
-        with progress.cv:
-            if progress.error is not None:
-                raise CommError(
-                    f"commrt: gradient sync already failed: {progress.error}"
-                ) from progress.error
-            if id(p) in progress.state.seen:
-                name = self.buckets[b].names[self.buckets[b].params.index(p)]
-                raise RuntimeError(
-                    f"commrt: parameter {name} got a second gradient before sync.wait(); its "
-                    "bucket may already be on the wire. Call sync.wait() (or sync.step()) after "
-                    "each backward, and wrap accumulation steps in sync.no_sync()."
-                )
-            if progress.arrived(b, id(p), now):
-                self.comm.begin_sync_step(self)
 
     # -- the API
     def wait(self) -> None:
@@ -199,11 +182,12 @@ class GradientSync:
         does not finish in time, naming the rank, peer, algorithm, step and
         bucket of the wait that expired.
         """
-        if self._accumulating:
+        if self.hooks.accumulating:
             raise RuntimeError("commrt: wait() inside no_sync(): leave the no_sync block first")
         t_wait, wait_us = self._recorder.now()
         with self._progress.cv:
             state = self._progress.state
+            self.comm.begin_sync_step(self)  # also a step in which no gradient arrived
             unused = unready_parameters(self.buckets, state, self._progress.mark_ready)
             # each bucket's own waits (and the previous step's after-step work) are bounded
             # by comm.timeout per schedule step; this is the backstop
@@ -275,11 +259,24 @@ class GradientSync:
                 "commrt: no_sync() entered with gradients of this step already "
                 "in flight; call sync.wait() first"
             )
-        prev, self._accumulating = self._accumulating, True
+        hooks = self.hooks
+        prev, hooks.accumulating = hooks.accumulating, True
         try:
             yield
         finally:
-            self._accumulating = prev
+            hooks.accumulating = prev
+
+    def join(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+        """Uneven inputs, as DDP's ``Join``: a rank that leaves the block (its data ran out)
+        shadows the steps the others still run, with zero gradients, until every rank has
+        left it; each step averages over the ranks still training, and every rank applies
+        it with ``optimizer``, so all end with identical parameters. Every rank must enter
+        it (see :mod:`commrt.sync.join` and the class example). ValueError, from the
+        family's policy (``Policy.join``) saying why, for families where it does not
+        apply."""
+        if self._progress.state.started:
+            raise RuntimeError("commrt: join() entered with a step in flight: sync.wait() first")
+        return joined(self, self.policy.join(), optimizer)
 
     def save_trace(self, path: str) -> str:
         """Write this rank's Chrome-trace JSON (needs ``trace=True``)."""
@@ -296,9 +293,7 @@ class GradientSync:
         """Finish work in flight, stop the progress thread and remove the hooks. Idempotent."""
         if not self._progress.stop(self.comm.timeout):
             return
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self.hooks.remove()
         self.comm.unregister_sync(self)
         self.policy.close()
 

@@ -8,6 +8,8 @@ buffers, the progress thread and its strict bucket order, ``wait`` /
 same order on every rank::
 
     setup(ctx)                       once, collectively, at construction
+    join()                           at sync.join(): the per-step count of
+                                     ranks still training (or ValueError)
     per step t:
         begin_step(t)                before bucket 0 of step t leaves
         scale(t)                     the factor the pack pass applies
@@ -135,6 +137,24 @@ class Policy(abc.ABC):
         On return ``buf`` must hold what the optimizer should apply for these
         parameters. Returns the bytes this rank sent.
         """
+
+    def join(self):
+        """Prepare for ranks that run out of data (``GradientSync.join``): return the
+        :class:`~commrt.sync.join.JoinCount` this family keeps per step, and average over
+        the ranks still training while it is on. Raise ValueError, saying why, where the
+        family cannot shadow finished ranks' steps (the default)."""
+        if self.ranks_may_fail:
+            why = (
+                "this family already tolerates missing ranks by design: nothing waits on "
+                "every rank, so a rank that runs out of data simply stops (sync.close()) "
+                "and the others go on without it"
+            )
+        else:
+            why = "its policy does not count the ranks still training"
+        raise ValueError(
+            f"commrt: GradientSync.join() does not apply to algorithm "
+            f"{self.algorithm.name} ({type(self).__name__}): {why}"
+        )
 
     def after_step(self, step: int) -> int:
         """Work that continues after ``wait()`` has returned for ``step`` (it

@@ -20,7 +20,16 @@ import torch
 Pair = tuple[torch.Tensor, int]  # (contiguous tensor, peer rank)
 
 
-def poll_until(done: Callable[[], bool], deadline: float, spin_s: float = 0.0) -> bool:
+#: how often a long wait asks its ``check`` whether a peer has left (seconds)
+CHECK_EVERY_S = 0.02
+
+
+def poll_until(
+    done: Callable[[], bool],
+    deadline: float,
+    spin_s: float = 0.0,
+    check: Callable[[], None] | None = None,
+) -> bool:
     """Call ``done()`` until it returns True or ``time.monotonic()`` passes ``deadline``.
 
     Returns whether it finished. A message that is already there costs one
@@ -35,7 +44,9 @@ def poll_until(done: Callable[[], bool], deadline: float, spin_s: float = 0.0) -
     several-fold compared with spinning. When nothing else is runnable the
     yield returns at once, so an idle machine still gets spin-like latency.
     After 5 ms the wait turns into sleeps of up to 1 ms, so a long wait (a
-    slow peer, a straggler) costs no CPU.
+    slow peer, a straggler) costs no CPU. From then on ``check()`` (if given)
+    is called every :data:`CHECK_EVERY_S`; it raises to end a wait that can
+    never finish (a peer closed, see :mod:`commrt.departure`).
     """
     if done():
         return True
@@ -48,6 +59,7 @@ def poll_until(done: Callable[[], bool], deadline: float, spin_s: float = 0.0) -
             if time.monotonic() > end:
                 break
         start = time.monotonic()
+    next_check = start + 5e-3
     while True:
         if done():
             return True
@@ -57,8 +69,11 @@ def poll_until(done: Callable[[], bool], deadline: float, spin_s: float = 0.0) -
         waited = now - start
         if waited < 5e-3:
             os.sched_yield()
-        else:
-            time.sleep(min(1e-3, waited / 50))
+            continue
+        if check is not None and now >= next_check:
+            check()
+            next_check = now + CHECK_EVERY_S
+        time.sleep(min(1e-3, waited / 50))
 
 
 class Pending(abc.ABC):
@@ -74,6 +89,9 @@ class Pending(abc.ABC):
 
     def finish(self) -> None:
         """Raise any error the engine reported for the finished operations."""
+
+    def cancel(self) -> None:
+        """Withdraw operations that have not finished (where the engine can)."""
 
 
 class Prepared:
@@ -109,6 +127,12 @@ class Transport(abc.ABC):
     #: the executor then enqueues reductions after a receive without a host
     #: wait, and only the final :meth:`Pending` completion is waited on.
     stream_ordered: bool = False
+    #: True where a receive can be tested without blocking (MPI): a closing rank's
+    #: farewell then travels as a message; elsewhere through the store (commrt.departure)
+    pollable: bool = False
+    #: the communicator's watch on peers that left (commrt.departure.Departures), or None;
+    #: bounded waits call its ``check()`` and engine errors its ``explain()``
+    watch = None
 
     def __init__(self, rank: int, world_size: int, device: torch.device):
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -142,6 +166,15 @@ class Transport(abc.ABC):
     def sync(self, deadline: float) -> bool:
         """For stream-ordered transports: wait (bounded) until enqueued work ran."""
         return True
+
+    def attach_watch(self, watch) -> None:
+        """Let this transport's waits ask ``watch`` whether a peer has left."""
+        self.watch = watch
+
+    def waiting_check(self):
+        """What a long wait calls now and then (None: nothing to check)."""
+        watch = self.watch
+        return None if watch is None else watch.check
 
     def close(self) -> None:
         """Release engine resources; idempotent."""

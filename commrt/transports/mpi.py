@@ -34,16 +34,25 @@ def as_buffer(t: torch.Tensor, MPI):
 
 
 class _MpiPending(Pending):
-    __slots__ = ("sreqs", "rreqs", "spin_s")
+    __slots__ = ("sreqs", "rreqs", "spin_s", "check")
 
-    def __init__(self, sreqs, rreqs, spin_s: float = 0.0):
-        self.sreqs, self.rreqs, self.spin_s = sreqs, rreqs, spin_s
+    def __init__(self, sreqs, rreqs, spin_s: float = 0.0, check=None):
+        self.sreqs, self.rreqs, self.spin_s, self.check = sreqs, rreqs, spin_s, check
 
     def wait_recv(self, i: int, deadline: float) -> bool:
-        return poll_until(self.rreqs[i].Test, deadline, self.spin_s)
+        return poll_until(self.rreqs[i].Test, deadline, self.spin_s, self.check)
 
     def wait_send(self, i: int, deadline: float) -> bool:
-        return poll_until(self.sreqs[i].Test, deadline, self.spin_s)
+        return poll_until(self.sreqs[i].Test, deadline, self.spin_s, self.check)
+
+    def cancel(self) -> None:
+        for r in self.rreqs + self.sreqs:
+            try:
+                if not r.Test():
+                    r.Cancel()
+                    r.Wait()
+            except Exception:  # MPI finalized, or the request already freed
+                pass
 
 
 class _MpiPrepared(Prepared):
@@ -66,6 +75,7 @@ class _MpiPrepared(Prepared):
         self._startall(self.preqs)
         pending = self.pending
         pending.spin_s = spin_s
+        pending.check = self.transport.waiting_check()
         return pending
 
     def free(self) -> None:
@@ -81,6 +91,7 @@ class MpiTransport(Transport):
     """Point-to-point over a private duplicate of an MPI communicator."""
 
     name = "mpi"
+    pollable = True
 
     def __init__(self, comm=None):
         MPI = _mpi()
@@ -97,14 +108,14 @@ class MpiTransport(Transport):
         # Receives first, so the matching sends find them posted.
         rreqs = [comm.Irecv(as_buffer(t, MPI), source=peer, tag=tag) for t, peer in recvs]
         sreqs = [comm.Isend(as_buffer(t, MPI), dest=peer, tag=tag) for t, peer in sends]
-        return _MpiPending(sreqs, rreqs)
+        return _MpiPending(sreqs, rreqs, check=self.waiting_check())
 
     def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
         return _MpiPrepared(self, sends, recvs, tag)
 
     def barrier(self, timeout: float) -> bool:
         req = self.comm.Ibarrier()
-        return poll_until(req.Test, time.monotonic() + timeout)
+        return poll_until(req.Test, time.monotonic() + timeout, check=self.waiting_check())
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
         MPI = _mpi()

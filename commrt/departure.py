@@ -1,0 +1,262 @@
+"""Ranks that leave early: a closing or exiting rank says so, and waiting peers are told.
+
+A rank that ran fewer steps than the others closes its communicator (or its
+process exits, which closes nothing) while its peers still wait for it.
+Without word from it they would wait until the timeout (MPI), or read a
+closed connection as a crash (gloo). So every communicator keeps a
+:class:`Departures`:
+
+* it counts what this rank has begun: public collective calls (and
+  barriers), and GradientSync steps (:meth:`Departures.begin_call`,
+  :meth:`~Departures.begin_sync`, :meth:`~Departures.end_sync`, called by
+  the communicator);
+* at ``close()``, and at interpreter exit for a communicator still open,
+  it announces a *farewell*: those counts and whether the rank closed or
+  exited. Under MPI (no store) the farewell is a message on the reserved
+  tag :data:`commrt.tags.FAREWELL`, for which every rank keeps a receive
+  posted from every peer; on gloo it is a key in the rendezvous store
+  (a gloo receive cannot be tested without blocking, but a closed peer
+  breaks its connections at once, and the store then says why);
+* a wait asks :meth:`Departures.check` now and then (the transport's
+  bounded waits, every :data:`commrt.transports.base.CHECK_EVERY_S`), and
+  an engine error asks :meth:`Departures.explain`. A farewell ends a wait
+  only if the peer will never take part in what this rank waits in: the
+  peer left after call (or step) N and this rank waits in a later one. A
+  peer that left after finishing this very call is no reason to stop.
+
+The error is :class:`~commrt.errors.PeerClosedError`: "rank 0 closed its
+communicator after GradientSync step 5 while rank 1 waits in GradientSync
+step 6 (algorithm ring, step 0 of 2, bucket 0)". NCCL has neither a
+testable receive nor a store here: its waits end at the timeout as before.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from commrt import tags
+from commrt.errors import PeerClosedError
+
+#: why a rank left
+CLOSED, EXITED = 1, 2
+HOW = {CLOSED: "closed its communicator", EXITED: "exited"}
+#: marks a farewell row ("farewel" in ASCII), so a stray message is never read as one
+MAGIC = 0x6661726577656C
+#: how long a leaving rank waits for its farewell messages to leave (a peer may be gone)
+SEND_S = 1.0
+
+
+@dataclass(frozen=True)
+class Farewell:
+    """What a leaving rank says: how many calls and GradientSync steps it began."""
+
+    peer: int
+    calls: int
+    sync_steps: int
+    how: int
+
+    def row(self) -> list[int]:
+        return [MAGIC, self.calls, self.sync_steps, self.how]
+
+    @classmethod
+    def from_row(cls, peer: int, row) -> "Farewell | None":
+        v = [int(x) for x in row]
+        if len(v) != 4 or v[0] != MAGIC or v[3] not in HOW:
+            return None
+        return cls(peer, v[1], v[2], v[3])
+
+
+class Departures:
+    """One communicator's count of what it began, and the farewells its peers sent
+    (see the module docs). Its methods are cheap; ``check`` may run on any thread."""
+
+    def __init__(self, transport):
+        self.rank, self.world_size = transport.rank, transport.world_size
+        #: public collective calls (and barriers) begun
+        self.calls = 0
+        #: GradientSync steps finished, and whether one is in flight
+        self.sync_steps = 0
+        self.in_sync = False
+        self.sync_waits_on_all = True
+        #: peer -> its farewell, once heard
+        self.left: dict[int, Farewell] = {}
+        self.announced = False
+        self.channel = _channel(transport) if transport.world_size > 1 else None
+
+    # -- counting (the communicator calls these)
+    def begin_call(self) -> None:
+        self.calls += 1
+
+    def begin_sync(self, waits_on_all: bool = True) -> None:
+        """A GradientSync step begins; ``waits_on_all=False`` for families whose steps go on
+        without ranks that left (backup workers): a farewell ends none of their waits."""
+        self.in_sync = True
+        self.sync_waits_on_all = waits_on_all
+
+    def end_sync(self) -> None:
+        if self.in_sync:
+            self.sync_steps += 1
+            self.in_sync = False
+
+    # -- asking
+    def check(self) -> None:
+        """Raise :class:`PeerClosedError` if a peer that left will never take part in
+        what this rank waits in (cheap: tests posted receives; nothing on gloo)."""
+        if self.channel is None or self.announced:
+            return
+        self.channel.poll(self.left, thorough=False)
+        err = self.blocking()
+        if err is not None:
+            raise err
+
+    def explain(self) -> PeerClosedError | None:
+        """After an engine error (a peer's connection closed): the farewell that explains
+        it, if one does (reads the store on gloo)."""
+        if self.channel is None:
+            return None
+        self.channel.poll(self.left, thorough=True)
+        return self.blocking()
+
+    def blocking(self) -> PeerClosedError | None:
+        """The error for the first peer that left before what this rank waits in."""
+        if self.in_sync and not self.sync_waits_on_all:
+            return None
+        if self.in_sync:
+            unit, mine = "GradientSync step", self.sync_steps + 1
+        else:
+            unit, mine = "collective call", self.calls
+        for peer in sorted(self.left):
+            f = self.left[peer]
+            theirs = f.sync_steps if self.in_sync else f.calls
+            if mine > theirs:
+                return PeerClosedError(
+                    rank=self.rank,
+                    peer=peer,
+                    how=HOW[f.how],
+                    unit=unit,
+                    peer_done=theirs,
+                    waiting_in=mine,
+                )
+        return None
+
+    # -- leaving
+    def announce(self, how: int = CLOSED) -> None:
+        """Tell every peer (that has not left itself) that this rank leaves. Idempotent."""
+        if self.announced or self.channel is None:
+            return
+        self.announced = True
+        farewell = Farewell(self.rank, self.calls, self.sync_steps, how)
+        try:
+            self.channel.poll(self.left, thorough=False)
+            self.channel.send(farewell, skip=set(self.left))
+        except Exception:  # a peer or the store already gone: nobody left to tell
+            pass
+
+    def close(self) -> None:
+        """Withdraw the posted receives (before the transport closes). Idempotent."""
+        channel, self.channel = self.channel, None
+        if channel is not None:
+            channel.close()
+
+
+class _Messages:
+    """Farewells as messages (MPI): a receive from every peer, posted at start."""
+
+    def __init__(self, transport):
+        self.transport = transport
+        self.peers = [r for r in range(transport.world_size) if r != transport.rank]
+        self.bufs = [torch.zeros(4, dtype=torch.int64) for _ in self.peers]
+        recvs = list(zip(self.bufs, self.peers))
+        self.pending = transport.exchange([], recvs, tags.FAREWELL)
+        self.open = list(range(len(self.peers)))
+        self.lock = threading.Lock()  # one thread tests the requests at a time
+
+    def poll(self, left: dict, thorough: bool) -> None:
+        if not self.open or not self.lock.acquire(blocking=False):
+            return
+        try:
+            for i in list(self.open):
+                if self.pending.wait_recv(i, 0.0):
+                    self.open.remove(i)
+                    f = Farewell.from_row(self.peers[i], self.bufs[i].tolist())
+                    if f is not None:
+                        left[f.peer] = f
+        finally:
+            self.lock.release()
+
+    def send(self, farewell: Farewell, skip: set) -> None:
+        peers = [r for r in self.peers if r not in skip]
+        row = torch.tensor(farewell.row(), dtype=torch.int64)
+        pend = self.transport.exchange([(row, r) for r in peers], [], tags.FAREWELL)
+        deadline = time.monotonic() + SEND_S
+        if not all(pend.wait_send(i, deadline) for i in range(len(peers))):
+            pend.cancel()
+
+    def close(self) -> None:
+        with self.lock:
+            self.pending.cancel()
+            self.open = []
+
+
+class _Stored:
+    """Farewells as keys in the rendezvous store (gloo), one generation per communicator:
+    each rank counts its own communicators on that store, as every rank makes the same."""
+
+    def __init__(self, transport):
+        self.store, self.rank = transport.store, transport.rank
+        self.peers = [r for r in range(transport.world_size) if r != transport.rank]
+        gen = self.store.add(f"farewell_generation/{self.rank}", 1)
+        self.prefix = f"farewell/{gen}/"
+
+    def poll(self, left: dict, thorough: bool) -> None:
+        if not thorough:
+            return  # a store round trip per check would cost every wait; gloo's fail fast
+        try:
+            for r in self.peers:
+                key = self.prefix + str(r)
+                if r in left or not self.store.check([key]):
+                    continue
+                text = bytes(self.store.get(key)).decode()
+                f = Farewell.from_row(r, text.split(","))
+                if f is not None:
+                    left[r] = f
+        except RuntimeError:  # the store's host is gone (rank 0 hosted it and left)
+            return
+
+    def send(self, farewell: Farewell, skip: set) -> None:
+        self.store.set(self.prefix + str(self.rank), ",".join(map(str, farewell.row())))
+
+    def close(self) -> None:
+        pass
+
+
+def _channel(transport):
+    if transport.pollable:
+        return _Messages(transport)
+    if getattr(transport, "store", None) is not None:
+        return _Stored(transport)
+    return None  # NCCL, test transports: waits end at the timeout
+
+
+def track(comm) -> None:
+    """Announce ``comm``'s farewell if it is dropped, or still open at interpreter exit,
+    without ``close()`` (a script that just returns): ``weakref.finalize`` runs at either.
+    The transport is released right after, so that gloo peers see the connection close
+    now rather than when the interpreter is finally gone."""
+    weakref.finalize(comm, _leave, comm.watch, comm.transport)
+
+
+def _leave(watch: Departures, transport) -> None:
+    if watch.channel is None:  # closed already, or nobody to tell (one rank, NCCL)
+        return
+    try:
+        watch.announce(EXITED)
+        watch.close()
+        transport.close()
+    except Exception:  # exiting anyway
+        pass
