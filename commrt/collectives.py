@@ -172,6 +172,18 @@ def broadcast(
     return _run(tensor, comm, pick, False, timeout, tracer)
 
 
+def agree_call(
+    comm: Communicator, kind: str, shape: tuple, dtype: torch.dtype, op: str, algorithm: str
+) -> None:
+    """The cross-rank call check (see the module docs) for collectives defined elsewhere
+    (:mod:`commrt.shards`, :mod:`commrt.distributed`): raises
+    :class:`~commrt.errors.CollectiveMismatchError` on every rank unless all make this call.
+    ``kind`` is one of ``_Call.KINDS`` ("other" for the process group's remaining calls)."""
+    key = (kind, tuple(shape), dtype, op, algorithm)
+    if comm.debug or key not in comm.slots.agreed_calls:
+        _agree(comm, _Call(kind, tuple(shape), dtype, op, algorithm), key)
+
+
 def _enter(comm: Communicator) -> None:
     """What every collective checks before it touches the wire."""
     comm.admit_collective()
@@ -216,7 +228,7 @@ class _Call:
     2**53, exact in float64."""
 
     MAX_DIMS, MAX_TEXT = 8, 24
-    KINDS = ("all_reduce", "broadcast", "gather_rows")
+    KINDS = ("all_reduce", "broadcast", "gather_rows", "reduce_scatter", "all_gather", "other")
     HEAD = 6  # kind, ndim, dtype, numel, shape CRC, text CRC
 
     def __init__(self, kind: str, shape: tuple, dtype: torch.dtype, op: str, algorithm: str):
