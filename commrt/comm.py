@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -358,6 +359,11 @@ class _AbortOnError:
 
     def __call__(self, kind, value, tb) -> None:
         self.previous(kind, value, tb)
+        if sys.stderr is not sys.__stderr__ and sys.__stderr__ is not None:
+            # a hook installed after this one (torch.distributed's prefixes "[rankN]:") may
+            # be capturing stderr to print it after us: we end the process first, so print
+            # the traceback where it is seen
+            traceback.print_exception(kind, value, tb, file=sys.__stderr__)
         live = [c for c in self.comms if not c.closed]
         if not live:
             return
@@ -375,7 +381,7 @@ def end_job(message: str) -> None:
     kills every rank), else exit status 1 at once, without exit handlers that could block
     on a dead peer. The abort-on-error hook's last act, and the process group's answer to
     an error that has nobody to raise to (:mod:`commrt.distributed.work`)."""
-    print(message, file=sys.stderr, flush=True)
+    print(message, file=sys.__stderr__ or sys.stderr, flush=True)
     sys.stdout.flush()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():

@@ -120,8 +120,8 @@ def all_gather(
 ) -> torch.Tensor:
     """Shard r of every rank's ``output`` = rank r's ``input``; returns ``output``."""
     alg = resolve(algorithm)
-    check_tensor(input, comm, ReduceOp.SUM)
-    check_tensor(output, comm, ReduceOp.SUM)
+    check_tensor(input, comm, ReduceOp.SUM, moves_only=True)
+    check_tensor(output, comm, ReduceOp.SUM, moves_only=True)
     p = comm.world_size
     _check_sizes(output, input, p, "all_gather")
     comm.admit_collective()

@@ -60,3 +60,26 @@ def test_every_collective_equals_gloo(nranks, tmp_path):
     report = json.loads(out.read_text())
     assert report["failures"] == [], "\n".join(report["failures"][:10])
     assert report["cases"] >= 35
+
+
+def test_gossip_and_allreduce_hooks_inside_ddp(tmp_path):
+    out = tmp_path / "report.json"
+    _ok(*gloo_ranks(4, "td_hooks_worker.py", out, timeout=400))
+    report = json.loads(out.read_text())
+    assert report["failures"] == [], "\n".join(report["failures"][:10])
+    # 5 iterations x 4 parameters x (½/½ check + GradientSync check) + the counter
+    assert report["checks"] == 41 and report["buckets"] >= 2
+    from commrt.algorithms import Gossip
+
+    gossip = Gossip(topology="hypercube", rotate=True, seed=3)
+    want = [[gossip.peers(r, t, 4)[1] for t in range(5)] for r in range(4)]
+    assert report["peers"] == want
+    assert report["disagreement"] > 0  # gossip let the models drift before the average
+
+
+def test_fsdp2_over_commrt_equals_fsdp2_over_gloo(tmp_path):
+    out = tmp_path / "report.json"
+    _ok(*gloo_ranks(4, "td_fsdp_worker.py", out, timeout=400))
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 4 and report["tensors"] == 6
+    assert report["rel_err"] <= 1e-6, report
