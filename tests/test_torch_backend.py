@@ -83,3 +83,34 @@ def test_fsdp2_over_commrt_equals_fsdp2_over_gloo(tmp_path):
     report = json.loads(out.read_text())
     assert report["world_size"] == 4 and report["tensors"] == 6
     assert report["rel_err"] <= 1e-6, report
+
+
+def test_unsupported_calls_are_named_on_every_rank_without_hanging(tmp_path):
+    base = tmp_path / "seen"
+    _ok(*gloo_ranks(3, "td_errors_worker.py", base, "bad", timeout=200))
+    for rank in range(3):
+        seen = json.loads((tmp_path / f"seen.{rank}").read_text())
+        assert seen["band"][0] == "NotImplementedError" and "reduce op BAND" in seen["band"][1]
+        assert seen["recv_anysource"][0] == "NotImplementedError"
+        assert "recv_anysource" in seen["recv_anysource"][1] and "src=" in seen["recv_anysource"][1]
+        assert "monitored_barrier" in seen["monitored_barrier"][1]
+        assert seen["bool"][0] == "ValueError" and "torch.bool" in seen["bool"][1]
+        # bad input leaves the group usable
+        assert seen["still_works"] is None and seen["sum_after"] == 3.0
+        kind, text = seen["mismatch"]
+        assert kind == "CollectiveMismatchError"
+        assert f"rank {rank} called all_reduce(shape=[{10 + rank}]" in text
+
+
+def test_a_rank_killed_mid_ddp_step_ends_the_job_naming_it(tmp_path):
+    codes, outs = gloo_ranks(4, "td_errors_worker.py", tmp_path / "x", "kill", timeout=200)
+    assert codes[2] == -9  # the rank that killed itself
+    survivors = [r for r in range(4) if r != 2]
+    for r in survivors:
+        # ended through commrt's abort path: status 1, not a segfault (-11), not a hang (None)
+        assert codes[r] == 1, (r, codes, outs[r][-2000:])
+        assert f"rank {r} ran past the dead rank" not in outs[r]
+        assert f"commrt: rank {r}: allreduce(sum) on cpu, algorithm auto failed" in outs[r]
+    named = [r for r in survivors if "peers [2]" in outs[r]]
+    assert named, "no survivor named rank 2:\n" + "\n".join(outs[r][-1500:] for r in survivors)
+    assert any("a peer closed its connection: it probably died" in outs[r] for r in named)

@@ -67,6 +67,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         device = tensors[0].device if tensors else torch.device("cpu")
         dc = self.devices.get(device)
         devs = [device] if device.type == "cuda" else ()
+        what = f"{what} on {device.type}, algorithm {dc.algorithm.name}"
         work = CommrtWork(
             what, self.devices.rank, tensors if result is None else result, dc.comm.timeout, devs
         )

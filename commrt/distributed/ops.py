@@ -62,8 +62,9 @@ def op_name(op) -> str:
     ):
         if op == known:
             return name
+    named = [n for n, m in R.RedOpType.__members__.items() if op == m]
     raise NotImplementedError(
-        f"commrt process group: reduce op {op} is not supported (SUM, AVG, MIN, MAX and "
+        f"commrt process group: reduce op {named[0] if named else op} is not supported (SUM, AVG, MIN, MAX and "
         "PRODUCT are); for PREMUL_SUM scale the tensor first and use SUM"
     )
 

@@ -20,7 +20,9 @@ future. Instead:
   algorithm. With ``COMMRT_ABORT_ON_ERROR=0`` the future carries it instead
   (safe for Python consumers such as communication hooks, not for DDP).
 
-After a failure the group is broken: later calls raise the first error.
+After a communication failure the group is broken: later calls raise the first
+error. Bad input (ValueError, TypeError, NotImplementedError, a call the
+ranks disagree on) leaves it usable.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from torch._C._distributed_c10d import Work
 from commrt.comm import abort_on_error_wanted, end_job
 from commrt.errors import CommError, CommTimeoutError
 
+#: errors raised before anything reached the wire (bad input, a call the ranks disagree on,
+#: raised on every rank alike): the group stays usable after them; any other breaks it
+LOCAL_ERRORS = (ValueError, TypeError, NotImplementedError)
 #: seconds a wait allows beyond the group's timeout (the collective itself times out first)
 WAIT_SLACK_S = 30.0
 
@@ -143,7 +148,8 @@ class Progress:
             try:
                 run()
             except BaseException as e:  # noqa: BLE001 - every error must reach someone
-                self.broken = e
+                if not isinstance(e, LOCAL_ERRORS):
+                    self.broken = e
                 work.fail(e)
                 continue
             work.finish()
