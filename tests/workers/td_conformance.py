@@ -1,7 +1,8 @@
 """PyTorch's own distributed suite (distributed_test.py) with BACKEND=commrt, 2 ranks.
 
 Usage: td_conformance.py REPORT.json [TEST_NAME_PREFIX ...]; with no names, every
-case of ``DistributedTest._DistTestBase`` runs. commrt is added to the
+case of ``DistributedTest._DistTestBase`` runs ("*" stands for all the others);
+with COMMRT_CONFORMANCE_EXACT=1 the names are whole case names. commrt is added to the
 suite's "ddp", "subgroup" and "plugin" backend features, so the DDP and
 subgroup cases run for it as they do for gloo. Writes
 {"run", "passed", "skipped", "failed": {name: text}, "skips": {name: reason}}.
@@ -77,7 +78,9 @@ class _Result(unittest.TextTestResult):
 def main(out, prefixes):
     loader = unittest.TestLoader()
     names = loader.getTestCaseNames(TestCommrtBackend)
-    if prefixes:  # in the order the prefixes are given
+    if os.environ.get("COMMRT_CONFORMANCE_EXACT") == "1":  # exactly these cases
+        names = [n for n in prefixes if n in names]
+    elif prefixes:  # in the order the prefixes are given
         names = [n for p in prefixes for n in names if n == p or n.startswith(p + "_") or p == "*"]
         names = list(dict.fromkeys(names))
     suite = unittest.TestSuite(TestCommrtBackend(n) for n in names)
