@@ -114,3 +114,20 @@ def test_a_rank_killed_mid_ddp_step_ends_the_job_naming_it(tmp_path):
     named = [r for r in survivors if "peers [2]" in outs[r]]
     assert named, "no survivor named rank 2:\n" + "\n".join(outs[r][-1500:] for r in survivors)
     assert any("a peer closed its connection: it probably died" in outs[r] for r in named)
+
+
+def test_readme_section_code_fits_80_columns():
+    import os
+    import re
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "README.md")) as f:
+        text = f.read()
+    title = "## From DDP, FSDP, torchrun, Lightning and Accelerate"
+    assert title in text
+    section = text.split(title, 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```\w*\n(.*?)```", section, re.S)
+    assert len(blocks) >= 4
+    wide = [line for b in blocks for line in b.splitlines() if len(line) > 80]
+    assert wide == []
+    assert 'DDPStrategy(process_group_backend=\n"commrt")' in section or "DDPStrategy" in section
