@@ -123,7 +123,14 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         return self._call("allgather", inputs, run, opts, result=flat)
 
     def allgather_coalesced(self, output_lists, inputs, opts=None) -> CommrtWork:
-        return self.allgather(output_lists, inputs, opts)
+        """``output_lists[r][i]`` = rank r's ``inputs[i]``."""
+
+        def run(dc):
+            for i, t in enumerate(inputs):
+                ops.gather_all(dc, [outs[i] for outs in output_lists], t)
+
+        flat = [t for outs in output_lists for t in outs]
+        return self._call("allgather_coalesced", inputs, run, opts, result=flat)
 
     def all_gather_single(self, output, input, opts=None) -> CommrtWork:
         return self._call(
