@@ -87,7 +87,9 @@ def test_fsdp2_over_commrt_equals_fsdp2_over_gloo(tmp_path):
 
 def test_unsupported_calls_are_named_on_every_rank_without_hanging(tmp_path):
     base = tmp_path / "seen"
-    _ok(*gloo_ranks(3, "td_errors_worker.py", base, "bad", timeout=200))
+    # COMMRT_DEBUG=1: every call is checked across ranks, as with commrt's own collectives
+    env = {"COMMRT_DEBUG": "1"}
+    _ok(*gloo_ranks(3, "td_errors_worker.py", base, "bad", timeout=200, env=env))
     for rank in range(3):
         seen = json.loads((tmp_path / f"seen.{rank}").read_text())
         assert seen["band"][0] == "NotImplementedError" and "reduce op BAND" in seen["band"][1]
@@ -100,6 +102,7 @@ def test_unsupported_calls_are_named_on_every_rank_without_hanging(tmp_path):
         kind, text = seen["mismatch"]
         assert kind == "CollectiveMismatchError"
         assert f"rank {rank} called all_reduce(shape=[{10 + rank}]" in text
+        assert text.endswith("(COMMRT_DEBUG)")
 
 
 def test_a_rank_killed_mid_ddp_step_ends_the_job_naming_it(tmp_path):
