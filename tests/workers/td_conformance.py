@@ -27,6 +27,9 @@ import commrt  # noqa: E402,F401  (registers the backend in every rank)
 
 for feature in ("ddp", "subgroup", "plugin"):
     DistTestCases.backend_feature[feature].add("commrt")
+# excluded, with the reason: a receive from any source is not implemented (commrt's
+# transports match (peer, tag); dist.recv(t) without src raises NotImplementedError naming it)
+DistTestCases.skip_collective["sendrecv anysource"].add("commrt")
 
 from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
 
