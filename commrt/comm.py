@@ -103,13 +103,14 @@ FROM_MPI_ENV = "COMMRT_RANK_FROM_MPI"
 
 
 def mpi_env_for_torch(env: "dict | None" = None) -> bool:
-    """Under mpiexec, give torch.distributed's ``env://`` rendezvous the RANK, WORLD_SIZE,
-    LOCAL_RANK and LOCAL_WORLD_SIZE it reads, from MPI's variables, where they are
-    missing (MASTER_ADDR and MASTER_PORT still come from the user: ``mpiexec -genv``).
-    Returns whether it wrote them; :func:`detect_launch` still sees an mpiexec launch."""
+    """Under mpiexec with MASTER_ADDR and MASTER_PORT set (``mpiexec -genv``), fill in the
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE torch's ``env://`` reads, from MPI's
+    variables; True if it did (:func:`detect_launch` still sees an mpiexec launch)."""
     env = os.environ if env is None else env
     if "RANK" in env or "WORLD_SIZE" in env:
         return False
+    if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+        return False  # not set up for env://: leave the environment as the launcher made it
     info = detect_launch(env)
     if info.launcher != "mpiexec":
         return False
