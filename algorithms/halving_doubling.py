@@ -40,6 +40,15 @@ class HalvingDoubling(Algorithm):
         (what :func:`commrt.sim.closed_form` and ``auto`` price it with)."""
         return halving_doubling_time(world_size, nbytes, link, gamma)
 
+    def supports(self, collective: Collective) -> bool:
+        """All-reduce on any p; reduce-scatter and all-gather (the halving or the doubling
+        half alone) where p is a power of two."""
+        return collective in (
+            Collective.ALL_REDUCE,
+            Collective.REDUCE_SCATTER,
+            Collective.ALL_GATHER,
+        )
+
     @functools.lru_cache(maxsize=256)
     def schedule(
         self,
@@ -47,40 +56,69 @@ class HalvingDoubling(Algorithm):
         ranks: Sequence[int] | None = None,
         collective: Collective = Collective.ALL_REDUCE,
     ) -> Schedule:
-        if collective is not Collective.ALL_REDUCE:
-            raise ValueError(f"{self.name} implements all_reduce only, not {collective.value}")
+        if not self.supports(collective):
+            raise ValueError(f"{self.name} does not implement {collective.value}")
         ranks = participants(world_size, ranks)
         core, extras = split_core(ranks)
         q = len(core)
-        steps: list[Step] = fold_in(core, extras, (0, q))
-        rng = [(0, q)] * q
-        d = q // 2
-        while d >= 1:  # recursive halving: keep the half on my side of bit d
-            ops, new = [], list(rng)
-            for i in range(q):
-                lo, hi = rng[i]
-                mid = (lo + hi) // 2
-                keep, give = ((lo, mid), (mid, hi)) if not i & d else ((mid, hi), (lo, mid))
-                ops += [
-                    Op(OpKind.SEND, core[i], core[i ^ d], *give),
-                    Op(OpKind.RECV_REDUCE, core[i], core[i ^ d], *keep),
-                ]
-                new[i] = keep
-            rng = new
-            steps.append(Step.of(ops, "halving"))
-            d //= 2
-        d = 1
-        while d < q:  # recursive doubling: swap what each side holds
-            ops, new = [], list(rng)
-            for i in range(q):
-                j = i ^ d
-                ops += [
-                    Op(OpKind.SEND, core[i], core[j], *rng[i]),
-                    Op(OpKind.RECV_COPY, core[i], core[j], *rng[j]),
-                ]
-                new[i] = (min(rng[i][0], rng[j][0]), max(rng[i][1], rng[j][1]))
-            rng = new
-            steps.append(Step.of(ops, "doubling"))
-            d *= 2
-        steps += fold_out(core, extras, (0, q))
+        if extras and collective is not Collective.ALL_REDUCE:
+            raise ValueError(
+                f"{self.name} {collective.value} needs a power-of-two number of ranks, "
+                f"got {len(ranks)}; use Ring() or Torus2D() for this p"
+            )
+        halving, rng = _halving(core)
+        owners = [0] * q
+        for i, (lo, _hi) in enumerate(rng):
+            owners[lo] = core[i]
+        if collective is Collective.REDUCE_SCATTER:
+            return Schedule(self.name, collective, world_size, ranks, q, halving, tuple(owners))
+        doubling = _doubling(core, rng)
+        if collective is Collective.ALL_GATHER:
+            return Schedule(self.name, collective, world_size, ranks, q, doubling, tuple(owners))
+        steps = fold_in(core, extras, (0, q)) + halving + doubling + fold_out(core, extras, (0, q))
         return Schedule(self.name, collective, world_size, ranks, q, tuple(steps))
+
+
+def _halving(core: Sequence[int]) -> tuple[list[Step], list[tuple[int, int]]]:
+    """Recursive halving over ``core``: each keeps the half on its side of bit d; returns
+    the steps and the one-chunk range each core position ends with."""
+    q = len(core)
+    rng = [(0, q)] * q
+    steps = []
+    d = q // 2
+    while d >= 1:
+        ops, new = [], list(rng)
+        for i in range(q):
+            lo, hi = rng[i]
+            mid = (lo + hi) // 2
+            keep, give = ((lo, mid), (mid, hi)) if not i & d else ((mid, hi), (lo, mid))
+            ops += [
+                Op(OpKind.SEND, core[i], core[i ^ d], *give),
+                Op(OpKind.RECV_REDUCE, core[i], core[i ^ d], *keep),
+            ]
+            new[i] = keep
+        rng = new
+        steps.append(Step.of(ops, "halving"))
+        d //= 2
+    return steps, rng
+
+
+def _doubling(core: Sequence[int], rng: list[tuple[int, int]]) -> list[Step]:
+    """Recursive doubling from the ranges ``rng`` each core position holds: swap what
+    each side holds until everyone holds everything."""
+    q = len(core)
+    steps = []
+    d = 1
+    while d < q:
+        ops, new = [], list(rng)
+        for i in range(q):
+            j = i ^ d
+            ops += [
+                Op(OpKind.SEND, core[i], core[j], *rng[i]),
+                Op(OpKind.RECV_COPY, core[i], core[j], *rng[j]),
+            ]
+            new[i] = (min(rng[i][0], rng[j][0]), max(rng[i][1], rng[j][1]))
+        rng = new
+        steps.append(Step.of(ops, "doubling"))
+        d *= 2
+    return steps

@@ -19,9 +19,13 @@ from commrt import data  # commrt.data.GossipShuffle
 from commrt.collectives import all_reduce, broadcast
 from commrt.comm import Backend, Communicator, init
 from commrt.consensus import average_parameters
+from commrt.distributed import register as _register_torch_backend
 from commrt.errors import CommError, CommTimeoutError, PeerClosedError, ScheduleError
 from commrt.schedule import Schedule
+from commrt.shards import all_gather, reduce_scatter
 from commrt.sync.gradsync import GradientSync
+
+_register_torch_backend()  # dist.init_process_group("commrt") works after `import commrt`
 
 __version__ = "0.1.0"
 __all__ = [
@@ -30,6 +34,8 @@ __all__ = [
     "Backend",
     "all_reduce",
     "broadcast",
+    "reduce_scatter",
+    "all_gather",
     "average_parameters",
     "GradientSync",
     "Schedule",

@@ -67,8 +67,11 @@ _OPS = {
 }
 
 
-def check_tensor(tensor: torch.Tensor, comm: Communicator, op: ReduceOp) -> None:
-    """Raise ValueError/TypeError for tensors commrt cannot reduce, saying why."""
+def check_tensor(
+    tensor: torch.Tensor, comm: Communicator, op: ReduceOp, moves_only: bool = False
+) -> None:
+    """Raise ValueError/TypeError for tensors commrt cannot reduce, saying why.
+    ``moves_only``: the collective only moves bytes (broadcast, all-gather): any dtype."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.requires_grad:
@@ -77,7 +80,7 @@ def check_tensor(tensor: torch.Tensor, comm: Communicator, op: ReduceOp) -> None
             "does not allow on such a tensor; pass tensor.detach() (or call under "
             "torch.no_grad()) to reduce its values"
         )
-    if tensor.dtype not in SUPPORTED_DTYPES:
+    if tensor.dtype not in SUPPORTED_DTYPES and not moves_only:
         raise ValueError(
             f"unsupported dtype {tensor.dtype}; commrt reduces "
             f"{', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)}"
@@ -149,7 +152,7 @@ def broadcast(
         >>> w = torch.randn(1000) if comm.rank == 0 else torch.empty(1000)   # doctest: +SKIP
         >>> commrt.broadcast(w, comm, root=0)        # now every rank holds rank 0's w
     """
-    check_tensor(tensor, comm, ReduceOp.SUM)
+    check_tensor(tensor, comm, ReduceOp.SUM, moves_only=True)
     if not isinstance(root, int) or not 0 <= root < comm.world_size:
         raise ValueError(f"root must be a rank in 0..{comm.world_size - 1}, got {root!r}")
     if algorithm is not None and not (
@@ -170,6 +173,18 @@ def broadcast(
         return alg.schedule(world_size, root=root)
 
     return _run(tensor, comm, pick, False, timeout, tracer)
+
+
+def agree_call(
+    comm: Communicator, kind: str, shape: tuple, dtype: torch.dtype, op: str, algorithm: str
+) -> None:
+    """The cross-rank call check (see the module docs) for collectives defined elsewhere
+    (:mod:`commrt.shards`, :mod:`commrt.distributed`): raises
+    :class:`~commrt.errors.CollectiveMismatchError` on every rank unless all make this call.
+    ``kind`` is one of ``_Call.KINDS`` ("other" for the process group's remaining calls)."""
+    key = (kind, tuple(shape), dtype, op, algorithm)
+    if comm.debug or key not in comm.slots.agreed_calls:
+        _agree(comm, _Call(kind, tuple(shape), dtype, op, algorithm), key)
 
 
 def _enter(comm: Communicator) -> None:
@@ -216,7 +231,7 @@ class _Call:
     2**53, exact in float64."""
 
     MAX_DIMS, MAX_TEXT = 8, 24
-    KINDS = ("all_reduce", "broadcast", "gather_rows")
+    KINDS = ("all_reduce", "broadcast", "gather_rows", "reduce_scatter", "all_gather", "other")
     HEAD = 6  # kind, ndim, dtype, numel, shape CRC, text CRC
 
     def __init__(self, kind: str, shape: tuple, dtype: torch.dtype, op: str, algorithm: str):

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -72,12 +73,14 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Read rank and world size from MPICH/Hydra, Open MPI or torchrun variables.
 
     torchrun's variables win when both are present (torchrun under an MPI
-    allocation); without any launcher the process is rank 0 of 1.
+    allocation), unless :func:`mpi_env_for_torch` copied them from MPI's;
+    without any launcher the process is rank 0 of 1.
     """
     env = os.environ if env is None else env
     port = _int(env, "MASTER_PORT")
     addr = env.get("MASTER_ADDR") or None
-    if "RANK" in env and "WORLD_SIZE" in env:
+    copied = FROM_MPI_ENV in env and env.get(FROM_MPI_ENV) == env.get("RANK")
+    if "RANK" in env and "WORLD_SIZE" in env and not copied:
         return LaunchInfo(
             "torchrun",
             _int(env, "RANK"),
@@ -94,6 +97,30 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         local_size = _int(env, "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
         return LaunchInfo("mpiexec", rank, size, local_rank, local_size, addr, port)
     return LaunchInfo("none", 0, 1, 0, 1, addr, port)
+
+
+#: set (to the rank) by :func:`mpi_env_for_torch` when it wrote RANK and WORLD_SIZE
+FROM_MPI_ENV = "COMMRT_RANK_FROM_MPI"
+
+
+def mpi_env_for_torch(env: "dict | None" = None) -> bool:
+    """Under mpiexec with MASTER_ADDR and MASTER_PORT set (``mpiexec -genv``), fill in the
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE torch's ``env://`` reads, from MPI's
+    variables; True if it did (:func:`detect_launch` still sees an mpiexec launch)."""
+    env = os.environ if env is None else env
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return False
+    if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+        return False  # not set up for env://: leave the environment as the launcher made it
+    info = detect_launch(env)
+    if info.launcher != "mpiexec":
+        return False
+    env.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size))
+    env.setdefault("LOCAL_RANK", str(info.local_rank))
+    if info.local_size is not None:
+        env.setdefault("LOCAL_WORLD_SIZE", str(info.local_size))
+    env[FROM_MPI_ENV] = str(info.rank)
+    return True
 
 
 @dataclass(frozen=True)
@@ -346,27 +373,48 @@ class _AbortOnError:
 
     def __call__(self, kind, value, tb) -> None:
         self.previous(kind, value, tb)
+        if sys.stderr is not sys.__stderr__ and sys.__stderr__ is not None:
+            # a hook installed after this one (torch.distributed's prefixes "[rankN]:") may
+            # be capturing stderr to print it after us: we end the process first, so print
+            # the traceback where it is seen
+            traceback.print_exception(kind, value, tb, file=sys.__stderr__)
         live = [c for c in self.comms if not c.closed]
         if not live:
             return
         comm = live[0]
         # the message is repeated in this one line: a launcher that kills the job may drop
         # the tail of a long traceback, and this line is what names the failing peer
-        print(
+        end_job(
             f"commrt: rank {comm.rank}: uncaught {kind.__name__}: {value}; ending the whole job "
-            f"(commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0 to keep it running)",
-            file=sys.stderr,
-            flush=True,
+            f"(commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0 to keep it running)"
         )
-        sys.stdout.flush()
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-            # MPI_Abort makes mpiexec kill every rank at once, and hydra drops whatever output
-            # its proxy has not forwarded yet (seen on a loaded machine: the traceback cut in
-            # half): give the forwarder a moment first
-            time.sleep(ABORT_GRACE_S)
-            mpi.COMM_WORLD.Abort(1)
-        os._exit(1)
+
+
+def end_job(message: str) -> None:
+    """Print ``message`` and end the whole job now: ``MPI_Abort`` under MPI (mpiexec then
+    kills every rank), else exit status 1 at once, without exit handlers that could block
+    on a dead peer. The abort-on-error hook's last act, and the process group's answer to
+    an error that has nobody to raise to (:mod:`commrt.distributed.work`)."""
+    print(message, file=sys.__stderr__ or sys.stderr, flush=True)
+    sys.stdout.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        # MPI_Abort makes mpiexec kill every rank at once, and hydra drops whatever output
+        # its proxy has not forwarded yet (seen on a loaded machine: the traceback cut in
+        # half): give the forwarder a moment first
+        time.sleep(ABORT_GRACE_S)
+        mpi.COMM_WORLD.Abort(1)
+    os._exit(1)
+
+
+def install_abort_hook(comm: "Communicator") -> None:
+    """Install the abort-on-error hook (see :class:`_AbortOnError`) for ``comm``."""
+    _AbortOnError.install(comm)
+
+
+def abort_on_error_wanted() -> bool:
+    """Whether ``COMMRT_ABORT_ON_ERROR`` leaves the abort-on-error hook on (the default)."""
+    return _env_flag("COMMRT_ABORT_ON_ERROR") is not False
 
 
 def init(

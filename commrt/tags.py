@@ -8,6 +8,8 @@ ranges stay apart (they used to stay apart only because comments said so).
 ====================  ==========================================
 executor              schedule step × 1024 + piece, below 2**28
 gossip shuffle        2**28 + epoch mod 2**20
+torch p2p             2**29 + the user's tag mod 2**24
+torch collectives     one tag, after torch p2p's (gather, scatter, alltoall)
 backup catch-up       one tag, above both
 call check            one tag, after catch-up's
 farewell              one tag, after the call check's
@@ -24,6 +26,12 @@ EXECUTOR_END = 1 << 28
 SHUFFLE_BASE = EXECUTOR_END
 #: the shuffle cycles through this many epochs' tags
 SHUFFLE_EPOCHS = 1 << 20
+#: first tag of torch.distributed send/recv on commrt's process group (commrt.distributed)
+TORCH_P2P_BASE = 1 << 29
+#: the user's tags are taken modulo this
+TORCH_P2P_TAGS = 1 << 24
+#: the process group's gather, scatter and all-to-all
+TORCH_COLLECTIVE = TORCH_P2P_BASE + TORCH_P2P_TAGS
 #: the backup workers' catch-up snapshots
 CATCHUP = 0x3FFFFF00
 #: the collectives' cross-rank check of a call signature (commrt.collectives)
@@ -35,6 +43,8 @@ FAREWELL = CALL_CHECK + 1
 RANGES = {
     "executor": (0, EXECUTOR_END),
     "shuffle": (SHUFFLE_BASE, SHUFFLE_BASE + SHUFFLE_EPOCHS),
+    "torch p2p": (TORCH_P2P_BASE, TORCH_P2P_BASE + TORCH_P2P_TAGS),
+    "torch collectives": (TORCH_COLLECTIVE, TORCH_COLLECTIVE + 1),
     "catch-up": (CATCHUP, CATCHUP + 1),
     "call check": (CALL_CHECK, CALL_CHECK + 1),
     "farewell": (FAREWELL, FAREWELL + 1),
@@ -49,3 +59,8 @@ def executor(step: int, piece: int = 0) -> int:
 def shuffle(epoch: int) -> int:
     """The tag of the gossip shuffle's swap in ``epoch``."""
     return SHUFFLE_BASE + epoch % SHUFFLE_EPOCHS
+
+
+def torch_p2p(tag: int) -> int:
+    """The tag of a torch.distributed send/recv with the user's ``tag``."""
+    return TORCH_P2P_BASE + int(tag) % TORCH_P2P_TAGS

@@ -9,8 +9,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def mpiexec(n: int, script: str, *args, timeout: float = 300, check: bool = True):
-    """Run ``tests/workers/<script>`` on ``n`` MPI ranks; return the CompletedProcess."""
+def mpiexec(n: int, script: str, *args, timeout: float = 300, check: bool = True, env=None):
+    """Run ``tests/workers/<script>`` on ``n`` MPI ranks; return the CompletedProcess.
+    ``env``: variables added to this process's environment for the ranks."""
     exe = shutil.which("mpiexec")
     assert exe, (
         "mpiexec not found: install the dev extras (pip install -e '.[dev]' brings the mpich wheel)"
@@ -23,7 +24,7 @@ def mpiexec(n: int, script: str, *args, timeout: float = 300, check: bool = True
         os.path.join(HERE, "workers", script),
         *map(str, args),
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(
@@ -33,10 +34,10 @@ def mpiexec(n: int, script: str, *args, timeout: float = 300, check: bool = True
     return proc
 
 
-def gloo_ranks(n: int, script: str, *args, timeout: float = 120, drop_env=()):
+def gloo_ranks(n: int, script: str, *args, timeout: float = 120, drop_env=(), env=None):
     """Run ``tests/workers/<script>`` as ``n`` gloo ranks with torchrun's variables, the
     store hosted here; return (exit codes, outputs). Ranks still running at ``timeout``
-    are killed."""
+    are killed. ``env``: variables added for the ranks."""
     from commrt.store import STORE_ENV, host_store
 
     store = host_store()
@@ -49,6 +50,7 @@ def gloo_ranks(n: int, script: str, *args, timeout: float = 120, drop_env=()):
         TORCHELASTIC_USE_AGENT_STORE="true",
         PYTHONUNBUFFERED="1",
         OMP_NUM_THREADS="1",
+        **(env or {}),
     )
     for name in (STORE_ENV, *drop_env):
         env.pop(name, None)

@@ -190,5 +190,7 @@ def test_resolve_names_and_errors():
         resolve("rnig")
     with pytest.raises(TypeError):
         resolve(3)
-    with pytest.raises(ValueError, match="all_reduce only"):
-        HalvingDoubling().schedule(4, collective=Collective.ALL_GATHER)
+    with pytest.raises(ValueError, match="needs a power-of-two number of ranks"):
+        HalvingDoubling().schedule(6, collective=Collective.ALL_GATHER)
+    with pytest.raises(ValueError, match="does not implement gossip"):
+        HalvingDoubling().schedule(4, collective=Collective.GOSSIP)

@@ -1,0 +1,22 @@
+"""commrt inside torch.distributed: the ``"commrt"`` backend and DDP hooks.
+
+Example::
+
+    import commrt                        # registers the backend
+    import torch.distributed as dist
+    dist.init_process_group("commrt")    # COMMRT_ALGORITHM=auto|ring|torus2d|...
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Rooms: :mod:`~commrt.distributed.register` (the backend name and the group
+factory), :mod:`~commrt.distributed.devices` (a communicator per device
+type, :class:`Options`), :mod:`~commrt.distributed.group` (the process
+group), :mod:`~commrt.distributed.ops` (what each call runs),
+:mod:`~commrt.distributed.work` (works, futures, the progress thread,
+errors) and :mod:`~commrt.distributed.hooks` (DDP communication hooks:
+commrt all-reduce on any backend, GossipGraD).
+"""
+
+from commrt.distributed.devices import Options
+from commrt.distributed.register import BACKEND_NAME, register
+
+__all__ = ["BACKEND_NAME", "register", "Options"]

@@ -1,0 +1,157 @@
+"""One commrt communicator per device type, for one torch.distributed group.
+
+* CPU: gloo over the group's store (a ``cpu/`` prefix of it), or MPI when
+  mpiexec started the ranks and the group is the whole world (``Options(
+  cpu_transport="gloo")`` keeps gloo). Made when the group is made.
+* CUDA: NCCL whose unique id travels through the store (a ``cuda/``
+  prefix), made on the first CUDA call (a collective: every rank of the
+  group reaches it in the same order, on the group's progress thread).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from commrt.algorithms import resolve
+from commrt.comm import (
+    Backend,
+    Communicator,
+    LaunchInfo,
+    abort_on_error_wanted,
+    detect_launch,
+    install_abort_hook,
+)
+from commrt.distributed.ops import DeviceComm
+
+#: the environment variable that picks the all-reduce algorithm (Options() default)
+ALGORITHM_ENV = "COMMRT_ALGORITHM"
+
+
+@dataclass(frozen=True)
+class Options:
+    """``pg_options`` for ``dist.init_process_group("commrt", pg_options=...)``.
+
+    ``algorithm``: the all-reduce algorithm's name (``auto``, ``ring``,
+    ``torus2d``, ``halving_doubling``, ...) or instance; None reads
+    ``COMMRT_ALGORITHM`` (default ``auto``). Reduce-scatter and all-gather run
+    it where it has those schedules, else ring.
+    ``cpu_transport``: ``"auto"`` (MPI under mpiexec for the world group,
+    else gloo), ``"gloo"`` or ``"mpi"``. ``piece_bytes``: pipelining grain.
+    ``debug``: check every call across ranks (default: ``COMMRT_DEBUG``).
+    """
+
+    algorithm: object = None
+    cpu_transport: str = "auto"
+    piece_bytes: int = 4 << 20
+    debug: bool | None = None
+
+    def resolved_algorithm(self):
+        name = self.algorithm
+        if name is None:
+            name = os.environ.get(ALGORITHM_ENV, "").strip() or "auto"
+        return resolve(name)
+
+
+def _mpi_launched() -> bool:
+    return detect_launch().launcher == "mpiexec"
+
+
+class DeviceComms:
+    """The group's communicators by device type (module docs)."""
+
+    def __init__(
+        self,
+        store,
+        rank: int,
+        size: int,
+        timeout: datetime.timedelta,
+        options,
+        group_id: str,
+        global_ranks,
+    ):
+        self.store, self.rank, self.size = store, rank, size
+        self.group_id = group_id
+        self.options = options if isinstance(options, Options) else Options()
+        secs = timeout.total_seconds() if timeout is not None else 0
+        self.timeout = secs if secs > 0 else 1800.0
+        self.global_ranks = list(global_ranks or range(size))
+        self.algorithm = self.options.resolved_algorithm()
+        self.lock = threading.Lock()
+        self.by_type: dict[str, DeviceComm] = {"cpu": self._cpu()}
+
+    def get(self, device: torch.device) -> DeviceComm:
+        kind = torch.device(device).type
+        with self.lock:
+            dc = self.by_type.get(kind)
+            if dc is None:
+                if kind != "cuda":
+                    raise NotImplementedError(
+                        f"commrt process group: no transport for {kind} tensors (cpu and cuda)"
+                    )
+                dc = self.by_type[kind] = self._cuda()
+            return dc
+
+    def _launch(self) -> LaunchInfo:
+        whole = self.size == int(os.environ.get("WORLD_SIZE", self.size))
+        local = os.environ.get("LOCAL_WORLD_SIZE") if whole else None
+        local_rank = int(os.environ.get("LOCAL_RANK", 0)) if whole else 0
+        return LaunchInfo(
+            "torch.distributed", self.rank, self.size, local_rank, int(local) if local else None
+        )
+
+    def _wrap(self, transport, backend: Backend) -> DeviceComm:
+        o = self.options
+        debug = o.debug
+        if debug is None:
+            debug = os.environ.get("COMMRT_DEBUG", "").strip().lower() in (
+                "1",
+                "true",
+                "yes",
+                "on",
+                "detail",
+            )
+        comm = Communicator(
+            transport, backend, self._launch(), self.timeout, o.piece_bytes, debug=debug
+        )
+        if abort_on_error_wanted() and self.size > 1:
+            install_abort_hook(comm)
+        return DeviceComm(comm, self.algorithm)
+
+    def _cpu(self) -> DeviceComm:
+        want = self.options.cpu_transport
+        world = self.size == int(os.environ.get("WORLD_SIZE", -1)) and self.global_ranks == list(
+            range(self.size)
+        )
+        if want == "mpi" or (want == "auto" and _mpi_launched() and world):
+            from commrt.transports.mpi import MpiTransport
+
+            return self._wrap(MpiTransport(), Backend.MPI)
+        from commrt.transports.gloo import GlooTransport
+
+        store = dist.PrefixStore("cpu/", self.store)
+        return self._wrap(GlooTransport(store, self.rank, self.size, self.timeout), Backend.GLOO)
+
+    def _cuda(self) -> DeviceComm:
+        from commrt.transports.nccl_bootstrap import init_nccl
+
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        transport = init_nccl(
+            self.rank,
+            self.size,
+            local_rank,
+            None,
+            make_store=lambda: dist.PrefixStore("cuda/", self.store),
+        )
+        return self._wrap(transport, Backend.NCCL)
+
+    def close(self) -> None:
+        with self.lock:
+            for dc in self.by_type.values():
+                dc.comm.close()
+            self.by_type.clear()

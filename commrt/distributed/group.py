@@ -1,0 +1,261 @@
+"""commrt's torch.distributed process group: every call as a commrt schedule.
+
+torch 2.13 lets a registered Python group replace the whole group, so this
+one dispatches by device itself: CPU tensors go over the CPU communicator
+(gloo built on the group's store, or MPI when mpiexec started the job and
+the group is the world), CUDA tensors over NCCL bootstrapped through the
+store (made on the first CUDA call). See :mod:`commrt.distributed.ops`
+for what each call runs and :mod:`commrt.distributed.work` for how works,
+futures and errors behave.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from commrt import tags
+from commrt.distributed import ops
+from commrt.distributed.devices import DeviceComms
+from commrt.distributed.work import CommrtWork, P2PWork, Progress
+from commrt.p2p import Exchange, Where
+
+BACKEND_NAME = "commrt"
+
+
+def _unsupported(method: str, instead: str) -> NotImplementedError:
+    return NotImplementedError(f"commrt process group: {method} is not implemented; {instead}")
+
+
+class ProcessGroupCommrt(dist.ProcessGroup):
+    """A torch.distributed group whose calls run commrt schedules (module docs)."""
+
+    def __init__(self, devices: DeviceComms):
+        super().__init__(devices.rank, devices.size)
+        self.devices = devices
+        self.progress = Progress(f"commrt-pg-{devices.group_id}")
+        self.group_id_text, self.desc = devices.group_id, ""
+
+    # -- names (init_device_mesh and FSDP2 need them)
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def getGroupName(self) -> str:
+        return self.group_id_text
+
+    def setGroupName(self, name: str) -> None:
+        self.group_id_text = name
+
+    def getGroupDesc(self) -> str:
+        return self.desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self.desc = desc
+
+    @property
+    def group_name(self) -> str:
+        return self.group_id_text
+
+    @property
+    def group_desc(self) -> str:
+        return self.desc
+
+    # -- the machinery every call goes through
+    def _call(self, what: str, tensors: list, run, opts=None, result=None) -> CommrtWork:
+        """Queue ``run(device_comm)`` on the progress thread for the device of
+        ``tensors[0]``; the work's future holds ``result`` (default ``tensors``)."""
+        device = tensors[0].device if tensors else torch.device("cpu")
+        dc = self.devices.get(device)
+        devs = [device] if device.type == "cuda" else ()
+        what = f"{what} on {device.type}, algorithm {dc.algorithm.name}"
+        work = CommrtWork(
+            what, self.devices.rank, tensors if result is None else result, dc.comm.timeout, devs
+        )
+        if opts is not None and not getattr(opts, "asyncOp", True):
+            # torch waits on a synchronous call's work itself: mark it waited before it
+            # runs, so that an error is raised from that wait, never turned into an abort
+            with work.lock:
+                work.waited = True
+        return self.progress.submit(lambda: run(dc), work)
+
+    # -- all-reduce
+    def allreduce(self, tensors, opts=None) -> CommrtWork:
+        op = ops.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        def run(dc):
+            for t in tensors:
+                ops.allreduce(dc, t, op)
+
+        return self._call(f"allreduce({op})", tensors, run, opts)
+
+    def allreduce_coalesced(self, tensors, opts=None) -> CommrtWork:
+        op = ops.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        return self._call(
+            f"allreduce_coalesced({op})",
+            tensors,
+            lambda dc: ops.allreduce_coalesced(dc, tensors, op),
+            opts,
+        )
+
+    def reduce(self, tensors, opts) -> CommrtWork:
+        op, root = ops.op_name(opts.reduceOp), opts.rootRank
+        return self._call(
+            "reduce", tensors, lambda dc: ops.reduce_to(dc, tensors[0], root, op), opts
+        )
+
+    # -- broadcast
+    def broadcast(self, tensors, opts=None) -> CommrtWork:
+        root = opts.rootRank if opts is not None else 0
+
+        def run(dc):
+            for t in tensors:
+                ops.bcast(dc, t, root)
+
+        return self._call("broadcast", tensors, run, opts)
+
+    # -- all-gather
+    def allgather(self, output_lists, inputs, opts=None) -> CommrtWork:
+        def run(dc):
+            for outs, t in zip(output_lists, inputs):
+                ops.gather_all(dc, outs, t)
+
+        flat = [t for outs in output_lists for t in outs]
+        return self._call("allgather", inputs, run, opts, result=flat)
+
+    def allgather_coalesced(self, output_lists, inputs, opts=None) -> CommrtWork:
+        """``output_lists[r][i]`` = rank r's ``inputs[i]``."""
+
+        def run(dc):
+            for i, t in enumerate(inputs):
+                ops.gather_all(dc, [outs[i] for outs in output_lists], t)
+
+        flat = [t for outs in output_lists for t in outs]
+        return self._call("allgather_coalesced", inputs, run, opts, result=flat)
+
+    def all_gather_single(self, output, input, opts=None) -> CommrtWork:
+        return self._call(
+            "all_gather_single",
+            [input],
+            lambda dc: ops.gather_into(dc, output, input),
+            opts,
+            result=[output],
+        )
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None) -> CommrtWork:
+        def run(dc):
+            for o, i in zip(outputs, inputs):
+                ops.gather_into(dc, o, i)
+
+        return self._call("all_gather_single_coalesced", inputs, run, opts, result=outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    # -- reduce-scatter
+    def reduce_scatter(self, outputs, input_lists, opts=None) -> CommrtWork:
+        op = ops.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        def run(dc):
+            for o, ins in zip(outputs, input_lists):
+                ops.reduce_scatter_list(dc, o, ins, op)
+
+        return self._call(f"reduce_scatter({op})", outputs, run, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None) -> CommrtWork:
+        op = ops.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        return self._call(
+            f"reduce_scatter_single({op})",
+            [output],
+            lambda dc: ops.scatter_reduce(dc, output, input, op),
+            opts,
+        )
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None) -> CommrtWork:
+        op = ops.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+
+        def run(dc):
+            for o, i in zip(outputs, inputs):
+                ops.scatter_reduce(dc, o, i, op)
+
+        return self._call(f"reduce_scatter_single_coalesced({op})", outputs, run, opts)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- barrier, point-to-point and the rest
+    def barrier(self, opts=None) -> CommrtWork:
+        return self._call("barrier", [], lambda dc: dc.comm.barrier(), opts)
+
+    def gather(self, output_lists, inputs, opts) -> CommrtWork:
+        root = opts.rootRank
+        outs = output_lists[0] if output_lists else []
+        return self._call(
+            "gather",
+            inputs,
+            lambda dc: ops.gather_to(dc, outs, inputs[0], root),
+            opts,
+            result=outs or inputs,
+        )
+
+    def scatter(self, outputs, input_lists, opts) -> CommrtWork:
+        root = opts.rootRank
+        ins = input_lists[0] if input_lists else []
+        return self._call(
+            "scatter", outputs, lambda dc: ops.scatter_from(dc, outputs[0], ins, root), opts
+        )
+
+    def alltoall(self, outputs, inputs, opts=None) -> CommrtWork:
+        return self._call(
+            "alltoall", inputs, lambda dc: ops.all_to_all(dc, outputs, inputs), opts, result=outputs
+        )
+
+    def all_to_all_single(self, output, input, out_splits, in_splits, opts=None) -> CommrtWork:
+        def run(dc):
+            ops.all_to_all_single(dc, output, input, out_splits, in_splits)
+
+        return self._call("all_to_all_single", [input], run, opts, result=[output])
+
+    alltoall_base = all_to_all_single
+
+    def send(self, tensors, dst: int, tag: int = 0) -> CommrtWork:
+        return self._p2p("send", tensors[0], dst, tag, send=True)
+
+    def recv(self, tensors, src: int, tag: int = 0) -> CommrtWork:
+        return self._p2p("recv", tensors[0], src, tag, send=False)
+
+    def _p2p(self, what: str, t: torch.Tensor, peer: int, tag: int, send: bool) -> CommrtWork:
+        dc = self.devices.get(t.device)
+        if not t.is_contiguous():
+            raise ValueError(f"commrt process group: {what} needs a contiguous tensor")
+        pair = [(t, peer)]
+        ex = Exchange(
+            dc.comm,
+            pair if send else [],
+            [] if send else pair,
+            tags.torch_p2p(tag),
+            Where(f"torch {what}"),
+        )
+        return P2PWork(
+            f"{what} {'to' if send else 'from'} rank {peer}", dc.comm.rank, [t], dc.comm.timeout, ex
+        )
+
+    def recv_anysource(self, tensors, tag: int = 0):
+        raise _unsupported("recv_anysource (recv without src)", "pass src= to dist.recv")
+
+    def monitored_barrier(self, opts=None, wait_all_ranks=False):
+        raise _unsupported("monitored_barrier", "use dist.barrier(), which times out by name")
+
+    def size(self) -> int:
+        return self.devices.size
+
+    def rank(self) -> int:
+        return self.devices.rank
+
+    def shutdown(self) -> None:
+        self.progress.close()
+        self.devices.close()
+
+    def abort(self) -> None:
+        self.devices.close()

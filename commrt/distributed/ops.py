@@ -1,0 +1,266 @@
+"""What each torch.distributed call runs on a commrt communicator.
+
+Plain functions on one device's :class:`DeviceComm` (the communicator, the
+group's all-reduce algorithm, executors for MIN/MAX/PRODUCT); the process
+group (:mod:`commrt.distributed.group`) queues them on its progress thread.
+
+* all-reduce: SUM through :func:`commrt.all_reduce`; AVG scales by 1/p in
+  the pack kernel (float32/16, bfloat16; float64 divides) and sums; MIN,
+  MAX and PRODUCT run the same schedule with another reduction in the
+  executor. PREMUL_SUM and the bitwise ops raise ``NotImplementedError``.
+* reduce-scatter and all-gather: :mod:`commrt.shards` (ring, halving-
+  doubling on a power of two, torus2d; the others fall back to ring).
+* broadcast: :func:`commrt.broadcast` (binomial tree or pipelined chain).
+* gather, scatter, all-to-all: one group of point-to-point messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from commrt import tags
+from commrt.algorithms import Algorithm, Ring
+from commrt.collectives import agree_call, all_reduce, broadcast
+from commrt.comm import Communicator
+from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
+from commrt.kernels import pack
+from commrt.p2p import Exchange, Where
+from commrt.schedule import Collective
+from commrt.shards import all_gather, reduce_scatter
+
+R = dist.ReduceOp
+
+
+def _minimum(dst: torch.Tensor, src: torch.Tensor) -> None:
+    torch.minimum(dst, src, out=dst)
+
+
+def _maximum(dst: torch.Tensor, src: torch.Tensor) -> None:
+    torch.maximum(dst, src, out=dst)
+
+
+def _product(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.mul_(src)
+
+
+#: reductions other than the sum, by torch op name
+REDUCERS = {"min": _minimum, "max": _maximum, "product": _product}
+
+
+def op_name(op) -> str:
+    """``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"product"``; NotImplementedError
+    naming any other torch op."""
+    for name, known in (
+        ("sum", R.SUM),
+        ("avg", R.AVG),
+        ("min", R.MIN),
+        ("max", R.MAX),
+        ("product", R.PRODUCT),
+    ):
+        if op == known:
+            return name
+    named = [n for n, m in R.RedOpType.__members__.items() if op == m]
+    raise NotImplementedError(
+        f"commrt process group: reduce op {named[0] if named else op} is not supported (SUM, AVG, MIN, MAX and "
+        "PRODUCT are); for PREMUL_SUM scale the tensor first and use SUM"
+    )
+
+
+@dataclass
+class DeviceComm:
+    """One device type's communicator and what the group's calls need with it."""
+
+    comm: Communicator
+    algorithm: Algorithm
+    executors: dict = field(default_factory=dict)
+
+    def executor(self, op: str):
+        ex = self.executors.get(op)
+        if ex is None:
+            from commrt.executor import Executor
+
+            ex = self.executors[op] = Executor(reduce=REDUCERS[op])
+        return ex
+
+    def shard_algorithm(self) -> Algorithm:
+        """The group's algorithm where it has reduce-scatter and all-gather schedules
+        for this p, else ring."""
+        alg, p = self.algorithm, self.comm.world_size
+        ok = alg.supports(Collective.REDUCE_SCATTER) and alg.supports(Collective.ALL_GATHER)
+        if ok and (alg.name != "halving_doubling" or p & (p - 1) == 0):
+            return alg
+        return Ring()
+
+
+def allreduce(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
+    comm = dc.comm
+    if op == "sum":
+        all_reduce(t, comm, dc.algorithm, "sum")
+    elif op == "avg":
+        if t.dtype in PACK_DTYPES and t.is_contiguous():
+            flat = t.view(-1)
+            pack([flat], flat, scale=1.0 / comm.world_size)  # the average is the pack's scale
+            all_reduce(t, comm, dc.algorithm, "sum")
+        else:
+            all_reduce(t, comm, dc.algorithm, "avg")
+    else:
+        _reduce_other(dc, t, op)
+
+
+def _reduce_other(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
+    """MIN / MAX / PRODUCT: the group's all-reduce schedule with another reduction."""
+    comm = dc.comm
+    comm.admit_collective()
+    agree_call(comm, "all_reduce", t.shape, t.dtype, op, dc.algorithm.name)
+    work = t if t.is_contiguous() else t.contiguous()
+    if comm.world_size > 1 and work.numel():
+        with comm.lock:
+            sched = dc.algorithm.select(comm.world_size, work.numel() * work.element_size(), comm)
+            dc.executor(op).run(
+                sched,
+                work,
+                comm.transport,
+                timeout=comm.timeout,
+                piece_bytes=comm.piece_bytes,
+                owner=work,
+                spin_s=comm.spin_s,
+            )
+    if work is not t:
+        t.copy_(work)
+
+
+def allreduce_coalesced(dc: DeviceComm, tensors: list[torch.Tensor], op: str) -> None:
+    """One all-reduce per dtype over the tensors packed into one flat buffer."""
+    by_dtype: dict = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    for group in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in group])
+        allreduce(dc, flat, op)
+        offset = 0
+        for t in group:
+            t.copy_(flat[offset : offset + t.numel()].view_as(t))
+            offset += t.numel()
+
+
+def bcast(dc: DeviceComm, t: torch.Tensor, root: int) -> None:
+    broadcast(t, dc.comm, root)
+
+
+def gather_all(dc: DeviceComm, outputs: list[torch.Tensor], t: torch.Tensor) -> None:
+    """torch's list all-gather: ``outputs[r]`` = rank r's ``t``."""
+    flat = torch.empty(t.numel() * len(outputs), dtype=t.dtype, device=t.device)
+    all_gather(flat, t.contiguous(), dc.comm, dc.shard_algorithm())
+    for o, piece in zip(outputs, flat.chunk(len(outputs)) if flat.numel() else outputs):
+        if piece is not o:
+            o.copy_(piece.view_as(o))
+
+
+def gather_into(dc: DeviceComm, out: torch.Tensor, t: torch.Tensor) -> None:
+    """``all_gather_into_tensor``: shard r of ``out`` = rank r's ``t``."""
+    target = (
+        out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
+    )
+    all_gather(target, t.contiguous(), dc.comm, dc.shard_algorithm())
+    if target is not out:
+        out.copy_(target)
+
+
+def scatter_reduce(dc: DeviceComm, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
+    """``reduce_scatter_tensor``: rank r's ``out`` = the reduction of every rank's shard r."""
+    if op in ("sum", "avg"):
+        target = (
+            out
+            if out.is_contiguous()
+            else torch.empty_like(out, memory_format=torch.contiguous_format)
+        )
+        reduce_scatter(target, inp, dc.comm, dc.shard_algorithm(), op)
+        if target is not out:
+            out.copy_(target)
+        return
+    full = inp.detach().clone().reshape(-1)  # MIN/MAX/PRODUCT: all-reduce, keep my shard
+    _reduce_other(dc, full, op)
+    out.copy_(full.chunk(dc.comm.world_size)[dc.comm.rank].view_as(out))
+
+
+def reduce_scatter_list(dc: DeviceComm, out: torch.Tensor, inputs: list, op: str) -> None:
+    scatter_reduce(dc, out, torch.cat([t.reshape(-1) for t in inputs]), op)
+
+
+def reduce_to(dc: DeviceComm, t: torch.Tensor, root: int, op: str) -> None:
+    """``reduce``: the root's tensor ends with the reduction; the others' are untouched."""
+    allreduce(dc, t if dc.comm.rank == root else t.clone(), op)
+
+
+def _exchange(dc: DeviceComm, sends, recvs, what: str) -> None:
+    comm = dc.comm
+    comm.admit_collective()
+    Exchange(comm, sends, recvs, tags.TORCH_COLLECTIVE, Where(what)).complete()
+
+
+def gather_to(dc: DeviceComm, outputs: list, t: torch.Tensor, root: int) -> None:
+    comm = dc.comm
+    t = t.contiguous()
+    agree_call(comm, "other", t.shape, t.dtype, f"gather{root}", "p2p")
+    if comm.rank != root:
+        _exchange(dc, [(t, root)], [], "gather")
+        return
+    bufs = {r: torch.empty_like(t) for r in range(comm.world_size) if r != root}
+    _exchange(dc, [], [(b, r) for r, b in bufs.items()], "gather")
+    for r, o in enumerate(outputs):
+        o.copy_(t if r == root else bufs[r])
+
+
+def scatter_from(dc: DeviceComm, out: torch.Tensor, inputs: list, root: int) -> None:
+    comm = dc.comm
+    agree_call(comm, "other", out.shape, out.dtype, f"scatter{root}", "p2p")
+    if comm.rank != root:
+        buf = (
+            out
+            if out.is_contiguous()
+            else torch.empty_like(out, memory_format=torch.contiguous_format)
+        )
+        _exchange(dc, [], [(buf, root)], "scatter")
+        if buf is not out:
+            out.copy_(buf)
+        return
+    sends = [(inputs[r].contiguous(), r) for r in range(comm.world_size) if r != root]
+    _exchange(dc, sends, [], "scatter")
+    out.copy_(inputs[root])
+
+
+def all_to_all(dc: DeviceComm, outs: list, ins: list) -> None:
+    """Rank r's ``outs[s]`` = rank s's ``ins[r]``, one group of messages."""
+    comm = dc.comm
+    agree_call(comm, "other", (len(ins),), ins[0].dtype if ins else torch.float32, "a2a", "p2p")
+    me = comm.rank
+    bufs = {
+        s: torch.empty_like(outs[s], memory_format=torch.contiguous_format)
+        for s in range(comm.world_size)
+        if s != me
+    }
+    sends = [(ins[s].contiguous(), s) for s in range(comm.world_size) if s != me]
+    _exchange(dc, sends, [(b, s) for s, b in bufs.items()], "alltoall")
+    outs[me].copy_(ins[me])
+    for s, b in bufs.items():
+        outs[s].copy_(b)
+
+
+def all_to_all_single(
+    dc: DeviceComm, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits
+) -> None:
+    p = dc.comm.world_size
+    outs = _split(out, out_splits, p)
+    ins = _split(inp, in_splits, p)
+    all_to_all(dc, outs, ins)
+
+
+def _split(t: torch.Tensor, splits, p: int) -> list[torch.Tensor]:
+    if not splits:
+        if t.shape[0] % p:
+            raise ValueError(f"all_to_all_single: dim 0 ({t.shape[0]}) does not split into {p}")
+        splits = [t.shape[0] // p] * p
+    return list(torch.split(t, list(splits)))

@@ -1,0 +1,50 @@
+"""The ``"commrt"`` torch.distributed backend: registration and the group factory.
+
+``import commrt`` calls :func:`register` (cheap: no process group, no
+thread, no transport is made until ``init_process_group("commrt")``).
+torch calls :func:`make_group` once per group (the default group, every
+``new_group``, each DeviceMesh dimension) with the group's store, rank,
+size, timeout and ``pg_options`` (a :class:`~commrt.distributed.Options`).
+
+Under mpiexec, registration also copies MPI's rank and size into RANK,
+WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE where they are missing, so that
+torch's ``env://`` rendezvous works there (MASTER_ADDR and MASTER_PORT still
+come from the launch command); see :func:`commrt.comm.mpi_env_for_torch`.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from commrt.comm import mpi_env_for_torch
+
+BACKEND_NAME = "commrt"
+
+
+def make_group(backend_opts, pg_options=None):
+    """torch's factory (``extended_api=True``): the group for these options."""
+    from commrt.distributed.devices import DeviceComms
+    from commrt.distributed.group import ProcessGroupCommrt
+
+    devices = DeviceComms(
+        backend_opts.store,
+        backend_opts.group_rank,
+        backend_opts.group_size,
+        backend_opts.timeout,
+        pg_options,
+        str(backend_opts.group_id),
+        list(backend_opts.global_ranks_in_group),
+    )
+    return ProcessGroupCommrt(devices)
+
+
+def register() -> None:
+    """Register the ``"commrt"`` backend with torch.distributed (idempotent)."""
+    if not dist.is_available():
+        return
+    mpi_env_for_torch()
+    if BACKEND_NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(
+        BACKEND_NAME, make_group, extended_api=True, devices=["cpu", "cuda"]
+    )

@@ -1,0 +1,201 @@
+"""Work objects and the progress thread of commrt's process group.
+
+Every collective of a group runs on that group's progress thread, one at
+a time in the order the caller issued them (so every rank runs them in the
+same order, whatever waits for what). The caller gets a :class:`CommrtWork`
+at once; the progress thread completes its future when the collective is
+done. A synchronous call (``async_op=False``, ``asyncOp=False``) is simply
+waited on before the call returns.
+
+Errors: torch 2.13 crashes (segfault) when a Python future that carries an
+exception reaches DDP's C++ all-reduce path, so an error never travels in a
+future. Instead:
+
+* a caller blocked in :meth:`CommrtWork.wait` (every synchronous call,
+  ``work.wait()`` on an asynchronous one) gets commrt's named error raised
+  from ``wait()``;
+* an error that nobody waits for (DDP's gradient all-reduce only ever
+  holds the future) ends the whole job through commrt's abort path
+  (:func:`commrt.comm.end_job`), the error printed with rank, peer and
+  algorithm. With ``COMMRT_ABORT_ON_ERROR=0`` the future carries it instead
+  (safe for Python consumers such as communication hooks, not for DDP).
+
+After a communication failure the group is broken: later calls raise the first
+error. Bad input (ValueError, TypeError, NotImplementedError, a call the
+ranks disagree on) leaves it usable.
+"""
+
+from __future__ import annotations
+
+import datetime
+import queue
+import threading
+
+import torch
+from torch._C._distributed_c10d import Work
+
+from commrt.comm import abort_on_error_wanted, end_job
+from commrt.errors import CommError, CommTimeoutError
+
+#: errors raised before anything reached the wire (bad input, a call the ranks disagree on,
+#: raised on every rank alike): the group stays usable after them; any other breaks it
+LOCAL_ERRORS = (ValueError, TypeError, NotImplementedError)
+#: seconds a wait allows beyond the group's timeout (the collective itself times out first)
+WAIT_SLACK_S = 30.0
+
+
+class CommrtWork(Work):
+    """One call's completion: ``wait()``, ``get_future()``, ``is_completed()``."""
+
+    def __init__(self, what: str, rank: int, result, timeout: float, devices=()):
+        super().__init__()
+        self.what, self.rank, self.timeout = what, rank, timeout
+        self.result = result  # what the future holds: a list of tensors
+        self.future = torch.futures.Future(devices=list(devices)) if devices else None
+        if self.future is None:
+            self.future = torch.futures.Future()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.waited = False  # someone is (or was) blocked in wait(): errors go there
+
+    # -- the caller's side
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        with self.lock:
+            self.waited = True
+        limit = self.timeout + WAIT_SLACK_S
+        if timeout is not None and timeout.total_seconds() > 0:  # C++ passes 0: no timeout
+            limit = timeout.total_seconds()
+        if not self.done.wait(limit):
+            raise CommTimeoutError(rank=self.rank, peer=None, what=self.what, timeout_s=limit)
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self.future
+
+    def is_completed(self) -> bool:
+        return self.done.is_set()
+
+    def is_success(self) -> bool:
+        return self.done.is_set() and self.error is None
+
+    def exception(self):
+        return self.error
+
+    # -- the progress side
+    def finish(self) -> None:
+        self.future.set_result(self.result)
+        self.done.set()
+
+    def fail(self, error: BaseException) -> None:
+        """Hand ``error`` to a waiter, or end the job when there is none (module docs)."""
+        with self.lock:
+            self.error = error
+            waited = self.waited
+            self.done.set()
+        if waited:
+            return
+        if abort_on_error_wanted():
+            end_job(
+                f"commrt: rank {self.rank}: {self.what} failed and nothing waits for it "
+                f"(DDP holds only its future): {type(error).__name__}: {error}; ending the "
+                "whole job (COMMRT_ABORT_ON_ERROR=0 hands the error to the future instead)"
+            )
+        self.future.set_exception(error)
+
+
+class Progress:
+    """The thread that runs a group's calls in order (started on first use)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.broken: BaseException | None = None
+        self.start_lock = threading.Lock()
+
+    def submit(self, run, work: CommrtWork) -> CommrtWork:
+        """Queue ``run()`` (it does the call); the progress thread completes ``work`` after
+        it."""
+        if self.broken is not None:
+            err = CommError(
+                f"commrt: rank {work.rank}: {work.what} refused: this process group failed "
+                f"earlier ({type(self.broken).__name__}: {self.broken})"
+            )
+            work.fail(err)
+        else:
+            self._ensure_thread()
+            self.queue.put((run, work))
+        return work
+
+    def _ensure_thread(self) -> None:
+        with self.start_lock:
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            run, work = item
+            if self.broken is not None:
+                work.fail(CommError(f"commrt: {work.what} refused: the group failed earlier"))
+                continue
+            try:
+                run()
+            except BaseException as e:  # noqa: BLE001 - every error must reach someone
+                if not isinstance(e, LOCAL_ERRORS):
+                    self.broken = e
+                work.fail(e)
+                continue
+            work.finish()
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.thread is not None and self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join(timeout)
+
+
+class P2PWork(CommrtWork):
+    """A send or receive: started at once on the caller's thread (point-to-point calls
+    pair with the peer's, not with the group's order), completed by ``wait()``, or for
+    ``get_future()`` by a helper thread that waits for it."""
+
+    def __init__(self, what: str, rank: int, result, timeout: float, exchange):
+        super().__init__(what, rank, result, timeout)
+        self.exchange = exchange
+        self.helper: threading.Thread | None = None
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        with self.lock:
+            self.waited = True
+        if not self.done.is_set():
+            self._complete()
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def _complete(self) -> None:
+        with self.lock:
+            if self.done.is_set():
+                return
+            try:
+                self.exchange.complete()
+            except BaseException as e:  # noqa: BLE001 - named commrt errors, to the waiter
+                self.error = e
+                self.done.set()
+                if not self.waited:
+                    self.future.set_exception(e)
+                return
+        self.finish()
+
+    def get_future(self) -> torch.futures.Future:
+        with self.lock:
+            if self.helper is None and not self.done.is_set():
+                self.helper = threading.Thread(target=self._complete, daemon=True)
+                self.helper.start()
+        return self.future
