@@ -22,7 +22,7 @@ def tcp_store(
 ):
     """A TCPStore for gloo/NCCL rendezvous, wrapped in a commrt prefix.
 
-    ``launch`` is the :class:`commrt.comm.LaunchInfo`. Port 0 under mpiexec:
+    ``launch`` is the :class:`commrt.launch.LaunchInfo`. Port 0 under mpiexec:
     rank 0 lets the OS pick a free port and tells the others over MPI, so
     ``mpiexec -n 4 ... backend="gloo"`` needs no set-up.
     """

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import commrt
-from commrt.comm import detect_launch
+from commrt.launch import detect_launch
 
 
 def test_detect_mpich_hydra():

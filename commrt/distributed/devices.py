@@ -19,15 +19,9 @@ import torch
 import torch.distributed as dist
 
 from commrt.algorithms import resolve
-from commrt.comm import (
-    Backend,
-    Communicator,
-    LaunchInfo,
-    abort_on_error_wanted,
-    detect_launch,
-    install_abort_hook,
-)
+from commrt.comm import Backend, Communicator, abort_on_error_wanted, install_abort_hook
 from commrt.distributed.ops import DeviceComm
+from commrt.launch import LaunchInfo, detect_launch
 
 #: the environment variable that picks the all-reduce algorithm (Options() default)
 ALGORITHM_ENV = "COMMRT_ALGORITHM"

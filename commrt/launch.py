@@ -1,0 +1,86 @@
+"""How this process was launched: rank and world size from mpiexec's or torchrun's
+environment, and the bridge that lets torch's ``env://`` read MPI's variables."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Rank layout as the launcher announced it in the environment."""
+
+    launcher: str  # "mpiexec", "torchrun" or "none"
+    rank: int
+    world_size: int
+    local_rank: int
+    local_size: int | None  # None when the launcher does not say
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
+def _int(env: Mapping[str, str], *names: str) -> int | None:
+    for n in names:
+        v = env.get(n)
+        if v not in (None, ""):
+            try:
+                return int(v)
+            except ValueError:
+                raise ValueError(f"environment variable {n}={v!r} is not an integer") from None
+    return None
+
+
+def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Read rank and world size from MPICH/Hydra, Open MPI or torchrun variables.
+
+    torchrun's variables win when both are present (torchrun under an MPI
+    allocation), unless :func:`mpi_env_for_torch` copied them from MPI's;
+    without any launcher the process is rank 0 of 1.
+    """
+    env = os.environ if env is None else env
+    port = _int(env, "MASTER_PORT")
+    addr = env.get("MASTER_ADDR") or None
+    copied = FROM_MPI_ENV in env and env.get(FROM_MPI_ENV) == env.get("RANK")
+    if "RANK" in env and "WORLD_SIZE" in env and not copied:
+        return LaunchInfo(
+            "torchrun",
+            _int(env, "RANK"),
+            _int(env, "WORLD_SIZE"),
+            _int(env, "LOCAL_RANK") or 0,
+            _int(env, "LOCAL_WORLD_SIZE"),
+            addr,
+            port,
+        )
+    rank = _int(env, "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
+    size = _int(env, "PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
+    if rank is not None and size is not None:
+        local_rank = _int(env, "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK") or 0
+        local_size = _int(env, "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE")
+        return LaunchInfo("mpiexec", rank, size, local_rank, local_size, addr, port)
+    return LaunchInfo("none", 0, 1, 0, 1, addr, port)
+
+
+#: set (to the rank) by :func:`mpi_env_for_torch` when it wrote RANK and WORLD_SIZE
+FROM_MPI_ENV = "COMMRT_RANK_FROM_MPI"
+
+
+def mpi_env_for_torch(env: "dict | None" = None) -> bool:
+    """Under mpiexec with MASTER_ADDR and MASTER_PORT set (``mpiexec -genv``), fill in the
+    RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE torch's ``env://`` reads, from MPI's
+    variables; True if it did (:func:`detect_launch` still sees an mpiexec launch)."""
+    env = os.environ if env is None else env
+    if "RANK" in env or "WORLD_SIZE" in env:
+        return False
+    if not env.get("MASTER_ADDR") or not env.get("MASTER_PORT"):
+        return False  # not set up for env://: leave the environment as the launcher made it
+    info = detect_launch(env)
+    if info.launcher != "mpiexec":
+        return False
+    env.update(RANK=str(info.rank), WORLD_SIZE=str(info.world_size))
+    env.setdefault("LOCAL_RANK", str(info.local_rank))
+    if info.local_size is not None:
+        env.setdefault("LOCAL_WORLD_SIZE", str(info.local_size))
+    env[FROM_MPI_ENV] = str(info.rank)
+    return True
