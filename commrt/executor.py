@@ -188,6 +188,10 @@ class Bound:
         self.steps = []
 
 
+def _piece_elems(piece_bytes: int, buf: torch.Tensor) -> int:
+    return max(1, piece_bytes // buf.element_size())
+
+
 def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst += src: commrt's fused kernel (Triton) on CUDA; on CPU, when both
     sides share a dtype, one ``add_`` (for fp16/bf16 torch also adds in fp32
@@ -267,6 +271,18 @@ class Executor:
             self._plans.popitem(last=False)
         return plan
 
+    def warm(self, schedule: Schedule, rank: int, buf: torch.Tensor, piece_bytes: int) -> int:
+        """Launch the reduce once per distinct piece size ``schedule`` will sum into ``buf``,
+        on zeros of their own: on CUDA the first launch of a size autotunes (a device
+        synchronisation, a 256 MB flush buffer), which must not happen on the progress thread
+        during the first backward. Returns the number of launches."""
+        plan = self.plan(schedule, rank, buf.numel(), _piece_elems(piece_bytes, buf))
+        sizes = sorted({x.stop - x.start for st in plan.steps for x in st.recvs if x.reduce})
+        for n in sizes:
+            dst = torch.zeros(n, dtype=buf.dtype, device=buf.device)
+            self.reduce(dst, torch.zeros_like(dst))
+        return len(sizes)
+
     def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         key = (dtype, device)
         buf = self._scratch.get(key)
@@ -309,7 +325,7 @@ class Executor:
         ``spin_s``: how long a wait polls before it yields the core
         (:func:`~commrt.transports.base.poll_until`); for callers that block.
         """
-        piece_elems = max(1, piece_bytes // buf.element_size())
+        piece_elems = _piece_elems(piece_bytes, buf)
         bound = self.bind(schedule, buf, transport, piece_elems, owner)
         if not bound.member:
             return 0

@@ -212,7 +212,7 @@ def test_kernels_are_tuned_when_gradient_sync_is_built(monkeypatch):
     """On CUDA the first pack/unpack launch autotunes: GradientSync does it at construction
     (here CPU tensors stand in, with the CUDA check and the kernels faked)."""
     calls = []
-    monkeypatch.setattr(B, "_needs_tuning", lambda device: True)
+    monkeypatch.setattr(B, "needs_tuning", lambda device: True)
     monkeypatch.setattr(B, "pack", lambda grads, out, scale: calls.append(("pack", out.numel())))
     monkeypatch.setattr(B, "unpack", lambda flat, grads: calls.append(("unpack", flat.numel())))
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
@@ -225,9 +225,41 @@ def test_kernels_are_tuned_when_gradient_sync_is_built(monkeypatch):
         sync.close()
     calls.clear()
     with commrt.init("gloo") as comm:  # fp32 views on the wire: nothing to tune
-        monkeypatch.setattr(B, "_needs_tuning", lambda device: device.type == "cuda")
+        monkeypatch.setattr(B, "needs_tuning", lambda device: device.type == "cuda")
         commrt.GradientSync(model, comm).close()
     assert calls == []
+
+
+def test_the_reduce_kernel_is_warmed_at_construction_on_every_piece_size(monkeypatch):
+    """The reduce kernel autotunes on its first launch per size too: the all-reduce family
+    launches it at construction on each piece size its schedules will sum, on scratch zeros."""
+    from commrt.algorithms import Ring
+    from commrt.executor import Executor
+
+    sched, numel, piece_bytes = Ring().schedule(4), 1001, 4 * 100
+    seen = []
+    ex = Executor(reduce=lambda dst, src: seen.append((dst.numel(), dst.sum().item())))
+    buf = torch.arange(numel, dtype=torch.float32)
+    assert ex.warm(sched, 1, buf, piece_bytes) == len(seen) > 1
+    plan = ex.plan(sched, 1, numel, 100)
+    reduced = {x.stop - x.start for st in plan.steps for x in st.recvs if x.reduce}
+    assert sorted(n for n, _ in seen) == sorted(reduced) and all(v == 0 for _, v in seen)
+    assert torch.equal(buf, torch.arange(numel, dtype=torch.float32))  # the buffer untouched
+
+    warmed = []
+    monkeypatch.setattr(B, "needs_tuning", lambda device: True)
+    monkeypatch.setattr(Executor, "warm", lambda self, s, rank, b, pb: warmed.append(b.numel()))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    with commrt.init("gloo") as comm:
+        sync = commrt.GradientSync(model, comm, bucket_mb=0.0001)
+        assert sorted(warmed) == sorted(b.numel for b in sync.buckets)
+        sync.close()
+    warmed.clear()
+    with commrt.init("gloo") as comm:  # CPU: nothing autotunes, nothing is launched
+        monkeypatch.setattr(B, "needs_tuning", lambda device: device.type == "cuda")
+        monkeypatch.setattr(B, "needs_tuning", lambda device: device.type == "cuda")
+        commrt.GradientSync(model, comm).close()
+    assert warmed == []
 
 
 # ------------------------------------------------------------ the GPU tests' harness, on CPU

@@ -31,6 +31,8 @@ class AllReducePolicy(Policy):
             self.algorithm.select(comm.world_size, b.numel * ctx.element_size, comm)
             for b in ctx.buckets
         ]
+        for schedule, buf in zip(self.schedules, ctx.buffers):
+            ctx.warm(schedule, buf)
         self._scale = 1.0 / comm.world_size
         return tuple(s.name for s in self.schedules)
 

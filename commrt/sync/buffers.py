@@ -16,7 +16,7 @@ from commrt.kernels.lifetime import keep_alive
 from commrt.sync.buckets import Bucket
 
 
-def _needs_tuning(device: torch.device) -> bool:
+def needs_tuning(device: torch.device) -> bool:
     """Whether kernels on ``device`` autotune on their first launch (CUDA: Triton)."""
     return device.type == "cuda"
 
@@ -48,7 +48,7 @@ class BucketBuffers:
                     if p.grad is not None:
                         v.copy_(p.grad)
                     p.grad = v
-        if _needs_tuning(device):
+        if needs_tuning(device):
             self.tune()
 
     def tune(self) -> None:

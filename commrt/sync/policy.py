@@ -51,6 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
+from commrt.sync import buffers
 from commrt.sync.buckets import Bucket
 
 
@@ -94,6 +95,15 @@ class SyncContext:
                 tracer=self.tracer,
                 owner=buf if reused else None,
             )
+
+    def warm(self, schedule, buf: torch.Tensor) -> None:
+        """Launch ``schedule``'s reduce kernel on every piece size it will use on ``buf``,
+        where kernels autotune on first launch (CUDA), so that the first backward does not
+        tune them on the progress thread. Nothing happens on the CPU."""
+        if buffers.needs_tuning(buf.device):
+            comm = self.comm
+            with comm.lock:
+                comm.executor.warm(schedule, comm.rank, buf, comm.piece_bytes)
 
 
 class Policy(abc.ABC):
