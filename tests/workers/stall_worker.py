@@ -2,11 +2,10 @@
 
 argv: out_dir timeout_s. Each live rank writes <out_dir>/rank<r>.json with,
 per transport, how long the all_reduce took to fail and the error's fields.
-Processes leave with os._exit: requests to the dead peer are still posted
-and MPI_Finalize would wait on them.
+The staller leaves with os._exit; the others through tests/workers/leaving.py
+once every live rank wrote its report.
 """
 
-import json
 import os
 import sys
 import time
@@ -14,6 +13,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from leaving import leave_when_written, write_report  # noqa: E402
+
 import commrt  # noqa: E402
 
 
@@ -45,10 +46,9 @@ def main(out_dir, timeout):
                 "step": e.step,
                 "what": e.what,
             }
-    with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
-        json.dump(report, f)
+    write_report(os.path.join(out_dir, f"rank{comm.rank}.json"), report)
     sys.stdout.flush()
-    os._exit(0)
+    leave_when_written([os.path.join(out_dir, f"rank{r}.json") for r in range(staller)])
 
 
 if __name__ == "__main__":
