@@ -13,7 +13,6 @@ import time
 
 import torch
 
-from commrt.errors import CommError, PeerClosedError
 from commrt.sync.buckets import Bucket
 from commrt.sync.progress import Progress
 
@@ -37,12 +36,10 @@ class GradHooks:
         b = self.where[id(p)]
         progress = self.progress
         with progress.cv:
-            if isinstance(progress.error, PeerClosedError):
-                raise progress.error  # its own type: a caller may catch exactly that
             if progress.error is not None:
-                raise CommError(
-                    f"commrt: gradient sync already failed: {progress.error}"
-                ) from progress.error
+                # a CommError in its own type (PeerClosedError, RankDeclaredDeadError, ...),
+                # whichever thread saw it first: a caller may catch exactly that
+                progress.raise_error()
             if id(p) in progress.state.seen:
                 name = self.buckets[b].names[self.buckets[b].params.index(p)]
                 raise RuntimeError(
