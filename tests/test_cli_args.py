@@ -86,6 +86,22 @@ def test_a_timeout_must_be_finite_and_positive(capsys):
         assert "--timeout" in _error(["train", "--timeout", bad], capsys)
 
 
+@pytest.mark.parametrize("flag", ["--lr", "--bucket-mb"])
+def test_a_rate_or_size_must_be_a_finite_positive_number(flag, capsys):
+    """--lr nan used to train on NaN to the end (found in a new-user trial)."""
+    for bad in ("nan", "inf", "0", "-1", "x"):
+        line = _error(["train", flag, bad], capsys)
+        assert flag in line and ("finite number above 0" in line or "give a number" in line)
+
+
+@pytest.mark.parametrize("flag", ["--compute-ms", "--delay-ms"])
+def test_simulate_times_must_be_finite_and_not_negative(flag, capsys):
+    """--compute-ms nan ended in the simulator's ValueError traceback (new-user trial)."""
+    for bad in ("nan", "inf", "-5"):
+        line = _error(["simulate", flag, bad], capsys)
+        assert flag in line and "finite number of 0 or more" in line, line
+
+
 # ------------------------------------------------------ 2. batches that do not split
 
 

@@ -26,7 +26,7 @@ import torch
 from commrt import __version__
 from commrt.cli import launch as launcher
 from commrt.cli.train_args import algorithm_names, check_train, unknown_algorithm
-from commrt.cli.units import DTYPES, positive_int, positive_seconds, size_list
+from commrt.cli.units import DTYPES, positive_int, positive_number, positive_seconds, size_list
 
 __all__ = ["main", "build_parser", "check_train", "DTYPES"]
 
@@ -241,9 +241,12 @@ def _add_train(sub) -> None:
         metavar="OUT.json",
         help="write a merged Chrome trace of all ranks (for example out/trace.json)",
     )
-    tr.add_argument("--lr", type=float, default=0.05)
+    tr.add_argument("--lr", type=positive_number, default=0.05)
     tr.add_argument(
-        "--bucket-mb", type=float, default=0.1, help="bucket cap (the model is ~85K parameters)"
+        "--bucket-mb",
+        type=positive_number,
+        default=0.1,
+        help="bucket cap (the model is ~85K parameters)",
     )
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--quiet", action="store_true", help="no progress bar")

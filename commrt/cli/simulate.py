@@ -58,7 +58,7 @@ from commrt.cli.simulate_sections import (
     vs_p_section,
     vs_size_section,
 )
-from commrt.cli.units import fmt_bytes, positive_int, size_list
+from commrt.cli.units import fmt_bytes, non_negative_number, positive_int, size_list
 from commrt.schedule import Collective
 
 # the sections' helpers stay importable from here, where they used to live
@@ -130,9 +130,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated (default {DEFAULT_ALGORITHMS}); torus2d takes one row per node",
     )
     p.add_argument(
-        "--compute-ms", type=float, default=100.0, help="compute per training step (default 100 ms)"
+        "--compute-ms",
+        type=non_negative_number,
+        default=100.0,
+        help="compute per training step (default 100 ms)",
     )
-    p.add_argument("--delay-ms", type=float, default=5.0, help="mean per-rank delay (default 5 ms)")
+    p.add_argument(
+        "--delay-ms",
+        type=non_negative_number,
+        default=5.0,
+        help="mean per-rank delay (default 5 ms)",
+    )
     p.add_argument(
         "--samples", type=positive_int, default=400, help="sampled steps per point (default 400)"
     )

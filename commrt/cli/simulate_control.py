@@ -16,6 +16,7 @@ import sys
 from typing import Sequence
 
 from commrt.cli.simulate_sections import fit
+from commrt.cli.units import positive_number
 from commrt.sim.control import HEARTBEAT_S, StoreCost, control_cost, first_saturated
 
 #: backups of the priced jobs
@@ -112,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_arguments(parser)
     parser.add_argument("--max-p", type=int, default=4096, help="largest p (default 4096)")
     parser.add_argument("--ranks-per-node", type=int, default=8, help="(default 8)")
-    parser.add_argument("--step-ms", type=float, default=100.0, help="(default 100 ms)")
+    parser.add_argument("--step-ms", type=positive_number, default=100.0, help="(default 100 ms)")
     args = parser.parse_args(argv)
     ps = [1 << k for k in range(2, max(2, args.max_p.bit_length()))]
     control_section(ps, args.store_cost, args.ranks_per_node, args.step_ms * 1e-3, print)

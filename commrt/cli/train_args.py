@@ -52,8 +52,6 @@ def check_train(parser: argparse.ArgumentParser, args):
     kill = _kill(parser, args.kill, nproc) if args.kill else None
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error("--label-smoothing must be in [0, 1)")
-    if args.lr <= 0 or args.bucket_mb <= 0:
-        parser.error("--lr and --bucket-mb must be positive")
     return TrainOptions(
         backend=args.backend,
         timeout=args.timeout,

@@ -54,3 +54,25 @@ def positive_seconds(text: str) -> float:
     if not 0 < v < float("inf"):
         raise argparse.ArgumentTypeError(f"give a finite number of seconds above 0, got {text}")
     return v
+
+
+def _finite(text: str, low: float, inclusive: bool) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a number, got {text!r}") from None
+    if not ((v >= low) if inclusive else (v > low)) or v == float("inf") or v != v:
+        raise argparse.ArgumentTypeError(
+            f"give a finite number {'of 0 or more' if inclusive else 'above 0'}, got {text}"
+        )
+    return v
+
+
+def positive_number(text: str) -> float:
+    """argparse type: a finite number above 0 (a learning rate, a size in MB)."""
+    return _finite(text, 0.0, inclusive=False)
+
+
+def non_negative_number(text: str) -> float:
+    """argparse type: a finite number, 0 or more (milliseconds of compute or delay)."""
+    return _finite(text, 0.0, inclusive=True)
