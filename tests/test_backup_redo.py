@@ -111,3 +111,21 @@ def test_more_deaths_than_backups_raise_a_timeout_naming_the_dead(tmp_path, back
         assert f"missing ranks {dead}" in rec["error"], rec["error"]
         took = rec["error_at"] - rec["step_began"]
         assert took < W.TIMEOUT_S + 5.0, (took, rec)
+
+
+def test_gloo_pairs_outlive_a_dead_member_and_abort_fails_a_blocked_peer_at_once(tmp_path):
+    """The facts the redo rests on (tests/workers/gloo_death_worker.py): after one member's
+    SIGKILL the others still exchange on the same group, and a receive from the dead one
+    fails at once; aborting a group ends a peer's blocked receive at once, not at the
+    timeout. (A group is still never reused after a failure: receives that never completed
+    stay posted there, commrt/sync/backup/wire.py.)"""
+    from gloo_death_worker import ABORT_AFTER_S, TIMEOUT_S
+
+    codes, outs = gloo_ranks(3, "gloo_death_worker.py", tmp_path, timeout=60)
+    assert codes == [0, 0, -9], "\n".join(outs)
+    recs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rec in recs:
+        assert rec["pair_ok"] is True, rec
+        assert rec["dead_recv_s"] is not None and rec["dead_recv_s"] < 2.0, rec
+    took = recs[0]["aborted_s"]
+    assert took is not None and ABORT_AFTER_S * 0.5 < took < TIMEOUT_S / 2, recs[0]
