@@ -79,6 +79,8 @@ def test_a_participant_killed_inside_the_all_reduce_is_redone_by_the_survivors(t
                 g = s["computed_at"]
                 assert parts.setdefault(g, s["participants"]) == s["participants"], (g, s)
                 assert s["redone"] == (1 if g == W.KILL_AT else 0), s
+        # one group made, for the redo; the later steps, same participants, reused it
+        assert [s["groups_made"] for s in rec["steps"] if s["role"] == "on time"][-1] == 1, rec
     final = recs[0]["final"]
     assert sorted(parts) == list(range(final)), parts
     assert parts[W.KILL_AT] == [0, 2, 3], parts  # the redo: the live ranks, rank 3 included

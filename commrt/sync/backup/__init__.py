@@ -62,8 +62,8 @@ ends bit-identical; raw transport errors never reach the user. With fewer
 than N live ranks the round cannot fill, and every live rank raises
 :class:`~commrt.CommTimeoutError` naming the missing ranks (as soon as the
 recorded deaths show it, at the latest at the timeout). After a first
-failure each step runs on a group made for its participants (one gloo
-rendezvous per step). MPI and NCCL keep the old behaviour: a death inside
+failure a step runs on a group made for its participants (one gloo
+rendezvous, milliseconds on one machine), reused while they stay the same. MPI and NCCL keep the old behaviour: a death inside
 the all-reduce fails the step with the usual error.
 
 **Control-plane cost.** Per step a rank makes about seven store round trips

@@ -256,7 +256,7 @@ class BackupPolicy(Policy):
             "dropped": self.dropped,
             "global_step": self.held,
             "missing": sorted(self.liveness.missing),
-            "redone": self.reduction.round if self.role is not Role.FINAL else 0,
+            **self.reduction.stats(self.role is not Role.FINAL),
         }
 
     @property

@@ -19,7 +19,9 @@ The first proposal written wins: one outcome per round, read by all. On
 of the same global step; its first N are the new participants (so N
 gradients are still averaged, found among the live ranks), which restore
 their buffers from the packed copies kept at ``communicate`` and run the
-inner all-reduce again on a group made for exactly them. Whoever is past
+inner all-reduce again on a group made for exactly them (the next step
+reuses that group when its participants are the same ranks, else makes
+its own: one gloo rendezvous, milliseconds on one machine). Whoever is past
 ticket N in the round that commits catches up as a late rank. With fewer
 than N live ranks (more deaths than backups) the round cannot fill: every
 live rank raises :class:`~commrt.CommTimeoutError` naming the missing
@@ -66,6 +68,12 @@ class Reduction:
         self.setup_wire: Wire | None = None  # every rank's, made at setup, until it fails
         self.broken = False  # the setup group failed somewhere (read from the store)
         self.wire: Wire | None = None  # the group of the current round
+        #: the group of the round that committed at global step ``last_step`` with this rank
+        #: taking part (never the setup group): the next step's participants reuse it when
+        #: they are exactly its members (then each of them holds it: module docs)
+        self.last: Wire | None = None
+        self.last_step = -1
+        self.groups_made = 0  # groups made for a round's participants (stats)
         #: per bucket: the packed gradients before the reduction (what a redo starts from)
         self.kept: list[torch.Tensor] = []
         # ---- the current global step
@@ -82,6 +90,11 @@ class Reduction:
                 self.cs, self.space, None, 0, members, self.rank, self.timeout
             )
             self.kept = [torch.empty_like(b) for b in self.ctx.buffers]
+
+    def stats(self, took_step: bool) -> dict:
+        """The step's redo rounds (``took_step``: this rank took part in it, or was late),
+        and the groups made so far."""
+        return {"redone": self.round if took_step else 0, "groups_made": self.groups_made}
 
     @property
     def kept_bytes(self) -> int:
@@ -102,7 +115,10 @@ class Reduction:
             return
         if self.round == 0 and not self._is_broken():
             self.wire = self.setup_wire
+        elif self.round == 0 and self._last_fits():
+            self.wire = self.last
         else:
+            self._release()
             try:
                 self.wire = make_wire(
                     self.cs, self.space, self.step, self.round, self.ranks, self.rank, self.timeout
@@ -110,7 +126,27 @@ class Reduction:
             except RuntimeError as e:  # a participant died before it joined: redo
                 self.wire, self.error = None, e
                 return
+            self.groups_made += 1
         self.schedules = self.wire.schedules(self.inner, self.ranks)
+
+    def _last_fits(self) -> bool:
+        """The previous step committed on a group of exactly this step's participants: all
+        of them took part in it, so all of them hold it and reuse it too."""
+        last = self.last
+        return (
+            last is not None
+            and self.last_step == self.step - 1
+            and last.members == self.ranks
+            and not last.failed
+        )
+
+    def _release(self) -> None:
+        """Close the group of an earlier round before another is made (not the setup one)."""
+        if self.wire is not None and self.wire is not self.setup_wire:
+            self.wire.transport.close()
+        if self.last is self.wire:
+            self.last = None
+        self.wire = None
 
     def _is_broken(self) -> bool:
         if not self.broken and self.store.check([Keys.BROKEN]):
@@ -168,6 +204,8 @@ class Reduction:
             elif participant:
                 self._decide(REDO)
             if self._outcome(idle) == COMMIT:
+                if participant and self.wire is not self.setup_wire:
+                    self.last, self.last_step = self.wire, self.step
                 break
             was = participant
             participant = self._redo_round(idle)
@@ -227,6 +265,6 @@ class Reduction:
         return True
 
     def close(self) -> None:
-        for wire in {self.setup_wire, self.wire} - {None}:
+        for wire in {self.setup_wire, self.wire, self.last} - {None}:
             wire.transport.close()
-        self.setup_wire = self.wire = None
+        self.setup_wire = self.wire = self.last = None

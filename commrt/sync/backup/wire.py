@@ -10,8 +10,9 @@ around the group in milliseconds instead of each rank waiting out the
 timeout. A group whose peer died is not reused either: its receives that
 never completed stay posted, and would take a later message with the same
 tag. So the group of every rank, made at setup, serves until the first
-failure; after it, each round runs on a group made for its N participants
-(one gloo rendezvous per global step).
+failure; after it, a round runs on a group made for its N participants,
+which the next step reuses when its participants are the same ranks
+(:mod:`commrt.sync.backup.recovery`).
 
 **Test hook.** ``COMMRT_TEST_KILL="{rank}[,{rank}...]:{global step}"``
 (read at setup): those ranks SIGKILL themselves right after their first
