@@ -22,6 +22,11 @@ from commrt.sync.backup.keys import Keys
 CLOSING = "x"
 
 
+def round_s(seconds: float) -> float:
+    """``seconds`` to a tenth, for a message."""
+    return float(f"{seconds:.1f}")
+
+
 class Role(enum.Enum):
     ON_TIME = "on time"
     LATE = "late"
@@ -73,9 +78,13 @@ class Arrival:
         """Whether a step with these first N names ends training (no update)."""
         return any(s.startswith(CLOSING) for s in names)
 
-    def timeout_error(self, step: int, round: int = 0, dead=()) -> CommTimeoutError:
+    def timeout_error(
+        self, step: int, round: int = 0, dead=(), waited: float | None = None
+    ) -> CommTimeoutError:
         """The error of a step (or redo round) that did not get N arrivals: it names the
-        ranks that never took a ticket, and ``dead`` (ranks recorded dead) among them."""
+        ranks that never took a ticket, and ``dead`` (ranks recorded dead) among them.
+        ``waited``: raised after that many seconds, before the timeout, because the ranks
+        recorded dead leave fewer than N that could ever arrive."""
         # a fresh connection: the timed-out one may still receive the late reply
         store = self._cs.client(self._space)
         count = int(store.add(Keys.tickets(step, round), 0))
@@ -85,16 +94,17 @@ class Arrival:
             if store.check([key]):
                 arrived.add(int(store.get(key).decode().lstrip(CLOSING)))
         missing = sorted((set(range(self.p)) - arrived) | set(dead))
+        why = "recorded dead" if waited is not None else "gone"
         return CommTimeoutError(
             rank=self.rank,
             peer=missing[0] if missing else None,
-            timeout_s=self.timeout,
+            timeout_s=self.timeout if waited is None else round_s(waited),
             algorithm=str(self.algorithm),
             step=step,
             what=(
                 f"the first {self.n} of {self.p} gradients of global step {step}"
                 f"{f' (redo round {round})' if round else ''}; only "
                 f"{len(arrived)} ranks arrived, missing ranks {missing} (more than "
-                f"backups={self.algorithm.backups} gone)"
+                f"backups={self.algorithm.backups} {why})"
             ),
         )

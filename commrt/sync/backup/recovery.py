@@ -248,12 +248,14 @@ class Reduction:
         for kept, buf in zip(self.kept, self.ctx.buffers):
             buf.copy_(kept)  # the packed gradients again
         pos = self.arrival.take(self.step, round=self.round)
+        began = time.monotonic()
 
         def waiting() -> None:
             idle()
             dead = self.liveness.missing
             if self.p - len(dead) < self.n:  # the round can never fill: say so now
-                raise self.arrival.timeout_error(self.step, self.round, dead)
+                waited = time.monotonic() - began
+                raise self.arrival.timeout_error(self.step, self.round, dead, waited)
 
         names = self.arrival.first_n(self.step, waiting, round=self.round)
         self.ranks = tuple(sorted(int(s) for s in names))
