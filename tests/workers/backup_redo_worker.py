@@ -4,8 +4,8 @@
 
 The test sets ``COMMRT_TEST_KILL`` (commrt/sync/backup/wire.py): the named
 ranks SIGKILL themselves right after their first send of global step
-``KILL_AT``'s reduction. Rank 3 sleeps ``SLOW_S`` before each backward up to
-that step so that, with b = 1, it is the late rank and ranks 0-2 are the
+``KILL_AT``'s reduction. Ranks N..p-1 sleep ``SLOW_S`` before each backward
+up to that step so that they are the late ranks and ranks 0..N-1 the
 participants there (on a loaded machine a shorter delay let rank 1 come
 last once: then nobody was killed).
 The model's parameters start as small integers and every gradient is an
@@ -70,7 +70,7 @@ def main(scenario, out, backups):
     try:
         for _ in range(STEPS):
             g = sync.global_step
-            if rank == comm.world_size - 1 and backups and g <= KILL_AT:
+            if rank >= n and g <= KILL_AT:
                 time.sleep(SLOW_S)
             if g == KILL_AT:
                 rec["step_began"] = time.time()

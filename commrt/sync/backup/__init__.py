@@ -46,8 +46,8 @@ timeout, naming the ranks that never arrived.
 :mod:`commrt.sync.backup.recovery`). Each rank keeps a copy of its packed
 gradients (one copy of the bucket buffers) until the step commits. The
 participants all-reduce on a gloo group the policy owns
-(:mod:`commrt.sync.backup.wire`); each that finishes writes an ``ok`` mark,
-and the step's outcome (``commit`` once all N marks are there, ``redo``
+(:mod:`commrt.sync.backup.wire`); each that finishes counts itself on the
+round's ``ok`` counter, and the step's outcome (``commit`` once it reaches N, ``redo``
 when a participant's reduction failed, a participant is recorded dead, or
 nothing happened within the timeout) is written once with the store's
 ``compare_set``: every rank, late ones included, reads the same outcome
@@ -69,10 +69,13 @@ the all-reduce fails the step with the usual error.
 **Control-plane cost.** Per step a rank makes about seven store round trips
 (dead check, ticket, name, polls for the N names, read them, look for
 requests): tens to hundreds of microseconds on one machine; but every rank
-reads all N names, so the store's work per step grows as p². The
+reads all N names, so the store's work per step grows as p². On gloo the
+commit adds about three one-key operations per rank (the setup group's
+check, the ``ok`` count, the outcome) plus its polls: O(p). The
 heartbeats cost the store 3 operations per rank per beat, O(p) for the
-job. :mod:`commrt.sim.control` prices both for p up to 4096 from
-``bench/bench_control_plane.py``'s measurements (``commrt simulate``).
+job. :mod:`commrt.sim.control` prices arrival and heartbeats (not yet the
+commit) for p up to 4096 from ``bench/bench_control_plane.py``'s
+measurements (``commrt simulate``).
 
 **Ending.** The first rank to call ``close()`` ends training at the global
 step it holds: it takes a ticket on that step marked "closing", and a step

@@ -10,7 +10,8 @@ other's tickets. Inside it:
 ``s/{g}/{i}``              name under ticket i+1 of step g: ``"{rank}"``, or
                            ``"x{rank}"`` for a rank that closes there; in redo
                            round k: ``s/{g}/{k}/{i}``
-``ok/{g}/{k}/{r}``         participant r finished round k's reduction of step g
+``ok/{g}/{k}``             how many participants finished round k's reduction of
+                           step g (atomic ``add``)
 ``o/{g}/{k}``              round k's outcome: ``commit`` or ``redo`` (the first
                            ``compare_set`` wins)
 ``broken``                 the group made at setup failed: later rounds run on
@@ -63,9 +64,9 @@ class Keys:
     BROKEN = "broken"
 
     @staticmethod
-    def done(step: int, round: int, rank: int) -> str:
-        """Participant ``rank`` finished round ``round``'s reduction of ``step``."""
-        return f"ok/{step}/{round}/{rank}"
+    def done(step: int, round: int) -> str:
+        """Counts the participants that finished round ``round``'s reduction of ``step``."""
+        return f"ok/{step}/{round}"
 
     @staticmethod
     def outcome(step: int, round: int) -> str:

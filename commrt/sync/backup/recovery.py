@@ -1,13 +1,15 @@
 """The participants' reduction of a global step, committed through the store or redone.
 
 **Commit.** On gloo a step's update is applied only once the step has
-*committed*: each participant that finished its reduction writes
-``ok/{g}/{k}/{rank}`` (round k of global step g); the first rank to see
-all N marks writes the round's outcome ``o/{g}/{k}`` = ``commit`` with the
-store's ``compare_set``, and every rank (participants and late ranks)
-applies or catches up only after reading ``commit`` there. One round trip
-more per step than arrival alone, and it closes the window where some
-participants finished a reduction that others did not.
+*committed*: each participant that finished its reduction counts itself
+on ``ok/{g}/{k}`` (round k of global step g, the store's atomic ``add``);
+the one whose count reaches N proposes the round's outcome ``o/{g}/{k}`` =
+``commit`` with the store's ``compare_set``, and every rank (participants
+and late ranks) applies or catches up only after reading ``commit`` there.
+That closes the window where some participants finished a reduction that
+others did not. It costs each rank about three one-key operations per step
+(and one poll of one key per wait): O(p) for the job, no rank reads
+another's mark.
 
 **Redo.** A participant whose reduction fails (a gloo error from a dead
 peer, a :class:`~commrt.CommTimeoutError`) aborts the group it ran on (so
@@ -200,7 +202,9 @@ class Reduction:
             return participant
         while True:
             if participant and self.error is None:
-                self.store.set(Keys.done(self.step, self.round, self.rank), "1")
+                finished = int(self.store.add(Keys.done(self.step, self.round), 1))
+                if finished == len(self.ranks):
+                    self._decide(COMMIT)
             elif participant:
                 self._decide(REDO)
             if self._outcome(idle) == COMMIT:
@@ -219,14 +223,11 @@ class Reduction:
     def _outcome(self, idle: Callable[[], None]) -> str:
         """The outcome of the current round (waits for it, or decides it)."""
         key = Keys.outcome(self.step, self.round)
-        done = [Keys.done(self.step, self.round, m) for m in self.ranks]
         deadline = time.monotonic() + self.timeout
         pause = 0.0
         while True:
             if self.store.check([key]):
                 return self.store.get(key).decode()
-            if self.store.check(done):
-                return self._decide(COMMIT)
             if set(self.ranks) & self.liveness.missing or time.monotonic() > deadline:
                 return self._decide(REDO)  # a participant died, or none answered in time
             idle()
