@@ -44,7 +44,9 @@ W / step_s + f: at 1 or more it cannot keep up with the steps
 (:func:`first_saturated`). Not modelled: the network between the clients and the server (its
 bandwidth for the names and bitmap), several stores (sharding keys), the
 catch-up traffic of late ranks (request, claim, response: a few operations
-per late rank).
+per late rank), the commit of each step on gloo (about three one-key
+operations per rank and its polls of one key: O(p),
+:mod:`commrt.sync.backup.recovery`).
 
 Example::
 

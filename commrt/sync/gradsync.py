@@ -156,7 +156,9 @@ class GradientSync:
         self.tracer = _tracer(trace, comm)
         self.policy = policy_for(cfg.algorithm)
         bufs = tuple(self._buffers)
-        ctx = SyncContext(comm, tuple(self.buckets), bufs, cfg.comm_dtype, self.tracer)
+        ctx = SyncContext(
+            comm, tuple(self.buckets), bufs, cfg.comm_dtype, self.tracer, self.io.unpack
+        )
         grad_bytes = sum(p.numel() * p.element_size() for _, p in named)
         self.stats = SyncStats(algorithms=tuple(self.policy.setup(ctx)), grad_bytes=grad_bytes)
         self._recorder = StepRecorder(self.stats, self.tracer)

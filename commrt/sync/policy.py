@@ -47,6 +47,7 @@ Example (a family that sums instead of averaging)::
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,26 +70,37 @@ class SyncContext:
     buffers: tuple[torch.Tensor, ...]
     comm_dtype: torch.dtype
     tracer: object = None  # commrt.trace.Tracer or None
+    #: ``unpack(b)`` makes bucket b's ``.grad`` hold what its buffer holds again, for a policy
+    #: that rewrites buffers after their ``communicate`` (backup workers redoing a step)
+    unpack: Callable[[int], None] | None = None
 
     @property
     def element_size(self) -> int:
         return self.buffers[0].element_size()
 
     def run(
-        self, schedule, buf: torch.Tensor, bucket: int | None = None, *, reused: bool = True
+        self,
+        schedule,
+        buf: torch.Tensor,
+        bucket: int | None = None,
+        *,
+        reused: bool = True,
+        transport=None,
     ) -> int:
         """Run ``schedule`` in place on ``buf`` with the communicator's timeout,
         pieces and tracer; return the bytes this rank sent. Errors name the
         rank, peer, algorithm, step and ``bucket``. ``reused=False`` for a
         schedule run only a few times (a new one every few steps): its
         binding to ``buf`` then just ages out of the executor's small cache
-        instead of being kept for as long as ``buf`` lives."""
+        instead of being kept for as long as ``buf`` lives. ``transport``: a
+        transport the policy made itself (its ranks numbered as the schedule
+        numbers them) instead of the communicator's."""
         comm = self.comm
         with comm.lock:
             return comm.executor.run(
                 schedule,
                 buf,
-                comm.transport,
+                comm.transport if transport is None else transport,
                 timeout=comm.timeout,
                 piece_bytes=comm.piece_bytes,
                 bucket=bucket,

@@ -91,5 +91,13 @@ class GlooTransport(Transport):
         if op == "avg":
             tensor.div_(self.world_size)
 
+    def abort(self) -> None:
+        """Close this group's connections now: a peer blocked on this rank gets an error at
+        once instead of at the timeout (backup workers abort a group whose reduction failed,
+        so the failure reaches every member fast). The group is unusable afterwards."""
+        if self.pg is not None:
+            self.pg.abort()
+        self.pg = None
+
     def close(self) -> None:
         self.pg = None

@@ -40,18 +40,42 @@ A rank that was only slow and finds itself declared dead raises
 :class:`~commrt.sync.backup.liveness.RankDeclaredDeadError` at its next
 step or ``close()``. With more than b dead, a step never gets N arrivals
 and the waiting ranks raise :class:`~commrt.CommTimeoutError` after the
-timeout, naming the ranks that never arrived. A rank that dies *inside* a
-step's all-reduce (after taking one of the N tickets) fails that step for
-its peers with the usual timeout error; the paper's parameter server has
-the same window.
+timeout, naming the ranks that never arrived.
+
+**Deaths inside a step: commit or redo** (gloo;
+:mod:`commrt.sync.backup.recovery`). Each rank keeps a copy of its packed
+gradients (one copy of the bucket buffers) until the step commits. The
+participants all-reduce on a gloo group the policy owns
+(:mod:`commrt.sync.backup.wire`); each that finishes counts itself on the
+round's ``ok`` counter, and the step's outcome (``commit`` once it reaches N, ``redo``
+when a participant's reduction failed, a participant is recorded dead, or
+nothing happened within the timeout) is written once with the store's
+``compare_set``: every rank, late ones included, reads the same outcome
+before its ``wait()`` returns. A rank whose reduction failed aborts its
+group, so its peers fail at once rather than at the timeout. On ``redo``
+every live rank takes a ticket of the next round of the *same* global step;
+its first N (the survivors and late ranks that kept their gradients)
+restore their buffers from the copies and all-reduce again on a group
+made for exactly them; the others catch up as late ranks. So no step is
+lost or applied twice, N gradients are still averaged, and every live rank
+ends bit-identical; raw transport errors never reach the user. With fewer
+than N live ranks the round cannot fill, and every live rank raises
+:class:`~commrt.CommTimeoutError` naming the missing ranks (as soon as the
+recorded deaths show it, at the latest at the timeout). After a first
+failure a step runs on a group made for its participants (one gloo
+rendezvous, milliseconds on one machine), reused while they stay the same. MPI and NCCL keep the old behaviour: a death inside
+the all-reduce fails the step with the usual error.
 
 **Control-plane cost.** Per step a rank makes about seven store round trips
 (dead check, ticket, name, polls for the N names, read them, look for
 requests): tens to hundreds of microseconds on one machine; but every rank
-reads all N names, so the store's work per step grows as p². The
+reads all N names, so the store's work per step grows as p². On gloo the
+commit adds about three one-key operations per rank (the setup group's
+check, the ``ok`` count, the outcome) plus its polls: O(p). The
 heartbeats cost the store 3 operations per rank per beat, O(p) for the
-job. :mod:`commrt.sim.control` prices both for p up to 4096 from
-``bench/bench_control_plane.py``'s measurements (``commrt simulate``).
+job. :mod:`commrt.sim.control` prices arrival and heartbeats (not yet the
+commit) for p up to 4096 from ``bench/bench_control_plane.py``'s
+measurements (``commrt simulate``).
 
 **Ending.** The first rank to call ``close()`` ends training at the global
 step it holds: it takes a ticket on that step marked "closing", and a step
@@ -72,9 +96,11 @@ The package, one module per job (imports go down this list, never up):
 ==========================================  ==========================================
 :mod:`~commrt.sync.backup.policy`           :class:`BackupPolicy`, wiring the rest
 :mod:`~commrt.sync.backup.arrival`          tickets: who takes part in a global step
+:mod:`~commrt.sync.backup.recovery`         the participants' all-reduce: commit or redo
 :mod:`~commrt.sync.backup.catchup`          snapshot requests, serving, receiving
 :mod:`~commrt.sync.backup.liveness`         heartbeats, recorded deaths, the end handshake
 :mod:`~commrt.sync.backup.snapshot`         parameters + optimizer state in one buffer
+:mod:`~commrt.sync.backup.wire`             the gloo groups reductions run on; the test hook
 :mod:`~commrt.sync.backup.keys`             every control-store key, in one place
 ==========================================  ==========================================
 """

@@ -22,6 +22,11 @@ from commrt.sync.backup.keys import Keys
 CLOSING = "x"
 
 
+def round_s(seconds: float) -> float:
+    """``seconds`` to a tenth, for a message."""
+    return float(f"{seconds:.1f}")
+
+
 class Role(enum.Enum):
     ON_TIME = "on time"
     LATE = "late"
@@ -39,21 +44,23 @@ class Arrival:
         self.rank, self.p, self.n = rank, world_size, n
         self.algorithm, self.timeout = algorithm, timeout
 
-    def take(self, step: int, closing: bool = False) -> int:
-        """Take the next ticket of ``step``; return its number (1 for the first rank)."""
-        pos = int(self.store.add(Keys.tickets(step), 1))
-        self.store.set(Keys.ticket(step, pos - 1), f"{CLOSING if closing else ''}{self.rank}")
+    def take(self, step: int, closing: bool = False, round: int = 0) -> int:
+        """Take the next ticket of ``step`` (in redo round ``round``); return its number
+        (1 for the first rank)."""
+        pos = int(self.store.add(Keys.tickets(step, round), 1))
+        name = f"{CLOSING if closing else ''}{self.rank}"
+        self.store.set(Keys.ticket(step, pos - 1, round), name)
         return pos
 
-    def first_n(self, step: int, idle: Callable[[], None]) -> list[str]:
+    def first_n(self, step: int, idle: Callable[[], None], round: int = 0) -> list[str]:
         """The names under tickets 1..N of ``step`` (waits for them, bounded).
 
         While it waits, ``idle()`` runs now and then: this rank answers catch-up
         requests there, and a rank that is still catching up may be one of the N
-        this step waits for."""
-        keys = [Keys.ticket(step, i) for i in range(self.n)]
+        this step waits for. ``idle`` may raise to give up the wait."""
+        keys = [Keys.ticket(step, i, round) for i in range(self.n)]
         if not poll(lambda: self.store.check(keys), self.timeout, idle):
-            raise self._timeout(step)
+            raise self.timeout_error(step, round)
         return [v.decode() for v in self.store.multi_get(keys)]
 
     def arrive(self, step: int, idle: Callable[[], None]) -> tuple[Role, tuple[int, ...]]:
@@ -71,24 +78,33 @@ class Arrival:
         """Whether a step with these first N names ends training (no update)."""
         return any(s.startswith(CLOSING) for s in names)
 
-    def _timeout(self, step: int) -> CommTimeoutError:
+    def timeout_error(
+        self, step: int, round: int = 0, dead=(), waited: float | None = None
+    ) -> CommTimeoutError:
+        """The error of a step (or redo round) that did not get N arrivals: it names the
+        ranks that never took a ticket, and ``dead`` (ranks recorded dead) among them.
+        ``waited``: raised after that many seconds, before the timeout, because the ranks
+        recorded dead leave fewer than N that could ever arrive."""
         # a fresh connection: the timed-out one may still receive the late reply
         store = self._cs.client(self._space)
-        count = int(store.add(Keys.tickets(step), 0))
+        count = int(store.add(Keys.tickets(step, round), 0))
         arrived = set()
         for i in range(count):
-            if store.check([Keys.ticket(step, i)]):
-                arrived.add(int(store.get(Keys.ticket(step, i)).decode().lstrip(CLOSING)))
-        missing = sorted(set(range(self.p)) - arrived)
+            key = Keys.ticket(step, i, round)
+            if store.check([key]):
+                arrived.add(int(store.get(key).decode().lstrip(CLOSING)))
+        missing = sorted((set(range(self.p)) - arrived) | set(dead))
+        why = "recorded dead" if waited is not None else "gone"
         return CommTimeoutError(
             rank=self.rank,
             peer=missing[0] if missing else None,
-            timeout_s=self.timeout,
+            timeout_s=self.timeout if waited is None else round_s(waited),
             algorithm=str(self.algorithm),
             step=step,
             what=(
-                f"the first {self.n} of {self.p} gradients of global step {step}; only "
+                f"the first {self.n} of {self.p} gradients of global step {step}"
+                f"{f' (redo round {round})' if round else ''}; only "
                 f"{len(arrived)} ranks arrived, missing ranks {missing} (more than "
-                f"backups={self.algorithm.backups} gone)"
+                f"backups={self.algorithm.backups} {why})"
             ),
         )

@@ -132,6 +132,13 @@ class CatchUp:
         self.store.set(Keys.request(i), f"{self.rank} {step}")
         return i
 
+    def withdraw(self, req: int | None) -> None:
+        """Withdraw request ``req`` (its rank takes part in a redone step after all) by
+        claiming it, so that nobody serves it. No server can have claimed it: none holds a
+        newer step while the step is being redone (:mod:`commrt.sync.backup.recovery`)."""
+        if req is not None and int(self.store.add(Keys.claim(req), 1)) != 1:
+            raise CommError(f"commrt: rank {self.rank}: catch-up request {req} was served")
+
     def receive(self, req: int, step: int, optimizer) -> dict:
         """Receive and load the snapshot answering request ``req``; return its response
         (``step`` and ``final`` of the state it held).

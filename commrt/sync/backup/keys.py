@@ -5,9 +5,19 @@ own key space (:meth:`Keys.space`), so two GradientSyncs never read each
 other's tickets. Inside it:
 
 =========================  =====================================================
-``a/{g}``                  ticket counter of global step g (atomic ``add``)
+``a/{g}``                  ticket counter of global step g (atomic ``add``); in
+                           redo round k >= 1 of that step: ``a/{g}/{k}``
 ``s/{g}/{i}``              name under ticket i+1 of step g: ``"{rank}"``, or
-                           ``"x{rank}"`` for a rank that closes there
+                           ``"x{rank}"`` for a rank that closes there; in redo
+                           round k: ``s/{g}/{k}/{i}``
+``ok/{g}/{k}``             how many participants finished round k's reduction of
+                           step g (atomic ``add``)
+``o/{g}/{k}``              round k's outcome: ``commit`` or ``redo`` (the first
+                           ``compare_set`` wins)
+``broken``                 the group made at setup failed: later rounds run on
+                           groups made for their participants
+``w/{g}/{k}/``             the rendezvous of the gloo group of round k of step g
+                           (``w/setup/``: the group of every rank, made at setup)
 ``nreq``                   catch-up request counter
 ``q/{i}``                  request i: ``"{rank} {global step it holds}"``
 ``c/{i}``                  claims on request i (the first claimer serves it)
@@ -41,13 +51,32 @@ class Keys:
 
     # ------------------------------------------------------------ arrival
     @staticmethod
-    def tickets(step: int) -> str:
-        return f"a/{step}"
+    def tickets(step: int, round: int = 0) -> str:
+        return f"a/{step}" if round == 0 else f"a/{step}/{round}"
 
     @staticmethod
-    def ticket(step: int, index: int) -> str:
-        """Who holds ticket ``index + 1`` of global step ``step``."""
-        return f"s/{step}/{index}"
+    def ticket(step: int, index: int, round: int = 0) -> str:
+        """Who holds ticket ``index + 1`` of global step ``step`` (in redo round ``round``)."""
+        return f"s/{step}/{index}" if round == 0 else f"s/{step}/{round}/{index}"
+
+    # ------------------------------------------------------------ commit or redo
+    #: set once the group made at setup failed (never unset)
+    BROKEN = "broken"
+
+    @staticmethod
+    def done(step: int, round: int) -> str:
+        """Counts the participants that finished round ``round``'s reduction of ``step``."""
+        return f"ok/{step}/{round}"
+
+    @staticmethod
+    def outcome(step: int, round: int) -> str:
+        """``commit`` or ``redo``, written once (``compare_set``)."""
+        return f"o/{step}/{round}"
+
+    @staticmethod
+    def wire(step: int | None, round: int = 0) -> str:
+        """Prefix of a gloo group's rendezvous (``step`` None: the group made at setup)."""
+        return "w/setup/" if step is None else f"w/{step}/{round}/"
 
     # ------------------------------------------------------------ catch-up
     @staticmethod

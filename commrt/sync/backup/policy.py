@@ -23,6 +23,7 @@ from commrt.sync.backup.arrival import Arrival, Role
 from commrt.sync.backup.catchup import CatchUp, span
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import Liveness
+from commrt.sync.backup.recovery import Reduction
 from commrt.sync.policy import Policy, SyncContext
 from commrt.sync.report import render_rows
 
@@ -109,12 +110,12 @@ class BackupPolicy(Policy):
         self.arrival: Arrival | None = None
         self.catchup: CatchUp | None = None
         self.liveness: Liveness | None = None
+        self.reduction: Reduction | None = None  # the participants' all-reduce, commit and redo
         # ---- where this rank stands
         self.held = 0  # the global step this rank's state holds
         self.final: int | None = None  # the global step training ends at, once known
         self.role = Role.ON_TIME  # this rank's part in the current step
         self.ranks: tuple[int, ...] = ()  # the current step's participants
-        self._schedules: list = []  # per bucket: the inner all-reduce over ``ranks``
         self._req: int | None = None  # this step's catch-up request (late only)
         self._opt = None  # the optimizer of the last sync.step (snapshots)
         self._unapplied = False  # a step began and sync.step has not applied it yet
@@ -131,7 +132,9 @@ class BackupPolicy(Policy):
         self.rank, self.p = comm.rank, comm.world_size
         self.n = alg.participants(self.p)  # ValueError on every rank when p <= b
         self.timeout = comm.timeout
-        inner = [self._inner_for(b.numel * ctx.element_size) for b in ctx.buckets]
+        inner = [
+            inner_for(alg.inner, self.n, b.numel * ctx.element_size, comm) for b in ctx.buckets
+        ]
         for a in dict.fromkeys(inner):  # a shape that does not fit N fails here, everywhere
             a.schedule(self.p, tuple(range(self.n)))
         self.inner = inner
@@ -151,15 +154,11 @@ class BackupPolicy(Policy):
             self.cs, space, self.store, self.rank, self.p, alg.dead_after_s, self.timeout
         )
         self.liveness.start()
+        self.reduction = Reduction(
+            ctx, self.cs, space, self.arrival, self.liveness, inner, self.timeout
+        )
+        self.reduction.setup()
         return tuple(f"backup(b={alg.backups}):{label(a)}" for a in inner)
-
-    def _inner_for(self, nbytes: int):
-        inner = self.algorithm.inner
-        if isinstance(inner, Auto):  # priced for the N ranks that take part (probes: collective)
-            return inner.choose(self.n, nbytes, self.ctx.comm).algorithm
-        if isinstance(inner, Torus2D) and inner.rows is None and inner.cols is None:
-            return Torus2D(*inner.shape(self.n))
-        return inner
 
     # ------------------------------------------------------------ per step
     def begin_step(self, step: int) -> None:
@@ -186,9 +185,9 @@ class BackupPolicy(Policy):
             self.role, self.ranks = self.arrival.arrive(g, self._serve)
         if self.role is Role.FINAL:
             self.final = g
-        elif self.role is Role.ON_TIME:
-            self._schedules = [a.schedule(self.p, self.ranks) for a in self.inner]
-        else:
+            return
+        self.reduction.begin(g, self.ranks, self.role is Role.ON_TIME)
+        if self.role is Role.LATE:
             self.dropped += 1
             self._req = self.catchup.request(g)
 
@@ -196,9 +195,17 @@ class BackupPolicy(Policy):
         return 1.0 / self.n
 
     def communicate(self, step: int, bucket: int, buf: torch.Tensor) -> int:
-        if self.role is not Role.ON_TIME:
-            return 0  # a late gradient is dropped: nothing goes on the wire
-        return self.ctx.run(self._schedules[bucket], buf, bucket)
+        if self.role is Role.FINAL:
+            return 0
+        # a late gradient is dropped: nothing goes on the wire (it is kept in case of a redo)
+        on_time, reduction = self.role is Role.ON_TIME, self.reduction
+        sent = reduction.run(bucket, buf) if on_time else reduction.keep(bucket, buf)
+        if bucket == len(self.ctx.buffers) - 1:  # the step commits (redone if one failed)
+            with _marks_failure(self):
+                took_part = reduction.settle(on_time, self._serve, self._joined)
+            self.role = Role.ON_TIME if took_part else Role.LATE
+            self.ranks = self.reduction.ranks
+        return sent
 
     def apply(self, optimizer: torch.optim.Optimizer) -> int:
         self._opt = optimizer
@@ -217,6 +224,13 @@ class BackupPolicy(Policy):
         self._say_final()
         self._serve()
         return 0
+
+    def _joined(self, taking_part: bool) -> None:
+        """A redo round changed this rank's part in the step: withdraw or post its request."""
+        self.dropped += -1 if taking_part else 1
+        self._req = (
+            self.catchup.withdraw(self._req) if taking_part else self.catchup.request(self.held)
+        )
 
     def _catch_up(self, req: int) -> int:
         """Receive the snapshot answering ``req``; return the global updates it brought."""
@@ -242,6 +256,7 @@ class BackupPolicy(Policy):
             "dropped": self.dropped,
             "global_step": self.held,
             "missing": sorted(self.liveness.missing),
+            **self.reduction.stats(self.role is not Role.FINAL),
         }
 
     @property
@@ -256,7 +271,7 @@ class BackupPolicy(Policy):
 
     @property
     def extra_bytes(self) -> int:
-        return self.catchup.held_bytes
+        return self.catchup.held_bytes + self.reduction.kept_bytes
 
     # ------------------------------------------------------------ the end
     def _counts(self) -> dict:
@@ -277,6 +292,7 @@ class BackupPolicy(Policy):
                 self._drain()
         finally:
             self.liveness.stop()
+            self.reduction.close()
 
     def _drain(self) -> None:
         start = time.monotonic()
@@ -318,6 +334,15 @@ class BackupPolicy(Policy):
         if self._report is not None:
             return self._report
         return BackupReport.of(self, {self.rank: self._counts()}, tuple(self.liveness.missing))
+
+
+def inner_for(inner, n: int, nbytes: int, comm):
+    """The all-reduce among the N participants for a bucket of ``nbytes``."""
+    if isinstance(inner, Auto):  # priced for the N ranks that take part (probes: collective)
+        return inner.choose(n, nbytes, comm).algorithm
+    if isinstance(inner, Torus2D) and inner.rows is None and inner.cols is None:
+        return Torus2D(*inner.shape(n))
+    return inner
 
 
 @contextlib.contextmanager

@@ -1,0 +1,108 @@
+"""The groups backup workers' reductions run on, and the test hook that kills a participant.
+
+On gloo the policy owns the transport its participants all-reduce on, apart
+from the communicator's (which catch-up keeps using): a
+:class:`~commrt.transports.gloo.GlooTransport` whose rendezvous is a prefix
+of the control store (:meth:`Keys.wire <commrt.sync.backup.keys.Keys.wire>`).
+Owning it lets a rank whose reduction failed *abort* it: its connections
+close, so every peer blocked on it fails at once and the failure runs
+around the group in milliseconds instead of each rank waiting out the
+timeout. A group whose peer died is not reused either: its receives that
+never completed stay posted, and would take a later message with the same
+tag. So the group of every rank, made at setup, serves until the first
+failure; after it, a round runs on a group made for its N participants,
+which the next step reuses when its participants are the same ranks
+(:mod:`commrt.sync.backup.recovery`).
+
+**Test hook.** ``COMMRT_TEST_KILL="{rank}[,{rank}...]:{global step}"``
+(read at setup): those ranks SIGKILL themselves right after their first
+send of that global step's reduction has completed, inside the all-reduce:
+the deterministic deaths the redo tests need. Nothing else reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Sequence
+
+from commrt.sync.backup.keys import Keys
+from commrt.transports.base import Pair, Pending, Transport
+from commrt.transports.gloo import GlooTransport
+
+#: the test hook's variable (module docs)
+KILL_ENV = "COMMRT_TEST_KILL"
+
+
+class Wire:
+    """A gloo group over ``members`` (global ranks, in group rank order), owned by the policy."""
+
+    def __init__(self, cs, space: str, key: str, members: Sequence[int], rank: int, timeout):
+        self.members = tuple(members)
+        store = cs.client(f"{space}/{key}")
+        self.transport = GlooTransport(store, self.members.index(rank), len(self.members), timeout)
+        self.failed = False  # aborted after a failure: never used again
+
+    def schedules(self, inner: list, participants: Sequence[int]) -> list:
+        """Per bucket: the inner all-reduce among ``participants``, numbered as this group."""
+        ranks = tuple(self.members.index(r) for r in participants)
+        return [a.schedule(len(self.members), ranks) for a in inner]
+
+    def abort(self) -> None:
+        self.failed = True
+        self.transport.abort()
+
+
+def make_wire(cs, space: str, step: int | None, round: int, members, rank: int, timeout) -> Wire:
+    """The group of round ``round`` of ``step`` (None: every rank's, at setup); collective
+    over ``members``."""
+    return Wire(cs, space, Keys.wire(step, round), members, rank, timeout)
+
+
+def kill_step(rank: int) -> int | None:
+    """The global step at which the test hook kills this rank (None: never)."""
+    spec = os.environ.get(KILL_ENV, "")
+    if not spec:
+        return None
+    who, step = spec.split(":")
+    return int(step) if rank in {int(r) for r in who.split(",")} else None
+
+
+class _KillAfterSend(Pending):
+    def __init__(self, inner: Pending):
+        self.inner = inner
+
+    def wait_recv(self, i: int, deadline: float) -> bool:
+        return self.inner.wait_recv(i, deadline)
+
+    def wait_send(self, i: int, deadline: float) -> bool:
+        done = self.inner.wait_send(i, deadline)
+        if done:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return done
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+class KillAfterFirstSend(Transport):
+    """The test hook: forwards to ``inner`` and dies once its first send completed."""
+
+    name = "gloo"
+
+    def __init__(self, inner: Transport):
+        super().__init__(inner.rank, inner.world_size, inner.device)
+        self.inner = inner
+
+    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
+        pending = self.inner.exchange(sends, recvs, tag)
+        return _KillAfterSend(pending) if sends else pending
+
+    def barrier(self, timeout: float) -> bool:
+        return self.inner.barrier(timeout)
+
+    def native_all_reduce(self, tensor, op: str = "sum") -> None:
+        self.inner.native_all_reduce(tensor, op)

@@ -1,0 +1,99 @@
+"""Backup workers on 4 gloo ranks where participants die inside the all-reduce.
+
+    backup_redo_worker.py SCENARIO OUTDIR BACKUPS
+
+The test sets ``COMMRT_TEST_KILL`` (commrt/sync/backup/wire.py): the named
+ranks SIGKILL themselves right after their first send of global step
+``KILL_AT``'s reduction. Ranks N..p-1 sleep ``SLOW_S`` before each backward
+up to that step so that they are the late ranks and ranks 0..N-1 the
+participants there (on a loaded machine a shorter delay let rank 1 come
+last once: then nobody was killed).
+The model's parameters start as small integers and every gradient is an
+integer multiple of N, distinct per rank and global step (SGD with momentum,
+lr 0.5), so every update is exact and the test replays it in float64.
+
+* ``redo``: train ``STEPS`` iterations, then close; each survivor writes
+  OUTDIR/redo_rank<r>.json (per step: global step, role, participants,
+  redo rounds) and its final state in redo_rank<r>.pt.
+* ``toomany``: the same, but the killed ranks are more than the backups;
+  each survivor records the error it got and when (error_at), and the time
+  the fatal step began (step_began).
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+import commrt
+from commrt.algorithms import BackupWorkers
+
+STEPS = 7
+KILL_AT = 3
+SLOW_S = 1.0
+TIMEOUT_S = 6.0
+DEAD_AFTER_S = 2.0
+
+
+def model():
+    torch.manual_seed(3)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    with torch.no_grad():
+        for i, p in enumerate(m.parameters()):
+            p.copy_((torch.arange(p.numel()).reshape(p.shape) + i) % 7 - 3)
+    return m
+
+
+def grads(m, rank, g, n):
+    """Integer gradients, multiples of n, distinct per rank and global step."""
+    return [
+        torch.full_like(p, float(n * ((rank + 1) * (g + 2) + 5 * i)))
+        for i, p in enumerate(m.parameters())
+    ]
+
+
+def optimizer(m):
+    return torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.5)
+
+
+def main(scenario, out, backups):
+    backups = int(backups)
+    comm = commrt.init("gloo", timeout=TIMEOUT_S, abort_on_error=False)
+    rank, n = comm.rank, comm.world_size - backups
+    m = model()
+    opt = optimizer(m)
+    alg = BackupWorkers(backups=backups, dead_after_s=DEAD_AFTER_S)
+    sync = commrt.GradientSync(m, comm, algorithm=alg, bucket_mb=0.0002, first_bucket_mb=0.0001)
+    rec = {"rank": rank, "buckets": len(sync.buckets), "steps": [], "applied": []}
+    try:
+        for _ in range(STEPS):
+            g = sync.global_step
+            if rank >= n and g <= KILL_AT:
+                time.sleep(SLOW_S)
+            if g == KILL_AT:
+                rec["step_began"] = time.time()
+            loss = sum((p * t).sum() for p, t in zip(m.parameters(), grads(m, rank, g, n)))
+            loss.backward()
+            rec["applied"].append(sync.step(opt))
+            rec["steps"].append(dict(sync.stats.last.extra, computed_at=g))
+            if sync.policy.finished:
+                break
+        sync.close()
+    except commrt.CommError as e:
+        rec.update(error=str(e), error_type=type(e).__name__, error_at=time.time())
+        sync.close()
+    rep = sync.policy.report()
+    rec.update(global_step=sync.global_step, final=rep.final_step, missing=list(rep.missing))
+    state = {f"param/{k}": v.detach().clone() for k, v in m.named_parameters()}
+    for i, p in enumerate(m.parameters()):
+        for k, v in opt.state.get(p, {}).items():
+            state[f"state/{i}/{k}"] = v.detach().clone()
+    torch.save(state, os.path.join(out, f"{scenario}_rank{rank}.pt"))
+    with open(os.path.join(out, f"{scenario}_rank{rank}.json"), "w") as f:
+        json.dump(rec, f)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
