@@ -242,12 +242,8 @@ def _add_train(sub) -> None:
         help="write a merged Chrome trace of all ranks (for example out/trace.json)",
     )
     tr.add_argument("--lr", type=positive_number, default=0.05)
-    tr.add_argument(
-        "--bucket-mb",
-        type=positive_number,
-        default=0.1,
-        help="bucket cap (the model is ~85K parameters)",
-    )
+    mb_help = "bucket cap (the model is ~85K parameters)"
+    tr.add_argument("--bucket-mb", type=positive_number, default=0.1, help=mb_help)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(run=cmd_train, parser=tr)
