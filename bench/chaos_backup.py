@@ -178,7 +178,7 @@ def _verdict(seed, out, codes, logs, wall_s) -> dict:
         if rec is None or codes[r] != 0:
             why.append(f"rank {r}: exit {codes[r]}, no report: {logs[r][-300:]!r}")
         elif "error" in rec:
-            why.append(f"rank {r}: {rec['error'][:200]}")
+            why.append(f"rank {r}: {rec['error']}")
         elif rec["global_step"] != STEPS or rec["applied"] != STEPS:
             why.append(f"rank {r}: global step {rec['global_step']}, applied {rec['applied']}")
     if len({recs[r]["digest"] for r in live if r in recs}) > 1:
@@ -202,13 +202,13 @@ def main(argv=None) -> int:
     print(f"{'trial':>5} {'victim':>6} {'phase':<10} {'result':<6} {'wall':>6}", flush=True)
     for i in range(args.trials):
         seed = args.first_seed + i
-        res = trial(seed, os.path.join(args.out, "trial"), args.limit_s)
+        res = trial(seed, os.path.join(args.out, f"trial{seed}"), args.limit_s)
         results.append(res)
         verdict = "ok" if res["ok"] else "FAIL"
         victim = ",".join(map(str, res["victim"])) or "-"
         print(f"{seed:>5} {victim:>6} {res['phase']:<10} {verdict:<6} {res['wall_s']:>5.0f}s")
         for line in res["why"]:
-            print(f"      {line[:72]}", flush=True)
+            print(f"      {line[:72]}", flush=True)  # whole in trials.json
     phases = collections.Counter(r["phase"] for r in results)
     passed = sum(r["ok"] for r in results)
     print(f"passed {passed} of {len(results)}; kills by phase: " + ", ".join(

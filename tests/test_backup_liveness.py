@@ -214,3 +214,54 @@ def test_a_paused_rank_is_declared_dead_and_stops_with_a_clear_error(tmp_path):
     assert woke["error_type"] == "RankDeclaredDeadError", woke
     assert "rank 3 was declared dead by rank 2" in woke["error"], woke
     assert woke["global_step"] < recs[0]["final"], woke  # it never took part again
+
+
+def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkeypatch):
+    """A server killed before its send began: gloo did not always report it, and the late
+    rank waited out the whole timeout (bench/chaos_backup.py, 2 trials of 20). Now the wait
+    ends within a check period of the server being recorded dead, and the request goes out
+    again."""
+    from commrt.sync.backup import catchup as C
+
+    class Pending:
+        def wait_recv(self, i, deadline):
+            time.sleep(max(0.0, min(0.01, deadline - time.monotonic())))
+            return False  # the snapshot never comes
+
+    class Exchange:
+        recvs, pending = [None], Pending()
+
+        def wait_recv(self, i, deadline):
+            raise AssertionError("waited out the timeout")
+
+    class Store:
+        def check(self, keys):
+            return keys == [Keys.dead(3)]
+
+    late = C.CatchUp.__new__(C.CatchUp)
+    late.store = Store()
+    t0 = time.monotonic()
+    with pytest.raises(C.ServerDied, match="rank 3 was recorded dead"):
+        late._take(Exchange(), 3, time.monotonic() + 30)
+    assert time.monotonic() - t0 < 2 * C.CHECK_S + 0.5
+
+    # receive() treats it as a lost server: asks again, and the next answer is taken
+    answers = iter([C.ServerDied("gone"), {"server": 1, "step": 7}])
+    asked = []
+
+    def fake_receive(req, step, optimizer):
+        a = next(answers)
+        if isinstance(a, Exception):
+            raise a
+        return a
+
+    class Transport:
+        stream_ordered = False
+
+    class Comm:
+        transport = Transport()
+
+    late.comm, late.p, late._rbuf, late._lost = Comm(), 4, None, []
+    monkeypatch.setattr(late, "_receive", fake_receive)
+    monkeypatch.setattr(late, "request", lambda step: asked.append(step) or 99)
+    assert late.receive(5, 6, None) == {"server": 1, "step": 7} and asked == [6]

@@ -60,6 +60,13 @@ from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
 
 #: bytes per catch-up message
 PIECE_BYTES = 64 << 20
+#: how often a late rank waiting for a snapshot asks whether its server was recorded dead
+CHECK_S = 0.25
+
+
+class ServerDied(RuntimeError):
+    """The rank serving this late rank's snapshot was recorded dead (the request goes out
+    again, as after an engine error)."""
 
 
 def pieces(flat: torch.Tensor) -> list[torch.Tensor]:
@@ -144,7 +151,8 @@ class CatchUp:
         (``step`` and ``final`` of the state it held).
 
         A server that dies while its snapshot is on the way (the engine reports the lost
-        connection) is replaced: the request goes out again and another rank answers."""
+        connection, or liveness records it dead) is replaced: the request goes out again
+        and another rank answers."""
         for _ in range(self.p):
             try:
                 return self._receive(req, step, optimizer)
@@ -181,11 +189,25 @@ class CatchUp:
         # the mark first: on NCCL this receive's groupEnd may wait for the server's send,
         # which a stream-ordered server starts only once it sees the mark (module docs)
         self.store.set(Keys.posted(req), "1")
-        Exchange(self.comm, [], recvs, tags.CATCHUP, self._where(step)).complete(deadline)
+        exchange = Exchange(self.comm, [], recvs, tags.CATCHUP, self._where(step))
+        self._take(exchange, resp["server"], deadline)
         self.store.set(Keys.received(req), "1")
         load_snapshot(self._rbuf, layout, self.params, optimizer)
         self.record_state()
         return resp
+
+    def _take(self, exchange: Exchange, server: int, deadline: float) -> None:
+        """Wait for the snapshot's pieces. A server recorded dead meanwhile raises
+        :class:`ServerDied` (so :meth:`receive` asks again): gloo does not always report a
+        peer killed before its send began, and the wait would last the whole timeout (seen
+        in bench/chaos_backup.py)."""
+        for i in range(len(exchange.recvs)):
+            while not exchange.pending.wait_recv(i, min(deadline, time.monotonic() + CHECK_S)):
+                if time.monotonic() >= deadline:
+                    exchange.wait_recv(i, deadline)  # raises the named timeout
+                if self.store.check([Keys.dead(server)]):
+                    raise ServerDied(f"catch-up server rank {server} was recorded dead")
+        exchange.complete(deadline)
 
     # ------------------------------------------------------------ the on-time side
     def serve(self, optimizer, step: int, final: int | None, send_now: bool) -> None:
