@@ -36,8 +36,14 @@ in the wire dtype), allocated once at setup and overwritten every step;
 it is what a redo starts from, and is no longer needed once the step
 commits.
 
-Other transports (MPI, NCCL) keep the old behaviour: the reduction runs on
-the communicator, nothing is kept and a failure is raised.
+**Limits.** A death while a round's group is being made costs the
+timeout (gloo's rendezvous cannot be interrupted) before the next round. A
+rank inside ``close()`` takes no ticket of a redo round: if the round needs
+it to reach N, the others raise the timeout error, naming it. ``wait()``
+returns only once the step committed, on late ranks too (they used to
+return at once and wait for their snapshot in ``sync.step``). Other
+transports (MPI, NCCL) keep the old behaviour: the reduction runs on the
+communicator, nothing is kept and a failure is raised.
 """
 
 from __future__ import annotations
