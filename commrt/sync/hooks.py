@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from commrt.errors import CommError, PeerClosedError
+from commrt.errors import CommError
 from commrt.sync.buckets import Bucket
 from commrt.sync.progress import Progress
 
@@ -37,8 +37,10 @@ class GradHooks:
         b = self.where[id(p)]
         progress = self.progress
         with progress.cv:
-            if isinstance(progress.error, PeerClosedError):
-                raise progress.error  # its own type: a caller may catch exactly that
+            if isinstance(progress.error, CommError):
+                # its own type (PeerClosedError, RankDeclaredDeadError, ...): a caller may catch
+                # exactly that, whether the failure reaches it here or at wait()
+                raise progress.error
             if progress.error is not None:
                 raise CommError(
                     f"commrt: gradient sync already failed: {progress.error}"
