@@ -54,6 +54,7 @@ from collections.abc import Callable
 import torch
 
 from commrt.errors import CommError
+from commrt.store import poll
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.wire import KillAfterFirstSend, Wire, kill_step, make_wire
 
@@ -229,16 +230,14 @@ class Reduction:
     def _outcome(self, idle: Callable[[], None]) -> str:
         """The outcome of the current round (waits for it, or decides it)."""
         key = Keys.outcome(self.step, self.round)
-        deadline = time.monotonic() + self.timeout
-        pause = 0.0
-        while True:
-            if self.store.check([key]):
-                return self.store.get(key).decode()
-            if set(self.ranks) & self.liveness.missing or time.monotonic() > deadline:
-                return self._decide(REDO)  # a participant died, or none answered in time
-            idle()
-            time.sleep(pause)
-            pause = min(2e-3, 2 * pause + 1e-4)
+        members = set(self.ranks)
+
+        def decided() -> bool:  # or a participant died: then nobody may ever decide
+            return self.store.check([key]) or bool(members & self.liveness.missing)
+
+        if poll(decided, self.timeout, idle) and self.store.check([key]):
+            return self.store.get(key).decode()
+        return self._decide(REDO)  # a participant died, or none answered in time
 
     def _decide(self, outcome: str) -> str:
         """Propose ``outcome`` for the current round; return the one that won."""
