@@ -36,7 +36,11 @@ in the wire dtype), allocated once at setup and overwritten every step;
 it is what a redo starts from, and is no longer needed once the step
 commits.
 
-**Limits.** A death while a round's group is being made costs the
+**Limits.** A *hung* participant (stopped, not dead) keeps its connections
+open: the rank whose receive waits on it is woken by nothing but the
+timeout (gloo's ``abort()`` or ``shutdown()`` from another thread do not
+end a wait in the same process; tried), so that step is redone only after
+the timeout. A death while a round's group is being made costs the
 timeout (gloo's rendezvous cannot be interrupted) before the next round. A
 rank inside ``close()`` takes no ticket of a redo round: if the round needs
 it to reach N, the others raise the timeout error, naming it. ``wait()``
@@ -182,8 +186,10 @@ class Reduction:
             return 0  # the round failed already: settle() redoes every bucket
         wire = self.wire
         transport = wire.transport
-        if self._kill_at == self.step and self.round == 0:
-            transport = KillAfterFirstSend(transport)
+        hook = self._kill_at
+        if hook is not None and hook[0] == self.step and self.round == 0:
+            self._kill_at = None  # once
+            transport = KillAfterFirstSend(transport, hook[1])
         try:
             return self.ctx.run(
                 self.schedules[bucket],
