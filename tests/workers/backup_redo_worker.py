@@ -15,6 +15,10 @@ lr 0.5), so every update is exact and the test replays it in float64.
 * ``redo``: train ``STEPS`` iterations, then close; each survivor writes
   OUTDIR/redo_rank<r>.json (per step: global step, role, participants,
   redo rounds) and its final state in redo_rank<r>.pt.
+* ``redo`` with ``COMMRT_TEST_KILL=...:STOP``: the named rank SIGSTOPs
+  itself instead (a hung rank: its connections stay open); a helper wakes it
+  ``WAKE_S`` seconds after it started. The survivors' records carry when
+  each step ended (``at``) and when the fatal step began (``step_began``).
 * ``toomany``: the same, but the killed ranks are more than the backups;
   each survivor records the error it got and when (error_at), and the time
   the fatal step began (step_began).
@@ -22,6 +26,7 @@ lr 0.5), so every update is exact and the test replays it in float64.
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -35,6 +40,7 @@ KILL_AT = 3
 SLOW_S = 1.0
 TIMEOUT_S = 6.0
 DEAD_AFTER_S = 2.0
+WAKE_S = 14.0
 
 
 def model():
@@ -62,6 +68,9 @@ def main(scenario, out, backups):
     backups = int(backups)
     comm = commrt.init("gloo", timeout=TIMEOUT_S, abort_on_error=False)
     rank, n = comm.rank, comm.world_size - backups
+    spec = os.environ.get("COMMRT_TEST_KILL", "")
+    if spec.endswith(":STOP") and str(rank) in spec.split(":")[0].split(","):
+        subprocess.Popen(["sh", "-c", f"sleep {WAKE_S}; kill -CONT {os.getpid()}"])
     m = model()
     opt = optimizer(m)
     alg = BackupWorkers(backups=backups, dead_after_s=DEAD_AFTER_S)
@@ -77,7 +86,7 @@ def main(scenario, out, backups):
             loss = sum((p * t).sum() for p, t in zip(m.parameters(), grads(m, rank, g, n)))
             loss.backward()
             rec["applied"].append(sync.step(opt))
-            rec["steps"].append(dict(sync.stats.last.extra, computed_at=g))
+            rec["steps"].append(dict(sync.stats.last.extra, computed_at=g, at=time.time()))
             if sync.policy.finished:
                 break
         sync.close()
@@ -86,6 +95,9 @@ def main(scenario, out, backups):
         sync.close()
     rep = sync.policy.report()
     rec.update(global_step=sync.global_step, final=rep.final_step, missing=list(rep.missing))
+    # global updates this rank's state went through: its own steps and the ones it caught up
+    # on, in sync.step and in close() (where a rank that ran out of iterations catches up)
+    rec["updates"] = rep.updates.get(rank)
     state = {f"param/{k}": v.detach().clone() for k, v in m.named_parameters()}
     for i, p in enumerate(m.parameters()):
         for k, v in opt.state.get(p, {}).items():

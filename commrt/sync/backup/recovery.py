@@ -36,8 +36,18 @@ in the wire dtype), allocated once at setup and overwritten every step;
 it is what a redo starts from, and is no longer needed once the step
 commits.
 
-Other transports (MPI, NCCL) keep the old behaviour: the reduction runs on
-the communicator, nothing is kept and a failure is raised.
+**Limits.** A *hung* participant (stopped, not dead) keeps its connections
+open: the rank whose receive waits on it is woken by nothing but the
+timeout (gloo's ``abort()`` or ``shutdown()`` from another thread do not
+end a wait in the same process; tried), so that step is redone only after
+the timeout. A death while a round's group is being made costs the
+timeout (gloo's rendezvous cannot be interrupted) before the next round. A
+rank inside ``close()`` takes no ticket of a redo round: if the round needs
+it to reach N, the others raise the timeout error, naming it. ``wait()``
+returns only once the step committed, on late ranks too (they used to
+return at once and wait for their snapshot in ``sync.step``). Other
+transports (MPI, NCCL) keep the old behaviour: the reduction runs on the
+communicator, nothing is kept and a failure is raised.
 """
 
 from __future__ import annotations
@@ -48,6 +58,7 @@ from collections.abc import Callable
 import torch
 
 from commrt.errors import CommError
+from commrt.store import poll
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.wire import KillAfterFirstSend, Wire, kill_step, make_wire
 
@@ -175,8 +186,10 @@ class Reduction:
             return 0  # the round failed already: settle() redoes every bucket
         wire = self.wire
         transport = wire.transport
-        if self._kill_at == self.step and self.round == 0:
-            transport = KillAfterFirstSend(transport)
+        hook = self._kill_at
+        if hook is not None and hook[0] == self.step and self.round == 0:
+            self._kill_at = None  # once
+            transport = KillAfterFirstSend(transport, hook[1])
         try:
             return self.ctx.run(
                 self.schedules[bucket],
@@ -223,16 +236,14 @@ class Reduction:
     def _outcome(self, idle: Callable[[], None]) -> str:
         """The outcome of the current round (waits for it, or decides it)."""
         key = Keys.outcome(self.step, self.round)
-        deadline = time.monotonic() + self.timeout
-        pause = 0.0
-        while True:
-            if self.store.check([key]):
-                return self.store.get(key).decode()
-            if set(self.ranks) & self.liveness.missing or time.monotonic() > deadline:
-                return self._decide(REDO)  # a participant died, or none answered in time
-            idle()
-            time.sleep(pause)
-            pause = min(2e-3, 2 * pause + 1e-4)
+        members = set(self.ranks)
+
+        def decided() -> bool:  # or a participant died: then nobody may ever decide
+            return self.store.check([key]) or bool(members & self.liveness.missing)
+
+        if poll(decided, self.timeout, idle) and self.store.check([key]):
+            return self.store.get(key).decode()
+        return self._decide(REDO)  # a participant died, or none answered in time
 
     def _decide(self, outcome: str) -> str:
         """Propose ``outcome`` for the current round; return the one that won."""

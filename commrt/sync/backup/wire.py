@@ -17,7 +17,9 @@ which the next step reuses when its participants are the same ranks
 **Test hook.** ``COMMRT_TEST_KILL="{rank}[,{rank}...]:{global step}"``
 (read at setup): those ranks SIGKILL themselves right after their first
 send of that global step's reduction has completed, inside the all-reduce:
-the deterministic deaths the redo tests need. Nothing else reads it.
+the deterministic deaths the redo tests need; with ``:STOP`` appended they
+SIGSTOP themselves instead (a hung rank, whose connections stay open).
+Nothing else reads it.
 """
 
 from __future__ import annotations
@@ -59,26 +61,28 @@ def make_wire(cs, space: str, step: int | None, round: int, members, rank: int, 
     return Wire(cs, space, Keys.wire(step, round), members, rank, timeout)
 
 
-def kill_step(rank: int) -> int | None:
-    """The global step at which the test hook kills this rank (None: never)."""
+def kill_step(rank: int) -> tuple[int, int] | None:
+    """(global step, signal) with which the test hook stops this rank (None: never)."""
     spec = os.environ.get(KILL_ENV, "")
     if not spec:
         return None
-    who, step = spec.split(":")
-    return int(step) if rank in {int(r) for r in who.split(",")} else None
+    who, step, *how = spec.split(":")
+    sig = signal.SIGSTOP if how == ["STOP"] else signal.SIGKILL
+    return (int(step), sig) if rank in {int(r) for r in who.split(",")} else None
 
 
 class _KillAfterSend(Pending):
-    def __init__(self, inner: Pending):
-        self.inner = inner
+    def __init__(self, inner: Pending, sig: int):
+        self.inner, self.sig, self.fired = inner, sig, False
 
     def wait_recv(self, i: int, deadline: float) -> bool:
         return self.inner.wait_recv(i, deadline)
 
     def wait_send(self, i: int, deadline: float) -> bool:
         done = self.inner.wait_send(i, deadline)
-        if done:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if done and not self.fired:
+            self.fired = True
+            os.kill(os.getpid(), self.sig)
         return done
 
     def finish(self) -> None:
@@ -93,13 +97,17 @@ class KillAfterFirstSend(Transport):
 
     name = "gloo"
 
-    def __init__(self, inner: Transport):
+    def __init__(self, inner: Transport, sig: int):
         super().__init__(inner.rank, inner.world_size, inner.device)
-        self.inner = inner
+        self.inner, self.sig = inner, sig
+        self.fired = False
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
         pending = self.inner.exchange(sends, recvs, tag)
-        return _KillAfterSend(pending) if sends else pending
+        if not sends or self.fired:
+            return pending
+        self.fired = True  # once (a stopped rank that wakes goes on normally)
+        return _KillAfterSend(pending, self.sig)
 
     def barrier(self, timeout: float) -> bool:
         return self.inner.barrier(timeout)
