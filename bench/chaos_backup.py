@@ -100,7 +100,7 @@ def worker(out: str, seed: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sync = commrt.GradientSync(model, comm, algorithm=BackupWorkers(backups=BACKUPS))
     gen = torch.Generator().manual_seed(1000 + comm.rank)
-    rec = {"rank": comm.rank, "applied": 0}
+    rec = {"rank": comm.rank, "applied": 0, "slowest_step_s": 0.0}
     step_s = 0.3
     try:
         while sync.global_step < STEPS and not sync.policy.finished:
@@ -111,10 +111,13 @@ def worker(out: str, seed: int) -> None:
             model(x).pow(2).mean().backward()
             rec["applied"] += sync.step(opt)
             step_s = time.perf_counter() - t0
+            rec["slowest_step_s"] = round(max(rec["slowest_step_s"], step_s), 2)
         if comm.rank == victim:  # not killed yet: die inside close()
             _kill_later(rng.uniform(0, 0.2), out)
         WHERE["now"] = "close"
+        t_close = time.perf_counter()
         sync.close()
+        rec["close_s"] = round(time.perf_counter() - t_close, 2)
         WHERE["now"] = "closed"
         if comm.rank == victim:
             time.sleep(60)  # close() was quicker than the kill: it still comes

@@ -265,3 +265,30 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
     monkeypatch.setattr(late, "_receive", fake_receive)
     monkeypatch.setattr(late, "request", lambda step: asked.append(step) or 99)
     assert late.receive(5, 6, None) == {"server": 1, "step": 7} and asked == [6]
+
+
+def test_a_request_claimed_by_a_rank_that_died_before_answering_is_asked_again():
+    """The claimer dies between its claim and its response: nobody else would answer, and
+    the late rank waited out the timeout (bench/chaos_backup.py). The claim names its rank
+    now, so the late rank sees that rank recorded dead and asks again."""
+    from commrt.sync.backup import catchup as C
+
+    class Store:
+        def __init__(self):
+            self.keys = {Keys.claim(5): b"2"}
+
+        def check(self, keys):
+            return all(k in self.keys for k in keys)
+
+        def get(self, key):
+            return self.keys[key]
+
+    late = C.CatchUp.__new__(C.CatchUp)
+    late.store, late._next_claim_check = Store(), 0.0
+    assert late._answered(5) is False  # claimed by rank 2, alive: keep waiting
+    late.store.keys[Keys.dead(2)] = b"1"
+    late._next_claim_check = 0.0
+    with pytest.raises(C.ServerDied, match="rank 2 claimed catch-up request 5 and died"):
+        late._answered(5)
+    late.store.keys[Keys.response(5)] = b"{}"
+    assert late._answered(5) is True  # answered before it died: take the answer

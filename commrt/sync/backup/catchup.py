@@ -109,6 +109,7 @@ class CatchUp:
         self._sending: list[_Send] = []
         self._lost: list = []  # buffers of transfers whose peer vanished: the engine may hold them
         self._rbuf: torch.Tensor | None = None  # the late side's receive buffer
+        self._next_claim_check = 0.0  # when the late side next looks at its request's claim
         self._state_event = None  # when this rank's state was last written
 
     def _where(self, step: int) -> Where:
@@ -143,8 +144,14 @@ class CatchUp:
         """Withdraw request ``req`` (its rank takes part in a redone step after all) by
         claiming it, so that nobody serves it. No server can have claimed it: none holds a
         newer step while the step is being redone (:mod:`commrt.sync.backup.recovery`)."""
-        if req is not None and int(self.store.add(Keys.claim(req), 1)) != 1:
+        if req is not None and not self._claim(req):
             raise CommError(f"commrt: rank {self.rank}: catch-up request {req} was served")
+
+    def _claim(self, req: int) -> bool:
+        """Take request ``req`` for this rank (once, whoever asks first); the claim names
+        its rank, so a late rank can tell when its claimer died before answering."""
+        mine = str(self.rank)
+        return self.store.compare_set(Keys.claim(req), "", mine).decode() == mine
 
     def receive(self, req: int, step: int, optimizer) -> dict:
         """Receive and load the snapshot answering request ``req``; return its response
@@ -172,7 +179,7 @@ class CatchUp:
 
     def _receive(self, req: int, step: int, optimizer) -> dict:
         deadline = time.monotonic() + self.timeout
-        if not poll(lambda: self.store.check([Keys.response(req)]), self.timeout):
+        if not poll(lambda: self._answered(req), self.timeout):
             raise CommTimeoutError(
                 rank=self.rank,
                 peer=None,
@@ -195,6 +202,23 @@ class CatchUp:
         load_snapshot(self._rbuf, layout, self.params, optimizer)
         self.record_state()
         return resp
+
+    def _answered(self, req: int) -> bool:
+        """Whether request ``req`` has its response; raises :class:`ServerDied` if the rank
+        that claimed it was recorded dead before answering (nobody else would: seen in
+        bench/chaos_backup.py). Looks at the claim at most every ``CHECK_S``."""
+        if self.store.check([Keys.response(req)]):
+            return True
+        now = time.monotonic()
+        if now >= self._next_claim_check:
+            self._next_claim_check = now + CHECK_S
+            if self.store.check([Keys.claim(req)]):
+                server = int(self.store.get(Keys.claim(req)))
+                if self.store.check([Keys.dead(server)]) and not self.store.check(
+                    [Keys.response(req)]
+                ):
+                    raise ServerDied(f"rank {server} claimed catch-up request {req} and died")
+        return False
 
     def _take(self, exchange: Exchange, server: int, deadline: float) -> None:
         """Wait for the snapshot's pieces. A server recorded dead meanwhile raises
@@ -229,7 +253,7 @@ class CatchUp:
             if len(self._sending) >= max(1, self.algorithm.backups):
                 break  # memory bound: another on-time rank will answer
             del self._open[i]
-            if int(self.store.add(Keys.claim(i), 1)) != 1:
+            if not self._claim(i):
                 continue  # claimed by another rank
             self._start_send(i, who, (step, final), optimizer, send_now)
 
@@ -255,6 +279,15 @@ class CatchUp:
         sends = [(x, s.peer) for x in pieces(s.flat)]
         s.started = time.monotonic()  # the receiver has the timeout from here to take it
         s.exchange = Exchange(self.comm, sends, [], tags.CATCHUP, self._where(s.step))
+
+    def drop_sends_to(self, ranks) -> None:
+        """Give up the snapshots on their way to ``ranks`` (recorded dead): nobody will take
+        them, and ``close()`` would otherwise drain them for the whole timeout."""
+        for s in [s for s in self._sending if s.peer in ranks]:
+            self._sending.remove(s)
+            if s.exchange is not None:
+                s.exchange.abandon()
+                self._lost.append(s.flat)  # the engine may still read it
 
     def progress(self) -> None:
         """Move the snapshots on their way along; forget those received or given up on."""

@@ -368,6 +368,7 @@ def _wait_for_finals(
             break
         time.sleep(0.005)
     while catchup.busy and time.monotonic() < deadline:
+        catchup.drop_sends_to(liveness.missing)
         catchup.progress()
         time.sleep(0.002)
     return fins
