@@ -292,3 +292,20 @@ def test_a_request_claimed_by_a_rank_that_died_before_answering_is_asked_again()
         late._answered(5)
     late.store.keys[Keys.response(5)] = b"{}"
     assert late._answered(5) is True  # answered before it died: take the answer
+
+
+def test_snapshots_on_their_way_to_a_dead_rank_are_given_up():
+    """close() drained a snapshot sent to a rank that died for the whole timeout."""
+    from types import SimpleNamespace
+
+    from commrt.sync.backup import catchup as C
+
+    abandoned = []
+    ex = SimpleNamespace(abandon=lambda: abandoned.append(1))
+    server = C.CatchUp.__new__(C.CatchUp)
+    to_dead = SimpleNamespace(peer=2, exchange=ex, flat="buf2")
+    to_live = SimpleNamespace(peer=1, exchange=None, flat="buf1")
+    server._sending, server._lost = [to_dead, to_live], []
+    server.drop_sends_to({2, 3})
+    assert server._sending == [to_live] and abandoned == [1] and server._lost == ["buf2"]
+    assert server.busy
