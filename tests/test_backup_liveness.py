@@ -309,3 +309,32 @@ def test_snapshots_on_their_way_to_a_dead_rank_are_given_up():
     server.drop_sends_to({2, 3})
     assert server._sending == [to_live] and abandoned == [1] and server._lost == ["buf2"]
     assert server.busy
+
+
+def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
+    """A late rank died while its snapshot was on the way: gloo failed the server's send
+    with "Connection closed by peer", which reached the user through the progress thread
+    (bench/chaos_backup.py). Now that snapshot is given up and the server goes on; on a
+    stream-ordered transport (NCCL), which cannot cancel the send, it is a CommError."""
+    from types import SimpleNamespace
+
+    from commrt.errors import CommError
+    from commrt.sync.backup import catchup as C
+
+    def failing_send():
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:2196")
+
+    def server(stream_ordered):
+        c = C.CatchUp.__new__(C.CatchUp)
+        c.comm = SimpleNamespace(transport=SimpleNamespace(stream_ordered=stream_ordered))
+        c.rank, c.timeout, c._host_progress, c._lost = 2, 30.0, True, []
+        c.store = SimpleNamespace(check=lambda keys: False)
+        ex = SimpleNamespace(sends_done=failing_send, abandon=lambda: None)
+        c._sending = [SimpleNamespace(peer=0, exchange=ex, flat="buf", started=time.monotonic())]
+        return c
+
+    gloo = server(stream_ordered=False)
+    gloo.progress()
+    assert gloo._sending == [] and gloo._lost == ["buf"]
+    with pytest.raises(CommError, match="catch-up send to rank 0 failed"):
+        server(stream_ordered=True).progress()

@@ -79,7 +79,7 @@ def span(tracer, name: str, **args):
     return tracer.span(name, **args) if tracer is not None else contextlib.nullcontext()
 
 
-@dataclass
+@dataclass(eq=False)  # identity: a list lookup must not compare tensors
 class _Send:
     """One snapshot on its way to a late rank."""
 
@@ -280,41 +280,59 @@ class CatchUp:
         s.started = time.monotonic()  # the receiver has the timeout from here to take it
         s.exchange = Exchange(self.comm, sends, [], tags.CATCHUP, self._where(s.step))
 
+    def _give_up(self, s: _Send) -> None:
+        """Forget snapshot ``s``: its receiver is gone (the buffer stays with the engine)."""
+        if s in self._sending:
+            self._sending.remove(s)
+        if s.exchange is not None:
+            s.exchange.abandon()
+            self._lost.append(s.flat)  # the engine may still read it
+
     def drop_sends_to(self, ranks) -> None:
         """Give up the snapshots on their way to ``ranks`` (recorded dead): nobody will take
         them, and ``close()`` would otherwise drain them for the whole timeout."""
         for s in [s for s in self._sending if s.peer in ranks]:
-            self._sending.remove(s)
-            if s.exchange is not None:
-                s.exchange.abandon()
-                self._lost.append(s.flat)  # the engine may still read it
+            self._give_up(s)
 
     def progress(self) -> None:
-        """Move the snapshots on their way along; forget those received or given up on."""
-        now = time.monotonic()
+        """Move the snapshots on their way along; forget those received or given up on. A
+        receiver that died makes the engine fail its send (gloo: "Connection closed by
+        peer"): that snapshot is given up, the error goes no further (seen in
+        bench/chaos_backup.py); on NCCL, which cannot cancel the send, it is a CommError."""
         for s in list(self._sending):
-            if s.exchange is None:
-                if self.store.check([Keys.posted(s.req)]):
-                    self._post(s)
-                elif now - s.started > self.timeout:
-                    self._sending.remove(s)  # the late rank never came for it
-                continue
-            if self._host_progress:
-                s.exchange.sends_done()  # one MPI_Test: moves the message along
-            if self.store.check([Keys.received(s.req)]):
-                self._sending.remove(s)
-                s.exchange.complete(now + self.timeout)
-            elif now - s.started > self.timeout:
-                self._sending.remove(s)  # receiver gone: keep the buffer for the engine
-                s.exchange.abandon()
-                self._lost.append(s.flat)
+            try:
+                self._progress(s)
+            except CommError:
+                raise
+            except RuntimeError as e:  # the engine's own error (CommError is one too)
                 if self.comm.transport.stream_ordered:
-                    # the send holds the stream (it cannot be cancelled): nothing after it runs
-                    raise CommTimeoutError(
-                        rank=self.rank,
-                        peer=s.peer,
-                        what="send (catch-up snapshot)",
-                        timeout_s=self.timeout,
-                        algorithm=str(self.algorithm),
-                        step=s.step,
-                    )
+                    raise CommError(
+                        f"commrt: rank {self.rank}: catch-up send to rank {s.peer} failed ({e})"
+                    ) from e
+                self._give_up(s)
+
+    def _progress(self, s: _Send) -> None:
+        now = time.monotonic()
+        if s.exchange is None:
+            if self.store.check([Keys.posted(s.req)]):
+                self._post(s)
+            elif now - s.started > self.timeout:
+                self._sending.remove(s)  # the late rank never came for it
+            return
+        if self._host_progress:
+            s.exchange.sends_done()  # one MPI_Test: moves the message along
+        if self.store.check([Keys.received(s.req)]):
+            self._sending.remove(s)
+            s.exchange.complete(now + self.timeout)
+        elif now - s.started > self.timeout:
+            self._give_up(s)  # receiver gone: keep the buffer for the engine
+            if self.comm.transport.stream_ordered:
+                # the send holds the stream (it cannot be cancelled): nothing after it runs
+                raise CommTimeoutError(
+                    rank=self.rank,
+                    peer=s.peer,
+                    what="send (catch-up snapshot)",
+                    timeout_s=self.timeout,
+                    algorithm=str(self.algorithm),
+                    step=s.step,
+                )
