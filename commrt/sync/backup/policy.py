@@ -292,7 +292,8 @@ class BackupPolicy(Policy):
                 self._drain()
         finally:
             self.liveness.stop()
-            self.reduction.close()
+            if self.reduction is not None:  # None when setup stopped before making it
+                self.reduction.close()
 
     def _drain(self) -> None:
         start = time.monotonic()
