@@ -120,8 +120,7 @@ class BackupPolicy(Policy):
         self._opt = None  # the optimizer of the last sync.step (snapshots)
         self._unapplied = False  # a step began and sync.step has not applied it yet
         self.failed = False  # a wait timed out or NCCL failed: close() does not drain
-        self._closed = False
-        self._said_final = False  # this rank told the others it holds the final state
+        self._closed = self._said_final = False  # closed; said it holds the final state
         # ---- stats
         self.dropped = 0  # this rank's gradients that came late
         self.updates = 0  # global updates this rank's state went through
@@ -292,7 +291,7 @@ class BackupPolicy(Policy):
                 self._drain()
         finally:
             self.liveness.stop()
-            if self.reduction is not None:  # None when setup stopped before making it
+            if self.reduction is not None:  # None if set-up never made it
                 self.reduction.close()
 
     def _drain(self) -> None:
