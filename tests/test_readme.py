@@ -11,6 +11,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+#: a printed float, matched exactly: mpiexec may join two ranks' lines ("...e-01rank 0 ...")
+FLOAT = r"(-?\d+(?:\.\d+)?(?:e[+-]\d+)?)"
+
 
 def _readme():
     with open(os.path.join(ROOT, "README.md")) as f:
@@ -47,7 +50,7 @@ def test_training_loop_example_runs_on_two_ranks(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     found = {
-        r: (n, w) for r, n, w in re.findall(r"rank (\d) steps (\d+) weights (\S+)", proc.stdout)
+        r: (n, w) for r, n, w in re.findall(r"rank (\d) steps (\d+) weights " + FLOAT, proc.stdout)
     }
     assert set(found) == {"0", "1"}, proc.stdout
     assert found["0"] == found["1"], found  # one model, not two
@@ -74,9 +77,9 @@ def test_gossip_example_runs_on_four_ranks_and_ends_with_one_model(tmp_path):
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    apart = [float(a) for a in re.findall(r"the models were (\S+) apart", proc.stdout)]
+    apart = [float(a) for a in re.findall(r"the models were " + FLOAT + " apart", proc.stdout)]
     assert len(apart) == 3 and apart[0] > 0, proc.stdout  # they drifted, then agreed again
-    found = dict(re.findall(r"rank (\d) weights (\S+)", proc.stdout))
+    found = dict(re.findall(r"rank (\d) weights " + FLOAT, proc.stdout))
     assert set(found) == {"0", "1", "2", "3"} and len(set(found.values())) == 1, proc.stdout
 
 
