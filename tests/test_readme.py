@@ -30,18 +30,17 @@ def test_readme_has_exactly_two_setup_commands():
         assert commands[1].strip() in f.read()
 
 
-@pytest.mark.mpi
-def test_training_loop_example_runs_on_two_ranks(tmp_path):
-    section = _readme().split("## Use it in a training loop", 1)[1]
+def _run_example(heading: str, nranks: int, report: str, tmp_path) -> tuple[str, str]:
+    """Run the README's first python block under ``heading`` on ``nranks`` MPI ranks, with
+    ``report`` (a print of the weights' fingerprint) appended; return (code, stdout)."""
+    section = _readme().split(heading, 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    # run the example as printed, then report a fingerprint of the weights each rank ends with
-    script = tmp_path / "train.py"
+    script = tmp_path / "example.py"
     script.write_text(
-        code + "\nw = torch.cat([p.detach().flatten() for p in model.parameters()])\n"
-        "print(f'rank {comm.rank} steps {len(sync.stats.steps)} weights {w.double().sum().item():.12e}')\n"
+        code + "\nw = torch.cat([p.detach().flatten() for p in model.parameters()])\n" + report
     )
     proc = subprocess.run(
-        [shutil.which("mpiexec"), "-n", "2", sys.executable, str(script)],
+        [shutil.which("mpiexec"), "-n", str(nranks), sys.executable, str(script)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -49,10 +48,16 @@ def test_training_loop_example_runs_on_two_ranks(tmp_path):
         env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    found = {
-        r: (n, w) for r, n, w in re.findall(r"rank (\d) steps (\d+) weights " + FLOAT, proc.stdout)
-    }
-    assert set(found) == {"0", "1"}, proc.stdout
+    return code, proc.stdout
+
+
+@pytest.mark.mpi
+def test_training_loop_example_runs_on_two_ranks(tmp_path):
+    # run the example as printed, then report a fingerprint of the weights each rank ends with
+    report = "print(f'rank {comm.rank} steps {len(sync.stats.steps)} weights {w.double().sum().item():.12e}')\n"
+    _, out = _run_example("## Use it in a training loop", 2, report, tmp_path)
+    found = {r: (n, w) for r, n, w in re.findall(r"rank (\d) steps (\d+) weights " + FLOAT, out)}
+    assert set(found) == {"0", "1"}, out
     assert found["0"] == found["1"], found  # one model, not two
     assert int(found["0"][0]) == 4096 // 32 // 2  # each rank took its half of the batches
 
@@ -60,27 +65,14 @@ def test_training_loop_example_runs_on_two_ranks(tmp_path):
 @pytest.mark.mpi
 def test_gossip_example_runs_on_four_ranks_and_ends_with_one_model(tmp_path):
     # four ranks: at p = 2 the one peer is everybody, and gossip is an exact average
-    section = _readme().split("### Gossip (GossipGraD) in your own loop", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    report = "print(f'rank {comm.rank} weights {w.double().sum().item():.12e}')\n"
+    heading = "### Gossip (GossipGraD) in your own loop"
+    code, out = _run_example(heading, 4, report, tmp_path)
     assert max(map(len, code.splitlines())) <= 80, "the example fits an 80-column terminal"
-    script = tmp_path / "gossip.py"
-    script.write_text(
-        code + "\nw = torch.cat([p.detach().flatten() for p in model.parameters()])\n"
-        "print(f'rank {comm.rank} weights {w.double().sum().item():.12e}')\n"
-    )
-    proc = subprocess.run(
-        [shutil.which("mpiexec"), "-n", "4", sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    apart = [float(a) for a in re.findall(r"the models were " + FLOAT + " apart", proc.stdout)]
-    assert len(apart) == 3 and apart[0] > 0, proc.stdout  # they drifted, then agreed again
-    found = dict(re.findall(r"rank (\d) weights " + FLOAT, proc.stdout))
-    assert set(found) == {"0", "1", "2", "3"} and len(set(found.values())) == 1, proc.stdout
+    apart = [float(a) for a in re.findall(r"the models were " + FLOAT + " apart", out)]
+    assert len(apart) == 3 and apart[0] > 0, out  # they drifted, then agreed again
+    found = dict(re.findall(r"rank (\d) weights " + FLOAT, out))
+    assert set(found) == {"0", "1", "2", "3"} and len(set(found.values())) == 1, out
 
 
 def test_what_the_commands_write_by_default_is_ignored_by_git():
