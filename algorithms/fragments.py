@@ -81,6 +81,46 @@ def ring_all_gather(
     )
 
 
+def _direct_step(r, lo, hi, recv_kind: int, reduce: bool, phase: str) -> Step:
+    """Every position ``i`` exchanges with every other ``j``: a reduce-scatter sends block
+    ``j`` and receives block ``i`` (``reduce``), an all-gather the other way round."""
+    m = len(r)
+    i, j = np.nonzero(~np.eye(m, dtype=bool))  # all ordered pairs i != j, row by row
+    n = 2 * len(i)
+    kind = np.empty(n, np.int8)
+    kind[0::2], kind[1::2] = SEND, recv_kind
+    rank = np.repeat(r[i], 2)
+    peer = np.repeat(r[j], 2)
+    sb, rb = (j, i) if reduce else (i, j)  # block sent to j, block received from j
+    a, b = np.empty(n, np.int64), np.empty(n, np.int64)
+    a[0::2], b[0::2] = lo[sb], hi[sb]
+    a[1::2], b[1::2] = lo[rb], hi[rb]
+    return Step(kind, rank, peer, a, b, phase)
+
+
+def direct_reduce_scatter(
+    ranks: Sequence[int], blocks: Sequence[Block], phase: str = "reduce-scatter"
+) -> tuple[Steps, dict[int, int]]:
+    """Reduce-scatter in one step: position ``i`` sends block ``j`` to position ``j`` and
+    adds block ``i`` from every other position (m − 1 messages each way, the ring's
+    bytes in one step instead of m − 1). Returns the steps and ``holder`` (block ``i``:
+    the rank at position ``i``), like :func:`ring_reduce_scatter`."""
+    r, lo, hi, _ = _arrays(ranks, blocks)
+    steps = Steps(
+        1 if len(r) > 1 else 0, lambda s: _direct_step(r, lo, hi, RECV_REDUCE, True, phase)
+    )
+    return steps, {i: int(rank) for i, rank in enumerate(ranks)}
+
+
+def direct_all_gather(
+    ranks: Sequence[int], blocks: Sequence[Block], phase: str = "all-gather"
+) -> Steps:
+    """All-gather in one step; position ``i`` starts with block ``i`` (where
+    :func:`direct_reduce_scatter` leaves it) and sends it to every other position."""
+    r, lo, hi, _ = _arrays(ranks, blocks)
+    return Steps(1 if len(r) > 1 else 0, lambda s: _direct_step(r, lo, hi, RECV_COPY, False, phase))
+
+
 def split_block(block: Block, parts: int) -> list[Block]:
     """Cut a chunk range into ``parts`` equal sub-ranges (its length must divide)."""
     lo, hi = block
