@@ -202,7 +202,7 @@ def test_executor_exact(shape):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nranks,shapes", [(4, "2x2,1x4"), (6, "2x3,3x2")])
+@pytest.mark.parametrize("nranks,shapes", [(4, "2x2,1x4,2x2s3,2x2s2r"), (6, "2x3,3x2,3x2s4")])
 def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
     out = tmp_path / "report.json"
     mpiexec(nranks, "torus_worker.py", out, shapes, timeout=600)
@@ -211,8 +211,10 @@ def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
     # default shape under mpiexec on one machine (local_size == p): the most square grid
     assert report["default_shape"] == list(square_shape(nranks))
     assert report["bad_shape_errors"] == [True] * nranks
-    # 2 transports x 4 algorithms (2 grids, "torus2d", ring) x 2 ops x 4 sizes x 3 dtypes, per rank
-    assert report["cases"] == 2 * 4 * 2 * 4 * 3 * nranks
+    # 2 transports x algorithms (the grids, pipelined ones too, "torus2d", ring) x 2 ops x 4 sizes
+    # x 3 dtypes, per rank
+    algorithms = len(shapes.split(",")) + 2
+    assert report["cases"] == 2 * algorithms * 2 * 4 * 3 * nranks
     assert report["failures"] == [], json.dumps(report["failures"][:5], indent=1)
 
 
