@@ -5,14 +5,13 @@ reference): tests/test_torus.py::test_torus_matches_ring_mpi_and_gloo."""
 import types
 
 import pytest
-import torch
-from local_transport import run_ranks
+from test_torus import assert_executor_exact
 
 from commrt import sim
 from commrt.algorithms import PipelinedTorus2D, Torus2D, resolve
 from commrt.algorithms.fragments import direct_all_gather, direct_reduce_scatter
 from commrt.algorithms.pipelined_torus import segments_for
-from commrt.executor import Executor, compile_plan
+from commrt.executor import compile_plan
 from commrt.schedule import Collective, Schedule, Steps
 
 ROW, COLUMN = (
@@ -114,22 +113,7 @@ def test_select_takes_a_row_per_node_and_segments_by_size():
     [(2, 2, 3, True), (2, 2, 2, False), (4, 2, 4, None), (1, 3, 2, None), (3, 2, 5, True)],
 )
 def test_executor_exact(rows, cols, seg, direct):
-    p = rows * cols
-    sched = PipelinedTorus2D(rows, cols, seg, direct).schedule(p)
-    for n in (1, 7, 1000, 4099):  # fewer elements than chunks too
-        xs = [
-            torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(r + n)).double()
-            for r in range(p)
-        ]
-        want = torch.stack(xs).sum(0)
-
-        def body(tr):
-            buf = xs[tr.rank].clone()  # noqa: B023 (run_ranks finishes inside this iteration)
-            Executor().run(sched, buf, tr, timeout=10, piece_bytes=256)
-            return buf
-
-        for r, out in enumerate(run_ranks(p, body)):
-            assert torch.equal(out, want), f"{rows}×{cols} s{seg} n={n} rank {r}"
+    assert_executor_exact(PipelinedTorus2D(rows, cols, seg, direct).schedule(rows * cols), 256)
 
 
 # ------------------------------------------------------------------ simulator

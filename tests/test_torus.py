@@ -180,8 +180,14 @@ def test_table_and_describe():
     ids=lambda s: f"{s[0]}x{s[1]}",
 )
 def test_executor_exact(shape):
-    p = shape[0] * shape[1]
-    sched = Torus2D(*shape).schedule(p)
+    assert_executor_exact(Torus2D(*shape).schedule(shape[0] * shape[1]), piece_bytes=1024)
+
+
+def assert_executor_exact(sched, piece_bytes):
+    """Every rank of ``sched`` (on the in-process transport) ends with the exact sum of
+    integer-valued float64 inputs, for buffers of 1 to 4099 elements (fewer than the
+    chunks too); tests/test_pipelined_torus.py uses it as well."""
+    p = sched.world_size
     for n in (1, 7, 1000, 4099):
         xs = [
             torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(r + n)).double()
@@ -191,11 +197,11 @@ def test_executor_exact(shape):
 
         def body(tr):
             buf = xs[tr.rank].clone()  # noqa: B023 (run_ranks finishes inside this iteration)
-            Executor().run(sched, buf, tr, timeout=10, piece_bytes=1024)
+            Executor().run(sched, buf, tr, timeout=10, piece_bytes=piece_bytes)
             return buf
 
         for r, out in enumerate(run_ranks(p, body)):
-            assert torch.equal(out, want), f"{shape} n={n} rank {r}"
+            assert torch.equal(out, want), f"{sched.name} n={n} rank {r}"
 
 
 # ------------------------------------------------------------------ real processes
