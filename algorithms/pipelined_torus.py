@@ -5,8 +5,11 @@
 all-gather). With one row per node the rows are the fast tier (inside a
 node) and the columns the slow one (between nodes), so while the rows work
 the network is idle, and while the columns work the fast tier is idle. On 4
-hosts × 2 ranks with 1 Gbit/s links at 16 MiB the two row phases took about
-a third of the torus's time (tests/netns.py; bench/bench_ptorus.py).
+namespace hosts × 2 ranks with 1 Gbit/s links (tests/netns.py) at 16 MiB,
+timing the torus's steps apart, the two row phases took 41 and 52 ms of
+its 300 ms and the columns 212 ms (the floor is 201 ms): on a loaded
+2-core machine the loopback tier is only about twice as fast as a rank's
+share of the NIC.
 
 :class:`PipelinedTorus2D` cuts the buffer into ``segments`` equal segments
 and gives each the whole torus, on its own chunks; segment ``s`` starts one
@@ -21,11 +24,21 @@ network carries the same bytes as the torus's in about the same time, and
 the rows hide under it except for one segment's row reduce-scatter at the
 start and one segment's row all-gather at the end.
 
-Cost: S − 1 more steps than the torus (2(X−1) + 2(Y−1) + S − 1), and the
-same bytes. On one link class nothing overlaps (a rank's port carries its
-row and column bytes alike), so the closed form is the torus's plus
-(S − 1)·α; the simulator prices two tiers by replaying the real schedule,
-where a rank's intra-node and inter-node ports are separate.
+**Direct columns.** A column of at most :data:`DIRECT_MAX_ROWS` ranks
+reduce-scatters in one step (each rank sends every other its block at once,
+:func:`~commrt.algorithms.fragments.direct_reduce_scatter`) and all-gathers
+in one, instead of Y − 1 ring steps each: the same bytes, fewer steps, and
+every step boundary costs a wake-up of every rank (bench/bench_ptorus.py
+measured it faster at 4 × 2).
+
+Cost: one segment takes D = 2(X−1) + 2 steps (direct) or 2(X−1) + 2(Y−1)
+(ring), the pipeline D + S − 1, with the ring's bytes. On one link class
+nothing overlaps (a rank's port carries its row and column bytes alike),
+so the closed form is the ring's bytes plus one α per step; the simulator
+prices two tiers by replaying the real schedule, where a rank's intra-node
+and inter-node ports are separate. ``auto`` prices ring-column variants
+only: under the model's one α per step, direct columns would also win on
+one link class, where nothing here measured them.
 
 Within a step the column ops come first: the executor posts them first, so
 the slow link starts at once.
@@ -33,9 +46,11 @@ the slow link starts at once.
 Example::
 
     >>> from commrt.algorithms import PipelinedTorus2D, Torus2D
-    >>> s = PipelinedTorus2D(4, 2, segments=8).schedule(8)
+    >>> s = PipelinedTorus2D(4, 2, segments=8).schedule(8)   # direct columns: D = 4
     >>> s.num_steps, Torus2D(4, 2).schedule(8).num_steps, s.check().ok
-    (15, 8, True)
+    (11, 8, True)
+    >>> PipelinedTorus2D(4, 2, segments=8, direct=False).schedule(8).num_steps
+    15
 """
 
 from __future__ import annotations
