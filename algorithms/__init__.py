@@ -20,6 +20,7 @@ from commrt.algorithms.base import Algorithm
 from commrt.algorithms.broadcast import BinomialTree, PipelinedChain
 from commrt.algorithms.gossip import Gossip
 from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.pipelined_torus import PipelinedTorus2D
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.registry import DEFAULT_ALGORITHM, NAMES, resolve
 from commrt.algorithms.ring import Ring
@@ -31,6 +32,7 @@ __all__ = [
     "HalvingDoubling",
     "RecursiveDoubling",
     "Torus2D",
+    "PipelinedTorus2D",
     "Auto",
     "BinomialTree",
     "PipelinedChain",

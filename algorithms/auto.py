@@ -44,6 +44,7 @@ from typing import Sequence
 
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.pipelined_torus import PipelinedTorus2D
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
@@ -57,12 +58,20 @@ DEFAULT_NBYTES = 25 << 20
 
 def candidates(world_size: int) -> list[Algorithm]:
     """Ring, halving-doubling, recursive doubling, then every torus grid with both sides ≥ 2
-    (rows ascending)."""
+    (rows ascending), then up to 64 ranks each grid pipelined in 4 and in 16 segments with
+    ring columns (their replay costs ~S times the torus's: 0.5 s a size at p = 64, 3 s at
+    128)."""
     out: list[Algorithm] = [Ring(), HalvingDoubling(), RecursiveDoubling()]
     out += [
         Torus2D(r, world_size // r)
         for r in range(2, world_size // 2 + 1)
         if world_size % r == 0 and world_size // r >= 2
+    ]
+    out += [  # ring columns: on one link class they never beat the plain torus
+        PipelinedTorus2D(t.rows, t.cols, s, False)
+        for t in out[3:]
+        if world_size <= 64
+        for s in (4, 16)
     ]
     return out
 
@@ -71,7 +80,7 @@ def label(alg: Algorithm) -> str:
     """``ring``, ``halving_doubling`` or ``torus2d(RxC)`` (ASCII: it goes into trace names)."""
     if isinstance(alg, Torus2D):
         return f"torus2d({alg.rows}x{alg.cols})"
-    return alg.name
+    return str(alg)
 
 
 @dataclass(frozen=True)

@@ -31,18 +31,25 @@ def _arrays(ranks: Sequence[int], blocks: Sequence[Block]):
     return r, b[:, 0], b[:, 1], np.arange(len(r))
 
 
-def _ring_step(r, lo, hi, pos, send_block, recv_block, recv_kind: int, phase: str) -> Step:
-    m = len(r)
-    n = 2 * m
+def _pair_ops(rank, to, frm, send_block, recv_block, lo, hi, recv_kind: int, phase: str) -> Step:
+    """Rank ``rank[k]`` sends block ``send_block[k]`` to ``to[k]`` and receives block
+    ``recv_block[k]`` from ``frm[k]``, for every k: one send and one receive each."""
+    n = 2 * len(rank)
     kind = np.empty(n, np.int8)
     kind[0::2], kind[1::2] = SEND, recv_kind
-    rank = np.repeat(r, 2)
     peer = np.empty(n, np.int32)
-    peer[0::2], peer[1::2] = r[(pos + 1) % m], r[(pos - 1) % m]
+    peer[0::2], peer[1::2] = to, frm
     a, b = np.empty(n, np.int64), np.empty(n, np.int64)
     a[0::2], b[0::2] = lo[send_block], hi[send_block]
     a[1::2], b[1::2] = lo[recv_block], hi[recv_block]
-    return Step(kind, rank, peer, a, b, phase)
+    return Step(kind, np.repeat(rank, 2), peer, a, b, phase)
+
+
+def _ring_step(r, lo, hi, pos, send_block, recv_block, recv_kind: int, phase: str) -> Step:
+    m = len(r)
+    return _pair_ops(
+        r, r[(pos + 1) % m], r[(pos - 1) % m], send_block, recv_block, lo, hi, recv_kind, phase
+    )
 
 
 def ring_reduce_scatter(
@@ -79,6 +86,37 @@ def ring_all_gather(
         m - 1,
         lambda s: _ring_step(r, lo, hi, pos, (pos + 1 - s) % m, (pos - s) % m, RECV_COPY, phase),
     )
+
+
+def _direct_step(r, lo, hi, recv_kind: int, reduce: bool, phase: str) -> Step:
+    """Every position ``i`` exchanges with every other ``j``: a reduce-scatter sends block
+    ``j`` and receives block ``i`` (``reduce``), an all-gather the other way round."""
+    i, j = np.nonzero(~np.eye(len(r), dtype=bool))  # all ordered pairs i != j, row by row
+    sent, got = (j, i) if reduce else (i, j)  # block sent to j, block received from j
+    return _pair_ops(r[i], r[j], r[j], sent, got, lo, hi, recv_kind, phase)
+
+
+def direct_reduce_scatter(
+    ranks: Sequence[int], blocks: Sequence[Block], phase: str = "reduce-scatter"
+) -> tuple[Steps, dict[int, int]]:
+    """Reduce-scatter in one step: position ``i`` sends block ``j`` to position ``j`` and
+    adds block ``i`` from every other position (m − 1 messages each way, the ring's
+    bytes in one step instead of m − 1). Returns the steps and ``holder`` (block ``i``:
+    the rank at position ``i``), like :func:`ring_reduce_scatter`."""
+    r, lo, hi, _ = _arrays(ranks, blocks)
+    steps = Steps(
+        1 if len(r) > 1 else 0, lambda s: _direct_step(r, lo, hi, RECV_REDUCE, True, phase)
+    )
+    return steps, {i: int(rank) for i, rank in enumerate(ranks)}
+
+
+def direct_all_gather(
+    ranks: Sequence[int], blocks: Sequence[Block], phase: str = "all-gather"
+) -> Steps:
+    """All-gather in one step; position ``i`` starts with block ``i`` (where
+    :func:`direct_reduce_scatter` leaves it) and sends it to every other position."""
+    r, lo, hi, _ = _arrays(ranks, blocks)
+    return Steps(1 if len(r) > 1 else 0, lambda s: _direct_step(r, lo, hi, RECV_COPY, False, phase))
 
 
 def split_block(block: Block, parts: int) -> list[Block]:

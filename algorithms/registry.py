@@ -16,6 +16,7 @@ from commrt.algorithms.backup import BackupWorkers
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.gossip import Gossip
 from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.pipelined_torus import PipelinedTorus2D
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
@@ -30,6 +31,7 @@ _BY_NAME = {
     "recursive_doubling": RecursiveDoubling,
     "rd": RecursiveDoubling,
     "torus2d": Torus2D,
+    "torus2d_pipelined": PipelinedTorus2D,
     "auto": Auto,
     "backup": BackupWorkers,  # b = 1
     "gossip": Gossip,

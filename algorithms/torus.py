@@ -57,12 +57,18 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
-from commrt.algorithms.fragments import ring_all_gather, ring_reduce_scatter, split_block
+from commrt.algorithms.fragments import (
+    direct_all_gather,
+    direct_reduce_scatter,
+    ring_all_gather,
+    ring_reduce_scatter,
+    split_block,
+)
 from commrt.schedule import Collective, Schedule, Steps, parallel
 from commrt.sim.network import Link
 from commrt.sim.pricing import torus_time
 
-__all__ = ["Torus2D", "square_shape"]
+__all__ = ["Torus2D", "square_shape", "grid_phases", "nodes_of"]
 
 PHASES = ("row reduce-scatter", "column reduce-scatter", "column all-gather", "row all-gather")
 
@@ -77,6 +83,59 @@ def square_shape(p: int) -> tuple[int, int]:
         if p % r == 0:
             return r, p // r
     return 1, p  # p == 0 never reaches here; participants() rejects it
+
+
+def grid_phases(
+    ranks: Sequence[int], rows: int, cols: int, offset: int = 0, direct: bool = False
+) -> tuple[tuple[Steps, Steps, Steps, Steps], dict[int, int]]:
+    """The four phases of a ``rows`` × ``cols`` torus over ``ranks`` on chunks
+    ``[offset, offset + p)`` (the :data:`PHASES`, in order), and ``owners``: chunk -> the
+    rank that ends the reduce-scatter half with its full sum.
+
+    :class:`Torus2D` runs them one after another; the pipelined torus
+    (:mod:`commrt.algorithms.pipelined_torus`) runs one set per segment of
+    the buffer, each a step behind the last. ``direct``: each column's
+    reduce-scatter and all-gather take one step each
+    (:func:`~commrt.algorithms.fragments.direct_reduce_scatter`), not Y − 1.
+    """
+    Y, X = rows, cols
+    grid = [ranks[y * X : (y + 1) * X] for y in range(Y)]  # grid[y][x]
+    columns = [tuple(grid[y][x] for y in range(Y)) for x in range(X)]
+    # Chunk layout: X row blocks of Y chunks; block k = chunks offset + [kY, (k+1)Y).
+    row_blocks = [(offset + k * Y, offset + (k + 1) * Y) for k in range(X)]
+    # After the row reduce-scatter, column x holds row block (x + 1) % X
+    # (ring_reduce_scatter leaves position i with block i + 1), in every row.
+    col_blocks = [split_block(row_blocks[(x + 1) % X], Y) for x in range(X)]
+    rs, ag = (
+        (direct_reduce_scatter, direct_all_gather)
+        if direct
+        else (ring_reduce_scatter, ring_all_gather)
+    )
+    col_rs = [rs(c, b, PHASES[1]) for c, b in zip(columns, col_blocks)]
+    phases = (
+        parallel([ring_reduce_scatter(row, row_blocks, PHASES[0])[0] for row in grid]),
+        parallel([steps for steps, _ in col_rs]),
+        parallel([ag(c, b, PHASES[2]) for c, b in zip(columns, col_blocks)]),
+        parallel([ring_all_gather(row, row_blocks, PHASES[3]) for row in grid]),
+    )
+    owners = {}
+    for (_, holder), blocks in zip(col_rs, col_blocks):
+        for k, (lo, _hi) in enumerate(blocks):
+            owners[lo] = holder[k]
+    return phases, owners
+
+
+def nodes_of(comm) -> int | None:
+    """Ranks per node as ``comm`` knows it: agreed across ranks for a
+    :class:`~commrt.Communicator` (:func:`commrt.topology.ranks_per_node`, collective on
+    the first call), else the object's ``local_size``, if any."""
+    from commrt.comm import Communicator  # runtime types stay out of the schedules' import
+
+    if isinstance(comm, Communicator):
+        from commrt.topology import ranks_per_node
+
+        return ranks_per_node(comm)
+    return getattr(comm, "local_size", None)
 
 
 def _factorizations(p: int) -> str:
@@ -174,35 +233,16 @@ class Torus2D(Algorithm):
         """
         ranks = participants(world_size, ranks)
         p = len(ranks)
-        Y, X = self.shape(p)
-        grid = [ranks[y * X : (y + 1) * X] for y in range(Y)]  # grid[y][x]
-        columns = [tuple(grid[y][x] for y in range(Y)) for x in range(X)]
-        # Chunk layout: X row blocks of Y chunks; block k = chunks [kY, (k+1)Y).
-        row_blocks = [(k * Y, (k + 1) * Y) for k in range(X)]
-        # After the row reduce-scatter, column x holds row block (x + 1) % X
-        # (ring_reduce_scatter leaves position i with block i + 1), in every row.
-        col_blocks = [split_block(row_blocks[(x + 1) % X], Y) for x in range(X)]
-
-        col_rs = [ring_reduce_scatter(c, b, PHASES[1]) for c, b in zip(columns, col_blocks)]
-        parts: list = []
-        if collective is not Collective.ALL_GATHER:
-            parts += [
-                parallel([ring_reduce_scatter(row, row_blocks, PHASES[0])[0] for row in grid]),
-                parallel([steps for steps, _ in col_rs]),
-            ]
-        if collective is not Collective.REDUCE_SCATTER:
-            parts += [
-                parallel([ring_all_gather(c, b, PHASES[2]) for c, b in zip(columns, col_blocks)]),
-                parallel([ring_all_gather(row, row_blocks, PHASES[3]) for row in grid]),
-            ]
+        phases, owner_of = grid_phases(ranks, *self.shape(p))
+        if collective is Collective.ALL_GATHER:
+            parts = phases[2:]
+        elif collective is Collective.REDUCE_SCATTER:
+            parts = phases[:2]
+        else:
+            parts = phases
         owners = None
         if collective is not Collective.ALL_REDUCE:
-            # chunk -> the rank that ends the reduce-scatter with it (= where an all-gather starts)
-            owners = [0] * p
-            for (_, holder), blocks in zip(col_rs, col_blocks):
-                for k, (lo, _hi) in enumerate(blocks):
-                    owners[lo] = holder[k]
-            owners = tuple(owners)
+            owners = tuple(owner_of[c] for c in range(p))
         return Schedule(
             self.name, collective, world_size, ranks, p, Steps.chain(parts), owners=owners
         )
@@ -214,15 +254,7 @@ class Torus2D(Algorithm):
         (:func:`commrt.topology.ranks_per_node`: collective, on the first
         call); other objects are asked for ``local_size``.
         """
-        from commrt.comm import Communicator  # runtime types stay out of the schedules' import
-
-        if isinstance(comm, Communicator):
-            from commrt.topology import ranks_per_node
-
-            local = ranks_per_node(comm)
-        else:
-            local = getattr(comm, "local_size", None)
-        rows, cols = self.shape(world_size, local)
+        rows, cols = self.shape(world_size, nodes_of(comm))
         if (rows, cols) == (self.rows, self.cols):
             return self.schedule(world_size)
         return Torus2D(rows, cols).schedule(world_size)  # cached per shape

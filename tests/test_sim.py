@@ -472,8 +472,9 @@ def test_simulate_cli_prints_tables_and_writes_three_plots(tmp_path):
     assert sorted(os.path.basename(f) for f in report["files"]) == sorted(sim_cli.FILES.values())
     for f in report["files"]:
         assert os.path.getsize(f) > 10_000 and f"wrote {f}" in text
-    # the 64 MiB column at p=16 (2 nodes of 8): the torus with one row per node wins
-    assert report["vs_p"][64 << 20]["auto"][3][1] == "torus2d(2x8)"
+    # the 64 MiB column at p=16 (2 nodes of 8): the torus with one row per node wins,
+    # pipelined so that the NVLink rows overlap the IB columns
+    assert report["vs_p"][64 << 20]["auto"][3][1] == "torus2d_pipelined(2x8,s16,ring)"
     with pytest.raises(SystemExit):
         sim_cli.network_from_args(
             argparse.Namespace(network="nonsense", ranks_per_node=None, nics_per_node=None)

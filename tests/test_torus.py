@@ -180,8 +180,14 @@ def test_table_and_describe():
     ids=lambda s: f"{s[0]}x{s[1]}",
 )
 def test_executor_exact(shape):
-    p = shape[0] * shape[1]
-    sched = Torus2D(*shape).schedule(p)
+    assert_executor_exact(Torus2D(*shape).schedule(shape[0] * shape[1]), piece_bytes=1024)
+
+
+def assert_executor_exact(sched, piece_bytes):
+    """Every rank of ``sched`` (on the in-process transport) ends with the exact sum of
+    integer-valued float64 inputs, for buffers of 1 to 4099 elements (fewer than the
+    chunks too); tests/test_pipelined_torus.py uses it as well."""
+    p = sched.world_size
     for n in (1, 7, 1000, 4099):
         xs = [
             torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(r + n)).double()
@@ -191,18 +197,18 @@ def test_executor_exact(shape):
 
         def body(tr):
             buf = xs[tr.rank].clone()  # noqa: B023 (run_ranks finishes inside this iteration)
-            Executor().run(sched, buf, tr, timeout=10, piece_bytes=1024)
+            Executor().run(sched, buf, tr, timeout=10, piece_bytes=piece_bytes)
             return buf
 
         for r, out in enumerate(run_ranks(p, body)):
-            assert torch.equal(out, want), f"{shape} n={n} rank {r}"
+            assert torch.equal(out, want), f"{sched.name} n={n} rank {r}"
 
 
 # ------------------------------------------------------------------ real processes
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("nranks,shapes", [(4, "2x2,1x4"), (6, "2x3,3x2")])
+@pytest.mark.parametrize("nranks,shapes", [(4, "2x2,1x4,2x2s3,2x2s2r"), (6, "2x3,3x2,3x2s4")])
 def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
     out = tmp_path / "report.json"
     mpiexec(nranks, "torus_worker.py", out, shapes, timeout=600)
@@ -211,8 +217,10 @@ def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
     # default shape under mpiexec on one machine (local_size == p): the most square grid
     assert report["default_shape"] == list(square_shape(nranks))
     assert report["bad_shape_errors"] == [True] * nranks
-    # 2 transports x 4 algorithms (2 grids, "torus2d", ring) x 2 ops x 4 sizes x 3 dtypes, per rank
-    assert report["cases"] == 2 * 4 * 2 * 4 * 3 * nranks
+    # 2 transports x algorithms (the grids, pipelined ones too, "torus2d", ring) x 2 ops x 4 sizes
+    # x 3 dtypes, per rank
+    algorithms = len(shapes.split(",")) + 2
+    assert report["cases"] == 2 * algorithms * 2 * 4 * 3 * nranks
     assert report["failures"] == [], json.dumps(report["failures"][:5], indent=1)
 
 

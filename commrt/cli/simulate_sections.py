@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
 from commrt import sim
-from commrt.algorithms import Gossip, Torus2D, resolve
+from commrt.algorithms import Gossip, PipelinedTorus2D, Torus2D, resolve
 from commrt.algorithms.auto import candidates, label
 from commrt.cli.units import fmt_bytes
 
@@ -73,9 +73,10 @@ class Sweeper:
         self.progress = progress or (lambda msg: None)
 
     def _alg(self, name: str, p: int):
-        if name == "torus2d":
-            return Torus2D(*Torus2D().shape(p, local_size=self.net.ranks_per_node))
-        return resolve(name)
+        alg = resolve(name)
+        if isinstance(alg, (Torus2D, PipelinedTorus2D)):  # one row per node, as a launch picks
+            return type(alg)(*alg.shape(p, local_size=self.net.ranks_per_node))
+        return alg
 
     def time(self, name: str, p: int, nbytes: int) -> tuple[float, str]:
         """(seconds, label) of one all-reduce; ``auto`` gives its choice's label."""

@@ -1,6 +1,6 @@
 """Run under mpiexec: Torus2D vs ring, MPI Allreduce, torch.distributed (gloo) and float64.
 
-argv: report path, grid shapes ("2x2,1x4"). One launch covers the mpi and
+argv: report path, grid shapes ("2x2,1x4"; "2x2s3" is the pipelined torus, see grid()). One launch covers the mpi and
 gloo transports, the given grids plus ``algorithm="torus2d"`` (default
 shape) and the ring, sizes divisible and not divisible by p, sum and avg,
 float32, bfloat16 and integer-valued float64 (where every result must be
@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
-from commrt.algorithms import Torus2D  # noqa: E402
+from commrt.algorithms import PipelinedTorus2D, Torus2D  # noqa: E402
 
 SIZES = [1, 7, 1000, 1_000_003]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64-int": torch.float64}
@@ -31,13 +31,23 @@ def free_port():
         return s.getsockname()[1]
 
 
+def grid(spec):
+    """ "2x3" -> Torus2D(2, 3); "2x2s3" -> PipelinedTorus2D(2, 2, segments=3) (direct
+    columns); "2x2s3r" -> the same with ring columns."""
+    shape, _, seg = spec.partition("s")
+    rows, cols = map(int, shape.split("x"))
+    if not seg:
+        return Torus2D(rows, cols)
+    return PipelinedTorus2D(rows, cols, int(seg.rstrip("r")), not seg.endswith("r"))
+
+
 def main(out_path, shapes):
     world = MPI.COMM_WORLD
     rank, p = world.Get_rank(), world.Get_size()
     port = world.bcast(free_port() if rank == 0 else None)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
     comms = {"mpi": commrt.init("mpi", timeout=60), "gloo": commrt.init("gloo", timeout=60)}
-    algorithms = {f"Torus2D({s})": Torus2D(*map(int, s.split("x"))) for s in shapes.split(",")}
+    algorithms = {f"Torus2D({s})": grid(s) for s in shapes.split(",")}
     algorithms["torus2d"] = "torus2d"
     algorithms["ring"] = "ring"
 
