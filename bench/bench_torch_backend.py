@@ -36,8 +36,9 @@ pytestmark = pytest.mark.skipif(
 ROUNDS, ITERS = 5, 2
 
 
-@pytest.fixture(scope="module")
-def groups():
+def init_commrt_over_mpi():
+    """The default group over commrt, on the ranks mpiexec started (tcp:// rendezvous, a
+    port rank 0 picks); returns a gloo group of the same ranks, the reference."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -53,7 +54,12 @@ def groups():
         rank=world.Get_rank(),
         world_size=world.Get_size(),
     )
-    yield {"commrt": None, "gloo": dist.new_group(backend="gloo")}
+    return dist.new_group(backend="gloo")
+
+
+@pytest.fixture(scope="module")
+def groups():
+    yield {"commrt": None, "gloo": init_commrt_over_mpi()}
     dist.destroy_process_group()
 
 
