@@ -7,6 +7,8 @@ features by the runner. The rendezvous is file:// (the suite's ``init_method=``)
 
 * ``test_pytorch_distributed_suite_selection``: representative collective,
   point-to-point and DDP cases that gloo passes (quick, in every run).
+* ``test_pytorch_distributed_suite_all_to_all_gated_as_for_mpi``: CPU
+  all-to-all cases the suite reserves for MPI, run over commrt.
 * ``test_pytorch_distributed_suite_against_gloo`` (slow): every case of the
   suite over gloo, then over commrt with the suite's backend gates opened as
   for gloo (COMMRT_CONFORMANCE_GATES=gloo: cases it reserves for named backends
@@ -89,6 +91,20 @@ def test_pytorch_distributed_suite_selection(tmp_path):
     assert report["failed"] == {}, json.dumps(report["failed"], indent=1)[:4000]
     assert report["run"] == len(CASES)
     assert sorted(report["passes"]) == sorted(CASES), report["skips"]
+
+
+#: CPU all-to-all cases the suite gives MPI alone; commrt implements them (ops.all_to_all)
+MPI_ONLY_CASES = [
+    "test_all_to_all",
+    "test_all_to_all_single_equal_split",
+    "test_all_to_all_single_unequal_split",
+]
+
+
+def test_pytorch_distributed_suite_all_to_all_gated_as_for_mpi(tmp_path):
+    report = _suite(tmp_path, "a2a", MPI_ONLY_CASES, exact=True, COMMRT_CONFORMANCE_GATES="mpi")
+    assert report["failed"] == {}, json.dumps(report["failed"], indent=1)[:4000]
+    assert sorted(report["passes"]) == sorted(MPI_ONLY_CASES), report["skips"]
 
 
 @pytest.mark.slow
