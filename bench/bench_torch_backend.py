@@ -11,6 +11,9 @@ gloo group of the same ranks, in the same processes.
   bucketed all-reduces, SGD) of the ~25M-parameter MLP of
   bench_gradsync.py (100 MB of fp32 gradients). Goal: commrt ≤ 0.8× gloo at
   2 ranks.
+  On a shared machine the two variants, run one after the other, measure
+  the load as much as the backend: bench/ddp_alternating.py alternates them
+  step by step, next to the compute floor (no communication).
 * ``test_fsdp_step``: the same MLP under FSDP2 (``fully_shard`` per layer):
   all-gathers in forward and backward, reduce-scatters in backward.
 """
