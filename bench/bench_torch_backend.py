@@ -11,6 +11,9 @@ gloo group of the same ranks, in the same processes.
   bucketed all-reduces, SGD) of the ~25M-parameter MLP of
   bench_gradsync.py (100 MB of fp32 gradients). Goal: commrt ≤ 0.8× gloo at
   2 ranks.
+  On a shared machine the two variants, run one after the other, measure
+  the load as much as the backend: bench/ddp_alternating.py alternates them
+  step by step, next to the compute floor (no communication).
 * ``test_fsdp_step``: the same MLP under FSDP2 (``fully_shard`` per layer):
   all-gathers in forward and backward, reduce-scatters in backward.
 """
@@ -36,8 +39,9 @@ pytestmark = pytest.mark.skipif(
 ROUNDS, ITERS = 5, 2
 
 
-@pytest.fixture(scope="module")
-def groups():
+def init_commrt_over_mpi():
+    """The default group over commrt, on the ranks mpiexec started (tcp:// rendezvous, a
+    port rank 0 picks); returns a gloo group of the same ranks, the reference."""
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -53,7 +57,12 @@ def groups():
         rank=world.Get_rank(),
         world_size=world.Get_size(),
     )
-    yield {"commrt": None, "gloo": dist.new_group(backend="gloo")}
+    return dist.new_group(backend="gloo")
+
+
+@pytest.fixture(scope="module")
+def groups():
+    yield {"commrt": None, "gloo": init_commrt_over_mpi()}
     dist.destroy_process_group()
 
 

@@ -53,6 +53,14 @@ def test_ddp_over_commrt_equals_ddp_over_gloo_under_mpiexec(tmp_path):
     _check_ddp(json.loads(out.read_text()), 4, ["torus2d"], "mpi")
 
 
+@pytest.mark.mpi
+def test_world_group_under_mpiexec_runs_over_mpi_in_torch_rank_order(tmp_path):
+    """init_method= with explicit ranks (reversed against MPI's): still MPI, torch's order."""
+    out = tmp_path / "report.json"
+    mpiexec(3, "td_mpi_order_worker.py", out, timeout=200)
+    assert json.loads(out.read_text()) == {"cpu_transport": "mpi", "results_right": [True] * 3}
+
+
 @pytest.mark.parametrize("nranks", [3, 4])
 def test_every_collective_equals_gloo(nranks, tmp_path):
     out = tmp_path / "report.json"

@@ -1,14 +1,19 @@
 """PyTorch's own distributed suite against the "commrt" backend (2 ranks).
 
-A selection that fits the test budget (each case spawns its own two ranks,
-about 10 s on an idle 2-core machine): collectives, point-to-point with
-tags, a group of every rank and DDP on CPU, all of which gloo passes.
-The fuller run (every collective and DDP case, then the rest) is
-``python tests/workers/td_conformance.py report.json test_all_reduce
-test_broadcast ... '*'``; its numbers are in docs/ARCHITECTURE.md's room for
-commrt.distributed. commrt is added to the suite's "ddp", "subgroup" and
-"plugin" backend features by the runner (tests/workers/td_conformance.py).
-The rendezvous is file:// (the suite's ``init_method=``).
+The runner (tests/workers/td_conformance.py) forks each case's two ranks, so a
+case costs about a second, not the 5-30 s of spawned ranks that import torch
+again. commrt is added to the suite's "ddp", "subgroup" and "plugin" backend
+features by the runner. The rendezvous is file:// (the suite's ``init_method=``).
+
+* ``test_pytorch_distributed_suite_selection``: representative collective,
+  point-to-point and DDP cases that gloo passes (quick, in every run).
+* ``test_pytorch_distributed_suite_all_to_all_gated_as_for_mpi``: CPU
+  all-to-all cases the suite reserves for MPI, run over commrt.
+* ``test_pytorch_distributed_suite_against_gloo`` (slow): every case of the
+  suite over gloo, then over commrt with the suite's backend gates opened as
+  for gloo (COMMRT_CONFORMANCE_GATES=gloo: cases it reserves for named backends
+  run too); every case gloo passes must pass over commrt, but the KNOWN_GAPS.
+  The tallies are in docs/conformance.md.
 """
 
 import json
@@ -16,38 +21,101 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 CASES = [
     "test_all_reduce_sum",
+    "test_all_reduce_sum_async",
     "test_all_reduce_max",
+    "test_all_reduce_product",
+    "test_reduce_sum",
     "test_broadcast",
     "test_broadcast_full_group",
     "test_all_gather",
+    "test_all_gather_coalesced_simple",
+    "test_gather",
+    "test_scatter",
     "test_barrier",
     "test_send_recv_with_tag",
+    "test_destroy_group",
     "test_DistributedDataParallelCPU",
+    "test_ddp_create_graph",  # gradients that require grad reach the group
+    "test_static_graph_api_cpu",
 ]
 
+#: cases gloo passes that commrt does not, and why (docs/conformance.md)
+KNOWN_GAPS = {
+    # the test body sets its model up only for BACKEND mpi, gloo or nccl
+    "test_accumulate_gradients_no_sync": "gloo-only test body",
+    "test_accumulate_gradients_no_sync_allreduce_hook": "gloo-only test body",
+    "test_accumulate_gradients_no_sync_allreduce_with_then_hook": "gloo-only test body",
+    "test_accumulate_gradients_no_sync_grad_is_view": "gloo-only test body",
+    # torch itself refuses monitored_barrier on any backend but gloo
+    "test_monitored_barrier_gloo": "monitored_barrier: gloo only",
+    "test_monitored_barrier_gloo_rank_0_timeout": "monitored_barrier: gloo only",
+    "test_monitored_barrier_gloo_subgroup": "monitored_barrier: gloo only",
+    # commrt's transports match (peer, tag): no receive from any source
+    "test_send_recv_any_source": "recv without src",
+    "test_send_recv_any_source_autograd_profiler": "recv without src",
+    "test_send_recv_any_source_torch_profiler": "recv without src",
+    "test_sparse_all_reduce_sum": "sparse tensors",
+}
 
-def test_pytorch_distributed_suite_selection(tmp_path):
-    out = tmp_path / "report.json"
+
+def _suite(tmp_path, name, cases, exact, **env):
+    out = tmp_path / f"{name}.json"
     env = dict(
         os.environ,
-        COMMRT_CONFORMANCE_EXACT="1",
         COMMRT_ALGORITHM="ring",  # the suite checks semantics; auto's probe would add time
         OMP_NUM_THREADS="1",
         TEMP_DIR=str(tmp_path),
+        **env,
     )
+    if exact:
+        env["COMMRT_CONFORMANCE_EXACT"] = "1"
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "workers", "td_conformance.py"), str(out), *CASES],
+        [sys.executable, os.path.join(HERE, "workers", "td_conformance.py"), str(out), *cases],
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1500,
     )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_pytorch_distributed_suite_selection(tmp_path):
+    report = _suite(tmp_path, "commrt", CASES, exact=True)
     assert report["failed"] == {}, json.dumps(report["failed"], indent=1)[:4000]
     assert report["run"] == len(CASES)
     assert sorted(report["passes"]) == sorted(CASES), report["skips"]
+
+
+#: CPU all-to-all cases the suite gives MPI alone; commrt implements them (ops.all_to_all)
+MPI_ONLY_CASES = [
+    "test_all_to_all",
+    "test_all_to_all_single_equal_split",
+    "test_all_to_all_single_unequal_split",
+]
+
+
+def test_pytorch_distributed_suite_all_to_all_gated_as_for_mpi(tmp_path):
+    report = _suite(tmp_path, "a2a", MPI_ONLY_CASES, exact=True, COMMRT_CONFORMANCE_GATES="mpi")
+    assert report["failed"] == {}, json.dumps(report["failed"], indent=1)[:4000]
+    assert sorted(report["passes"]) == sorted(MPI_ONLY_CASES), report["skips"]
+
+
+@pytest.mark.slow
+def test_pytorch_distributed_suite_against_gloo(tmp_path):
+    gloo = _suite(tmp_path, "gloo", [], exact=False, BACKEND="gloo")
+    ours = _suite(tmp_path, "commrt", [], exact=False, COMMRT_CONFORMANCE_GATES="gloo")
+    assert gloo["run"] == ours["run"] > 250 and gloo["failed"] == {}
+    missing = set(gloo["passes"]) - set(ours["passes"])
+    assert missing == set(KNOWN_GAPS), {
+        "unexpected": {c: ours["failed"].get(c, ours["skips"].get(c)) for c in missing},
+        "now passing": sorted(set(KNOWN_GAPS) - missing),
+    }
+    # every known gap fails with a clear error or the test's own gate, never a hang
+    assert set(ours["failed"]) <= set(KNOWN_GAPS), list(ours["failed"])

@@ -52,8 +52,25 @@ class Options:
         return resolve(name)
 
 
-def _mpi_launched() -> bool:
-    return detect_launch().launcher == "mpiexec"
+def _mpi_world_size() -> int | None:
+    """The MPI world's size when mpiexec started this process, else None."""
+    info = detect_launch()
+    return info.world_size if info.launcher == "mpiexec" else None
+
+
+def _mpi_in_torch_order(rank: int):
+    """An MPI transport whose ranks are torch's: torch may number the processes otherwise
+    than MPI did (``init_process_group(rank=...)``), so the world is split once, keyed by
+    the torch rank (a collective: every rank makes the group's transport in step)."""
+    from mpi4py import MPI
+
+    from commrt.transports.mpi import MpiTransport
+
+    ordered = MPI.COMM_WORLD.Split(0, rank)
+    try:
+        return MpiTransport(ordered)
+    finally:
+        ordered.Free()  # MpiTransport keeps its own duplicate
 
 
 class DeviceComms:
@@ -119,13 +136,17 @@ class DeviceComms:
 
     def _cpu(self) -> DeviceComm:
         want = self.options.cpu_transport
-        world = self.size == int(os.environ.get("WORLD_SIZE", -1)) and self.global_ranks == list(
-            range(self.size)
-        )
-        if want == "mpi" or (want == "auto" and _mpi_launched() and world):
-            from commrt.transports.mpi import MpiTransport
-
-            return self._wrap(MpiTransport(), Backend.MPI)
+        # the world is MPI's whole world: compared with MPI's size, not WORLD_SIZE, which
+        # init_process_group(init_method=..., rank=, world_size=) leaves unset (the DDP
+        # benchmark ran over gloo that way)
+        world = self.size == _mpi_world_size() and self.global_ranks == list(range(self.size))
+        if want == "mpi" and not world:
+            raise ValueError(
+                "commrt process group: cpu_transport='mpi' needs the group to be mpiexec's "
+                f"whole world (this one is ranks {self.global_ranks}); use 'gloo' or 'auto'"
+            )
+        if want == "mpi" or (want == "auto" and world):
+            return self._wrap(_mpi_in_torch_order(self.rank), Backend.MPI)
         from commrt.transports.gloo import GlooTransport
 
         store = dist.PrefixStore("cpu/", self.store)

@@ -96,6 +96,9 @@ class DeviceComm:
 
 
 def allreduce(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
+    # torch's groups ignore autograd (DDP with create_graph=True hands in gradients that
+    # require grad); commrt's collectives refuse such tensors, so they get the plain data
+    t = t.detach()
     comm = dc.comm
     if op == "sum":
         all_reduce(t, comm, dc.algorithm, "sum")
@@ -138,7 +141,7 @@ def allreduce_coalesced(dc: DeviceComm, tensors: list[torch.Tensor], op: str) ->
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     for group in by_dtype.values():
-        flat = torch.cat([t.reshape(-1) for t in group])
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
         allreduce(dc, flat, op)
         offset = 0
         for t in group:
@@ -147,11 +150,12 @@ def allreduce_coalesced(dc: DeviceComm, tensors: list[torch.Tensor], op: str) ->
 
 
 def bcast(dc: DeviceComm, t: torch.Tensor, root: int) -> None:
-    broadcast(t, dc.comm, root)
+    broadcast(t.detach(), dc.comm, root)
 
 
 def gather_all(dc: DeviceComm, outputs: list[torch.Tensor], t: torch.Tensor) -> None:
     """torch's list all-gather: ``outputs[r]`` = rank r's ``t``."""
+    t = t.detach()
     flat = torch.empty(t.numel() * len(outputs), dtype=t.dtype, device=t.device)
     all_gather(flat, t.contiguous(), dc.comm, dc.shard_algorithm())
     for o, piece in zip(outputs, flat.chunk(len(outputs)) if flat.numel() else outputs):
@@ -161,6 +165,7 @@ def gather_all(dc: DeviceComm, outputs: list[torch.Tensor], t: torch.Tensor) -> 
 
 def gather_into(dc: DeviceComm, out: torch.Tensor, t: torch.Tensor) -> None:
     """``all_gather_into_tensor``: shard r of ``out`` = rank r's ``t``."""
+    out, t = out.detach(), t.detach()
     target = (
         out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
     )
@@ -171,6 +176,7 @@ def gather_into(dc: DeviceComm, out: torch.Tensor, t: torch.Tensor) -> None:
 
 def scatter_reduce(dc: DeviceComm, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
     """``reduce_scatter_tensor``: rank r's ``out`` = the reduction of every rank's shard r."""
+    out, inp = out.detach(), inp.detach()
     if op in ("sum", "avg"):
         target = (
             out

@@ -146,7 +146,8 @@ class Progress:
                 work.fail(CommError(f"commrt: {work.what} refused: the group failed earlier"))
                 continue
             try:
-                run()
+                with torch.no_grad():  # torch's groups copy into tensors whatever autograd says
+                    run()
             except BaseException as e:  # noqa: BLE001 - every error must reach someone
                 if not isinstance(e, LOCAL_ERRORS):
                     self.broken = e
