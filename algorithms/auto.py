@@ -39,9 +39,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from commrt.algorithms.auto_learn import Tuning, agree
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
@@ -50,7 +52,7 @@ from commrt.algorithms.torus import Torus2D
 from commrt.schedule import Collective, Schedule
 from commrt.sim import Network, price_all
 
-__all__ = ["Auto", "Choice", "choices", "candidates"]
+__all__ = ["Auto", "Choice", "choices", "candidates", "learning"]
 #: the size :meth:`Auto.schedule` chooses for when no size is given: DDP's 25 MB bucket
 DEFAULT_NBYTES = 25 << 20
 
@@ -87,12 +89,15 @@ class Choice:
     #                                              candidates that provably cannot win are left out
     network: object  # the commrt.sim.Network it was priced on
     schedule: Schedule = dataclasses.field(repr=False, compare=False)
+    #: True when measurements replaced the model's choice by its runner-up (auto_learn)
+    learned: bool = False
 
     def __str__(self) -> str:
         others = ", ".join(f"{n} {t * 1e6:.1f}" for n, t in self.candidates[1:4])
+        how = "learned: the model's runner-up measured faster" if self.learned else "predicted"
         return (
             f"auto: {self.label} for {self.nbytes} B on {self.world_size} ranks "
-            f"(predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)"
+            f"({how}; predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)"
         )
 
 
@@ -101,10 +106,16 @@ class Auto(Algorithm):
     """Chooses ring, halving-doubling or a torus shape per buffer size (module doc).
 
     ``network``: price candidates on this :class:`commrt.sim.Network`
-    instead of probing the communicator's transport.
+    instead of probing the communicator's transport. ``calibration``: a
+    file ``commrt probe --save`` wrote, loaded (and checked against the
+    job) instead of probing. ``learn``: time the calls of
+    ``commrt.all_reduce`` and replace a choice that misses its prediction
+    by its runner-up if that measures faster (:mod:`commrt.algorithms.auto_learn`).
     """
 
     network: object = None
+    calibration: str | None = None
+    learn: bool = True
 
     name = "auto"
 
@@ -125,7 +136,7 @@ class Auto(Algorithm):
             )
         from commrt.probe import probe  # lazy: the probe needs torch, the schedules do not
 
-        return probe(comm).network()
+        return probe(comm, calibration=self.calibration).network()
 
     def on_network(self, network: Network) -> "Auto":
         """This chooser, pricing on ``network`` unless it was given one: the simulator
@@ -151,26 +162,53 @@ class Auto(Algorithm):
         itemsize = 4 if nbytes % 4 == 0 else 1
         times = price_all(algs, world_size, int(nbytes), network, itemsize=itemsize)
         priced = sorted((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
-        t, _, best = priced[0]
-        sched = dataclasses.replace(best.schedule(world_size), name=f"auto:{label(best)}")
-        choice = Choice(
-            world_size,
-            int(nbytes),
-            best,
-            label(best),
-            t,
-            tuple((label(a), s) for s, _, a in priced),
-            network,
-            sched,
-        )
+        table = tuple((label(a), s) for s, _, a in priced)
+        choice = _choice(world_size, int(nbytes), priced[0][2], priced[0][0], table, network)
         if store is not None:
             store[key] = choice
         return choice
 
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
         """The chosen schedule, named ``auto:<choice>``; probes ``comm`` on first use
-        (collective)."""
-        return self.choose(world_size, nbytes, comm).schedule
+        (collective). While the runner-up is on trial for this size, its schedule."""
+        choice = self.choose(world_size, nbytes, comm)
+        if comm is None or not self.learn or world_size < 2:
+            return choice.schedule
+        key = (self, world_size, int(nbytes))
+        tuning = comm.slots.auto_tuning.get(key)
+        if tuning is None:
+            runner = choice.candidates[1][0] if len(choice.candidates) > 1 else None
+            tuning = Tuning(choice.label, choice.predicted_s, runner)
+            comm.slots.auto_tuning[key] = tuning
+        if tuning.phase == "trial":
+            return self._runner_up(choice, tuning).schedule
+        return choice.schedule
+
+    def observe(self, comm, nbytes: int, started_s: float) -> None:
+        """After ``commrt.all_reduce`` ran :meth:`select`'s schedule (started at
+        ``time.perf_counter()`` = ``started_s``): time it, and at the end of a phase agree
+        and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`)."""
+        tuning = comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
+        if tuning is None or tuning.phase == "settled":
+            return
+        if tuning.timing and comm.device.type == "cuda":
+            import torch  # lazy: schedules need no torch; NCCL calls return once enqueued
+
+            torch.cuda.synchronize(comm.device)
+        if not tuning.record(time.perf_counter() - started_s):
+            return
+        tuning.advance(agree(comm, tuning))
+        if tuning.phase == "settled" and tuning.kept != tuning.choice:
+            key = (self, comm.world_size, int(nbytes))
+            learned = self._runner_up(comm.slots.auto_choices[key], tuning)
+            comm.slots.auto_choices[key] = dataclasses.replace(learned, learned=True)
+
+    def _runner_up(self, choice: Choice, tuning: Tuning) -> Choice:
+        """The Choice of ``tuning``'s runner-up, priced as ``choice``'s candidates say."""
+        p = choice.world_size
+        alg = next(a for a in candidates(p) if label(a) == tuning.runner_up)
+        t = dict(choice.candidates)[tuning.runner_up]
+        return _choice(p, choice.nbytes, alg, t, choice.candidates, choice.network)
 
     def schedule(
         self,
@@ -200,6 +238,18 @@ class Auto(Algorithm):
         best = self.choose(m, DEFAULT_NBYTES).algorithm
         sched = best.schedule(world_size, tuple(ranks))
         return dataclasses.replace(sched, name=f"auto:{label(best)}")
+
+
+def _choice(p: int, nbytes: int, alg: Algorithm, t: float, table, network) -> Choice:
+    sched = dataclasses.replace(alg.schedule(p), name=f"auto:{label(alg)}")
+    return Choice(p, nbytes, alg, label(alg), t, table, network, sched)
+
+
+def learning(comm) -> dict[int, Tuning]:
+    """What ``auto`` learned on ``comm`` per buffer size in bytes (module
+    :mod:`~commrt.algorithms.auto_learn`): phase, measured and predicted times, kept."""
+    store = comm.slots.auto_tuning
+    return {nbytes: t for (_, p, nbytes), t in store.items() if p == comm.world_size}
 
 
 def choices(comm) -> dict[int, Choice]:

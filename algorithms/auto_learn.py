@@ -1,0 +1,134 @@
+"""How ``algorithm="auto"`` learns from what it runs: one size's watch, trial and verdict.
+
+The policy
+----------
+For each buffer size, ``commrt.all_reduce(..., algorithm="auto")`` times
+the calls it makes (:meth:`Tuning.record`), in phases of :data:`WINDOW`
+timed calls after :data:`WARMUP` untimed ones (the first call of a
+schedule compiles its plan and allocates scratch):
+
+1. **watch** the model's choice. Its time is agreed across ranks as the
+   median over the window of each call's *slowest* rank (a synchronous
+   collective ends when its last rank does). If it is within
+   ``(1 + MARGIN) ×`` its prediction, the choice stays: **settled**.
+2. Else **trial**: the next calls run the runner-up for that size (the
+   model's second cheapest), timed the same way.
+3. **verdict**: the faster of the two by their agreed times is kept for
+   that size from then on (``commrt.algorithms.auto.choices`` shows it,
+   with ``learned=True`` if it is the runner-up), and the size is settled.
+
+Every rank decides from the same numbers: a phase's times reach every
+rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
+of a p × WINDOW table) at the end of the phase, never per call, so a size
+costs at most two such gathers in the life of a communicator. Calls
+through ``commrt.all_reduce`` are the ones timed; GradientSync and the
+torch.distributed backend use what was learned for the same communicator
+(a GradientSync picks its schedules when it is made).
+
+:class:`Tuning` is the pure decision state (tested with injected timings,
+no processes); :func:`agree` is the one collective step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+__all__ = ["MARGIN", "WINDOW", "WARMUP", "Tuning", "agree"]
+
+#: a choice that measures more than this fraction above its prediction gets its runner-up
+#: tried: beyond the model error the probe aims for (20%), the model is wrong, not noisy
+MARGIN = 0.25
+#: timed calls per phase: enough for a median that one burst of another process cannot move
+WINDOW = 5
+#: untimed calls at the start of each phase (the plan compiles on a schedule's first call)
+WARMUP = 1
+
+
+@dataclass
+class Tuning:
+    """What ``auto`` has learned for one (Auto, world size, buffer size).
+
+    ``predicted_s``: the model's time for its choice; ``runner_up``: the
+    label of the model's second choice (None: nothing to try). ``phase``
+    is ``"watch"``, ``"trial"`` or ``"settled"``; ``kept`` the label kept
+    once settled; ``chosen_s``/``runner_s`` the agreed times (seconds).
+    """
+
+    choice: str
+    predicted_s: float
+    runner_up: str | None
+    margin: float = MARGIN
+    window: int = WINDOW
+    warmup: int = WARMUP
+    phase: str = "watch"
+    kept: str | None = None
+    chosen_s: float | None = None
+    runner_s: float | None = None
+    #: this rank's seconds in the current phase, and calls still to skip in it
+    times: list = field(default_factory=list)
+    skip: int = -1
+
+    def __post_init__(self):
+        if self.skip < 0:
+            self.skip = self.warmup
+
+    @property
+    def running(self) -> str:
+        """The label of the candidate the next call runs."""
+        if self.phase == "trial":
+            return self.runner_up
+        return self.kept or self.choice
+
+    @property
+    def timing(self) -> bool:
+        """Whether the next call is timed (the caller synchronises a GPU only then)."""
+        return self.phase != "settled" and self.skip == 0
+
+    def record(self, seconds: float) -> bool:
+        """Note one call's time on this rank; True when the phase's window is full (then
+        every rank calls :meth:`advance` with the agreed time, in the same call)."""
+        if self.phase == "settled":
+            return False
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        self.times.append(float(seconds))
+        return len(self.times) >= self.window
+
+    def advance(self, agreed_s: float) -> None:
+        """End the phase with its agreed time (the same number on every rank)."""
+        self.times, self.skip = [], self.warmup
+        if self.phase == "watch":
+            self.chosen_s = agreed_s
+            missed = agreed_s > (1.0 + self.margin) * self.predicted_s
+            if missed and self.runner_up is not None:
+                self.phase = "trial"
+                return
+            self.phase, self.kept = "settled", self.choice
+        elif self.phase == "trial":
+            self.runner_s = agreed_s
+            faster = self.runner_up if agreed_s < self.chosen_s else self.choice
+            self.phase, self.kept = "settled", faster
+
+    def __str__(self) -> str:
+        def ms(t):
+            return "-" if t is None else f"{t * 1e3:.2f} ms"
+
+        return (
+            f"{self.choice}: predicted {ms(self.predicted_s)}, measured {ms(self.chosen_s)}; "
+            f"runner-up {self.runner_up} {ms(self.runner_s)}; {self.phase}, kept {self.kept}"
+        )
+
+
+def agreed_time(table) -> float:
+    """Per call the slowest rank's seconds, then the median over the calls (``table``: one
+    row of times per rank)."""
+    return statistics.median(max(col) for col in zip(*table))
+
+
+def agree(comm, tuning: Tuning) -> float:
+    """This phase's times on every rank, agreed (collective: every rank, same call)."""
+    from commrt.rows import gather  # lazy: the decision logic above needs no communicator
+
+    return agreed_time(gather(comm, tuning.times))

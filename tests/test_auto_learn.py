@@ -1,0 +1,144 @@
+"""auto learns from what it runs (commrt.algorithms.auto_learn), and the probe's sanity
+checks and saved calibration (commrt.probe, commrt.probe_checks)."""
+
+import json
+import warnings
+
+import pytest
+from mp import mpiexec
+
+from commrt.algorithms.auto_learn import Tuning, agreed_time
+from commrt.probe import ProbeResult
+from commrt.probe_checks import ALPHA_BOUND_S, ProbeWarning, conservative, problems
+
+
+def feed(t: Tuning, times):
+    """Drive ``t`` with injected per-call times (every rank alike), as observe() would."""
+    for s in times:
+        if t.record(s):
+            t.advance(agreed_time([t.times]))
+
+
+def test_a_choice_within_its_margin_is_kept_without_a_trial():
+    t = Tuning("ring", predicted_s=1.0, runner_up="torus2d(4x2)", window=3, warmup=1)
+    assert t.running == "ring" and not t.timing  # the first call warms up, untimed
+    feed(t, [9.0, 1.2, 1.1, 1.24])
+    assert (t.phase, t.kept, t.chosen_s, t.runner_s) == ("settled", "ring", 1.2, None)
+    feed(t, [50.0] * 10)  # settled: nothing is timed any more
+    assert (t.phase, t.kept, t.times) == ("settled", "ring", [])
+
+
+def test_a_miss_tries_the_runner_up_and_keeps_the_faster():
+    t = Tuning("ring", predicted_s=1.0, runner_up="torus2d(4x2)", window=3, warmup=1)
+    feed(t, [9.0, 1.3, 1.4, 1.3])  # median 1.3 > 1.25 × predicted
+    assert (t.phase, t.running, t.chosen_s) == ("trial", "torus2d(4x2)", 1.3)
+    feed(t, [9.0, 1.0, 1.1, 0.9])
+    assert (t.phase, t.kept, t.running, t.runner_s) == (
+        "settled",
+        "torus2d(4x2)",
+        "torus2d(4x2)",
+        1.0,
+    )
+
+
+def test_a_runner_up_that_is_slower_loses_the_trial():
+    t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
+    feed(t, [2.0, 2.0, 2.5, 2.1])
+    assert (t.phase, t.kept, t.running) == ("settled", "ring", "ring")
+
+
+def test_nothing_to_try_without_a_runner_up():
+    t = Tuning("ring", predicted_s=1.0, runner_up=None, window=2, warmup=0)
+    feed(t, [5.0, 5.0])
+    assert (t.phase, t.kept) == ("settled", "ring")
+
+
+def test_the_agreed_time_is_the_median_of_each_calls_slowest_rank():
+    # rank 1 is slow in calls 0 and 1: each call ends with its last rank
+    table = [[1.0, 1.0, 1.0], [3.0, 4.0, 1.0]]
+    assert agreed_time(table) == 3.0
+    assert agreed_time([[1.0, 100.0, 1.0]]) == 1.0  # one burst does not move the median
+
+
+def _two_tier(**kw):
+    m = dict(alpha_s=1e-4, beta_s_per_byte=2e-9, inter_alpha_s=2e-4, inter_beta_s_per_byte=8e-9)
+    return m | kw
+
+
+def test_sanity_checks_name_the_tier_and_the_numbers():
+    assert problems(_two_tier()) == []
+    inverted = problems(_two_tier(beta_s_per_byte=1.05e-8, inter_beta_s_per_byte=9.4e-9))
+    assert [tiers for tiers, _ in inverted] == [("intra", "shared")]
+    assert "1.05e-08 > 9.4e-09" in inverted[0][1]
+    slow = problems(_two_tier(inter_alpha_s=2 * ALPHA_BOUND_S))
+    assert [tiers for tiers, _ in slow] == [("shared",)] and "between nodes" in slow[0][1]
+    flat = problems(dict(alpha_s=2 * ALPHA_BOUND_S, beta_s_per_byte=1e-9))
+    assert [tiers for tiers, _ in flat] == [("flat",)]
+
+
+def test_an_inconsistency_that_stays_is_warned_and_priced_at_the_slower_tier():
+    m = _two_tier(beta_s_per_byte=1.05e-8, inter_beta_s_per_byte=9.4e-9)
+    with pytest.warns(ProbeWarning, match="inside a node measured slower"):
+        out = conservative(m, problems(m))
+    assert out["beta_s_per_byte"] == out["inter_beta_s_per_byte"] == 1.05e-8
+    assert len(out["warnings"]) == 1 and "both tiers priced" in out["warnings"][0]
+    m = _two_tier(alpha_s=2 * ALPHA_BOUND_S)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = conservative(m, problems(m))
+    assert out["alpha_s"] == 2 * ALPHA_BOUND_S and "priced as measured" in str(seen[0].message)
+
+
+def _result(**kw):
+    base = dict(
+        alpha_s=1e-4,
+        beta_s_per_byte=1e-9,
+        sizes=(8, 1 << 20),
+        step_s=(1e-4, 1e-3),
+        per_rank=((1e-4, 1e-9), (1e-4, 1e-9)),
+        backend="gloo",
+        world_size=8,
+        seconds=1.0,
+        ranks_per_node=2,
+        inter_alpha_s=2e-4,
+        inter_beta_s_per_byte=8e-9,
+        warnings=("probe: something",),
+    )
+    return ProbeResult(**(base | kw))
+
+
+def test_a_saved_calibration_loads_as_it_was_and_checks_the_job(tmp_path):
+    r = _result()
+    path = r.save(tmp_path / "calib.json")
+    back = ProbeResult.load(path)
+    assert back == r and back.network() == r.network()
+    back.check_matches(8, 2, "gloo")
+    with pytest.raises(ValueError, match="taken on 8 ranks, 2 per node, over gloo; this job has 4"):
+        back.check_matches(4, 2, "gloo")
+    with pytest.raises(ValueError, match="1 per node"):
+        back.check_matches(8, None, "gloo")
+    with pytest.raises(ValueError, match="over mpi"):
+        back.check_matches(8, 2, "mpi")
+    (tmp_path / "bad.json").write_text(json.dumps({"alpha_s": 1}))
+    with pytest.raises(ValueError, match="bad.json is not a saved commrt probe"):
+        ProbeResult.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="not a saved commrt probe"):
+        ProbeResult.load(tmp_path / "missing.json")
+
+
+@pytest.mark.mpi
+def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(tmp_path):
+    out, calib = tmp_path / "learn.json", tmp_path / "calib.json"
+    mpiexec(4, "auto_learn_worker.py", out, calib)
+    ranks = json.loads(out.read_text())["ranks"]
+    assert [f for r in ranks for f in r["failures"]] == []
+    # priced on a network 1000× too fast, the choice misses: its runner-up was tried
+    tuning = ranks[0]["tuning"]
+    assert tuning[0] == "settled" and tuning[5] is not None
+    assert tuning[3] == (tuning[2] if tuning[5] < tuning[4] else tuning[1])  # the faster kept
+    # rank 1 slept 50 ms in 3 of the 5 timed watch calls: the agreed median is the slow rank's
+    assert tuning[4] >= 0.05
+    assert all(r["tuning"] == tuning and r["choice"] == ranks[0]["choice"] for r in ranks)
+    assert ranks[0]["choice"] == [tuning[3], tuning[3] != tuning[1]]
+    # Auto(calibration=...) used the saved file instead of probing
+    assert all(r["loaded_probe"] == r["saved_probe"] for r in ranks)
