@@ -94,10 +94,10 @@ class Choice:
 
     def __str__(self) -> str:
         others = ", ".join(f"{n} {t * 1e6:.1f}" for n, t in self.candidates[1:4])
-        how = "learned: the model's runner-up measured faster" if self.learned else "predicted"
+        how = "learned: the model's runner-up measured faster; " if self.learned else ""
         return (
             f"auto: {self.label} for {self.nbytes} B on {self.world_size} ranks "
-            f"({how}; predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)"
+            f"({how}predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)"
         )
 
 
