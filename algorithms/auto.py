@@ -50,7 +50,7 @@ from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.schedule import Collective, Schedule
-from commrt.sim import Network, price_all
+from commrt.sim import Network, estimate, price_all
 
 __all__ = ["Auto", "Choice", "choices", "candidates", "learning"]
 #: the size :meth:`Auto.schedule` chooses for when no size is given: DDP's 25 MB bucket
@@ -159,7 +159,7 @@ class Auto(Algorithm):
             return store[key]
         network = self._network(comm)
         algs = candidates(world_size) if world_size > 1 else [Ring()]
-        itemsize = 4 if nbytes % 4 == 0 else 1
+        itemsize = _itemsize(nbytes)
         times = price_all(algs, world_size, int(nbytes), network, itemsize=itemsize)
         priced = sorted((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
         table = tuple((label(a), s) for s, _, a in priced)
@@ -177,8 +177,8 @@ class Auto(Algorithm):
         key = (self, world_size, int(nbytes))
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
-            runner = choice.candidates[1][0] if len(choice.candidates) > 1 else None
-            tuning = Tuning(choice.label, choice.predicted_s, runner)
+            runner = _second(choice)
+            tuning = Tuning(choice.label, choice.predicted_s, runner and label(runner))
             comm.slots.auto_tuning[key] = tuning
         if tuning.phase == "trial":
             return self._runner_up(choice, tuning).schedule
@@ -207,7 +207,9 @@ class Auto(Algorithm):
         """The Choice of ``tuning``'s runner-up, priced as ``choice``'s candidates say."""
         p = choice.world_size
         alg = next(a for a in candidates(p) if label(a) == tuning.runner_up)
-        t = dict(choice.candidates)[tuning.runner_up]
+        t = dict(choice.candidates).get(tuning.runner_up)
+        if t is None:  # left out of the table as a sure loser: priced now
+            t = estimate(alg, p, choice.nbytes, choice.network, itemsize=_itemsize(choice.nbytes))
         return _choice(p, choice.nbytes, alg, t, choice.candidates, choice.network)
 
     def schedule(
@@ -238,6 +240,22 @@ class Auto(Algorithm):
         best = self.choose(m, DEFAULT_NBYTES).algorithm
         sched = best.schedule(world_size, tuple(ranks))
         return dataclasses.replace(sched, name=f"auto:{label(best)}")
+
+
+def _itemsize(nbytes: int) -> int:
+    return 4 if nbytes % 4 == 0 else 1
+
+
+def _second(choice: Choice) -> Algorithm | None:
+    """The model's second choice, even where pricing left it out as a sure loser (on the
+    bound that the measurements just contradicted)."""
+    others = [a for a in candidates(choice.world_size) if label(a) != choice.label]
+    if len(choice.candidates) > 1:
+        return next(a for a in others if label(a) == choice.candidates[1][0])
+    if not others:
+        return None
+    p, n, net = choice.world_size, choice.nbytes, choice.network
+    return min(others, key=lambda a: estimate(a, p, n, net, itemsize=_itemsize(n)))
 
 
 def _choice(p: int, nbytes: int, alg: Algorithm, t: float, table, network) -> Choice:

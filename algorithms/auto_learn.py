@@ -10,9 +10,10 @@ schedule compiles its plan and allocates scratch):
 1. **watch** the model's choice. Its time is agreed across ranks as the
    median over the window of each call's *slowest* rank (a synchronous
    collective ends when its last rank does). If it is within
-   ``(1 + MARGIN) ×`` its prediction, the choice stays: **settled**.
+   ``(1 + MARGIN) ×`` its prediction (10%), the choice stays: **settled**.
 2. Else **trial**: the next calls run the runner-up for that size (the
-   model's second cheapest), timed the same way.
+   model's second cheapest, even one pricing had left out as a sure loser),
+   timed the same way.
 3. **verdict**: the faster of the two by their agreed times is kept for
    that size from then on (``commrt.algorithms.auto.choices`` shows it,
    with ``learned=True`` if it is the runner-up), and the size is settled.
@@ -37,8 +38,9 @@ from dataclasses import dataclass, field
 __all__ = ["MARGIN", "WINDOW", "WARMUP", "Tuning", "agree"]
 
 #: a choice that measures more than this fraction above its prediction gets its runner-up
-#: tried: beyond the model error the probe aims for (20%), the model is wrong, not noisy
-MARGIN = 0.25
+#: tried. The goal is to be within 1.1× of the fastest candidate: a choice slower than its
+#: prediction by more than that may be beaten by a runner-up predicted only a little slower
+MARGIN = 0.1
 #: timed calls per phase: enough for a median that one burst of another process cannot move
 WINDOW = 5
 #: untimed calls at the start of each phase (the plan compiles on a schedule's first call)

@@ -20,7 +20,7 @@ def feed(t: Tuning, times):
 
 
 def test_a_choice_within_its_margin_is_kept_without_a_trial():
-    t = Tuning("ring", predicted_s=1.0, runner_up="torus2d(4x2)", window=3, warmup=1)
+    t = Tuning("ring", 1.0, runner_up="torus2d(4x2)", margin=0.25, window=3, warmup=1)
     assert t.running == "ring" and not t.timing  # the first call warms up, untimed
     feed(t, [9.0, 1.2, 1.1, 1.24])
     assert (t.phase, t.kept, t.chosen_s, t.runner_s) == ("settled", "ring", 1.2, None)
@@ -30,7 +30,7 @@ def test_a_choice_within_its_margin_is_kept_without_a_trial():
 
 def test_a_miss_tries_the_runner_up_and_keeps_the_faster():
     t = Tuning("ring", predicted_s=1.0, runner_up="torus2d(4x2)", window=3, warmup=1)
-    feed(t, [9.0, 1.3, 1.4, 1.3])  # median 1.3 > 1.25 × predicted
+    feed(t, [9.0, 1.3, 1.4, 1.3])  # median 1.3 > (1 + MARGIN) × predicted
     assert (t.phase, t.running, t.chosen_s) == ("trial", "torus2d(4x2)", 1.3)
     feed(t, [9.0, 1.0, 1.1, 0.9])
     assert (t.phase, t.kept, t.running, t.runner_s) == (
@@ -45,6 +45,17 @@ def test_a_runner_up_that_is_slower_loses_the_trial():
     t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
     feed(t, [2.0, 2.0, 2.5, 2.1])
     assert (t.phase, t.kept, t.running) == ("settled", "ring", "ring")
+
+
+def test_a_sure_loser_left_out_of_the_price_table_is_still_the_runner_up():
+    from commrt.algorithms import Auto
+    from commrt.sim import Network
+
+    net = Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)
+    c = Auto(network=net).choose(64, 1 << 10)
+    from commrt.algorithms.auto import _second
+
+    assert _second(c) is not None and _second(c) != c.algorithm
 
 
 def test_nothing_to_try_without_a_runner_up():
