@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     from commrt.cli import probe, simulate
 
     simulate.register(sub)
-    probe.register(sub)
+    probe.register(sub, _common)
     parser.set_defaults(parser=parser, subcommands=tuple(sub.choices))
     return parser
 

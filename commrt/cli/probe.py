@@ -13,19 +13,17 @@ measurement, and what ``auto`` would choose at a few sizes on it.
 
 from __future__ import annotations
 
-import sys
-
 from commrt.cli.units import positive_int, size_list
 
 #: buffer sizes whose choice is printed (the issue's 64 KiB to 64 MiB)
 SHOW_SIZES = "64K,1M,16M,64M"
 
 
-def register(sub) -> None:
-    from commrt.cli.commands import _common
-
+def register(sub, common) -> None:
+    """Add ``probe`` to ``commrt``'s sub-commands; ``common(parser)`` adds --nproc, --backend
+    and --timeout (it runs on every rank, like ``bench allreduce``)."""
     p = sub.add_parser("probe", help="measure α and β of this job's links (for auto), save them")
-    _common(p)
+    common(p)
     p.add_argument("--save", metavar="FILE", help="write the calibration here (JSON)")
     p.add_argument(
         "--repeats", type=positive_int, default=5, help="timed runs per size (default 5)"
@@ -67,9 +65,3 @@ def cmd_probe(args) -> int:
             print(f"saved {res.save(args.save)} (load it with COMMRT_CALIBRATION={args.save})")
     comm.close()
     return 0
-
-
-if __name__ == "__main__":
-    from commrt.cli.commands import main
-
-    sys.exit(main(["probe", *sys.argv[1:]]))
