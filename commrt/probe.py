@@ -169,6 +169,7 @@ class ProbeResult:
         """Write JSON that :meth:`load`, ``COMMRT_CALIBRATION``, ``commrt simulate --network
         FILE`` and :meth:`Network.load` read."""
         path = os.fspath(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
             json.dump(self.to_dict(), f, indent=1)
         return path

@@ -153,3 +153,35 @@ def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(t
     assert ranks[0]["choice"] == [tuning[3], tuning[3] != tuning[1]]
     # Auto(calibration=...) used the saved file instead of probing
     assert all(r["loaded_probe"] == r["saved_probe"] for r in ranks)
+
+
+@pytest.mark.mpi
+def test_commrt_probe_saves_a_calibration_that_a_mismatched_job_refuses(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "out" / "calib.json"
+    cmd = [sys.executable, "-m", "commrt", "probe", "--nproc", "2", "--backend", "mpi"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [*cmd, "--save", str(path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "probe (mpi, 2 ranks" in proc.stdout and "auto: " in proc.stdout
+    saved = ProbeResult.load(path)
+    assert saved.world_size == 2 and saved.repeats >= 5
+    # the same file, said to come from 3 ranks: a job of 2 refuses it on every rank
+    d = json.loads(path.read_text())
+    path.write_text(json.dumps(d | {"world_size": 3}))
+    bench = [sys.executable, "-m", "commrt", "bench", "allreduce", "--nproc", "2"]
+    proc = subprocess.run(
+        [*bench, "--backend", "mpi", "--algorithms", "auto", "--sizes", "4K"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(env, COMMRT_CALIBRATION=str(path)),
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "saved calibration was taken on 3 ranks, 1 per node, over mpi; this job has 2" in out
