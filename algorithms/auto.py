@@ -180,7 +180,7 @@ class Auto(Algorithm):
             runner = _second(choice)
             tuning = Tuning(choice.label, choice.predicted_s, runner and label(runner))
             comm.slots.auto_tuning[key] = tuning
-        if tuning.phase == "trial":
+        if tuning.running != choice.label:  # the runner-up's turn in its trial
             return self._runner_up(choice, tuning).schedule
         return choice.schedule
 

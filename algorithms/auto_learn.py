@@ -12,8 +12,10 @@ schedule compiles its plan and allocates scratch):
    collective ends when its last rank does). If it is within
    ``(1 + MARGIN) ×`` its prediction (10%), the choice stays: **settled**.
 2. Else **trial**: the next calls run the runner-up for that size (the
-   model's second cheapest, even one pricing had left out as a sure loser),
-   timed the same way.
+   model's second cheapest, even one pricing had left out as a sure loser)
+   and the choice in turns, call for call, :data:`WINDOW` timed calls
+   each, so that both meet the same load on a shared machine; each is
+   agreed the same way.
 3. **verdict**: the faster of the two by their agreed times is kept for
    that size from then on (``commrt.algorithms.auto.choices`` shows it,
    with ``learned=True`` if it is the runner-up), and the size is settled.
@@ -21,7 +23,7 @@ schedule compiles its plan and allocates scratch):
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
 of a p × WINDOW table) at the end of the phase, never per call, so a size
-costs at most two such gathers in the life of a communicator. Calls
+costs at most two such gathers, and 3 × WINDOW timed calls, in the life of a communicator. Calls
 through ``commrt.all_reduce`` are the ones timed; GradientSync and the
 torch.distributed backend use what was learned for the same communicator
 (a GradientSync picks its schedules when it is made).
@@ -54,7 +56,9 @@ class Tuning:
     ``predicted_s``: the model's time for its choice; ``runner_up``: the
     label of the model's second choice (None: nothing to try). ``phase``
     is ``"watch"``, ``"trial"`` or ``"settled"``; ``kept`` the label kept
-    once settled; ``chosen_s``/``runner_s`` the agreed times (seconds).
+    once settled; ``chosen_s`` the choice's agreed time in the watch,
+    ``runner_s`` and ``beside_s`` the runner-up's and the choice's in the
+    trial (seconds).
     """
 
     choice: str
@@ -67,6 +71,7 @@ class Tuning:
     kept: str | None = None
     chosen_s: float | None = None
     runner_s: float | None = None
+    beside_s: float | None = None  # the choice's agreed time in the trial, beside the runner-up
     #: this rank's seconds in the current phase, and calls still to skip in it
     times: list = field(default_factory=list)
     skip: int = -1
@@ -77,9 +82,10 @@ class Tuning:
 
     @property
     def running(self) -> str:
-        """The label of the candidate the next call runs."""
+        """The label of the candidate the next call runs: in the trial, the runner-up and
+        the choice take turns (runner-up first: its first call is the untimed warm-up)."""
         if self.phase == "trial":
-            return self.runner_up
+            return self.choice if self.skip == 0 and len(self.times) % 2 else self.runner_up
         return self.kept or self.choice
 
     @property
@@ -89,28 +95,33 @@ class Tuning:
 
     def record(self, seconds: float) -> bool:
         """Note one call's time on this rank; True when the phase's window is full (then
-        every rank calls :meth:`advance` with the agreed time, in the same call)."""
+        every rank calls :meth:`advance` with every rank's times, in the same call)."""
         if self.phase == "settled":
             return False
         if self.skip > 0:
             self.skip -= 1
             return False
         self.times.append(float(seconds))
-        return len(self.times) >= self.window
+        return len(self.times) >= (2 if self.phase == "trial" else 1) * self.window
 
-    def advance(self, agreed_s: float) -> None:
-        """End the phase with its agreed time (the same number on every rank)."""
+    def advance(self, table) -> None:
+        """End the phase with every rank's times (``table``: one row per rank, the same on
+        every rank): the choice's, or in the trial the runner-up's and the choice's in
+        turns, each agreed by :func:`agreed_time`."""
         self.times, self.skip = [], self.warmup
         if self.phase == "watch":
-            self.chosen_s = agreed_s
-            missed = agreed_s > (1.0 + self.margin) * self.predicted_s
+            self.chosen_s = agreed_time(table)
+            missed = self.chosen_s > (1.0 + self.margin) * self.predicted_s
             if missed and self.runner_up is not None:
                 self.phase = "trial"
                 return
             self.phase, self.kept = "settled", self.choice
         elif self.phase == "trial":
-            self.runner_s = agreed_s
-            faster = self.runner_up if agreed_s < self.chosen_s else self.choice
+            # side by side, call for call: both met the same load (the watch's time of the
+            # choice was taken earlier, perhaps on a quieter or busier machine)
+            self.runner_s = agreed_time([row[0::2] for row in table])
+            self.beside_s = agreed_time([row[1::2] for row in table])
+            faster = self.runner_up if self.runner_s < self.beside_s else self.choice
             self.phase, self.kept = "settled", faster
 
     def __str__(self) -> str:
@@ -119,7 +130,8 @@ class Tuning:
 
         return (
             f"{self.choice}: predicted {ms(self.predicted_s)}, measured {ms(self.chosen_s)}; "
-            f"runner-up {self.runner_up} {ms(self.runner_s)}; {self.phase}, kept {self.kept}"
+            f"runner-up {self.runner_up} {ms(self.runner_s)} (beside it {ms(self.beside_s)}); "
+            f"{self.phase}, kept {self.kept}"
         )
 
 
@@ -129,8 +141,8 @@ def agreed_time(table) -> float:
     return statistics.median(max(col) for col in zip(*table))
 
 
-def agree(comm, tuning: Tuning) -> float:
-    """This phase's times on every rank, agreed (collective: every rank, same call)."""
+def agree(comm, tuning: Tuning) -> list[list[float]]:
+    """This phase's times of every rank, on every rank (collective: every rank, same call)."""
     from commrt.rows import gather  # lazy: the decision logic above needs no communicator
 
-    return agreed_time(gather(comm, tuning.times))
+    return gather(comm, tuning.times)

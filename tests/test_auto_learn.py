@@ -16,7 +16,7 @@ def feed(t: Tuning, times):
     """Drive ``t`` with injected per-call times (every rank alike), as observe() would."""
     for s in times:
         if t.record(s):
-            t.advance(agreed_time([t.times]))
+            t.advance([t.times])
 
 
 def test_a_choice_within_its_margin_is_kept_without_a_trial():
@@ -28,23 +28,36 @@ def test_a_choice_within_its_margin_is_kept_without_a_trial():
     assert (t.phase, t.kept, t.times) == ("settled", "ring", [])
 
 
-def test_a_miss_tries_the_runner_up_and_keeps_the_faster():
+def test_a_miss_tries_the_runner_up_beside_the_choice_and_keeps_the_faster():
     t = Tuning("ring", predicted_s=1.0, runner_up="torus2d(4x2)", window=3, warmup=1)
     feed(t, [9.0, 1.3, 1.4, 1.3])  # median 1.3 > (1 + MARGIN) × predicted
     assert (t.phase, t.running, t.chosen_s) == ("trial", "torus2d(4x2)", 1.3)
-    feed(t, [9.0, 1.0, 1.1, 0.9])
-    assert (t.phase, t.kept, t.running, t.runner_s) == (
+    turns = []
+    for s in [9.0, 1.0, 1.5, 1.1, 1.4, 0.9, 1.6]:  # warm-up, then runner-up and choice in turns
+        turns.append(t.running)
+        feed(t, [s])
+    assert turns == ["torus2d(4x2)"] * 2 + ["ring", "torus2d(4x2)"] * 2 + ["ring"]
+    assert (t.phase, t.kept, t.running) == ("settled", "torus2d(4x2)", "torus2d(4x2)")
+    assert (t.runner_s, t.beside_s, t.chosen_s) == (1.0, 1.5, 1.3)
+
+
+def test_a_runner_up_that_is_slower_beside_the_choice_loses_the_trial():
+    t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
+    feed(t, [2.0, 2.0, 2.5, 2.1, 2.6, 2.0])
+    assert (t.phase, t.kept, t.running, t.runner_s, t.beside_s) == (
         "settled",
-        "torus2d(4x2)",
-        "torus2d(4x2)",
-        1.0,
+        "ring",
+        "ring",
+        2.55,
+        2.05,
     )
 
 
-def test_a_runner_up_that_is_slower_loses_the_trial():
-    t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
-    feed(t, [2.0, 2.0, 2.5, 2.1])
-    assert (t.phase, t.kept, t.running) == ("settled", "ring", "ring")
+def test_the_trial_compares_calls_side_by_side_not_with_the_watch():
+    # the machine got busier after the watch: the choice is slower in the trial too
+    t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=1, warmup=0)
+    feed(t, [2.0, 3.0, 3.5])  # watch 2.0; trial: runner-up 3.0, choice 3.5
+    assert (t.kept, t.runner_s, t.beside_s) == ("hd", 3.0, 3.5)
 
 
 def test_a_sure_loser_left_out_of_the_price_table_is_still_the_runner_up():
@@ -146,7 +159,7 @@ def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(t
     # priced on a network 1000× too fast, the choice misses: its runner-up was tried
     tuning = ranks[0]["tuning"]
     assert tuning[0] == "settled" and tuning[5] is not None
-    assert tuning[3] == (tuning[2] if tuning[5] < tuning[4] else tuning[1])  # the faster kept
+    assert tuning[3] == (tuning[2] if tuning[5] < tuning[6] else tuning[1])  # the faster kept
     # rank 1 slept 50 ms in 3 of the 5 timed watch calls: the agreed median is the slow rank's
     assert tuning[4] >= 0.05
     assert all(r["tuning"] == tuning and r["choice"] == ranks[0]["choice"] for r in ranks)
