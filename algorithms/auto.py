@@ -177,8 +177,9 @@ class Auto(Algorithm):
         key = (self, world_size, int(nbytes))
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
-            runner = _second(choice)
-            tuning = Tuning(choice.label, choice.predicted_s, runner and label(runner))
+            runner = _second(choice) and label(_second(choice))
+            priced = dict(choice.candidates).get(runner)
+            tuning = Tuning(choice.label, choice.predicted_s, runner, priced)
             comm.slots.auto_tuning[key] = tuning
         if tuning.running != choice.label:  # the runner-up's turn in its trial
             return self._runner_up(choice, tuning).schedule

@@ -10,7 +10,9 @@ schedule compiles its plan and allocates scratch):
 1. **watch** the model's choice. Its time is agreed across ranks as the
    median over the window of each call's *slowest* rank (a synchronous
    collective ends when its last rank does). If it is within
-   ``(1 + MARGIN) ×`` its prediction (10%), the choice stays: **settled**.
+   ``(1 + MARGIN) ×`` its prediction (10%), and the runner-up is not a
+   close call (predicted within the same margin of the choice: closer
+   than the model can tell apart), the choice stays: **settled**.
 2. Else **trial**: the next calls run the runner-up for that size (the
    model's second cheapest, even one pricing had left out as a sure loser)
    and the choice in turns, call for call, :data:`WINDOW` timed calls
@@ -23,7 +25,8 @@ schedule compiles its plan and allocates scratch):
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
 of a p × WINDOW table) at the end of the phase, never per call, so a size
-costs at most two such gathers, and 3 × WINDOW timed calls, in the life of a communicator. Calls
+costs at most two such gathers, and 3 × WINDOW timed calls, in the life of
+a communicator. Calls
 through ``commrt.all_reduce`` are the ones timed; GradientSync and the
 torch.distributed backend use what was learned for the same communicator
 (a GradientSync picks its schedules when it is made).
@@ -54,7 +57,8 @@ class Tuning:
     """What ``auto`` has learned for one (Auto, world size, buffer size).
 
     ``predicted_s``: the model's time for its choice; ``runner_up``: the
-    label of the model's second choice (None: nothing to try). ``phase``
+    label of the model's second choice (None: nothing to try), predicted at
+    ``runner_predicted_s``. ``phase``
     is ``"watch"``, ``"trial"`` or ``"settled"``; ``kept`` the label kept
     once settled; ``chosen_s`` the choice's agreed time in the watch,
     ``runner_s`` and ``beside_s`` the runner-up's and the choice's in the
@@ -64,6 +68,7 @@ class Tuning:
     choice: str
     predicted_s: float
     runner_up: str | None
+    runner_predicted_s: float | None = None  # None: not priced (left out as a sure loser)
     margin: float = MARGIN
     window: int = WINDOW
     warmup: int = WARMUP
@@ -111,8 +116,9 @@ class Tuning:
         self.times, self.skip = [], self.warmup
         if self.phase == "watch":
             self.chosen_s = agreed_time(table)
-            missed = self.chosen_s > (1.0 + self.margin) * self.predicted_s
-            if missed and self.runner_up is not None:
+            bound = (1.0 + self.margin) * self.predicted_s
+            close = self.runner_predicted_s is not None and self.runner_predicted_s <= bound
+            if (self.chosen_s > bound or close) and self.runner_up is not None:
                 self.phase = "trial"
                 return
             self.phase, self.kept = "settled", self.choice

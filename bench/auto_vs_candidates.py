@@ -76,7 +76,9 @@ def measure_size(comm, nbytes: int, rounds: int, net) -> dict:
     for n in names:
         run[n]()  # warm-up: plan, scratch
     times: dict[str, list[float]] = {n: [] for n in names}
-    for k in range(rounds):
+    # small calls take milliseconds, and one burst of another process moves them by tens of
+    # percent: more rounds where they are cheap
+    for k in range(rounds if nbytes >= 4 << 20 else 2 * rounds + 1):
         for n in names[k % len(names) :] + names[: k % len(names)]:
             times[n].append(timed(comm, run[n], iters))
     measured = {n: statistics.median(t) for n, t in times.items()}

@@ -71,6 +71,17 @@ def test_a_sure_loser_left_out_of_the_price_table_is_still_the_runner_up():
     assert _second(c) is not None and _second(c) != c.algorithm
 
 
+def test_a_close_call_is_tried_even_when_the_choice_meets_its_prediction():
+    t = Tuning("torus2d(2x4)", 1.0, "torus2d(4x2)", runner_predicted_s=1.08, window=1, warmup=0)
+    feed(t, [1.0])
+    assert t.phase == "trial"
+    feed(t, [0.9, 1.0])
+    assert (t.kept, t.runner_s, t.beside_s) == ("torus2d(4x2)", 0.9, 1.0)
+    far = Tuning("ring", 1.0, "hd", runner_predicted_s=1.5, window=1, warmup=0)
+    feed(far, [1.05])
+    assert (far.phase, far.kept) == ("settled", "ring")
+
+
 def test_nothing_to_try_without_a_runner_up():
     t = Tuning("ring", predicted_s=1.0, runner_up=None, window=2, warmup=0)
     feed(t, [5.0, 5.0])
