@@ -16,7 +16,8 @@ prints per size and candidate: measured, predicted on the probed network
 (:func:`commrt.sim.simulate` of the very schedule), error = (predicted −
 measured) / measured; and auto's choice, its time over the fastest
 candidate's: the median over rounds of auto's time over that candidate's
-in the same round. The JSON has every row. Also run by
+in the same round. The JSON has every row; ``--render FILE`` prints it as
+the README's markdown table (measured / predicted ms, error). Also run by
 ``tests/test_auto_measured.py`` (slow, netns).
 """
 
@@ -109,13 +110,40 @@ def measure_size(comm, nbytes: int, rounds: int, net) -> dict:
     )
 
 
+def markdown(rows: list[dict], title: str) -> str:
+    """The model-error table of one run's JSON rows, as the README shows it."""
+    names = [n for n in rows[0]["measured"] if n != "auto"]
+    out = [
+        f"| {title} | " + " | ".join(names) + " | auto's choice |",
+        "|---" * (len(names) + 2) + "|",
+    ]
+    for r in rows:
+        cells = [
+            f"{r['measured'][n] * 1e3:.1f} / {r['predicted'][n] * 1e3:.1f} ({r['error'][n] * 100:+.0f}%)"
+            for n in names
+        ]
+        pick = r["choice"] + (" (learned)" if r["learned"] else "")
+        size = f"{r['nbytes'] >> 10} KiB" if r["nbytes"] < 1 << 20 else f"{r['nbytes'] >> 20} MiB"
+        out.append(f"| {size} | " + " | ".join(cells) + f" | {pick}, {r['auto_over_best']:.2f}× |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=size_list, default=size_list(DEFAULT_SIZES))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--json", default=None, help="write the rows here (rank 0)")
+    ap.add_argument("--render", metavar="JSON", help="print a run's --json as a markdown table")
     args = ap.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            d = json.load(f)
+        p = d["probe"]
+        print(
+            markdown(d["rows"], f"{p['world_size'] // p['ranks_per_node']} × {p['ranks_per_node']}")
+        )
+        return 0
     comm = commrt.init(args.backend, timeout=600)
     pr = probe(comm)
     net = pr.network()
