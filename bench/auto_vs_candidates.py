@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -176,6 +177,7 @@ def main(argv=None) -> int:
     errs = [abs(e) for r in rows for n, e in r["error"].items() if n != "auto"]
     say(f"# |error| median {statistics.median(errs) * 100:.1f}%, max {max(errs) * 100:.1f}%")
     if comm.rank == 0 and args.json:
+        os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"probe": pr.to_dict(), "rows": rows}, f, indent=1)
     comm.close()
