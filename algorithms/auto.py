@@ -43,7 +43,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from commrt.algorithms.auto_learn import Tuning, agree
+from commrt.algorithms.auto_learn import CONTENDERS, Tuning, agree
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
@@ -89,12 +89,12 @@ class Choice:
     #                                              candidates that provably cannot win are left out
     network: object  # the commrt.sim.Network it was priced on
     schedule: Schedule = dataclasses.field(repr=False, compare=False)
-    #: True when measurements replaced the model's choice by its runner-up (auto_learn)
+    #: True when measurements replaced the model's choice by a candidate they tried (auto_learn)
     learned: bool = False
 
     def __str__(self) -> str:
         others = ", ".join(f"{n} {t * 1e6:.1f}" for n, t in self.candidates[1:4])
-        how = "learned: the model's runner-up measured faster; " if self.learned else ""
+        how = "learned: measured faster than the model's choice; " if self.learned else ""
         return (
             f"auto: {self.label} for {self.nbytes} B on {self.world_size} ranks "
             f"({how}predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)"
@@ -179,10 +179,12 @@ class Auto(Algorithm):
         if tuning is None:
             runner = _second(choice) and label(_second(choice))
             priced = dict(choice.candidates).get(runner)
-            tuning = Tuning(choice.label, choice.predicted_s, runner, priced)
+            near = CONTENDERS * choice.predicted_s
+            others = tuple(n for n, t in choice.candidates[2:] if t <= near)
+            tuning = Tuning(choice.label, choice.predicted_s, runner, priced, others)
             comm.slots.auto_tuning[key] = tuning
-        if tuning.running != choice.label:  # the runner-up's turn in its trial
-            return self._runner_up(choice, tuning).schedule
+        if tuning.running != choice.label:  # a tried candidate's turn in the trial
+            return self._tried(choice, tuning.running).schedule
         return choice.schedule
 
     def observe(self, comm, nbytes: int, started_s: float) -> None:
@@ -201,14 +203,14 @@ class Auto(Algorithm):
         tuning.advance(agree(comm, tuning))
         if tuning.phase == "settled" and tuning.kept != tuning.choice:
             key = (self, comm.world_size, int(nbytes))
-            learned = self._runner_up(comm.slots.auto_choices[key], tuning)
+            learned = self._tried(comm.slots.auto_choices[key], tuning.kept)
             comm.slots.auto_choices[key] = dataclasses.replace(learned, learned=True)
 
-    def _runner_up(self, choice: Choice, tuning: Tuning) -> Choice:
-        """The Choice of ``tuning``'s runner-up, priced as ``choice``'s candidates say."""
+    def _tried(self, choice: Choice, name: str) -> Choice:
+        """The Choice of candidate ``name``, priced as ``choice``'s candidates say."""
         p = choice.world_size
-        alg = next(a for a in candidates(p) if label(a) == tuning.runner_up)
-        t = dict(choice.candidates).get(tuning.runner_up)
+        alg = next(a for a in candidates(p) if label(a) == name)
+        t = dict(choice.candidates).get(name)
         if t is None:  # left out of the table as a sure loser: priced now
             t = estimate(alg, p, choice.nbytes, choice.network, itemsize=_itemsize(choice.nbytes))
         return _choice(p, choice.nbytes, alg, t, choice.candidates, choice.network)

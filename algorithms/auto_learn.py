@@ -14,19 +14,20 @@ schedule compiles its plan and allocates scratch):
    close call (predicted within the same margin of the choice: closer
    than the model can tell apart), the choice stays: **settled**.
 2. Else **trial**: the next calls run the runner-up for that size (the
-   model's second cheapest, even one pricing had left out as a sure loser)
-   and the choice in turns, call for call, :data:`WINDOW` timed calls
-   each, so that both meet the same load on a shared machine; each is
-   agreed the same way.
-3. **verdict**: the faster of the two by their agreed times is kept for
+   model's second cheapest, even one pricing had left out as a sure loser),
+   every other candidate predicted within :data:`CONTENDERS` × the
+   choice, and the choice, in turns, call for call, :data:`WINDOW` timed
+   calls each (after one untimed call of each tried one), so that all
+   meet the same load on a shared machine; each is agreed the same way.
+3. **verdict**: the fastest by their agreed times is kept for
    that size from then on (``commrt.algorithms.auto.choices`` shows it,
    with ``learned=True`` if it is the runner-up), and the size is settled.
 
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
 of a p × WINDOW table) at the end of the phase, never per call, so a size
-costs at most two such gathers, and 3 × WINDOW timed calls, in the life of
-a communicator. Calls
+costs at most two such gathers, and (k + 2) × WINDOW timed calls for k
+tried candidates, in the life of a communicator. Calls
 through ``commrt.all_reduce`` are the ones timed; GradientSync and the
 torch.distributed backend use what was learned for the same communicator
 (a GradientSync picks its schedules when it is made).
@@ -40,7 +41,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-__all__ = ["MARGIN", "WINDOW", "WARMUP", "Tuning", "agree"]
+__all__ = ["MARGIN", "WINDOW", "WARMUP", "CONTENDERS", "Tuning", "agree"]
 
 #: a choice that measures more than this fraction above its prediction gets its runner-up
 #: tried. The goal is to be within 1.1× of the fastest candidate: a choice slower than its
@@ -50,6 +51,11 @@ MARGIN = 0.1
 WINDOW = 5
 #: untimed calls at the start of each phase (the plan compiles on a schedule's first call)
 WARMUP = 1
+#: the trial also runs every candidate predicted within this factor of the choice: where
+#: the model errs by tens of percent (small buffers, a loaded machine) its order among
+#: them says little, and the runner-up alone missed the fastest (halving-doubling at
+#: 1 MiB on 4 × 2 namespace hosts, third in the model's order)
+CONTENDERS = 1.5
 
 
 @dataclass
@@ -58,62 +64,81 @@ class Tuning:
 
     ``predicted_s``: the model's time for its choice; ``runner_up``: the
     label of the model's second choice (None: nothing to try), predicted at
-    ``runner_predicted_s``. ``phase``
-    is ``"watch"``, ``"trial"`` or ``"settled"``; ``kept`` the label kept
-    once settled; ``chosen_s`` the choice's agreed time in the watch,
-    ``runner_s`` and ``beside_s`` the runner-up's and the choice's in the
-    trial (seconds).
+    ``runner_predicted_s``; ``others``: further candidates the trial runs
+    beside it (those predicted within :data:`CONTENDERS` × the choice).
+    ``phase`` is ``"watch"``, ``"trial"`` or ``"settled"``; ``kept`` the
+    label kept once settled; ``chosen_s`` the choice's agreed time in the
+    watch, ``trial_s`` every tried label's agreed time in the trial
+    (``runner_s`` and ``beside_s``: the runner-up's and the choice's).
     """
 
     choice: str
     predicted_s: float
     runner_up: str | None
     runner_predicted_s: float | None = None  # None: not priced (left out as a sure loser)
+    others: tuple[str, ...] = ()
     margin: float = MARGIN
     window: int = WINDOW
     warmup: int = WARMUP
     phase: str = "watch"
     kept: str | None = None
     chosen_s: float | None = None
-    runner_s: float | None = None
-    beside_s: float | None = None  # the choice's agreed time in the trial, beside the runner-up
-    #: this rank's seconds in the current phase, and calls still to skip in it
+    trial_s: dict = field(default_factory=dict)
+    #: this rank's seconds in the current phase, and the calls made in it (timed or not)
     times: list = field(default_factory=list)
-    skip: int = -1
+    calls: int = 0
 
-    def __post_init__(self):
-        if self.skip < 0:
-            self.skip = self.warmup
+    @property
+    def rotation(self) -> tuple[str, ...]:
+        """The trial's turns: the runner-up, the others, then the choice."""
+        return (self.runner_up, *self.others, self.choice)
+
+    def _warm_calls(self) -> int:
+        # each tried candidate's first call compiles its plan; the choice is warm already
+        return self.warmup * (len(self.rotation) - 1 if self.phase == "trial" else 1)
 
     @property
     def running(self) -> str:
-        """The label of the candidate the next call runs: in the trial, the runner-up and
-        the choice take turns (runner-up first: its first call is the untimed warm-up)."""
-        if self.phase == "trial":
-            return self.choice if self.skip == 0 and len(self.times) % 2 else self.runner_up
-        return self.kept or self.choice
+        """The label of the candidate the next call runs: in the trial, the tried ones and
+        the choice take turns, call for call (the warm-up calls first)."""
+        if self.phase != "trial":
+            return self.kept or self.choice
+        turns, warm = self.rotation, self._warm_calls()
+        if self.calls < warm:
+            return turns[self.calls % (len(turns) - 1)]
+        return turns[(self.calls - warm) % len(turns)]
+
+    @property
+    def runner_s(self) -> float | None:
+        return self.trial_s.get(self.runner_up)
+
+    @property
+    def beside_s(self) -> float | None:
+        return self.trial_s.get(self.choice)
 
     @property
     def timing(self) -> bool:
         """Whether the next call is timed (the caller synchronises a GPU only then)."""
-        return self.phase != "settled" and self.skip == 0
+        return self.phase != "settled" and self.calls >= self._warm_calls()
 
     def record(self, seconds: float) -> bool:
         """Note one call's time on this rank; True when the phase's window is full (then
         every rank calls :meth:`advance` with every rank's times, in the same call)."""
         if self.phase == "settled":
             return False
-        if self.skip > 0:
-            self.skip -= 1
+        timed = self.timing
+        self.calls += 1
+        if not timed:
             return False
         self.times.append(float(seconds))
-        return len(self.times) >= (2 if self.phase == "trial" else 1) * self.window
+        turns = len(self.rotation) if self.phase == "trial" else 1
+        return len(self.times) >= turns * self.window
 
     def advance(self, table) -> None:
         """End the phase with every rank's times (``table``: one row per rank, the same on
-        every rank): the choice's, or in the trial the runner-up's and the choice's in
-        turns, each agreed by :func:`agreed_time`."""
-        self.times, self.skip = [], self.warmup
+        every rank): the choice's, or in the trial every tried candidate's and the
+        choice's in turns, each agreed by :func:`agreed_time`."""
+        self.times, self.calls = [], 0
         if self.phase == "watch":
             self.chosen_s = agreed_time(table)
             bound = (1.0 + self.margin) * self.predicted_s
@@ -123,21 +148,26 @@ class Tuning:
                 return
             self.phase, self.kept = "settled", self.choice
         elif self.phase == "trial":
-            # side by side, call for call: both met the same load (the watch's time of the
+            # side by side, call for call: all met the same load (the watch's time of the
             # choice was taken earlier, perhaps on a quieter or busier machine)
-            self.runner_s = agreed_time([row[0::2] for row in table])
-            self.beside_s = agreed_time([row[1::2] for row in table])
-            faster = self.runner_up if self.runner_s < self.beside_s else self.choice
-            self.phase, self.kept = "settled", faster
+            n = len(self.rotation)
+            self.trial_s = {
+                label: agreed_time([row[k::n] for row in table])
+                for k, label in enumerate(self.rotation)
+            }
+            best = min(self.trial_s.values())
+            # ties go to the model's choice, then to the order of the rotation
+            self.kept = next(x for x in (self.choice, *self.rotation) if self.trial_s[x] == best)
+            self.phase = "settled"
 
     def __str__(self) -> str:
         def ms(t):
             return "-" if t is None else f"{t * 1e3:.2f} ms"
 
+        tried = ", ".join(f"{k} {ms(t)}" for k, t in self.trial_s.items()) or "-"
         return (
             f"{self.choice}: predicted {ms(self.predicted_s)}, measured {ms(self.chosen_s)}; "
-            f"runner-up {self.runner_up} {ms(self.runner_s)} (beside it {ms(self.beside_s)}); "
-            f"{self.phase}, kept {self.kept}"
+            f"tried: {tried}; {self.phase}, kept {self.kept}"
         )
 
 

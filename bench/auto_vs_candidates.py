@@ -64,7 +64,7 @@ def measure_size(comm, nbytes: int, rounds: int, net) -> dict:
     x = torch.ones(nbytes // 4)
     auto = Auto()
     # let auto settle: its watch and, if it missed, its trial of the runner-up
-    for _ in range(3 * WINDOW + 2 * WARMUP):
+    for _ in range((len(candidates(p)) + 2) * (WINDOW + WARMUP)):
         commrt.all_reduce(x, comm, algorithm=auto, op="sum")
         if learning(comm)[nbytes].phase == "settled":
             break

@@ -71,6 +71,24 @@ def test_a_sure_loser_left_out_of_the_price_table_is_still_the_runner_up():
     assert _second(c) is not None and _second(c) != c.algorithm
 
 
+def test_contenders_near_the_choice_are_tried_in_turns_and_the_fastest_kept():
+    t = Tuning("rd", 1.0, "t4x2", runner_predicted_s=1.05, others=("hd",), window=2, warmup=1)
+    feed(t, [9.0, 1.0, 1.0])  # a close call: tried although the choice met its prediction
+    turns = []
+    for s in [9.0, 9.0, 1.2, 0.8, 1.1, 1.3, 0.7, 1.0]:  # 2 warm-ups, then t4x2, hd, rd ...
+        turns.append(t.running)
+        feed(t, [s])
+    assert turns == ["t4x2", "hd", "t4x2", "hd", "rd", "t4x2", "hd", "rd"]
+    assert t.trial_s == {"t4x2": 1.25, "hd": 0.75, "rd": 1.05}
+    assert (t.phase, t.kept, t.running) == ("settled", "hd", "hd")
+
+
+def test_the_choice_wins_a_tie():
+    t = Tuning("ring", 1.0, "hd", window=1, warmup=0)
+    feed(t, [2.0, 1.5, 1.5])
+    assert t.kept == "ring"
+
+
 def test_a_close_call_is_tried_even_when_the_choice_meets_its_prediction():
     t = Tuning("torus2d(2x4)", 1.0, "torus2d(4x2)", runner_predicted_s=1.08, window=1, warmup=0)
     feed(t, [1.0])

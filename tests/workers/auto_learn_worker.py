@@ -25,7 +25,7 @@ from commrt.algorithms.auto import choices, learning  # noqa: E402
 from commrt.probe import probe  # noqa: E402
 
 N = 1024  # floats: 4 KiB
-CALLS = 20  # watch: 1 + 5 calls; trial: 1 + 2 × 5
+CALLS = 40  # watch: 1 + 5 calls; trial: up to 3 + 4 × 5 (3 tried candidates beside the choice)
 
 
 def main(out_path, calib):
