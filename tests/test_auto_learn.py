@@ -83,6 +83,15 @@ def test_contenders_near_the_choice_are_tried_in_turns_and_the_fastest_kept():
     assert (t.phase, t.kept, t.running) == ("settled", "hd", "hd")
 
 
+def test_a_choice_much_faster_than_predicted_is_a_miss_too():
+    t = Tuning("t4x2", 44.0, "hd", window=1, warmup=0)
+    feed(t, [22.0])
+    assert t.phase == "trial"
+    ok = Tuning("t4x2", 44.0, "hd", window=1, warmup=0)
+    feed(ok, [41.0])
+    assert (ok.phase, ok.kept) == ("settled", "t4x2")
+
+
 def test_the_choice_wins_a_tie():
     t = Tuning("ring", 1.0, "hd", window=1, warmup=0)
     feed(t, [2.0, 1.5, 1.5])
