@@ -70,7 +70,7 @@ def main(out_path, calib):
     assert choices(comm)[4 * N].network == net
     mine = {
         "rank": rank,
-        "tuning": [t.phase, t.choice, t.runner_up, t.kept, t.chosen_s, t.runner_s, t.beside_s],
+        "tuning": [t.phase, t.choice, t.runner_up, t.kept, t.chosen_s, t.runner_s, t.trial_s],
         "choice": [c.label, c.learned],
         "loaded_probe": dataclasses.asdict(comm.slots.probe) | {"seconds": 0},
         "saved_probe": pr.to_dict() | {"seconds": 0},
