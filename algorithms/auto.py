@@ -39,9 +39,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from commrt.algorithms.auto_learn import CONTENDERS, Tuning, agree
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.pipelined_torus import PipelinedTorus2D
@@ -49,9 +51,9 @@ from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.schedule import Collective, Schedule
-from commrt.sim import Network, price_all
+from commrt.sim import Network, estimate, price_all
 
-__all__ = ["Auto", "Choice", "choices", "candidates"]
+__all__ = ["Auto", "Choice", "choices", "candidates", "learning"]
 #: the size :meth:`Auto.schedule` chooses for when no size is given: DDP's 25 MB bucket
 DEFAULT_NBYTES = 25 << 20
 
@@ -96,12 +98,15 @@ class Choice:
     #                                              candidates that provably cannot win are left out
     network: object  # the commrt.sim.Network it was priced on
     schedule: Schedule = dataclasses.field(repr=False, compare=False)
+    #: True when measurements replaced the model's choice by a candidate they tried (auto_learn)
+    learned: bool = False
 
     def __str__(self) -> str:
         others = ", ".join(f"{n} {t * 1e6:.1f}" for n, t in self.candidates[1:4])
+        how = "learned: measured faster than the model's choice; " if self.learned else ""
         return (
             f"auto: {self.label} for {self.nbytes} B on {self.world_size} ranks "
-            f"(predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)"
+            f"({how}predicted {self.predicted_s * 1e6:.1f} µs; next: {others} µs)"
         )
 
 
@@ -110,10 +115,16 @@ class Auto(Algorithm):
     """Chooses ring, halving-doubling or a torus shape per buffer size (module doc).
 
     ``network``: price candidates on this :class:`commrt.sim.Network`
-    instead of probing the communicator's transport.
+    instead of probing the communicator's transport. ``calibration``: a
+    file ``commrt probe --save`` wrote, loaded (and checked against the
+    job) instead of probing. ``learn``: time the calls of
+    ``commrt.all_reduce`` and replace a choice that misses its prediction
+    by its runner-up if that measures faster (:mod:`commrt.algorithms.auto_learn`).
     """
 
     network: object = None
+    calibration: str | None = None
+    learn: bool = True
 
     name = "auto"
 
@@ -134,7 +145,7 @@ class Auto(Algorithm):
             )
         from commrt.probe import probe  # lazy: the probe needs torch, the schedules do not
 
-        return probe(comm).network()
+        return probe(comm, calibration=self.calibration).network()
 
     def on_network(self, network: Network) -> "Auto":
         """This chooser, pricing on ``network`` unless it was given one: the simulator
@@ -157,29 +168,61 @@ class Auto(Algorithm):
             return store[key]
         network = self._network(comm)
         algs = candidates(world_size) if world_size > 1 else [Ring()]
-        itemsize = 4 if nbytes % 4 == 0 else 1
+        itemsize = _itemsize(nbytes)
         times = price_all(algs, world_size, int(nbytes), network, itemsize=itemsize)
         priced = sorted((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
-        t, _, best = priced[0]
-        sched = dataclasses.replace(best.schedule(world_size), name=f"auto:{label(best)}")
-        choice = Choice(
-            world_size,
-            int(nbytes),
-            best,
-            label(best),
-            t,
-            tuple((label(a), s) for s, _, a in priced),
-            network,
-            sched,
-        )
+        table = tuple((label(a), s) for s, _, a in priced)
+        choice = _choice(world_size, int(nbytes), priced[0][2], priced[0][0], table, network)
         if store is not None:
             store[key] = choice
         return choice
 
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
         """The chosen schedule, named ``auto:<choice>``; probes ``comm`` on first use
-        (collective)."""
-        return self.choose(world_size, nbytes, comm).schedule
+        (collective). While the runner-up is on trial for this size, its schedule."""
+        choice = self.choose(world_size, nbytes, comm)
+        if comm is None or not self.learn or world_size < 2:
+            return choice.schedule
+        key = (self, world_size, int(nbytes))
+        tuning = comm.slots.auto_tuning.get(key)
+        if tuning is None:
+            runner = _second(choice) and label(_second(choice))
+            priced = dict(choice.candidates).get(runner)
+            near = CONTENDERS * choice.predicted_s
+            others = tuple(n for n, t in choice.candidates[2:] if t <= near)
+            tuning = Tuning(choice.label, choice.predicted_s, runner, priced, others)
+            comm.slots.auto_tuning[key] = tuning
+        if tuning.running != choice.label:  # a tried candidate's turn in the trial
+            return self._tried(choice, tuning.running).schedule
+        return choice.schedule
+
+    def observe(self, comm, nbytes: int, started_s: float) -> None:
+        """After ``commrt.all_reduce`` ran :meth:`select`'s schedule (started at
+        ``time.perf_counter()`` = ``started_s``): time it, and at the end of a phase agree
+        and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`)."""
+        tuning = comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
+        if tuning is None or tuning.phase == "settled":
+            return
+        if tuning.timing and comm.device.type == "cuda":
+            import torch  # lazy: schedules need no torch; NCCL calls return once enqueued
+
+            torch.cuda.synchronize(comm.device)
+        if not tuning.record(time.perf_counter() - started_s):
+            return
+        tuning.advance(agree(comm, tuning))
+        if tuning.phase == "settled" and tuning.kept != tuning.choice:
+            key = (self, comm.world_size, int(nbytes))
+            learned = self._tried(comm.slots.auto_choices[key], tuning.kept)
+            comm.slots.auto_choices[key] = dataclasses.replace(learned, learned=True)
+
+    def _tried(self, choice: Choice, name: str) -> Choice:
+        """The Choice of candidate ``name``, priced as ``choice``'s candidates say."""
+        p = choice.world_size
+        alg = next(a for a in candidates(p) if label(a) == name)
+        t = dict(choice.candidates).get(name)
+        if t is None:  # left out of the table as a sure loser: priced now
+            t = estimate(alg, p, choice.nbytes, choice.network, itemsize=_itemsize(choice.nbytes))
+        return _choice(p, choice.nbytes, alg, t, choice.candidates, choice.network)
 
     def schedule(
         self,
@@ -209,6 +252,34 @@ class Auto(Algorithm):
         best = self.choose(m, DEFAULT_NBYTES).algorithm
         sched = best.schedule(world_size, tuple(ranks))
         return dataclasses.replace(sched, name=f"auto:{label(best)}")
+
+
+def _itemsize(nbytes: int) -> int:
+    return 4 if nbytes % 4 == 0 else 1
+
+
+def _second(choice: Choice) -> Algorithm | None:
+    """The model's second choice, even where pricing left it out as a sure loser (on the
+    bound that the measurements just contradicted)."""
+    others = [a for a in candidates(choice.world_size) if label(a) != choice.label]
+    if len(choice.candidates) > 1:
+        return next(a for a in others if label(a) == choice.candidates[1][0])
+    if not others:
+        return None
+    p, n, net = choice.world_size, choice.nbytes, choice.network
+    return min(others, key=lambda a: estimate(a, p, n, net, itemsize=_itemsize(n)))
+
+
+def _choice(p: int, nbytes: int, alg: Algorithm, t: float, table, network) -> Choice:
+    sched = dataclasses.replace(alg.schedule(p), name=f"auto:{label(alg)}")
+    return Choice(p, nbytes, alg, label(alg), t, table, network, sched)
+
+
+def learning(comm) -> dict[int, Tuning]:
+    """What ``auto`` learned on ``comm`` per buffer size in bytes (module
+    :mod:`~commrt.algorithms.auto_learn`): phase, measured and predicted times, kept."""
+    store = comm.slots.auto_tuning
+    return {nbytes: t for (_, p, nbytes), t in store.items() if p == comm.world_size}
 
 
 def choices(comm) -> dict[int, Choice]:

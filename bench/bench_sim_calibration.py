@@ -90,9 +90,9 @@ def main(argv=None) -> int:
     )
     if pr.two_tier:
         say(
-            "#   between hosts, one rank per host: "
+            "#   between hosts, every rank at once: "
             + ", ".join(f"{sz} B: {t * 1e6:.1f} µs" for sz, t in zip(pr.sizes, pr.inter_step_s))
-            + f"; every rank at once, {pr.sizes[-1]} B: {pr.shared_step_s * 1e6:.1f} µs"
+            + f"; one rank per host, {pr.sizes[-1]} B: {pr.alone_step_s * 1e6:.1f} µs"
         )
     say(
         "#   per rank (α µs, GB/s): "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import math
+import time
 import zlib
 
 import torch
@@ -127,7 +128,7 @@ def all_reduce(
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
     if comm.debug or key not in comm.slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
-    return _run(tensor, comm, alg.select, average, timeout, tracer)
+    return _run(tensor, comm, alg.select, average, timeout, tracer, getattr(alg, "observe", None))
 
 
 def broadcast(
@@ -193,15 +194,18 @@ def _enter(comm: Communicator) -> None:
 
 
 def _run(
-    tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout, tracer
+    tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout, tracer, observe=None
 ) -> torch.Tensor:
     """Run ``pick(world_size, nbytes, comm)``'s schedule in place on ``tensor`` (through a
-    contiguous copy if needed)."""
+    contiguous copy if needed); then ``observe(comm, nbytes, started)`` (``auto`` learns
+    from its own timings: commrt.algorithms.auto_learn)."""
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     numel = work.numel()
     if comm.world_size > 1 and numel > 0:
         with comm.lock:
-            schedule = pick(comm.world_size, numel * work.element_size(), comm)
+            nbytes = numel * work.element_size()
+            schedule = pick(comm.world_size, nbytes, comm)
+            started = time.perf_counter()
             comm.executor.run(
                 schedule,
                 work,
@@ -213,6 +217,8 @@ def _run(
                 owner=work,
                 spin_s=comm.spin_s,
             )
+            if observe is not None:
+                observe(comm, nbytes, started)
     if work is not tensor:
         tensor.copy_(work)
     return tensor

@@ -63,6 +63,8 @@ class CommSlots:
     probe: object | None = None
     #: commrt.algorithms.auto: (Auto, world size, bytes) -> Choice, identical on every rank
     auto_choices: dict = field(default_factory=dict)
+    #: commrt.algorithms.auto_learn: (Auto, world size, bytes) -> Tuning, identical on every rank
+    auto_tuning: dict = field(default_factory=dict)
     #: commrt.store: the job's control store (a ControlStore)
     control_store: object | None = None
     #: commrt.sync.backup: backup-worker policies made so far (each gets its own key space)

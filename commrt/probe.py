@@ -9,56 +9,74 @@ from the one peer). That is one reduce-scatter step of a ring all-reduce,
 with the executor's per-step overhead and the reduction included, so
 α and β describe the steps ``commrt.all_reduce`` really runs. For each size
 in :data:`SIZES` (8 B, 1 MiB, 4 MiB) it runs a warm-up, then
-``repeats`` timed runs of ``steps`` steps each (more steps for the small
-size), each run started after a barrier; the time per step is that of the
-fastest run (other processes on the machine only ever add time, and a
-probe this short is easily hit by a burst of them: on the shared 2-core
-test machine the median of 3 runs once read 850 µs for an 8 B step that
-takes 50 µs).
+``repeats`` timed runs of ``steps`` steps each (20 for the small size),
+each run started after a barrier.
+
+Noise
+-----
+Runs are barrier-aligned, so run i is the same run on every rank: its
+agreed time is the slowest rank's (a synchronous step goes at that pace),
+and a size's step time is the **median** of those over the runs. Every
+rank's runs reach every rank in one gather (:func:`commrt.rows.gather`:
+an exact sum all-reduce), so every rank computes the same numbers and
+ends with the same model. The median, not the fastest run: on the shared
+2-core machine a schedule meets the bursts of other processes as often as
+the probe does, and the fastest run described a machine the schedules
+never got.
 
 Fit: α = the 8 B step time; β = the least-squares slope of (time − α)
-against bytes over the larger sizes, less γ. 4 MiB is the default ``piece_bytes``,
-so β is measured on full-size pieces, the way big buckets send them.
-γ, the time per byte of the executor's reduction, is timed on its own (an
-add of the 4 MiB buffer's two halves, no messages) and taken out of the
-slope, which includes it: the step adds what it receives. Algorithms that
-add more than they send (recursive doubling) then price honestly.
+against bytes over the larger sizes, less γ. 4 MiB is the default
+``piece_bytes``, so β is measured on full-size pieces, the way big buckets
+send them. γ, the time per byte of the executor's reduction, is timed on
+its own (an add of the 4 MiB buffer's two halves, no messages) and taken
+out of the slope, which includes it: the step adds what it receives.
 
 Ranks on several nodes
 ----------------------
 When the launcher says L ranks share each node (``comm.local_size``,
 1 < L < p, ranks in blocks, agreed across ranks by
-:meth:`~commrt.comm.Communicator.ranks_per_node`),
-the probe measures the two link classes of :class:`~commrt.sim.Network`
-with three shifts (:func:`_tier_schedules`):
+:func:`commrt.topology.ranks_per_node`), each link class is measured under
+the concurrency the candidate schedules put on it (:func:`_tier_schedules`):
 
-* *intra*: around each node's own ranks, all nodes at once (8 B, 1 MiB,
-  4 MiB) → α, β inside a node;
-* *inter α*: every rank to its counterpart on the next node, 8 B: the
-  per-message cost with every rank busy, as in a collective step;
-* *inter β*: local rank 0 of each node alone to the next node's (1 MiB,
-  4 MiB, 2 steps a run: these are the slow messages) → one NIC's β;
-* *shared*: every rank to the next node at 4 MiB: L ranks behind one NIC
-  take L times as long as one alone, behind L NICs as long, which gives
-  ``nics_per_node``.
+* *intra*: around each node's own ranks, every rank at once (a torus row
+  phase; the ring's steps inside a node) → α, β inside a node;
+* *shared*: every rank to its counterpart on the next node at once (a
+  torus column phase: all L ranks of a node behind its NICs) → α between
+  nodes, and the NIC's β: L ranks' bytes cross ``nics`` NICs, so the slope
+  is β_NIC · L / nics;
+* *inter*: local rank 0 of each node alone to the next node's, 4 MiB: its
+  speed against *shared* says how many NICs the L ranks share
+  (``nics_per_node``).
 
 :meth:`ProbeResult.network` is then a two-class network with
-``ranks_per_node`` = L, and ``auto`` replays each candidate's schedule on
-it. On 4 namespace hosts × 2 ranks with 1 Gbit/s links (tests/netns.py) it
-finds about 0.12 GB/s per NIC, one NIC per node, in 2–3 s.
+``ranks_per_node`` = L, and ``auto`` replays each candidate's schedule on it.
 
-Agreement: ranks must choose the same algorithm, so every rank's (α, β)
-goes to everyone in one ring all-reduce of a small float64 buffer of p
-rows (α, β, step times), each rank filling its own row and zeros elsewhere
-(so the sum is exact and bit-identical everywhere), and all use the **largest** α and the largest β
-(synchronous steps go at the pace of the slowest link).
+Sanity checks
+-------------
+A tier whose α exceeds :data:`ALPHA_BOUND_S`, or a tier inside a node that
+measures slower (larger β) than the NIC between nodes, is measured again
+(:data:`RETRIES` times; the runs are pooled, median over all). If it is
+still inconsistent, a :class:`ProbeWarning` names the tier and the numbers
+and it is priced conservatively: α as measured; both tiers at the slower
+β. ``ProbeResult.warnings`` keeps the messages. (The case that asked for
+it: 8 ranks on 2 cores measured the loopback tier slower than a 1 Gbit/s
+link, and ``auto`` chose the ring where the torus was 0.79× its time.)
+
+A saved calibration
+-------------------
+``commrt probe --save FILE`` (or :meth:`ProbeResult.save`) writes the
+result as JSON; ``COMMRT_CALIBRATION=FILE``, ``probe(comm,
+calibration=FILE)`` or ``Auto(calibration=FILE)`` loads it instead of
+measuring, so a job can reuse a calibration taken on a quiet machine. It
+is checked on load on every rank: another world size, node layout or
+backend, a file that is not a probe, or ranks that read different files
+are a ValueError on every rank.
 
 Cost (one node): with the default ``repeats=5``, 6 runs (1 warm-up) of 20 steps of
 8 B, 4 of 1 MiB and 4 of 4 MiB: 168 messages and 60 MiB sent per rank, 15
-barriers, and one small all-reduce: about 0.1 s with 2 ranks and 0.3 s
-with 4 ranks on this 2-core machine (oversubscribed, so every step
-waits for a core), once per communicator: the result is cached in
-``comm.slots.probe``.
+barriers, and one small all-reduce, once per communicator: the result is
+cached in ``comm.slots.probe``. On 4 namespace hosts × 2 ranks with
+1 Gbit/s links (tests/netns.py) the probe takes a few seconds.
 
 Example::
 
@@ -73,18 +91,23 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 import time
+import zlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
+from commrt.probe_checks import ALPHA_BOUND_S, RETRIES, ProbeWarning, conservative, problems
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step, Steps
 from commrt.sim import Network
 
-__all__ = ["ProbeResult", "probe", "SIZES"]
+__all__ = ["ProbeResult", "probe", "SIZES", "CALIBRATION_ENV", "ProbeWarning", "ALPHA_BOUND_S"]
 #: probed message sizes in bytes; the first one measures α
 SIZES = (8, 1 << 20, 4 << 20)
+#: the variable that names a saved calibration for :func:`probe` to load instead of measuring
+CALIBRATION_ENV = "COMMRT_CALIBRATION"
 _MIN_BETA = 1e-13  # 10 TB/s: a floor so a noisy fit never gives zero or negative β
 
 
@@ -96,23 +119,27 @@ class ProbeResult:
     describe every link. Ranks spanning nodes: they describe links inside
     a node, ``inter_alpha_s``/``inter_beta_s_per_byte`` one NIC between
     nodes, shared by ``ranks_per_node`` ranks over ``nics_per_node`` NICs.
+    ``warnings``: the sanity checks that still failed after a second
+    measurement, and how each was priced (module doc).
     """
 
     alpha_s: float
     beta_s_per_byte: float
     sizes: tuple[int, ...]
-    step_s: tuple[float, ...]  # agreed (max over ranks) step time per size
-    per_rank: tuple[tuple[float, float], ...]  # every rank's own (α, β)
+    step_s: tuple[float, ...]  # agreed step time per size (inside a node when two tiers)
+    per_rank: tuple[tuple[float, float], ...]  # every rank's own (α, β) from its own medians
     backend: str
     world_size: int
     seconds: float  # wall time the probe took on this rank
     ranks_per_node: int = 1
     inter_alpha_s: float | None = None
     inter_beta_s_per_byte: float | None = None
-    inter_step_s: tuple[float, ...] = ()  # one message per node, per size
-    shared_step_s: float | None = None  # every rank off-node at once, largest size
+    inter_step_s: tuple[float, ...] = ()  # every rank of a node off-node at once, per size
+    alone_step_s: float | None = None  # one rank per node off-node, largest size
     nics_per_node: int = 1
-    gamma_s_per_byte: float = 0.0  # agreed (max over ranks) reduction time per byte
+    gamma_s_per_byte: float = 0.0  # agreed reduction time per byte
+    repeats: int = 0  # timed runs per size (more where a tier was measured again)
+    warnings: tuple[str, ...] = ()
 
     @property
     def two_tier(self) -> bool:
@@ -139,11 +166,38 @@ class ProbeResult:
         return asdict(self)
 
     def save(self, path: str | os.PathLike) -> str:
-        """Write JSON that ``commrt simulate --network FILE`` and :meth:`Network.load` read."""
+        """Write JSON that :meth:`load`, ``COMMRT_CALIBRATION``, ``commrt simulate --network
+        FILE`` and :meth:`Network.load` read."""
         path = os.fspath(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
             json.dump(self.to_dict(), f, indent=1)
         return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ProbeResult":
+        """A result :meth:`save` wrote (ValueError naming the file if it is not one)."""
+        try:
+            with open(path) as f:
+                d = json.load(f)
+            names = {f.name for f in dataclasses.fields(cls)}
+            d = {k: tuple(map(tuple, v)) if k == "per_rank" else v for k, v in d.items()}
+            d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in names}
+            return cls(**d)
+        except (OSError, TypeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{os.fspath(path)} is not a saved commrt probe: {e}") from e
+
+    def check_matches(self, world_size: int, ranks_per_node: int | None, backend: str) -> None:
+        """ValueError unless this calibration was taken on the same world size, node layout
+        and backend."""
+        want = (world_size, ranks_per_node or 1, backend)
+        have = (self.world_size, self.ranks_per_node, self.backend)
+        if want != have:
+            raise ValueError(
+                f"saved calibration was taken on {have[0]} ranks, {have[1]} per node, over "
+                f"{have[2]}; this job has {want[0]} ranks, {want[1]} per node, over {want[2]}: "
+                f"probe this job again (commrt probe --save FILE) or unset {CALIBRATION_ENV}"
+            )
 
     def __str__(self) -> str:
         head = f"probe ({self.backend}, {self.world_size} ranks, {self.seconds * 1e3:.0f} ms): "
@@ -182,11 +236,10 @@ def _tier_schedules(p: int, per_node: int) -> dict:
     """The ring shifts that measure each link class when ``per_node`` ranks share a node.
 
     ``intra``: a shift around each node's own ranks (all nodes at once, as in
-    a torus row phase). ``inter``: local rank 0 of each node shifts to local
-    rank 0 of the next node (one message per node: the NIC alone).
-    ``shared``: every rank shifts to its counterpart on the next node (all
-    ranks of a node off-node at once, as in a torus column phase); its
-    slowdown against ``inter`` says how many NICs the ranks share.
+    a torus row phase). ``shared``: every rank shifts to its counterpart on
+    the next node (all ranks of a node off-node at once, as in a torus
+    column phase). ``inter``: local rank 0 of each node alone to the next
+    node's; its speed against ``shared`` says how many NICs the ranks share.
     """
     L = per_node
     intra = {r: r - r % L + (r % L + 1) % L for r in range(p)}
@@ -199,7 +252,28 @@ def _tier_schedules(p: int, per_node: int) -> dict:
     }
 
 
-def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float:
+@dataclass(frozen=True)
+class _Tier:
+    """One measurement: the shift ``tiers[key]`` (None: the plain ring shift) at ``sizes``."""
+
+    key: str | None
+    sizes: tuple[int, ...]
+    big_steps: int  # steps per run above 4 KiB (20 at or below)
+
+
+def _plan(sizes: tuple[int, ...], per_node: int | None) -> dict[str, _Tier]:
+    if per_node is None:
+        return {"flat": _Tier(None, sizes, 4)}
+    # Fewer steps between nodes: there the messages are the slow ones.
+    return {
+        "intra": _Tier("intra", sizes, 4),
+        "shared": _Tier("shared", sizes, 2),
+        "inter": _Tier("inter", sizes[-1:], 2),
+    }
+
+
+def _time_runs(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> list[float]:
+    """Seconds per step of each of ``repeats`` barrier-aligned runs (after one warm-up)."""
     run = comm.executor.run
     # waits as commrt.all_reduce waits, so α is the latency it sees
     kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes, spin_s=comm.spin_s)
@@ -210,7 +284,7 @@ def _time_steps(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> float
         t0 = time.perf_counter()
         run(sched, buf, comm.transport, **kw)
         times.append((time.perf_counter() - t0) / sched.num_steps)
-    return min(times)
+    return times
 
 
 def _time_reduce(comm, nbytes: int, repeats: int) -> float:
@@ -226,7 +300,7 @@ def _time_reduce(comm, nbytes: int, repeats: int) -> float:
         comm.executor.reduce(dst, src)
         sync()
         times.append(time.perf_counter() - t0)
-    return min(times[1:]) / (half * buf.element_size())
+    return statistics.median(times[1:]) / (half * buf.element_size())
 
 
 def _fit(sizes, times, gamma: float = 0.0) -> tuple[float, float]:
@@ -239,15 +313,17 @@ def _fit(sizes, times, gamma: float = 0.0) -> tuple[float, float]:
     return alpha, max(beta, _MIN_BETA)
 
 
-def _measure(comm, nxt, ranks, sizes, repeats, big_steps=4) -> list[float]:
-    """This rank's fastest step time per size for the shift ``nxt`` over ``ranks`` (0 if not
-    in it)."""
+def _measure(comm, tier: _Tier, per_node, repeats: int) -> list[float]:
+    """This rank's per-run step times, size after size (about 0 where it sits the shift out:
+    the agreed time is the largest)."""
+    shifts = _tier_schedules(comm.world_size, per_node) if tier.key else {}
+    nxt, ranks = shifts.get(tier.key, (None, None))
     out = []
-    for nb in sizes:
+    for nb in tier.sizes:
         # two chunks of nb bytes: one goes out, the other takes the incoming sum
         buf = torch.zeros(2 * max(1, nb // 4), dtype=torch.float32, device=comm.device)
-        sched = _shift_schedule(comm.world_size, 20 if nb <= 4096 else big_steps, nxt, ranks)
-        out.append(_time_steps(comm, sched, buf, repeats))
+        sched = _shift_schedule(comm.world_size, 20 if nb <= 4096 else tier.big_steps, nxt, ranks)
+        out += _time_runs(comm, sched, buf, repeats)
     return out
 
 
@@ -260,62 +336,108 @@ def _nics(per_node: int, alone_s: float, shared_s: float, alpha_s: float) -> int
     return min(range(1, per_node + 1), key=lambda k: abs(math.log(k / estimate)))
 
 
-def _measured_row(comm, sizes, repeats: int, per_node: int | None, gamma: float) -> list:
-    """This rank's fits and step times: one tier, or both (within and between nodes)."""
-    if per_node is None:
-        mine = _measure(comm, None, None, sizes, repeats)
-        return [*_fit(sizes, mine, gamma), *mine, gamma]
-    tiers = _tier_schedules(comm.world_size, per_node)
-    intra = _measure(comm, *tiers["intra"], sizes, repeats)
-    # Fewer and smaller messages between nodes: there the link is the slow one.
-    inter = _measure(comm, *tiers["inter"], sizes[1:], repeats, big_steps=2)
-    shared = _measure(comm, *tiers["shared"], sizes[:: len(sizes) - 1], repeats, big_steps=2)
-    inter = [shared[0], *inter]
-    return [
-        *_fit(sizes, intra, gamma),
-        *intra,
-        *_fit(sizes, inter, gamma),
-        *inter,
-        shared[1],
-        gamma,
-    ]
+def _gather_runs(comm, plan: dict, names, per_node, repeats: int, gamma: float):
+    """Every rank's per-run step times of the tiers ``names``, as ``{name: array (ranks,
+    sizes, runs)}`` on every rank, and the largest γ (one gather)."""
+    mine = [t for n in names for t in _measure(comm, plan[n], per_node, repeats)]
+    from commrt.rows import gather
+
+    table = np.asarray(gather(comm, [*mine, gamma]), dtype=np.float64)
+    out, col = {}, 0
+    for n in names:
+        k = len(plan[n].sizes)
+        out[n] = table[:, col : col + k * repeats].reshape(len(table), k, repeats)
+        col += k * repeats
+    return out, float(table[:, -1].max())
 
 
-def _agreed_result(rows, sizes, per_node: int | None, backend: str, elapsed_s: float):
-    """Everyone's rows (the same on every rank) as one ProbeResult."""
-    k, p = len(sizes), len(rows)
+def _agreed(runs: np.ndarray) -> list[float]:
+    """Per size: the median over runs of the slowest rank's time. A synchronous step goes at
+    the slowest rank's pace; the median, not the minimum, since a schedule meets the
+    machine's bursts as often as the probe does (and the mean would follow one burst)."""
+    return np.median(runs.max(axis=0), axis=-1).tolist()
 
-    def agreed(i):  # column i, largest over ranks: synchronous steps go at the slowest pace
-        return max(r[i] for r in rows)
 
-    res = ProbeResult(
-        agreed(0),
-        agreed(1),
-        sizes,
-        tuple(agreed(2 + i) for i in range(k)),
-        tuple((r[0], r[1]) for r in rows),
-        backend,
-        p,
-        elapsed_s,
-        gamma_s_per_byte=agreed(-1),
+def _model(runs: dict, sizes, per_node, gamma: float) -> dict:
+    """The ProbeResult fields that the measurements ``runs`` give."""
+    first = runs["flat" if per_node is None else "intra"]
+    own = np.median(first, axis=-1)  # each rank's own medians, for per_rank
+    steps = _agreed(first)
+    alpha, beta = _fit(sizes, steps, gamma)
+    m = dict(
+        alpha_s=alpha,
+        beta_s_per_byte=beta,
+        step_s=tuple(steps),
+        per_rank=tuple(_fit(sizes, row, gamma) for row in own),
+        gamma_s_per_byte=gamma,
+        repeats=first.shape[-1],
     )
     if per_node is None:
-        return res
-    j = 2 + k
-    inter_step = tuple(agreed(j + 2 + i) for i in range(k))
-    shared = agreed(j + 2 + k)
-    return dataclasses.replace(
-        res,
+        return m
+    shared, alone = _agreed(runs["shared"]), _agreed(runs["inter"])[-1]
+    inter_alpha, slope = _fit(sizes, shared, gamma)
+    nics = _nics(per_node, alone, shared[-1], inter_alpha)
+    # L ranks' bytes cross nics NICs at once: slope = β_NIC · L / nics (module doc)
+    inter_beta = max(slope * nics / per_node, _MIN_BETA)
+    return m | dict(
         ranks_per_node=per_node,
-        inter_alpha_s=agreed(j),
-        inter_beta_s_per_byte=agreed(j + 1),
-        inter_step_s=inter_step,
-        shared_step_s=shared,
-        nics_per_node=_nics(per_node, inter_step[-1], shared, agreed(j)),
+        inter_alpha_s=inter_alpha,
+        inter_beta_s_per_byte=inter_beta,
+        inter_step_s=tuple(shared),
+        alone_step_s=alone,
+        nics_per_node=nics,
     )
 
 
-def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeResult:
+def _measured(comm, sizes, repeats: int, per_node) -> dict:
+    """Measure, check, measure failing tiers again (runs pooled), price what still fails
+    conservatively. Every rank sees the same gathered runs, so all decide alike."""
+    # the reduction's own pace (no messages), taken out of the fitted slopes
+    gamma = _time_reduce(comm, sizes[-1], repeats)
+    plan = _plan(sizes, per_node)
+    runs, gamma = _gather_runs(comm, plan, list(plan), per_node, repeats, gamma)
+    m = _model(runs, sizes, per_node, gamma)
+    wrong = problems(m)
+    for _ in range(RETRIES):
+        if not wrong:
+            break
+        again = sorted({t for tiers, _ in wrong for t in tiers})
+        more, _ = _gather_runs(comm, plan, again, per_node, repeats, gamma)
+        runs = {
+            k: np.concatenate([v, more[k]], axis=-1) if k in more else v for k, v in runs.items()
+        }
+        m = _model(runs, sizes, per_node, gamma)
+        wrong = problems(m)
+    return conservative(m, wrong) if wrong else m
+
+
+def _loaded(comm, path: str, per_node) -> ProbeResult:
+    """The calibration at ``path``, checked against this job on every rank (collective: a
+    rank that cannot use it, or ranks that read different files, fail every rank)."""
+    from commrt.rows import gather
+
+    err, crc = None, 0
+    try:
+        res = ProbeResult.load(path)
+        res.check_matches(comm.world_size, per_node, comm.backend.value)
+        with open(path, "rb") as f:
+            crc = zlib.crc32(f.read())
+    except ValueError as e:
+        err = str(e)
+    rows = gather(comm, [1.0 if err else 0.0, float(crc)])
+    if err:
+        raise ValueError(f"rank {comm.rank}: {err}")
+    bad = [r for r, row in enumerate(rows) if row[0]]
+    if bad:
+        raise ValueError(f"rank(s) {bad} could not use the calibration {path}")
+    if len({row[1] for row in rows}) > 1:
+        raise ValueError(f"ranks read different calibration files at {path}")
+    return res
+
+
+def probe(
+    comm, *, sizes=SIZES, repeats: int = 5, force: bool = False, calibration=None
+) -> ProbeResult:
     """Measure α and β on ``comm``'s transport and agree on them (collective; cached).
 
     Every rank must call it, in the same order relative to other
@@ -323,7 +445,11 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
     result is cached in ``comm.slots.probe``; ``force`` probes
     again. When the launcher says the ranks span nodes (``comm.local_size``
     L with 1 < L < p, ranks in blocks of L), both link classes are
-    measured (module doc).
+    measured (module doc). ``calibration`` (default: the file named by
+    ``COMMRT_CALIBRATION``): load a saved result instead of measuring,
+    ValueError on every rank if it was taken on another world size, node
+    layout or backend. Sanity checks that fail twice are a
+    :class:`ProbeWarning` and are listed in ``ProbeResult.warnings``.
     """
     cached = comm.slots.probe
     if cached is not None and not force:
@@ -333,30 +459,34 @@ def probe(comm, *, sizes=SIZES, repeats: int = 5, force: bool = False) -> ProbeR
         raise ValueError(
             f"probe sizes must be increasing, at least two, from 4 bytes up; got {sizes}"
         )
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
+    path = calibration if calibration is not None else os.environ.get(CALIBRATION_ENV) or None
     t_start = time.perf_counter()
     p = comm.world_size
-    from commrt.rows import gather
     from commrt.topology import ranks_per_node
 
     comm.admit_collective()
     with comm.lock:
-        if p == 1:
+        per_node = ranks_per_node(comm) if p > 1 else None
+        if path is not None and not force:
+            res = _loaded(comm, os.fspath(path), per_node)
+        elif p == 1:
             res = ProbeResult(
                 0.0,
                 _MIN_BETA,
                 sizes,
-                tuple(0.0 for _ in sizes),
+                (0.0,) * len(sizes),
                 ((0.0, _MIN_BETA),),
                 comm.backend.value,
                 1,
                 0.0,
             )
-            comm.slots.probe = res
-            return res
-        # the reduction's own pace (no messages), taken out of the fitted slopes below
-        gamma = _time_reduce(comm, sizes[-1], repeats)
-        per_node = ranks_per_node(comm)
-        rows = gather(comm, _measured_row(comm, sizes, repeats, per_node, gamma))
-    res = _agreed_result(rows, sizes, per_node, comm.backend.value, time.perf_counter() - t_start)
+        else:
+            m = _measured(comm, sizes, repeats, per_node)
+            elapsed = time.perf_counter() - t_start
+            res = ProbeResult(
+                sizes=sizes, backend=comm.backend.value, world_size=p, seconds=elapsed, **m
+            )
     comm.slots.probe = res
     return res

@@ -155,10 +155,9 @@ def test_auto_all_reduce_matches_mpi_and_all_ranks_agree(tmp_path):
     assert all(r["probe"] == ranks[0]["probe"] for r in ranks)
     assert all(r["choices"] == ranks[0]["choices"] for r in ranks)
     assert all(r["probe_cached_once"] for r in ranks)
-    alpha, beta = ranks[0]["probe"]
-    assert alpha == max(a for a, _ in ranks[0]["per_rank"]) and beta == max(
-        b for _, b in ranks[0]["per_rank"]
-    )
+    # per run the slowest rank's time, then the median over runs: at least every rank's own
+    alpha, _ = ranks[0]["probe"]
+    assert alpha >= max(a for a, _ in ranks[0]["per_rank"])
     assert set(ranks[0]["choices"]) == {"4", "4000", "4000012"}
     for label, name, _, cands in ranks[0]["choices"].values():
         assert name == f"auto:{label}" and cands[0][0] == label

@@ -78,7 +78,9 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
     assert (pr["ranks_per_node"], pr["nics_per_node"]) == (L, 1), pr
     inter_bw = 1 / pr["inter_beta_s_per_byte"]
     assert 0.3 * GBIT_BYTES_PER_S < inter_bw < 1.1 * GBIT_BYTES_PER_S, pr
-    assert pr["inter_beta_s_per_byte"] > pr["beta_s_per_byte"], pr
+    # the NIC is the slower tier, or the probe said it could not tell them apart after
+    # measuring twice (a ProbeWarning; both tiers priced at the slower β)
+    assert pr["inter_beta_s_per_byte"] > pr["beta_s_per_byte"] or pr["warnings"], pr
 
     def agreed(probe):  # all but this rank's own wall time
         return {k: v for k, v in probe.items() if k != "seconds"}

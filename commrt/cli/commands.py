@@ -6,7 +6,8 @@
   own (nccl-tests style table, optional PNG); ``commrt bench kernels``:
   pack/unpack GB/s;
 * ``commrt trace merge``: one timeline from per-rank traces;
-* ``commrt simulate``: all-reduce at thousands of ranks under an α-β model.
+* ``commrt simulate``: all-reduce at thousands of ranks under an α-β model;
+* ``commrt probe``: this job's α and β as ``auto`` measures them, saved for reuse.
 
 With ``--nproc N`` the multi-rank commands start N local ranks themselves
 (mpiexec for mpi, subprocesses for gloo); under mpiexec or torchrun they
@@ -113,9 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_train(sub)
     _add_trace(sub)
-    from commrt.cli import simulate
+    from commrt.cli import probe, simulate
 
     simulate.register(sub)
+    probe.register(sub, _common)
     parser.set_defaults(parser=parser, subcommands=tuple(sub.choices))
     return parser
 

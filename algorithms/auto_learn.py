@@ -1,0 +1,188 @@
+"""How ``algorithm="auto"`` learns from what it runs: one size's watch, trial and verdict.
+
+The policy
+----------
+For each buffer size, ``commrt.all_reduce(..., algorithm="auto")`` times
+the calls it makes (:meth:`Tuning.record`), in phases of :data:`WINDOW`
+timed calls after :data:`WARMUP` untimed ones (the first call of a
+schedule compiles its plan and allocates scratch):
+
+1. **watch** the model's choice. Its time is agreed across ranks as the
+   median over the window of each call's *slowest* rank (a synchronous
+   collective ends when its last rank does). If it is within
+   ``MARGIN`` (10%) of its prediction, either way, and the runner-up is not a
+   close call (predicted within the same margin of the choice: closer
+   than the model can tell apart), the choice stays: **settled**.
+2. Else **trial**: the next calls run the runner-up for that size (the
+   model's second cheapest, even one pricing had left out as a sure loser),
+   every other candidate predicted within :data:`CONTENDERS` × the
+   choice, and the choice, in turns, call for call, :data:`WINDOW` timed
+   calls each (after one untimed call of each tried one), so that all
+   meet the same load on a shared machine; each is agreed the same way.
+3. **verdict**: the fastest by their agreed times is kept for
+   that size from then on (``commrt.algorithms.auto.choices`` shows it,
+   with ``learned=True`` if it is the runner-up), and the size is settled.
+
+Every rank decides from the same numbers: a phase's times reach every
+rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
+of a p × WINDOW table) at the end of the phase, never per call, so a size
+costs at most two such gathers, and (k + 2) × WINDOW timed calls for k
+tried candidates, in the life of a communicator. Calls
+through ``commrt.all_reduce`` are the ones timed; GradientSync and the
+torch.distributed backend use what was learned for the same communicator
+(a GradientSync picks its schedules when it is made).
+
+:class:`Tuning` is the pure decision state (tested with injected timings,
+no processes); :func:`agree` is the one collective step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+__all__ = ["MARGIN", "WINDOW", "WARMUP", "CONTENDERS", "Tuning", "agree"]
+
+#: a choice that measures more than this fraction above its prediction gets its runner-up
+#: tried. The goal is to be within 1.1× of the fastest candidate: a choice slower than its
+#: prediction by more than that may be beaten by a runner-up predicted only a little slower
+MARGIN = 0.1
+#: timed calls per phase: enough for a median that one burst of another process cannot move
+WINDOW = 5
+#: untimed calls at the start of each phase (the plan compiles on a schedule's first call)
+WARMUP = 1
+#: the trial also runs every candidate predicted within this factor of the choice: where
+#: the model errs by tens of percent (small buffers, a loaded machine) its order among
+#: them says little, and the runner-up alone missed the fastest (halving-doubling at
+#: 1 MiB on 4 × 2 namespace hosts, third in the model's order)
+CONTENDERS = 1.5
+
+
+@dataclass
+class Tuning:
+    """What ``auto`` has learned for one (Auto, world size, buffer size).
+
+    ``predicted_s``: the model's time for its choice; ``runner_up``: the
+    label of the model's second choice (None: nothing to try), predicted at
+    ``runner_predicted_s``; ``others``: further candidates the trial runs
+    beside it (those predicted within :data:`CONTENDERS` × the choice).
+    ``phase`` is ``"watch"``, ``"trial"`` or ``"settled"``; ``kept`` the
+    label kept once settled; ``chosen_s`` the choice's agreed time in the
+    watch, ``trial_s`` every tried label's agreed time in the trial
+    (``runner_s`` and ``beside_s``: the runner-up's and the choice's).
+    """
+
+    choice: str
+    predicted_s: float
+    runner_up: str | None
+    runner_predicted_s: float | None = None  # None: not priced (left out as a sure loser)
+    others: tuple[str, ...] = ()
+    margin: float = MARGIN
+    window: int = WINDOW
+    warmup: int = WARMUP
+    phase: str = "watch"
+    kept: str | None = None
+    chosen_s: float | None = None
+    trial_s: dict = field(default_factory=dict)
+    #: this rank's seconds in the current phase, and the calls made in it (timed or not)
+    times: list = field(default_factory=list)
+    calls: int = 0
+
+    @property
+    def rotation(self) -> tuple[str, ...]:
+        """The trial's turns: the runner-up, the others, then the choice."""
+        return (self.runner_up, *self.others, self.choice)
+
+    def _warm_calls(self) -> int:
+        # each tried candidate's first call compiles its plan; the choice is warm already
+        return self.warmup * (len(self.rotation) - 1 if self.phase == "trial" else 1)
+
+    @property
+    def running(self) -> str:
+        """The label of the candidate the next call runs: in the trial, the tried ones and
+        the choice take turns, call for call (the warm-up calls first)."""
+        if self.phase != "trial":
+            return self.kept or self.choice
+        turns, warm = self.rotation, self._warm_calls()
+        if self.calls < warm:
+            return turns[self.calls % (len(turns) - 1)]
+        return turns[(self.calls - warm) % len(turns)]
+
+    @property
+    def runner_s(self) -> float | None:
+        return self.trial_s.get(self.runner_up)
+
+    @property
+    def beside_s(self) -> float | None:
+        return self.trial_s.get(self.choice)
+
+    @property
+    def timing(self) -> bool:
+        """Whether the next call is timed (the caller synchronises a GPU only then)."""
+        return self.phase != "settled" and self.calls >= self._warm_calls()
+
+    def record(self, seconds: float) -> bool:
+        """Note one call's time on this rank; True when the phase's window is full (then
+        every rank calls :meth:`advance` with every rank's times, in the same call)."""
+        if self.phase == "settled":
+            return False
+        timed = self.timing
+        self.calls += 1
+        if not timed:
+            return False
+        self.times.append(float(seconds))
+        turns = len(self.rotation) if self.phase == "trial" else 1
+        return len(self.times) >= turns * self.window
+
+    def advance(self, table) -> None:
+        """End the phase with every rank's times (``table``: one row per rank, the same on
+        every rank): the choice's, or in the trial every tried candidate's and the
+        choice's in turns, each agreed by :func:`agreed_time`."""
+        self.times, self.calls = [], 0
+        if self.phase == "watch":
+            self.chosen_s = agreed_time(table)
+            bound = (1.0 + self.margin) * self.predicted_s
+            close = self.runner_predicted_s is not None and self.runner_predicted_s <= bound
+            # a miss either way: a model off by 2× where the choice ran fast was off for the
+            # others too (1 MiB on 4 × 2 hosts: the torus ran in half its prediction, and
+            # another grid in half of that)
+            missed = abs(self.chosen_s - self.predicted_s) > self.margin * self.predicted_s
+            if (missed or close) and self.runner_up is not None:
+                self.phase = "trial"
+                return
+            self.phase, self.kept = "settled", self.choice
+        elif self.phase == "trial":
+            # side by side, call for call: all met the same load (the watch's time of the
+            # choice was taken earlier, perhaps on a quieter or busier machine)
+            n = len(self.rotation)
+            self.trial_s = {
+                label: agreed_time([row[k::n] for row in table])
+                for k, label in enumerate(self.rotation)
+            }
+            best = min(self.trial_s.values())
+            # ties go to the model's choice, then to the order of the rotation
+            self.kept = next(x for x in (self.choice, *self.rotation) if self.trial_s[x] == best)
+            self.phase = "settled"
+
+    def __str__(self) -> str:
+        def ms(t):
+            return "-" if t is None else f"{t * 1e3:.2f} ms"
+
+        tried = ", ".join(f"{k} {ms(t)}" for k, t in self.trial_s.items()) or "-"
+        return (
+            f"{self.choice}: predicted {ms(self.predicted_s)}, measured {ms(self.chosen_s)}; "
+            f"tried: {tried}; {self.phase}, kept {self.kept}"
+        )
+
+
+def agreed_time(table) -> float:
+    """Per call the slowest rank's seconds, then the median over the calls (``table``: one
+    row of times per rank)."""
+    return statistics.median(max(col) for col in zip(*table))
+
+
+def agree(comm, tuning: Tuning) -> list[list[float]]:
+    """This phase's times of every rank, on every rank (collective: every rank, same call)."""
+    from commrt.rows import gather  # lazy: the decision logic above needs no communicator
+
+    return gather(comm, tuning.times)

@@ -1,0 +1,67 @@
+"""``commrt probe``: measure this job's network as ``algorithm="auto"`` does, and save it.
+
+Run it as the job will run (the same launcher, ranks per host and
+backend), on a quiet machine, then point later jobs at the file::
+
+    commrt probe --nproc 4 --save calib.json          # or under mpiexec / torchrun
+    COMMRT_CALIBRATION=calib.json python train.py     # auto loads it instead of probing
+
+Rank 0 prints the model (both tiers when the ranks span hosts), the agreed
+step times, each sanity check that still failed after a second
+measurement, and what ``auto`` would choose at a few sizes on it.
+"""
+
+from __future__ import annotations
+
+from commrt.cli.units import positive_int, size_list
+
+#: buffer sizes whose choice is printed (the issue's 64 KiB to 64 MiB)
+SHOW_SIZES = "64K,1M,16M,64M"
+
+
+def register(sub, common) -> None:
+    """Add ``probe`` to ``commrt``'s sub-commands; ``common(parser)`` adds --nproc, --backend
+    and --timeout (it runs on every rank, like ``bench allreduce``)."""
+    p = sub.add_parser("probe", help="measure α and β of this job's links (for auto), save them")
+    common(p)
+    p.add_argument("--save", metavar="FILE", help="write the calibration here (JSON)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed runs per size (default 5)"
+    )
+    p.add_argument(
+        "--sizes",
+        type=size_list,
+        default=size_list(SHOW_SIZES),
+        help=f"buffer sizes to show auto's choice for (default {SHOW_SIZES})",
+    )
+    p.set_defaults(run=cmd_probe, parser=p)
+
+
+def cmd_probe(args) -> int:
+    import commrt
+    from commrt.algorithms import Auto
+    from commrt.probe import probe
+
+    comm = commrt.init(args.backend, timeout=args.timeout)
+    # measured even if COMMRT_CALIBRATION names a file: this command makes calibrations
+    res = probe(comm, repeats=args.repeats, force=True)
+    if comm.rank == 0:
+        print(res)
+        print(
+            "step times: "
+            + ", ".join(f"{s} B {t * 1e6:.0f} µs" for s, t in zip(res.sizes, res.step_s))
+        )
+        if res.two_tier:
+            shared = ", ".join(
+                f"{s} B {t * 1e6:.0f} µs" for s, t in zip(res.sizes, res.inter_step_s)
+            )
+            print(f"between hosts, every rank at once: {shared}")
+        for w in res.warnings:
+            print(f"warning: {w}")
+        auto = Auto(network=res.network())
+        for nbytes in args.sizes:
+            print(auto.choose(comm.world_size, nbytes))
+        if args.save:
+            print(f"saved {res.save(args.save)} (load it with COMMRT_CALIBRATION={args.save})")
+    comm.close()
+    return 0

@@ -1,0 +1,240 @@
+"""auto learns from what it runs (commrt.algorithms.auto_learn), and the probe's sanity
+checks and saved calibration (commrt.probe, commrt.probe_checks)."""
+
+import json
+import warnings
+
+import pytest
+from mp import mpiexec
+
+from commrt.algorithms.auto_learn import Tuning, agreed_time
+from commrt.probe import ProbeResult
+from commrt.probe_checks import ALPHA_BOUND_S, ProbeWarning, conservative, problems
+
+
+def feed(t: Tuning, times):
+    """Drive ``t`` with injected per-call times (every rank alike), as observe() would."""
+    for s in times:
+        if t.record(s):
+            t.advance([t.times])
+
+
+def test_a_choice_within_its_margin_is_kept_without_a_trial():
+    t = Tuning("ring", 1.0, runner_up="torus2d(4x2)", margin=0.25, window=3, warmup=1)
+    assert t.running == "ring" and not t.timing  # the first call warms up, untimed
+    feed(t, [9.0, 1.2, 1.1, 1.24])
+    assert (t.phase, t.kept, t.chosen_s, t.runner_s) == ("settled", "ring", 1.2, None)
+    feed(t, [50.0] * 10)  # settled: nothing is timed any more
+    assert (t.phase, t.kept, t.times) == ("settled", "ring", [])
+
+
+def test_a_miss_tries_the_runner_up_beside_the_choice_and_keeps_the_faster():
+    t = Tuning("ring", predicted_s=1.0, runner_up="torus2d(4x2)", window=3, warmup=1)
+    feed(t, [9.0, 1.3, 1.4, 1.3])  # median 1.3 > (1 + MARGIN) × predicted
+    assert (t.phase, t.running, t.chosen_s) == ("trial", "torus2d(4x2)", 1.3)
+    turns = []
+    for s in [9.0, 1.0, 1.5, 1.1, 1.4, 0.9, 1.6]:  # warm-up, then runner-up and choice in turns
+        turns.append(t.running)
+        feed(t, [s])
+    assert turns == ["torus2d(4x2)"] * 2 + ["ring", "torus2d(4x2)"] * 2 + ["ring"]
+    assert (t.phase, t.kept, t.running) == ("settled", "torus2d(4x2)", "torus2d(4x2)")
+    assert (t.runner_s, t.beside_s, t.chosen_s) == (1.0, 1.5, 1.3)
+
+
+def test_a_runner_up_that_is_slower_beside_the_choice_loses_the_trial():
+    t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
+    feed(t, [2.0, 2.0, 2.5, 2.1, 2.6, 2.0])
+    assert (t.phase, t.kept, t.running, t.runner_s, t.beside_s) == (
+        "settled",
+        "ring",
+        "ring",
+        2.55,
+        2.05,
+    )
+
+
+def test_the_trial_compares_calls_side_by_side_not_with_the_watch():
+    # the machine got busier after the watch: the choice is slower in the trial too
+    t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=1, warmup=0)
+    feed(t, [2.0, 3.0, 3.5])  # watch 2.0; trial: runner-up 3.0, choice 3.5
+    assert (t.kept, t.runner_s, t.beside_s) == ("hd", 3.0, 3.5)
+
+
+def test_a_sure_loser_left_out_of_the_price_table_is_still_the_runner_up():
+    from commrt.algorithms import Auto
+    from commrt.sim import Network
+
+    net = Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)
+    c = Auto(network=net).choose(64, 1 << 10)
+    from commrt.algorithms.auto import _second
+
+    assert _second(c) is not None and _second(c) != c.algorithm
+
+
+def test_contenders_near_the_choice_are_tried_in_turns_and_the_fastest_kept():
+    t = Tuning("rd", 1.0, "t4x2", runner_predicted_s=1.05, others=("hd",), window=2, warmup=1)
+    feed(t, [9.0, 1.0, 1.0])  # a close call: tried although the choice met its prediction
+    turns = []
+    for s in [9.0, 9.0, 1.2, 0.8, 1.1, 1.3, 0.7, 1.0]:  # 2 warm-ups, then t4x2, hd, rd ...
+        turns.append(t.running)
+        feed(t, [s])
+    assert turns == ["t4x2", "hd", "t4x2", "hd", "rd", "t4x2", "hd", "rd"]
+    assert t.trial_s == {"t4x2": 1.25, "hd": 0.75, "rd": 1.05}
+    assert (t.phase, t.kept, t.running) == ("settled", "hd", "hd")
+
+
+def test_a_choice_much_faster_than_predicted_is_a_miss_too():
+    t = Tuning("t4x2", 44.0, "hd", window=1, warmup=0)
+    feed(t, [22.0])
+    assert t.phase == "trial"
+    ok = Tuning("t4x2", 44.0, "hd", window=1, warmup=0)
+    feed(ok, [41.0])
+    assert (ok.phase, ok.kept) == ("settled", "t4x2")
+
+
+def test_the_choice_wins_a_tie():
+    t = Tuning("ring", 1.0, "hd", window=1, warmup=0)
+    feed(t, [2.0, 1.5, 1.5])
+    assert t.kept == "ring"
+
+
+def test_a_close_call_is_tried_even_when_the_choice_meets_its_prediction():
+    t = Tuning("torus2d(2x4)", 1.0, "torus2d(4x2)", runner_predicted_s=1.08, window=1, warmup=0)
+    feed(t, [1.0])
+    assert t.phase == "trial"
+    feed(t, [0.9, 1.0])
+    assert (t.kept, t.runner_s, t.beside_s) == ("torus2d(4x2)", 0.9, 1.0)
+    far = Tuning("ring", 1.0, "hd", runner_predicted_s=1.5, window=1, warmup=0)
+    feed(far, [1.05])
+    assert (far.phase, far.kept) == ("settled", "ring")
+
+
+def test_nothing_to_try_without_a_runner_up():
+    t = Tuning("ring", predicted_s=1.0, runner_up=None, window=2, warmup=0)
+    feed(t, [5.0, 5.0])
+    assert (t.phase, t.kept) == ("settled", "ring")
+
+
+def test_the_agreed_time_is_the_median_of_each_calls_slowest_rank():
+    # rank 1 is slow in calls 0 and 1: each call ends with its last rank
+    table = [[1.0, 1.0, 1.0], [3.0, 4.0, 1.0]]
+    assert agreed_time(table) == 3.0
+    assert agreed_time([[1.0, 100.0, 1.0]]) == 1.0  # one burst does not move the median
+
+
+def _two_tier(**kw):
+    m = dict(alpha_s=1e-4, beta_s_per_byte=2e-9, inter_alpha_s=2e-4, inter_beta_s_per_byte=8e-9)
+    return m | kw
+
+
+def test_sanity_checks_name_the_tier_and_the_numbers():
+    assert problems(_two_tier()) == []
+    inverted = problems(_two_tier(beta_s_per_byte=1.05e-8, inter_beta_s_per_byte=9.4e-9))
+    assert [tiers for tiers, _ in inverted] == [("intra", "shared")]
+    assert "1.05e-08 > 9.4e-09" in inverted[0][1]
+    slow = problems(_two_tier(inter_alpha_s=2 * ALPHA_BOUND_S))
+    assert [tiers for tiers, _ in slow] == [("shared",)] and "between nodes" in slow[0][1]
+    flat = problems(dict(alpha_s=2 * ALPHA_BOUND_S, beta_s_per_byte=1e-9))
+    assert [tiers for tiers, _ in flat] == [("flat",)]
+
+
+def test_an_inconsistency_that_stays_is_warned_and_priced_at_the_slower_tier():
+    m = _two_tier(beta_s_per_byte=1.05e-8, inter_beta_s_per_byte=9.4e-9)
+    with pytest.warns(ProbeWarning, match="inside a node measured slower"):
+        out = conservative(m, problems(m))
+    assert out["beta_s_per_byte"] == out["inter_beta_s_per_byte"] == 1.05e-8
+    assert len(out["warnings"]) == 1 and "both tiers priced" in out["warnings"][0]
+    m = _two_tier(alpha_s=2 * ALPHA_BOUND_S)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = conservative(m, problems(m))
+    assert out["alpha_s"] == 2 * ALPHA_BOUND_S and "priced as measured" in str(seen[0].message)
+
+
+def _result(**kw):
+    base = dict(
+        alpha_s=1e-4,
+        beta_s_per_byte=1e-9,
+        sizes=(8, 1 << 20),
+        step_s=(1e-4, 1e-3),
+        per_rank=((1e-4, 1e-9), (1e-4, 1e-9)),
+        backend="gloo",
+        world_size=8,
+        seconds=1.0,
+        ranks_per_node=2,
+        inter_alpha_s=2e-4,
+        inter_beta_s_per_byte=8e-9,
+        warnings=("probe: something",),
+    )
+    return ProbeResult(**(base | kw))
+
+
+def test_a_saved_calibration_loads_as_it_was_and_checks_the_job(tmp_path):
+    r = _result()
+    path = r.save(tmp_path / "calib.json")
+    back = ProbeResult.load(path)
+    assert back == r and back.network() == r.network()
+    back.check_matches(8, 2, "gloo")
+    with pytest.raises(ValueError, match="taken on 8 ranks, 2 per node, over gloo; this job has 4"):
+        back.check_matches(4, 2, "gloo")
+    with pytest.raises(ValueError, match="1 per node"):
+        back.check_matches(8, None, "gloo")
+    with pytest.raises(ValueError, match="over mpi"):
+        back.check_matches(8, 2, "mpi")
+    (tmp_path / "bad.json").write_text(json.dumps({"alpha_s": 1}))
+    with pytest.raises(ValueError, match="bad.json is not a saved commrt probe"):
+        ProbeResult.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="not a saved commrt probe"):
+        ProbeResult.load(tmp_path / "missing.json")
+
+
+@pytest.mark.mpi
+def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(tmp_path):
+    out, calib = tmp_path / "learn.json", tmp_path / "calib.json"
+    mpiexec(4, "auto_learn_worker.py", out, calib)
+    ranks = json.loads(out.read_text())["ranks"]
+    assert [f for r in ranks for f in r["failures"]] == []
+    # priced on a network 1000× too fast, the choice misses: its runner-up was tried
+    tuning = ranks[0]["tuning"]
+    assert tuning[0] == "settled" and tuning[5] is not None
+    tried = tuning[6]  # every tried candidate's agreed time, the choice's included
+    assert tuning[1] in tried and tuning[2] in tried
+    assert tried[tuning[3]] == min(tried.values())  # the fastest kept
+    # rank 1 slept 50 ms in 3 of the 5 timed watch calls: the agreed median is the slow rank's
+    assert tuning[4] >= 0.05
+    assert all(r["tuning"] == tuning and r["choice"] == ranks[0]["choice"] for r in ranks)
+    assert ranks[0]["choice"] == [tuning[3], tuning[3] != tuning[1]]
+    # Auto(calibration=...) used the saved file instead of probing
+    assert all(r["loaded_probe"] == r["saved_probe"] for r in ranks)
+
+
+@pytest.mark.mpi
+def test_commrt_probe_saves_a_calibration_that_a_mismatched_job_refuses(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "out" / "calib.json"
+    cmd = [sys.executable, "-m", "commrt", "probe", "--nproc", "2", "--backend", "mpi"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [*cmd, "--save", str(path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "probe (mpi, 2 ranks" in proc.stdout and "auto: " in proc.stdout
+    saved = ProbeResult.load(path)
+    assert saved.world_size == 2 and saved.repeats >= 5
+    # the same file, said to come from 3 ranks: a job of 2 refuses it on every rank
+    d = json.loads(path.read_text())
+    path.write_text(json.dumps(d | {"world_size": 3}))
+    bench = [sys.executable, "-m", "commrt", "bench", "allreduce", "--nproc", "2"]
+    proc = subprocess.run(
+        [*bench, "--backend", "mpi", "--algorithms", "auto", "--sizes", "4K"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(env, COMMRT_CALIBRATION=str(path)),
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "saved calibration was taken on 3 ranks, 1 per node, over mpi; this job has 2" in out
