@@ -18,7 +18,7 @@ measured) / measured; and auto's choice, its time over the fastest
 candidate's: the median over rounds of auto's time over that candidate's
 in the same round. The JSON has every row; ``--render FILE`` prints it as
 the README's markdown table (measured / predicted ms, error). Also run by
-``tests/test_auto_measured.py`` (slow, netns).
+``bench/auto_goal.py`` (namespace hosts, about half an hour).
 """
 
 from __future__ import annotations
