@@ -135,7 +135,7 @@ def all_reduce(
     op = parsed if parsed is not None else ReduceOp.parse(op)
     alg = resolve(algorithm)
     check_tensor(tensor, comm, op)
-    _enter(comm)
+    comm.admit_collective()
     average = op is ReduceOp.AVG
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
     if comm.debug or key not in comm.slots.agreed_calls:

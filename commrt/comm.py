@@ -121,8 +121,10 @@ class Communicator:
         self.slots = CommSlots()
         #: the GradientSync whose step is in flight (its buckets own the message sequence)
         self._active_sync = None
-        #: open GradientSyncs, whose after-step work must finish before another collective
-        self._syncs: weakref.WeakSet = weakref.WeakSet()
+        #: open GradientSyncs (weak references), whose after-step work must finish before
+        #: another collective; a list, so that "none open" is one C-level truth test on every
+        #: collective's entry (a WeakSet's len() runs Python code)
+        self._syncs: list[weakref.ref] = []
         self._closed = False
         #: what this rank began, and which peers left (commrt.departure); waits consult it
         self.watch = Departures(transport)
@@ -201,21 +203,25 @@ class Communicator:
     def settle(self) -> None:
         """Let GradientSync work that outlives wait() (asynchronous families) finish
         first, so that every rank issues the next collective after it, in the same order."""
-        for sync in tuple(self._syncs):
+        for sync in self.open_syncs():
             sync.quiesce()
 
     def register_sync(self, sync) -> None:
         """Note an open GradientSync (held weakly): later collectives settle it first."""
-        self._syncs.add(sync)
+        if not any(s is sync for s in self.open_syncs()):
+            self._syncs.append(weakref.ref(sync))
 
     def unregister_sync(self, sync) -> None:
-        self._syncs.discard(sync)
+        self._syncs = [r for r in self._syncs if r() is not None and r() is not sync]
         if self._active_sync is sync:
             self._active_sync = None
 
     def open_syncs(self) -> tuple:
-        """The GradientSyncs open on this communicator."""
-        return tuple(self._syncs)
+        """The GradientSyncs open on this communicator (references to dropped ones pruned)."""
+        live = [s for s in (r() for r in self._syncs) if s is not None]
+        if len(live) < len(self._syncs):
+            self._syncs = [r for r in self._syncs if r() is not None]
+        return tuple(live)
 
     def begin_sync_step(self, sync) -> None:
         """``sync``'s buckets own the wire until :meth:`end_sync_step`."""
