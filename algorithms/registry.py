@@ -48,10 +48,10 @@ def resolve(algorithm: "str | Algorithm") -> Algorithm:
     A name gives the same (frozen, default-option) instance every time, so
     the schedules it caches are found again by every call.
     """
+    if isinstance(algorithm, str):  # first: the usual spelling, and no ABC check
+        return _named(algorithm)
     if isinstance(algorithm, Algorithm):
         return algorithm
-    if isinstance(algorithm, str):
-        return _named(algorithm)
     raise TypeError(
         f"algorithm must be a name or an Algorithm instance, got {type(algorithm).__name__}"
     )

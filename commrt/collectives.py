@@ -44,6 +44,9 @@ SUPPORTED_DTYPES = (
     torch.int64,
 )
 
+_REDUCIBLE = frozenset(SUPPORTED_DTYPES)
+_FLOATS = frozenset(d for d in SUPPORTED_DTYPES if d.is_floating_point)
+
 
 class ReduceOp(enum.Enum):
     SUM = "sum"
@@ -73,6 +76,16 @@ def check_tensor(
 ) -> None:
     """Raise ValueError/TypeError for tensors commrt cannot reduce, saying why.
     ``moves_only``: the collective only moves bytes (broadcast, all-gather): any dtype."""
+    # the common case first, in as few attribute reads as possible (all_reduce's hot path):
+    # a plain CPU tensor, on a CPU communicator, of a dtype any collective takes
+    if (
+        type(tensor) is torch.Tensor
+        and tensor.is_cpu
+        and comm.device_type == "cpu"
+        and not tensor.requires_grad
+        and tensor.dtype in (_FLOATS if op is ReduceOp.AVG else _REDUCIBLE)
+    ):
+        return
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.requires_grad:
@@ -90,7 +103,7 @@ def check_tensor(
         raise ValueError(
             f"op='avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum'"
         )
-    if tensor.device.type != comm.device.type:
+    if tensor.device.type != comm.device_type:
         hint = " (move it with .to(comm.device))"
         raise ValueError(
             f"tensor is on {tensor.device} but the {comm.backend.value} communicator "
@@ -123,7 +136,7 @@ def all_reduce(
     op = parsed if parsed is not None else ReduceOp.parse(op)
     alg = resolve(algorithm)
     check_tensor(tensor, comm, op)
-    _enter(comm)
+    comm.admit_collective()
     average = op is ReduceOp.AVG
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
     if comm.debug or key not in comm.slots.agreed_calls:
@@ -200,22 +213,14 @@ def _run(
     contiguous copy if needed); then ``observe(comm, nbytes, started)`` (``auto`` learns
     from its own timings: commrt.algorithms.auto_learn)."""
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    numel = work.numel()
-    if comm.world_size > 1 and numel > 0:
+    nbytes = work.nbytes
+    if comm.world_size > 1 and nbytes:
+        # one lock around both: pick may probe the network (a collective) on first use
         with comm.lock:
-            nbytes = numel * work.element_size()
             schedule = pick(comm.world_size, nbytes, comm)
             started = time.perf_counter()
-            comm.executor.run(
-                schedule,
-                work,
-                comm.transport,
-                timeout=comm.timeout if timeout is None else timeout,
-                piece_bytes=comm.piece_bytes,
-                average=average,
-                tracer=tracer,
-                owner=work,
-                spin_s=comm.spin_s,
+            comm.run_schedule(
+                schedule, work, timeout=timeout, average=average, tracer=tracer, owner=work
             )
             if observe is not None:
                 observe(comm, nbytes, started)

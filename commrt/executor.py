@@ -23,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from commrt import tags
@@ -35,6 +36,11 @@ from commrt.transports.base import Prepared, Transport
 
 _MAX_PLANS = 64
 _MAX_BOUND = 32
+#: CPU dtypes whose received pieces numpy adds in place (numpy's float16 is slow; no bf16)
+_NUMPY_ADD = frozenset((torch.float32, torch.float64, torch.int32, torch.int64))
+#: elements up to which a piece is added by numpy: torch's grain size, below which its add_
+#: runs on one thread as numpy's does (above it torch splits the add across its threads)
+_NUMPY_MAX = 32768
 
 
 @dataclass(frozen=True)
@@ -137,6 +143,11 @@ def _applier(dst: torch.Tensor | None, got: torch.Tensor, reduce: bool, reducer)
         return functools.partial(reducer, dst, got)
     if dst.dtype is not got.dtype or (dst.device.type != "cpu" and dst.dtype in KERNEL_DTYPES):
         return functools.partial(reduce_, dst, got)
+    if dst.device.type == "cpu" and dst.dtype in _NUMPY_ADD and dst.numel() <= _NUMPY_MAX:
+        # the same IEEE (or wrapping integer) addition as add_, without torch's dispatch: a
+        # measured 1-3 us less per reduced piece, a third of an 8-byte all-reduce
+        a = dst.numpy()
+        return functools.partial(np.add, a, got.numpy(), a)
     return functools.partial(dst.add_, got)
 
 
@@ -217,6 +228,9 @@ class Executor:
         self._scratch: dict[tuple, torch.Tensor] = {}
         self._bound: OrderedDict = OrderedDict()
         self._dead: list = []  # keys whose owner tensor died (filled by weakref finalizers)
+        #: the last binding run, with what identifies it: a loop on one buffer (a benchmark,
+        #: one bucket) skips bind()'s key tuple, hashing and LRU update
+        self._last: tuple | None = None
 
     def bind(
         self,
@@ -240,6 +254,7 @@ class Executor:
         if hit is not None and hit.schedule is schedule:
             self._bound.move_to_end(key)
             return hit
+        self._last = None  # a binding freed below must never be run from the memo
         while self._dead:
             dead = self._bound.pop(self._dead.pop(), None)
             if dead is not None:
@@ -300,6 +315,7 @@ class Executor:
         for b in self._bound.values():
             b.free()
         self._bound.clear()
+        self._last = None
         self._scratch.clear()
 
     def run(
@@ -325,8 +341,23 @@ class Executor:
         ``spin_s``: how long a wait polls before it yields the core
         (:func:`~commrt.transports.base.poll_until`); for callers that block.
         """
-        piece_elems = _piece_elems(piece_bytes, buf)
-        bound = self.bind(schedule, buf, transport, piece_elems, owner)
+        last = self._last
+        if (
+            last is not None
+            and last[0] is schedule
+            and last[1] == buf.data_ptr()
+            and last[2] == buf.numel()
+            and last[3] is buf.dtype
+            and last[4] is transport
+            and last[5] == piece_bytes
+            and not self._dead
+        ):
+            bound = last[6]
+        else:
+            piece_elems = _piece_elems(piece_bytes, buf)
+            bound = self.bind(schedule, buf, transport, piece_elems, owner)
+            last = (schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes)
+            self._last = last + (bound,)
         if not bound.member:
             return 0
         plan = bound.plan

@@ -29,16 +29,5 @@ def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> list[
     table = torch.zeros(comm.world_size, len(row), dtype=dtype, device=comm.device)
     table[comm.rank] = torch.tensor(row, dtype=dtype)
     if comm.world_size > 1:
-        with comm.lock:
-            comm.executor.run(
-                _RING.schedule(comm.world_size),
-                table,
-                comm.transport,
-                timeout=comm.timeout,
-                piece_bytes=comm.piece_bytes,
-                average=False,
-                tracer=None,
-                owner=table,
-                spin_s=comm.spin_s,
-            )
+        comm.run_schedule(_RING.schedule(comm.world_size), table, owner=table)
     return table.cpu().tolist()

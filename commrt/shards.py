@@ -144,12 +144,4 @@ def all_gather(
 def _execute(comm: Communicator, sched: Schedule, work: torch.Tensor, timeout) -> None:
     if work.numel() == 0:
         return
-    with comm.lock:
-        comm.executor.run(
-            sched,
-            work,
-            comm.transport,
-            timeout=comm.timeout if timeout is None else timeout,
-            piece_bytes=comm.piece_bytes,
-            spin_s=comm.spin_s,
-        )
+    comm.run_schedule(sched, work, timeout=timeout)

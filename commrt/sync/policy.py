@@ -95,18 +95,15 @@ class SyncContext:
         instead of being kept for as long as ``buf`` lives. ``transport``: a
         transport the policy made itself (its ranks numbered as the schedule
         numbers them) instead of the communicator's."""
-        comm = self.comm
-        with comm.lock:
-            return comm.executor.run(
-                schedule,
-                buf,
-                comm.transport if transport is None else transport,
-                timeout=comm.timeout,
-                piece_bytes=comm.piece_bytes,
-                bucket=bucket,
-                tracer=self.tracer,
-                owner=buf if reused else None,
-            )
+        return self.comm.run_schedule(
+            schedule,
+            buf,
+            bucket=bucket,
+            tracer=self.tracer,
+            owner=buf if reused else None,
+            transport=transport,
+            spin=False,
+        )
 
     def warm(self, schedule, buf: torch.Tensor) -> None:
         """Launch ``schedule``'s reduce kernel on every piece size it will use on ``buf``,
