@@ -59,6 +59,7 @@ import torch
 
 from commrt.errors import CommError
 from commrt.store import poll
+from commrt.sync.backup.arrival import rank_of
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.wire import KillAfterFirstSend, Wire, kill_step, make_wire
 
@@ -92,12 +93,18 @@ class Reduction:
         # ---- the current global step
         self.step, self.round = 0, 0  # the global step and its redo round (0: first try)
         self.ranks: tuple[int, ...] = ()  # the round's participants
+        self.names: tuple[str, ...] = ()  # their ticket names (incarnations told apart)
         self.schedules: list = []  # per bucket: the inner all-reduce among them
         self.error: BaseException | None = None  # this rank's reduction failed this round
 
-    def setup(self) -> None:
-        """Collective: the group of every rank, and the buffers' copies (gloo only)."""
-        if self.recoverable:
+    def setup(self, rejoined: bool = False) -> None:
+        """Collective: the group of every rank, and the buffers' copies (gloo only).
+        ``rejoined``: this rank is a replacement (not collective; the job set ``broken``
+        when it came back, so no step it takes part in runs on the setup group)."""
+        if self.recoverable and rejoined:
+            self.broken = True
+            self.kept = [torch.empty_like(b) for b in self.ctx.buffers]
+        elif self.recoverable:
             members = range(self.p)
             self.setup_wire = make_wire(
                 self.cs, self.space, None, 0, members, self.rank, self.timeout
@@ -114,10 +121,11 @@ class Reduction:
         return sum(t.numel() * t.element_size() for t in self.kept)
 
     # ------------------------------------------------------------ the first try
-    def begin(self, step: int, ranks: tuple[int, ...], participant: bool) -> None:
+    def begin(self, step: int, ranks: tuple[int, ...], participant: bool, names=()) -> None:
         """Global step ``step`` begins with ``ranks`` taking part (this rank among them, or
-        late)."""
+        late; ``names``: their ticket names)."""
         self.step, self.round, self.ranks, self.error = step, 0, ranks, None
+        self.names = tuple(names)
         if participant:
             self._use_wire()
 
@@ -134,7 +142,14 @@ class Reduction:
             self._release()
             try:
                 self.wire = make_wire(
-                    self.cs, self.space, self.step, self.round, self.ranks, self.rank, self.timeout
+                    self.cs,
+                    self.space,
+                    self.step,
+                    self.round,
+                    self.ranks,
+                    self.rank,
+                    self.timeout,
+                    self.names,
                 )
             except RuntimeError as e:  # a participant died before it joined: redo
                 self.wire, self.error = None, e
@@ -144,12 +159,13 @@ class Reduction:
 
     def _last_fits(self) -> bool:
         """The previous step committed on a group of exactly this step's participants: all
-        of them took part in it, so all of them hold it and reuse it too."""
+        of them took part in it, so all of them hold it and reuse it too (the names tell a
+        replacement from the rank it replaced, whose group it does not hold)."""
         last = self.last
         return (
             last is not None
             and self.last_step == self.step - 1
-            and last.members == self.ranks
+            and last.names == self.names
             and not last.failed
         )
 
@@ -164,7 +180,7 @@ class Reduction:
     def _is_broken(self) -> bool:
         if not self.broken and self.store.check([Keys.BROKEN]):
             self.broken = True
-            if not self.setup_wire.failed:
+            if self.setup_wire is not None and not self.setup_wire.failed:
                 self.setup_wire.abort()  # its peer died: its connections are not reused
         return self.broken
 
@@ -270,7 +286,8 @@ class Reduction:
                 raise self.arrival.timeout_error(self.step, self.round, dead, waited)
 
         names = self.arrival.first_n(self.step, waiting, round=self.round)
-        self.ranks = tuple(sorted(int(s) for s in names))
+        self.ranks = tuple(sorted(rank_of(s) for s in names))
+        self.names = tuple(sorted(names))
         if pos > self.n:
             return False
         self._use_wire()

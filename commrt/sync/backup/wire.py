@@ -39,8 +39,12 @@ KILL_ENV = "COMMRT_TEST_KILL"
 class Wire:
     """A gloo group over ``members`` (global ranks, in group rank order), owned by the policy."""
 
-    def __init__(self, cs, space: str, key: str, members: Sequence[int], rank: int, timeout):
+    def __init__(
+        self, cs, space: str, key: str, members: Sequence[int], rank: int, timeout, names=()
+    ):
         self.members = tuple(members)
+        #: the members' ticket names (their incarnations: a replacement is another member)
+        self.names = tuple(names)
         store = cs.client(f"{space}/{key}")
         self.transport = GlooTransport(store, self.members.index(rank), len(self.members), timeout)
         self.failed = False  # aborted after a failure: never used again
@@ -55,10 +59,12 @@ class Wire:
         self.transport.abort()
 
 
-def make_wire(cs, space: str, step: int | None, round: int, members, rank: int, timeout) -> Wire:
+def make_wire(
+    cs, space: str, step: int | None, round: int, members, rank: int, timeout, names=()
+) -> Wire:
     """The group of round ``round`` of ``step`` (None: every rank's, at setup); collective
-    over ``members``."""
-    return Wire(cs, space, Keys.wire(step, round), members, rank, timeout)
+    over ``members`` (``names``: their ticket names)."""
+    return Wire(cs, space, Keys.wire(step, round), members, rank, timeout, names)
 
 
 def kill_step(rank: int) -> tuple[int, int] | None:
