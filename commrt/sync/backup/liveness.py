@@ -206,8 +206,10 @@ class Liveness:
         """Record in the store that ``rank`` (its current incarnation) is dead (this rank
         found it silent)."""
         inc = self.incarnations.get(rank, 0)
-        store.set(Keys.dead(rank, inc), str(self.rank))
+        # the log entry first: a replacement waits for the key, and its return must come
+        # after this death in the log
         log(store, f"{rank} {self.rank} {inc}")
+        store.set(Keys.dead(rank, inc), str(self.rank))
 
     def refresh(self, store) -> None:
         """Read the log's counter; read the new entries only when it moved."""
@@ -223,7 +225,7 @@ class Liveness:
             if what == BACK:  # a replacement rejoined: watched again, under its incarnation
                 self.incarnations[rank] = inc
                 found.discard(rank)
-            elif rank != self.rank:
+            elif rank != self.rank and inc >= self.incarnations.get(rank, 0):
                 found.add(rank)
             elif inc == self.incarnation:  # not an earlier incarnation of this rank
                 self.declared_by = int(what)
