@@ -237,6 +237,15 @@ def _add_train(sub) -> None:
         "--algorithm backup the others carry on",
     )
     tr.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --algorithm backup (gloo): start a replacement with the same RANK when "
+        "a worker dies, up to N times in all; it rejoins the running job, catches up "
+        "from a snapshot and takes part again, nobody else restarts (default 0)",
+    )
+    tr.add_argument(
         "--trace",
         metavar="OUT.json",
         help="write a merged Chrome trace of all ranks (for example out/trace.json)",
@@ -309,7 +318,14 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     """Start the ranks, or be one of them (``options``: commrt train's checked options)."""
     backups = getattr(getattr(options, "algorithm", None), "backups", None)
     kill = getattr(options, "kill", None) is not None
+    restarts = getattr(options, "max_restarts", 0)
     backend = check_backend(parser, args.backend, backups=backups is not None, kill=kill)
+    if restarts and backend != "gloo":
+        parser.error(
+            f"--max-restarts with --backend {backend}: only gloo lets a replacement rejoin "
+            f"a running job ({MPI_KILLS_ALL}; NCCL cannot add a rank either); pass "
+            "--backend gloo (or leave --backend out)"
+        )
     if args.nproc > 1 and not launcher.already_launched():
         child = list(argv) + ["--backend", backend]
         # the ranks take seconds to import torch and meet: say so at once
@@ -322,6 +338,7 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
             use_mpiexec=backend == "mpi",
             host_store=backups is not None,
             tolerate=backups or 0,
+            restarts=restarts,
         )
         if code == 0 and options is not None:  # the summary's times end before shut-down
             took = time.time() - launcher.launched_at()

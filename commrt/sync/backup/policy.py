@@ -150,7 +150,7 @@ class BackupPolicy(Policy):
         )
         self.liveness.start()
         if rejoined:
-            announce(store, self.rank, inc)
+            announce(store, self.rank, inc, self.p)
             self.role = Role.JOINING
         red = Reduction(ctx, self.cs, space, self.arrival, self.liveness, inner, self.timeout)
         self.reduction = red

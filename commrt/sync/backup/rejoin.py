@@ -40,6 +40,12 @@ a process runs the same training script; nobody else restarts:
    tells a replacement from the rank it replaced, so nobody reuses a group
    the replacement never joined).
 
+**Too late.** A replacement that comes back once every other rank is done
+(said ``bye`` after ``close()``, or is recorded dead) has nobody to catch up
+from: it raises :class:`RejoinedTooLate` at once instead of waiting out
+the timeout. One that comes back while the others drain in ``close()`` is
+waited for and served like any rank that is behind.
+
 **A replacement that dies** is a death like any other: its counter stops,
 its watcher records incarnation j dead, and a snapshot on its way to it is
 given up. Another replacement (j + 1) may follow.
@@ -57,7 +63,7 @@ redo.
 from __future__ import annotations
 
 from commrt.algorithms.auto import Auto
-from commrt.errors import CommTimeoutError
+from commrt.errors import CommError, CommTimeoutError
 from commrt.store import STORE_ENV, launcher_store, poll
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import BACK, log
@@ -101,7 +107,23 @@ def enter(store, rank: int, algorithm, timeout: float) -> int:
     return inc
 
 
-def announce(store, rank: int, incarnation: int) -> None:
-    """Tell the job that ``rank`` is back as ``incarnation`` (after its first beat)."""
+def _done(store, rank: int) -> bool:
+    """``rank`` closed (said bye), or its current incarnation is recorded dead."""
+    inc = int(store.add(Keys.incarnation(rank), 0))
+    return store.check([Keys.bye(rank)]) or store.check([Keys.dead(rank, inc)])
+
+
+class RejoinedTooLate(CommError):
+    """A replacement came back after every other rank was done: nobody can serve it."""
+
+
+def announce(store, rank: int, incarnation: int, world_size: int) -> None:
+    """Tell the job that ``rank`` is back as ``incarnation`` (after its first beat); raise
+    :class:`RejoinedTooLate` if every other rank is done already."""
     store.set(Keys.BROKEN, "1")  # before any ticket of this rank: module docs, step 3
     log(store, f"{rank} {BACK} {incarnation}")
+    if all(_done(store, r) for r in range(world_size) if r != rank):
+        raise RejoinedTooLate(
+            f"commrt: rank {rank} came back (incarnation {incarnation}) after every other "
+            "rank had finished training and closed: there is nothing left to join"
+        )
