@@ -222,6 +222,22 @@ def _add_train(sub) -> None:
         metavar="B",
         help="with --algorithm backup: drop the last B of N+B gradients each step (default 1)",
     )
+    _add_faults(tr)
+    tr.add_argument(
+        "--trace",
+        metavar="OUT.json",
+        help="write a merged Chrome trace of all ranks (for example out/trace.json)",
+    )
+    tr.add_argument("--lr", type=positive_number, default=0.05)
+    mb_help = "bucket cap (the model is ~85K parameters)"
+    tr.add_argument("--bucket-mb", type=positive_number, default=0.1, help=mb_help)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(run=cmd_train, parser=tr)
+
+
+def _add_faults(tr) -> None:
+    """commrt train's delay and fault injection, and what recovers from a fault."""
     tr.add_argument(
         "--straggler",
         metavar="SPEC,...",
@@ -245,17 +261,6 @@ def _add_train(sub) -> None:
         "a worker dies, up to N times in all; it rejoins the running job, catches up "
         "from a snapshot and takes part again, nobody else restarts (default 0)",
     )
-    tr.add_argument(
-        "--trace",
-        metavar="OUT.json",
-        help="write a merged Chrome trace of all ranks (for example out/trace.json)",
-    )
-    tr.add_argument("--lr", type=positive_number, default=0.05)
-    mb_help = "bucket cap (the model is ~85K parameters)"
-    tr.add_argument("--bucket-mb", type=positive_number, default=0.1, help=mb_help)
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--quiet", action="store_true", help="no progress bar")
-    tr.set_defaults(run=cmd_train, parser=tr)
 
 
 def _add_trace(sub) -> None:

@@ -19,15 +19,7 @@ from collections.abc import Callable
 
 from commrt.errors import CommTimeoutError
 from commrt.store import poll
-from commrt.sync.backup.keys import Keys
-
-#: the name a closing rank writes under its ticket starts with this
-CLOSING = "x"
-
-
-def rank_of(name: str) -> int:
-    """The rank that wrote ticket name ``name``."""
-    return int(name.lstrip(CLOSING).split(".")[0])
+from commrt.sync.backup.keys import CLOSING, Keys, rank_of
 
 
 def round_s(seconds: float) -> float:

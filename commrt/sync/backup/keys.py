@@ -41,6 +41,15 @@ other's tickets. Inside it:
 
 from __future__ import annotations
 
+#: the name a closing rank writes under its ticket starts with this
+CLOSING = "x"
+
+
+def rank_of(name: str) -> int:
+    """The rank that wrote the ticket name ``name`` (``"{rank}"``, ``"{rank}.{incarnation}"``
+    for a replacement, either after :data:`CLOSING` for a rank that closes)."""
+    return int(name.lstrip(CLOSING).split(".")[0])
+
 
 class Keys:
     """Names of the store keys (relative to a policy's key space)."""

@@ -59,8 +59,7 @@ import torch
 
 from commrt.errors import CommError
 from commrt.store import poll
-from commrt.sync.backup.arrival import rank_of
-from commrt.sync.backup.keys import Keys
+from commrt.sync.backup.keys import Keys, rank_of
 from commrt.sync.backup.wire import KillAfterFirstSend, Wire, kill_step, make_wire
 
 COMMIT, REDO = "commit", "redo"
