@@ -40,8 +40,9 @@ commits.
 open: the rank whose receive waits on it is woken by nothing but the
 timeout (gloo's ``abort()`` or ``shutdown()`` from another thread do not
 end a wait in the same process; tried), so that step is redone only after
-the timeout. A death while a round's group is being made costs the
-timeout (gloo's rendezvous cannot be interrupted) before the next round. A
+the timeout. A death while a round's group is being made costs about
+``dead_after_s``: the rendezvous's waits poll and end once a member is
+recorded dead (:class:`~commrt.sync.backup.wire.WatchedStore`). A
 rank inside ``close()`` takes no ticket of a redo round: if the round needs
 it to reach N, the others raise the timeout error, naming it. ``wait()``
 returns only once the step committed, on late ranks too (they used to
@@ -149,12 +150,17 @@ class Reduction:
                     self.rank,
                     self.timeout,
                     self.names,
+                    self._member_died,
                 )
             except RuntimeError as e:  # a participant died before it joined: redo
                 self.wire, self.error = None, e
                 return
             self.groups_made += 1
         self.schedules = self.wire.schedules(self.inner, self.ranks)
+
+    def _member_died(self) -> bool:
+        """A member of the round being made was recorded dead (its group would never meet)."""
+        return bool(set(self.ranks) & self.liveness.missing)
 
     def _last_fits(self) -> bool:
         """The previous step committed on a group of exactly this step's participants: all
