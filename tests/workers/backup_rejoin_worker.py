@@ -20,14 +20,12 @@ itself right after it came back (announced, before its snapshot), to show
 that a replacement dying while it joins is survived like any other death.
 """
 
-import json
 import os
 import signal
 import sys
 import time
 
-import torch
-from backup_redo_worker import DEAD_AFTER_S, KILL_AT, SLOW_S, grads, model, optimizer
+from backup_redo_worker import DEAD_AFTER_S, KILL_AT, SLOW_S, grads, model, optimizer, save
 
 import commrt
 from commrt.algorithms import BackupWorkers
@@ -69,17 +67,8 @@ def main(out, backups):
     except commrt.CommError as e:
         rec.update(error=str(e), error_type=type(e).__name__)
         sync.close()
-    rep = sync.policy.report()
-    rec.update(global_step=sync.global_step, final=rep.final_step, missing=list(rep.missing))
-    rec["updates"] = rep.updates.get(rank)
-    state = {f"param/{k}": v.detach().clone() for k, v in m.named_parameters()}
-    for i, p in enumerate(m.parameters()):
-        for k, v in opt.state.get(p, {}).items():
-            state[f"state/{i}/{k}"] = v.detach().clone()
     name = f"rejoin_rank{rank}" + (f"_{inc}" if inc else "")
-    torch.save(state, os.path.join(out, f"{name}.pt"))
-    with open(os.path.join(out, f"{name}.json"), "w") as f:
-        json.dump(rec, f)
+    save(os.path.join(out, name), rec, sync, m, opt)
 
 
 if __name__ == "__main__":
