@@ -102,6 +102,14 @@ def _take(exchange: Exchange, store, server: tuple[int, int], deadline: float) -
     exchange.complete(deadline)
 
 
+def _pair_wire(where, store, req: int, peer: tuple[int, int], rank: int, timeout) -> Wire:
+    """The two-rank group request ``req`` travels on (one end rejoined; ``where``: control
+    store and key space); making it ends once ``peer`` (rank, incarnation) is recorded dead."""
+    dead = Keys.dead(*peer)
+    members = tuple(sorted((peer[0], rank)))
+    return Wire(*where, Keys.pair(req), members, rank, timeout, (), lambda: store.check([dead]))
+
+
 def _check_claimer(store, req: int) -> None:
     """Raise :class:`ServerDied` if the rank that claimed request ``req`` was recorded dead
     before answering it (nobody else would: seen in bench/chaos_backup.py)."""
@@ -121,7 +129,8 @@ class _Send:
     step: int  # the global step the snapshot holds
     started: float
     exchange: Exchange | None = None  # None until the sends start
-    pair: bool = False  # on a two-rank group of its own (one end rejoined)
+    #: on a two-rank group of its own (one end rejoined): the peer's incarnation, else None
+    pair: int | None = None
     wire: Wire | None = None  # that group, once made
 
 
@@ -149,13 +158,12 @@ class CatchUp:
         self._next_claim_check = 0.0  # when the late side next looks at its request's claim
         self._state_event = None  # when this rank's state was last written
 
-    def _start(self, req: int, peer: int, flat, step: int, pair: bool, send: bool):
+    def _start(self, req: int, peer: int, flat, step: int, pair: int | None, send: bool):
         """Start moving ``flat`` to (``send``) or from ``peer`` for request ``req``; return the
-        exchange and, with ``pair`` (one end rejoined), the two-rank group it runs on."""
+        exchange and, with ``pair`` (the peer's incarnation), the two-rank group it runs on."""
         wire = None
-        if pair:
-            members = tuple(sorted((peer, self.rank)))
-            wire = Wire(*self._pairs, Keys.pair(req), members, self.rank, self.timeout)
+        if pair is not None:
+            wire = _pair_wire(self._pairs, self.store, req, (peer, pair), self.rank, self.timeout)
         at = peer if wire is None else wire.members.index(peer)
         moves = [(x, at) for x in pieces(flat)]
         sends, recvs = (moves, []) if send else ([], moves)
@@ -244,7 +252,8 @@ class CatchUp:
         # the mark first: on NCCL this receive's groupEnd may wait for the server's send,
         # which a stream-ordered server starts only once it sees the mark (module docs)
         self.store.set(Keys.posted(req), "1")
-        exchange, wire = self._start(req, server[0], self._rbuf, step, resp.get("pair"), False)
+        pair = server[1] if resp.get("pair") else None
+        exchange, wire = self._start(req, server[0], self._rbuf, step, pair, False)
         try:
             _take(exchange, self.store, server, deadline)
         finally:
@@ -289,12 +298,12 @@ class CatchUp:
             del self._open[i]
             if not self._claim(i):
                 continue  # claimed by another rank
-            pair = bool(inc or self.incarnation)  # the communicator's group cannot reach it
-            self._start_send(i, who, (step, final), optimizer, (send_now and not pair, pair))
+            pair = inc if inc or self.incarnation else None  # the job's group cannot reach it
+            self._start_send(i, who, (step, final), optimizer, (send_now and pair is None, pair))
 
     def _start_send(self, req: int, peer: int, held: tuple, optimizer, how: tuple) -> None:
         """Answer request ``req`` of ``peer`` with this rank's state (``held``: its step and
-        final); ``how``: (start the sends now, on a pair group)."""
+        final); ``how``: (start the sends now, the peer's incarnation on a pair group)."""
         send_now, pair = how
         if self._state_event is not None:
             torch.cuda.current_stream(self.comm.device).wait_event(self._state_event)
@@ -302,7 +311,7 @@ class CatchUp:
             flat, layout = pack_snapshot(self.params, optimizer)
         step, final = held
         resp = {"server": self.rank, "step": step, "final": final, "layout": layout}
-        resp.update(incarnation=self.incarnation, pair=pair)
+        resp.update(incarnation=self.incarnation, pair=pair is not None)
         self.store.set(Keys.response(req), json.dumps(resp))
         s = _Send(req, peer, flat, step, time.monotonic(), pair=pair)
         self._sending.append(s)
