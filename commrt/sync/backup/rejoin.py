@@ -47,8 +47,10 @@ the timeout. One that comes back while the others drain in ``close()`` is
 waited for and served like any rank that is behind.
 
 **A replacement that dies** is a death like any other: its counter stops,
-its watcher records incarnation j dead, and a snapshot on its way to it is
-given up. Another replacement (j + 1) may follow.
+its watcher records incarnation j dead, a snapshot on its way to it is
+given up, and a group being made with it (a round's, or a catch-up pair's)
+stops waiting for it then (:class:`~commrt.sync.backup.wire.WatchedStore`).
+Another replacement (j + 1) may follow.
 
 **Not covered.** A store hosted by rank 0 (plain ``mpiexec``, or
 ``commrt.init`` with no launcher) cannot be found by a new process: rejoin
