@@ -51,6 +51,12 @@ def rank_of(name: str) -> int:
     return int(name.lstrip(CLOSING).split(".")[0])
 
 
+def incarnation_of(name: str) -> int:
+    """The incarnation of the rank that wrote the ticket name ``name`` (0: the first)."""
+    _, _, inc = name.lstrip(CLOSING).partition(".")
+    return int(inc or 0)
+
+
 class Keys:
     """Names of the store keys (relative to a policy's key space)."""
 

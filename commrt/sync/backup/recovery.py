@@ -60,7 +60,7 @@ import torch
 
 from commrt.errors import CommError
 from commrt.store import poll
-from commrt.sync.backup.keys import Keys, rank_of
+from commrt.sync.backup.keys import Keys, incarnation_of, rank_of
 from commrt.sync.backup.wire import KillAfterFirstSend, Wire, kill_step, make_wire
 
 COMMIT, REDO = "commit", "redo"
@@ -159,8 +159,14 @@ class Reduction:
         self.schedules = self.wire.schedules(self.inner, self.ranks)
 
     def _member_died(self) -> bool:
-        """A member of the round being made was recorded dead (its group would never meet)."""
-        return bool(set(self.ranks) & self.liveness.missing)
+        """A member of the round being made was recorded dead (its group would never meet):
+        the incarnation that took the ticket, not an earlier one whose replacement's return
+        this rank has not read yet (it would give up a group the others still make)."""
+        missing, known = self.liveness.missing, self.liveness.incarnations
+        return any(
+            rank_of(n) in missing and known.get(rank_of(n), 0) >= incarnation_of(n)
+            for n in self.names
+        )
 
     def _last_fits(self) -> bool:
         """The previous step committed on a group of exactly this step's participants: all
