@@ -24,7 +24,7 @@ import torch
 
 from commrt.departure import CLOSED, Departures, track
 from commrt.errors import CommError, CommTimeoutError
-from commrt.launch import LaunchInfo, detect_launch  # noqa: F401  (moved; still importable)
+from commrt.launch import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
 from commrt.rendezvous import _mpi_world
 from commrt.rendezvous import tcp_store as _tcp_store
 from commrt.transports.base import Transport
@@ -435,7 +435,9 @@ def init(
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     be = _resolve_backend(backend, launch)
 
-    if be is Backend.MPI:
+    if rejoining():
+        transport = _rejoined(be, rank, world_size)
+    elif be is Backend.MPI:
         from commrt.transports.mpi import MpiTransport
 
         world = _mpi_world()
@@ -459,6 +461,19 @@ def init(
     if abort_on_error is not False and world_size > 1:
         _AbortOnError.install(comm)
     return comm
+
+
+def _rejoined(be: Backend, rank: int, world_size: int) -> Transport:
+    """The transport of a replacement that rejoins a running job (``COMMRT_REJOIN=1``);
+    backup workers' policy checks that the job's store outlives every rank."""
+    from commrt.transports.gloo import GlooRejoined
+
+    if be is not Backend.GLOO:
+        raise ValueError(
+            f"{REJOIN_ENV}=1: only the gloo backend lets a replacement rejoin a running job "
+            f"(backup workers), not {be}; pass backend='gloo'"
+        )
+    return GlooRejoined(rank, world_size)
 
 
 def _nccl_transport(launch, rank, world_size, master_addr, master_port, timeout, device, nccl):

@@ -62,6 +62,17 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     return LaunchInfo("none", 0, 1, 0, 1, addr, port)
 
 
+#: set to 1 in a replacement process that rejoins a running job under a dead rank's RANK
+#: (backup workers on gloo, :mod:`commrt.sync.backup.rejoin`)
+REJOIN_ENV = "COMMRT_REJOIN"
+
+
+def rejoining(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started to rejoin a running job (``COMMRT_REJOIN=1``)."""
+    env = os.environ if env is None else env
+    return env.get(REJOIN_ENV, "") not in ("", "0")
+
+
 #: set (to the rank) by :func:`mpi_env_for_torch` when it wrote RANK and WORLD_SIZE
 FROM_MPI_ENV = "COMMRT_RANK_FROM_MPI"
 

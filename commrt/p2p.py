@@ -100,6 +100,8 @@ class Exchange:
     ``hold_lock``: keep the communicator's lock until :meth:`complete` (or
     :meth:`abandon`), for engines on which no other group may be enqueued
     meanwhile (NCCL); otherwise the lock is held only while starting.
+    ``transport``: run on this transport instead of the communicator's (a group
+    a caller made for some of its ranks; peers are then ranks of that group).
     """
 
     def __init__(
@@ -111,10 +113,11 @@ class Exchange:
         where: Where,
         *,
         hold_lock: bool = False,
+        transport: Transport | None = None,
     ):
         self.comm, self.where = comm, where
         self.sends, self.recvs = list(sends), list(recvs)
-        self.transport: Transport = comm.transport
+        self.transport: Transport = comm.transport if transport is None else transport
         self.holding = hold_lock
         self.done = False
         comm.lock.acquire()

@@ -242,7 +242,7 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
     late.store = Store()
     t0 = time.monotonic()
     with pytest.raises(C.ServerDied, match="rank 3 was recorded dead"):
-        late._take(Exchange(), 3, time.monotonic() + 30)
+        C._take(Exchange(), late.store, (3, 0), time.monotonic() + 30)
     assert time.monotonic() - t0 < 2 * C.CHECK_S + 0.5
 
     # receive() treats it as a lost server: asks again, and the next answer is taken
@@ -275,7 +275,7 @@ def test_a_request_claimed_by_a_rank_that_died_before_answering_is_asked_again()
 
     class Store:
         def __init__(self):
-            self.keys = {Keys.claim(5): b"2"}
+            self.keys = {Keys.claim(5): b"2 0"}  # rank 2, its first incarnation
 
         def check(self, keys):
             return all(k in self.keys for k in keys)
@@ -303,8 +303,8 @@ def test_snapshots_on_their_way_to_a_dead_rank_are_given_up():
     abandoned = []
     ex = SimpleNamespace(abandon=lambda: abandoned.append(1))
     server = C.CatchUp.__new__(C.CatchUp)
-    to_dead = SimpleNamespace(peer=2, exchange=ex, flat="buf2")
-    to_live = SimpleNamespace(peer=1, exchange=None, flat="buf1")
+    to_dead = SimpleNamespace(peer=2, exchange=ex, flat="buf2", wire=None)
+    to_live = SimpleNamespace(peer=1, exchange=None, flat="buf1", wire=None)
     server._sending, server._lost = [to_dead, to_live], []
     server.drop_sends_to({2, 3})
     assert server._sending == [to_live] and abandoned == [1] and server._lost == ["buf2"]
@@ -330,7 +330,8 @@ def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
         c.rank, c.timeout, c._host_progress, c._lost = 2, 30.0, True, []
         c.store = SimpleNamespace(check=lambda keys: False)
         ex = SimpleNamespace(sends_done=failing_send, abandon=lambda: None)
-        c._sending = [SimpleNamespace(peer=0, exchange=ex, flat="buf", started=time.monotonic())]
+        sent = SimpleNamespace(peer=0, exchange=ex, flat="buf", started=time.monotonic())
+        c._sending = [SimpleNamespace(**vars(sent), wire=None)]
         return c
 
     gloo = server(stream_ordered=False)

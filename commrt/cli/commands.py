@@ -224,6 +224,22 @@ def _add_train(sub) -> None:
         metavar="B",
         help="with --algorithm backup: drop the last B of N+B gradients each step (default 1)",
     )
+    _add_faults(tr)
+    tr.add_argument(
+        "--trace",
+        metavar="OUT.json",
+        help="write a merged Chrome trace of all ranks (for example out/trace.json)",
+    )
+    tr.add_argument("--lr", type=positive_number, default=0.05)
+    mb_help = "bucket cap (the model is ~85K parameters)"
+    tr.add_argument("--bucket-mb", type=positive_number, default=0.1, help=mb_help)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(run=cmd_train, parser=tr)
+
+
+def _add_faults(tr) -> None:
+    """commrt train's delay and fault injection, and what recovers from a fault."""
     tr.add_argument(
         "--straggler",
         metavar="SPEC,...",
@@ -239,16 +255,14 @@ def _add_train(sub) -> None:
         "--algorithm backup the others carry on",
     )
     tr.add_argument(
-        "--trace",
-        metavar="OUT.json",
-        help="write a merged Chrome trace of all ranks (for example out/trace.json)",
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --algorithm backup (gloo): start a replacement with the same RANK when "
+        "a worker dies, up to N times in all; it rejoins the running job, catches up "
+        "from a snapshot and takes part again, nobody else restarts (default 0)",
     )
-    tr.add_argument("--lr", type=positive_number, default=0.05)
-    mb_help = "bucket cap (the model is ~85K parameters)"
-    tr.add_argument("--bucket-mb", type=positive_number, default=0.1, help=mb_help)
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--quiet", action="store_true", help="no progress bar")
-    tr.set_defaults(run=cmd_train, parser=tr)
 
 
 def _add_trace(sub) -> None:
@@ -311,7 +325,14 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     """Start the ranks, or be one of them (``options``: commrt train's checked options)."""
     backups = getattr(getattr(options, "algorithm", None), "backups", None)
     kill = getattr(options, "kill", None) is not None
+    restarts = getattr(options, "max_restarts", 0)
     backend = check_backend(parser, args.backend, backups=backups is not None, kill=kill)
+    if restarts and backend != "gloo":
+        parser.error(
+            f"--max-restarts with --backend {backend}: only gloo lets a replacement rejoin "
+            f"a running job ({MPI_KILLS_ALL}; NCCL cannot add a rank either); pass "
+            "--backend gloo (or leave --backend out)"
+        )
     if args.nproc > 1 and not launcher.already_launched():
         child = list(argv) + ["--backend", backend]
         # the ranks take seconds to import torch and meet: say so at once
@@ -324,6 +345,7 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
             use_mpiexec=backend == "mpi",
             host_store=backups is not None,
             tolerate=backups or 0,
+            restarts=restarts,
         )
         if code == 0 and options is not None:  # the summary's times end before shut-down
             took = time.time() - launcher.launched_at()

@@ -19,6 +19,13 @@ may be the one that dies. Under mpiexec that takes MPICH's
 ``-disable-auto-cleanup`` (passed here; without it Hydra kills every rank
 when one dies). torchrun has no such switch: its agent stops all workers
 on any failure (and restarts them if ``--max-restarts`` allows).
+
+With ``restarts=n`` as well (``commrt train --max-restarts N``, gloo only),
+a worker that dies while others still run is replaced: the launcher starts
+the same command with the same RANK and ``COMMRT_REJOIN=1``, and the
+replacement rejoins the running job (:mod:`commrt.sync.backup.rejoin`), up
+to n replacements in all. The job then succeeds when every rank's last
+process finished well.
 """
 
 from __future__ import annotations
@@ -100,6 +107,7 @@ def launch(
     quiet_workers: bool = True,
     host_store: bool = False,
     tolerate: int = 0,
+    restarts: int = 0,
 ) -> int:
     """Run ``python -m commrt <argv>`` as ``nproc`` ranks; return the exit code.
 
@@ -107,7 +115,8 @@ def launch(
     stdout is dropped when ``quiet_workers``; every rank keeps stderr.
     ``host_store``: host a TCPStore here for the ranks (``COMMRT_STORE``,
     and the gloo rendezvous). ``tolerate``: how many ranks may die before
-    the launcher stops the rest (see the module docs).
+    the launcher stops the rest; ``restarts``: how many replacements it may start for
+    ranks that died (see the module docs).
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
@@ -146,13 +155,39 @@ def launch(
         )
         if store is not None:  # the rendezvous too, so that rank 0 is not special
             env.update(MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="true")
-        procs = []
-        for r in range(nproc):
+
+        def start(r: int, **more) -> subprocess.Popen:
             out = subprocess.DEVNULL if (quiet_workers and r) else None
-            procs.append(
-                subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=out)
+            rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r), **more)
+            return subprocess.Popen(cmd, env=rank_env, stdout=out)
+
+        procs = [start(r) for r in range(nproc)]
+    replace = Replacements(start, restarts) if restarts else None
+    return _supervise(procs, timeout, tolerate=tolerate, replace=replace)
+
+
+class Replacements:
+    """Starts replacements of dead ranks (``COMMRT_REJOIN=1``), up to ``limit`` in all."""
+
+    def __init__(self, start, limit: int):
+        self.start, self.left, self.limit = start, limit, limit
+
+    def __call__(self, procs: list[subprocess.Popen]) -> None:
+        """Replace each rank of ``procs`` that failed while another still runs."""
+        running = any(p.poll() is None for p in procs)
+        for rank, p in enumerate(procs):
+            code = p.poll()
+            if not code or not running or not self.left:
+                continue
+            self.left -= 1
+            how = f"was killed by {_signame(-code)}" if code < 0 else f"exited with status {code}"
+            used = self.limit - self.left
+            print(
+                f"commrt: rank {rank} {how}; started a replacement ({used} of {self.limit})",
+                file=sys.stderr,
+                flush=True,
             )
-    return _supervise(procs, timeout, tolerate=tolerate)
+            procs[rank] = self.start(rank, COMMRT_REJOIN="1")
 
 
 def _supervise(
@@ -160,10 +195,13 @@ def _supervise(
     timeout: float | None,
     ranks_known: bool = True,
     tolerate: int = 0,
+    replace: Replacements | None = None,
 ) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:
+            if replace is not None:
+                replace(procs)
             codes = [p.poll() for p in procs]
             bad = [c for c in codes if c not in (None, 0)]
             if bad and len(bad) <= tolerate and ranks_known:

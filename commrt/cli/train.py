@@ -34,6 +34,7 @@ from commrt.algorithms import Algorithm, Gossip
 from commrt.cli.launch import launched_at
 from commrt.cli.traces import merge_rank_traces, save_rank_trace
 from commrt.cli.train_output import Progress, epoch_line, render_summary, step_line, summary_rows
+from commrt.launch import rejoining
 from commrt.recipe import BatchSizeSchedule
 from commrt.sync.report import SyncReport
 
@@ -236,8 +237,10 @@ class TrainOptions:
     seed: int
     # -- fault and delay injection
     straggler: Stragglers | None = None
-    #: (rank, step) at which that rank kills itself
+    #: (rank, step) at which that rank kills itself (its replacement does not)
     kill: tuple[int, int] | None = None
+    #: replacements the launcher may start for workers that died (backup workers, gloo)
+    max_restarts: int = 0
     # -- output
     trace: str | None = None
     quiet: bool = False
@@ -355,7 +358,7 @@ def _epoch(
     gb = opts.batch_schedule.batch_size(epoch)
     losses = []
     for xb, yb in s.sharding.batches(epoch, gb):
-        if opts.kill and opts.kill == (comm.rank, out.step_no):
+        if opts.kill == (comm.rank, out.step_no) and not rejoining():
             os.kill(os.getpid(), signal.SIGKILL)
         if opts.straggler:
             time.sleep(opts.straggler.delay(comm.rank, out.step_no))

@@ -50,6 +50,7 @@ def check_train(parser: argparse.ArgumentParser, args):
     sched = _train_batches(parser, args, nproc, fix, announce=rank == 0)
     straggler = _straggler(parser, args, nproc)
     kill = _kill(parser, args.kill, nproc) if args.kill else None
+    _check_restarts(parser, args.max_restarts, alg)
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error("--label-smoothing must be in [0, 1)")
     return TrainOptions(
@@ -65,6 +66,7 @@ def check_train(parser: argparse.ArgumentParser, args):
         seed=args.seed,
         straggler=straggler,
         kill=kill,
+        max_restarts=args.max_restarts,
         trace=args.trace,
         quiet=args.quiet,
     )
@@ -211,6 +213,17 @@ def _straggler(parser: argparse.ArgumentParser, args, nproc: int):
                 f"well under {args.timeout:g} s, or raise --timeout"
             )
     return s
+
+
+def _check_restarts(parser: argparse.ArgumentParser, n: int, alg) -> None:
+    """--max-restarts N: a count, for backup workers only (the others cannot lose a rank)."""
+    if n < 0:
+        parser.error(f"--max-restarts must be 0 or more, got {n}")
+    if n and alg.name != "backup":
+        parser.error(
+            f"--max-restarts needs --algorithm backup: a replacement rejoins only backup "
+            f"workers, whose other ranks carry on while a rank is dead (not {alg.name})"
+        )
 
 
 def _kill(parser: argparse.ArgumentParser, text: str, nproc: int) -> tuple[int, int]:

@@ -148,13 +148,13 @@ class GradientSync:
         self.broadcast_buffers = cfg.broadcast_buffers
 
         # -- buckets and their wire buffers (every rank checked to agree, and to start alike)
-        self.buckets: list[Bucket] = _agreed_buckets(cfg, named, comm, model)
+        self.policy = policy_for(cfg.algorithm)
+        self.buckets: list[Bucket] = _agreed_buckets(cfg, named, comm, model, self.policy)
         self.io = BucketBuffers(self.buckets, cfg.comm_dtype, comm.device, cfg.grad_views)
         self._buffers, self._views = self.io.buffers, self.io.views  # (tests look inside)
 
         # -- the family's policy, and what is recorded about each step
         self.tracer = _tracer(trace, comm)
-        self.policy = policy_for(cfg.algorithm)
         bufs = tuple(self._buffers)
         ctx = SyncContext(
             comm, tuple(self.buckets), bufs, cfg.comm_dtype, self.tracer, self.io.unpack
@@ -313,12 +313,20 @@ class GradientSync:
         )
 
 
-def _agreed_buckets(cfg: SyncConfig, named, comm, model) -> list[Bucket]:
+def _agreed_buckets(cfg: SyncConfig, named, comm, model, policy) -> list[Bucket]:
     """The buckets, checked to be laid out alike on every rank; every rank then starts
-    from rank 0's weights (if asked)."""
+    from rank 0's weights (if asked). A replacement that rejoined a running job does
+    neither: the others are past these collectives, and its policy brings the state."""
     buckets = assign_buckets(
         named, int(cfg.bucket_mb * MB), int(cfg.first_bucket_mb * MB), cfg.element_size
     )
+    if comm.transport.rejoined:
+        if not policy.can_rejoin:
+            raise ValueError(
+                f"commrt: this process rejoined a running job (COMMRT_REJOIN=1), which "
+                f"only backup workers allow, not algorithm {cfg.algorithm.name!r}"
+            )
+        return buckets
     check_layout(comm, buckets, extra=f"{cfg.comm_dtype}|{cfg.algorithm!r}")
     if cfg.broadcast_init:
         broadcast_state(model, comm)

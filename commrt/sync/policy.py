@@ -131,6 +131,10 @@ class Policy(abc.ABC):
     #: what ``close()`` does that may take a while, for a tool to say before it calls it
     #: ("" when it returns at once)
     closing: str = ""
+    #: a replacement process may join a running job with it (``COMMRT_REJOIN=1``): its
+    #: GradientSync then skips the construction's collectives (the layout check, rank 0's
+    #: weights), which the others are long past, and the policy brings the state instead
+    can_rejoin: bool = False
 
     def __init__(self, algorithm):
         self.algorithm = algorithm

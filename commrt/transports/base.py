@@ -130,6 +130,9 @@ class Transport(abc.ABC):
     #: True where a receive can be tested without blocking (MPI): a closing rank's
     #: farewell then travels as a message; elsewhere through the store (commrt.departure)
     pollable: bool = False
+    #: True for a replacement process that rejoined a running job (:class:`GlooRejoined`):
+    #: the job's group does not reach it, only groups made after it came back do
+    rejoined: bool = False
     #: the communicator's watch on peers that left (commrt.departure.Departures), or None;
     #: bounded waits call its ``check()`` and engine errors its ``explain()``
     watch = None

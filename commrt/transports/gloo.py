@@ -101,3 +101,36 @@ class GlooTransport(Transport):
 
     def close(self) -> None:
         self.pg = None
+
+
+class GlooRejoined(Transport):
+    """The transport of a replacement process that rejoined a running job under a dead
+    rank's number (``COMMRT_REJOIN=1``, :mod:`commrt.sync.backup.rejoin`).
+
+    gloo cannot add a member to a group that already met, so this rank has no connection
+    on the job's group: every exchange here is refused with an error that says so. What
+    it takes part in (backup workers' reductions and catch-up) runs on gloo groups made
+    after it came back."""
+
+    name = "gloo"
+    rejoined = True
+
+    def __init__(self, rank: int, world_size: int):
+        super().__init__(rank, world_size, torch.device("cpu"))
+        self.store = None  # no farewell: the others never wait on this group for it
+
+    def _refuse(self, what: str):
+        raise RuntimeError(
+            f"commrt: rank {self.rank} rejoined a running job (COMMRT_REJOIN=1): gloo cannot "
+            f"add it to the job's group, so {what} cannot run on the communicator; only "
+            "backup workers' GradientSync (which makes groups for it) can"
+        )
+
+    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
+        self._refuse("a point-to-point exchange")
+
+    def barrier(self, timeout: float) -> bool:
+        self._refuse("a barrier")
+
+    def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        self._refuse("an all-reduce")

@@ -93,17 +93,22 @@ def main(scenario, out, backups):
     except commrt.CommError as e:
         rec.update(error=str(e), error_type=type(e).__name__, error_at=time.time())
         sync.close()
+    save(os.path.join(out, f"{scenario}_rank{rank}"), rec, sync, m, opt)
+
+
+def save(path, rec, sync, m, opt):
+    """Write ``rec`` with the report's numbers (path.json) and the final state (path.pt)."""
     rep = sync.policy.report()
     rec.update(global_step=sync.global_step, final=rep.final_step, missing=list(rep.missing))
     # global updates this rank's state went through: its own steps and the ones it caught up
     # on, in sync.step and in close() (where a rank that ran out of iterations catches up)
-    rec["updates"] = rep.updates.get(rank)
+    rec["updates"] = rep.updates.get(sync.comm.rank)
     state = {f"param/{k}": v.detach().clone() for k, v in m.named_parameters()}
     for i, p in enumerate(m.parameters()):
         for k, v in opt.state.get(p, {}).items():
             state[f"state/{i}/{k}"] = v.detach().clone()
-    torch.save(state, os.path.join(out, f"{scenario}_rank{rank}.pt"))
-    with open(os.path.join(out, f"{scenario}_rank{rank}.json"), "w") as f:
+    torch.save(state, f"{path}.pt")
+    with open(f"{path}.json", "w") as f:
         json.dump(rec, f)
 
 

@@ -40,7 +40,10 @@ A rank that was only slow and finds itself declared dead raises
 :class:`~commrt.sync.backup.liveness.RankDeclaredDeadError` at its next
 step or ``close()``. With more than b dead, a step never gets N arrivals
 and the waiting ranks raise :class:`~commrt.CommTimeoutError` after the
-timeout, naming the ranks that never arrived.
+timeout, naming the ranks that never arrived. A replacement process started
+with a dead rank's RANK and ``COMMRT_REJOIN=1`` rejoins the running job
+(gloo): it catches up from a snapshot and takes part again, nobody else
+restarting (:mod:`commrt.sync.backup.rejoin`).
 
 **Deaths inside a step: commit or redo** (gloo;
 :mod:`commrt.sync.backup.recovery`). Each rank keeps a copy of its packed
@@ -98,6 +101,7 @@ The package, one module per job (imports go down this list, never up):
 :mod:`~commrt.sync.backup.arrival`          tickets: who takes part in a global step
 :mod:`~commrt.sync.backup.recovery`         the participants' all-reduce: commit or redo
 :mod:`~commrt.sync.backup.catchup`          snapshot requests, serving, receiving
+:mod:`~commrt.sync.backup.rejoin`           a replacement of a dead rank comes back
 :mod:`~commrt.sync.backup.liveness`         heartbeats, recorded deaths, the end handshake
 :mod:`~commrt.sync.backup.snapshot`         parameters + optimizer state in one buffer
 :mod:`~commrt.sync.backup.wire`             the gloo groups reductions run on; the test hook
@@ -112,6 +116,7 @@ from commrt.sync.backup.catchup import PIECE_BYTES, CatchUp
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import HEARTBEAT_S, Liveness, RankDeclaredDeadError
 from commrt.sync.backup.policy import BackupPolicy, BackupReport
+from commrt.sync.backup.rejoin import RejoinedTooLate
 from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot, snapshot_layout
 
 __all__ = [
@@ -124,6 +129,7 @@ __all__ = [
     "Liveness",
     "PIECE_BYTES",
     "RankDeclaredDeadError",
+    "RejoinedTooLate",
     "Role",
     "load_snapshot",
     "pack_snapshot",

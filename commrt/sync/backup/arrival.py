@@ -6,7 +6,10 @@ under that ticket. Tickets 1..N are the step's participants; every rank
 reads the same N names, so all agree on who takes part, and nothing else
 is central. A rank that ends training takes a ticket marked "closing"
 (:meth:`Arrival.take` with ``closing=True``): a step whose first N
-tickets include one makes no update.
+tickets include one makes no update. A replacement of a dead rank
+(:mod:`commrt.sync.backup.rejoin`, incarnation j >= 1) writes ``"{rank}.{j}"``,
+so that ranks that compare two steps' participants tell it from the rank it
+replaced.
 """
 
 from __future__ import annotations
@@ -16,10 +19,7 @@ from collections.abc import Callable
 
 from commrt.errors import CommTimeoutError
 from commrt.store import poll
-from commrt.sync.backup.keys import Keys
-
-#: the name a closing rank writes under its ticket starts with this
-CLOSING = "x"
+from commrt.sync.backup.keys import CLOSING, Keys, rank_of
 
 
 def round_s(seconds: float) -> float:
@@ -31,24 +31,36 @@ class Role(enum.Enum):
     ON_TIME = "on time"
     LATE = "late"
     FINAL = "after the end"  # training has ended; nothing to do
+    JOINING = "joining"  # a replacement's first step: no ticket, it catches up
 
 
 class Arrival:
     """Tickets of global steps in one key space of the control store."""
 
     def __init__(
-        self, store, cs, space: str, rank: int, world_size: int, n: int, algorithm, timeout: float
+        self,
+        store,
+        cs,
+        space: str,
+        rank: int,
+        world_size: int,
+        n: int,
+        algorithm,
+        timeout: float,
+        incarnation: int = 0,
     ):
         self.store = store  # the policy's connection
         self._cs, self._space = cs, space  # a fresh connection for the timeout's report
         self.rank, self.p, self.n = rank, world_size, n
         self.algorithm, self.timeout = algorithm, timeout
+        #: this rank's name on a ticket (its incarnation after a rejoin)
+        self.name = f"{rank}.{incarnation}" if incarnation else str(rank)
 
     def take(self, step: int, closing: bool = False, round: int = 0) -> int:
         """Take the next ticket of ``step`` (in redo round ``round``); return its number
         (1 for the first rank)."""
         pos = int(self.store.add(Keys.tickets(step, round), 1))
-        name = f"{CLOSING if closing else ''}{self.rank}"
+        name = f"{CLOSING if closing else ''}{self.name}"
         self.store.set(Keys.ticket(step, pos - 1, round), name)
         return pos
 
@@ -63,15 +75,17 @@ class Arrival:
             raise self.timeout_error(step, round)
         return [v.decode() for v in self.store.multi_get(keys)]
 
-    def arrive(self, step: int, idle: Callable[[], None]) -> tuple[Role, tuple[int, ...]]:
-        """Take a ticket of ``step`` and wait for its first N: this rank's role and the
-        participants (none when training ended at ``step``)."""
+    def arrive(
+        self, step: int, idle: Callable[[], None]
+    ) -> tuple[Role, tuple[int, ...], tuple[str, ...]]:
+        """Take a ticket of ``step`` and wait for its first N: this rank's role, the
+        participants (none when training ended at ``step``) and their ticket names."""
         pos = self.take(step)
         names = self.first_n(step, idle)
         if self.closes(names):
-            return Role.FINAL, ()
-        ranks = tuple(sorted(int(s) for s in names))
-        return (Role.ON_TIME if pos <= self.n else Role.LATE), ranks
+            return Role.FINAL, (), ()
+        ranks = tuple(sorted(rank_of(s) for s in names))
+        return (Role.ON_TIME if pos <= self.n else Role.LATE), ranks, tuple(sorted(names))
 
     @staticmethod
     def closes(names: list[str]) -> bool:
@@ -92,7 +106,7 @@ class Arrival:
         for i in range(count):
             key = Keys.ticket(step, i, round)
             if store.check([key]):
-                arrived.add(int(store.get(key).decode().lstrip(CLOSING)))
+                arrived.add(rank_of(store.get(key).decode()))
         missing = sorted((set(range(self.p)) - arrived) | set(dead))
         why = "recorded dead" if waited is not None else "gone"
         return CommTimeoutError(

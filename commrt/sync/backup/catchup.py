@@ -40,6 +40,14 @@ timeout). A late rank keeps one receive buffer.
 
 Both sides move the snapshot as one :class:`~commrt.p2p.Exchange` of
 :data:`PIECE_BYTES` pieces under the tag :data:`commrt.tags.CATCHUP`.
+
+**A rejoined end** (:mod:`commrt.sync.backup.rejoin`). The communicator's
+gloo group cannot reach a replacement process, so when either end is an
+incarnation >= 1 (the request and the response say which) the snapshot
+travels on a two-rank gloo group made for that request
+(:meth:`Keys.pair <commrt.sync.backup.keys.Keys.pair>`), once the late rank
+has posted its receive: both are then at the rendezvous within
+milliseconds. The group is closed when the transfer ends.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from commrt.p2p import Exchange, Where
 from commrt.store import poll
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
+from commrt.sync.backup.wire import Wire
 
 #: bytes per catch-up message
 PIECE_BYTES = 64 << 20
@@ -79,6 +88,37 @@ def span(tracer, name: str, **args):
     return tracer.span(name, **args) if tracer is not None else contextlib.nullcontext()
 
 
+def _take(exchange: Exchange, store, server: tuple[int, int], deadline: float) -> None:
+    """Wait for the snapshot's pieces from ``server`` (rank, incarnation). A server recorded
+    dead meanwhile raises :class:`ServerDied` (so :meth:`CatchUp.receive` asks again): gloo
+    does not always report a peer killed before its send began, and the wait would last
+    the whole timeout (seen in bench/chaos_backup.py)."""
+    for i in range(len(exchange.recvs)):
+        while not exchange.pending.wait_recv(i, min(deadline, time.monotonic() + CHECK_S)):
+            if time.monotonic() >= deadline:
+                exchange.wait_recv(i, deadline)  # raises the named timeout
+            if store.check([Keys.dead(*server)]):
+                raise ServerDied(f"catch-up server rank {server[0]} was recorded dead")
+    exchange.complete(deadline)
+
+
+def _pair_wire(where, store, req: int, peer: tuple[int, int], rank: int, timeout) -> Wire:
+    """The two-rank group request ``req`` travels on (one end rejoined; ``where``: control
+    store and key space); making it ends once ``peer`` (rank, incarnation) is recorded dead."""
+    dead = Keys.dead(*peer)
+    members = tuple(sorted((peer[0], rank)))
+    return Wire(*where, Keys.pair(req), members, rank, timeout, (), lambda: store.check([dead]))
+
+
+def _check_claimer(store, req: int) -> None:
+    """Raise :class:`ServerDied` if the rank that claimed request ``req`` was recorded dead
+    before answering it (nobody else would: seen in bench/chaos_backup.py)."""
+    if store.check([Keys.claim(req)]):
+        server, inc = (int(x) for x in store.get(Keys.claim(req)).split())
+        if store.check([Keys.dead(server, inc)]) and not store.check([Keys.response(req)]):
+            raise ServerDied(f"rank {server} claimed catch-up request {req} and died")
+
+
 @dataclass(eq=False)  # identity: a list lookup must not compare tensors
 class _Send:
     """One snapshot on its way to a late rank."""
@@ -89,13 +129,19 @@ class _Send:
     step: int  # the global step the snapshot holds
     started: float
     exchange: Exchange | None = None  # None until the sends start
+    #: on a two-rank group of its own (one end rejoined): the peer's incarnation, else None
+    pair: int | None = None
+    wire: Wire | None = None  # that group, once made
 
 
 class CatchUp:
     """Catch-up requests, serving them and receiving an answer, for one policy."""
 
-    def __init__(self, comm, store, params: list[torch.Tensor], algorithm, tracer=None):
+    def __init__(self, comm, store, params, algorithm, tracer=None, incarnation=0, pairs=None):
         self.comm, self.store, self.params = comm, store, params
+        #: this rank's incarnation (>= 1: a replacement, reached only on pair groups)
+        self.incarnation = incarnation
+        self._pairs = pairs  # (control store, key space): where pair groups meet
         self.algorithm, self.tracer = algorithm, tracer
         self.rank, self.p, self.timeout = comm.rank, comm.world_size, comm.timeout
         #: snapshots this rank has served
@@ -112,8 +158,18 @@ class CatchUp:
         self._next_claim_check = 0.0  # when the late side next looks at its request's claim
         self._state_event = None  # when this rank's state was last written
 
-    def _where(self, step: int) -> Where:
-        return Where(f"{self.algorithm} catch-up", step=step)
+    def _start(self, req: int, peer: int, flat, step: int, pair: int | None, send: bool):
+        """Start moving ``flat`` to (``send``) or from ``peer`` for request ``req``; return the
+        exchange and, with ``pair`` (the peer's incarnation), the two-rank group it runs on."""
+        wire = None
+        if pair is not None:
+            wire = _pair_wire(self._pairs, self.store, req, (peer, pair), self.rank, self.timeout)
+        at = peer if wire is None else wire.members.index(peer)
+        moves = [(x, at) for x in pieces(flat)]
+        sends, recvs = (moves, []) if send else ([], moves)
+        transport = None if wire is None else wire.transport
+        where = Where(f"{self.algorithm} catch-up", step=step)
+        return Exchange(self.comm, sends, recvs, tags.CATCHUP, where, transport=transport), wire
 
     @property
     def busy(self) -> bool:
@@ -137,7 +193,7 @@ class CatchUp:
     def request(self, step: int) -> int:
         """Ask for a snapshot newer than ``step`` (the global step this rank holds)."""
         i = int(self.store.add(Keys.REQUESTS, 1)) - 1
-        self.store.set(Keys.request(i), f"{self.rank} {step}")
+        self.store.set(Keys.request(i), f"{self.rank} {step} {self.incarnation}")
         return i
 
     def withdraw(self, req: int | None) -> None:
@@ -150,7 +206,7 @@ class CatchUp:
     def _claim(self, req: int) -> bool:
         """Take request ``req`` for this rank (once, whoever asks first); the claim names
         its rank, so a late rank can tell when its claimer died before answering."""
-        mine = str(self.rank)
+        mine = f"{self.rank} {self.incarnation}"
         return self.store.compare_set(Keys.claim(req), "", mine).decode() == mine
 
     def receive(self, req: int, step: int, optimizer) -> dict:
@@ -192,12 +248,17 @@ class CatchUp:
         layout = resp["layout"]
         if self._rbuf is None or self._rbuf.numel() != layout["nbytes"]:
             self._rbuf = torch.empty(layout["nbytes"], dtype=torch.uint8, device=self.comm.device)
-        recvs = [(x, resp["server"]) for x in pieces(self._rbuf)]
+        server = (resp["server"], resp.get("incarnation", 0))
         # the mark first: on NCCL this receive's groupEnd may wait for the server's send,
         # which a stream-ordered server starts only once it sees the mark (module docs)
         self.store.set(Keys.posted(req), "1")
-        exchange = Exchange(self.comm, [], recvs, tags.CATCHUP, self._where(step))
-        self._take(exchange, resp["server"], deadline)
+        pair = server[1] if resp.get("pair") else None
+        exchange, wire = self._start(req, server[0], self._rbuf, step, pair, False)
+        try:
+            _take(exchange, self.store, server, deadline)
+        finally:
+            if wire is not None:
+                wire.transport.close()
         self.store.set(Keys.received(req), "1")
         load_snapshot(self._rbuf, layout, self.params, optimizer)
         self.record_state()
@@ -212,26 +273,8 @@ class CatchUp:
         now = time.monotonic()
         if now >= self._next_claim_check:
             self._next_claim_check = now + CHECK_S
-            if self.store.check([Keys.claim(req)]):
-                server = int(self.store.get(Keys.claim(req)))
-                if self.store.check([Keys.dead(server)]) and not self.store.check(
-                    [Keys.response(req)]
-                ):
-                    raise ServerDied(f"rank {server} claimed catch-up request {req} and died")
+            _check_claimer(self.store, req)
         return False
-
-    def _take(self, exchange: Exchange, server: int, deadline: float) -> None:
-        """Wait for the snapshot's pieces. A server recorded dead meanwhile raises
-        :class:`ServerDied` (so :meth:`receive` asks again): gloo does not always report a
-        peer killed before its send began, and the wait would last the whole timeout (seen
-        in bench/chaos_backup.py)."""
-        for i in range(len(exchange.recvs)):
-            while not exchange.pending.wait_recv(i, min(deadline, time.monotonic() + CHECK_S)):
-                if time.monotonic() >= deadline:
-                    exchange.wait_recv(i, deadline)  # raises the named timeout
-                if self.store.check([Keys.dead(server)]):
-                    raise ServerDied(f"catch-up server rank {server} was recorded dead")
-        exchange.complete(deadline)
 
     # ------------------------------------------------------------ the on-time side
     def serve(self, optimizer, step: int, final: int | None, send_now: bool) -> None:
@@ -243,11 +286,11 @@ class CatchUp:
         self.progress()
         n = int(self.store.add(Keys.REQUESTS, 0))
         for i in range(self._seen, n):
-            who, g = (int(x) for x in self.store.get(Keys.request(i)).decode().split())
+            who, g, inc = (int(x) for x in self.store.get(Keys.request(i)).decode().split())
             if who != self.rank:
-                self._open[i] = (who, g)
+                self._open[i] = (who, g, inc)
         self._seen = n
-        for i, (who, g) in sorted(self._open.items()):
+        for i, (who, g, inc) in sorted(self._open.items()):
             if g >= step:
                 continue  # this rank is no further than the requester
             if len(self._sending) >= max(1, self.algorithm.backups):
@@ -255,30 +298,31 @@ class CatchUp:
             del self._open[i]
             if not self._claim(i):
                 continue  # claimed by another rank
-            self._start_send(i, who, (step, final), optimizer, send_now)
+            pair = inc if inc or self.incarnation else None  # the job's group cannot reach it
+            self._start_send(i, who, (step, final), optimizer, (send_now and pair is None, pair))
 
-    def _start_send(
-        self, req: int, peer: int, held: tuple[int, int | None], optimizer, send_now: bool
-    ) -> None:
+    def _start_send(self, req: int, peer: int, held: tuple, optimizer, how: tuple) -> None:
+        """Answer request ``req`` of ``peer`` with this rank's state (``held``: its step and
+        final); ``how``: (start the sends now, the peer's incarnation on a pair group)."""
+        send_now, pair = how
         if self._state_event is not None:
             torch.cuda.current_stream(self.comm.device).wait_event(self._state_event)
         with span(self.tracer, "commrt/backup/snapshot", peer=peer):
             flat, layout = pack_snapshot(self.params, optimizer)
         step, final = held
-        self.store.set(
-            Keys.response(req),
-            json.dumps({"server": self.rank, "step": step, "final": final, "layout": layout}),
-        )
-        s = _Send(req, peer, flat, step, time.monotonic())
+        resp = {"server": self.rank, "step": step, "final": final, "layout": layout}
+        resp.update(incarnation=self.incarnation, pair=pair is not None)
+        self.store.set(Keys.response(req), json.dumps(resp))
+        s = _Send(req, peer, flat, step, time.monotonic(), pair=pair)
         self._sending.append(s)
         self.served += 1
         if send_now:
             self._post(s)
 
     def _post(self, s: _Send) -> None:
-        sends = [(x, s.peer) for x in pieces(s.flat)]
+        """Start the sends of ``s`` (a pair group's peer posted its receive: it is there)."""
         s.started = time.monotonic()  # the receiver has the timeout from here to take it
-        s.exchange = Exchange(self.comm, sends, [], tags.CATCHUP, self._where(s.step))
+        s.exchange, s.wire = self._start(s.req, s.peer, s.flat, s.step, s.pair, True)
 
     def _give_up(self, s: _Send) -> None:
         """Forget snapshot ``s``: its receiver is gone (the buffer stays with the engine)."""
@@ -287,6 +331,8 @@ class CatchUp:
         if s.exchange is not None:
             s.exchange.abandon()
             self._lost.append(s.flat)  # the engine may still read it
+        if s.wire is not None:
+            s.wire.abort()
 
     def drop_sends_to(self, ranks) -> None:
         """Give up the snapshots on their way to ``ranks`` (recorded dead): nobody will take
@@ -324,6 +370,8 @@ class CatchUp:
         if self.store.check([Keys.received(s.req)]):
             self._sending.remove(s)
             s.exchange.complete(now + self.timeout)
+            if s.wire is not None:
+                s.wire.transport.close()
         elif now - s.started > self.timeout:
             self._give_up(s)  # receiver gone: keep the buffer for the engine
             if self.comm.transport.stream_ordered:

@@ -17,17 +17,23 @@ other's tickets. Inside it:
 ``broken``                 the group made at setup failed: later rounds run on
                            groups made for their participants
 ``w/{g}/{k}/``             the rendezvous of the gloo group of round k of step g
-                           (``w/setup/``: the group of every rank, made at setup)
+                           (``w/setup/``: the group of every rank, made at setup;
+                           ``w/c/{i}/``: the pair of catch-up request i, when
+                           one end rejoined)
 ``nreq``                   catch-up request counter
 ``q/{i}``                  request i: ``"{rank} {global step it holds}"``
 ``c/{i}``                  claims on request i (the first claimer serves it)
 ``r/{i}``                  response to request i: server, step, final, layout
 ``k/{i}``                  the late rank posted its receive for request i
 ``d/{i}``                  the late rank received request i's snapshot
-``hb/{r}``                 rank r's heartbeat counter (``add`` 1 per beat)
-``dead/{r}``               rank r was recorded dead: ``"{watcher}"``
-``ndead``                  death counter: how many ``died/{i}`` entries there are
-``died/{i}``               the i-th recorded death: ``"{rank} {watcher}"``
+``hb/{r}``                 rank r's heartbeat counter (``add`` 1 per beat); of
+                           its incarnation j >= 1 (a replacement): ``hb/{r}/{j}``
+``dead/{r}``               rank r was recorded dead: ``"{watcher}"`` (incarnation
+                           j >= 1: ``dead/{r}/{j}``)
+``inc/{r}``                incarnations of rank r that rejoined (atomic ``add``)
+``ndead``                  counts the membership log's entries ``died/{i}``
+``died/{i}``               the i-th entry: a death ``"{rank} {watcher} {j}"``, or a
+                           replacement back ``"{rank} back {j}"``
 ``fin/{r}``                rank r holds the final state: its step and counts
 ``bye/{r}``                rank r is done with the store
 =========================  =====================================================
@@ -35,13 +41,29 @@ other's tickets. Inside it:
 
 from __future__ import annotations
 
+#: the name a closing rank writes under its ticket starts with this
+CLOSING = "x"
+
+
+def rank_of(name: str) -> int:
+    """The rank that wrote the ticket name ``name`` (``"{rank}"``, ``"{rank}.{incarnation}"``
+    for a replacement, either after :data:`CLOSING` for a rank that closes)."""
+    return int(name.lstrip(CLOSING).split(".")[0])
+
+
+def incarnation_of(name: str) -> int:
+    """The incarnation of the rank that wrote the ticket name ``name`` (0: the first)."""
+    _, _, inc = name.lstrip(CLOSING).partition(".")
+    return int(inc or 0)
+
 
 class Keys:
     """Names of the store keys (relative to a policy's key space)."""
 
     #: counts catch-up requests (``add`` returns the next request's number + 1)
     REQUESTS = "nreq"
-    #: counts recorded deaths (every rank reads it once per heartbeat period)
+    #: counts the membership log's entries, deaths and rejoins (every rank reads it once per
+    #: heartbeat period)
     DEATHS = "ndead"
 
     @staticmethod
@@ -78,6 +100,12 @@ class Keys:
         """Prefix of a gloo group's rendezvous (``step`` None: the group made at setup)."""
         return "w/setup/" if step is None else f"w/{step}/{round}/"
 
+    @staticmethod
+    def pair(req: int) -> str:
+        """Prefix of the rendezvous of the two-rank group catch-up request ``req`` travels on
+        (when one end rejoined: the communicator's group does not reach it)."""
+        return f"w/c/{req}/"
+
     # ------------------------------------------------------------ catch-up
     @staticmethod
     def request(req: int) -> str:
@@ -101,13 +129,19 @@ class Keys:
 
     # ------------------------------------------------------------ liveness and the end
     @staticmethod
-    def heartbeat(rank: int) -> str:
-        return f"hb/{rank}"
+    def heartbeat(rank: int, incarnation: int = 0) -> str:
+        return f"hb/{rank}" if incarnation == 0 else f"hb/{rank}/{incarnation}"
 
     @staticmethod
-    def dead(rank: int) -> str:
-        """Set (to the watcher's rank) once ``rank`` is recorded dead."""
-        return f"dead/{rank}"
+    def dead(rank: int, incarnation: int = 0) -> str:
+        """Set (to the watcher's rank) once ``rank`` (that incarnation of it) is recorded
+        dead; a replacement's own key starts unset, so a stale record cannot stop it."""
+        return f"dead/{rank}" if incarnation == 0 else f"dead/{rank}/{incarnation}"
+
+    @staticmethod
+    def incarnation(rank: int) -> str:
+        """Counts the replacements of ``rank`` (``add`` returns a new one's number)."""
+        return f"inc/{rank}"
 
     @staticmethod
     def death(index: int) -> str:

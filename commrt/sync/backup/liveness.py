@@ -35,6 +35,15 @@ A rank beats once as it starts (at the end of its setup); a counter that
 never moved from 0 belongs to a rank still setting up, and is called dead
 only after the communicator's timeout, not ``dead_after_s``.
 
+**Incarnations.** A replacement of a dead rank (:mod:`commrt.sync.backup.rejoin`)
+is that rank's incarnation j >= 1: it beats on its own counter and is
+declared dead under its own key (:class:`~commrt.sync.backup.keys.Keys`), so
+neither the old incarnation's stale record stops it nor can a woken old
+incarnation pass for it. Its return is an entry of the same log as the
+deaths (``"{rank} back {j}"``): every rank learns it with the death
+counter it already reads each beat, takes the rank out of
+:attr:`Liveness.missing` and watches the new counter.
+
 At the end, a rank that holds the final state says so under its ``fin``
 key, and one that is done with the store under its ``bye`` key.
 """
@@ -65,6 +74,16 @@ def quiet_reads_needed(dead_after_s: float) -> int:
     return max(3, int(0.5 * dead_after_s / beat_period(dead_after_s)))
 
 
+#: the second word of a log entry that says a rank is back (the others: its watcher's rank)
+BACK = "back"
+
+
+def log(store, entry: str) -> None:
+    """Append ``entry`` to the membership log (a death, or a replacement back)."""
+    i = int(store.add(Keys.DEATHS, 1)) - 1
+    store.set(Keys.death(i), entry)
+
+
 class RankDeclaredDeadError(CommError):
     """This rank was silent for ``dead_after_s`` and the others recorded it as dead."""
 
@@ -80,8 +99,9 @@ class RankDeclaredDeadError(CommError):
 class Watch:
     """One neighbour's counter as this rank's thread sees it (pure bookkeeping, no store)."""
 
-    def __init__(self, target: int, now: float):
+    def __init__(self, target: int, now: float, incarnation: int = 0):
         self.target, self.value, self.changed_at, self.quiet = target, None, now, 0
+        self.incarnation = incarnation
 
     def saw(self, value: int, now: float) -> None:
         if value != self.value:
@@ -114,8 +134,13 @@ class Liveness:
         world_size: int,
         dead_after_s: float,
         timeout: float,
+        incarnation: int = 0,
     ):
         self.rank, self.p = rank, world_size
+        #: this process's incarnation of its rank (0: started with the job)
+        self.incarnation = incarnation
+        #: rank -> its current incarnation, where not 0 (set by the thread, from the log)
+        self.incarnations: dict[int, int] = {}
         #: other ranks recorded dead in the store (set by the thread)
         self.missing: frozenset[int] = frozenset()
         #: ranks that said bye (closed cleanly) found by this rank's watch
@@ -134,7 +159,7 @@ class Liveness:
 
     def start(self) -> None:
         """Beat once now (a rank that finished setting up has beaten), then in the thread."""
-        self.store.add(Keys.heartbeat(self.rank), 1)
+        self.store.add(Keys.heartbeat(self.rank, self.incarnation), 1)
         self._thread.start()
 
     def stop(self) -> None:
@@ -147,7 +172,7 @@ class Liveness:
         except RuntimeError:
             return
         watch: Watch | None = None
-        beat = Keys.heartbeat(self.rank)
+        beat = Keys.heartbeat(self.rank, self.incarnation)
         reads = quiet_reads_needed(self.dead_after_s)
         while not self._stop.wait(self.period):
             try:
@@ -162,9 +187,10 @@ class Liveness:
         target = next_watched(self.rank, self.p, self.missing | self.gone)
         if target is None:
             return None
-        if watch is None or watch.target != target:  # a new neighbour gets a full dead_after_s
-            watch = Watch(target, now)
-        watch.saw(int(store.add(Keys.heartbeat(target), 0)), now)
+        inc = self.incarnations.get(target, 0)
+        if watch is None or (watch.target, watch.incarnation) != (target, inc):
+            watch = Watch(target, now, inc)  # a new neighbour gets a full dead_after_s
+        watch.saw(int(store.add(Keys.heartbeat(target, inc), 0)), now)
         # a rank that never beat has not finished its setup yet: the timeout, not
         # dead_after_s, decides that it is not coming
         limit = self.dead_after_s if watch.value else max(self.dead_after_s, self.timeout)
@@ -177,33 +203,41 @@ class Liveness:
         return watch
 
     def declare_dead(self, store, rank: int) -> None:
-        """Record in the store that ``rank`` is dead (this rank found it silent)."""
-        store.set(Keys.dead(rank), str(self.rank))
-        i = int(store.add(Keys.DEATHS, 1)) - 1
-        store.set(Keys.death(i), f"{rank} {self.rank}")
+        """Record in the store that ``rank`` (its current incarnation) is dead (this rank
+        found it silent)."""
+        inc = self.incarnations.get(rank, 0)
+        # the log entry first: a replacement waits for the key, and its return must come
+        # after this death in the log
+        log(store, f"{rank} {self.rank} {inc}")
+        store.set(Keys.dead(rank, inc), str(self.rank))
 
     def refresh(self, store) -> None:
-        """Read the death counter; read the new entries only when it moved."""
+        """Read the log's counter; read the new entries only when it moved."""
         count = int(store.add(Keys.DEATHS, 0))
         found = set(self.missing)
         while self._read_upto < count:
             key = Keys.death(self._read_upto)
             if not store.check([key]):  # counted, entry not written yet: read it next period
                 break
-            dead, by = (int(x) for x in store.get(key).decode().split())
-            if dead == self.rank:
-                self.declared_by = by
-            else:
-                found.add(dead)
+            rank, what, inc = store.get(key).decode().split()
             self._read_upto += 1
-        if len(found) != len(self.missing):
+            rank, inc = int(rank), int(inc)
+            if what == BACK:  # a replacement rejoined: watched again, under its incarnation
+                self.incarnations[rank] = inc
+                found.discard(rank)
+            elif rank != self.rank and inc >= self.incarnations.get(rank, 0):
+                found.add(rank)
+            elif inc == self.incarnation:  # not an earlier incarnation of this rank
+                self.declared_by = int(what)
+        if found != self.missing:
             self.missing = frozenset(found)
 
     def check_alive(self) -> None:
         """Raise :class:`RankDeclaredDeadError` if the others recorded this rank as dead
         (one store read, on the policy's connection)."""
-        if self.declared_by is None and self.store.check([Keys.dead(self.rank)]):
-            self.declared_by = int(self.store.get(Keys.dead(self.rank)))
+        mine = Keys.dead(self.rank, self.incarnation)
+        if self.declared_by is None and self.store.check([mine]):
+            self.declared_by = int(self.store.get(mine))
         if self.declared_by is not None:
             raise RankDeclaredDeadError(self.rank, self.declared_by, self.dead_after_s)
 

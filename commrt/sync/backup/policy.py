@@ -24,6 +24,7 @@ from commrt.sync.backup.catchup import CatchUp, span
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import Liveness
 from commrt.sync.backup.recovery import Reduction
+from commrt.sync.backup.rejoin import announce, check_rejoin, enter
 from commrt.sync.policy import Policy, SyncContext
 from commrt.sync.report import render_rows
 
@@ -89,6 +90,7 @@ class BackupPolicy(Policy):
 
     #: ranks may die or fall behind while the others go on (sync.report() tells tools)
     ranks_may_fail = True
+    can_rejoin = True  # a replacement of a dead rank joins (commrt.sync.backup.rejoin)
 
     def __init__(self, algorithm):
         super().__init__(algorithm)
@@ -130,33 +132,29 @@ class BackupPolicy(Policy):
         self.ctx, comm, alg = ctx, ctx.comm, self.algorithm
         self.rank, self.p = comm.rank, comm.world_size
         self.n = alg.participants(self.p)  # ValueError on every rank when p <= b
-        self.timeout = comm.timeout
-        inner = [
-            inner_for(alg.inner, self.n, b.numel * ctx.element_size, comm) for b in ctx.buckets
-        ]
-        for a in dict.fromkeys(inner):  # a shape that does not fit N fails here, everywhere
-            a.schedule(self.p, tuple(range(self.n)))
-        self.inner = inner
+        self.timeout, rejoined = comm.timeout, comm.transport.rejoined
+        self.inner = inner = _inners(ctx, alg, self.n, rejoined)
         if self.send_when_ready is None:
             self.send_when_ready = bool(comm.transport.stream_ordered)
-        instance = comm.slots.backup_instances
-        comm.slots.backup_instances = instance + 1
-        space = Keys.space(instance)
+        space = _key_space(comm)
         self.cs = ControlStore.open(comm)
-        self.store = self.cs.client(space)
+        self.store = store = self.cs.client(space)
+        inc = enter(store, self.rank, alg, self.timeout) if rejoined else 0
         params = [p for b in ctx.buckets for p in b.params]
         self.arrival = Arrival(
-            self.store, self.cs, space, self.rank, self.p, self.n, alg, self.timeout
+            store, self.cs, space, self.rank, self.p, self.n, alg, self.timeout, inc
         )
-        self.catchup = CatchUp(comm, self.store, params, alg, ctx.tracer)
+        self.catchup = CatchUp(comm, store, params, alg, ctx.tracer, inc, (self.cs, space))
         self.liveness = Liveness(
-            self.cs, space, self.store, self.rank, self.p, alg.dead_after_s, self.timeout
+            self.cs, space, store, self.rank, self.p, alg.dead_after_s, self.timeout, inc
         )
         self.liveness.start()
-        self.reduction = Reduction(
-            ctx, self.cs, space, self.arrival, self.liveness, inner, self.timeout
-        )
-        self.reduction.setup()
+        if rejoined:
+            announce(store, self.rank, inc, self.p)
+            self.role = Role.JOINING
+        red = Reduction(ctx, self.cs, space, self.arrival, self.liveness, inner, self.timeout)
+        self.reduction = red
+        red.setup(rejoined)
         return tuple(f"backup(b={alg.backups}):{label(a)}" for a in inner)
 
     # ------------------------------------------------------------ per step
@@ -175,17 +173,20 @@ class BackupPolicy(Policy):
                 "state there); sync.wait() followed by optimizer.step() cannot"
             )
         g = self.held
+        if self.role is Role.JOINING:  # a replacement's first step: its gradient is dropped
+            self._unapplied, self._req = True, self.catchup.request(-1)  # any state will do
+            return
         if self.final is not None and g >= self.final:
             self.role, self.ranks = Role.FINAL, ()
             return
         self.liveness.check_alive()  # a rank the others called dead takes no ticket
         self._unapplied = True
         with span(self.ctx.tracer, "commrt/backup/arrive", step=g):
-            self.role, self.ranks = self.arrival.arrive(g, self._serve)
+            self.role, self.ranks, names = self.arrival.arrive(g, self._serve)
         if self.role is Role.FINAL:
             self.final = g
             return
-        self.reduction.begin(g, self.ranks, self.role is Role.ON_TIME)
+        self.reduction.begin(g, self.ranks, self.role is Role.ON_TIME, names)
         if self.role is Role.LATE:
             self.dropped += 1
             self._req = self.catchup.request(g)
@@ -194,7 +195,7 @@ class BackupPolicy(Policy):
         return 1.0 / self.n
 
     def communicate(self, step: int, bucket: int, buf: torch.Tensor) -> int:
-        if self.role is Role.FINAL:
+        if self.role in (Role.FINAL, Role.JOINING):
             return 0
         # a late gradient is dropped: nothing goes on the wire (it is kept in case of a redo)
         on_time, reduction = self.role is Role.ON_TIME, self.reduction
@@ -216,8 +217,8 @@ class BackupPolicy(Policy):
             self.updates += 1
             self._serve()
             return 1
-        if self.role is Role.LATE:
-            req, self._req = self._req, None
+        if self.role in (Role.LATE, Role.JOINING):
+            req, self._req, self.role = self._req, None, Role.LATE
             with span(self.ctx.tracer, "commrt/backup/catch-up", step=self.held):
                 return self._catch_up(req)
         self._say_final()
@@ -334,6 +335,24 @@ class BackupPolicy(Policy):
         if self._report is not None:
             return self._report
         return BackupReport.of(self, {self.rank: self._counts()}, tuple(self.liveness.missing))
+
+
+def _key_space(comm) -> str:
+    """The key space of the next backup policy made on ``comm`` (each gets its own)."""
+    instance = comm.slots.backup_instances
+    comm.slots.backup_instances = instance + 1
+    return Keys.space(instance)
+
+
+def _inners(ctx: SyncContext, alg, n: int, rejoined: bool) -> list:
+    """Per bucket: the all-reduce among the N participants (a shape that does not fit N
+    fails here, on every rank). ``rejoined``: for a replacement (no ``auto``)."""
+    if rejoined:
+        check_rejoin(alg.inner)
+    inner = [inner_for(alg.inner, n, b.numel * ctx.element_size, ctx.comm) for b in ctx.buckets]
+    for a in dict.fromkeys(inner):
+        a.schedule(ctx.comm.world_size, tuple(range(n)))
+    return inner
 
 
 def inner_for(inner, n: int, nbytes: int, comm):

@@ -40,8 +40,9 @@ commits.
 open: the rank whose receive waits on it is woken by nothing but the
 timeout (gloo's ``abort()`` or ``shutdown()`` from another thread do not
 end a wait in the same process; tried), so that step is redone only after
-the timeout. A death while a round's group is being made costs the
-timeout (gloo's rendezvous cannot be interrupted) before the next round. A
+the timeout. A death while a round's group is being made costs about
+``dead_after_s``: the rendezvous's waits poll and end once a member is
+recorded dead (:class:`~commrt.sync.backup.wire.WatchedStore`). A
 rank inside ``close()`` takes no ticket of a redo round: if the round needs
 it to reach N, the others raise the timeout error, naming it. ``wait()``
 returns only once the step committed, on late ranks too (they used to
@@ -59,7 +60,7 @@ import torch
 
 from commrt.errors import CommError
 from commrt.store import poll
-from commrt.sync.backup.keys import Keys
+from commrt.sync.backup.keys import Keys, incarnation_of, rank_of
 from commrt.sync.backup.wire import KillAfterFirstSend, Wire, kill_step, make_wire
 
 COMMIT, REDO = "commit", "redo"
@@ -92,12 +93,18 @@ class Reduction:
         # ---- the current global step
         self.step, self.round = 0, 0  # the global step and its redo round (0: first try)
         self.ranks: tuple[int, ...] = ()  # the round's participants
+        self.names: tuple[str, ...] = ()  # their ticket names (incarnations told apart)
         self.schedules: list = []  # per bucket: the inner all-reduce among them
         self.error: BaseException | None = None  # this rank's reduction failed this round
 
-    def setup(self) -> None:
-        """Collective: the group of every rank, and the buffers' copies (gloo only)."""
-        if self.recoverable:
+    def setup(self, rejoined: bool = False) -> None:
+        """Collective: the group of every rank, and the buffers' copies (gloo only).
+        ``rejoined``: this rank is a replacement (not collective; the job set ``broken``
+        when it came back, so no step it takes part in runs on the setup group)."""
+        if self.recoverable and rejoined:
+            self.broken = True
+            self.kept = [torch.empty_like(b) for b in self.ctx.buffers]
+        elif self.recoverable:
             members = range(self.p)
             self.setup_wire = make_wire(
                 self.cs, self.space, None, 0, members, self.rank, self.timeout
@@ -114,10 +121,11 @@ class Reduction:
         return sum(t.numel() * t.element_size() for t in self.kept)
 
     # ------------------------------------------------------------ the first try
-    def begin(self, step: int, ranks: tuple[int, ...], participant: bool) -> None:
+    def begin(self, step: int, ranks: tuple[int, ...], participant: bool, names=()) -> None:
         """Global step ``step`` begins with ``ranks`` taking part (this rank among them, or
-        late)."""
+        late; ``names``: their ticket names)."""
         self.step, self.round, self.ranks, self.error = step, 0, ranks, None
+        self.names = tuple(names)
         if participant:
             self._use_wire()
 
@@ -134,7 +142,15 @@ class Reduction:
             self._release()
             try:
                 self.wire = make_wire(
-                    self.cs, self.space, self.step, self.round, self.ranks, self.rank, self.timeout
+                    self.cs,
+                    self.space,
+                    self.step,
+                    self.round,
+                    self.ranks,
+                    self.rank,
+                    self.timeout,
+                    self.names,
+                    self._member_died,
                 )
             except RuntimeError as e:  # a participant died before it joined: redo
                 self.wire, self.error = None, e
@@ -142,14 +158,25 @@ class Reduction:
             self.groups_made += 1
         self.schedules = self.wire.schedules(self.inner, self.ranks)
 
+    def _member_died(self) -> bool:
+        """A member of the round being made was recorded dead (its group would never meet):
+        the incarnation that took the ticket, not an earlier one whose replacement's return
+        this rank has not read yet (it would give up a group the others still make)."""
+        missing, known = self.liveness.missing, self.liveness.incarnations
+        return any(
+            rank_of(n) in missing and known.get(rank_of(n), 0) >= incarnation_of(n)
+            for n in self.names
+        )
+
     def _last_fits(self) -> bool:
         """The previous step committed on a group of exactly this step's participants: all
-        of them took part in it, so all of them hold it and reuse it too."""
+        of them took part in it, so all of them hold it and reuse it too (the names tell a
+        replacement from the rank it replaced, whose group it does not hold)."""
         last = self.last
         return (
             last is not None
             and self.last_step == self.step - 1
-            and last.members == self.ranks
+            and last.names == self.names
             and not last.failed
         )
 
@@ -164,7 +191,7 @@ class Reduction:
     def _is_broken(self) -> bool:
         if not self.broken and self.store.check([Keys.BROKEN]):
             self.broken = True
-            if not self.setup_wire.failed:
+            if self.setup_wire is not None and not self.setup_wire.failed:
                 self.setup_wire.abort()  # its peer died: its connections are not reused
         return self.broken
 
@@ -270,7 +297,8 @@ class Reduction:
                 raise self.arrival.timeout_error(self.step, self.round, dead, waited)
 
         names = self.arrival.first_n(self.step, waiting, round=self.round)
-        self.ranks = tuple(sorted(int(s) for s in names))
+        self.ranks = tuple(sorted(rank_of(s) for s in names))
+        self.names = tuple(sorted(names))
         if pos > self.n:
             return False
         self._use_wire()

@@ -14,6 +14,13 @@ failure; after it, a round runs on a group made for its N participants,
 which the next step reuses when its participants are the same ranks
 (:mod:`commrt.sync.backup.recovery`).
 
+**A death while a group is made.** gloo's rendezvous waits in the store for
+every member's address, for the group's whole timeout: a member that died
+before writing it cost the others that timeout (two chaos trials took 44 to
+48 s). A group made for a round is therefore made through
+:class:`WatchedStore`, whose waits poll and give up as soon as the caller
+says a member was recorded dead (about ``dead_after_s`` after the death).
+
 **Test hook.** ``COMMRT_TEST_KILL="{rank}[,{rank}...]:{global step}"``
 (read at setup): those ranks SIGKILL themselves right after their first
 send of that global step's reduction has completed, inside the all-reduce:
@@ -26,7 +33,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Callable
 from typing import Sequence
+
+import torch.distributed as dist
 
 from commrt.sync.backup.keys import Keys
 from commrt.transports.base import Pair, Pending, Transport
@@ -36,12 +47,73 @@ from commrt.transports.gloo import GlooTransport
 KILL_ENV = "COMMRT_TEST_KILL"
 
 
+class WatchedStore(dist.Store):
+    """A store for a gloo rendezvous (``inner``) whose waits give up once ``gone()`` is
+    true (a member was recorded dead) instead of lasting the group's timeout. gloo calls
+    ``get``, which waits for the key; a wait polls ``check``, never a blocking wait that
+    could not be left."""
+
+    def __init__(self, inner, gone: Callable[[], bool], timeout: float):
+        super().__init__()
+        # (dist.Store has a read-only ``timeout`` property of its own)
+        self.inner, self.gone, self.limit_s = inner, gone, timeout
+
+    def set(self, key, value):
+        self.inner.set(key, value)
+
+    def get(self, key):
+        self.wait([key])
+        return self.inner.get(key)
+
+    def add(self, key, value):
+        return self.inner.add(key, value)
+
+    def check(self, keys):
+        return self.inner.check(keys)
+
+    def compare_set(self, key, expected, desired):
+        return self.inner.compare_set(key, expected, desired)
+
+    def delete_key(self, key):
+        return self.inner.delete_key(key)
+
+    def num_keys(self):
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout):
+        pass  # this store's waits are bounded by ``timeout`` and ``gone``
+
+    def wait(self, keys, timeout=None):
+        deadline, pause = time.monotonic() + self.limit_s, 0.0005
+        while not self.inner.check(keys):
+            if self.gone():
+                raise RuntimeError(f"a member was recorded dead while the group was made ({keys})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the group's rendezvous timed out waiting for {keys}")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.01)
+
+
 class Wire:
     """A gloo group over ``members`` (global ranks, in group rank order), owned by the policy."""
 
-    def __init__(self, cs, space: str, key: str, members: Sequence[int], rank: int, timeout):
+    def __init__(
+        self,
+        cs,
+        space: str,
+        key: str,
+        members: Sequence[int],
+        rank: int,
+        timeout,
+        names=(),
+        gone: Callable[[], bool] | None = None,
+    ):
         self.members = tuple(members)
+        #: the members' ticket names (their incarnations: a replacement is another member)
+        self.names = tuple(names)
         store = cs.client(f"{space}/{key}")
+        if gone is not None:  # a member's death ends the rendezvous (module docs)
+            store = WatchedStore(store, gone, timeout)
         self.transport = GlooTransport(store, self.members.index(rank), len(self.members), timeout)
         self.failed = False  # aborted after a failure: never used again
 
@@ -55,10 +127,13 @@ class Wire:
         self.transport.abort()
 
 
-def make_wire(cs, space: str, step: int | None, round: int, members, rank: int, timeout) -> Wire:
+def make_wire(
+    cs, space: str, step: int | None, round: int, members, rank: int, timeout, names=(), gone=None
+) -> Wire:
     """The group of round ``round`` of ``step`` (None: every rank's, at setup); collective
-    over ``members``."""
-    return Wire(cs, space, Keys.wire(step, round), members, rank, timeout)
+    over ``members`` (``names``: their ticket names; ``gone()``: a member was recorded
+    dead, which ends the rendezvous at once)."""
+    return Wire(cs, space, Keys.wire(step, round), members, rank, timeout, names, gone)
 
 
 def kill_step(rank: int) -> tuple[int, int] | None:
