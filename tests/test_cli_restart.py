@@ -80,3 +80,26 @@ def test_train_restarts_a_killed_worker_which_rejoins_and_ends_with_the_others()
     assert rows.get("missing ranks") == "none", proc.stdout
     dropped = rows["dropped gradients"].replace(",", "").split()[::2]
     assert set(dropped) == {"r0", "r1", "r2", "r3"}, rows  # rank 1's replacement reached the end
+
+
+def test_a_replacement_that_comes_after_the_job_leaves_with_one_line(monkeypatch, capsys):
+    """The README's own restart command on a loaded machine: the replacement started after
+    the short job had ended. It has nothing to join and nothing is lost, so one line and
+    exit 0, not a traceback; any other error still propagates."""
+    from commrt.cli import train
+    from commrt.sync.backup import RejoinedTooLate
+
+    def late(s):
+        raise RejoinedTooLate("commrt: rank 1 came back (incarnation 1) after every other rank")
+
+    monkeypatch.setattr(train, "gradient_sync", late)
+    assert train.open_sync(None) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.rstrip().endswith("this replacement leaves")
+
+    def broken(s):
+        raise ValueError("something else")
+
+    monkeypatch.setattr(train, "gradient_sync", broken)
+    with pytest.raises(ValueError, match="something else"):
+        train.open_sync(None)

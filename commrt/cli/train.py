@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -36,6 +37,7 @@ from commrt.cli.traces import merge_rank_traces, save_rank_trace
 from commrt.cli.train_output import Progress, epoch_line, render_summary, step_line, summary_rows
 from commrt.launch import rejoining
 from commrt.recipe import BatchSizeSchedule
+from commrt.sync.backup import RejoinedTooLate
 from commrt.sync.report import SyncReport
 
 TEST_FRACTION = 0.2
@@ -418,12 +420,26 @@ def train(s: Setup, sync: commrt.GradientSync, bar: Progress) -> Outcome:
 # ------------------------------------------------------------------- run
 
 
+def open_sync(s: Setup):
+    """The job's GradientSync, or None for a replacement that came after every other rank
+    finished (nothing is lost: it says so in one line and leaves)."""
+    try:
+        return gradient_sync(s)
+    except RejoinedTooLate as e:
+        print(f"{e}; this replacement leaves", file=sys.stderr, flush=True)
+        return None
+
+
 def run(opts: TrainOptions) -> int:
     """One rank of ``commrt train`` (the CLI launches the ranks)."""
     comm = commrt.init(opts.backend, timeout=opts.timeout)
     s = set_up(opts, comm)
     bar = Progress(s.total_steps, enabled=comm.rank == 0 and not opts.quiet)
-    with gradient_sync(s) as sync:
+    sync = open_sync(s)
+    if sync is None:
+        comm.close()
+        return 0
+    with sync:
         out = train(s, sync, bar)
         save_rank_trace(opts.trace, sync, comm.rank)
         if sync.report().closing:  # say what the pause before the summary is
@@ -467,20 +483,8 @@ class Phases:
     def of(cls, stats, wall_s: float, comm, average: bool) -> "Phases":
         """This rank's means, averaged over ranks when ``average`` (collective then)."""
         m = stats.mean()
-        t = torch.tensor(
-            [
-                m.step_s,
-                m.backward_s,
-                m.pack_s,
-                m.comm_s,
-                m.unpack_s,
-                m.exposed_s,
-                m.bytes_sent,
-                wall_s,
-            ],
-            dtype=torch.float64,
-            device=comm.device,
-        )
+        means = [m.step_s, m.backward_s, m.pack_s, m.comm_s, m.unpack_s, m.exposed_s]
+        t = torch.tensor(means + [m.bytes_sent, wall_s], dtype=torch.float64, device=comm.device)
         if average:
             commrt.all_reduce(t, comm, op="avg")
         return cls(*t.cpu().tolist())
