@@ -9,7 +9,10 @@ communication: the compute floor), ``commrt`` (DDP on the default commrt
 group: MPI under mpiexec, COMMRT_ALGORITHM or auto), ``commrt_gloo`` (a
 commrt group over its gloo transport: what bench_torch_backend.py measured
 before the world group went over MPI whatever ``init_process_group`` was
-given) and ``gloo`` (DDP on a gloo group of the same ranks). Each round runs
+given), ``gloo`` (DDP on a gloo group of the same ranks) and ``ddp_nocomm``
+(DDP whose communication hook hands each bucket back untouched: DDP's own
+cost, its bucket copies and reducer, without any transfer: the floor for
+every backend, higher than ``local``). Each round runs
 one step of each, in an order that flips every round, after a gloo barrier,
 so that a shared machine's load falls on all of them alike
 (bench_torch_backend.py runs them one after the other). Rank 0 prints the median wall time per step with the quartiles,
@@ -32,12 +35,21 @@ from bench_torch_backend import init_commrt_over_mpi  # noqa: E402
 
 from commrt.distributed import Options  # noqa: E402
 
-VARIANTS = ("local", "commrt", "commrt_gloo", "gloo")
+VARIANTS = ("local", "ddp_nocomm", "commrt", "commrt_gloo", "gloo")
+
+
+def _no_communication(state, bucket):
+    """A DDP communication hook that communicates nothing (the ``ddp_nocomm`` floor)."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
 
 
 def _stepper(variant, groups):
     model = _mlp()
     net = model if variant == "local" else DDP(model, process_group=groups[variant])
+    if variant == "ddp_nocomm":
+        net.register_comm_hook(None, _no_communication)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     torch.manual_seed(1)
     x, y = torch.randn(64, IN), torch.randint(0, OUT, (64,))
@@ -55,7 +67,7 @@ def main(steps: int) -> None:
     gloo = init_commrt_over_mpi()
     # what the benchmark measured before the world group went over MPI: commrt over gloo
     cg = dist.new_group(backend="commrt", pg_options=Options(cpu_transport="gloo"))
-    groups = {"commrt": None, "commrt_gloo": cg, "gloo": gloo}
+    groups = {"commrt": None, "commrt_gloo": cg, "gloo": gloo, "ddp_nocomm": None}
     run = {v: _stepper(v, groups) for v in VARIANTS}
     wall = {v: [] for v in VARIANTS}
     cpu = {v: [] for v in VARIANTS}
