@@ -184,10 +184,22 @@ def vs_p_rows(
         yield p, {n: sw.time(n, p, nbytes) for n in names}
 
 
+def choice(lab: str, width: int = 18) -> str:
+    """``auto``'s choice in its column: a family name too wide for it goes by its initials
+    (``torus2d_pipelined(2x8,s16,ring)``: ``tp(2x8,s16,ring)``; :data:`CHOICE_LEGEND`)."""
+    name, paren, rest = lab.partition("(")
+    return lab if len(lab) <= width else short(name, 4) + paren + rest
+
+
+#: names :func:`choice` abbreviates, for the header of a table with ``auto``'s column
+CHOICE_LEGEND = "# auto's choice: tp = torus2d_pipelined"
+
+
 def vs_p_header(names: Sequence[str], nbytes: int) -> list[str]:
     return [
         f"\n## time per all-reduce vs p · {fmt_bytes(nbytes)}",
         *legend(names),
+        *([CHOICE_LEGEND] if "auto" in names else []),
         f"{'p':>6}"
         + "".join(
             f"{n:>10} {'(its choice)':<18}" if n == "auto" else f"{short(n):>11}" for n in names
@@ -197,7 +209,7 @@ def vs_p_header(names: Sequence[str], nbytes: int) -> list[str]:
 
 def vs_p_line(p: int, cells: dict) -> str:
     return f"{p:>6}" + "".join(
-        f"{_fmt_time(t):>10} {lab:<18}" if n == "auto" else f"{_fmt_time(t):>11}"
+        f"{_fmt_time(t):>10} {choice(lab):<18}" if n == "auto" else f"{_fmt_time(t):>11}"
         for n, (t, lab) in cells.items()
     )
 
