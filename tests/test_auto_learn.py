@@ -222,6 +222,9 @@ def test_commrt_probe_saves_a_calibration_that_a_mismatched_job_refuses(tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     assert "probe (mpi, 2 ranks" in proc.stdout and "auto: " in proc.stdout
+    # 80 columns, except where a path alone is wider (it is never broken)
+    wide = [ln for ln in proc.stdout.splitlines() if len(ln) > 80 and str(tmp_path) not in ln]
+    assert wide == [], proc.stdout
     saved = ProbeResult.load(path)
     assert saved.world_size == 2 and saved.repeats >= 5
     # the same file, said to come from 3 ranks: a job of 2 refuses it on every rank

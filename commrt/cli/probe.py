@@ -13,6 +13,8 @@ measurement, and what ``auto`` would choose at a few sizes on it.
 
 from __future__ import annotations
 
+import textwrap
+
 from commrt.cli.units import positive_int, size_list
 
 #: buffer sizes whose choice is printed (the issue's 64 KiB to 64 MiB)
@@ -46,8 +48,8 @@ def cmd_probe(args) -> int:
     # measured even if COMMRT_CALIBRATION names a file: this command makes calibrations
     res = probe(comm, repeats=args.repeats, force=True)
     if comm.rank == 0:
-        print(res)
-        print(
+        say(str(res))
+        say(
             "step times: "
             + ", ".join(f"{s} B {t * 1e6:.0f} µs" for s, t in zip(res.sizes, res.step_s))
         )
@@ -55,13 +57,18 @@ def cmd_probe(args) -> int:
             shared = ", ".join(
                 f"{s} B {t * 1e6:.0f} µs" for s, t in zip(res.sizes, res.inter_step_s)
             )
-            print(f"between hosts, every rank at once: {shared}")
+            say(f"between hosts, every rank at once: {shared}")
         for w in res.warnings:
-            print(f"warning: {w}")
+            say(f"warning: {w}")
         auto = Auto(network=res.network())
         for nbytes in args.sizes:
-            print(auto.choose(comm.world_size, nbytes))
+            say(str(auto.choose(comm.world_size, nbytes)))
         if args.save:
-            print(f"saved {res.save(args.save)} (load it with COMMRT_CALIBRATION={args.save})")
+            say(f"saved {res.save(args.save)} (load it with COMMRT_CALIBRATION={args.save})")
     comm.close()
     return 0
+
+
+def say(text: str) -> None:
+    """Print ``text`` within 80 columns (continuations indented; paths kept whole)."""
+    print(textwrap.fill(text, 80, subsequent_indent="  ", break_long_words=False))
