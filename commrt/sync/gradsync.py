@@ -324,7 +324,8 @@ def _agreed_buckets(cfg: SyncConfig, named, comm, model, policy) -> list[Bucket]
         if not policy.can_rejoin:
             raise ValueError(
                 f"commrt: this process rejoined a running job (COMMRT_REJOIN=1), which "
-                f"only backup workers allow, not algorithm {cfg.algorithm.name!r}"
+                f"algorithm {cfg.algorithm.name!r} does not allow: its policy cannot take "
+                "a replacement in (README: 'Restarting a dead worker')"
             )
         return buckets
     check_layout(comm, buckets, extra=f"{cfg.comm_dtype}|{cfg.algorithm!r}")
