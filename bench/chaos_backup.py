@@ -122,7 +122,9 @@ def worker(out: str, seed: int) -> None:
         if comm.rank == victim:
             time.sleep(60)  # close() was quicker than the kill: it still comes
     except commrt.CommError as e:
-        rec.update(error=f"{type(e).__name__}: {e}")
+        import traceback
+
+        rec.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
     rec.update(global_step=sync.global_step, digest=_digest(model, opt))
     with open(os.path.join(out, f"rank{comm.rank}.json"), "w") as f:
         json.dump(rec, f)

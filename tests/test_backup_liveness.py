@@ -15,6 +15,7 @@ import json
 import time
 
 import pytest
+import torch
 from mp import gloo_ranks
 
 from commrt.algorithms import BackupWorkers
@@ -339,3 +340,33 @@ def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
     assert gloo._sending == [] and gloo._lost == ["buf"]
     with pytest.raises(CommError, match="catch-up send to rank 0 failed"):
         server(stream_ordered=True).progress()
+
+
+def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised():
+    """A late rank died between asking and being served: gloo refused the server's send at
+    once ("Connection closed by peer"), and the error escaped serve() through the arrival's
+    wait, failing the step on the server (bench/chaos_backup.py, seed 113). Now that
+    snapshot is given up like one failing on its way; NCCL still gets a CommError."""
+    from types import SimpleNamespace
+
+    from commrt.errors import CommError
+    from commrt.sync.backup import catchup as C
+
+    def refused(*args, **kwargs):
+        raise RuntimeError("Connection closed by peer [127.0.0.1]:2196")
+
+    def server(stream_ordered):
+        c = C.CatchUp.__new__(C.CatchUp)
+        c.comm = SimpleNamespace(transport=SimpleNamespace(stream_ordered=stream_ordered))
+        c.rank, c.incarnation, c.tracer, c.served = 2, 0, None, 0
+        c._state_event, c._sending, c._lost = None, [], []
+        c.params, c.store = [torch.zeros(3)], SimpleNamespace(set=lambda k, v: None)
+        c._start = refused
+        return c
+
+    gloo = server(stream_ordered=False)
+    gloo._start_send(7, 0, (5, None), torch.optim.SGD(gloo.params, lr=0.1), (True, None))
+    assert gloo._sending == [] and len(gloo._lost) == 1 and gloo.served == 1
+    nccl = server(stream_ordered=True)
+    with pytest.raises(CommError, match="catch-up send to rank 0 failed"):
+        nccl._start_send(7, 0, (5, None), torch.optim.SGD(nccl.params, lr=0.1), (True, None))

@@ -316,8 +316,8 @@ class CatchUp:
         s = _Send(req, peer, flat, step, time.monotonic(), pair=pair)
         self._sending.append(s)
         self.served += 1
-        if send_now:
-            self._post(s)
+        if send_now:  # gloo fails the send at once if the late rank died since it asked
+            self._guarded(s, self._post)
 
     def _post(self, s: _Send) -> None:
         """Start the sends of ``s`` (a pair group's peer posted its receive: it is there)."""
@@ -346,16 +346,23 @@ class CatchUp:
         peer"): that snapshot is given up, the error goes no further (seen in
         bench/chaos_backup.py); on NCCL, which cannot cancel the send, it is a CommError."""
         for s in list(self._sending):
-            try:
-                self._progress(s)
-            except CommError:
-                raise
-            except RuntimeError as e:  # the engine's own error (CommError is one too)
-                if self.comm.transport.stream_ordered:
-                    raise CommError(
-                        f"commrt: rank {self.rank}: catch-up send to rank {s.peer} failed ({e})"
-                    ) from e
-                self._give_up(s)
+            self._guarded(s, self._progress)
+
+    def _guarded(self, s: _Send, move) -> None:
+        """``move(s)``; an engine error from a receiver that died gives ``s`` up instead of
+        reaching the user, except on NCCL (the send cannot be cancelled: a CommError)."""
+        try:
+            move(s)
+        except CommError:
+            raise
+        except RuntimeError as e:  # the engine's own error (CommError is one too)
+            if self.comm.transport.stream_ordered:
+                raise CommError(
+                    f"commrt: rank {self.rank}: catch-up send to rank {s.peer} failed ({e})"
+                ) from e
+            if s.exchange is None:  # failed while starting: the engine may hold some pieces
+                self._lost.append(s.flat)
+            self._give_up(s)
 
     def _progress(self, s: _Send) -> None:
         now = time.monotonic()
