@@ -4,7 +4,9 @@ Prices :func:`commrt.sim.control.control_cost` for p = 4 … ``--max-p`` with
 the store costs ``bench/bench_control_plane.py`` measured (or
 ``--store-cost RTT_US,OP_US,KEY_US``), flat (the protocol as built) and
 two-level (a leader per node, the simulator's proposal), and prints one
-line per p at most 80 columns wide.
+line per p at most 80 columns wide. Each step's cost is its arrival and
+its commit (gloo's: :mod:`commrt.sync.backup.recovery`); a last line says
+the commit's part of the store's work.
 """
 
 from __future__ import annotations
@@ -66,6 +68,27 @@ def control_line(c) -> str:
     )
 
 
+def commit_share(c, cost: StoreCost, step_s: float, form: str = "flat") -> float:
+    """The commit's share of the store's work per step at ``c`` (``form``: flat, two-level)."""
+    if form == "flat":
+        ops, busy, hb = c.flat_commit_ops, c.flat_busy, c.heartbeat_share
+    else:
+        ops, busy, hb = c.two_level_commit_ops, c.two_level_busy, c.two_level_heartbeat_share
+    return ops * cost.op_s / step_s / (busy - hb)
+
+
+def commit_line(costs: Sequence, cost: StoreCost, step_s: float) -> str:
+    """The commit's share of the store's work at the smallest and largest p."""
+    lo, hi = costs[0], costs[-1]
+
+    def shares(form: str) -> str:
+        a, b = (commit_share(c, cost, step_s, form) for c in (lo, hi))
+        return f"{_pct(a)} at p = {lo.p}, {_pct(b)} at {hi.p}"
+
+    flat, two = shares("flat"), shares("two-level")
+    return f"# the commit's share of the store's work: flat {flat}; 2-level {two}"
+
+
 def control_section(
     ps: Sequence[int], cost: StoreCost | None, ranks_per_node: int, step_s: float, out
 ) -> dict:
@@ -79,9 +102,10 @@ def control_section(
         f"\n## backup workers' control plane · one TCPStore: {cost.describe()}",
         f"# per global step, b = {BACKUPS}, a step every {step_s * 1e3:g} ms, heartbeat "
         f"{HEARTBEAT_S:g} s; 2-level: a leader per {ranks_per_node} ranks",
-        "# wait: a rank's time to learn the step's participants; busy: the store's share",
-        "# of time (100%: saturated); hb: the heartbeats' share (flat, 2-level, and",
-        "# before: every rank reading all p counters)",
+        "# wait: a rank's time in the store per step, arrival (who takes part) and",
+        "# commit (gloo: every rank reads the outcome); busy: the store's share of time",
+        "# (100%: saturated); hb: the heartbeats' share (flat, 2-level, and before:",
+        "# every rank reading all p counters)",
         f"{'p':>5}{'flat wait':>11}{'busy':>9}{'2-lvl wait':>12}{'busy':>9}"
         f"{'hb':>9}{'hb 2-lvl':>9}{'hb before':>10}",
     ):
@@ -89,6 +113,8 @@ def control_section(
     for c in costs:
         out(control_line(c))
     flat, two = first_saturated(costs, "flat"), first_saturated(costs, "two-level")
+    if costs:
+        out(fit(commit_line(costs, cost, step_s)))
     out(
         fit(
             f"# one store saturates at p = {flat or '—'} flat, {two or '—'} two-level "
