@@ -73,12 +73,13 @@ the all-reduce fails the step with the usual error.
 (dead check, ticket, name, polls for the N names, read them, look for
 requests): tens to hundreds of microseconds on one machine; but every rank
 reads all N names, so the store's work per step grows as p². On gloo the
-commit adds about three one-key operations per rank (the setup group's
-check, the ``ok`` count, the outcome) plus its polls: O(p). The
-heartbeats cost the store 3 operations per rank per beat, O(p) for the
-job. :mod:`commrt.sim.control` prices arrival and heartbeats (not yet the
-commit) for p up to 4096 from ``bench/bench_control_plane.py``'s
-measurements (``commrt simulate``).
+step's end takes about eight one-key operations per participant (the
+commit's setup-group check, ``ok`` count, two polls of the outcome, its
+check and read and a look for requests while waiting; then a look after
+the update) and five per late rank: O(p). The heartbeats cost the store 3 operations per rank
+per beat, O(p) for the job. :mod:`commrt.sim.control` prices arrival, the
+commit and heartbeats for p up to 4096 from
+``bench/bench_control_plane.py``'s measurements (``commrt simulate``).
 
 **Ending.** The first rank to call ``close()`` ends training at the global
 step it holds: it takes a ticket on that step marked "closing", and a step
