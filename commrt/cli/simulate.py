@@ -18,8 +18,8 @@ PNGs to ``--out-dir``:
   starts once the first N of the p = N + b ranks arrived, for b = 0, 1, 2
   and about 2% of p, under exponential and Pareto delays.
 * (no figure) backup workers' control plane: the store's cost per global
-  step for p = 4 … ``--max-p``, flat and with a leader per node
-  (:mod:`commrt.cli.simulate_control`, ``--store-cost``).
+  step (arrival and gloo's commit) for p = 4 … ``--max-p``, flat and with a
+  leader per node (:mod:`commrt.cli.simulate_control`, ``--store-cost``).
 * ``sim_gossip_vs_p.png``: one gossip step (GossipGraD's one-peer exchange,
   hypercube with and without rotation, mean over two periods) vs one ring
   and one torus all-reduce of the same buffer, per size, vs p.
