@@ -12,26 +12,28 @@ each step also commits), from three measured numbers (:class:`StoreCost`,
   with many clients);
 * ``key_s``: the server's extra time per further key of a multi-key read.
 
-A step asks the store in two bursts, apart by the participants' reduction:
-*arrival* when the ranks' first buckets are ready, *commit* when their
-reductions end. Every wait is ``polls`` checks (:func:`commrt.store.poll`;
-the first miss also looks once for catch-up requests, its idle work).
+A step asks the store in two bursts, separated by the participants'
+reduction: *arrival* when the ranks' first buckets are ready, *commit* when
+their reductions end. Every wait is ``polls`` checks
+(:func:`commrt.store.poll`); a wait's first miss also looks once for
+catch-up requests (its idle work), counted once per wait.
 
 **Flat** (the protocol as built). *Arrival*: each of the p ranks checks it
 was not declared dead, takes a ticket (``add``), writes its name, polls
 for the first N names (``polls`` checks of N keys), reads them, and looks
 once for catch-up requests: ``5 + polls`` operations, ``(polls + 1)·N``
 further keys. *Commit* (:mod:`commrt.sync.backup.recovery`, all one-key
-operations): each of the N participants checks the setup group is not
-broken (at the start of round 0; once it is, no more), counts itself on ``ok/{g}/0`` (``add``),
-polls the outcome ``o/{g}/0`` (``polls`` checks, one look for requests),
-checks and reads it, and after its update looks for requests once more:
-``6 + polls``; each of the b late ranks polls, looks, checks and reads:
-``3 + polls``; the participant whose count reaches N proposes ``commit``
-(one ``compare_set``). The server's work per step is the sum over ranks,
-W = W_a + W_c with W_a = p·((5 + polls)·op + (polls + 1)·N·key): O(p²)
-because every rank reads every name, and
-W_c = (N·(6 + polls) + b·(3 + polls) + 1)·op: O(p).
+operations): each of the N participants checks that the setup group is
+not broken (once its round 0 begins, until a failure breaks it; it runs
+just after arrival, counted here), counts itself on ``ok/{g}/0``
+(``add``), polls the outcome ``o/{g}/0`` (``polls`` checks, one look for
+requests), checks and reads it, and after its update looks for requests
+once more (``BackupPolicy.apply``): ``6 + polls``; each of the b late
+ranks polls, looks, checks and reads: ``3 + polls``; the participant whose
+count reaches N proposes ``commit`` (one ``compare_set``). The server's
+work per step is the sum over ranks, W = W_a + W_c with
+W_a = p·((5 + polls)·op + (polls + 1)·N·key): O(p²) because every rank
+reads every name, and W_c = (N·(6 + polls) + b·(3 + polls) + 1)·op: O(p).
 
 **Two-level** (a per-node leader, the simulator's proposal). *Arrival*: a
 rank hands its arrival to its node's leader (a node-local hop,
