@@ -162,6 +162,9 @@ def trial(seed: int, out: str, limit_s: float) -> dict:
             p.kill()
             logs.append(p.communicate()[0] + "\n[killed at the trial's limit]")
     del store
+    for r, log in enumerate(logs):  # whole, for a failure's traceback
+        with open(os.path.join(out, f"rank{r}.log"), "w") as f:
+            f.write(log)
     return _verdict(seed, out, [p.returncode for p in procs], logs, time.monotonic() - t0)
 
 
