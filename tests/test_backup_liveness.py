@@ -342,7 +342,7 @@ def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
         server(stream_ordered=True).progress()
 
 
-def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised():
+def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised(monkeypatch):
     """A late rank died between asking and being served: gloo refused the server's send at
     once ("Connection closed by peer"), and the error escaped serve() through the arrival's
     wait, failing the step on the server (bench/chaos_backup.py, seed 113). Now that
@@ -361,8 +361,9 @@ def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised():
         c.rank, c.incarnation, c.tracer, c.served = 2, 0, None, 0
         c._state_event, c._sending, c._lost = None, [], []
         c.params, c.store = [torch.zeros(3)], SimpleNamespace(set=lambda k, v: None)
-        c._start = refused
         return c
+
+    monkeypatch.setattr(C, "_start", refused)
 
     gloo = server(stream_ordered=False)
     gloo._start_send(7, 0, (5, None), torch.optim.SGD(gloo.params, lr=0.1), (True, None))
