@@ -56,6 +56,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -65,6 +66,7 @@ from commrt.p2p import Exchange, Where
 from commrt.store import poll
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
+from commrt.sync.backup.watched import MemberRecordedDead, WaiterSlot
 from commrt.sync.backup.wire import Wire
 
 #: bytes per catch-up message
@@ -88,16 +90,30 @@ def span(tracer, name: str, **args):
     return tracer.span(name, **args) if tracer is not None else contextlib.nullcontext()
 
 
-def _take(exchange: Exchange, store, server: tuple[int, int], deadline: float) -> None:
+def _take(exchange: Exchange, store, server: tuple[int, int], deadline: float, waiters) -> None:
     """Wait for the snapshot's pieces from ``server`` (rank, incarnation). A server recorded
     dead meanwhile raises :class:`ServerDied` (so :meth:`CatchUp.receive` asks again): gloo
     does not always report a peer killed before its send began, and the wait would last
-    the whole timeout (seen in bench/chaos_backup.py)."""
+    the whole timeout (seen in bench/chaos_backup.py). Where a wait that times out breaks
+    the connection (gloo), each wait runs whole on a thread of ``waiters``
+    (:mod:`commrt.sync.backup.watched`); elsewhere it is cut into slices."""
+    dead = [Keys.dead(*server)]
+    gone = lambda: store.check(dead)  # noqa: E731
+    whole = exchange.transport.waits_break_on_timeout
     for i in range(len(exchange.recvs)):
+        if whole:
+            try:
+                wait = partial(exchange.pending.wait_recv, i, deadline)
+                got = waiters.get().wait(wait, gone, CHECK_S)
+            except MemberRecordedDead:
+                raise ServerDied(f"catch-up server rank {server[0]} was recorded dead") from None
+            if not got:
+                exchange.wait_recv(i, deadline)  # raises the named timeout
+            continue
         while not exchange.pending.wait_recv(i, min(deadline, time.monotonic() + CHECK_S)):
             if time.monotonic() >= deadline:
                 exchange.wait_recv(i, deadline)  # raises the named timeout
-            if store.check([Keys.dead(*server)]):
+            if gone():
                 raise ServerDied(f"catch-up server rank {server[0]} was recorded dead")
     exchange.complete(deadline)
 
@@ -169,6 +185,11 @@ class CatchUp:
         self._rbuf: torch.Tensor | None = None  # the late side's receive buffer
         self._next_claim_check = 0.0  # when the late side next looks at its request's claim
         self._state_event = None  # when this rank's state was last written
+        self._waiters = WaiterSlot()  # runs a receive's gloo waits (``_take``)
+
+    def close(self) -> None:
+        """End the thread a receive's waits ran on."""
+        self._waiters.close()
 
     @property
     def busy(self) -> bool:
@@ -254,7 +275,7 @@ class CatchUp:
         pair = server[1] if resp.get("pair") else None
         exchange, wire = _start(self, req, server[0], self._rbuf, step, pair, False)
         try:
-            _take(exchange, self.store, server, deadline)
+            _take(exchange, self.store, server, deadline, self._waiters)
         finally:
             if wire is not None:
                 wire.transport.close()

@@ -1,4 +1,9 @@
-"""gloo waits that end once a member is recorded dead (a hung member: :mod:`.wire`'s docs).
+"""gloo waits that end once a peer is recorded dead (a hung member: :mod:`.wire`'s docs).
+
+gloo cannot be waited on in slices: a wait that times out closes the connection to
+that peer for good ("Application timeout caused pair closure"), so a loop of short
+waits that looks at something between them breaks the pair it waits on. Here the
+wait runs whole, on a thread, and the caller looks between slices of its own.
 
 Example::
 
@@ -22,7 +27,7 @@ from commrt.transports.base import Pair, Pending, Transport
 #: how often a waiting caller asks whether a member was recorded dead
 SLICE_S = 0.05
 #: how often an idle waiter looks whether the program is ending
-IDLE_CHECK_S = 0.5
+IDLE_CHECK_S = 0.2
 
 
 class MemberRecordedDead(RuntimeError):
@@ -39,6 +44,7 @@ class Waiter:
     that wait's deadline); an idle waiter ends by itself once the main thread is done."""
 
     def __init__(self):
+        self.stuck = False  # a wait was given up on and may still be running
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="commrt-wire-wait")
         self._thread.start()
@@ -60,14 +66,16 @@ class Waiter:
                 out.append(e)
             done.set()
 
-    def wait(self, fn: Callable[[], bool], gone: Callable[[], bool]) -> bool:
+    def wait(self, fn: Callable[[], bool], gone: Callable[[], bool], slice_s=SLICE_S) -> bool:
         """``fn()`` (a blocking wait) on the thread; its result, or its error raised here.
-        Raises :class:`MemberRecordedDead` as soon as ``gone()`` while it runs (``fn`` then
-        goes on alone and its result is dropped)."""
+        Raises :class:`MemberRecordedDead` as soon as ``gone()`` (asked every ``slice_s``)
+        while it runs: ``fn`` then goes on alone, its result is dropped, and this waiter is
+        ``stuck`` until it ends (a caller that waits again makes another)."""
         done, out = threading.Event(), []
         self._jobs.put((fn, done, out))
-        while not done.wait(SLICE_S):
+        while not done.wait(slice_s):
             if gone():
+                self.stuck = True
                 raise MemberRecordedDead("a member of the round was recorded dead during a wait")
         if isinstance(out[0], BaseException):
             raise out[0]
@@ -76,6 +84,26 @@ class Waiter:
     def stop(self) -> None:
         """End the thread once its current wait is over (never joined here)."""
         self._jobs.put(None)
+
+
+class WaiterSlot:
+    """The :class:`Waiter` a caller's successive waits run on; a new one after a wait was
+    given up on (the old one ends once that wait does)."""
+
+    def __init__(self):
+        self._waiter: Waiter | None = None
+
+    def get(self) -> Waiter:
+        if self._waiter is None or self._waiter.stuck:
+            self.close()
+            self._waiter = Waiter()
+        return self._waiter
+
+    def close(self) -> None:
+        """End the thread (once its wait, if any, is over)."""
+        if self._waiter is not None:
+            self._waiter.stop()
+        self._waiter = None
 
 
 class _WatchedPending(Pending):
@@ -99,6 +127,7 @@ class WatchedTransport(Transport):
     """``inner`` (a gloo group) whose waits give up once ``gone()`` (module docs)."""
 
     name = "gloo"
+    waits_break_on_timeout = True
 
     def __init__(self, inner: Transport, gone: Callable[[], bool]):
         super().__init__(inner.rank, inner.world_size, inner.device)
