@@ -229,8 +229,9 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
             time.sleep(max(0.0, min(0.01, deadline - time.monotonic())))
             return False  # the snapshot never comes
 
-    class Exchange:
+    class Exchange:  # on a transport whose waits may be sliced (gloo's: test_backup_waits.py)
         recvs, pending = [None], Pending()
+        transport = type("T", (), {"waits_break_on_timeout": False})()
 
         def wait_recv(self, i, deadline):
             raise AssertionError("waited out the timeout")
@@ -243,7 +244,7 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
     late.store = Store()
     t0 = time.monotonic()
     with pytest.raises(C.ServerDied, match="rank 3 was recorded dead"):
-        C._take(Exchange(), late.store, (3, 0), time.monotonic() + 30)
+        C._take(Exchange(), late.store, (3, 0), time.monotonic() + 30, None)
     assert time.monotonic() - t0 < 2 * C.CHECK_S + 0.5
 
     # receive() treats it as a lost server: asks again, and the next answer is taken
@@ -342,7 +343,7 @@ def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
         server(stream_ordered=True).progress()
 
 
-def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised():
+def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised(monkeypatch):
     """A late rank died between asking and being served: gloo refused the server's send at
     once ("Connection closed by peer"), and the error escaped serve() through the arrival's
     wait, failing the step on the server (bench/chaos_backup.py, seed 113). Now that
@@ -361,8 +362,9 @@ def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised():
         c.rank, c.incarnation, c.tracer, c.served = 2, 0, None, 0
         c._state_event, c._sending, c._lost = None, [], []
         c.params, c.store = [torch.zeros(3)], SimpleNamespace(set=lambda k, v: None)
-        c._start = refused
         return c
+
+    monkeypatch.setattr(C, "_start", refused)
 
     gloo = server(stream_ordered=False)
     gloo._start_send(7, 0, (5, None), torch.optim.SGD(gloo.params, lr=0.1), (True, None))

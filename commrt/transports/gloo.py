@@ -68,6 +68,7 @@ class GlooTransport(Transport):
     """Point-to-point over a ProcessGroupGloo built from ``store``."""
 
     name = "gloo"
+    waits_break_on_timeout = True
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
         super().__init__(rank, world_size, torch.device("cpu"))

@@ -106,6 +106,7 @@ The package, one module per job (imports go down this list, never up):
 :mod:`~commrt.sync.backup.liveness`         heartbeats, recorded deaths, the end handshake
 :mod:`~commrt.sync.backup.snapshot`         parameters + optimizer state in one buffer
 :mod:`~commrt.sync.backup.wire`             the gloo groups reductions run on; the test hook
+:mod:`~commrt.sync.backup.watched`          gloo waits given up once a member is recorded dead
 :mod:`~commrt.sync.backup.keys`             every control-store key, in one place
 ==========================================  ==========================================
 """

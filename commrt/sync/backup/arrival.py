@@ -107,7 +107,10 @@ class Arrival:
             key = Keys.ticket(step, i, round)
             if store.check([key]):
                 arrived.add(rank_of(store.get(key).decode()))
-        missing = sorted((set(range(self.p)) - arrived) | set(dead))
+        if waited is not None:  # the dead are why; a live rank may just not have come yet
+            missing = sorted(set(dead))
+        else:
+            missing = sorted((set(range(self.p)) - arrived) | set(dead))
         why = "recorded dead" if waited is not None else "gone"
         return CommTimeoutError(
             rank=self.rank,

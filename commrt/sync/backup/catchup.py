@@ -56,6 +56,7 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -65,6 +66,7 @@ from commrt.p2p import Exchange, Where
 from commrt.store import poll
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
+from commrt.sync.backup.watched import MemberRecordedDead, WaiterSlot
 from commrt.sync.backup.wire import Wire
 
 #: bytes per catch-up message
@@ -88,16 +90,30 @@ def span(tracer, name: str, **args):
     return tracer.span(name, **args) if tracer is not None else contextlib.nullcontext()
 
 
-def _take(exchange: Exchange, store, server: tuple[int, int], deadline: float) -> None:
+def _take(exchange: Exchange, store, server: tuple[int, int], deadline: float, waiters) -> None:
     """Wait for the snapshot's pieces from ``server`` (rank, incarnation). A server recorded
     dead meanwhile raises :class:`ServerDied` (so :meth:`CatchUp.receive` asks again): gloo
     does not always report a peer killed before its send began, and the wait would last
-    the whole timeout (seen in bench/chaos_backup.py)."""
+    the whole timeout (seen in bench/chaos_backup.py). Where a wait that times out breaks
+    the connection (gloo), each wait runs whole on a thread of ``waiters``
+    (:mod:`commrt.sync.backup.watched`); elsewhere it is cut into slices."""
+    dead = [Keys.dead(*server)]
+    gone = lambda: store.check(dead)  # noqa: E731
+    whole = exchange.transport.waits_break_on_timeout
     for i in range(len(exchange.recvs)):
+        if whole:
+            try:
+                wait = partial(exchange.pending.wait_recv, i, deadline)
+                got = waiters.get().wait(wait, gone, CHECK_S)
+            except MemberRecordedDead:
+                raise ServerDied(f"catch-up server rank {server[0]} was recorded dead") from None
+            if not got:
+                exchange.wait_recv(i, deadline)  # raises the named timeout
+            continue
         while not exchange.pending.wait_recv(i, min(deadline, time.monotonic() + CHECK_S)):
             if time.monotonic() >= deadline:
                 exchange.wait_recv(i, deadline)  # raises the named timeout
-            if store.check([Keys.dead(*server)]):
+            if gone():
                 raise ServerDied(f"catch-up server rank {server[0]} was recorded dead")
     exchange.complete(deadline)
 
@@ -117,6 +133,20 @@ def _check_claimer(store, req: int) -> None:
         server, inc = (int(x) for x in store.get(Keys.claim(req)).split())
         if store.check([Keys.dead(server, inc)]) and not store.check([Keys.response(req)]):
             raise ServerDied(f"rank {server} claimed catch-up request {req} and died")
+
+
+def _start(c: "CatchUp", req: int, peer: int, flat, step: int, pair: int | None, send: bool):
+    """Start moving ``flat`` to (``send``) or from ``peer`` for ``c``'s request ``req``; return the
+    exchange and, with ``pair`` (the peer's incarnation), the two-rank group it runs on."""
+    wire = None
+    if pair is not None:
+        wire = _pair_wire(c.pairs, c.store, req, (peer, pair), c.rank, c.timeout)
+    at = peer if wire is None else wire.members.index(peer)
+    moves = [(x, at) for x in pieces(flat)]
+    sends, recvs = (moves, []) if send else ([], moves)
+    transport = None if wire is None else wire.transport
+    where = Where(f"{c.algorithm} catch-up", step=step)
+    return Exchange(c.comm, sends, recvs, tags.CATCHUP, where, transport=transport), wire
 
 
 @dataclass(eq=False)  # identity: a list lookup must not compare tensors
@@ -141,14 +171,12 @@ class CatchUp:
         self.comm, self.store, self.params = comm, store, params
         #: this rank's incarnation (>= 1: a replacement, reached only on pair groups)
         self.incarnation = incarnation
-        self._pairs = pairs  # (control store, key space): where pair groups meet
+        self.pairs = pairs  # (control store, key space): where pair groups meet
         self.algorithm, self.tracer = algorithm, tracer
         self.rank, self.p, self.timeout = comm.rank, comm.world_size, comm.timeout
-        #: snapshots this rank has served
-        self.served = 0
-        # MPI moves a message only inside MPI calls (MPICH runs no progress thread by default),
-        # so a server tests its pending snapshot sends whenever it checks on them; gloo and NCCL
-        # progress on their own, and a gloo wait that times out breaks the connection: never polled
+        self.served = 0  # snapshots this rank has served
+        # MPI moves a message only inside MPI calls (MPICH has no progress thread by default): a
+        # server tests its sends when it checks on them; gloo and NCCL progress on their own
         self._host_progress = comm.transport.name == "mpi"
         self._seen = 0  # requests read from the store so far
         self._open: dict[int, tuple[int, int]] = {}  # unanswered: req -> (rank, its step)
@@ -157,19 +185,11 @@ class CatchUp:
         self._rbuf: torch.Tensor | None = None  # the late side's receive buffer
         self._next_claim_check = 0.0  # when the late side next looks at its request's claim
         self._state_event = None  # when this rank's state was last written
+        self._waiters = WaiterSlot()  # runs a receive's gloo waits (``_take``)
 
-    def _start(self, req: int, peer: int, flat, step: int, pair: int | None, send: bool):
-        """Start moving ``flat`` to (``send``) or from ``peer`` for request ``req``; return the
-        exchange and, with ``pair`` (the peer's incarnation), the two-rank group it runs on."""
-        wire = None
-        if pair is not None:
-            wire = _pair_wire(self._pairs, self.store, req, (peer, pair), self.rank, self.timeout)
-        at = peer if wire is None else wire.members.index(peer)
-        moves = [(x, at) for x in pieces(flat)]
-        sends, recvs = (moves, []) if send else ([], moves)
-        transport = None if wire is None else wire.transport
-        where = Where(f"{self.algorithm} catch-up", step=step)
-        return Exchange(self.comm, sends, recvs, tags.CATCHUP, where, transport=transport), wire
+    def close(self) -> None:
+        """End the thread a receive's waits ran on."""
+        self._waiters.close()
 
     @property
     def busy(self) -> bool:
@@ -253,9 +273,9 @@ class CatchUp:
         # which a stream-ordered server starts only once it sees the mark (module docs)
         self.store.set(Keys.posted(req), "1")
         pair = server[1] if resp.get("pair") else None
-        exchange, wire = self._start(req, server[0], self._rbuf, step, pair, False)
+        exchange, wire = _start(self, req, server[0], self._rbuf, step, pair, False)
         try:
-            _take(exchange, self.store, server, deadline)
+            _take(exchange, self.store, server, deadline, self._waiters)
         finally:
             if wire is not None:
                 wire.transport.close()
@@ -322,14 +342,16 @@ class CatchUp:
     def _post(self, s: _Send) -> None:
         """Start the sends of ``s`` (a pair group's peer posted its receive: it is there)."""
         s.started = time.monotonic()  # the receiver has the timeout from here to take it
-        s.exchange, s.wire = self._start(s.req, s.peer, s.flat, s.step, s.pair, True)
+        s.exchange, s.wire = _start(self, s.req, s.peer, s.flat, s.step, s.pair, True)
 
-    def _give_up(self, s: _Send) -> None:
-        """Forget snapshot ``s``: its receiver is gone (the buffer stays with the engine)."""
+    def _give_up(self, s: _Send, held: bool = False) -> None:
+        """Forget snapshot ``s``: its receiver is gone. Its buffer stays with the engine once
+        its sends started (or ``held``)."""
         if s in self._sending:
             self._sending.remove(s)
         if s.exchange is not None:
             s.exchange.abandon()
+        if s.exchange is not None or held:
             self._lost.append(s.flat)  # the engine may still read it
         if s.wire is not None:
             s.wire.abort()
@@ -360,9 +382,7 @@ class CatchUp:
                 raise CommError(
                     f"commrt: rank {self.rank}: catch-up send to rank {s.peer} failed ({e})"
                 ) from e
-            if s.exchange is None:  # failed while starting: the engine may hold some pieces
-                self._lost.append(s.flat)
-            self._give_up(s)
+            self._give_up(s, held=True)  # even a send that failed to start may hold it
 
     def _progress(self, s: _Send) -> None:
         now = time.monotonic()

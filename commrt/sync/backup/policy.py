@@ -228,9 +228,8 @@ class BackupPolicy(Policy):
     def _joined(self, taking_part: bool) -> None:
         """A redo round changed this rank's part in the step: withdraw or post its request."""
         self.dropped += -1 if taking_part else 1
-        self._req = (
-            self.catchup.withdraw(self._req) if taking_part else self.catchup.request(self.held)
-        )
+        catchup, req = self.catchup, self._req
+        self._req = catchup.withdraw(req) if taking_part else catchup.request(self.held)
 
     def _catch_up(self, req: int) -> int:
         """Receive the snapshot answering ``req``; return the global updates it brought."""
@@ -294,6 +293,7 @@ class BackupPolicy(Policy):
             self.liveness.stop()
             if self.reduction is not None:  # None if set-up never made it
                 self.reduction.close()
+            self.catchup.close()
 
     def _drain(self) -> None:
         start = time.monotonic()

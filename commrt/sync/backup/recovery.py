@@ -36,11 +36,11 @@ in the wire dtype), allocated once at setup and overwritten every step;
 it is what a redo starts from, and is no longer needed once the step
 commits.
 
-**Limits.** A *hung* participant (stopped, not dead) keeps its connections
-open: the rank whose receive waits on it is woken by nothing but the
-timeout (gloo's ``abort()`` or ``shutdown()`` from another thread do not
-end a wait in the same process; tried), so that step is redone only after
-the timeout. A death while a round's group is being made costs about
+**A hung participant** (stopped, not dead) keeps its connections open, so
+gloo reports nothing to the rank whose receive waits on it; that rank gives
+the wait up once the hung one is recorded dead (about ``dead_after_s``:
+:mod:`commrt.sync.backup.watched`), aborts its group, and the step is redone
+without it. **Limits.** A death while a round's group is being made costs about
 ``dead_after_s``: the rendezvous's waits poll and end once a member is
 recorded dead (:class:`~commrt.sync.backup.wire.WatchedStore`). A
 rank inside ``close()`` takes no ticket of a redo round: if the round needs
@@ -104,11 +104,9 @@ class Reduction:
         if self.recoverable and rejoined:
             self.broken = True
             self.kept = [torch.empty_like(b) for b in self.ctx.buffers]
-        elif self.recoverable:
-            members = range(self.p)
-            self.setup_wire = make_wire(
-                self.cs, self.space, None, 0, members, self.rank, self.timeout
-            )
+        elif self.recoverable:  # its waits end once a member of the round is recorded dead
+            args = (None, 0, range(self.p), self.rank, self.timeout, (), self._member_died)
+            self.setup_wire = make_wire(self.cs, self.space, *args)
             self.kept = [torch.empty_like(b) for b in self.ctx.buffers]
 
     def stats(self, took_step: bool) -> dict:

@@ -21,6 +21,18 @@ before writing it cost the others that timeout (two chaos trials took 44 to
 :class:`WatchedStore`, whose waits poll and give up as soon as the caller
 says a member was recorded dead (about ``dead_after_s`` after the death).
 
+**A hung member.** A stopped (not dead) member keeps its connections open,
+so gloo gives the ranks waiting on it no error, and gloo's waits cannot be
+polled or left early (a send or receive reports nothing through
+``is_completed()``; a wait that times out breaks the connection; ``abort()``
+from another thread does not end it). So a round's waits run on a thread of
+the group's own (:class:`WatchedTransport`): the caller waits for that
+thread in short slices and gives up, with an engine error the reduction
+redoes, as soon as a member of the round is recorded dead (about
+``dead_after_s`` after it stopped beating) rather than at the timeout. The
+abandoned wait ends on its own at gloo's timeout; the group is aborted and
+never used again. The handoff costs a few tens of microseconds per wait.
+
 **Test hook.** ``COMMRT_TEST_KILL="{rank}[,{rank}...]:{global step}"``
 (read at setup): those ranks SIGKILL themselves right after their first
 send of that global step's reduction has completed, inside the all-reduce:
@@ -40,6 +52,7 @@ from typing import Sequence
 import torch.distributed as dist
 
 from commrt.sync.backup.keys import Keys
+from commrt.sync.backup.watched import WatchedTransport
 from commrt.transports.base import Pair, Pending, Transport
 from commrt.transports.gloo import GlooTransport
 
@@ -107,14 +120,18 @@ class Wire:
         timeout,
         names=(),
         gone: Callable[[], bool] | None = None,
+        watch: Callable[[], bool] | None = None,
     ):
+        """``gone()``: a member was recorded dead (ends the rendezvous); ``watch()``: the same
+        for the members a wait is on, checked while it waits (module docs)."""
         self.members = tuple(members)
         #: the members' ticket names (their incarnations: a replacement is another member)
         self.names = tuple(names)
         store = cs.client(f"{space}/{key}")
         if gone is not None:  # a member's death ends the rendezvous (module docs)
             store = WatchedStore(store, gone, timeout)
-        self.transport = GlooTransport(store, self.members.index(rank), len(self.members), timeout)
+        gloo = GlooTransport(store, self.members.index(rank), len(self.members), timeout)
+        self.transport = gloo if watch is None else WatchedTransport(gloo, watch)
         self.failed = False  # aborted after a failure: never used again
 
     def schedules(self, inner: list, participants: Sequence[int]) -> list:
@@ -131,9 +148,11 @@ def make_wire(
     cs, space: str, step: int | None, round: int, members, rank: int, timeout, names=(), gone=None
 ) -> Wire:
     """The group of round ``round`` of ``step`` (None: every rank's, at setup); collective
-    over ``members`` (``names``: their ticket names; ``gone()``: a member was recorded
-    dead, which ends the rendezvous at once)."""
-    return Wire(cs, space, Keys.wire(step, round), members, rank, timeout, names, gone)
+    over ``members`` (``names``: their ticket names). ``gone()``: a member of the round was
+    recorded dead; it ends the group's rendezvous (not at setup: every rank is there) and
+    its waits at once."""
+    rendezvous = gone if step is not None else None
+    return Wire(cs, space, Keys.wire(step, round), members, rank, timeout, names, rendezvous, gone)
 
 
 def kill_step(rank: int) -> tuple[int, int] | None:

@@ -1,0 +1,152 @@
+"""gloo waits that end once a peer is recorded dead (a hung member: :mod:`.wire`'s docs).
+
+gloo cannot be waited on in slices: a wait that times out closes the connection to
+that peer for good ("Application timeout caused pair closure"), so a loop of short
+waits that looks at something between them breaks the pair it waits on. Here the
+wait runs whole, on a thread, and the caller looks between slices of its own.
+
+Example::
+
+    >>> import time
+    >>> from commrt.sync.backup.watched import Waiter
+    >>> w = Waiter()
+    >>> w.wait(lambda: (time.sleep(0.01), True)[1], gone=lambda: False)
+    True
+    >>> w.stop()
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Sequence
+
+from commrt.transports.base import Pair, Pending, Transport
+
+#: how often a waiting caller asks whether a member was recorded dead
+SLICE_S = 0.05
+#: how often an idle waiter looks whether the program is ending
+IDLE_CHECK_S = 0.2
+
+
+class MemberRecordedDead(RuntimeError):
+    """A wait was given up: a member of the round was recorded dead (it hung, or died
+    without its connections closing). An engine error: the reduction redoes the step."""
+
+
+class Waiter:
+    """One thread that runs blocking waits for a caller that polls them.
+
+    Not a daemon: a wait given up on is still inside gloo, and a daemon thread that comes
+    back from C++ while the interpreter shuts down aborts the process ("terminate called
+    without an active exception"). So the interpreter's exit waits for it (at most until
+    that wait's deadline); an idle waiter ends by itself once the main thread is done."""
+
+    def __init__(self):
+        self.stuck = False  # a wait was given up on and may still be running
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="commrt-wire-wait")
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=IDLE_CHECK_S)
+            except queue.Empty:
+                if not threading.main_thread().is_alive():  # never closed: do not hold exit
+                    return
+                continue
+            if job is None:
+                return
+            fn, done, out = job
+            try:
+                out.append(fn())
+            except BaseException as e:  # handed to the caller, who raises it
+                out.append(e)
+            done.set()
+
+    def wait(self, fn: Callable[[], bool], gone: Callable[[], bool], slice_s=SLICE_S) -> bool:
+        """``fn()`` (a blocking wait) on the thread; its result, or its error raised here.
+        Raises :class:`MemberRecordedDead` as soon as ``gone()`` (asked every ``slice_s``)
+        while it runs: ``fn`` then goes on alone, its result is dropped, and this waiter is
+        ``stuck`` until it ends (a caller that waits again makes another)."""
+        done, out = threading.Event(), []
+        self._jobs.put((fn, done, out))
+        while not done.wait(slice_s):
+            if gone():
+                self.stuck = True
+                raise MemberRecordedDead("a member of the round was recorded dead during a wait")
+        if isinstance(out[0], BaseException):
+            raise out[0]
+        return out[0]
+
+    def stop(self) -> None:
+        """End the thread once its current wait is over (never joined here)."""
+        self._jobs.put(None)
+
+
+class WaiterSlot:
+    """The :class:`Waiter` a caller's successive waits run on; a new one after a wait was
+    given up on (the old one ends once that wait does)."""
+
+    def __init__(self):
+        self._waiter: Waiter | None = None
+
+    def get(self) -> Waiter:
+        if self._waiter is None or self._waiter.stuck:
+            self.close()
+            self._waiter = Waiter()
+        return self._waiter
+
+    def close(self) -> None:
+        """End the thread (once its wait, if any, is over)."""
+        if self._waiter is not None:
+            self._waiter.stop()
+        self._waiter = None
+
+
+class _WatchedPending(Pending):
+    def __init__(self, inner: Pending, waiter: Waiter, gone: Callable[[], bool]):
+        self.inner, self.waiter, self.gone = inner, waiter, gone
+
+    def wait_recv(self, i: int, deadline: float) -> bool:
+        return self.waiter.wait(lambda: self.inner.wait_recv(i, deadline), self.gone)
+
+    def wait_send(self, i: int, deadline: float) -> bool:
+        return self.waiter.wait(lambda: self.inner.wait_send(i, deadline), self.gone)
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+class WatchedTransport(Transport):
+    """``inner`` (a gloo group) whose waits give up once ``gone()`` (module docs)."""
+
+    name = "gloo"
+    waits_break_on_timeout = True
+
+    def __init__(self, inner: Transport, gone: Callable[[], bool]):
+        super().__init__(inner.rank, inner.world_size, inner.device)
+        self.inner, self.gone = inner, gone
+        self.waiter = Waiter()
+
+    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
+        return _WatchedPending(self.inner.exchange(sends, recvs, tag), self.waiter, self.gone)
+
+    def barrier(self, timeout: float) -> bool:
+        return self.inner.barrier(timeout)
+
+    def native_all_reduce(self, tensor, op: str = "sum") -> None:
+        self.inner.native_all_reduce(tensor, op)
+
+    def abort(self) -> None:
+        self.inner.abort()
+        self.waiter.stop()
+
+    def close(self) -> None:
+        self.inner.close()
+        self.waiter.stop()
