@@ -132,6 +132,45 @@ def all_reduce(
         >>> t = torch.full((1000,), float(comm.rank))          # doctest: +SKIP
         >>> commrt.all_reduce(t, comm, algorithm="ring", op="sum")
     """
+    last = comm.slots.settled_call
+    if last is not None and last.algorithm is algorithm and last.op is op:
+        # the call before was this one's signature, settled: skip resolving, the call check
+        # (agreed already), select and observe (SettledCall says why each may be skipped)
+        check_tensor(tensor, comm, last.reduce_op)
+        if tensor.dtype is last.dtype and tensor.shape == last.shape and not comm.debug:
+            comm.admit_collective()
+            work = tensor if tensor.is_contiguous() else tensor.contiguous()
+            comm.run_schedule(
+                last.schedule, work, timeout=timeout, average=last.average, tracer=tracer,
+                owner=work,
+            )  # fmt: skip
+            if work is not tensor:
+                tensor.copy_(work)
+            return tensor
+    return _all_reduce(tensor, comm, algorithm, op, timeout, tracer)
+
+
+class SettledCall:
+    """An all-reduce signature whose schedule no longer changes (``comm.slots.settled_call``).
+
+    Made after a call whose algorithm has nothing more to learn for its size (no
+    ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``. A later call
+    with the same ``algorithm`` and ``op`` objects, dtype and shape may run ``schedule`` at
+    once: a name or an instance resolves to the same algorithm every time, the signature
+    was agreed across ranks (checked once per signature, as the slow path would find it in
+    ``agreed_calls``), and the algorithm said select() keeps returning this schedule."""
+
+    __slots__ = ("algorithm", "op", "reduce_op", "average", "dtype", "shape", "schedule")
+
+    def __init__(self, algorithm, op, reduce_op: ReduceOp, tensor: torch.Tensor, schedule):
+        self.algorithm, self.op, self.reduce_op = algorithm, op, reduce_op
+        self.average = reduce_op is ReduceOp.AVG
+        self.dtype, self.shape, self.schedule = tensor.dtype, tensor.shape, schedule
+
+
+def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
+    """:func:`all_reduce` in full: the first call of a signature, or one still learning."""
+    given = op
     parsed = _OPS.get(op) if isinstance(op, (str, ReduceOp)) else None
     op = parsed if parsed is not None else ReduceOp.parse(op)
     alg = resolve(algorithm)
@@ -141,7 +180,16 @@ def all_reduce(
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
     if comm.debug or key not in comm.slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
-    return _run(tensor, comm, alg.select, average, timeout, tracer, getattr(alg, "observe", None))
+    observe = getattr(alg, "observe", None)
+    ran = _run(tensor, comm, alg.select, average, timeout, tracer, observe)
+    if ran is None or comm.debug:
+        return tensor
+    if observe is None:  # a fixed algorithm: what select chose on this first call stays
+        comm.slots.settled_call = SettledCall(algorithm, given, op, tensor, ran[0])
+    elif ran[1]:  # learning for this size is over: the schedule it keeps from now on
+        kept = alg.select(comm.world_size, ran[2], comm)
+        comm.slots.settled_call = SettledCall(algorithm, given, op, tensor, kept)
+    return tensor
 
 
 def broadcast(
@@ -186,7 +234,8 @@ def broadcast(
         alg = algorithm if algorithm is not None else _bcast.choose(world_size, nbytes)
         return alg.schedule(world_size, root=root)
 
-    return _run(tensor, comm, pick, False, timeout, tracer)
+    _run(tensor, comm, pick, False, timeout, tracer)
+    return tensor
 
 
 def agree_call(
@@ -208,12 +257,14 @@ def _enter(comm: Communicator) -> None:
 
 def _run(
     tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout, tracer, observe=None
-) -> torch.Tensor:
+) -> tuple | None:
     """Run ``pick(world_size, nbytes, comm)``'s schedule in place on ``tensor`` (through a
     contiguous copy if needed); then ``observe(comm, nbytes, started)`` (``auto`` learns
-    from its own timings: commrt.algorithms.auto_learn)."""
+    from its own timings: commrt.algorithms.auto_learn). Returns ``(schedule, settled,
+    nbytes)`` (``settled``: what observe returned), or None where nothing was sent."""
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     nbytes = work.nbytes
+    ran = None
     if comm.world_size > 1 and nbytes:
         # one lock around both: pick may probe the network (a collective) on first use
         with comm.lock:
@@ -222,11 +273,11 @@ def _run(
             comm.run_schedule(
                 schedule, work, timeout=timeout, average=average, tracer=tracer, owner=work
             )
-            if observe is not None:
-                observe(comm, nbytes, started)
+            settled = observe is None or observe(comm, nbytes, started)
+            ran = (schedule, settled, nbytes)
     if work is not tensor:
         tensor.copy_(work)
-    return tensor
+    return ran
 
 
 #: dtypes a call description can name (SUPPORTED_DTYPES first: their codes stay put)

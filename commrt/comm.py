@@ -71,6 +71,9 @@ class CommSlots:
     backup_instances: int = 0
     #: commrt.collectives: call signatures all ranks agreed on (each checked on first use)
     agreed_calls: set = field(default_factory=set)
+    #: commrt.collectives: the last all-reduce whose schedule is settled (a SettledCall): a
+    #: repeated call runs it without resolving, agreeing, selecting or observing again
+    settled_call: object | None = None
 
 
 class Communicator:
