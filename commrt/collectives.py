@@ -62,6 +62,9 @@ class ReduceOp(enum.Enum):
             raise ValueError(f"unknown op {op!r}; choose 'sum' or 'avg'") from None
 
 
+#: ReduceOp.AVG, read without the enum class's attribute lookup (about 0.1 us in Python 3.11)
+_AVG = ReduceOp.AVG
+
 # the usual spellings, looked up without the enum machinery (all_reduce's hot path)
 _OPS = {
     "sum": ReduceOp.SUM,
@@ -83,7 +86,7 @@ def check_tensor(
         and tensor.is_cpu
         and comm.device_type == "cpu"
         and not tensor.requires_grad
-        and tensor.dtype in (_FLOATS if op is ReduceOp.AVG else _REDUCIBLE)
+        and tensor.dtype in (_FLOATS if op is _AVG else _REDUCIBLE)
     ):
         return
     if not isinstance(tensor, torch.Tensor):
@@ -133,20 +136,28 @@ def all_reduce(
         >>> commrt.all_reduce(t, comm, algorithm="ring", op="sum")
     """
     last = comm.slots.settled_call
-    if last is not None and last.algorithm is algorithm and last.op is op:
-        # the call before was this one's signature, settled: skip resolving, the call check
+    if (
+        last is not None
+        and last.algorithm is algorithm
+        and last.op is op
+        # check_tensor's quick test, given that last's dtype passed it for this op on comm
+        and type(tensor) is torch.Tensor
+        and tensor.dtype is last.dtype
+        and (tensor.is_cpu if last.on_cpu else tensor.is_cuda)
+        and not tensor.requires_grad
+        and tensor.shape == last.shape
+        and not comm.debug
+    ):
+        # this signature was settled by an earlier call: skip resolving, the call check
         # (agreed already), select and observe (SettledCall says why each may be skipped)
-        check_tensor(tensor, comm, last.reduce_op)
-        if tensor.dtype is last.dtype and tensor.shape == last.shape and not comm.debug:
-            comm.admit_collective()
-            work = tensor if tensor.is_contiguous() else tensor.contiguous()
-            comm.run_schedule(
-                last.schedule, work, timeout=timeout, average=last.average, tracer=tracer,
-                owner=work,
-            )  # fmt: skip
-            if work is not tensor:
-                tensor.copy_(work)
-            return tensor
+        comm.admit_collective()
+        work = tensor if tensor.is_contiguous() else tensor.contiguous()
+        comm.run_schedule(
+            last.schedule, work, timeout=timeout, average=last.average, tracer=tracer, owner=work
+        )
+        if work is not tensor:
+            tensor.copy_(work)
+        return tensor
     return _all_reduce(tensor, comm, algorithm, op, timeout, tracer)
 
 
@@ -160,12 +171,12 @@ class SettledCall:
     was agreed across ranks (checked once per signature, as the slow path would find it in
     ``agreed_calls``), and the algorithm said select() keeps returning this schedule."""
 
-    __slots__ = ("algorithm", "op", "reduce_op", "average", "dtype", "shape", "schedule")
+    __slots__ = ("algorithm", "op", "average", "dtype", "shape", "on_cpu", "schedule")
 
-    def __init__(self, algorithm, op, reduce_op: ReduceOp, tensor: torch.Tensor, schedule):
-        self.algorithm, self.op, self.reduce_op = algorithm, op, reduce_op
-        self.average = reduce_op is ReduceOp.AVG
-        self.dtype, self.shape, self.schedule = tensor.dtype, tensor.shape, schedule
+    def __init__(self, algorithm, op, average: bool, tensor: torch.Tensor, schedule):
+        self.algorithm, self.op, self.average = algorithm, op, average
+        self.dtype, self.shape, self.on_cpu = tensor.dtype, tensor.shape, tensor.is_cpu
+        self.schedule = schedule
 
 
 def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
@@ -176,7 +187,7 @@ def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
     alg = resolve(algorithm)
     check_tensor(tensor, comm, op)
     comm.admit_collective()
-    average = op is ReduceOp.AVG
+    average = op is _AVG
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
     if comm.debug or key not in comm.slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
@@ -185,10 +196,10 @@ def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
     if ran is None or comm.debug:
         return tensor
     if observe is None:  # a fixed algorithm: what select chose on this first call stays
-        comm.slots.settled_call = SettledCall(algorithm, given, op, tensor, ran[0])
+        comm.slots.settled_call = SettledCall(algorithm, given, average, tensor, ran[0])
     elif ran[1]:  # learning for this size is over: the schedule it keeps from now on
         kept = alg.select(comm.world_size, ran[2], comm)
-        comm.slots.settled_call = SettledCall(algorithm, given, op, tensor, kept)
+        comm.slots.settled_call = SettledCall(algorithm, given, average, tensor, kept)
     return tensor
 
 
