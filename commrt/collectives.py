@@ -150,28 +150,25 @@ def all_reduce(
         and tensor.shape == last.shape
         and not comm.debug
     ):
-        # this signature was settled by an earlier call: skip resolving, the call check
-        # (agreed already), select and observe (SettledCall says why each may be skipped)
+        # the last call's signature, settled: skip resolving, the call check (agreed
+        # already), select and observe (SettledCall says why each may be skipped)
         comm.admit_collective()
-        work = tensor if tensor.is_contiguous() else tensor.contiguous()
-        comm.run_schedule(
-            last.schedule, work, timeout=timeout, average=last.average, tracer=tracer, owner=work
-        )
-        if work is not tensor:
-            tensor.copy_(work)
-        return tensor
+        return _run_settled(tensor, comm, last, timeout, tracer)
     return _all_reduce(tensor, comm, algorithm, op, timeout, tracer)
 
 
 class SettledCall:
-    """An all-reduce signature whose schedule no longer changes (``comm.slots.settled_call``).
+    """An all-reduce signature whose schedule no longer changes.
 
     Made after a call whose algorithm has nothing more to learn for its size (no
-    ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``. A later call
-    with the same ``algorithm`` and ``op`` objects, dtype and shape may run ``schedule`` at
-    once: a name or an instance resolves to the same algorithm every time, the signature
-    was agreed across ranks (checked once per signature, as the slow path would find it in
-    ``agreed_calls``), and the algorithm said select() keeps returning this schedule."""
+    ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
+    signature in ``comm.slots.settled_calls`` and, for the last call, in
+    ``comm.slots.settled_call``. A later call with the same ``algorithm`` and ``op``
+    objects, dtype and shape runs ``schedule`` at once: a name or an instance resolves to
+    the same algorithm every time, the signature was agreed across ranks (checked once
+    per signature, as the full path would find it in ``agreed_calls``), and the algorithm
+    said select() keeps returning this schedule. Every rank makes the same calls and
+    settles each size at the same call, so every rank takes this path on the same calls."""
 
     __slots__ = ("algorithm", "op", "average", "dtype", "shape", "on_cpu", "schedule")
 
@@ -181,8 +178,26 @@ class SettledCall:
         self.schedule = schedule
 
 
+#: settled signatures kept per communicator: beyond it they are forgotten (and settled
+#: again by one full call each), so a program of ever-new shapes holds no growing memory
+MAX_SETTLED = 256
+
+
+def _run_settled(tensor, comm, settled: SettledCall, timeout, tracer) -> torch.Tensor:
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    comm.run_schedule(
+        settled.schedule, work, timeout=timeout, average=settled.average, tracer=tracer,
+        owner=work,
+    )  # fmt: skip
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
 def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
-    """:func:`all_reduce` in full: the first call of a signature, or one still learning."""
+    """:func:`all_reduce` past the last call's memo: a signature settled earlier (calls that
+    alternate between sizes, as a process group's buckets do), its first call, or one whose
+    algorithm is still learning."""
     given = op
     parsed = _OPS.get(op) if isinstance(op, (str, ReduceOp)) else None
     op = parsed if parsed is not None else ReduceOp.parse(op)
@@ -190,18 +205,29 @@ def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
     check_tensor(tensor, comm, op)
     comm.admit_collective()
     average = op is _AVG
+    slots = comm.slots
+    known = (alg, average, tensor.dtype, tensor.shape)
+    settled = None if comm.debug else slots.settled_calls.get(known)
+    if settled is not None:
+        if settled.algorithm is not algorithm or settled.op is not given:  # another spelling
+            settled = SettledCall(algorithm, given, average, tensor, settled.schedule)
+            slots.settled_calls[known] = settled
+        slots.settled_call = settled
+        return _run_settled(tensor, comm, settled, timeout, tracer)
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
-    if comm.debug or key not in comm.slots.agreed_calls:
+    if comm.debug or key not in slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
     observe = getattr(alg, "observe", None)
     ran = _run(tensor, comm, alg.select, average, timeout, tracer, observe)
-    if ran is None or comm.debug:
+    if ran is None or comm.debug or not ran[1]:
         return tensor
-    if observe is None:  # a fixed algorithm: what select chose on this first call stays
-        comm.slots.settled_call = SettledCall(algorithm, given, average, tensor, ran[0])
-    elif ran[1]:  # learning for this size is over: the schedule it keeps from now on
-        kept = alg.select(comm.world_size, ran[2], comm)
-        comm.slots.settled_call = SettledCall(algorithm, given, average, tensor, kept)
+    # a fixed algorithm keeps what select chose on this first call; one that learned for
+    # this size keeps what it settled on (perhaps not the schedule this call tried)
+    kept = ran[0] if observe is None else alg.select(comm.world_size, ran[2], comm)
+    if len(slots.settled_calls) >= MAX_SETTLED:
+        slots.settled_calls.clear()
+    settled = slots.settled_calls[known] = SettledCall(algorithm, given, average, tensor, kept)
+    slots.settled_call = settled
     return tensor
 
 

@@ -152,3 +152,27 @@ def test_debug_checks_every_call_and_never_takes_the_settled_path(asked):
 
     assert run_ranks(2, body) == [(None, "settled")] * 2
     assert sum(r == 0 and what == "select" for r, what, _ in asked) == CALLS
+
+
+def test_calls_alternating_between_settled_sizes_skip_select_and_observe(asked):
+    auto = Auto(network=SLOW_NET)
+
+    def body(tr):
+        comm = _comm(tr)
+        small, large = torch.empty(3), torch.empty(5, 2)
+        made = []
+        for k in range(CALLS):
+            before = sum(r == tr.rank for r, _, _ in asked)
+            for x in (small, large):  # the last call's memo never matches: each from the table
+                x.copy_(_inputs(tr.rank, k).repeat(4)[: x.numel()].view_as(x))
+                commrt.all_reduce(x, comm, algorithm=auto, op="sum")
+                want = _inputs(0, k).double().repeat(4) + _inputs(1, k).double().repeat(4)
+                assert torch.allclose(x.double().flatten(), want[: x.numel()], atol=1e-6)
+            made.append(sum(r == tr.rank for r, _, _ in asked) - before)
+        phases = {n: t.phase for n, t in learning(comm).items()}
+        return made, phases, len(comm.slots.settled_calls)
+
+    for made, phases, settled in run_ranks(2, body):
+        assert phases == {12: "settled", 40: "settled"} and settled == 2
+        assert made[:3] == [4, 4, 4]  # both sizes selected and observed while learning
+        assert made[-10:] == [0] * 10  # neither, once both settled
