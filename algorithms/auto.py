@@ -196,24 +196,28 @@ class Auto(Algorithm):
             return self._tried(choice, tuning.running).schedule
         return choice.schedule
 
-    def observe(self, comm, nbytes: int, started_s: float) -> None:
+    def observe(self, comm, nbytes: int, started_s: float) -> bool:
         """After ``commrt.all_reduce`` ran :meth:`select`'s schedule (started at
         ``time.perf_counter()`` = ``started_s``): time it, and at the end of a phase agree
-        and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`)."""
+        and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`).
+        Returns whether this size is settled: :meth:`select` gives the same schedule from
+        now on and wants no more observing (the same on every rank, as the phase is), so
+        the caller may keep that schedule (``commrt.collectives.SettledCall``)."""
         tuning = comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
         if tuning is None or tuning.phase == "settled":
-            return
+            return True
         if tuning.timing and comm.device.type == "cuda":
             import torch  # lazy: schedules need no torch; NCCL calls return once enqueued
 
             torch.cuda.synchronize(comm.device)
         if not tuning.record(time.perf_counter() - started_s):
-            return
+            return False
         tuning.advance(agree(comm, tuning))
         if tuning.phase == "settled" and tuning.kept != tuning.choice:
             key = (self, comm.world_size, int(nbytes))
             learned = self._tried(comm.slots.auto_choices[key], tuning.kept)
             comm.slots.auto_choices[key] = dataclasses.replace(learned, learned=True)
+        return tuning.phase == "settled"
 
     def _tried(self, choice: Choice, name: str) -> Choice:
         """The Choice of candidate ``name``, priced as ``choice``'s candidates say."""

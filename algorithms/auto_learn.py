@@ -22,6 +22,10 @@ schedule compiles its plan and allocates scratch):
 3. **verdict**: the fastest by their agreed times is kept for
    that size from then on (``commrt.algorithms.auto.choices`` shows it,
    with ``learned=True`` if it is the runner-up), and the size is settled.
+   A settled size costs nothing more: ``Auto.observe`` says so, and
+   ``commrt.all_reduce`` then runs the kept schedule for repeats of that
+   call without asking ``select`` or ``observe`` again
+   (``commrt.collectives.SettledCall``).
 
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce

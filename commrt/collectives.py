@@ -7,7 +7,9 @@ size, that they make the same call; a mismatch raises
 each side called, on any backend (instead of a truncated message on one rank,
 an abort inside gloo, or silently wrong math for equal sizes in different
 shapes). Agreed signatures are remembered on the communicator
-(``comm.slots.agreed_calls``), so a repeated call costs one set lookup.
+(``comm.slots.agreed_calls``), so a repeated call costs one set lookup, and
+an all-reduce that repeats the last settled call (:class:`SettledCall`) not
+even that.
 
 With ``COMMRT_DEBUG=1`` in the environment (or ``commrt.init(debug=True)``)
 every call is checked, which also catches a rank making a call it made
@@ -62,6 +64,9 @@ class ReduceOp(enum.Enum):
             raise ValueError(f"unknown op {op!r}; choose 'sum' or 'avg'") from None
 
 
+#: ReduceOp.AVG, read without the enum class's attribute lookup (about 0.1 us in Python 3.11)
+_AVG = ReduceOp.AVG
+
 # the usual spellings, looked up without the enum machinery (all_reduce's hot path)
 _OPS = {
     "sum": ReduceOp.SUM,
@@ -83,7 +88,7 @@ def check_tensor(
         and tensor.is_cpu
         and comm.device_type == "cpu"
         and not tensor.requires_grad
-        and tensor.dtype in (_FLOATS if op is ReduceOp.AVG else _REDUCIBLE)
+        and tensor.dtype in (_FLOATS if op is _AVG else _REDUCIBLE)
     ):
         return
     if not isinstance(tensor, torch.Tensor):
@@ -132,16 +137,98 @@ def all_reduce(
         >>> t = torch.full((1000,), float(comm.rank))          # doctest: +SKIP
         >>> commrt.all_reduce(t, comm, algorithm="ring", op="sum")
     """
+    last = comm.slots.settled_call
+    if (
+        last is not None
+        and last.algorithm is algorithm
+        and last.op is op
+        # check_tensor's quick test, given that last's dtype passed it for this op on comm
+        and type(tensor) is torch.Tensor
+        and tensor.dtype is last.dtype
+        and (tensor.is_cpu if last.on_cpu else tensor.is_cuda)
+        and not tensor.requires_grad
+        and tensor.shape == last.shape
+        and not comm.debug
+    ):
+        # the last call's signature, settled: skip resolving, the call check (agreed
+        # already), select and observe (SettledCall says why each may be skipped)
+        comm.admit_collective()
+        return _run_settled(tensor, comm, last, timeout, tracer)
+    return _all_reduce(tensor, comm, algorithm, op, timeout, tracer)
+
+
+class SettledCall:
+    """An all-reduce signature whose schedule no longer changes.
+
+    Made after a call whose algorithm has nothing more to learn for its size (no
+    ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
+    signature in ``comm.slots.settled_calls`` and, for the last call, in
+    ``comm.slots.settled_call``. A later call with the same ``algorithm`` and ``op``
+    objects, dtype and shape runs ``schedule`` at once: a name or an instance resolves to
+    the same algorithm every time, the signature was agreed across ranks (checked once
+    per signature, as the full path would find it in ``agreed_calls``), and the algorithm
+    said select() keeps returning this schedule. Every rank makes the same calls and
+    settles each size at the same call, so every rank takes this path on the same calls."""
+
+    __slots__ = ("algorithm", "op", "average", "dtype", "shape", "on_cpu", "schedule")
+
+    def __init__(self, algorithm, op, average: bool, tensor: torch.Tensor, schedule):
+        self.algorithm, self.op, self.average = algorithm, op, average
+        self.dtype, self.shape, self.on_cpu = tensor.dtype, tensor.shape, tensor.is_cpu
+        self.schedule = schedule
+
+
+#: settled signatures kept per communicator: beyond it they are forgotten (and settled
+#: again by one full call each), so a program of ever-new shapes holds no growing memory
+MAX_SETTLED = 256
+
+
+def _run_settled(tensor, comm, settled: SettledCall, timeout, tracer) -> torch.Tensor:
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    comm.run_schedule(
+        settled.schedule, work, timeout=timeout, average=settled.average, tracer=tracer,
+        owner=work,
+    )  # fmt: skip
+    if work is not tensor:
+        tensor.copy_(work)
+    return tensor
+
+
+def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
+    """:func:`all_reduce` past the last call's memo: a signature settled earlier (calls that
+    alternate between sizes, as a process group's buckets do), its first call, or one whose
+    algorithm is still learning."""
+    given = op
     parsed = _OPS.get(op) if isinstance(op, (str, ReduceOp)) else None
     op = parsed if parsed is not None else ReduceOp.parse(op)
     alg = resolve(algorithm)
     check_tensor(tensor, comm, op)
     comm.admit_collective()
-    average = op is ReduceOp.AVG
+    average = op is _AVG
+    slots = comm.slots
+    known = (alg, average, tensor.dtype, tensor.shape)
+    settled = None if comm.debug else slots.settled_calls.get(known)
+    if settled is not None:
+        if settled.algorithm is not algorithm or settled.op is not given:  # another spelling
+            settled = SettledCall(algorithm, given, average, tensor, settled.schedule)
+            slots.settled_calls[known] = settled
+        slots.settled_call = settled
+        return _run_settled(tensor, comm, settled, timeout, tracer)
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
-    if comm.debug or key not in comm.slots.agreed_calls:
+    if comm.debug or key not in slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
-    return _run(tensor, comm, alg.select, average, timeout, tracer, getattr(alg, "observe", None))
+    observe = getattr(alg, "observe", None)
+    ran = _run(tensor, comm, alg.select, average, timeout, tracer, observe)
+    if ran is None or comm.debug or not ran[1]:
+        return tensor
+    # a fixed algorithm keeps what select chose on this first call; one that learned for
+    # this size keeps what it settled on (perhaps not the schedule this call tried)
+    kept = ran[0] if observe is None else alg.select(comm.world_size, ran[2], comm)
+    if len(slots.settled_calls) >= MAX_SETTLED:
+        slots.settled_calls.clear()
+    settled = slots.settled_calls[known] = SettledCall(algorithm, given, average, tensor, kept)
+    slots.settled_call = settled
+    return tensor
 
 
 def broadcast(
@@ -186,7 +273,8 @@ def broadcast(
         alg = algorithm if algorithm is not None else _bcast.choose(world_size, nbytes)
         return alg.schedule(world_size, root=root)
 
-    return _run(tensor, comm, pick, False, timeout, tracer)
+    _run(tensor, comm, pick, False, timeout, tracer)
+    return tensor
 
 
 def agree_call(
@@ -208,12 +296,14 @@ def _enter(comm: Communicator) -> None:
 
 def _run(
     tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout, tracer, observe=None
-) -> torch.Tensor:
+) -> tuple | None:
     """Run ``pick(world_size, nbytes, comm)``'s schedule in place on ``tensor`` (through a
     contiguous copy if needed); then ``observe(comm, nbytes, started)`` (``auto`` learns
-    from its own timings: commrt.algorithms.auto_learn)."""
+    from its own timings: commrt.algorithms.auto_learn). Returns ``(schedule, settled,
+    nbytes)`` (``settled``: what observe returned), or None where nothing was sent."""
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     nbytes = work.nbytes
+    ran = None
     if comm.world_size > 1 and nbytes:
         # one lock around both: pick may probe the network (a collective) on first use
         with comm.lock:
@@ -222,11 +312,11 @@ def _run(
             comm.run_schedule(
                 schedule, work, timeout=timeout, average=average, tracer=tracer, owner=work
             )
-            if observe is not None:
-                observe(comm, nbytes, started)
+            settled = observe is None or observe(comm, nbytes, started)
+            ran = (schedule, settled, nbytes)
     if work is not tensor:
         tensor.copy_(work)
-    return tensor
+    return ran
 
 
 #: dtypes a call description can name (SUPPORTED_DTYPES first: their codes stay put)

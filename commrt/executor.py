@@ -158,12 +158,13 @@ class Bound:
     transport operations (MPI persistent requests), so a repeated
     collective on the same buffer (a GradientSync bucket, a benchmark loop)
     does no slicing, builds no requests and makes no decisions: per step
-    ``(plan step, prepared ops, [(sends to wait for first, apply) per
-    receive])``, where ``apply()`` adds or copies the received data into
-    place (None: it was received in place).
+    ``(plan step, prepared ops, ((receive index, sends to wait for first, apply), ...),
+    the sends still to wait for after the last receive)``, where ``apply()`` adds or
+    copies the received data into place (None: it was received in place). ``sent_bytes``
+    and ``divisor`` (the ranks an average divides by, 1 for none) are the run's constants.
     """
 
-    __slots__ = ("schedule", "plan", "steps", "scratch", "member")
+    __slots__ = ("schedule", "plan", "steps", "scratch", "member", "sent_bytes", "divisor")
 
     def __init__(
         self,
@@ -176,12 +177,14 @@ class Bound:
     ):
         self.schedule, self.plan, self.scratch = schedule, plan, scratch
         self.member = transport.rank in schedule.ranks
+        self.sent_bytes = plan.send_elems * buf.element_size()
+        self.divisor = plan.group_size
         reducer = reducer or default_reduce
         self.steps = []
         for sp in plan.steps:
             sends = [(buf[x.start : x.stop], x.peer) for x in sp.sends]
             recvs, post = [], []
-            for x, after in zip(sp.recvs, sp.after_sends):
+            for i, (x, after) in enumerate(zip(sp.recvs, sp.after_sends)):
                 into = (
                     buf[x.start : x.stop]
                     if x.scratch < 0
@@ -189,13 +192,16 @@ class Bound:
                 )
                 recvs.append((into, x.peer))
                 dst = buf[x.start : x.stop] if x.scratch >= 0 else None
-                post.append((after, _applier(dst, into, x.reduce, reducer)))
+                post.append((i, after, _applier(dst, into, x.reduce, reducer)))
             prepared = transport.prepare(sends, recvs, tags.executor(sp.index))
-            self.steps.append((sp, prepared, tuple(post)))
+            # after_sends never decreases: the receives' waits leave the sends from the
+            # last one's count on
+            tail = tuple(range(post[-1][1] if post else 0, len(sends)))
+            self.steps.append((sp, prepared, tuple(post), tail))
 
     def free(self) -> None:
-        for _, prepared, _ in self.steps:
-            prepared.free()
+        for step in self.steps:
+            step[1].free()
         self.steps = []
 
 
@@ -360,10 +366,9 @@ class Executor:
             self._last = last + (bound,)
         if not bound.member:
             return 0
-        plan = bound.plan
         if transport.stream_ordered:
             return self._run_ordered(bound, buf, transport, timeout, average, bucket, tracer)
-        run_step = self._run_step
+        run_step = _run_step
         if tracer is None:
             for step in bound.steps:
                 run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
@@ -374,9 +379,9 @@ class Executor:
                     f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
                 ):
                     run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
-        if average and plan.group_size > 1:
-            buf.div_(plan.group_size)
-        return plan.send_elems * buf.element_size()
+        if average and bound.divisor > 1:
+            buf.div_(bound.divisor)
+        return bound.sent_bytes
 
     def _run_ordered(
         self,
@@ -389,20 +394,20 @@ class Executor:
         tracer,
     ) -> int:
         """:meth:`run` on a stream-ordered transport: everything is enqueued on its stream."""
-        plan, schedule = bound.plan, bound.schedule
+        schedule = bound.schedule
         transport.begin(buf)
         with transport.stream():
             for step in bound.steps:
                 if tracer is None:
-                    self._run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
+                    _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
                     continue
                 sp = step[0]
                 with tracer.span(
                     f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
                 ):
-                    self._run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
-            if average and plan.group_size > 1:
-                buf.div_(plan.group_size)
+                    _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
+            if average and bound.divisor > 1:
+                buf.div_(bound.divisor)
         if not transport.sync(time.monotonic() + timeout):
             raise CommTimeoutError(
                 rank=transport.rank,
@@ -413,41 +418,41 @@ class Executor:
                 bucket=bucket,
             )
         transport.end(buf)
-        return plan.send_elems * buf.element_size()
+        return bound.sent_bytes
 
-    @staticmethod
-    def _run_step(
-        step, deadline: float, schedule: Schedule, timeout: float, bucket, spin_s: float = 0.0
-    ) -> None:
-        sp, prepared, post = step
-        try:
-            pend = prepared.start(spin_s)  # gloo raises here when a peer's connection closed
-            sent = 0
-            for i, (after, apply) in enumerate(post):
-                while sent < after:
-                    if not pend.wait_send(sent, deadline):
-                        _timeout(
-                            prepared, "send", sp.sends[sent].peer, sp, schedule, timeout, bucket
-                        )
-                    sent += 1
-                if not pend.wait_recv(i, deadline):
-                    _timeout(prepared, "recv", sp.recvs[i].peer, sp, schedule, timeout, bucket)
-                if apply is not None:
-                    apply()
-            for j in range(sent, len(sp.sends)):
-                if not pend.wait_send(j, deadline):
-                    _timeout(prepared, "send", sp.sends[j].peer, sp, schedule, timeout, bucket)
-            pend.finish()
-        except PeerClosedError as e:  # a peer that left (commrt.departure): say where we waited
-            where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
-            raise e.at(where.describe()) from None
-        except CommError:
-            raise
-        except RuntimeError as e:  # engine errors (a peer's connection closed, ...)
-            where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
-            raise engine_error(
-                prepared.transport, e, [x.peer for x in sp.sends + sp.recvs], where
-            ) from e
+
+def _run_step(
+    step, deadline: float, schedule: Schedule, timeout: float, bucket, spin_s: float = 0.0
+) -> None:
+    """One bound step (:class:`Bound`): start it, wait for each receive (after the sends
+    that must leave first) and apply it, then wait for the remaining sends."""
+    sp, prepared, post, tail = step
+    try:
+        pend = prepared.start(spin_s)  # gloo raises here when a peer's connection closed
+        sent = 0
+        for i, after, apply in post:
+            while sent < after:
+                if not pend.wait_send(sent, deadline):
+                    _timeout(prepared, "send", sp.sends[sent].peer, sp, schedule, timeout, bucket)
+                sent += 1
+            if not pend.wait_recv(i, deadline):
+                _timeout(prepared, "recv", sp.recvs[i].peer, sp, schedule, timeout, bucket)
+            if apply is not None:
+                apply()
+        for j in tail:
+            if not pend.wait_send(j, deadline):
+                _timeout(prepared, "send", sp.sends[j].peer, sp, schedule, timeout, bucket)
+        pend.finish()
+    except PeerClosedError as e:  # a peer that left (commrt.departure): say where we waited
+        where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
+        raise e.at(where.describe()) from None
+    except CommError:
+        raise
+    except RuntimeError as e:  # engine errors (a peer's connection closed, ...)
+        where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
+        raise engine_error(
+            prepared.transport, e, [x.peer for x in sp.sends + sp.recvs], where
+        ) from e
 
 
 def _timeout(
