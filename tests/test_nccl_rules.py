@@ -336,6 +336,9 @@ def test_a_catch_up_nccl_cannot_retry_fails_the_policy_and_close_does_not_drain(
         def request(self, step):
             calls.append("request")
 
+        def close(self):
+            calls.append("close")
+
     policy = BackupPolicy(BackupWorkers(1))
     policy.ctx = types.SimpleNamespace(tracer=None)
     policy.catchup = CatchUp()
@@ -344,4 +347,5 @@ def test_a_catch_up_nccl_cannot_retry_fails_the_policy_and_close_does_not_drain(
     with pytest.raises(CommError, match="cannot cancel"):
         policy.apply(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
     policy.close()
-    assert calls == ["receive", "stop"]  # no drain: no new request on the aborted transport
+    # no drain (no new request on the aborted transport); the catch-up's thread is ended
+    assert calls == ["receive", "stop", "close"]
