@@ -109,3 +109,21 @@ def test_a_waiter_marks_itself_stuck_when_a_wait_is_given_up():
     with pytest.raises(MemberRecordedDead):
         w.wait(lambda: time.sleep(0.3) or True, lambda: True, slice_s=0.01)
     assert w.stuck
+
+
+def test_a_waiter_made_on_a_daemon_thread_is_not_a_daemon():
+    """Waiters are made on GradientSync's progress thread, a daemon, whose flag a new thread
+    inherits; as a daemon a waiter aborted the process at exit (test_backup_redo's "more
+    deaths than backups" ranks exited -6)."""
+    made = []
+
+    def make():
+        made.append(Waiter())
+
+    maker = threading.Thread(target=make, daemon=True)
+    maker.start()
+    maker.join()
+    before = set(threading.enumerate())
+    waiters = [t for t in before if t.name == "commrt-wire-wait"]
+    made[0].stop()
+    assert waiters and all(not t.daemon for t in waiters)

@@ -46,7 +46,9 @@ class Waiter:
     def __init__(self):
         self.stuck = False  # a wait was given up on and may still be running
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name="commrt-wire-wait")
+        # daemon=False said outright: a thread inherits its maker's flag, and waiters are made
+        # on GradientSync's progress thread, a daemon
+        self._thread = threading.Thread(target=self._serve, name="commrt-wire-wait", daemon=False)
         self._thread.start()
 
     def _serve(self) -> None:
@@ -107,14 +109,14 @@ class WaiterSlot:
 
 
 class _WatchedPending(Pending):
-    def __init__(self, inner: Pending, waiter: Waiter, gone: Callable[[], bool]):
-        self.inner, self.waiter, self.gone = inner, waiter, gone
+    def __init__(self, inner: Pending, waiters: WaiterSlot, gone: Callable[[], bool]):
+        self.inner, self.waiters, self.gone = inner, waiters, gone
 
     def wait_recv(self, i: int, deadline: float) -> bool:
-        return self.waiter.wait(lambda: self.inner.wait_recv(i, deadline), self.gone)
+        return self.waiters.get().wait(lambda: self.inner.wait_recv(i, deadline), self.gone)
 
     def wait_send(self, i: int, deadline: float) -> bool:
-        return self.waiter.wait(lambda: self.inner.wait_send(i, deadline), self.gone)
+        return self.waiters.get().wait(lambda: self.inner.wait_send(i, deadline), self.gone)
 
     def finish(self) -> None:
         self.inner.finish()
@@ -132,10 +134,10 @@ class WatchedTransport(Transport):
     def __init__(self, inner: Transport, gone: Callable[[], bool]):
         super().__init__(inner.rank, inner.world_size, inner.device)
         self.inner, self.gone = inner, gone
-        self.waiter = Waiter()
+        self.waiters = WaiterSlot()
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
-        return _WatchedPending(self.inner.exchange(sends, recvs, tag), self.waiter, self.gone)
+        return _WatchedPending(self.inner.exchange(sends, recvs, tag), self.waiters, self.gone)
 
     def barrier(self, timeout: float) -> bool:
         return self.inner.barrier(timeout)
@@ -145,8 +147,8 @@ class WatchedTransport(Transport):
 
     def abort(self) -> None:
         self.inner.abort()
-        self.waiter.stop()
+        self.waiters.close()
 
     def close(self) -> None:
         self.inner.close()
-        self.waiter.stop()
+        self.waiters.close()
