@@ -18,8 +18,6 @@ gloo group of the same ranks, in the same processes.
   all-gathers in forward and backward, reduce-scatters in backward.
 """
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -29,7 +27,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import commrt  # noqa: F401  (registers the backend)
-from commrt.cli.launch import already_launched
+from commrt.cli.launch import already_launched, free_port
 
 pytestmark = pytest.mark.skipif(
     not already_launched(),
@@ -45,12 +43,7 @@ def init_commrt_over_mpi():
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    port = None
-    if world.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = world.bcast(port)
+    port = world.bcast(free_port() if world.Get_rank() == 0 else None)
     dist.init_process_group(
         "commrt",
         init_method=f"tcp://127.0.0.1:{port}",

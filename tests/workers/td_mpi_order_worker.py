@@ -8,7 +8,6 @@ rank 0 and a send to the next torch rank gave what torch's numbering says.
 """
 
 import json
-import socket
 import sys
 
 import torch
@@ -16,16 +15,12 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 import commrt  # noqa: F401  (registers the backend)
+from commrt.cli.launch import free_port
 
 
 def main(out):
     world = MPI.COMM_WORLD
-    port = None
-    if world.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = world.bcast(port)
+    port = world.bcast(free_port() if world.Get_rank() == 0 else None)
     p = world.Get_size()
     rank = p - 1 - world.Get_rank()  # torch numbers the processes backwards
     dist.init_process_group(
