@@ -179,7 +179,7 @@ class CatchUp:
         # server tests its sends when it checks on them; gloo and NCCL progress on their own
         self._host_progress = comm.transport.name == "mpi"
         self._seen = 0  # requests read from the store so far
-        self._open: dict[int, tuple[int, int]] = {}  # unanswered: req -> (rank, its step)
+        self._open: dict[int, tuple[int, int, int]] = {}  # unanswered: req -> (rank, step, inc)
         self._sending: list[_Send] = []
         self._lost: list = []  # buffers of transfers whose peer vanished: the engine may hold them
         self._rbuf: torch.Tensor | None = None  # the late side's receive buffer
