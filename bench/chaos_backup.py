@@ -26,6 +26,7 @@ import random
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 
@@ -219,8 +220,9 @@ def main(argv=None) -> int:
             print(f"      {line[:72]}", flush=True)  # whole in trials.json
     phases = collections.Counter(r["phase"] for r in results)
     passed = sum(r["ok"] for r in results)
-    print(f"passed {passed} of {len(results)}; kills by phase: " + ", ".join(
-        f"{k} {v}" for k, v in sorted(phases.items())))  # fmt: skip
+    print(f"passed {passed} of {len(results)}")
+    kills = ", ".join(f"{k} {v}" for k, v in sorted(phases.items()))
+    print(textwrap.fill(f"kills by phase: {kills}", 80, subsequent_indent="  "))
     with open(os.path.join(args.out, "trials.json"), "w") as f:
         json.dump(results, f, indent=1)
     return 0 if passed == len(results) else 1
