@@ -11,9 +11,8 @@ import json
 import statistics
 import time
 
-import torch
-
 import commrt
+from commrt.cli.bench import timing_buffer
 
 CASES = (("8B", 8, 2000), ("32MiB", 32 << 20, 5))  # (label, bytes, calls per timed round)
 
@@ -23,7 +22,7 @@ def main(rounds: int = 7) -> None:
     out = {}
     for label, nbytes, iters in CASES:
         for alg in ("ring", "auto"):
-            x = torch.ones(nbytes // 4)
+            x = timing_buffer(nbytes // 4)
             for _ in range(3):
                 commrt.all_reduce(x, comm, algorithm=alg, op="sum")
             times = []

@@ -30,13 +30,12 @@ import statistics
 import sys
 import time
 
-import torch
-
 import commrt
 from commrt import sim
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import candidates, choices, label, learning
 from commrt.algorithms.auto_learn import WARMUP, WINDOW
+from commrt.cli.bench import timing_buffer
 from commrt.cli.units import size_list
 from commrt.probe import probe
 from commrt.rows import gather
@@ -61,7 +60,7 @@ def timed(comm, fn, iters: int) -> float:
 
 def measure_size(comm, nbytes: int, rounds: int, net) -> dict:
     p = comm.world_size
-    x = torch.ones(nbytes // 4)
+    x = timing_buffer(nbytes // 4)
     auto = Auto()
     # let auto settle: its watch and, if it missed, its trial of the runner-up
     for _ in range((len(candidates(p)) + 2) * (WINDOW + WARMUP)):

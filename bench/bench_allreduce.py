@@ -15,10 +15,9 @@ Outside mpiexec the benchmarks skip, saying how to run them.
 """
 
 import pytest
-import torch
 
 import commrt
-from commrt.cli.bench import busbw_factor, iterations_for
+from commrt.cli.bench import busbw_factor, iterations_for, timing_buffer
 from commrt.cli.launch import already_launched
 
 # 8 B and 4 KiB: latency-bound (one small bucket, gossip, control traffic); the rest: bandwidth
@@ -62,7 +61,7 @@ def native_times():
 def test_allreduce(benchmark, record_bandwidth, comms, native_times, transport, impl, size):
     comm = comms[transport]
     nbytes = SIZES[size]
-    x = torch.ones(nbytes // 4)
+    x = timing_buffer(nbytes // 4)
     if impl == "native":
         fn = lambda: comm.transport.native_all_reduce(x, "sum")  # noqa: E731
     else:

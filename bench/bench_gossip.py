@@ -17,10 +17,10 @@ bytes, and algbw = n / time. Outside mpiexec the benchmarks skip.
 import itertools
 
 import pytest
-import torch
 
 import commrt
 from commrt.algorithms import Gossip
+from commrt.cli.bench import timing_buffer
 from commrt.cli.launch import already_launched
 from commrt.transports.counting import CountingTransport
 
@@ -60,7 +60,7 @@ def gossip_step(comm, x, gossip=Gossip()):  # noqa: B008 (a frozen dataclass)
 @pytest.mark.parametrize("impl", IMPLS)
 def test_step(benchmark, record_bandwidth, comm, impl, size):
     nbytes = SIZES[size]
-    x = torch.ones(nbytes // 4)
+    x = timing_buffer(nbytes // 4)
     if impl == "ring":
         fn = lambda: commrt.all_reduce(x, comm, algorithm="ring", op="sum")  # noqa: E731
     else:

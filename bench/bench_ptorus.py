@@ -43,6 +43,7 @@ import commrt
 from commrt import sim
 from commrt.algorithms import PipelinedTorus2D, Torus2D, resolve
 from commrt.algorithms.auto import choices
+from commrt.cli.bench import timing_buffer
 from commrt.cli.units import parse_size
 from commrt.probe import probe
 
@@ -74,7 +75,7 @@ def sample(comm, fn) -> float:
 
 
 def measure(comm, nbytes: int, rounds: int) -> dict[str, list[float]]:
-    x = torch.ones(nbytes // 4)
+    x = timing_buffer(nbytes // 4)
     fns = calls(comm, x)
     for fn in fns.values():  # warm-up: connections, plans, auto's probe and choice
         fn()

@@ -34,12 +34,10 @@ import json
 import os
 import sys
 
-import torch
-
 import commrt
 from commrt import sim
 from commrt.algorithms import Torus2D, resolve
-from commrt.cli.bench import iterations_for, time_calls
+from commrt.cli.bench import iterations_for, time_calls, timing_buffer
 from commrt.probe import probe
 
 DEFAULT_SIZES = "64K,1M,16M"
@@ -104,7 +102,7 @@ def main(argv=None) -> int:
     )
     rows = []
     for nbytes in sizes:
-        x = torch.ones(nbytes // 4)
+        x = timing_buffer(nbytes // 4)
         iters = args.iters or iterations_for(nbytes)
         native = time_calls(
             comm, lambda x=x: comm.transport.native_all_reduce(x, "sum"), iters, args.repeats

@@ -62,6 +62,16 @@ def iterations_for(nbytes: int, budget_bytes: float = 4e8, most: int = 1000) -> 
     return int(min(most, max(3, budget_bytes // max(nbytes, 1 << 14))))
 
 
+def timing_buffer(count: int, dtype: torch.dtype = torch.float32, device="cpu") -> torch.Tensor:
+    """The tensor a timed loop all-reduces in place, ``count`` zeros.
+
+    Zeros because a sum repeated in place must stay finite: ones double per
+    call at p=2 and reach inf after 128 calls, and numpy's overflow warning
+    then lands in the middle of the table (CI caught it at 84 columns).
+    """
+    return torch.zeros(count, dtype=dtype, device=device)
+
+
 def default_iterations(nbytes: int) -> int:
     """Calls per timed run of ``commrt bench allreduce`` without --iters: 3..50, ~16 MB."""
     return iterations_for(nbytes, DEFAULT_BUDGET_BYTES, DEFAULT_MAX_ITERS)
@@ -123,7 +133,7 @@ def measure_allreduce(
     rows = []
     for nbytes in sizes:
         count = max(1, nbytes // esize)
-        x = torch.ones(count, dtype=dtype, device=comm.device)
+        x = timing_buffer(count, dtype, comm.device)
         n_iter = iters or default_iterations(nbytes)
         row = Row(count * esize, count)
         for alg in algs:
