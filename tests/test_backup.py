@@ -87,9 +87,12 @@ def test_one_slow_rank_does_not_hold_the_others_back(backend, tmp_path):
     n = N_RANKS - 1
     for case in ("exact", "adam"):
         recs, states = load(tmp_path, case)
-        # the other ranks' steps take their own compute (0.15 s), far below the 1 s delay
+        # the other ranks' steps take their own compute (0.15 s), far below the 1 s delay; a
+        # step held back by the slow rank takes the whole delay. The bound on the slowest
+        # leaves room for a loaded machine's first step (connections: 0.77 s seen beside
+        # another job), the median is the tight check
         fast = [t for r in recs[:n] for t in r["step_s"]]
-        assert max(fast) < 0.6, (case, fast)
+        assert max(fast) < 0.9 * W.SLOW_S, (case, fast)
         assert sorted(fast)[len(fast) // 2] < W.FAST_S + 0.15, (case, fast)
         slow = recs[n]
         assert slow["dropped"][str(n)] >= 1 and all(s["role"] == "late" for s in slow["steps"][:1])
