@@ -16,9 +16,20 @@ schedule compiles its plan and allocates scratch):
 2. Else **trial**: the next calls run the runner-up for that size (the
    model's second cheapest, even one pricing had left out as a sure loser),
    every other candidate predicted within :data:`CONTENDERS` × the
-   choice, and the choice, in turns, call for call, :data:`WINDOW` timed
-   calls each (after one untimed call of each tried one), so that all
-   meet the same load on a shared machine; each is agreed the same way.
+   choice, and the choice, each in blocks of back-to-back calls, as the
+   kept one will run: :data:`TRIAL_PASSES` passes over them, the second
+   in reverse order so that a drift in the machine's load meets all
+   alike, each block :data:`WARMUP` untimed calls and then its share of
+   :data:`WINDOW` timed ones (⌈WINDOW / TRIAL_PASSES⌉). Each is agreed the
+   same way. Blocks, not turns call for call: on 4 × 2 namespace hosts at
+   1 MiB, turns timed the fastest schedule at 28–55 ms against 20–22 ms
+   back to back (a schedule's first call after a switch meets connections
+   gone cold: TCP restarts slow after an idle spell), and the trial kept
+   a schedule 1.3–1.45× slower in two runs of three.
+   **Rematch**: if the two fastest come out within ``MARGIN`` of each
+   other, closer than one trial's samples can tell apart on a loaded
+   machine (single calls there spike to 2–5× their median), those two
+   run one more trial, and the verdict is on every sample each has had.
 3. **verdict**: the fastest by their agreed times is kept for
    that size from then on (``commrt.algorithms.auto.choices`` shows it,
    with ``learned=True`` if it is the runner-up), and the size is settled.
@@ -29,9 +40,10 @@ schedule compiles its plan and allocates scratch):
 
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
-of a p × WINDOW table) at the end of the phase, never per call, so a size
-costs at most two such gathers, and (k + 2) × WINDOW timed calls for k
-tried candidates, in the life of a communicator. Calls
+of a p × (timed calls) table) at the end of the phase, never per call, so
+a size costs at most three such gathers, and WINDOW + TRIAL_PASSES ×
+⌈WINDOW / TRIAL_PASSES⌉ × (k + 1 + 2) timed calls for k tried candidates
+and a rematch, in the life of a communicator. Calls
 through ``commrt.all_reduce`` are the ones timed; GradientSync and the
 torch.distributed backend use what was learned for the same communicator
 (a GradientSync picks its schedules when it is made).
@@ -45,7 +57,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-__all__ = ["MARGIN", "WINDOW", "WARMUP", "CONTENDERS", "Tuning", "agree"]
+__all__ = ["MARGIN", "WINDOW", "WARMUP", "CONTENDERS", "TRIAL_PASSES", "Tuning", "agree"]
 
 #: a choice that measures more than this fraction above its prediction gets its runner-up
 #: tried. The goal is to be within 1.1× of the fastest candidate: a choice slower than its
@@ -55,6 +67,8 @@ MARGIN = 0.1
 WINDOW = 5
 #: untimed calls at the start of each phase (the plan compiles on a schedule's first call)
 WARMUP = 1
+#: passes of the trial over the tried candidates and the choice (the second in reverse order)
+TRIAL_PASSES = 2
 #: the trial also runs every candidate predicted within this factor of the choice: where
 #: the model errs by tens of percent (small buffers, a loaded machine) its order among
 #: them says little, and the runner-up alone missed the fastest (halving-doubling at
@@ -84,33 +98,43 @@ class Tuning:
     margin: float = MARGIN
     window: int = WINDOW
     warmup: int = WARMUP
+    passes: int = TRIAL_PASSES
     phase: str = "watch"
     kept: str | None = None
     chosen_s: float | None = None
     trial_s: dict = field(default_factory=dict)
+    #: the rematch's two labels, once the trial's two fastest came out close (else empty)
+    finalists: tuple = ()
+    #: every tried label's agreed per-call times (slowest rank), over the trial and rematch
+    samples: dict = field(default_factory=dict)
     #: this rank's seconds in the current phase, and the calls made in it (timed or not)
     times: list = field(default_factory=list)
     calls: int = 0
 
     @property
     def rotation(self) -> tuple[str, ...]:
-        """The trial's turns: the runner-up, the others, then the choice."""
-        return (self.runner_up, *self.others, self.choice)
+        """The trial's candidates in their first pass's order: the runner-up, the others,
+        then the choice (in a rematch, its two finalists)."""
+        return self.finalists or (self.runner_up, *self.others, self.choice)
 
-    def _warm_calls(self) -> int:
-        # each tried candidate's first call compiles its plan; the choice is warm already
-        return self.warmup * (len(self.rotation) - 1 if self.phase == "trial" else 1)
+    def trial_plan(self) -> tuple[tuple[str, bool], ...]:
+        """The trial's calls in order, as ``(label, timed)``: :attr:`passes` passes over
+        :attr:`rotation` (every other one reversed), a block of back-to-back calls for
+        each, its first :attr:`warmup` untimed."""
+        per_block = -(-self.window // self.passes)
+        plan = []
+        for k in range(self.passes):
+            for label in self.rotation[:: -1 if k % 2 else 1]:
+                plan += [(label, False)] * self.warmup + [(label, True)] * per_block
+        return tuple(plan)
 
     @property
     def running(self) -> str:
-        """The label of the candidate the next call runs: in the trial, the tried ones and
-        the choice take turns, call for call (the warm-up calls first)."""
+        """The label of the candidate the next call runs (in the trial, as
+        :meth:`trial_plan` lays the calls out)."""
         if self.phase != "trial":
             return self.kept or self.choice
-        turns, warm = self.rotation, self._warm_calls()
-        if self.calls < warm:
-            return turns[self.calls % (len(turns) - 1)]
-        return turns[(self.calls - warm) % len(turns)]
+        return self.trial_plan()[self.calls][0]
 
     @property
     def runner_s(self) -> float | None:
@@ -123,7 +147,9 @@ class Tuning:
     @property
     def timing(self) -> bool:
         """Whether the next call is timed (the caller synchronises a GPU only then)."""
-        return self.phase != "settled" and self.calls >= self._warm_calls()
+        if self.phase == "trial":
+            return self.trial_plan()[self.calls][1]
+        return self.phase == "watch" and self.calls >= self.warmup
 
     def record(self, seconds: float) -> bool:
         """Note one call's time on this rank; True when the phase's window is full (then
@@ -135,13 +161,14 @@ class Tuning:
         if not timed:
             return False
         self.times.append(float(seconds))
-        turns = len(self.rotation) if self.phase == "trial" else 1
-        return len(self.times) >= turns * self.window
+        if self.phase == "trial":
+            return self.calls >= len(self.trial_plan())
+        return len(self.times) >= self.window
 
     def advance(self, table) -> None:
         """End the phase with every rank's times (``table``: one row per rank, the same on
         every rank): the choice's, or in the trial every tried candidate's and the
-        choice's in turns, each agreed by :func:`agreed_time`."""
+        choice's as :meth:`trial_plan` laid them out, each agreed by :func:`agreed_time`."""
         self.times, self.calls = [], 0
         if self.phase == "watch":
             self.chosen_s = agreed_time(table)
@@ -156,17 +183,23 @@ class Tuning:
                 return
             self.phase, self.kept = "settled", self.choice
         elif self.phase == "trial":
-            # side by side, call for call: all met the same load (the watch's time of the
-            # choice was taken earlier, perhaps on a quieter or busier machine)
-            n = len(self.rotation)
-            self.trial_s = {
-                label: agreed_time([row[k::n] for row in table])
-                for k, label in enumerate(self.rotation)
-            }
-            best = min(self.trial_s.values())
-            # ties go to the model's choice, then to the order of the rotation
-            self.kept = next(x for x in (self.choice, *self.rotation) if self.trial_s[x] == best)
-            self.phase = "settled"
+            self._end_trial(table)
+
+    def _end_trial(self, table) -> None:
+        # side by side in the same passes: all met the same load (the watch's time of the
+        # choice was taken earlier, perhaps on a quieter or busier machine)
+        timed = [label for label, t in self.trial_plan() if t]
+        for label in self.rotation:
+            calls = [i for i, x in enumerate(timed) if x == label]
+            self.samples.setdefault(label, []).extend(max(r[i] for r in table) for i in calls)
+        self.trial_s = {label: statistics.median(t) for label, t in self.samples.items()}
+        # ties go to the model's choice, then to the runner-up, then the others' order
+        order = (self.choice, self.runner_up, *self.others)
+        best, second = sorted(order, key=lambda x: (self.trial_s[x], order.index(x)))[:2]
+        if not self.finalists and self.trial_s[second] <= (1.0 + self.margin) * self.trial_s[best]:
+            self.finalists = (best, second)
+            return
+        self.kept, self.phase = best, "settled"
 
     def __str__(self) -> str:
         def ms(t):

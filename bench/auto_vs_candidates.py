@@ -34,7 +34,7 @@ import commrt
 from commrt import sim
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import candidates, choices, label, learning
-from commrt.algorithms.auto_learn import WARMUP, WINDOW
+from commrt.algorithms.auto_learn import TRIAL_PASSES, WARMUP, WINDOW
 from commrt.cli.bench import timing_buffer
 from commrt.cli.units import size_list
 from commrt.probe import probe
@@ -62,8 +62,8 @@ def measure_size(comm, nbytes: int, rounds: int, net) -> dict:
     p = comm.world_size
     x = timing_buffer(nbytes // 4)
     auto = Auto()
-    # let auto settle: its watch and, if it missed, its trial of the runner-up
-    for _ in range((len(candidates(p)) + 2) * (WINDOW + WARMUP)):
+    # let auto settle: its watch and, if it missed, its trial (at most every candidate)
+    for _ in range((WINDOW + WARMUP) * (1 + TRIAL_PASSES * len(candidates(p)))):
         commrt.all_reduce(x, comm, algorithm=auto, op="sum")
         if learning(comm)[nbytes].phase == "settled":
             break

@@ -33,17 +33,35 @@ def test_a_miss_tries_the_runner_up_beside_the_choice_and_keeps_the_faster():
     feed(t, [9.0, 1.3, 1.4, 1.3])  # median 1.3 > (1 + MARGIN) × predicted
     assert (t.phase, t.running, t.chosen_s) == ("trial", "torus2d(4x2)", 1.3)
     turns = []
-    for s in [9.0, 1.0, 1.5, 1.1, 1.4, 0.9, 1.6]:  # warm-up, then runner-up and choice in turns
+    # two passes of blocks, the second reversed: a warm-up then ⌈3 / 2⌉ timed calls each
+    for s in [9.0, 1.0, 1.1, 9.0, 1.5, 1.4, 9.0, 1.6, 1.5, 9.0, 0.9, 1.0]:
         turns.append(t.running)
         feed(t, [s])
-    assert turns == ["torus2d(4x2)"] * 2 + ["ring", "torus2d(4x2)"] * 2 + ["ring"]
+    tried, choice = "torus2d(4x2)", "ring"
+    assert turns == [tried] * 3 + [choice] * 6 + [tried] * 3
     assert (t.phase, t.kept, t.running) == ("settled", "torus2d(4x2)", "torus2d(4x2)")
     assert (t.runner_s, t.beside_s, t.chosen_s) == (1.0, 1.5, 1.3)
 
 
+def test_the_trial_runs_each_candidate_back_to_back_and_the_second_pass_reversed():
+    t = Tuning("rd", 1.0, "t4x2", others=("hd",), window=5, warmup=1, passes=2)
+    feed(t, [9.0] + [3.0] * 5)
+    plan = t.trial_plan()
+    block = lambda label: [(label, False)] + [(label, True)] * 3  # noqa: E731
+    assert list(plan) == [*block("t4x2"), *block("hd"), *block("rd")] + [
+        *block("rd"),
+        *block("hd"),
+        *block("t4x2"),
+    ]
+    # a switch's cold first call is the untimed one: a slow first call decides nothing
+    times = {"t4x2": 1.0, "hd": 0.8, "rd": 1.2}
+    feed(t, [50.0 if not timed else times[label] for label, timed in plan])
+    assert t.trial_s == times and t.kept == "hd"
+
+
 def test_a_runner_up_that_is_slower_beside_the_choice_loses_the_trial():
     t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
-    feed(t, [2.0, 2.0, 2.5, 2.1, 2.6, 2.0])
+    feed(t, [2.0, 2.0, 2.5, 2.1, 2.0, 2.6])  # watch; then hd, ring, ring, hd
     assert (t.phase, t.kept, t.running, t.runner_s, t.beside_s) == (
         "settled",
         "ring",
@@ -56,7 +74,7 @@ def test_a_runner_up_that_is_slower_beside_the_choice_loses_the_trial():
 def test_the_trial_compares_calls_side_by_side_not_with_the_watch():
     # the machine got busier after the watch: the choice is slower in the trial too
     t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=1, warmup=0)
-    feed(t, [2.0, 3.0, 3.5])  # watch 2.0; trial: runner-up 3.0, choice 3.5
+    feed(t, [2.0, 3.0, 3.5, 3.5, 3.0])  # watch 2.0; trial: runner-up 3.0, choice 3.5
     assert (t.kept, t.runner_s, t.beside_s) == ("hd", 3.0, 3.5)
 
 
@@ -75,10 +93,11 @@ def test_contenders_near_the_choice_are_tried_in_turns_and_the_fastest_kept():
     t = Tuning("rd", 1.0, "t4x2", runner_predicted_s=1.05, others=("hd",), window=2, warmup=1)
     feed(t, [9.0, 1.0, 1.0])  # a close call: tried although the choice met its prediction
     turns = []
-    for s in [9.0, 9.0, 1.2, 0.8, 1.1, 1.3, 0.7, 1.0]:  # 2 warm-ups, then t4x2, hd, rd ...
+    # a warm-up and one timed call each: t4x2, hd, rd, then rd, hd, t4x2
+    for s in [9.0, 1.2, 9.0, 0.8, 9.0, 1.1, 9.0, 1.0, 9.0, 0.7, 9.0, 1.3]:
         turns.append(t.running)
         feed(t, [s])
-    assert turns == ["t4x2", "hd", "t4x2", "hd", "rd", "t4x2", "hd", "rd"]
+    assert turns == [x for x in ("t4x2", "hd", "rd", "rd", "hd", "t4x2") for _ in range(2)]
     assert t.trial_s == {"t4x2": 1.25, "hd": 0.75, "rd": 1.05}
     assert (t.phase, t.kept, t.running) == ("settled", "hd", "hd")
 
@@ -94,15 +113,37 @@ def test_a_choice_much_faster_than_predicted_is_a_miss_too():
 
 def test_the_choice_wins_a_tie():
     t = Tuning("ring", 1.0, "hd", window=1, warmup=0)
-    feed(t, [2.0, 1.5, 1.5])
+    feed(t, [2.0, 1.5, 1.5, 1.5, 1.5])
+    assert (t.phase, t.finalists) == ("trial", ("ring", "hd"))  # a tie is a close result
+    feed(t, [1.5] * 4)
     assert t.kept == "ring"
+
+
+def test_a_close_trial_gets_a_rematch_of_its_two_fastest_decided_on_all_their_samples():
+    # 4 × 2 hosts at 1 MiB: the fastest schedule (20 ms back to back) measured 28 ms in
+    # one trial, beside the choice's 27.9, and was not kept
+    t = Tuning("t4x2", 40.0, "t2x4", others=("hd",), window=2, warmup=0, passes=2)
+    feed(t, [25.0, 25.0])  # watch: far below its prediction, a miss
+    trial = {"t2x4": [28.0, 27.9], "hd": [33.0, 34.0], "t4x2": [27.9, 28.0]}
+    order = [label for label, _ in t.trial_plan()]
+    feed(t, [trial[label].pop() for label in order])
+    assert (t.phase, t.finalists, t.kept) == ("trial", ("t4x2", "t2x4"), None)
+    assert [label for label, _ in t.trial_plan()] == ["t4x2", "t2x4", "t2x4", "t4x2"]
+    feed(t, [29.0, 20.0, 21.0, 30.0])
+    # pooled: t2x4 [28.0, 27.9, 20.0, 21.0] against t4x2 [28.0, 27.9, 29.0, 30.0]
+    assert t.trial_s == {"t2x4": 24.45, "hd": 33.5, "t4x2": 28.5}
+    assert (t.phase, t.kept) == ("settled", "t2x4")
+    # one rematch at most: a second close result is decided, not measured again
+    u = Tuning("ring", 1.0, "hd", window=1, warmup=0)
+    feed(u, [2.0, 1.5, 1.5, 1.5, 1.5, 1.5, 1.4, 1.4, 1.5])  # rematch: ring, hd, hd, ring
+    assert (u.phase, u.kept) == ("settled", "hd")
 
 
 def test_a_close_call_is_tried_even_when_the_choice_meets_its_prediction():
     t = Tuning("torus2d(2x4)", 1.0, "torus2d(4x2)", runner_predicted_s=1.08, window=1, warmup=0)
     feed(t, [1.0])
     assert t.phase == "trial"
-    feed(t, [0.9, 1.0])
+    feed(t, [0.9, 1.0, 1.0, 0.9])
     assert (t.kept, t.runner_s, t.beside_s) == ("torus2d(4x2)", 0.9, 1.0)
     far = Tuning("ring", 1.0, "hd", runner_predicted_s=1.5, window=1, warmup=0)
     feed(far, [1.05])
