@@ -20,17 +20,18 @@ schedule compiles its plan and allocates scratch):
    kept one will run: :data:`TRIAL_PASSES` passes over them, the second
    in reverse order so that a drift in the machine's load meets all
    alike, each block :data:`WARMUP` untimed calls and then its share of
-   :data:`WINDOW` timed ones (⌈WINDOW / TRIAL_PASSES⌉). Each is agreed the
-   same way. Blocks, not turns call for call: on 4 × 2 namespace hosts at
-   1 MiB, turns timed the fastest schedule at 28–55 ms against 20–22 ms
-   back to back (a schedule's first call after a switch meets connections
-   gone cold: TCP restarts slow after an idle spell), and the trial kept
-   a schedule 1.3–1.45× slower in two runs of three.
+   :data:`WINDOW` timed ones (⌈WINDOW / TRIAL_PASSES⌉). A block's time is
+   its slowest rank's mean call: the throughput of back-to-back calls,
+   which is what the kept schedule will cost. On 4 × 2 namespace hosts at
+   1 MiB, turns call for call and the median of single calls (this
+   policy's first form) kept a torus grid 1.3–1.5× slower than another in
+   5 runs of 7: that grid's calls alternate fast and slow, so its median
+   call (20–26 ms) hid a mean of 28–35 ms, beside the other's steady 20.
    **Rematch**: if the two fastest come out within ``MARGIN`` of each
-   other, closer than one trial's samples can tell apart on a loaded
+   other, closer than one trial's blocks can tell apart on a loaded
    machine (single calls there spike to 2–5× their median), those two
-   run one more trial, and the verdict is on every sample each has had.
-3. **verdict**: the fastest by their agreed times is kept for
+   run one more trial, and the verdict is on every block each has had.
+3. **verdict**: the fastest by the median of its blocks is kept for
    that size from then on (``commrt.algorithms.auto.choices`` shows it,
    with ``learned=True`` if it is the runner-up), and the size is settled.
    A settled size costs nothing more: ``Auto.observe`` says so, and
@@ -105,7 +106,7 @@ class Tuning:
     trial_s: dict = field(default_factory=dict)
     #: the rematch's two labels, once the trial's two fastest came out close (else empty)
     finalists: tuple = ()
-    #: every tried label's agreed per-call times (slowest rank), over the trial and rematch
+    #: every tried label's block times (the slowest rank's mean call), trial and rematch
     samples: dict = field(default_factory=dict)
     #: this rank's seconds in the current phase, and the calls made in it (timed or not)
     times: list = field(default_factory=list)
@@ -121,12 +122,19 @@ class Tuning:
         """The trial's calls in order, as ``(label, timed)``: :attr:`passes` passes over
         :attr:`rotation` (every other one reversed), a block of back-to-back calls for
         each, its first :attr:`warmup` untimed."""
-        per_block = -(-self.window // self.passes)
+        per_block = self._per_block()
         plan = []
-        for k in range(self.passes):
-            for label in self.rotation[:: -1 if k % 2 else 1]:
-                plan += [(label, False)] * self.warmup + [(label, True)] * per_block
+        for label in self._blocks():
+            plan += [(label, False)] * self.warmup + [(label, True)] * per_block
         return tuple(plan)
+
+    def _per_block(self) -> int:
+        return -(-self.window // self.passes)
+
+    def _blocks(self) -> list[str]:
+        """The trial's blocks in order, by label: each pass over :attr:`rotation`, every
+        other one reversed."""
+        return [x for k in range(self.passes) for x in self.rotation[:: -1 if k % 2 else 1]]
 
     @property
     def running(self) -> str:
@@ -168,7 +176,7 @@ class Tuning:
     def advance(self, table) -> None:
         """End the phase with every rank's times (``table``: one row per rank, the same on
         every rank): the choice's, or in the trial every tried candidate's and the
-        choice's as :meth:`trial_plan` laid them out, each agreed by :func:`agreed_time`."""
+        choice's as :meth:`trial_plan` laid them out, a sample per block."""
         self.times, self.calls = [], 0
         if self.phase == "watch":
             self.chosen_s = agreed_time(table)
@@ -187,11 +195,14 @@ class Tuning:
 
     def _end_trial(self, table) -> None:
         # side by side in the same passes: all met the same load (the watch's time of the
-        # choice was taken earlier, perhaps on a quieter or busier machine)
-        timed = [label for label, t in self.trial_plan() if t]
-        for label in self.rotation:
-            calls = [i for i, x in enumerate(timed) if x == label]
-            self.samples.setdefault(label, []).extend(max(r[i] for r in table) for i in calls)
+        # choice was taken earlier, perhaps on a quieter or busier machine). A block's
+        # sample is its slowest rank's mean call, the throughput of back-to-back calls: a
+        # median of single calls favoured a schedule whose calls alternate fast and slow
+        # (a torus at 1 MiB on 4 × 2 hosts: 20-26 ms by the median, 28-35 ms a call)
+        n = self._per_block()
+        for b, label in enumerate(self._blocks()):
+            mean = max(statistics.fmean(row[b * n : (b + 1) * n]) for row in table)
+            self.samples.setdefault(label, []).append(mean)
         self.trial_s = {label: statistics.median(t) for label, t in self.samples.items()}
         # ties go to the model's choice, then to the runner-up, then the others' order
         order = (self.choice, self.runner_up, *self.others)
