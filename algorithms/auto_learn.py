@@ -17,12 +17,18 @@ schedule compiles its plan and allocates scratch):
    model's second cheapest, even one pricing had left out as a sure loser),
    every other candidate predicted within :data:`CONTENDERS` × the
    choice, and the choice, each in blocks of back-to-back calls, as the
-   kept one will run: :data:`TRIAL_PASSES` passes over them, the second
-   in reverse order so that a drift in the machine's load meets all
-   alike, each block :data:`WARMUP` untimed calls and then its share of
-   :data:`WINDOW` timed ones (⌈WINDOW / TRIAL_PASSES⌉). A block's time is
-   its slowest rank's mean call: the throughput of back-to-back calls,
-   which is what the kept schedule will cost. On 4 × 2 namespace hosts at
+   kept one will run: passes over them, every other one in reverse order
+   so that a drift in the machine's load meets all alike, each block
+   :data:`WARMUP` untimed calls and then ⌈WINDOW / TRIAL_PASSES⌉ timed
+   ones. A block's time is its slowest rank's mean call: the throughput
+   of back-to-back calls, which is what the kept schedule will cost; a
+   candidate's, the median of its blocks. There are :data:`TRIAL_PASSES`
+   passes, or as many more (up to :data:`MAX_TRIAL_PASSES`) as fit in
+   :data:`TRIAL_BUDGET_S` per candidate at the watch's time a call: where
+   calls take milliseconds, one stall of another process swamps a block
+   (at 64 KiB on 2 × 2 hosts a trial of two blocks each timed a 3 ms
+   schedule at 16.6 ms and kept one 2.1× slower), and only a median over
+   many blocks is steady. On 4 × 2 namespace hosts at
    1 MiB, turns call for call and the median of single calls (this
    policy's first form) kept a torus grid 1.3–1.5× slower than another in
    5 runs of 7: that grid's calls alternate fast and slow, so its median
@@ -42,9 +48,10 @@ schedule compiles its plan and allocates scratch):
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
 of a p × (timed calls) table) at the end of the phase, never per call, so
-a size costs at most three such gathers, and WINDOW + TRIAL_PASSES ×
+a size costs at most three such gathers, and WINDOW + P ×
 ⌈WINDOW / TRIAL_PASSES⌉ × (k + 1 + 2) timed calls for k tried candidates
-and a rematch, in the life of a communicator. Calls
+and a rematch, P the trial's passes (2 where a call takes 40 ms or more,
+up to 6 where it takes 10 ms or less), in the life of a communicator. Calls
 through ``commrt.all_reduce`` are the ones timed; GradientSync and the
 torch.distributed backend use what was learned for the same communicator
 (a GradientSync picks its schedules when it is made).
@@ -58,7 +65,17 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-__all__ = ["MARGIN", "WINDOW", "WARMUP", "CONTENDERS", "TRIAL_PASSES", "Tuning", "agree"]
+__all__ = [
+    "MARGIN",
+    "WINDOW",
+    "WARMUP",
+    "CONTENDERS",
+    "TRIAL_PASSES",
+    "TRIAL_BUDGET_S",
+    "MAX_TRIAL_PASSES",
+    "Tuning",
+    "agree",
+]
 
 #: a choice that measures more than this fraction above its prediction gets its runner-up
 #: tried. The goal is to be within 1.1× of the fastest candidate: a choice slower than its
@@ -68,8 +85,13 @@ MARGIN = 0.1
 WINDOW = 5
 #: untimed calls at the start of each phase (the plan compiles on a schedule's first call)
 WARMUP = 1
-#: passes of the trial over the tried candidates and the choice (the second in reverse order)
+#: passes of the trial over the tried candidates and the choice (every other one reversed),
+#: at least; a block's timed calls are ⌈WINDOW / TRIAL_PASSES⌉
 TRIAL_PASSES = 2
+#: more passes, up to MAX_TRIAL_PASSES, while a candidate's blocks take at most this long at
+#: the watch's time a call (64 KiB: 6 passes of ~3 ms calls; 16 MiB: 2 of ~150 ms)
+TRIAL_BUDGET_S = 0.25
+MAX_TRIAL_PASSES = 6
 #: the trial also runs every candidate predicted within this factor of the choice: where
 #: the model errs by tens of percent (small buffers, a loaded machine) its order among
 #: them says little, and the runner-up alone missed the fastest (halving-doubling at
@@ -99,11 +121,14 @@ class Tuning:
     margin: float = MARGIN
     window: int = WINDOW
     warmup: int = WARMUP
-    passes: int = TRIAL_PASSES
+    passes: int = TRIAL_PASSES  # the trial's passes, at least (see trial_passes)
+    budget_s: float = TRIAL_BUDGET_S
     phase: str = "watch"
     kept: str | None = None
     chosen_s: float | None = None
     trial_s: dict = field(default_factory=dict)
+    #: the trial's passes, set when the watch ends (0 before)
+    trial_passes: int = 0
     #: the rematch's two labels, once the trial's two fastest came out close (else empty)
     finalists: tuple = ()
     #: every tried label's block times (the slowest rank's mean call), trial and rematch
@@ -134,7 +159,8 @@ class Tuning:
     def _blocks(self) -> list[str]:
         """The trial's blocks in order, by label: each pass over :attr:`rotation`, every
         other one reversed."""
-        return [x for k in range(self.passes) for x in self.rotation[:: -1 if k % 2 else 1]]
+        passes = self.trial_passes or self.passes
+        return [x for k in range(passes) for x in self.rotation[:: -1 if k % 2 else 1]]
 
     @property
     def running(self) -> str:
@@ -188,6 +214,9 @@ class Tuning:
             missed = abs(self.chosen_s - self.predicted_s) > self.margin * self.predicted_s
             if (missed or close) and self.runner_up is not None:
                 self.phase = "trial"
+                block_s = self.chosen_s * (self.warmup + self._per_block())
+                fit = int(self.budget_s // block_s) if block_s > 0 else MAX_TRIAL_PASSES
+                self.trial_passes = max(self.passes, min(MAX_TRIAL_PASSES, fit))
                 return
             self.phase, self.kept = "settled", self.choice
         elif self.phase == "trial":

@@ -24,6 +24,7 @@ import json
 import os
 import sys
 import tempfile
+import textwrap
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
@@ -52,21 +53,26 @@ def main(argv=None) -> int:
     ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4], help="layouts (× 2 ranks)")
     ap.add_argument("--runs", type=int, default=5, help="separate jobs per layout")
     ap.add_argument("--rate", default="1gbit", help="each host's link rate (tc tbf)")
+    ap.add_argument("--keep", metavar="DIR", help="keep each run's JSON here (H-RUN.json)")
     args = ap.parse_args(argv)
     misses = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or scratch
+        os.makedirs(tmp, exist_ok=True)
         for hosts in args.hosts:
             for run in range(args.runs):
                 for r in one_run(hosts, args.rate, os.path.join(tmp, f"{hosts}-{run}.json")):
                     line = (
                         f"{hosts}x2 run {run} {r['nbytes'] >> 10}K: {r['choice']} "
-                        f"{r['choice_over_best']:.3f}x {r['fastest']} "
-                        f"(auto's calls {r['auto_over_best']:.3f}x)"
+                        f"{r['choice_over_best']:.3f}x the fastest ({r['fastest']}); "
+                        f"auto's calls {r['auto_over_best']:.3f}x"
                     )
-                    print(line, flush=True)
+                    print(textwrap.fill(line, 80, subsequent_indent="    "), flush=True)
                     if r["choice_over_best"] > GOAL:
                         misses.append(line)
-    print(f"{len(misses)} point(s) over {GOAL}x" + "".join(f"\n  {m}" for m in misses))
+    print(f"{len(misses)} point(s) over {GOAL}x")
+    for m in misses:
+        print(textwrap.fill(m, 80, initial_indent="  ", subsequent_indent="    "))
     return 1 if misses else 0
 
 

@@ -28,13 +28,14 @@ import json
 import os
 import statistics
 import sys
+import textwrap
 import time
 
 import commrt
 from commrt import sim
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import candidates, choices, label, learning
-from commrt.algorithms.auto_learn import TRIAL_PASSES, WARMUP, WINDOW
+from commrt.algorithms.auto_learn import MAX_TRIAL_PASSES, TRIAL_PASSES, WARMUP, WINDOW
 from commrt.cli.bench import timing_buffer
 from commrt.cli.units import size_list
 from commrt.probe import probe
@@ -62,8 +63,10 @@ def measure_size(comm, nbytes: int, rounds: int, net) -> dict:
     p = comm.world_size
     x = timing_buffer(nbytes // 4)
     auto = Auto()
-    # let auto settle: its watch and, if it missed, its trial (at most every candidate)
-    for _ in range((WINDOW + WARMUP) * (1 + TRIAL_PASSES * len(candidates(p)))):
+    # let auto settle: its watch and, if it missed, its trial (at most every candidate, and
+    # a rematch of two), each block a warm-up and its timed calls
+    block = WARMUP + -(-WINDOW // TRIAL_PASSES)
+    for _ in range(WARMUP + WINDOW + MAX_TRIAL_PASSES * block * (len(candidates(p)) + 2)):
         commrt.all_reduce(x, comm, algorithm=auto, op="sum")
         if learning(comm)[nbytes].phase == "settled":
             break
@@ -153,26 +156,27 @@ def main(argv=None) -> int:
     pr = probe(comm)
     net = pr.network()
     say = print if comm.rank == 0 else (lambda *a, **k: None)
-    say(f"# {pr}")
-    for w in pr.warnings:
-        say(f"# warning: {w}")
-    say(f"{'size':>8} {'candidate':<20} {'measured':>11} {'predicted':>11} {'error':>8}")
+    for line in [f"{pr}", *(f"warning: {w}" for w in pr.warnings)]:
+        say(textwrap.fill(line, 80, initial_indent="# ", subsequent_indent="#   "))
+    # the longest label (torus2d_pipelined(2x4,s16,ring)) sets the column: 73 columns in all
+    width = max(len(label(a)) for a in candidates(comm.world_size))
+    say(f"{'size':>8} {'candidate':<{width}} {'measured':>11} {'predicted':>11} {'error':>8}")
     rows = []
     for nbytes in args.sizes:
         r = measure_size(comm, nbytes, args.rounds, net)
         rows.append(r)
         for n in r["measured"]:
             say(
-                f"{nbytes >> 10:>7}K {n:<20} {r['measured'][n] * 1e3:9.2f}ms "
+                f"{nbytes >> 10:>7}K {n:<{width}} {r['measured'][n] * 1e3:9.2f}ms "
                 f"{r['predicted'][n] * 1e3:9.2f}ms {r['error'][n] * 100:+7.1f}%"
             )
-        say(
-            f"# {nbytes >> 10}K: auto chose {r['choice']}"
+        verdict = (
+            f"{nbytes >> 10}K: auto chose {r['choice']}"
             f"{' (learned; the model chose ' + r['model_choice'] + ')' if r['learned'] else ''}"
             f", {r['auto_over_best']:.3f}× the fastest ({r['fastest']}); its choice timed as a "
-            f"candidate {r['choice_over_best']:.3f}×; {r['tuning']}",
-            flush=True,
+            f"candidate {r['choice_over_best']:.3f}×; {r['tuning']}"
         )
+        say(textwrap.fill(verdict, 80, initial_indent="# ", subsequent_indent="#   "), flush=True)
     errs = [abs(e) for r in rows for n, e in r["error"].items() if n != "auto"]
     say(f"# |error| median {statistics.median(errs) * 100:.1f}%, max {max(errs) * 100:.1f}%")
     if comm.rank == 0 and args.json:

@@ -137,6 +137,26 @@ def test_a_block_is_timed_by_its_slowest_ranks_mean_call_not_its_median_call():
     assert u.trial_s == {"b": 2.0, "a": 3.0} and u.kept == "b"
 
 
+def test_cheap_calls_get_more_passes_and_one_stalled_block_decides_nothing():
+    # 64 KiB on 2 × 2 hosts: with two blocks each, one stall made a 3 ms schedule's trial
+    # time 16.6 ms and auto kept one 2.1× slower
+    t = Tuning("rd", 0.010, "t2x2", window=5, warmup=1, passes=2, budget_s=0.25)
+    feed(t, [1.0] + [0.003] * 5)  # a miss: 3 ms a call, 12 ms a block: 20 fit, 6 passes
+    assert (t.phase, t.trial_passes) == ("trial", 6)
+    plan = t.trial_plan()
+    assert len(plan) == 6 * 2 * 4 and [x for x, _ in plan[:8]] == ["t2x2"] * 4 + ["rd"] * 4
+    calls = {"rd": 0.003, "t2x2": 0.006}
+    times = [calls[label] if timed else 1.0 for label, timed in plan]
+    times[plan.index(("rd", True))] = 0.045  # a 45 ms stall in rd's first timed block
+    feed(t, times)
+    assert (t.phase, t.kept) == ("settled", "rd")
+    assert t.trial_s == pytest.approx({"t2x2": 0.006, "rd": 0.003})
+    # slow calls keep the least passes
+    slow = Tuning("rd", 1.0, "t2x2", window=5, warmup=1, budget_s=0.25)
+    feed(slow, [9.0] + [0.15] * 5)  # 150 ms a call: 0.6 s a block
+    assert (slow.phase, slow.trial_passes) == ("trial", 2)
+
+
 def test_a_close_trial_gets_a_rematch_of_its_two_fastest_decided_on_all_their_samples():
     # 4 × 2 hosts at 1 MiB: the fastest schedule (20 ms back to back) measured 28 ms in
     # one trial, beside the choice's 27.9, and was not kept

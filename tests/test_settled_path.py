@@ -18,7 +18,9 @@ from commrt.sim import Network
 #: a model 1000x slower than the threads' mailbox: auto's choice misses its prediction, so
 #: its runner-up and contenders are tried beside it before it settles
 SLOW_NET = Network.flat(alpha_s=5e-3, beta_s_per_byte=1e-6)
-CALLS = 80  # 2 ranks: settled within 6 + 2 passes x 4 blocks x 4 calls (38), a rematch 16 more
+CALLS = (
+    160  # 2 ranks, µs calls: settled within 6 + 6 passes x 4 blocks x 4 calls, a rematch 48 more
+)
 
 
 def _comm(tr, timeout=10.0):
@@ -145,7 +147,7 @@ def test_debug_checks_every_call_and_never_takes_the_settled_path(asked):
     def body(tr):
         comm = _comm(tr)
         comm.debug = True
-        x = torch.ones(3)
+        x = torch.zeros(3)  # summed in place CALLS times: ones would overflow
         for _ in range(CALLS):
             commrt.all_reduce(x, comm, algorithm=auto, op="sum")
         return comm.slots.settled_call, learning(comm)[12].phase
