@@ -144,9 +144,9 @@ class Tuning:
         return self.finalists or (self.runner_up, *self.others, self.choice)
 
     def trial_plan(self) -> tuple[tuple[str, bool], ...]:
-        """The trial's calls in order, as ``(label, timed)``: :attr:`passes` passes over
-        :attr:`rotation` (every other one reversed), a block of back-to-back calls for
-        each, its first :attr:`warmup` untimed."""
+        """The trial's calls in order, as ``(label, timed)``: :attr:`trial_passes` passes
+        over :attr:`rotation` (every other one reversed), a block of back-to-back calls
+        for each, its first :attr:`warmup` untimed."""
         per_block = self._per_block()
         plan = []
         for label in self._blocks():
