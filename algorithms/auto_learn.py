@@ -28,11 +28,11 @@ schedule compiles its plan and allocates scratch):
    calls take milliseconds, one stall of another process swamps a block
    (at 64 KiB on 2 × 2 hosts a trial of two blocks each timed a 3 ms
    schedule at 16.6 ms and kept one 2.1× slower), and only a median over
-   many blocks is steady. On 4 × 2 namespace hosts at
-   1 MiB, turns call for call and the median of single calls (this
-   policy's first form) kept a torus grid 1.3–1.5× slower than another in
-   5 runs of 7: that grid's calls alternate fast and slow, so its median
-   call (20–26 ms) hid a mean of 28–35 ms, beside the other's steady 20.
+   many blocks is steady. On 4 × 2 namespace hosts at 1 MiB, turns call
+   for call and the median of single calls (this policy's first form)
+   kept a torus grid 1.3–1.5× slower than another in 5 runs of 7: that
+   grid's calls alternate fast and slow, so its median call (20–26 ms)
+   hid a mean of 28–35 ms, beside the other's steady 20.
    **Rematch**: if the two fastest come out within ``MARGIN`` of each
    other, closer than one trial's blocks can tell apart on a loaded
    machine (single calls there spike to 2–5× their median), those two
@@ -50,8 +50,8 @@ rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
 of a p × (timed calls) table) at the end of the phase, never per call, so
 a size costs at most three such gathers, and WINDOW + P ×
 ⌈WINDOW / TRIAL_PASSES⌉ × (k + 1 + 2) timed calls for k tried candidates
-and a rematch, P the trial's passes (2 where a call takes 40 ms or more,
-up to 6 where it takes 10 ms or less), in the life of a communicator. Calls
+and a rematch, P the trial's passes (2 where a call takes over 21 ms, 6
+where it takes 10 ms or less), in the life of a communicator. Calls
 through ``commrt.all_reduce`` are the ones timed; GradientSync and the
 torch.distributed backend use what was learned for the same communicator
 (a GradientSync picks its schedules when it is made).
@@ -74,6 +74,7 @@ __all__ = [
     "TRIAL_BUDGET_S",
     "MAX_TRIAL_PASSES",
     "Tuning",
+    "calls_to_settle",
     "agree",
 ]
 
@@ -127,8 +128,8 @@ class Tuning:
     kept: str | None = None
     chosen_s: float | None = None
     trial_s: dict = field(default_factory=dict)
-    #: the trial's passes, set when the watch ends (0 before)
-    trial_passes: int = 0
+    #: the current trial's calls as (label, timed), laid out when it starts (see trial_plan)
+    plan: tuple = ()
     #: the rematch's two labels, once the trial's two fastest came out close (else empty)
     finalists: tuple = ()
     #: every tried label's block times (the slowest rank's mean call), trial and rematch
@@ -144,14 +145,29 @@ class Tuning:
         return self.finalists or (self.runner_up, *self.others, self.choice)
 
     def trial_plan(self) -> tuple[tuple[str, bool], ...]:
-        """The trial's calls in order, as ``(label, timed)``: :attr:`trial_passes` passes
-        over :attr:`rotation` (every other one reversed), a block of back-to-back calls
-        for each, its first :attr:`warmup` untimed."""
+        """The current trial's calls in order, as ``(label, timed)``: :attr:`trial_passes`
+        passes over :attr:`rotation` (every other one reversed), a block of back-to-back
+        calls for each, its first :attr:`warmup` untimed. Laid out once when the trial
+        (or its rematch) starts: every call of it asks."""
+        return self.plan
+
+    def _lay_out(self) -> tuple[tuple[str, bool], ...]:
         per_block = self._per_block()
         plan = []
         for label in self._blocks():
             plan += [(label, False)] * self.warmup + [(label, True)] * per_block
         return tuple(plan)
+
+    @property
+    def trial_passes(self) -> int:
+        """The trial's passes: :attr:`passes`, or as many more (up to
+        :data:`MAX_TRIAL_PASSES`) as fit in :attr:`budget_s` a candidate at the watch's
+        time a call."""
+        if self.chosen_s is None:
+            return self.passes
+        block_s = self.chosen_s * (self.warmup + self._per_block())
+        fit = int(self.budget_s // block_s) if block_s > 0 else MAX_TRIAL_PASSES
+        return max(self.passes, min(MAX_TRIAL_PASSES, fit))
 
     def _per_block(self) -> int:
         return -(-self.window // self.passes)
@@ -159,8 +175,8 @@ class Tuning:
     def _blocks(self) -> list[str]:
         """The trial's blocks in order, by label: each pass over :attr:`rotation`, every
         other one reversed."""
-        passes = self.trial_passes or self.passes
-        return [x for k in range(passes) for x in self.rotation[:: -1 if k % 2 else 1]]
+        rotation = self.rotation
+        return [x for k in range(self.trial_passes) for x in rotation[:: -1 if k % 2 else 1]]
 
     @property
     def running(self) -> str:
@@ -168,7 +184,7 @@ class Tuning:
         :meth:`trial_plan` lays the calls out)."""
         if self.phase != "trial":
             return self.kept or self.choice
-        return self.trial_plan()[self.calls][0]
+        return self.plan[self.calls][0]
 
     @property
     def runner_s(self) -> float | None:
@@ -182,7 +198,7 @@ class Tuning:
     def timing(self) -> bool:
         """Whether the next call is timed (the caller synchronises a GPU only then)."""
         if self.phase == "trial":
-            return self.trial_plan()[self.calls][1]
+            return self.plan[self.calls][1]
         return self.phase == "watch" and self.calls >= self.warmup
 
     def record(self, seconds: float) -> bool:
@@ -196,7 +212,7 @@ class Tuning:
             return False
         self.times.append(float(seconds))
         if self.phase == "trial":
-            return self.calls >= len(self.trial_plan())
+            return self.calls >= len(self.plan)
         return len(self.times) >= self.window
 
     def advance(self, table) -> None:
@@ -213,10 +229,7 @@ class Tuning:
             # another grid in half of that)
             missed = abs(self.chosen_s - self.predicted_s) > self.margin * self.predicted_s
             if (missed or close) and self.runner_up is not None:
-                self.phase = "trial"
-                block_s = self.chosen_s * (self.warmup + self._per_block())
-                fit = int(self.budget_s // block_s) if block_s > 0 else MAX_TRIAL_PASSES
-                self.trial_passes = max(self.passes, min(MAX_TRIAL_PASSES, fit))
+                self.phase, self.plan = "trial", self._lay_out()
                 return
             self.phase, self.kept = "settled", self.choice
         elif self.phase == "trial":
@@ -238,6 +251,7 @@ class Tuning:
         best, second = sorted(order, key=lambda x: (self.trial_s[x], order.index(x)))[:2]
         if not self.finalists and self.trial_s[second] <= (1.0 + self.margin) * self.trial_s[best]:
             self.finalists = (best, second)
+            self.plan = self._lay_out()
             return
         self.kept, self.phase = best, "settled"
 
@@ -250,6 +264,13 @@ class Tuning:
             f"{self.choice}: predicted {ms(self.predicted_s)}, measured {ms(self.chosen_s)}; "
             f"tried: {tried}; {self.phase}, kept {self.kept}"
         )
+
+
+def calls_to_settle(candidates: int) -> int:
+    """Calls within which a size settles at the defaults, whatever the timings: the watch,
+    a trial of ``candidates`` (the choice among them) at the most passes, and a rematch."""
+    block = WARMUP + -(-WINDOW // TRIAL_PASSES)
+    return WARMUP + WINDOW + MAX_TRIAL_PASSES * block * (candidates + 2)
 
 
 def agreed_time(table) -> float:

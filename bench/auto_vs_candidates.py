@@ -35,7 +35,7 @@ import commrt
 from commrt import sim
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import candidates, choices, label, learning
-from commrt.algorithms.auto_learn import MAX_TRIAL_PASSES, TRIAL_PASSES, WARMUP, WINDOW
+from commrt.algorithms.auto_learn import calls_to_settle
 from commrt.cli.bench import timing_buffer
 from commrt.cli.units import size_list
 from commrt.probe import probe
@@ -63,10 +63,8 @@ def measure_size(comm, nbytes: int, rounds: int, net) -> dict:
     p = comm.world_size
     x = timing_buffer(nbytes // 4)
     auto = Auto()
-    # let auto settle: its watch and, if it missed, its trial (at most every candidate, and
-    # a rematch of two), each block a warm-up and its timed calls
-    block = WARMUP + -(-WINDOW // TRIAL_PASSES)
-    for _ in range(WARMUP + WINDOW + MAX_TRIAL_PASSES * block * (len(candidates(p)) + 2)):
+    # let auto settle: its watch and, if it missed, its trial and rematch
+    for _ in range(calls_to_settle(len(candidates(p)))):
         commrt.all_reduce(x, comm, algorithm=auto, op="sum")
         if learning(comm)[nbytes].phase == "settled":
             break
