@@ -231,7 +231,6 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
 
     class Exchange:  # on a transport whose waits may be sliced (gloo's: test_backup_waits.py)
         recvs, pending = [None], Pending()
-        transport = type("T", (), {"waits_break_on_timeout": False})()
 
         def wait_recv(self, i, deadline):
             raise AssertionError("waited out the timeout")
@@ -244,7 +243,7 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
     late.store = Store()
     t0 = time.monotonic()
     with pytest.raises(C.ServerDied, match="rank 3 was recorded dead"):
-        C._take(Exchange(), late.store, (3, 0), time.monotonic() + 30, None)
+        C._ServerWatch(late.store, (3, 0), None, False).take(Exchange(), time.monotonic() + 30)
     assert time.monotonic() - t0 < 2 * C.CHECK_S + 0.5
 
     # receive() treats it as a lost server: asks again, and the next answer is taken

@@ -133,8 +133,9 @@ class Transport(abc.ABC):
     #: True for a replacement process that rejoined a running job (:class:`GlooRejoined`):
     #: the job's group does not reach it, only groups made after it came back do
     rejoined: bool = False
-    #: True where a wait that times out breaks the connection (gloo closes the pair), so a
-    #: wait must never be cut into short ones to look at something else in between
+    #: True where a wait that times out breaks the connection (gloo closes the pair, NCCL
+    #: aborts the communicator), so a wait must never be cut into short ones to look at
+    #: something else in between
     waits_break_on_timeout: bool = False
     #: the communicator's watch on peers that left (commrt.departure.Departures), or None;
     #: bounded waits call its ``check()`` and engine errors its ``explain()``

@@ -40,6 +40,7 @@ class CountingTransport(Transport):
         self.inner = inner
         self.name = inner.name
         self.stream_ordered = inner.stream_ordered
+        self.waits_break_on_timeout = inner.waits_break_on_timeout
         self.reset()
 
     def reset(self) -> None:

@@ -133,6 +133,10 @@ class NcclTransport(Transport):
 
     name = "nccl"
     stream_ordered = True
+    # a wait that passes its deadline aborts the communicator (nothing can be cancelled), so
+    # a caller must never cut a long wait into short ones: a 0.25 s slice of a catch-up
+    # receive whose server sent a little later aborted it
+    waits_break_on_timeout = True
 
     def __init__(
         self,
@@ -208,6 +212,9 @@ class NcclTransport(Transport):
             return True
 
         def done() -> bool:
+            # aborted meanwhile (by another thread: a wait given up on): end now, without
+            # asking an aborted communicator anything
+            self._usable()
             self.check_error()
             return event.query()
 

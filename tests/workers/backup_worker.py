@@ -14,7 +14,9 @@ Scenarios (each rank writes OUTDIR/<case>_rank<r>.json and .pt):
 * ``random``: before every backward, one rank drawn at random (seeded per
   step) sleeps an exponential delay; SGD with momentum on an MLP.
 * ``dead``: rank 3 kills itself (SIGKILL) before its backward at step
-  ``DIE_AT``; the others record the report, or the error and when it came.
+  ``DIE_AT`` (on NCCL once the snapshots it answered with have reached
+  their late ranks: :func:`finish_serving`); the others record the report,
+  or the error and when it came.
 * ``killclose``: like ``dead`` with the default ``dead_after_s``, but the
   others close right after step ``DIE_AT`` (while rank 3 is freshly dead);
   each records when its ``close()`` began and returned.
@@ -74,6 +76,17 @@ def state_of(model, opt):
     return out
 
 
+def finish_serving(catchup, timeout):
+    """Let the snapshots this rank answered with reach their late ranks. On NCCL, which
+    cannot cancel a receive, a server that dies between answering and sending costs its
+    late rank the communicator (tests/test_nccl_strict.py, ``serverdies``): there the
+    ``dead`` scenario is a death between steps with nothing on the way."""
+    deadline = time.monotonic() + timeout
+    while catchup.busy and time.monotonic() < deadline:
+        catchup.progress()
+        time.sleep(0.005)
+
+
 def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_at=None):
     rank = comm.rank
     opt = make_opt(model)
@@ -98,6 +111,8 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         t_last = time.perf_counter()
         for it in range(steps):
             if die_at is not None and it == die_at and rank == comm.world_size - 1:
+                if comm.transport.stream_ordered:
+                    finish_serving(sync.policy.catchup, comm.timeout)
                 with open(os.path.join(out, "died_at.txt"), "w") as f:
                     f.write(repr(time.time()))
                 if case == "paused":  # a helper wakes this rank after PAUSE_S

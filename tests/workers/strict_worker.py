@@ -11,6 +11,12 @@ Each rank writes OUTDIR/<scenario>_rank<r>.json.
   mix (tests/test_gossip.py's oracle); a barrier and the native all-reduce.
 * ``mismatch``: rank 0 sends 4 float32 where rank 1 receives 8: a named
   error on both, no hang.
+* ``catchup``: backup workers' catch-up alone, between a server and a
+  late rank that never exchanged before; ``slowserve``: the server starts
+  its send 1 s after answering (the two connected before); ``serverdies``:
+  the server answers, then is recorded dead and killed while the late rank
+  waits for its snapshot (in ``groupEnd``, the two never connected);
+  ``diesinwait``: the same, connected before (in the receive's wait).
 * ``stuck``: rank 1 never comes to rank 0's first exchange: rank 0's
   groupEnd blocks on the new connection until the watchdog aborts it; then
   ``with commrt.init(...)`` must exit (no destroy() hang).
@@ -20,6 +26,7 @@ import atexit
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 
@@ -130,10 +137,13 @@ def mismatch(comm):
         }
 
 
-def catchup(comm):
+def catchup(comm, server=0, connected=False, serve_late_s=0.0, dies=False):
     """Backup workers' catch-up alone: ranks 0 and 1 are on time (and have exchanged with each
     other only, as a ring over them does), the last rank is late and asks for a snapshot; no
-    collective ever connected a server to it before."""
+    collective ever connected a server to it before, unless ``connected`` (a ring over every
+    rank first: rank 1 then has sent to the late rank). The ``server`` starts its send
+    ``serve_late_s`` after answering; one that ``dies`` answers, waits for the late rank's
+    receive, is recorded dead (as liveness would) and kills itself."""
     from commrt.store import ControlStore
     from commrt.sync.backup import CatchUp, Keys
 
@@ -141,34 +151,57 @@ def catchup(comm):
     model = torch.nn.Linear(30, 20)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     params = list(model.parameters())
-    cu = CatchUp(comm, ControlStore.open(comm).client(Keys.space(0)), params, BackupWorkers(1))
+    store = ControlStore.open(comm).client(Keys.space(0))
+    cu = CatchUp(comm, store, params, BackupWorkers(1))
     late = comm.world_size - 1
     rec, start = {}, time.monotonic()
     try:
+        if connected or comm.rank != late:
+            ring = torch.ones(8)
+            with comm.lock:  # the ring the inner all-reduce runs (the on-time ranks only)
+                members = range(comm.world_size if connected else late)
+                sched = Ring().schedule(comm.world_size, tuple(members))
+                comm.executor.run(sched, ring, comm.transport, timeout=comm.timeout)
         if comm.rank == late:
             resp = cu.receive(cu.request(0), 0, opt)
             rec["got_step"] = resp["step"]
         else:
-            ring = torch.ones(8)
-            with comm.lock:  # the ring among the on-time ranks only, as the inner all-reduce runs
-                sched = Ring().schedule(comm.world_size, tuple(range(late)))
-                comm.executor.run(sched, ring, comm.transport, timeout=comm.timeout)
             model(torch.ones(2, 30)).sum().backward()
             opt.step()  # global step 1, with momentum state
-            deadline = time.monotonic() + 2 * comm.timeout
-            while comm.rank == 0 and time.monotonic() < deadline and (cu.served == 0 or cu.busy):
-                cu.serve(opt, 1, None, send_now=False)  # what stream-ordered transports do
-                time.sleep(0.005)
+            if comm.rank == server:
+                _serve(cu, store, opt, comm.timeout, serve_late_s, dies)
         rec["error"] = None
     except commrt.CommError as e:
         rec["error"] = f"{type(e).__name__}: {e}"
     rec["elapsed"] = time.monotonic() - start
     rec["served"] = cu.served
+    rec["broken"] = getattr(comm.transport, "broken", None)
     rec["params"] = [p.detach().flatten().tolist() for p in params]
     rec["momentum"] = [
         opt.state[p].get("momentum_buffer", torch.zeros(0)).flatten().tolist() for p in params
     ]
     return rec
+
+
+def _serve(cu, store, opt, timeout, serve_late_s, dies) -> None:
+    """Answer request 0 as a stream-ordered server does (the send starts once the late rank
+    marked its receive posted), ``serve_late_s`` late; or die once the receive is posted."""
+    from commrt.sync.backup import Keys
+
+    deadline = time.monotonic() + 2 * timeout
+    while time.monotonic() < deadline and cu.served == 0:
+        cu.serve(opt, 1, None, send_now=False)  # claims the request and answers it
+        time.sleep(0.005)
+    if dies:
+        while not store.check([Keys.posted(0)]) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.3)  # the late rank is inside its receive's wait
+        store.set(Keys.dead(cu.rank), "0")  # what liveness writes
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(serve_late_s)  # busy elsewhere (its compute) before it looks again
+    while time.monotonic() < deadline and cu.busy:
+        cu.serve(opt, 1, None, send_now=False)
+        time.sleep(0.005)
 
 
 def _mark_then_send(comm, store, mark_first: bool) -> dict:
@@ -222,10 +255,21 @@ def main(scenario, out):
         return handshake(out)
     if scenario == "stuck":
         return stuck(out)
-    comm = strict_comm(timeout=5.0 if scenario == "catchup" else 60.0)
+    timeouts = {"catchup": 5.0, "slowserve": 5.0, "serverdies": 20.0, "diesinwait": 20.0}
+    comm = strict_comm(timeout=timeouts.get(scenario, 60.0))
     rec = {"rank": comm.rank, "world_size": comm.world_size}
-    rec.update({"families": families, "mismatch": mismatch, "catchup": catchup}[scenario](comm))
+    run = {
+        "families": families,
+        "mismatch": mismatch,
+        "catchup": catchup,
+        "slowserve": lambda c: catchup(c, 1, connected=True, serve_late_s=1.0),
+        "serverdies": lambda c: catchup(c, 1, dies=True),
+        "diesinwait": lambda c: catchup(c, 1, connected=True, dies=True),
+    }[scenario]
+    rec.update(run(comm))
+    closing = time.monotonic()
     comm.close()
+    rec["close_s"] = time.monotonic() - closing
     with open(os.path.join(out, f"{scenario}_rank{comm.rank}.json"), "w") as f:
         json.dump(rec, f)
 

@@ -27,7 +27,15 @@ rank would wait in ``groupEnd`` for a send the server starts only once it
 sees the mark (a deadlock, holding the communicator's lock). NCCL cannot
 cancel an operation either, so on a stream-ordered transport a failed or
 timed-out transfer is never retried behind the stuck one: the error is
-raised (the transport aborts its communicator). Both rules are checked by
+raised (the transport aborts its communicator). So a server that dies
+between answering and sending costs its late rank the communicator (a
+``CommError`` as soon as the death is recorded, about ``dead_after_s``
+after it), where gloo asks again. The receive (its ``groupEnd`` and its
+wait) runs whole on a thread, watched for the server's death, never in
+short waits: an NCCL wait that passes its deadline aborts the
+communicator, which a slice of 0.25 s did whenever the server sent later
+than that (it sends when it next looks at its requests: after its
+optimizer step or while it waits for arrivals). Both rules are checked by
 the strict NCCL stand-in (tests/nccl_strict.py, tests/test_nccl_strict.py)
 on CPU; this path has not run on a GPU.
 
@@ -90,32 +98,61 @@ def span(tracer, name: str, **args):
     return tracer.span(name, **args) if tracer is not None else contextlib.nullcontext()
 
 
-def _take(exchange: Exchange, store, server: tuple[int, int], deadline: float, waiters) -> None:
-    """Wait for the snapshot's pieces from ``server`` (rank, incarnation). A server recorded
-    dead meanwhile raises :class:`ServerDied` (so :meth:`CatchUp.receive` asks again): gloo
-    does not always report a peer killed before its send began, and the wait would last
-    the whole timeout (seen in bench/chaos_backup.py). Where a wait that times out breaks
-    the connection (gloo), each wait runs whole on a thread of ``waiters``
-    (:mod:`commrt.sync.backup.watched`); elsewhere it is cut into slices."""
-    dead = [Keys.dead(*server)]
-    gone = lambda: store.check(dead)  # noqa: E731
-    whole = exchange.transport.waits_break_on_timeout
-    for i in range(len(exchange.recvs)):
-        if whole:
-            try:
-                wait = partial(exchange.pending.wait_recv, i, deadline)
-                got = waiters.get().wait(wait, gone, CHECK_S)
-            except MemberRecordedDead:
-                raise ServerDied(f"catch-up server rank {server[0]} was recorded dead") from None
-            if not got:
-                exchange.wait_recv(i, deadline)  # raises the named timeout
-            continue
-        while not exchange.pending.wait_recv(i, min(deadline, time.monotonic() + CHECK_S)):
-            if time.monotonic() >= deadline:
-                exchange.wait_recv(i, deadline)  # raises the named timeout
-            if gone():
-                raise ServerDied(f"catch-up server rank {server[0]} was recorded dead")
-    exchange.complete(deadline)
+class _ServerWatch:
+    """A late rank's watch on its catch-up server (rank, incarnation): the blocking calls it
+    runs end with :class:`ServerDied` once the server is recorded dead (so
+    :meth:`CatchUp.receive` asks again, or on NCCL gives up): gloo does not always report a
+    peer killed before its send began, and the wait would last the whole timeout (seen in
+    bench/chaos_backup.py). Where a wait that times out breaks the connection (gloo closes
+    the pair, NCCL aborts the communicator) a call runs whole on a thread of ``waiters``
+    (:mod:`commrt.sync.backup.watched`); elsewhere (MPI) waits are cut into slices."""
+
+    def __init__(self, store, server: tuple[int, int], waiters: WaiterSlot, whole: bool):
+        self.store, self.server, self.waiters, self.whole = store, server, waiters, whole
+        self._dead = [Keys.dead(*server)]
+
+    def gone(self) -> bool:
+        return self.store.check(self._dead)
+
+    def died(self) -> ServerDied:
+        return ServerDied(f"catch-up server rank {self.server[0]} was recorded dead")
+
+    def run(self, fn):
+        """``fn()``, whole on the thread where waits must not be cut (else here)."""
+        if not self.whole:
+            return fn()
+        try:
+            return self.waiters.get().wait(fn, self.gone, CHECK_S)
+        except MemberRecordedDead:
+            raise self.died() from None
+
+    def take(self, exchange: Exchange, deadline: float) -> None:
+        """Wait for the snapshot's pieces."""
+        for i in range(len(exchange.recvs)):
+            if self.whole:
+                if not self.run(partial(exchange.pending.wait_recv, i, deadline)):
+                    exchange.wait_recv(i, deadline)  # raises the named timeout
+                continue
+            while not exchange.pending.wait_recv(i, min(deadline, time.monotonic() + CHECK_S)):
+                if time.monotonic() >= deadline:
+                    exchange.wait_recv(i, deadline)  # raises the named timeout
+                if self.gone():
+                    raise self.died()
+        exchange.complete(deadline)
+
+
+def _as_caller(device: torch.device, fn):
+    """``fn`` made to run on another thread as it would on this one: on CUDA with this
+    thread's current device and stream (both are per thread), which order its work."""
+    if device.type != "cuda":
+        return fn
+    stream = torch.cuda.current_stream(device)
+
+    def run():
+        with torch.cuda.device(device), torch.cuda.stream(stream):
+            return fn()
+
+    return run
 
 
 def _pair_wire(where, store, req: int, peer: tuple[int, int], rank: int, timeout) -> Wire:
@@ -185,7 +222,7 @@ class CatchUp:
         self._rbuf: torch.Tensor | None = None  # the late side's receive buffer
         self._next_claim_check = 0.0  # when the late side next looks at its request's claim
         self._state_event = None  # when this rank's state was last written
-        self._waiters = WaiterSlot()  # runs a receive's gloo waits (``_take``)
+        self._waiters = WaiterSlot()  # runs a receive's gloo and NCCL waits (``_ServerWatch``)
 
     def close(self) -> None:
         """End the thread a receive's waits ran on."""
@@ -242,10 +279,15 @@ class CatchUp:
             except CommError:
                 raise
             except RuntimeError as e:
-                if self.comm.transport.stream_ordered:  # the stuck receive cannot be cancelled
+                transport = self.comm.transport
+                if transport.stream_ordered:  # the stuck receive cannot be cancelled
+                    # abort now: the receive would hold the stream, and the wait given up on
+                    # its thread, until the timeout (and could write the buffer later)
+                    transport.abort(f"catch-up receive failed ({e})")
                     raise CommError(
                         f"commrt: rank {self.rank}: catch-up receive failed ({e}); NCCL cannot "
-                        "cancel it, so it is not retried"
+                        "cancel it, so the communicator was aborted and the receive is not "
+                        "retried"
                     ) from e
                 if self._rbuf is not None:
                     self._lost.append(self._rbuf)  # the engine may still hold it
@@ -273,9 +315,14 @@ class CatchUp:
         # which a stream-ordered server starts only once it sees the mark (module docs)
         self.store.set(Keys.posted(req), "1")
         pair = server[1] if resp.get("pair") else None
-        exchange, wire = _start(self, req, server[0], self._rbuf, step, pair, False)
+        whole = pair is not None or self.comm.transport.waits_break_on_timeout  # pair: gloo
+        watch = _ServerWatch(self.store, server, self._waiters, whole)
+        # watched too: NCCL's groupEnd waits for the server's own when the two never
+        # connected, and a server that died would hold it for the whole timeout
+        start = partial(_start, self, req, server[0], self._rbuf, step, pair, False)
+        exchange, wire = watch.run(_as_caller(self.comm.device, start))
         try:
-            _take(exchange, self.store, server, deadline, self._waiters)
+            watch.take(exchange, deadline)
         finally:
             if wire is not None:
                 wire.transport.close()
