@@ -155,6 +155,17 @@ def _as_caller(device: torch.device, fn):
     return run
 
 
+def _stuck_receive(transport, rank: int, e: Exception) -> CommError:
+    """The error for a catch-up receive that failed on NCCL, which cannot cancel it. The
+    communicator is aborted now: the receive would hold the stream, and the wait given up
+    on its thread, until the timeout (and could write the buffer later)."""
+    transport.abort(f"catch-up receive failed ({e})")
+    return CommError(
+        f"commrt: rank {rank}: catch-up receive failed ({e}); NCCL cannot cancel it, so "
+        "the communicator was aborted and the receive is not retried"
+    )
+
+
 def _pair_wire(where, store, req: int, peer: tuple[int, int], rank: int, timeout) -> Wire:
     """The two-rank group request ``req`` travels on (one end rejoined; ``where``: control
     store and key space); making it ends once ``peer`` (rank, incarnation) is recorded dead."""
@@ -279,16 +290,8 @@ class CatchUp:
             except CommError:
                 raise
             except RuntimeError as e:
-                transport = self.comm.transport
-                if transport.stream_ordered:  # the stuck receive cannot be cancelled
-                    # abort now: the receive would hold the stream, and the wait given up on
-                    # its thread, until the timeout (and could write the buffer later)
-                    transport.abort(f"catch-up receive failed ({e})")
-                    raise CommError(
-                        f"commrt: rank {self.rank}: catch-up receive failed ({e}); NCCL cannot "
-                        "cancel it, so the communicator was aborted and the receive is not "
-                        "retried"
-                    ) from e
+                if self.comm.transport.stream_ordered:  # the receive cannot be cancelled
+                    raise _stuck_receive(self.comm.transport, self.rank, e) from e
                 if self._rbuf is not None:
                     self._lost.append(self._rbuf)  # the engine may still hold it
                 self._rbuf = None
