@@ -24,15 +24,18 @@ network carries the same bytes as the torus's in about the same time, and
 the rows hide under it except for one segment's row reduce-scatter at the
 start and one segment's row all-gather at the end.
 
-**Direct columns.** A column of at most :data:`DIRECT_MAX_ROWS` ranks
-reduce-scatters in one step (each rank sends every other its block at once,
-:func:`~commrt.algorithms.fragments.direct_reduce_scatter`) and all-gathers
-in one, instead of Y − 1 ring steps each: the same bytes, fewer steps, and
-every step boundary costs a wake-up of every rank (bench/bench_ptorus.py
-measured it faster at 4 × 2).
+**Ring columns by default.** A column can instead reduce-scatter in one
+step (each rank sends every other its block at once,
+:func:`~commrt.algorithms.fragments.direct_reduce_scatter`) and all-gather
+in one (``direct=True``): the same bytes in fewer steps. On 4 namespace
+hosts × 2 ranks at 1 Gbit/s it was the slower of the two, paired round by
+round against gloo in two runs: 0.91–0.92× gloo against 0.87–0.89× at
+16 MiB, 0.98× against 0.89× at 64 MiB (16 segments each), and at
+4 segments 0.93–0.97× against 0.89–0.90× at 16 MiB. Four hosts' blocks at
+once on one 1 Gbit/s port seem to cost more than the steps they save.
 
-Cost: one segment takes D = 2(X−1) + 2 steps (direct) or 2(X−1) + 2(Y−1)
-(ring), the pipeline D + S − 1, with the ring's bytes. On one link class
+Cost: one segment takes D = 2(X−1) + 2(Y−1) steps (ring columns) or
+2(X−1) + 2 (direct), the pipeline D + S − 1, with the ring's bytes. On one link class
 nothing overlaps (a rank's port carries its row and column bytes alike),
 so the closed form is the ring's bytes plus one α per step; the simulator
 prices two tiers by replaying the real schedule, where a rank's intra-node
@@ -46,11 +49,11 @@ the slow link starts at once.
 Example::
 
     >>> from commrt.algorithms import PipelinedTorus2D, Torus2D
-    >>> s = PipelinedTorus2D(4, 2, segments=8).schedule(8)   # direct columns: D = 4
+    >>> s = PipelinedTorus2D(4, 2, segments=8).schedule(8)   # ring columns: D = 8
     >>> s.num_steps, Torus2D(4, 2).schedule(8).num_steps, s.check().ok
-    (11, 8, True)
-    >>> PipelinedTorus2D(4, 2, segments=8, direct=False).schedule(8).num_steps
-    15
+    (15, 8, True)
+    >>> PipelinedTorus2D(4, 2, segments=8, direct=True).schedule(8).num_steps
+    11
 """
 
 from __future__ import annotations
@@ -70,16 +73,15 @@ __all__ = ["PipelinedTorus2D", "segments_for", "MAX_SEGMENTS"]
 #: the most segments :func:`segments_for` picks: past it each step's fixed cost (a wake-up of
 #: every rank, several milliseconds on a loaded machine) outweighs the shorter ramp
 MAX_SEGMENTS = 16
-#: bytes per segment :func:`segments_for` aims at (bench/bench_ptorus.py, 4 hosts × 2 ranks,
-#: 1 Gbit/s: 4 segments were fastest at 16 MiB, 16 at 64 MiB)
-SEGMENT_BYTES = 4 << 20
-#: the most rows whose column phases are one direct step each (:func:`grid_phases`'s
-#: ``direct``); a taller column sends Y − 1 messages a step and takes the ring's steps
-DIRECT_MAX_ROWS = 8
+#: bytes per segment :func:`segments_for` aims at. bench/bench_ptorus.py on 4 hosts × 2 ranks
+#: at 1 Gbit/s, ring columns, × gloo in two runs: at 4 MiB 4 segments 0.95–1.01, 8 (half a
+#: MiB each) 1.47–1.70; at 16 MiB 4 segments 0.91–0.92, 16 0.87–0.89; at 64 MiB 4 segments
+#: 0.93, 16 0.89
+SEGMENT_BYTES = 1 << 20
 
 
 def segments_for(nbytes: int) -> int:
-    """Segments for a buffer of ``nbytes`` when none are given: one per 4 MiB, 1 to 16."""
+    """Segments for a buffer of ``nbytes`` when none are given: one per MiB, 1 to 16."""
     return max(1, min(MAX_SEGMENTS, int(nbytes) // SEGMENT_BYTES))
 
 
@@ -119,11 +121,11 @@ class PipelinedTorus2D(Algorithm):
     ``rows``/``cols`` as in :class:`~commrt.algorithms.Torus2D` (None: one
     row per node when the communicator knows the nodes, else the most square
     grid). ``segments`` None: :func:`segments_for` the buffer's size in
-    :meth:`select` (one per 4 MiB, up to 16), and :attr:`DEFAULT_SEGMENTS`
-    in :meth:`schedule`, which has no size. ``direct`` None: columns of at
-    most :data:`DIRECT_MAX_ROWS` ranks reduce-scatter and all-gather in one
-    step each, taller ones around a ring. One segment with ring columns is
-    the plain torus.
+    :meth:`select` (one per MiB, up to 16), and :attr:`DEFAULT_SEGMENTS`
+    in :meth:`schedule`, which has no size. ``direct`` True: each column
+    reduce-scatters and all-gathers in one step; None or False: around a
+    ring (the default: the faster one measured, module doc). One segment
+    with ring columns is the plain torus.
     """
 
     rows: int | None = None
@@ -147,7 +149,7 @@ class PipelinedTorus2D(Algorithm):
         return Torus2D(self.rows, self.cols).shape(p, local_size)
 
     def _direct(self, rows: int) -> bool:
-        return rows <= DIRECT_MAX_ROWS if self.direct is None else self.direct
+        return bool(self.direct)
 
     def depth(self, rows: int, cols: int) -> int:
         """Steps of one segment: 2(X − 1) row steps, and 2 column steps (direct) or 2(Y − 1)."""
