@@ -29,10 +29,11 @@ step (each rank sends every other its block at once,
 :func:`~commrt.algorithms.fragments.direct_reduce_scatter`) and all-gather
 in one (``direct=True``): the same bytes in fewer steps. On 4 namespace
 hosts × 2 ranks at 1 Gbit/s it was the slower of the two, paired round by
-round against gloo in two runs: 0.91–0.92× gloo against 0.87–0.89× at
-16 MiB, 0.98× against 0.89× at 64 MiB (16 segments each), and at
-4 segments 0.93–0.97× against 0.89–0.90× at 16 MiB. Four hosts' blocks at
-once on one 1 Gbit/s port seem to cost more than the steps they save.
+round against gloo (bench/bench_ptorus.py's timing, 4 runs): in 16
+segments 0.91–0.93× gloo against 0.85–0.89× at 16 MiB, 0.95–0.98×
+against 0.88–0.89× at 64 MiB; in 4 segments (2 runs) 0.93–0.97× against
+0.89–0.90× at 16 MiB. Four hosts' blocks at once on one 1 Gbit/s port
+seem to cost more than the steps they save.
 
 Cost: one segment takes D = 2(X−1) + 2(Y−1) steps (ring columns) or
 2(X−1) + 2 (direct), the pipeline D + S − 1, with the ring's bytes. On one link class
