@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import shutil
 import sys
 
@@ -13,6 +14,19 @@ import pytest
 from test_cli import _commrt, _summary
 
 from commrt.cli.train_output import Progress, epoch_line, step_line
+
+
+def _drain(master: int, quiet_s: float = 0.3) -> bytes:
+    """Everything the pty holds, read until it stays quiet for ``quiet_s``: the kernel hands
+    what the slave wrote to the master asynchronously, so one read may come back short (a
+    CI run lost the second epoch line that way)."""
+    out = b""
+    while select.select([master], [], [], quiet_s)[0]:
+        data = os.read(master, 65536)
+        if not data:
+            break
+        out += data
+    return out
 
 
 def _frames(raw: bytes) -> list[str]:
@@ -33,8 +47,10 @@ def test_the_bar_keeps_its_width_when_an_epoch_line_is_written():
         # a gossip epoch line is longer than a step line: it used to become the bar's tail
         bar.line(epoch_line(epoch, 2, [0.5], 0.97, [2.1e-2], 2500.0, 64))
         stream.flush()
-        chunks.append(os.read(master, 65536))
+        chunks.append(_drain(master))  # the pty's buffer must not fill and block a write
     bar.close()
+    stream.flush()
+    chunks.append(_drain(master))
     stream.close()
     frames = _frames(b"".join(chunks))
     bars = [re.match(r"^\d+/6 (\S*\s*) epoch", f) for f in frames]
