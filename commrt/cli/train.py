@@ -34,7 +34,14 @@ from commrt import sim
 from commrt.algorithms import Algorithm, Gossip
 from commrt.cli.launch import launched_at
 from commrt.cli.traces import merge_rank_traces, save_rank_trace
-from commrt.cli.train_output import Progress, epoch_line, render_summary, step_line, summary_rows
+from commrt.cli.train_output import (
+    Progress,
+    caught_up_line,
+    epoch_line,
+    render_summary,
+    step_line,
+    summary_rows,
+)
 from commrt.launch import rejoining
 from commrt.recipe import BatchSizeSchedule
 from commrt.sync.backup import RejoinedTooLate
@@ -412,6 +419,8 @@ def train(s: Setup, sync: commrt.GradientSync, bar: Progress) -> Outcome:
         )
         if _done(sync, traits, s.total_steps):
             break
+    if epoch < opts.epochs - 1:  # the others' steps ended the job: say so as its last epoch
+        bar.line(caught_up_line(epoch + 1, opts.epochs, sync.global_step, out.accuracy))
     bar.close()
     out.wall_s = time.perf_counter() - t_start
     return out

@@ -99,6 +99,17 @@ def epoch_line(
     )
 
 
+def caught_up_line(done: int, epochs: int, global_step: int, acc: float) -> str:
+    """The last epoch's line on a rank that ran only ``done`` epochs of its own: where
+    ranks run at their own pace (backup workers) the others' steps may finish the job
+    while a late rank is epochs behind, and it ends holding their final state (caught
+    up by snapshot)."""
+    return (
+        f"epoch {epochs}/{epochs} finished by the others (this rank ran {done}): "
+        f"global step {global_step}, acc {acc:.3f}"
+    )
+
+
 def _algorithm_row(asked: str, labels) -> str:
     """What was asked for and what each bucket ran, once when they are the same (the summary
     must fit an 80-column terminal)."""
