@@ -39,11 +39,12 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from commrt.algorithms.auto_learn import CONTENDERS, Tuning, agree
+from commrt.algorithms.auto_learn import CONTENDERS, RECHECK_S, Tuning, agree
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.pipelined_torus import PipelinedTorus2D
@@ -120,11 +121,19 @@ class Auto(Algorithm):
     job) instead of probing. ``learn``: time the calls of
     ``commrt.all_reduce`` and replace a choice that misses its prediction
     by its runner-up if that measures faster (:mod:`commrt.algorithms.auto_learn`).
+    ``recheck_s``: once a size has settled, time its kept schedule again after this many
+    seconds of its calls (doubling while it stays the fastest), and meet the best rival
+    again if it slowed; None never rechecks.
+
+    Example::
+
+        >>> commrt.all_reduce(t, comm, algorithm=Auto(recheck_s=None))  # doctest: +SKIP
     """
 
     network: object = None
     calibration: str | None = None
     learn: bool = True
+    recheck_s: float | None = RECHECK_S
 
     name = "auto"
 
@@ -132,6 +141,13 @@ class Auto(Algorithm):
         if self.network is not None and not isinstance(self.network, Network):
             raise TypeError(
                 f"Auto(network=...) takes a commrt.sim.Network, got {type(self.network).__name__}"
+            )
+        r = self.recheck_s
+        if r is not None and (
+            isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < math.inf
+        ):
+            raise ValueError(
+                f"Auto(recheck_s=...) must be a positive number of seconds or None, got {r!r}"
             )
 
     def _network(self, comm):
@@ -190,7 +206,10 @@ class Auto(Algorithm):
             priced = dict(choice.candidates).get(runner)
             near = CONTENDERS * choice.predicted_s
             others = tuple(n for n, t in choice.candidates[2:] if t <= near)
-            tuning = Tuning(choice.label, choice.predicted_s, runner, priced, others)
+            tuning = Tuning(
+                choice.label, choice.predicted_s, runner, priced, others,
+                recheck_after_s=self.recheck_s,
+            )  # fmt: skip
             comm.slots.auto_tuning[key] = tuning
         if tuning.running != choice.label:  # a tried candidate's turn in the trial
             return self._tried(choice, tuning.running).schedule
@@ -202,10 +221,13 @@ class Auto(Algorithm):
         and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`).
         Returns whether this size is settled: :meth:`select` gives the same schedule from
         now on and wants no more observing (the same on every rank, as the phase is), so
-        the caller may keep that schedule (``commrt.collectives.SettledCall``)."""
-        tuning = comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
-        if tuning is None or tuning.phase == "settled":
+        the caller may keep that schedule (``commrt.settled.SettledCall``)."""
+        key = (self, comm.world_size, int(nbytes))
+        tuning = comm.slots.auto_tuning.get(key)
+        if tuning is None:
             return True
+        if tuning.phase == "settled":  # a call past the memo (COMMRT_DEBUG): counted here
+            return not tuning.settled_call()
         if tuning.timing and comm.device.type == "cuda":
             import torch  # lazy: schedules need no torch; NCCL calls return once enqueued
 
@@ -213,11 +235,20 @@ class Auto(Algorithm):
         if not tuning.record(time.perf_counter() - started_s):
             return False
         tuning.advance(agree(comm, tuning))
-        if tuning.phase == "settled" and tuning.kept != tuning.choice:
-            key = (self, comm.world_size, int(nbytes))
-            learned = self._tried(comm.slots.auto_choices[key], tuning.kept)
-            comm.slots.auto_choices[key] = dataclasses.replace(learned, learned=True)
-        return tuning.phase == "settled"
+        if tuning.phase != "settled":
+            return False
+        current = comm.slots.auto_choices[key]
+        if current.label != tuning.kept:  # learned, or back to the model's choice
+            kept = self._tried(current, tuning.kept)
+            comm.slots.auto_choices[key] = dataclasses.replace(
+                kept, learned=tuning.kept != tuning.choice
+            )
+        return True
+
+    def settled_watch(self, comm, nbytes: int) -> Tuning | None:
+        """What counts the calls of a settled size's kept schedule toward its next recheck
+        (``commrt.collectives`` calls its ``settled_call()`` after each; None: nothing)."""
+        return comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
 
     def _tried(self, choice: Choice, name: str) -> Choice:
         """The Choice of candidate ``name``, priced as ``choice``'s candidates say."""

@@ -40,15 +40,27 @@ schedule compiles its plan and allocates scratch):
 3. **verdict**: the fastest by the median of its blocks is kept for
    that size from then on (``commrt.algorithms.auto.choices`` shows it,
    with ``learned=True`` if it is the runner-up), and the size is settled.
-   A settled size costs nothing more: ``Auto.observe`` says so, and
    ``commrt.all_reduce`` then runs the kept schedule for repeats of that
-   call without asking ``select`` or ``observe`` again
-   (``commrt.collectives.SettledCall``).
+   call without asking ``select`` or ``observe`` (``commrt.settled.SettledCall``),
+   only counting them.
+4. **recheck**: after :data:`RECHECK_S` seconds' worth of the kept
+   schedule's calls (at its measured time a call; at least
+   :data:`RECHECK_MIN_CALLS` calls), the next calls are timed again, as a
+   trial block (the slowest rank's mean call). A machine drifts: on 4 × 2
+   namespace hosts at 1 MiB a torus grid won its trial at 18 ms and ran at
+   27 ms a minute later, 1.35× the grid it beat. If the kept schedule is now
+   slower than the trial's fastest other candidate by more than ``MARGIN``,
+   the two meet again on fresh blocks (a rematch; their old blocks are
+   dropped) and the faster is kept. A choice that settled without a trial is
+   held to its own watch time instead, and the whole trial runs if it
+   drifted past it. Each recheck that keeps the same schedule doubles the
+   wait before the next, up to :data:`RECHECK_MAX_S`; a change starts it
+   again. ``Auto(recheck_s=None)`` never rechecks.
 
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
 of a p × (timed calls) table) at the end of the phase, never per call, so
-a size costs at most three such gathers, and WINDOW + P ×
+a size costs at most three such gathers (one more per recheck), and WINDOW + P ×
 ⌈WINDOW / TRIAL_PASSES⌉ × (k + 1 + 2) timed calls for k tried candidates
 and a rematch, P the trial's passes (2 where a call takes over 21 ms, 6
 where it takes 10 ms or less), in the life of a communicator. Calls
@@ -62,6 +74,7 @@ no processes); :func:`agree` is the one collective step.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -73,6 +86,9 @@ __all__ = [
     "TRIAL_PASSES",
     "TRIAL_BUDGET_S",
     "MAX_TRIAL_PASSES",
+    "RECHECK_S",
+    "RECHECK_MAX_S",
+    "RECHECK_MIN_CALLS",
     "Tuning",
     "calls_to_settle",
     "agree",
@@ -98,6 +114,14 @@ MAX_TRIAL_PASSES = 6
 #: them says little, and the runner-up alone missed the fastest (halving-doubling at
 #: 1 MiB on 4 × 2 namespace hosts, third in the model's order)
 CONTENDERS = 1.5
+#: seconds of a settled size's calls before its kept schedule is timed again (a recheck),
+#: doubling after each recheck that finds it still the fastest, up to RECHECK_MAX_S: on
+#: 4 × 2 namespace hosts at 1 MiB a torus grid kept at 18 ms (beside another's 21) ran at
+#: 27 ms a minute later, its other mode, and nothing learned it again
+RECHECK_S = 2.0
+RECHECK_MAX_S = 64.0
+#: settled calls between rechecks, at least: a recheck costs one small gather
+RECHECK_MIN_CALLS = 50
 
 
 @dataclass
@@ -137,6 +161,13 @@ class Tuning:
     #: this rank's seconds in the current phase, and the calls made in it (timed or not)
     times: list = field(default_factory=list)
     calls: int = 0
+    #: seconds of settled calls before the first recheck (None: never recheck); rechecks
+    #: in a row that found the kept schedule still the fastest (each doubles the wait);
+    #: settled calls left before the next; the kept schedule's time at the last recheck
+    recheck_after_s: float | None = RECHECK_S
+    confirmed: int = 0
+    until_recheck: int = 0
+    recheck_s: float | None = None
 
     @property
     def rotation(self) -> tuple[str, ...]:
@@ -199,7 +230,19 @@ class Tuning:
         """Whether the next call is timed (the caller synchronises a GPU only then)."""
         if self.phase == "trial":
             return self.plan[self.calls][1]
-        return self.phase == "watch" and self.calls >= self.warmup
+        return self.phase in ("watch", "recheck") and self.calls >= self.warmup
+
+    def settled_call(self) -> bool:
+        """Count one call of the settled schedule (every rank counts the same calls); True
+        when it was the last before a recheck: the caller must then bring the next calls
+        back to :meth:`record` (``commrt.collectives`` drops its memo of the call)."""
+        if self.phase != "settled" or self.recheck_after_s is None:
+            return False
+        self.until_recheck -= 1
+        if self.until_recheck > 0:
+            return False
+        self.phase, self.times, self.calls = "recheck", [], 0
+        return True
 
     def record(self, seconds: float) -> bool:
         """Note one call's time on this rank; True when the phase's window is full (then
@@ -231,9 +274,43 @@ class Tuning:
             if (missed or close) and self.runner_up is not None:
                 self.phase, self.plan = "trial", self._lay_out()
                 return
-            self.phase, self.kept = "settled", self.choice
+            self._settle(self.choice)
         elif self.phase == "trial":
             self._end_trial(table)
+        elif self.phase == "recheck":
+            self._end_recheck(table)
+
+    def _settle(self, label: str) -> None:
+        """Keep ``label``, and count down to its next recheck: ``recheck_after_s``, doubled
+        for each recheck in a row that kept the same schedule, of its calls."""
+        if self.kept is not None:  # after a recheck: the same one kept, or a new one
+            self.confirmed = self.confirmed + 1 if label == self.kept else 0
+        self.kept, self.phase = label, "settled"
+        if self.recheck_after_s is None:
+            return
+        wait_s = min(RECHECK_MAX_S, self.recheck_after_s * 2**self.confirmed)
+        per_call = self.trial_s.get(label) or self.chosen_s or 0.0
+        calls = math.ceil(wait_s / per_call) if per_call > 0 else RECHECK_MIN_CALLS
+        self.until_recheck = max(RECHECK_MIN_CALLS, calls)
+
+    def _end_recheck(self, table) -> None:
+        # The kept schedule's calls, timed again. Against a candidate the trial measured,
+        # as a trial block (its slowest rank's mean call); beaten by more than the margin
+        # there, the two meet again on fresh blocks (a rematch, the old blocks forgotten).
+        # Never tried against one: against its own watch, as the watch timed it.
+        now = max(statistics.fmean(row) for row in table)
+        self.recheck_s = now
+        rivals = {k: t for k, t in self.trial_s.items() if k != self.kept}
+        rival = min(rivals, key=rivals.get) if rivals else None
+        if rival is not None and now > (1.0 + self.margin) * rivals[rival]:
+            self.finalists = (self.kept, rival)
+            for label in self.finalists:
+                self.samples.pop(label, None)
+        elif rival is not None or self.runner_up is None:
+            return self._settle(self.kept)
+        elif agreed_time(table) <= (1.0 + self.margin) * self.chosen_s:
+            return self._settle(self.kept)
+        self.phase, self.plan = "trial", self._lay_out()
 
     def _end_trial(self, table) -> None:
         # side by side in the same passes: all met the same load (the watch's time of the
@@ -246,23 +323,26 @@ class Tuning:
             mean = max(statistics.fmean(row[b * n : (b + 1) * n]) for row in table)
             self.samples.setdefault(label, []).append(mean)
         self.trial_s = {label: statistics.median(t) for label, t in self.samples.items()}
-        # ties go to the model's choice, then to the runner-up, then the others' order
+        # ties go to the model's choice, then to the runner-up, then the others' order; a
+        # rematch decides between its two finalists only
         order = (self.choice, self.runner_up, *self.others)
-        best, second = sorted(order, key=lambda x: (self.trial_s[x], order.index(x)))[:2]
+        pool = self.finalists or order
+        best, second = sorted(pool, key=lambda x: (self.trial_s[x], order.index(x)))[:2]
         if not self.finalists and self.trial_s[second] <= (1.0 + self.margin) * self.trial_s[best]:
             self.finalists = (best, second)
             self.plan = self._lay_out()
             return
-        self.kept, self.phase = best, "settled"
+        self._settle(best)
 
     def __str__(self) -> str:
         def ms(t):
             return "-" if t is None else f"{t * 1e3:.2f} ms"
 
         tried = ", ".join(f"{k} {ms(t)}" for k, t in self.trial_s.items()) or "-"
+        again = f", rechecked at {ms(self.recheck_s)}" if self.recheck_s is not None else ""
         return (
             f"{self.choice}: predicted {ms(self.predicted_s)}, measured {ms(self.chosen_s)}; "
-            f"tried: {tried}; {self.phase}, kept {self.kept}"
+            f"tried: {tried}; {self.phase}, kept {self.kept}{again}"
         )
 
 

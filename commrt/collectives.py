@@ -8,8 +8,8 @@ each side called, on any backend (instead of a truncated message on one rank,
 an abort inside gloo, or silently wrong math for equal sizes in different
 shapes). Agreed signatures are remembered on the communicator
 (``comm.slots.agreed_calls``), so a repeated call costs one set lookup, and
-an all-reduce that repeats the last settled call (:class:`SettledCall`) not
-even that.
+an all-reduce that repeats the last settled call
+(:class:`~commrt.settled.SettledCall`) not even that.
 
 With ``COMMRT_DEBUG=1`` in the environment (or ``commrt.init(debug=True)``)
 every call is checked, which also catches a rank making a call it made
@@ -35,6 +35,7 @@ from commrt.comm import Communicator
 from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError
 from commrt.p2p import Exchange, Where, engine_error
 from commrt.schedule import Collective
+from commrt.settled import SettledCall, remember, run_settled
 
 #: dtypes :func:`all_reduce` accepts (integers with ``op="sum"`` only)
 SUPPORTED_DTYPES = (
@@ -153,45 +154,8 @@ def all_reduce(
         # the last call's signature, settled: skip resolving, the call check (agreed
         # already), select and observe (SettledCall says why each may be skipped)
         comm.admit_collective()
-        return _run_settled(tensor, comm, last, timeout, tracer)
+        return run_settled(tensor, comm, last, timeout, tracer)
     return _all_reduce(tensor, comm, algorithm, op, timeout, tracer)
-
-
-class SettledCall:
-    """An all-reduce signature whose schedule no longer changes.
-
-    Made after a call whose algorithm has nothing more to learn for its size (no
-    ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
-    signature in ``comm.slots.settled_calls`` and, for the last call, in
-    ``comm.slots.settled_call``. A later call with the same ``algorithm`` and ``op``
-    objects, dtype and shape runs ``schedule`` at once: a name or an instance resolves to
-    the same algorithm every time, the signature was agreed across ranks (checked once
-    per signature, as the full path would find it in ``agreed_calls``), and the algorithm
-    said select() keeps returning this schedule. Every rank makes the same calls and
-    settles each size at the same call, so every rank takes this path on the same calls."""
-
-    __slots__ = ("algorithm", "op", "average", "dtype", "shape", "on_cpu", "schedule")
-
-    def __init__(self, algorithm, op, average: bool, tensor: torch.Tensor, schedule):
-        self.algorithm, self.op, self.average = algorithm, op, average
-        self.dtype, self.shape, self.on_cpu = tensor.dtype, tensor.shape, tensor.is_cpu
-        self.schedule = schedule
-
-
-#: settled signatures kept per communicator: beyond it they are forgotten (and settled
-#: again by one full call each), so a program of ever-new shapes holds no growing memory
-MAX_SETTLED = 256
-
-
-def _run_settled(tensor, comm, settled: SettledCall, timeout, tracer) -> torch.Tensor:
-    work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    comm.run_schedule(
-        settled.schedule, work, timeout=timeout, average=settled.average, tracer=tracer,
-        owner=work,
-    )  # fmt: skip
-    if work is not tensor:
-        tensor.copy_(work)
-    return tensor
 
 
 def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
@@ -210,10 +174,9 @@ def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
     settled = None if comm.debug else slots.settled_calls.get(known)
     if settled is not None:
         if settled.algorithm is not algorithm or settled.op is not given:  # another spelling
-            settled = SettledCall(algorithm, given, average, tensor, settled.schedule)
-            slots.settled_calls[known] = settled
-        slots.settled_call = settled
-        return _run_settled(tensor, comm, settled, timeout, tracer)
+            s = settled
+            settled = SettledCall(algorithm, given, average, tensor, s.schedule, known, s.watch)
+        return run_settled(tensor, comm, remember(slots, settled), timeout, tracer)
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
     if comm.debug or key not in slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
@@ -224,10 +187,9 @@ def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
     # a fixed algorithm keeps what select chose on this first call; one that learned for
     # this size keeps what it settled on (perhaps not the schedule this call tried)
     kept = ran[0] if observe is None else alg.select(comm.world_size, ran[2], comm)
-    if len(slots.settled_calls) >= MAX_SETTLED:
-        slots.settled_calls.clear()
-    settled = slots.settled_calls[known] = SettledCall(algorithm, given, average, tensor, kept)
-    slots.settled_call = settled
+    watching = getattr(alg, "settled_watch", None)
+    watch = None if watching is None else watching(comm, ran[2])
+    remember(slots, SettledCall(algorithm, given, average, tensor, kept, known, watch))
     return tensor
 
 

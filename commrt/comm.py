@@ -71,7 +71,7 @@ class CommSlots:
     backup_instances: int = 0
     #: commrt.collectives: call signatures all ranks agreed on (each checked on first use)
     agreed_calls: set = field(default_factory=set)
-    #: commrt.collectives: (algorithm, average, dtype, shape) -> SettledCall, all-reduce
+    #: commrt.settled: (algorithm, average, dtype, shape) -> SettledCall, all-reduce
     #: signatures whose schedule no longer changes: run without agreeing, selecting or
     #: observing again; and the last call's, which a repeat finds without a lookup
     settled_calls: dict = field(default_factory=dict)

@@ -7,7 +7,14 @@ import warnings
 import pytest
 from mp import mpiexec
 
-from commrt.algorithms.auto_learn import Tuning, agreed_time
+from commrt.algorithms import Auto
+from commrt.algorithms.auto_learn import (
+    RECHECK_MAX_S,
+    RECHECK_MIN_CALLS,
+    RECHECK_S,
+    Tuning,
+    agreed_time,
+)
 from commrt.probe import ProbeResult
 from commrt.probe_checks import ALPHA_BOUND_S, ProbeWarning, conservative, problems
 
@@ -188,6 +195,85 @@ def test_a_close_call_is_tried_even_when_the_choice_meets_its_prediction():
     assert (far.phase, far.kept) == ("settled", "ring")
 
 
+def settle_calls(t: Tuning) -> int:
+    """Count settled calls on ``t`` until it wants a recheck; how many it took."""
+    for n in range(1, 10**6):
+        if t.settled_call():
+            return n
+    raise AssertionError("no recheck")
+
+
+def test_a_settled_size_is_timed_again_and_waits_twice_as_long_each_time_it_holds():
+    t = Tuning("ring", 0.5, "hd", window=2, warmup=0, recheck_after_s=50.0)
+    feed(t, [0.5, 0.5])
+    assert (t.phase, t.kept) == ("settled", "ring")
+    # 50 s of its 0.5 s calls, then the next calls are timed as the watch was
+    assert settle_calls(t) == 100 and (t.phase, t.running, t.timing) == ("recheck", "ring", True)
+    feed(t, [0.52, 0.53])  # within the margin of its watch: kept, and twice the wait
+    assert (t.phase, t.kept, t.recheck_s, t.confirmed) == ("settled", "ring", 0.525, 1)
+    assert settle_calls(t) == RECHECK_MAX_S / 0.5  # 100 s, over the cap
+    # never fewer than RECHECK_MIN_CALLS calls apart, never more than RECHECK_MAX_S
+    fast = Tuning("ring", 1e-3, "hd", window=1, warmup=0, recheck_after_s=1e-3)
+    feed(fast, [1e-3])
+    assert settle_calls(fast) == RECHECK_MIN_CALLS
+    slow = Tuning("ring", 1.0, "hd", window=1, warmup=0, recheck_after_s=1e4)
+    feed(slow, [1.0])
+    assert settle_calls(slow) == RECHECK_MAX_S
+    never = Tuning("ring", 1.0, "hd", window=1, warmup=0, recheck_after_s=None)
+    feed(never, [1.0])
+    assert not any(never.settled_call() for _ in range(10**4)) and never.phase == "settled"
+
+
+def test_a_kept_schedule_that_slowed_past_its_rival_meets_it_again_on_fresh_blocks():
+    # 4 × 2 hosts at 1 MiB: t4x2 won its trial at 18.4 ms beside t2x4's 20.6, then ran at
+    # 27 ms in the rounds that followed (its slow mode), 1.35× the other
+    t = Tuning("t4x2", 40.0, "t2x4", others=("hd",), window=2, warmup=0, recheck_after_s=1.0)
+    feed(t, [19.0, 19.0])  # far below its prediction: a trial
+    trial = {"t4x2": 18.4, "t2x4": 20.6, "hd": 30.0}
+    feed(t, [trial[label] for label, _ in t.trial_plan()])
+    assert (t.phase, t.kept) == ("settled", "t4x2")
+    settle_calls(t)
+    feed(t, [19.5, 20.0])  # still ahead of its rival's 20.6 (by the margin): kept
+    assert (t.phase, t.kept, t.confirmed) == ("settled", "t4x2", 1)
+    settle_calls(t)
+    feed(t, [27.0, 27.5])  # now 1.3× its rival: the two meet again
+    assert (t.phase, t.finalists, t.recheck_s) == ("trial", ("t4x2", "t2x4"), 27.25)
+    assert {label for label, _ in t.trial_plan()} == {"t4x2", "t2x4"}
+    now = {"t4x2": 27.0, "t2x4": 20.5}
+    feed(t, [now[label] for label, _ in t.trial_plan()])
+    # decided on the fresh blocks alone (the old 18.4 would have kept t4x2 on a median)
+    assert (t.phase, t.kept, t.confirmed) == ("settled", "t2x4", 0)
+    assert t.trial_s == {"t4x2": 27.0, "t2x4": 20.5, "hd": 30.0}
+    assert "kept t2x4, rechecked at 27250.00 ms" in str(t)
+    # its wait starts again from recheck_after_s, at the new kept's pace
+    assert settle_calls(t) == RECHECK_MIN_CALLS
+
+
+def test_a_choice_settled_without_a_trial_gets_one_when_it_drifts_from_its_watch():
+    t = Tuning("ring", 1.0, "hd", window=2, warmup=0, recheck_after_s=1.0)
+    feed(t, [1.0, 1.0])
+    assert (t.phase, t.trial_s) == ("settled", {})
+    settle_calls(t)
+    feed(t, [1.5, 1.6])  # 1.5× its watch: the model's order is tried again
+    assert (t.phase, t.finalists) == ("trial", ())
+    times = {"hd": 1.1, "ring": 1.55}
+    feed(t, [times[label] for label, _ in t.trial_plan()])
+    assert (t.phase, t.kept) == ("settled", "hd")
+    # with nothing to try, a slower choice is simply kept
+    alone = Tuning("ring", 1.0, None, window=1, warmup=0, recheck_after_s=1.0)
+    feed(alone, [1.0])
+    settle_calls(alone)
+    feed(alone, [5.0])
+    assert (alone.phase, alone.kept) == ("settled", "ring")
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan"), "2", True])
+def test_auto_rejects_a_recheck_that_is_not_a_positive_number_of_seconds(bad):
+    with pytest.raises(ValueError, match="recheck_s"):
+        Auto(recheck_s=bad)
+    assert Auto(recheck_s=None).recheck_s is None and Auto().recheck_s == RECHECK_S
+
+
 def test_nothing_to_try_without_a_runner_up():
     t = Tuning("ring", predicted_s=1.0, runner_up=None, window=2, warmup=0)
     feed(t, [5.0, 5.0])
@@ -285,6 +371,25 @@ def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(t
     assert ranks[0]["choice"] == [tuning[3], tuning[3] != tuning[1]]
     # Auto(calibration=...) used the saved file instead of probing
     assert all(r["loaded_probe"] == r["saved_probe"] for r in ranks)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["memo", "debug"])
+def test_auto_moves_on_when_the_schedule_it_kept_slows_down(tmp_path, mode):
+    out = tmp_path / "drift.json"
+    mpiexec(4, "auto_drift_worker.py", out, mode)
+    ranks = json.loads(out.read_text())["ranks"]
+    assert [f for r in ranks for f in r["failures"]] == []
+    r0 = ranks[0]
+    # settled, then a recheck found the kept schedule 20 ms slower, and a trial replaced it
+    assert r0["first"] is not None and r0["kept"] != r0["first"], r0
+    assert r0["recheck_s"] >= 0.02 and r0["trial_s"][r0["kept"]] < 0.02
+    assert "recheck" in r0["phases"] and r0["phases"][-1] == "settled"
+    # choices() shows the new kept schedule, learned unless it is the model's own choice
+    assert r0["choice"] == [r0["kept"], r0["kept"] != r0["choice"][2], r0["choice"][2]]
+    # the memo ran the settled calls (and was dropped for the recheck); never under debug
+    assert (r0["memo_seen"] > 0) == (mode == "memo")
+    assert all({**r, "rank": 0, "memo_seen": 0} == {**r0, "memo_seen": 0} for r in ranks)
 
 
 @pytest.mark.mpi
