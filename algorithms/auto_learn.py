@@ -235,7 +235,7 @@ class Tuning:
     def settled_call(self) -> bool:
         """Count one call of the settled schedule (every rank counts the same calls); True
         when it was the last before a recheck: the caller must then bring the next calls
-        back to :meth:`record` (``commrt.collectives`` drops its memo of the call)."""
+        back to :meth:`record` (``commrt.settled`` drops its memo of the call)."""
         if self.phase != "settled" or self.recheck_after_s is None:
             return False
         self.until_recheck -= 1

@@ -48,6 +48,27 @@ def one_run(hosts: int, rate: str, out: str) -> list[dict]:
     return rows
 
 
+def error_summary(runs: dict) -> str:
+    """The model's error over the runs, per layout and size: how many candidates' |error|
+    (predicted against measured, every run) came under 20%, and the median (markdown)."""
+    import statistics
+
+    from commrt.sim.network import fmt_bytes
+
+    lines = ["| layout | size | under 20% | median abs error |", "|---|---|---|---|"]
+    for hosts, layout_runs in runs.items():
+        for i, nbytes in enumerate(SIZES):
+            errs = [
+                abs(e) for rows in layout_runs for n, e in rows[i]["error"].items() if n != "auto"
+            ]
+            under = sum(e < 0.2 for e in errs)
+            lines.append(
+                f"| {hosts} × 2 | {fmt_bytes(nbytes)} | {under} of {len(errs)} | "
+                f"{statistics.median(errs) * 100:.0f}% |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, nargs="+", default=[2, 4], help="layouts (× 2 ranks)")
@@ -55,13 +76,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rate", default="1gbit", help="each host's link rate (tc tbf)")
     ap.add_argument("--keep", metavar="DIR", help="keep each run's JSON here (H-RUN.json)")
     args = ap.parse_args(argv)
-    misses = []
+    misses, runs = [], {}
     with tempfile.TemporaryDirectory() as scratch:
         tmp = args.keep or scratch
         os.makedirs(tmp, exist_ok=True)
         for hosts in args.hosts:
             for run in range(args.runs):
-                for r in one_run(hosts, args.rate, os.path.join(tmp, f"{hosts}-{run}.json")):
+                rows = one_run(hosts, args.rate, os.path.join(tmp, f"{hosts}-{run}.json"))
+                runs.setdefault(hosts, []).append(rows)
+                for r in rows:
                     line = (
                         f"{hosts}x2 run {run} {r['nbytes'] >> 10}K: {r['choice']} "
                         f"{r['choice_over_best']:.3f}x the fastest ({r['fastest']}); "
@@ -70,6 +93,7 @@ def main(argv=None) -> int:
                     print(textwrap.fill(line, 80, subsequent_indent="    "), flush=True)
                     if r["choice_over_best"] > GOAL:
                         misses.append(line)
+    print(error_summary(runs))
     print(f"{len(misses)} point(s) over {GOAL}x")
     for m in misses:
         print(textwrap.fill(m, 80, initial_indent="  ", subsequent_indent="    "))

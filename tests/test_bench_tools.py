@@ -1,0 +1,69 @@
+"""The offline tools in bench/ that read a run's JSON: they must find what a run holds."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+from commrt import sim
+from commrt.algorithms.auto import candidates, label
+from commrt.sim import Network
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def fake_run(alpha: float, skew: dict | None = None) -> dict:
+    """A run of auto_vs_candidates.py on 2 × 2 hosts whose every candidate measured what the
+    model says at ``alpha`` (times ``skew[label]`` where given)."""
+    probe = dict(
+        world_size=4, ranks_per_node=2, nics_per_node=1, alpha_s=9e-3, beta_s_per_byte=1e-9,
+        inter_alpha_s=9e-3, inter_beta_s_per_byte=8e-9, gamma_s_per_byte=3e-11,
+    )  # fmt: skip
+    net = Network.from_probe(alpha, 1e-9, (alpha, 8e-9), 2, 1, 3e-11)
+    rows = []
+    for nbytes in (64 << 10, 1 << 20):
+        measured = {
+            label(a): sim.simulate(a, 4, nbytes, net).time_s * (skew or {}).get(label(a), 1.0)
+            for a in candidates(4)
+        }
+        rows.append(dict(nbytes=nbytes, measured=measured | {"auto": 0.0}))
+    return {"probe": probe, "rows": rows}
+
+
+def test_the_hindsight_fit_finds_the_alpha_the_times_were_made_with(tmp_path, capsys):
+    hs = load("model_hindsight")
+    alpha = float(hs.ALPHAS[17])
+    exact = fake_run(alpha)
+    for row in exact["rows"]:
+        got, worst, errs = hs.best_alpha(exact["probe"], row)
+        assert (
+            got == pytest.approx(alpha)
+            and worst < 1e-9
+            and set(errs) == set(row["measured"]) - {"auto"}
+        )
+    # a candidate 1.5× slower than the model can make it: no α fits everything
+    skewed = fake_run(alpha, {"ring": 1.5})
+    _, worst, _ = hs.best_alpha(skewed["probe"], skewed["rows"][0])
+    assert worst > 0.1
+    path = tmp_path / "2-0.json"
+    path.write_text(json.dumps(skewed))
+    assert hs.main([str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "2x2 2-0.json" in lines[1] and all(len(x) <= 80 for x in lines)
+
+
+def test_the_goal_summary_counts_each_candidates_error_per_layout_and_size():
+    goal = load("auto_goal")
+    row = lambda errs: {"error": dict(errs, auto=9.0)}  # noqa: E731
+    runs = {2: [[row({"a": 0.1, "b": -0.3})] * 4, [row({"a": -0.05, "b": 0.5})] * 4]}
+    table = goal.error_summary(runs).splitlines()
+    assert table[2] == "| 2 × 2 | 64 KiB | 2 of 4 | 20% |"  # |error| 0.05, 0.1, 0.3, 0.5
+    assert table[-1].startswith("| 2 × 2 | 64 MiB | 2 of 4 |") and len(table) == 6
