@@ -59,12 +59,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     print(f"{'run':<14} {'size':>8} {'best α':>8} {'worst':>6}  the most off at that α")
     for path in args.runs:
-        with open(path) as f:
-            run = json.load(f)
-        probe = run["probe"]
+        try:
+            with open(path) as f:
+                run = json.load(f)
+            probe, rows = run["probe"], run["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"{path} is not a JSON that auto_vs_candidates.py --json wrote ({e!r})")
         layout = f"{probe['world_size'] // probe.get('ranks_per_node', 1)}x"
         layout += f"{probe.get('ranks_per_node', 1)}"
-        for row in run["rows"]:
+        for row in rows:
             alpha, worst, errs = best_alpha(probe, row)
             off = max(errs, key=lambda k: abs(errs[k]))
             name = f"{layout} {path.rsplit('/', 1)[-1][:8]}"

@@ -58,6 +58,12 @@ def test_the_hindsight_fit_finds_the_alpha_the_times_were_made_with(tmp_path, ca
     assert hs.main([str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and "2x2 2-0.json" in lines[1] and all(len(x) <= 80 for x in lines)
+    # a file that is not a run: a usage error naming it, not a traceback
+    (tmp_path / "x.json").write_text("{}")
+    for bad in (tmp_path / "x.json", tmp_path / "missing.json"):
+        with pytest.raises(SystemExit) as e:
+            hs.main([str(bad)])
+        assert e.value.code == 2 and f"{bad} is not a JSON" in capsys.readouterr().err
 
 
 def test_the_goal_summary_counts_each_candidates_error_per_layout_and_size():
