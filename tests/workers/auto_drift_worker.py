@@ -9,13 +9,13 @@ dropped for the recheck); with "debug" (``COMMRT_DEBUG``) every call goes
 through ``observe``. Rank 0 writes every rank's state and results.
 """
 
-import json
 import os
 import sys
 import time
 
 import torch
 from mpi4py import MPI
+from mpi_report import write_ranks
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
@@ -68,11 +68,7 @@ def main(out_path, mode):
         "trial_s": t.trial_s,
         "failures": failures,
     }
-    everyone = world.gather(mine, root=0)
-    comm.close()
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"world_size": p, "ranks": everyone}, f, indent=1)
+    write_ranks(world, comm, out_path, mine)
 
 
 if __name__ == "__main__":

@@ -10,13 +10,13 @@ still decide alike. Rank 0 writes every rank's tuning state and results.
 """
 
 import dataclasses
-import json
 import os
 import sys
 import time
 
 import torch
 from mpi4py import MPI
+from mpi_report import write_ranks
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
@@ -82,11 +82,7 @@ def main(out_path, calib):
         "saved_probe": pr.to_dict() | {"seconds": 0},
         "failures": failures + ([] if torch.equal(y, torch.full((N,), float(p))) else ["y"]),
     }
-    everyone = world.gather(mine, root=0)
-    comm.close()
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"world_size": p, "ranks": everyone}, f, indent=1)
+    write_ranks(world, comm, out_path, mine)
 
 
 if __name__ == "__main__":

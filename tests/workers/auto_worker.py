@@ -6,12 +6,12 @@ on the communicator, and that the choice names the trace spans. Rank 0
 writes a JSON report to argv[1].
 """
 
-import json
 import os
 import sys
 
 import torch
 from mpi4py import MPI
+from mpi_report import write_ranks
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
@@ -23,7 +23,7 @@ SIZES = [1, 1000, 1_000_003]
 
 def main(out_path):
     world = MPI.COMM_WORLD
-    rank, p = world.Get_rank(), world.Get_size()
+    rank = world.Get_rank()
     comm = commrt.init("mpi", timeout=60)
     tracer = Tracer(rank=rank)
     failures, probes = [], []
@@ -65,11 +65,7 @@ def main(out_path):
         "spans": spans,
         "failures": failures,
     }
-    everyone = world.gather(mine, root=0)
-    comm.close()
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump({"world_size": p, "ranks": everyone}, f, indent=1)
+    write_ranks(world, comm, out_path, mine)
 
 
 if __name__ == "__main__":
