@@ -247,7 +247,8 @@ class Auto(Algorithm):
 
     def settled_watch(self, comm, nbytes: int) -> Tuning | None:
         """What counts the calls of a settled size's kept schedule toward its next recheck
-        (``commrt.collectives`` calls its ``settled_call()`` after each; None: nothing)."""
+        (``commrt.settled.run_settled`` calls its ``settled_call()`` after each; None:
+        nothing)."""
         return comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
 
     def _tried(self, choice: Choice, name: str) -> Choice:

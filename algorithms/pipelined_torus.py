@@ -149,12 +149,9 @@ class PipelinedTorus2D(Algorithm):
         """``(rows, cols)`` for ``p`` ranks, as :meth:`Torus2D.shape` chooses it."""
         return Torus2D(self.rows, self.cols).shape(p, local_size)
 
-    def _direct(self, rows: int) -> bool:
-        return bool(self.direct)
-
     def depth(self, rows: int, cols: int) -> int:
         """Steps of one segment: 2(X − 1) row steps, and 2 column steps (direct) or 2(Y − 1)."""
-        column = (2 if rows > 1 else 0) if self._direct(rows) else 2 * (rows - 1)
+        column = (2 if rows > 1 else 0) if self.direct else 2 * (rows - 1)
         return 2 * (cols - 1) + column
 
     def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
@@ -183,7 +180,7 @@ class PipelinedTorus2D(Algorithm):
         p = len(ranks)
         rows, cols = self.shape(p)
         nseg = self.segments or self.DEFAULT_SEGMENTS
-        direct = self._direct(rows)
+        direct = bool(self.direct)
         segs = [Steps.chain(grid_phases(ranks, rows, cols, s * p, direct)[0]) for s in range(nseg)]
         # one segment's steps: X-1 row steps, its column steps, X-1 row steps
         row_end, col_end = cols - 1, self.depth(rows, cols) - (cols - 1)

@@ -22,6 +22,7 @@ printed beside it. Exit status 1 when any point misses.
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import textwrap
@@ -30,6 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
 from netns import Cluster  # noqa: E402  (the namespace-host harness lives with the tests)
+
+from commrt.sim.network import fmt_bytes  # noqa: E402
 
 GOAL = 1.1
 SIZES = (64 << 10, 1 << 20, 16 << 20, 64 << 20)
@@ -51,10 +54,6 @@ def one_run(hosts: int, rate: str, out: str) -> list[dict]:
 def error_summary(runs: dict) -> str:
     """The model's error over the runs, per layout and size: how many candidates' |error|
     (predicted against measured, every run) came under 20%, and the median (markdown)."""
-    import statistics
-
-    from commrt.sim.network import fmt_bytes
-
     lines = ["| layout | size | under 20% | median abs error |", "|---|---|---|---|"]
     for hosts, layout_runs in runs.items():
         for i, nbytes in enumerate(SIZES):

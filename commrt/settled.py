@@ -37,8 +37,10 @@ class SettledCall:
     down to a recheck. Every rank makes the same calls and settles each size at the same
     call, so every rank takes this path on the same calls."""
 
-    __slots__ = ("algorithm", "op", "average", "dtype", "shape", "on_cpu", "schedule")
-    __slots__ += ("key", "watch")
+    __slots__ = (
+        *("algorithm", "op", "average", "dtype", "shape", "on_cpu"),
+        *("schedule", "key", "watch"),
+    )
 
     def __init__(self, algorithm, op, average: bool, tensor: torch.Tensor, schedule, key, watch):
         self.algorithm, self.op, self.average = algorithm, op, average
