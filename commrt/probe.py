@@ -62,6 +62,17 @@ and it is priced conservatively: α as measured; both tiers at the slower
 it: 8 ranks on 2 cores measured the loopback tier slower than a 1 Gbit/s
 link, and ``auto`` chose the ring where the torus was 0.79× its time.)
 
+Per-step overheads
+------------------
+On CPU backends it also times small ring, recursive-doubling and
+pipelined-torus all-reduces and fits what a step of each kind costs a rank
+(:class:`commrt.sim.Overhead`, in :mod:`commrt.probe_steps`, whose doc
+says why: on ranks sharing cores a step's cost is CPU time that overlaps
+the wire, and α + β·n over-priced a 1 MiB ring by half).
+``ProbeResult.shift_s``, ``exchange_s`` and ``multi_s`` keep them;
+:meth:`ProbeResult.network` prices with them. None on GPUs, and in
+calibrations saved before them (those price with α + β·n as they did).
+
 A saved calibration
 -------------------
 ``commrt probe --save FILE`` (or :meth:`ProbeResult.save`) writes the
@@ -74,9 +85,10 @@ are a ValueError on every rank.
 
 Cost (one node): with the default ``repeats=5``, 6 runs (1 warm-up) of 20 steps of
 8 B, 4 of 1 MiB and 4 of 4 MiB: 168 messages and 60 MiB sent per rank, 15
-barriers, and one small all-reduce, once per communicator: the result is
+barriers, and one small all-reduce; on CPU, 6 runs of about 40 steps of
+each overhead's all-reduce at 32 KiB. Once per communicator: the result is
 cached in ``comm.slots.probe``. On 4 namespace hosts × 2 ranks with
-1 Gbit/s links (tests/netns.py) the probe takes a few seconds.
+1 Gbit/s links (tests/netns.py) the probe takes about 6 s (2 × 2: 4 s).
 
 Example::
 
@@ -100,8 +112,9 @@ import numpy as np
 import torch
 
 from commrt.probe_checks import ALPHA_BOUND_S, RETRIES, ProbeWarning, conservative, problems
+from commrt.probe_steps import agreed, measure_overheads, time_runs
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step, Steps
-from commrt.sim import Network
+from commrt.sim import Network, Overhead
 
 __all__ = ["ProbeResult", "probe", "SIZES", "CALIBRATION_ENV", "ProbeWarning", "ALPHA_BOUND_S"]
 #: probed message sizes in bytes; the first one measures α
@@ -140,14 +153,24 @@ class ProbeResult:
     gamma_s_per_byte: float = 0.0  # agreed reduction time per byte
     repeats: int = 0  # timed runs per size (more where a tier was measured again)
     warnings: tuple[str, ...] = ()
+    # per-step overheads (commrt.probe_steps; None on GPUs and in calibrations saved before)
+    shift_s: float | None = None
+    exchange_s: float | None = None
+    multi_s: float | None = None
 
     @property
     def two_tier(self) -> bool:
         return self.inter_alpha_s is not None
 
+    @property
+    def overhead(self) -> Overhead | None:
+        """The per-step overheads it measured (CPU backends), or None."""
+        over = (self.shift_s, self.exchange_s, self.multi_s)
+        return None if None in over else Overhead(*over)
+
     def network(self) -> Network:
         """The :class:`~commrt.sim.Network` for the simulator and ``auto`` (two classes if
-        probed)."""
+        probed; with its per-step overheads if measured)."""
         inter = (self.inter_alpha_s, self.inter_beta_s_per_byte) if self.two_tier else None
         return Network.from_probe(
             self.alpha_s,
@@ -156,6 +179,7 @@ class ProbeResult:
             ranks_per_node=self.ranks_per_node,
             nics_per_node=self.nics_per_node,
             gamma_s_per_byte=self.gamma_s_per_byte,
+            overhead=self.overhead,
         )
 
     @property
@@ -204,13 +228,14 @@ class ProbeResult:
         link = f"α = {self.alpha_s * 1e6:.1f} µs, β = 1/({self.bandwidth_gbps:.2f} GB/s)"
         if self.gamma_s_per_byte:
             link += f", adds at {1e-9 / self.gamma_s_per_byte:.2f} GB/s"
+        steps = "" if self.overhead is None else f"; {self.overhead.describe()}"
         if not self.two_tier:
-            return head + link
+            return head + link + steps
         inter_gbps = 1e-9 / self.inter_beta_s_per_byte
         return (
             head + f"{self.ranks_per_node} ranks/node; inside a node {link}; between nodes "
             f"α = {self.inter_alpha_s * 1e6:.1f} µs, β = 1/({inter_gbps:.3f} GB/s) per NIC, "
-            f"{self.nics_per_node} NIC(s)/node"
+            f"{self.nics_per_node} NIC(s)/node{steps}"
         )
 
 
@@ -272,21 +297,6 @@ def _plan(sizes: tuple[int, ...], per_node: int | None) -> dict[str, _Tier]:
     }
 
 
-def _time_runs(comm, sched: Schedule, buf: torch.Tensor, repeats: int) -> list[float]:
-    """Seconds per step of each of ``repeats`` barrier-aligned runs (after one warm-up)."""
-    run = comm.executor.run
-    # waits as commrt.all_reduce waits, so α is the latency it sees
-    kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes, spin_s=comm.spin_s)
-    run(sched, buf, comm.transport, **kw)  # warm-up: plan, scratch, connections
-    times = []
-    for _ in range(repeats):
-        comm.barrier()
-        t0 = time.perf_counter()
-        run(sched, buf, comm.transport, **kw)
-        times.append((time.perf_counter() - t0) / sched.num_steps)
-    return times
-
-
 def _time_reduce(comm, nbytes: int, repeats: int) -> float:
     """Seconds per byte of the executor's reduction: add ``nbytes`` of float32 into as many."""
     half = max(1, nbytes // 4)
@@ -323,7 +333,7 @@ def _measure(comm, tier: _Tier, per_node, repeats: int) -> list[float]:
         # two chunks of nb bytes: one goes out, the other takes the incoming sum
         buf = torch.zeros(2 * max(1, nb // 4), dtype=torch.float32, device=comm.device)
         sched = _shift_schedule(comm.world_size, 20 if nb <= 4096 else tier.big_steps, nxt, ranks)
-        out += _time_runs(comm, sched, buf, repeats)
+        out += time_runs(comm, sched, buf, repeats)
     return out
 
 
@@ -351,18 +361,11 @@ def _gather_runs(comm, plan: dict, names, per_node, repeats: int, gamma: float):
     return out, float(table[:, -1].max())
 
 
-def _agreed(runs: np.ndarray) -> list[float]:
-    """Per size: the median over runs of the slowest rank's time. A synchronous step goes at
-    the slowest rank's pace; the median, not the minimum, since a schedule meets the
-    machine's bursts as often as the probe does (and the mean would follow one burst)."""
-    return np.median(runs.max(axis=0), axis=-1).tolist()
-
-
 def _model(runs: dict, sizes, per_node, gamma: float) -> dict:
     """The ProbeResult fields that the measurements ``runs`` give."""
     first = runs["flat" if per_node is None else "intra"]
     own = np.median(first, axis=-1)  # each rank's own medians, for per_rank
-    steps = _agreed(first)
+    steps = agreed(first)
     alpha, beta = _fit(sizes, steps, gamma)
     m = dict(
         alpha_s=alpha,
@@ -374,7 +377,7 @@ def _model(runs: dict, sizes, per_node, gamma: float) -> dict:
     )
     if per_node is None:
         return m
-    shared, alone = _agreed(runs["shared"]), _agreed(runs["inter"])[-1]
+    shared, alone = agreed(runs["shared"]), agreed(runs["inter"])[-1]
     inter_alpha, slope = _fit(sizes, shared, gamma)
     nics = _nics(per_node, alone, shared[-1], inter_alpha)
     # L ranks' bytes cross nics NICs at once: slope = β_NIC · L / nics (module doc)
@@ -408,7 +411,11 @@ def _measured(comm, sizes, repeats: int, per_node) -> dict:
         }
         m = _model(runs, sizes, per_node, gamma)
         wrong = problems(m)
-    return conservative(m, wrong) if wrong else m
+    m = conservative(m, wrong) if wrong else m
+    if comm.device.type == "cpu":  # ranks on cores: time their steps (commrt.probe_steps)
+        over = measure_overheads(comm, Network.from_dict(m), repeats)
+        m |= dict(shift_s=over.shift_s, exchange_s=over.exchange_s, multi_s=over.multi_s)
+    return m
 
 
 def _loaded(comm, path: str, per_node) -> ProbeResult:

@@ -61,7 +61,14 @@ through fewer NICs, their messages slow down in proportion.
 ``γ`` (``Network.gamma_s_per_byte``) per byte after its messages of the
 step arrived (0 by default: free). It is what separates recursive doubling
 (adds the whole buffer every step) from the ring (adds 1/p of it per
-step) when latency does not. Not modelled: overlap of a reduction with
+step) when latency does not.
+
+*Ranks on shared cores.* With a :class:`Overhead` on the network (the
+probe measures one on CPU backends), a step also costs each rank CPU
+time, which overlaps the wire: a message takes ``max(β·load, o)``, ``o``
+the larger of its two ranks' overheads in the step (a shift step, an
+exchange step, or a step with several messages: ``multi_s``). The
+closed forms are then not used. Not modelled: overlap of a reduction with
 later pieces, pipelining inside a message, protocol switches
 (eager/rendezvous, NCCL LL/Simple), topology beyond node/NIC (switch
 oversubscription), and contention between different steps.
@@ -93,7 +100,7 @@ Example::
 from __future__ import annotations
 
 from commrt.sim.gossip import GossipSim, simulate_gossip
-from commrt.sim.network import GB, Link, Network, fmt_bytes
+from commrt.sim.network import GB, Link, Network, Overhead, fmt_bytes
 from commrt.sim.pricing import (
     closed_form,
     estimate,
@@ -122,6 +129,7 @@ from commrt.sim.stragglers import (
 __all__ = [
     "Link",
     "Network",
+    "Overhead",
     "SimResult",
     "StepCost",
     "simulate",

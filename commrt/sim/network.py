@@ -1,5 +1,6 @@
 """The α-β network model: link classes (:class:`Link`), their layout on nodes and NICs
-(:class:`Network`), and the number checks the whole simulator shares."""
+(:class:`Network`), the ranks' per-step overheads where they share cores
+(:class:`Overhead`), and the number checks the whole simulator shares."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-__all__ = ["GB", "Link", "Network", "check_number", "fmt_bytes"]
+__all__ = ["GB", "Link", "Network", "Overhead", "check_number", "fmt_bytes"]
 
 GB = 1e9
 
@@ -71,6 +72,64 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Overhead:
+    """What a step costs a rank when the wire is not what limits it (LogP's *o*).
+
+    Ranks that share a few cores (8 ranks on 2 here, gloo or MPI over TCP)
+    pay for a step in CPU time: waking up, posting, copying, adding. That
+    cost overlaps the wire (another rank runs while one waits), so with an
+    ``Overhead`` a message takes ``max(β·load, cost)`` instead of
+    ``α + β·load``, where ``cost`` is the larger of its two ranks'
+    overheads in that step:
+
+    * ``shift_s``: a step whose messages go to another rank than the one
+      they come from (a ring step);
+    * ``exchange_s``: a step that swaps with the same peer(s) (recursive
+      doubling, halving-doubling, a ring of 2); measured apart because on
+      shared cores the two differ by up to 1.8×;
+    * ``multi_s``: a step in which the rank sends or takes in more than one
+      message (a pipelined torus's overlapped segments). Measured here, it
+      hardly grows with the number: 2.7–3.1 ms a step with 2 to 4 messages
+      at 2 × 2 where one exchange took 1.4 (so not a cost per message).
+
+    :mod:`commrt.probe` measures them on CPU backends by timing small
+    all-reduces of each kind (:mod:`commrt.probe_steps`).
+
+    Example::
+
+        >>> Overhead(1e-3, 1.6e-3, 2.8e-3).describe()
+        'steps: shift 1 ms, exchange 1.6 ms, several messages 2.8 ms'
+    """
+
+    shift_s: float
+    exchange_s: float
+    multi_s: float
+
+    def __post_init__(self):
+        for f in ("shift_s", "exchange_s", "multi_s"):
+            object.__setattr__(self, f, check_number(f, getattr(self, f), positive=False))
+
+    def rank_costs(self, src: np.ndarray, dst: np.ndarray, p: int) -> np.ndarray:
+        """Per rank: its overhead in a step whose messages go ``src[i] -> dst[i]``."""
+        sends, recvs = np.bincount(src, minlength=p), np.bincount(dst, minlength=p)
+        # a message whose reverse is in the step is half of an exchange
+        back = np.isin(dst * p + src, src * p + dst)
+        one_way = np.bincount(src, (~back).astype(np.float64), p) + np.bincount(
+            dst, (~back).astype(np.float64), p
+        )
+        busy = np.maximum(sends, recvs)
+        cost = np.where(one_way > 0, self.shift_s, self.exchange_s)
+        cost = np.where(busy > 1, self.multi_s, cost)
+        return np.where(busy > 0, cost, 0.0)
+
+    def describe(self) -> str:
+        return (
+            f"steps: shift {self.shift_s * 1e3:.3g} ms, exchange {self.exchange_s * 1e3:.3g} ms, "
+            f"several messages {self.multi_s * 1e3:.3g} ms"
+        )
+
+
+@dataclass(frozen=True)
 class Network:
     """An α-β network with two link classes; frozen and validated.
 
@@ -92,8 +151,14 @@ class Network:
     name: str = "custom"
     #: seconds per byte a rank takes to add received data into its buffer
     gamma_s_per_byte: float = 0.0
+    #: per-step overheads where ranks share cores (None: every message pays α + β·load)
+    overhead: Overhead | None = None
 
     def __post_init__(self):
+        if self.overhead is not None and not isinstance(self.overhead, Overhead):
+            raise TypeError(
+                f"Network.overhead must be an Overhead or None, got {type(self.overhead).__name__}"
+            )
         object.__setattr__(
             self,
             "gamma_s_per_byte",
@@ -126,14 +191,17 @@ class Network:
         ranks_per_node: int = 1,
         nics_per_node: int = 1,
         gamma_s_per_byte: float = 0.0,
+        overhead: Overhead | None = None,
     ) -> "Network":
         """The network :mod:`commrt.probe` measured: one class, or with ``inter`` = (α, β)
         between nodes of ``ranks_per_node`` ranks sharing ``nics_per_node`` NICs; ranks
-        add received bytes at ``gamma_s_per_byte``."""
+        add received bytes at ``gamma_s_per_byte`` and pay ``overhead`` per step."""
         intra = Link(alpha_s, beta_s_per_byte)
         if inter is None:
-            return cls(intra, intra, 1, 1, "probe", gamma_s_per_byte)
-        return cls(intra, Link(*inter), ranks_per_node, nics_per_node, "probe", gamma_s_per_byte)
+            return cls(intra, intra, 1, 1, "probe", gamma_s_per_byte, overhead)
+        return cls(
+            intra, Link(*inter), ranks_per_node, nics_per_node, "probe", gamma_s_per_byte, overhead
+        )
 
     @classmethod
     def h100_nvlink_ib(cls, ranks_per_node: int = 8, nics_per_node: int = 8) -> "Network":
@@ -184,6 +252,8 @@ class Network:
             return f"α {k.alpha_s * 1e6:.3g} µs, {k.bandwidth_gbps:.4g} GB/s"
 
         add = f"; adds at {1e-9 / self.gamma_s_per_byte:.4g} GB/s" if self.gamma_s_per_byte else ""
+        if self.overhead is not None:
+            add += f"; {self.overhead.describe()}"
         if self.ranks_per_node == 1:
             return f"{self.name}: flat, {link(self.inter)}{add}"
         return (
@@ -197,9 +267,11 @@ class Network:
     @classmethod
     def from_dict(cls, d: dict) -> "Network":
         """From :meth:`to_dict` output, or a probe file
-        ``{"alpha_s": .., "beta_s_per_byte": ..}``."""
+        ``{"alpha_s": .., "beta_s_per_byte": ..}`` (with ``shift_s``, ``exchange_s`` and
+        ``multi_s`` if it measured the overheads)."""
         gamma = d.get("gamma_s_per_byte", 0.0)
         if "intra" in d:
+            over = d.get("overhead")
             return cls(
                 Link(**d["intra"]),
                 Link(**d["inter"]),
@@ -207,9 +279,11 @@ class Network:
                 d.get("nics_per_node", 1),
                 d.get("name", "custom"),
                 gamma,
+                None if over is None else Overhead(**over),
             )
         if "alpha_s" in d and "beta_s_per_byte" in d:
             inter = d.get("inter_alpha_s"), d.get("inter_beta_s_per_byte")
+            over = d.get("shift_s"), d.get("exchange_s"), d.get("multi_s")
             return cls.from_probe(
                 d["alpha_s"],
                 d["beta_s_per_byte"],
@@ -217,6 +291,7 @@ class Network:
                 d.get("ranks_per_node", 1),
                 d.get("nics_per_node", 1),
                 gamma,
+                None if None in over else Overhead(*over),
             )
         raise ValueError(
             "a network file needs either intra/inter links (Network.to_dict()) "

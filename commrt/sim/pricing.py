@@ -89,7 +89,8 @@ def estimate(
     """Predicted all-reduce time: the closed form where one link class carries every
     message and the algorithm has one, else :func:`simulate` of its schedule."""
     link = network.single_class(world_size)
-    if link is not None and not isinstance(algorithm, Schedule):
+    # the closed forms are α-β: with per-step overheads only the replay prices right
+    if link is not None and network.overhead is None and not isinstance(algorithm, Schedule):
         t = closed_form(algorithm, world_size, nbytes, link, network.gamma_s_per_byte)
         if t is not None:
             return t
@@ -111,12 +112,13 @@ def price_all(
     lower bound (its closed form on a link with the network's smallest α
     and smallest β: no message can be faster) already exceeds the best time
     found. On a one-class network every closed form is exact and cheap, so
-    nothing is skipped. ``price(alg)`` replaces :func:`estimate` (e.g. to
+    nothing is skipped; nor with per-step overheads, which no α-β bound holds. ``price(alg)`` replaces :func:`estimate` (e.g. to
     share a memo).
     """
     price = price or (lambda a: estimate(a, world_size, nbytes, network, itemsize=itemsize))
     out: list[float | None] = [None] * len(algorithms)
-    if network.single_class(world_size) is not None:
+    if network.single_class(world_size) is not None or network.overhead is not None:
+        # (the α-β lower bounds do not bound a replay with overheads)
         return [price(a) for a in algorithms]
     fast = Link(
         min(network.intra.alpha_s, network.inter.alpha_s),

@@ -217,7 +217,7 @@ class Replayer:
             load = np.maximum(
                 b, np.maximum(np.bincount(src, b, p).take(src), np.bincount(dst, b, p).take(dst))
             )
-            return src, dst, b, link.alpha_s + link.beta_s_per_byte * load
+            return src, dst, b, self.priced(src, dst, link.alpha_s, link.beta_s_per_byte * load)
         # Two classes: per-rank ports are keyed (rank, class), so intra and inter traffic
         # never share.
         ns, nd = self.node.take(src), self.node.take(dst)
@@ -236,7 +236,16 @@ class Replayer:
                 / self.net.nics_per_node
             )
             load = np.where(cls == 1, np.maximum(load, nic), load)
-        return src, dst, b, self.alpha.take(cls) + self.beta.take(cls) * load
+        return src, dst, b, self.priced(src, dst, self.alpha.take(cls), self.beta.take(cls) * load)
+
+    def priced(self, src: np.ndarray, dst: np.ndarray, alpha, wire: np.ndarray) -> np.ndarray:
+        """Seconds per message: ``α + wire``, or with the network's :class:`Overhead` the
+        wire or the larger of its two ranks' step overheads, whichever is longer."""
+        over = self.net.overhead
+        if over is None:
+            return alpha + wire
+        cost = over.rank_costs(src, dst, self.p)
+        return np.maximum(wire, np.maximum(cost.take(src), cost.take(dst)))
 
     @staticmethod
     def advance(

@@ -58,6 +58,8 @@ def main(out_path):
         "rank": rank,
         "choices": made,
         "probe": [probe.alpha_s, probe.beta_s_per_byte],
+        "overhead": [probe.shift_s, probe.exchange_s, probe.multi_s],
+        "priced_with": [repr(c.network.overhead) for c in choices(comm).values()],
         "probe_cached_once": len(set(probes)) == 1 and probes[0] != id(None),
         "probe_seconds": probe.seconds,
         "probe_step_s": list(probe.step_s),
