@@ -64,14 +64,15 @@ link, and ``auto`` chose the ring where the torus was 0.79× its time.)
 
 Per-step overheads
 ------------------
-On CPU backends it also times small ring, recursive-doubling and
-pipelined-torus all-reduces and fits what a step of each kind costs a rank
+On CPU backends with ranks spanning nodes it also times small ring,
+recursive-doubling and pipelined-torus all-reduces and fits what a step of
+each kind costs a rank
 (:class:`commrt.sim.Overhead`, in :mod:`commrt.probe_steps`, whose doc
 says why: on ranks sharing cores a step's cost is CPU time that overlaps
 the wire, and α + β·n over-priced a 1 MiB ring by half).
 ``ProbeResult.shift_s``, ``exchange_s`` and ``multi_s`` keep them;
-:meth:`ProbeResult.network` prices with them. None on GPUs, and in
-calibrations saved before them (those price with α + β·n as they did).
+:meth:`ProbeResult.network` prices with them. None on GPUs, on one node
+and in calibrations saved before them (those price with α + β·n as before).
 
 A saved calibration
 -------------------
@@ -85,8 +86,8 @@ are a ValueError on every rank.
 
 Cost (one node): with the default ``repeats=5``, 6 runs (1 warm-up) of 20 steps of
 8 B, 4 of 1 MiB and 4 of 4 MiB: 168 messages and 60 MiB sent per rank, 15
-barriers, and one small all-reduce; on CPU, 6 runs of about 40 steps of
-each overhead's all-reduce at 32 KiB. Once per communicator: the result is
+barriers, and one small all-reduce; on CPU across nodes, 6 runs of about
+40 steps of each overhead's all-reduce at 32 KiB. Once per communicator: the result is
 cached in ``comm.slots.probe``. On 4 namespace hosts × 2 ranks with
 1 Gbit/s links (tests/netns.py) the probe takes about 6 s (2 × 2: 4 s).
 
@@ -412,7 +413,7 @@ def _measured(comm, sizes, repeats: int, per_node) -> dict:
         m = _model(runs, sizes, per_node, gamma)
         wrong = problems(m)
     m = conservative(m, wrong) if wrong else m
-    if comm.device.type == "cpu":  # ranks on cores: time their steps (commrt.probe_steps)
+    if comm.device.type == "cpu" and per_node:  # across nodes: time steps (probe_steps doc)
         over = measure_overheads(comm, Network.from_dict(m), repeats)
         m |= dict(shift_s=over.shift_s, exchange_s=over.exchange_s, multi_s=over.multi_s)
     return m

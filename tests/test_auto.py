@@ -155,10 +155,9 @@ def test_auto_all_reduce_matches_mpi_and_all_ranks_agree(tmp_path):
     assert all(r["probe"] == ranks[0]["probe"] for r in ranks)
     assert all(r["choices"] == ranks[0]["choices"] for r in ranks)
     assert all(r["probe_cached_once"] for r in ranks)
-    # on CPU the probe timed each kind of step (commrt.probe_steps) and auto priced with them
-    assert all(r["overhead"] == ranks[0]["overhead"] for r in ranks)
-    assert all(isinstance(o, float) and o > 0 for o in ranks[0]["overhead"])
-    assert all(o.startswith("Overhead(shift_s=") for o in ranks[0]["priced_with"])
+    # on one node no per-step overheads (commrt.probe_steps): α + β·n prices shared memory
+    assert all(r["overhead"] == [None, None, None] for r in ranks)
+    assert all(o == "None" for o in ranks[0]["priced_with"])
     # per run the slowest rank's time, then the median over runs: at least every rank's own
     alpha, _ = ranks[0]["probe"]
     assert alpha >= max(a for a, _ in ranks[0]["per_rank"])

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from commrt.sim import Overhead
+
 pytestmark = pytest.mark.netns
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "workers", "multihost_worker.py")
@@ -86,6 +88,9 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
         return {k: v for k, v in probe.items() if k != "seconds"}
 
     assert all(agreed(r["probe"]) == agreed(pr) for r in reports)  # every rank prices alike
+    # across hosts on CPU it timed each kind of step (commrt.probe_steps), and prices with them
+    assert all(isinstance(pr[k], float) and pr[k] > 0 for k in ("shift_s", "exchange_s")), pr
+    assert reports[0]["overhead"] == repr(Overhead(pr["shift_s"], pr["exchange_s"], pr["multi_s"]))
 
     # auto's choice on the two-tier network is the fastest measured candidate, or within 10% of it
     for size, t in (reports[0]["timing"] or {}).items():

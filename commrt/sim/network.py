@@ -92,8 +92,8 @@ class Overhead:
       hardly grows with the number: 2.7–3.1 ms a step with 2 to 4 messages
       at 2 × 2 where one exchange took 1.4 (so not a cost per message).
 
-    :mod:`commrt.probe` measures them on CPU backends by timing small
-    all-reduces of each kind (:mod:`commrt.probe_steps`).
+    :mod:`commrt.probe` measures them on CPU backends, across nodes, by
+    timing small all-reduces of each kind (:mod:`commrt.probe_steps`).
 
     Example::
 

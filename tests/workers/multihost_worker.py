@@ -158,6 +158,7 @@ def main(out_dir, timing_sizes):
     pr = probe(comm)
     report["probe"] = pr.to_dict()
     report["network"] = pr.network().describe()
+    report["overhead"] = repr(pr.network().overhead)  # what auto prices with
     # small buffers: many short calls, each run long enough that a rank woken late by the
     # barrier on this oversubscribed machine does not decide the time
     report["timing"] = {
