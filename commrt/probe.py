@@ -165,23 +165,13 @@ class ProbeResult:
 
     @property
     def overhead(self) -> Overhead | None:
-        """The per-step overheads it measured (CPU backends), or None."""
-        over = (self.shift_s, self.exchange_s, self.multi_s)
-        return None if None in over else Overhead(*over)
+        """The per-step overheads it measured (CPU backends across nodes), or None."""
+        return self.network().overhead
 
     def network(self) -> Network:
         """The :class:`~commrt.sim.Network` for the simulator and ``auto`` (two classes if
-        probed; with its per-step overheads if measured)."""
-        inter = (self.inter_alpha_s, self.inter_beta_s_per_byte) if self.two_tier else None
-        return Network.from_probe(
-            self.alpha_s,
-            self.beta_s_per_byte,
-            inter=inter,
-            ranks_per_node=self.ranks_per_node,
-            nics_per_node=self.nics_per_node,
-            gamma_s_per_byte=self.gamma_s_per_byte,
-            overhead=self.overhead,
-        )
+        probed; with its per-step overheads if measured): read as a saved file is read."""
+        return Network.from_dict(self.to_dict())
 
     @property
     def bandwidth_gbps(self) -> float:
@@ -415,7 +405,7 @@ def _measured(comm, sizes, repeats: int, per_node) -> dict:
     m = conservative(m, wrong) if wrong else m
     if comm.device.type == "cpu" and per_node:  # across nodes: time steps (probe_steps doc)
         over = measure_overheads(comm, Network.from_dict(m), repeats)
-        m |= dict(shift_s=over.shift_s, exchange_s=over.exchange_s, multi_s=over.multi_s)
+        m |= asdict(over)  # shift_s, exchange_s, multi_s: ProbeResult's fields
     return m
 
 

@@ -112,13 +112,12 @@ def price_all(
     lower bound (its closed form on a link with the network's smallest α
     and smallest β: no message can be faster) already exceeds the best time
     found. On a one-class network every closed form is exact and cheap, so
-    nothing is skipped; nor with per-step overheads, which no α-β bound holds. ``price(alg)`` replaces :func:`estimate` (e.g. to
-    share a memo).
+    nothing is skipped; nor with per-step overheads, which no α-β bound
+    holds. ``price(alg)`` replaces :func:`estimate` (e.g. to share a memo).
     """
     price = price or (lambda a: estimate(a, world_size, nbytes, network, itemsize=itemsize))
     out: list[float | None] = [None] * len(algorithms)
     if network.single_class(world_size) is not None or network.overhead is not None:
-        # (the α-β lower bounds do not bound a replay with overheads)
         return [price(a) for a in algorithms]
     fast = Link(
         min(network.intra.alpha_s, network.inter.alpha_s),
