@@ -25,16 +25,12 @@ the real all-reduce schedules of
 * the 2-row torus in 16 pipelined segments with ring columns (p even, ≥ 4):
   several messages a step → ``multi_s``,
 
-each one warm-up call, then ``2 · repeats + 1`` rounds in which each is
-timed once, in turn, over a barrier-aligned run of about 40 steps' worth of
-back-to-back calls (one call right after a barrier finds every rank awake:
-at 2 × 2 it measured a recursive doubling at a quarter of its time among a
-training loop's calls) through the communicator's own executor. In turn,
-not each in a block, because the machine's pace drifts: at 4 × 2 the ring's
-step measured 2.9, 2.2, 2.8 and 1.8 ms in four blocks within a minute, and
-a block hands such a drift to one kind alone. A call's time is agreed as
-the probe agrees its steps (the median over rounds of the slowest rank's,
-one gather). Then
+each one warm-up call, then ``repeats`` barrier-aligned runs of about 40
+steps' worth of back-to-back calls (one call right after a barrier finds
+every rank awake: at 2 × 2 it measured a recursive doubling at a quarter of
+its time among a training loop's calls) through the communicator's own
+executor. A call's time is agreed as the probe agrees its steps (the median
+over runs of the slowest rank's, one gather). Then
 each overhead, in that order, is solved for: the value at which the replay
 of that schedule on the probed network (its β, γ and tiers) takes the
 measured time (bisection; the replay's time only grows with it). A kind
@@ -50,7 +46,7 @@ overheads, the model tied the ring with halving-doubling at 1 MiB (both
 all wire) where halving-doubling measured 0.44 ms against the ring's
 0.55. NCCL's steps are kernel launches on their own streams, and its α
 adds to the wire as the closed forms say. Cost at 4 × 2 here: about
-three seconds (12 × 40 steps of each of 3 small all-reduces).
+a second and a half (6 × 40 steps of each of 3 small all-reduces).
 """
 
 from __future__ import annotations
@@ -79,25 +75,18 @@ def time_runs(
 ) -> list[float]:
     """Seconds per step of each of ``repeats`` barrier-aligned runs of ``calls`` back-to-back
     calls of ``sched`` (after one warm-up call)."""
-    run = _runner(comm, sched, buf)
-    run()  # warm-up: plan, scratch, connections
-    return [_timed(comm, run, calls) / (calls * sched.num_steps) for _ in range(repeats)]
-
-
-def _runner(comm, sched: Schedule, buf: torch.Tensor):
-    """One call of ``sched`` on ``buf`` through the communicator's executor."""
+    run = comm.executor.run
     # waits as commrt.all_reduce waits, so α is the latency it sees
     kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes, spin_s=comm.spin_s)
-    return lambda: comm.executor.run(sched, buf, comm.transport, **kw)
-
-
-def _timed(comm, run, calls: int) -> float:
-    """Seconds for ``calls`` back-to-back ``run()`` right after a barrier (this rank's)."""
-    comm.barrier()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        run()
-    return time.perf_counter() - t0
+    run(sched, buf, comm.transport, **kw)  # warm-up: plan, scratch, connections
+    times = []
+    for _ in range(repeats):
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run(sched, buf, comm.transport, **kw)
+        times.append((time.perf_counter() - t0) / (calls * sched.num_steps))
+    return times
 
 
 def agreed(runs: np.ndarray) -> list[float]:
@@ -167,16 +156,11 @@ def measure_overheads(comm, net: Network, repeats: int) -> Overhead:
 
     scheds = calibration_schedules(comm.world_size)
     buf = torch.zeros(CALIBRATION_BYTES // 4, dtype=torch.float32, device=comm.device)
-    runs = {k: _runner(comm, s, buf) for k, s in scheds.items()}
-    calls = {k: max(1, _RUN_STEPS // s.num_steps) for k, s in scheds.items()}
-    for run in runs.values():
-        run()  # warm-up: plan, scratch, connections
-    # kinds in turn, not each in a block: the machine's pace drifts (module doc)
-    rounds = 2 * repeats + 1
-    mine = np.zeros((len(scheds), rounds))
-    for r in range(rounds):
-        for i, k in enumerate(scheds):
-            mine[i, r] = _timed(comm, runs[k], calls[k]) / calls[k]
-    table = np.asarray(gather(comm, mine.ravel().tolist()), dtype=np.float64)
-    runs_t = table.reshape(len(table), len(scheds), rounds)
-    return fit_overheads(dict(zip(scheds, agreed(runs_t))), scheds, net)
+    mine = [
+        t * s.num_steps
+        for s in scheds.values()
+        for t in time_runs(comm, s, buf, repeats, max(1, _RUN_STEPS // s.num_steps))
+    ]
+    table = np.asarray(gather(comm, mine), dtype=np.float64)
+    runs = table.reshape(len(table), len(scheds), repeats)
+    return fit_overheads(dict(zip(scheds, agreed(runs))), scheds, net)
