@@ -1,5 +1,6 @@
 """The offline tools in bench/ that read a run's JSON: they must find what a run holds."""
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -8,7 +9,7 @@ import pytest
 
 from commrt import sim
 from commrt.algorithms.auto import candidates, label
-from commrt.sim import Network
+from commrt.sim import Network, Overhead
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 
@@ -64,6 +65,46 @@ def test_the_hindsight_fit_finds_the_alpha_the_times_were_made_with(tmp_path, ca
         with pytest.raises(SystemExit) as e:
             hs.main([str(bad)])
         assert e.value.code == 2 and f"{bad} is not a JSON" in capsys.readouterr().err
+
+
+def overhead_run(truth: Overhead, probed: Overhead, skew: dict | None = None) -> dict:
+    """A 2 × 2 run whose candidates measured what the model says under ``truth`` (times
+    ``skew[label]``), and whose probe measured ``probed``."""
+    probe = fake_run(1e-3)["probe"] | dataclasses.asdict(probed)
+    net = dataclasses.replace(Network.from_dict(probe), overhead=truth)
+    rows = []
+    for nbytes in (64 << 10, 1 << 20):
+        measured = {
+            label(a): sim.simulate(a, 4, nbytes, net).time_s * (skew or {}).get(label(a), 1.0)
+            for a in candidates(4)
+        }
+        rows.append(dict(nbytes=nbytes, measured=measured | {"auto": 0.0}))
+    return {"probe": probe, "rows": rows}
+
+
+def test_the_hindsight_overheads_find_what_the_times_were_made_with(tmp_path, capsys):
+    hs = load("model_hindsight")
+    truth = Overhead(1.1e-3, 1.7e-3, 2.9e-3)
+    run = overhead_run(truth, Overhead(0.8e-3, 1.2e-3, 3.5e-3))
+    for row in run["rows"]:
+        got, worst, errs = hs.best_overheads(run["probe"], row)
+        assert worst < 0.01 and set(errs) == set(row["measured"]) - {"auto"}
+    assert got.exchange_s == pytest.approx(truth.exchange_s, rel=0.02)  # 64 KiB: all overhead
+    # recursive doubling 1.5× slower: its exchange steps are halving-doubling's and the 2 × 2
+    # torus's too, so no overheads fit all three (the ring's alone, its shift_s would absorb)
+    skewed = overhead_run(truth, truth, {"recursive_doubling": 1.5})
+    _, worst, errs = hs.best_overheads(skewed["probe"], skewed["rows"][0])
+    assert worst > 0.1
+    path = tmp_path / "2-0.json"
+    path.write_text(json.dumps(skewed))
+    assert hs.main(["--overheads", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "shift/exch/multi" in lines[0] and all(len(x) <= 80 for x in lines)
+    # a run whose probe measured no overheads: a usage error that says so
+    path.write_text(json.dumps(fake_run(1e-3)))
+    with pytest.raises(SystemExit) as e:
+        hs.main(["--overheads", str(path)])
+    assert e.value.code == 2 and "measured no per-step overheads" in capsys.readouterr().err
 
 
 def test_the_goal_summary_counts_each_candidates_error_per_layout_and_size():
