@@ -21,6 +21,19 @@ def load(name: str):
     return mod
 
 
+def measured_on(net: Network, skew: dict | None) -> list[dict]:
+    """Rows at 64 KiB and 1 MiB whose 2 × 2 candidates measured what ``net`` says (times
+    ``skew[label]`` where given)."""
+    rows = []
+    for nbytes in (64 << 10, 1 << 20):
+        measured = {
+            label(a): sim.simulate(a, 4, nbytes, net).time_s * (skew or {}).get(label(a), 1.0)
+            for a in candidates(4)
+        }
+        rows.append(dict(nbytes=nbytes, measured=measured | {"auto": 0.0}))
+    return rows
+
+
 def fake_run(alpha: float, skew: dict | None = None) -> dict:
     """A run of auto_vs_candidates.py on 2 × 2 hosts whose every candidate measured what the
     model says at ``alpha`` (times ``skew[label]`` where given)."""
@@ -29,14 +42,7 @@ def fake_run(alpha: float, skew: dict | None = None) -> dict:
         inter_alpha_s=9e-3, inter_beta_s_per_byte=8e-9, gamma_s_per_byte=3e-11,
     )  # fmt: skip
     net = Network.from_probe(alpha, 1e-9, (alpha, 8e-9), 2, 1, 3e-11)
-    rows = []
-    for nbytes in (64 << 10, 1 << 20):
-        measured = {
-            label(a): sim.simulate(a, 4, nbytes, net).time_s * (skew or {}).get(label(a), 1.0)
-            for a in candidates(4)
-        }
-        rows.append(dict(nbytes=nbytes, measured=measured | {"auto": 0.0}))
-    return {"probe": probe, "rows": rows}
+    return {"probe": probe, "rows": measured_on(net, skew)}
 
 
 def test_the_hindsight_fit_finds_the_alpha_the_times_were_made_with(tmp_path, capsys):
@@ -72,14 +78,7 @@ def overhead_run(truth: Overhead, probed: Overhead, skew: dict | None = None) ->
     ``skew[label]``), and whose probe measured ``probed``."""
     probe = fake_run(1e-3)["probe"] | dataclasses.asdict(probed)
     net = dataclasses.replace(Network.from_dict(probe), overhead=truth)
-    rows = []
-    for nbytes in (64 << 10, 1 << 20):
-        measured = {
-            label(a): sim.simulate(a, 4, nbytes, net).time_s * (skew or {}).get(label(a), 1.0)
-            for a in candidates(4)
-        }
-        rows.append(dict(nbytes=nbytes, measured=measured | {"auto": 0.0}))
-    return {"probe": probe, "rows": rows}
+    return {"probe": probe, "rows": measured_on(net, skew)}
 
 
 def test_the_hindsight_overheads_find_what_the_times_were_made_with(tmp_path, capsys):
