@@ -60,7 +60,14 @@ import torch
 from commrt.schedule import Schedule
 from commrt.sim import Network, Overhead, simulate
 
-__all__ = ["CALIBRATION_BYTES", "agreed", "time_runs", "calibration_schedules", "fit_overheads"]
+__all__ = [
+    "CALIBRATION_BYTES",
+    "agreed",
+    "time_runs",
+    "calibration_schedules",
+    "calibration_times",
+    "fit_overheads",
+]
 
 #: the all-reduce size the overheads are timed at
 CALIBRATION_BYTES = 32 << 10
@@ -150,8 +157,9 @@ def fit_overheads(times: dict[str, float], scheds: dict[str, Schedule], net: Net
     return Overhead(sh, ex, multi)
 
 
-def measure_overheads(comm, net: Network, repeats: int) -> Overhead:
-    """Time the calibration schedules on ``comm`` and fit (collective; module doc)."""
+def calibration_times(comm, repeats: int) -> tuple[dict[str, Schedule], dict[str, float]]:
+    """Time the calibration schedules on ``comm``: ``({kind: schedule}, {kind: seconds per
+    call})``, agreed on every rank (collective; module doc)."""
     from commrt.rows import gather
 
     scheds = calibration_schedules(comm.world_size)
@@ -163,4 +171,10 @@ def measure_overheads(comm, net: Network, repeats: int) -> Overhead:
     ]
     table = np.asarray(gather(comm, mine), dtype=np.float64)
     runs = table.reshape(len(table), len(scheds), repeats)
-    return fit_overheads(dict(zip(scheds, agreed(runs))), scheds, net)
+    return scheds, dict(zip(scheds, agreed(runs)))
+
+
+def measure_overheads(comm, net: Network, repeats: int) -> Overhead:
+    """Time the calibration schedules on ``comm`` and fit (collective; module doc)."""
+    scheds, times = calibration_times(comm, repeats)
+    return fit_overheads(times, scheds, net)

@@ -113,3 +113,20 @@ def test_the_goal_summary_counts_each_candidates_error_per_layout_and_size():
     table = goal.error_summary(runs).splitlines()
     assert table[2] == "| 2 × 2 | 64 KiB | 2 of 4 | 20% |"  # |error| 0.05, 0.1, 0.3, 0.5
     assert table[-1].startswith("| 2 × 2 | 64 MiB | 2 of 4 |") and len(table) == 6
+
+
+def test_the_calibration_spread_times_the_probes_calibration_again_and_again(capsys):
+    from mp import mpiexec
+
+    out = mpiexec(4, "../../bench/calibration_spread.py", "--backend", "mpi", "--times", "2",
+                  "--repeats", "1", timeout=120).stdout.splitlines()  # fmt: skip
+    assert out[0] == "# 4 ranks, mpi: ms per call of each calibration"
+    assert [line.split()[0] for line in out[1:]] == ["1", "2", "kind", "exchange", "shift", "multi"]
+    assert all(len(line) <= 80 for line in out)
+    for line in out[-3:]:  # min ≤ median ≤ max, max/min ≥ 1
+        lo, mid, hi, ratio = map(float, line.split()[1:])
+        assert 0 < lo <= mid <= hi and ratio >= 1
+    spread = load("calibration_spread")
+    with pytest.raises(SystemExit) as e:
+        spread.main(["--times", "1"])
+    assert e.value.code == 2 and "--times must be at least 2" in capsys.readouterr().err
