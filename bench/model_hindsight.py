@@ -40,11 +40,19 @@ from commrt.sim import Network, Overhead
 ALPHAS = np.linspace(1e-4, 12e-3, 120)
 
 
-def best_alpha(probe: dict, row: dict) -> tuple[float, float, dict]:
-    """(α, worst |error|, errors by candidate) at the α whose worst |error| is least."""
+def errors_on(probe: dict, row: dict):
+    """A function of a :class:`Network`: each measured candidate's error on it, as a dict."""
     p, nbytes = probe["world_size"], row["nbytes"]
     measured = {k: v for k, v in row["measured"].items() if k != "auto"}
     algs = [a for a in candidates(p) if label(a) in measured]
+    return lambda net: {
+        label(a): sim.simulate(a, p, nbytes, net).time_s / measured[label(a)] - 1 for a in algs
+    }
+
+
+def best_alpha(probe: dict, row: dict) -> tuple[float, float, dict]:
+    """(α, worst |error|, errors by candidate) at the α whose worst |error| is least."""
+    errors = errors_on(probe, row)
     best = None
     for alpha in ALPHAS:
         net = Network.from_probe(
@@ -55,9 +63,7 @@ def best_alpha(probe: dict, row: dict) -> tuple[float, float, dict]:
             nics_per_node=probe.get("nics_per_node", 1),
             gamma_s_per_byte=probe.get("gamma_s_per_byte", 0.0),
         )
-        errs = {
-            label(a): sim.simulate(a, p, nbytes, net).time_s / measured[label(a)] - 1 for a in algs
-        }
+        errs = errors(net)
         worst = max(abs(e) for e in errs.values())
         if best is None or worst < best[1]:
             best = (float(alpha), worst, errs)
@@ -74,15 +80,10 @@ def best_overheads(probe: dict, row: dict) -> tuple[Overhead, float, dict]:
     net = Network.from_dict(probe)
     if net.overhead is None:
         raise ValueError("its probe measured no per-step overheads")
-    p, nbytes = probe["world_size"], row["nbytes"]
-    measured = {k: v for k, v in row["measured"].items() if k != "auto"}
-    algs = [a for a in candidates(p) if label(a) in measured]
+    on_net = errors_on(probe, row)
 
     def errors(x) -> dict:
-        on = dataclasses.replace(net, overhead=Overhead(*x))
-        return {
-            label(a): sim.simulate(a, p, nbytes, on).time_s / measured[label(a)] - 1 for a in algs
-        }
+        return on_net(dataclasses.replace(net, overhead=Overhead(*x)))
 
     def worst(x) -> float:
         return max(abs(e) for e in errors(x).values())
@@ -91,16 +92,23 @@ def best_overheads(probe: dict, row: dict) -> tuple[Overhead, float, dict]:
     best = worst(x)
     for factors in _SEARCH:
         for _ in range(3):  # passes over the three until none moves
-            moved = False
-            for i in range(3):
-                for f in factors:
-                    y = x[:i] + [x[i] * f] + x[i + 1 :]
-                    w = worst(y)
-                    if w < best - 1e-12:
-                        x, best, moved = y, w, True
-            if not moved:
+            x, better = _search_pass(worst, x, best, factors)
+            if better == best:
                 break
+            best = better
     return Overhead(*x), best, errors(x)
+
+
+def _search_pass(worst, x: list, best: float, factors) -> tuple[list, float]:
+    """One pass over each coordinate of ``x``: the point and its ``worst`` after moving each
+    to its best multiple in ``factors`` (kept where none beats ``best``)."""
+    for i in range(len(x)):
+        for f in factors:
+            y = x[:i] + [x[i] * f] + x[i + 1 :]
+            w = worst(y)
+            if w < best - 1e-12:
+                x, best = y, w
+    return x, best
 
 
 def _report(probe: dict, row: dict, overheads: bool) -> str:

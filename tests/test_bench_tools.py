@@ -92,7 +92,7 @@ def test_the_hindsight_overheads_find_what_the_times_were_made_with(tmp_path, ca
     # recursive doubling 1.5× slower: its exchange steps are halving-doubling's and the 2 × 2
     # torus's too, so no overheads fit all three (the ring's alone, its shift_s would absorb)
     skewed = overhead_run(truth, truth, {"recursive_doubling": 1.5})
-    _, worst, errs = hs.best_overheads(skewed["probe"], skewed["rows"][0])
+    _, worst, _ = hs.best_overheads(skewed["probe"], skewed["rows"][0])
     assert worst > 0.1
     path = tmp_path / "2-0.json"
     path.write_text(json.dumps(skewed))
