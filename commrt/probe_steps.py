@@ -70,21 +70,18 @@ __all__ = [
 ]
 
 #: the all-reduce size the overheads are timed at
-CALIBRATION_BYTES = 64 << 10
-# Steps per timed run, and untimed steps before it: the first calls after a barrier find
-# every rank awake and in step. At 2 × 2 a 32 KiB ring's call took 2.7 ms alone after the
-# barrier, 4.2 in runs of 4, 6.4–6.8 in runs of 16 or 48 (the pace of a stream of
-# calls, a training loop's buckets); a recursive doubling's 1.2, 1.5, 1.9–2.2.
-_RUN_STEPS = 160
-_LEAD_STEPS = 24
+CALIBRATION_BYTES = 32 << 10
+# Steps per timed run: one short call right after a barrier finds every rank awake and
+# measured a recursive doubling at a quarter of its time in a training loop's calls.
+_RUN_STEPS = 40
 _SEGMENTS = 16  # most of its steps have several messages: the kind it measures
 
 
 def time_runs(
-    comm, sched: Schedule, buf: torch.Tensor, repeats: int, calls: int = 1, lead: int = 0
+    comm, sched: Schedule, buf: torch.Tensor, repeats: int, calls: int = 1
 ) -> list[float]:
     """Seconds per step of each of ``repeats`` barrier-aligned runs of ``calls`` back-to-back
-    calls of ``sched`` (after one warm-up call), each after ``lead`` untimed calls."""
+    calls of ``sched`` (after one warm-up call)."""
     run = comm.executor.run
     # waits as commrt.all_reduce waits, so α is the latency it sees
     kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes, spin_s=comm.spin_s)
@@ -92,8 +89,6 @@ def time_runs(
     times = []
     for _ in range(repeats):
         comm.barrier()
-        for _ in range(lead):
-            run(sched, buf, comm.transport, **kw)
         t0 = time.perf_counter()
         for _ in range(calls):
             run(sched, buf, comm.transport, **kw)
@@ -162,11 +157,6 @@ def fit_overheads(times: dict[str, float], scheds: dict[str, Schedule], net: Net
     return Overhead(sh, ex, multi)
 
 
-def _run_calls(steps: int) -> tuple[int, int]:
-    """(timed calls, untimed lead-in calls) per run of a schedule of ``steps`` steps."""
-    return max(1, _RUN_STEPS // steps), max(1, _LEAD_STEPS // steps)
-
-
 def calibration_times(comm, repeats: int) -> tuple[dict[str, Schedule], dict[str, float]]:
     """Time the calibration schedules on ``comm``: ``({kind: schedule}, {kind: seconds per
     call})``, agreed on every rank (collective; module doc)."""
@@ -177,7 +167,7 @@ def calibration_times(comm, repeats: int) -> tuple[dict[str, Schedule], dict[str
     mine = [
         t * s.num_steps
         for s in scheds.values()
-        for t in time_runs(comm, s, buf, repeats, *_run_calls(s.num_steps))
+        for t in time_runs(comm, s, buf, repeats, max(1, _RUN_STEPS // s.num_steps))
     ]
     table = np.asarray(gather(comm, mine), dtype=np.float64)
     runs = table.reshape(len(table), len(scheds), repeats)
