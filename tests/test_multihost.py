@@ -92,10 +92,11 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
     assert all(isinstance(pr[k], float) and pr[k] > 0 for k in ("shift_s", "exchange_s")), pr
     assert reports[0]["overhead"] == repr(Overhead(pr["shift_s"], pr["exchange_s"], pr["multi_s"]))
 
-    # auto's choice on the two-tier network is the fastest measured candidate, or within 10% of it
+    # auto's choice on the two-tier network is the fastest measured candidate, or within 10% of
+    # it, paired by round (bench/auto_vs_candidates.py's verdict): unpaired medians of 5 runs
+    # put the model's own choice at 1.107x once in CI, from the machine's noise alone
     for size, t in (reports[0]["timing"] or {}).items():
-        best = min(t["measured"].values())
-        assert t["measured"][t["choice"]] <= 1.1 * best, (size, t)
+        assert t["over_fastest"][t["choice"]] <= 1.1, (size, t)
         assert all(r["timing"][size]["choice"] == t["choice"] for r in reports)
 
 
