@@ -94,6 +94,14 @@ def test_a_rate_or_size_must_be_a_finite_positive_number(flag, capsys):
         assert flag in line and ("finite number above 0" in line or "give a number" in line)
 
 
+def test_a_bucket_cap_under_one_byte_is_a_parse_error(capsys):
+    """--bucket-mb 1e-9 started the ranks, which all died of "bucket sizes must be
+    positive" (its cap came to 0 bytes; found in a new-user trial)."""
+    line = _error(["train", "--bucket-mb", "1e-9"], capsys)
+    assert "--bucket-mb" in line and "less than one byte" in line and "9.5e-07" in line
+    assert _options(["train", "--bucket-mb", "1e-6"]).bucket_mb == 1e-6
+
+
 @pytest.mark.parametrize("flag", ["--compute-ms", "--delay-ms"])
 def test_simulate_times_must_be_finite_and_not_negative(flag, capsys):
     """--compute-ms nan ended in the simulator's ValueError traceback (new-user trial)."""

@@ -189,6 +189,11 @@ def test_usage_errors():
         model = Deep()
         with pytest.raises(ValueError, match="bucket_mb must be a positive"):
             commrt.GradientSync(model, comm, bucket_mb=0)
+        for bad in (float("inf"), float("nan"), True, "1"):
+            with pytest.raises(ValueError, match="first_bucket_mb must be a positive"):
+                commrt.GradientSync(model, comm, first_bucket_mb=bad)
+        with pytest.raises(ValueError, match="bucket_mb is less than one byte.*got 1e-09"):
+            commrt.GradientSync(model, comm, bucket_mb=1e-9)  # came to 0 bytes: a vague error
         with pytest.raises(ValueError, match="comm_dtype must be one of"):
             commrt.GradientSync(model, comm, comm_dtype=torch.int32)
         with pytest.raises(ValueError, match="unused must be 'zeros' or 'error'"):

@@ -27,7 +27,14 @@ import torch
 from commrt import __version__
 from commrt.cli import launch as launcher
 from commrt.cli.train_args import algorithm_names, check_train, unknown_algorithm
-from commrt.cli.units import DTYPES, positive_int, positive_number, positive_seconds, size_list
+from commrt.cli.units import (
+    DTYPES,
+    bucket_mb,
+    positive_int,
+    positive_number,
+    positive_seconds,
+    size_list,
+)
 
 __all__ = ["main", "build_parser", "check_train", "DTYPES"]
 
@@ -232,7 +239,7 @@ def _add_train(sub) -> None:
     )
     tr.add_argument("--lr", type=positive_number, default=0.05)
     mb_help = "bucket cap (the model is ~85K parameters)"
-    tr.add_argument("--bucket-mb", type=positive_number, default=0.1, help=mb_help)
+    tr.add_argument("--bucket-mb", type=bucket_mb, default=0.1, help=mb_help)
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(run=cmd_train, parser=tr)

@@ -73,6 +73,17 @@ def positive_number(text: str) -> float:
     return _finite(text, 0.0, inclusive=False)
 
 
+def bucket_mb(text: str) -> float:
+    """argparse type: a bucket cap in MB, as :class:`commrt.GradientSync` takes it."""
+    from commrt.sync.config import bucket_mb_problem  # lazy: it imports torch
+
+    v = positive_number(text)
+    problem = bucket_mb_problem(v)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text} MB {problem}")
+    return v
+
+
 def non_negative_number(text: str) -> float:
     """argparse type: a finite number, 0 or more (milliseconds of compute or delay)."""
     return _finite(text, 0.0, inclusive=True)

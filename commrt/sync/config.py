@@ -15,6 +15,7 @@ import torch
 from commrt.algorithms import Algorithm, resolve
 from commrt.comm import Communicator
 from commrt.kernels import SUPPORTED_DTYPES
+from commrt.sync.buckets import MB
 from commrt.sync.unused import Unused
 
 
@@ -60,8 +61,9 @@ class SyncConfig:
             )
         comm.check_open()
         for name, v in (("bucket_mb", bucket_mb), ("first_bucket_mb", first_bucket_mb)):
-            if not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{name} must be a positive number of MB, got {v!r}")
+            problem = bucket_mb_problem(v)
+            if problem:
+                raise ValueError(f"{name} {problem}, got {v!r}")
         try:
             unused = Unused(unused) if not isinstance(unused, Unused) else unused
         except ValueError:
@@ -77,6 +79,16 @@ class SyncConfig:
             bool(broadcast_init),
             bool(broadcast_buffers),
         )
+
+
+def bucket_mb_problem(v) -> str | None:
+    """Why ``v`` MB is not a usable bucket cap, or None: it must be a finite number that
+    comes to at least one byte (a cap below one parameter's bytes gives it its own bucket)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        return "must be a positive number of MB"
+    if int(v * MB) < 1:
+        return f"is less than one byte (1 MB = 2**20 bytes); give at least {1 / MB:.2g}"
+    return None
 
 
 def trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
