@@ -27,6 +27,7 @@ from commrt.errors import CommError, CommTimeoutError
 from commrt.launch import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
 from commrt.rendezvous import _mpi_world
 from commrt.rendezvous import tcp_store as _tcp_store
+from commrt.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -280,11 +281,7 @@ class Communicator:
 def _spin_s(local_size: int | None) -> float:
     """:data:`SPIN_S` if ``local_size`` ranks fit on this process's cores, else 0 (also when
     unknown)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return SPIN_S if local_size is not None and local_size <= cores else 0.0
+    return SPIN_S if local_size is not None and local_size <= usable_cores() else 0.0
 
 
 def _resolve_backend(backend: "str | Backend", launch: LaunchInfo) -> Backend:
@@ -439,6 +436,8 @@ def init(
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     be = _resolve_backend(backend, launch)
+    if world_size > 1:
+        fit_torch_threads(launch.local_size)  # as torchrun would have (commrt.threads)
 
     if rejoining():
         transport = _rejoined(be, rank, world_size)
