@@ -110,6 +110,27 @@ def test_simulate_times_must_be_finite_and_not_negative(flag, capsys):
         assert flag in line and "finite number of 0 or more" in line, line
 
 
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("flat:5,0", "gbytes_per_s must be positive"),
+        ("flat:-1,5", "alpha_us must be non-negative"),
+        ("pyproject.toml", "is not a network file (Expecting value"),
+        ("{}", "is not a network file (a network file needs"),
+    ],
+)
+def test_simulate_a_bad_network_is_one_line_not_a_traceback(spec, says, tmp_path):
+    """--network flat:5,0 and a JSON file that is not a network ended in tracebacks."""
+    if spec == "{}":
+        spec = str(tmp_path / "empty.json")
+        (tmp_path / "empty.json").write_text("{}")
+    elif spec == "pyproject.toml":
+        spec = str(REPO / spec)
+    with pytest.raises(SystemExit) as e:
+        main(["simulate", "--max-p", "8", "--no-plots", "--network", spec])
+    assert str(e.value).startswith(f"commrt simulate: --network {spec}") and says in str(e.value)
+
+
 # ------------------------------------------------------ 2. batches that do not split
 
 

@@ -86,6 +86,17 @@ def test_simulate_fits_80_columns_and_writes_json(tmp_path):
     assert [r["p"] for r in report["control"]["rows"]] == [1 << k for k in range(2, 13)]
 
 
+def test_simulate_where_the_pipelined_torus_wins_fits_80_columns():
+    """At p=16 on the h100 preset the fastest above 64 MiB is
+    torus2d_pipelined(2x8,s16,ring): the size table ran to 85 columns (new-user trial)."""
+    argv = [*COMMRT, "simulate", "--max-p", "8", "--at-p", "16", "--samples", "10"]
+    rc, out = _run_in_pty([*argv, "--no-plots"])
+    assert rc == 0, out[-3000:]
+    lines = _fits(out)
+    assert "# auto's choice: tp = torus2d_pipelined" in lines
+    assert any(ln.startswith("   1 GiB") and ln.endswith("tp(2x8,s16,ring)") for ln in lines)
+
+
 def test_the_launchers_tolerated_failure_lines_fit_80_columns():
     lines = tolerated_lines([0, 0, 0, -9], 1)
     assert lines[0] == "commrt: rank 3 was killed by SIGKILL; the other ranks carried on"

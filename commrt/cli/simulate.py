@@ -179,10 +179,18 @@ def network_from_args(args) -> sim.Network:
             raise SystemExit(
                 f"commrt simulate: --network flat:ALPHA_US,GBPS, got {spec!r}"
             ) from None
-        link = sim.Link.from_bandwidth(a, bw)
+        try:
+            link = sim.Link.from_bandwidth(a, bw)
+        except ValueError as e:
+            raise SystemExit(f"commrt simulate: --network {spec}: {e}") from None
         net = sim.Network(link, link, 1, 1, spec)
     elif os.path.exists(spec):
-        net = sim.Network.load(spec)
+        try:
+            net = sim.Network.load(spec)
+        except (ValueError, TypeError, KeyError) as e:  # json's errors are ValueErrors
+            raise SystemExit(
+                f"commrt simulate: --network {spec} is not a network file ({e})"
+            ) from None
     else:
         raise SystemExit(
             f"commrt simulate: --network must be h100, flat:ALPHA_US,GBPS or a "

@@ -245,7 +245,7 @@ def vs_size_rows(
 
 def vs_size_line(nbytes: int, times: dict, fastest: str) -> str:
     cells = "".join(f"{_fmt_time(t):>11}" for t in times.values())
-    return f"{fmt_bytes(nbytes):>8}{cells}  {fastest}"
+    return f"{fmt_bytes(nbytes):>8}{cells}  {choice(fastest)}"
 
 
 def crossover_lines(sizes: Sequence[int], crossovers: dict) -> list[str]:
@@ -263,6 +263,7 @@ def vs_size_section(sw: Sweeper, names: Sequence[str], p: int, out) -> dict:
     header = [
         f"\n## time vs message size at p={p}",
         *legend(names),
+        *([CHOICE_LEGEND] if "auto" in names or "torus2d_pipelined" in names else []),
         f"{'size':>8}" + "".join(f"{short(n):>11}" for n in names) + "  fastest",
     ]
     rows = stream(out, header, vs_size_rows(sw, names, p, sizes), lambda row: vs_size_line(*row))
