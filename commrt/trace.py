@@ -137,14 +137,26 @@ class Tracer:
         return path
 
 
+def _trace_events(path) -> list[dict]:
+    """The events of one Chrome trace file (an object with ``traceEvents``, or a bare list);
+    ``ValueError`` naming the file if it is not one."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{os.fspath(path)} is not a trace: not JSON ({e})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ValueError(f"{os.fspath(path)} is not a trace: no traceEvents list")
+    return events
+
+
 def merge_traces(paths: Iterable[str | os.PathLike], out: str | os.PathLike) -> str:
     """Merge per-rank trace files into one (each rank stays its own process row)."""
     events: list[dict] = []
     n = 0
     for p in paths:
-        with open(p) as f:
-            data = json.load(f)
-        events += data["traceEvents"] if isinstance(data, dict) else data
+        events += _trace_events(p)
         n += 1
     if not n:
         raise ValueError("merge_traces needs at least one trace file")

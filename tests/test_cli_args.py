@@ -131,6 +131,19 @@ def test_simulate_a_bad_network_is_one_line_not_a_traceback(spec, says, tmp_path
     assert str(e.value).startswith(f"commrt simulate: --network {spec}") and says in str(e.value)
 
 
+def test_trace_merge_of_a_file_that_is_not_a_trace_says_which(tmp_path, capsys):
+    """commrt trace merge README.md ended in a JSONDecodeError traceback (new-user trial)."""
+    good = tmp_path / "r0.json"
+    good.write_text('{"traceEvents": []}')
+    (tmp_path / "obj.json").write_text('{"a": 1}')
+    out = tmp_path / "merged.json"
+    for bad, says in ((REPO / "README.md", "not JSON"), (tmp_path / "obj.json", "traceEvents")):
+        assert main(["trace", "merge", "-o", str(out), str(good), str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert f"{bad} is not a trace" in err and says in err, err
+    assert not out.exists()  # nothing half-written
+
+
 # ------------------------------------------------------ 2. batches that do not split
 
 

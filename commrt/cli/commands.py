@@ -324,7 +324,12 @@ def cmd_trace_merge(args) -> int:
     if missing:
         print(f"commrt trace merge: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
-    print(f"merged {len(args.inputs)} traces into {merge_traces(args.inputs, args.output)}")
+    try:
+        out = merge_traces(args.inputs, args.output)
+    except ValueError as e:
+        print(f"commrt trace merge: {e}", file=sys.stderr)
+        return 2
+    print(f"merged {len(args.inputs)} traces into {out}")
     return 0
 
 
