@@ -124,6 +124,8 @@ class Communicator:
         self.piece_bytes = int(piece_bytes)
         self.debug = bool(debug)
         self.spin_s = _spin_s(launch.local_size)
+        if self.world_size > 1:  # as torchrun would have (commrt.threads)
+            fit_torch_threads(launch.local_size)
         self.lock = threading.RLock()
         #: what other modules derive once per communicator (a probed network, auto's choices)
         self.slots = CommSlots()
@@ -436,8 +438,6 @@ def init(
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     be = _resolve_backend(backend, launch)
-    if world_size > 1:
-        fit_torch_threads(launch.local_size)  # as torchrun would have (commrt.threads)
 
     if rejoining():
         transport = _rejoined(be, rank, world_size)

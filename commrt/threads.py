@@ -13,12 +13,15 @@ ranks and 71 ms on 4 (recursive doubling 44 ms); with one thread each,
 
 torchrun and ``commrt train`` set ``OMP_NUM_THREADS`` before the ranks
 start, so they never meet this; a launch by hand, a batch script or an
-MPI whose processes get every core can. So :func:`commrt.init` does what
-torchrun does, after the fact: where the launcher says how many ranks
-share the node (``LOCAL_WORLD_SIZE``, MPI's local size) and nobody set
-``OMP_NUM_THREADS``, it gives each rank ``max(1, C // L)`` threads and
-warns once, saying so. Set ``OMP_NUM_THREADS`` (to any value) to keep
-your own.
+MPI whose processes get every core can. So every
+:class:`~commrt.Communicator` (``commrt.init()`` and the ``"commrt"``
+torch.distributed backend) does what torchrun does, after the fact: where
+the launcher says how many ranks share the node (``LOCAL_WORLD_SIZE``,
+MPI's local size) and nobody set ``OMP_NUM_THREADS``, it gives each rank
+``max(1, C // L)`` threads and warns once, saying so. Set
+``OMP_NUM_THREADS`` (to any value) to keep your own. Where the launcher
+does not say (``torch.multiprocessing.spawn`` with ``rank=`` and
+``world_size=``), nothing changes: set it yourself.
 """
 
 from __future__ import annotations

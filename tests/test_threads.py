@@ -48,10 +48,12 @@ def _lines(out: str) -> dict[int, tuple[int, int, int]]:
     return {int(r): (int(h), int(n), int(w)) for r, h, n, w in found}
 
 
-def test_a_launch_by_hand_gets_one_thread_share_per_rank_and_one_warning():
+@pytest.mark.parametrize("how", ["init", "dist"])
+def test_a_launch_by_hand_gets_one_thread_share_per_rank_and_one_warning(how):
     """Ranks started with RANK/WORLD_SIZE/LOCAL_WORLD_SIZE only (no OMP_NUM_THREADS, as a
-    batch script might) ran a 1 MiB all-reduce 8-15x slower with a thread per core each."""
-    codes, outs = gloo_ranks(2, "threads_worker.py", drop_env=("OMP_NUM_THREADS",))
+    batch script might) ran a 1 MiB all-reduce 8-15x slower with a thread per core each;
+    through commrt.init and through init_process_group("commrt") alike."""
+    codes, outs = gloo_ranks(2, "threads_worker.py", how, drop_env=("OMP_NUM_THREADS",))
     assert codes == [0, 0], outs
     got = _lines("".join(outs))
     assert sorted(got) == [0, 1], outs
@@ -62,7 +64,7 @@ def test_a_launch_by_hand_gets_one_thread_share_per_rank_and_one_warning():
 
 
 def test_omp_num_threads_set_keeps_the_users_threads():
-    codes, outs = gloo_ranks(2, "threads_worker.py")  # its OMP_NUM_THREADS=1
+    codes, outs = gloo_ranks(2, "threads_worker.py", "init")  # its OMP_NUM_THREADS=1
     assert codes == [0, 0], outs
     for had, now, warned in _lines("".join(outs)).values():
         assert (now, warned) == (had, 0), outs
