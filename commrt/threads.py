@@ -32,7 +32,7 @@ from typing import Mapping
 
 import torch
 
-__all__ = ["threads_for", "fit_torch_threads"]
+__all__ = ["threads_for", "usable_cores", "fit_torch_threads"]
 
 
 def threads_for(local_size: int | None, threads: int, cores: int) -> int | None:
