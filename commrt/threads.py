@@ -66,7 +66,7 @@ def fit_torch_threads(local_size: int | None, env: Mapping[str, str] | None = No
     warnings.warn(
         f"commrt: {local_size} ranks share this node's {cores} cores and each had {had} torch "
         f"threads; set to {n} (idle threads spin on the cores a peer needs: a 1 MiB all-reduce "
-        f"ran up to 15x slower). Set OMP_NUM_THREADS to choose yourself, as torchrun does.",
+        f"ran 8-20x slower on 2 cores). Set OMP_NUM_THREADS to choose yourself, as torchrun does.",
         RuntimeWarning,
         stacklevel=3,
     )
