@@ -28,7 +28,12 @@ RUN_BACKEND = os.environ["BACKEND"]
 if GATES:
     os.environ["BACKEND"] = GATES
 os.environ.setdefault("WORLD_SIZE", "2")
-os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="commrt-conformance-"))
+if "TEMP_DIR" not in os.environ:
+    # setdefault(..., mkdtemp()) made a directory on every run, the test's TEMP_DIR given
+    # or not, and left it behind; this one goes when the runner exits (the forked ranks
+    # leave through os._exit and do not remove it under the others)
+    _SCRATCH = tempfile.TemporaryDirectory(prefix="commrt-conformance-")
+    os.environ["TEMP_DIR"] = _SCRATCH.name
 
 import torch  # noqa: E402
 from torch.testing._internal.common_distributed import DistTestCases  # noqa: E402
