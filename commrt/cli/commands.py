@@ -421,6 +421,15 @@ def _negative_values(argv: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``commrt`` command; a Ctrl-C ends it with status 130 and one line, not a
+    traceback per rank (:func:`commrt.cli.launch.interrupted`)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return launcher.interrupted()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     argv = _negative_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -6,7 +6,9 @@ the torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT) set. If any rank fails, the others are stopped,
 the last lines name the rank that died (by which signal), stopped or
 failed, and its exit code is returned: a crashed worker never leaves the
-rest hanging.
+rest hanging. A Ctrl-C reaches the launcher and every rank (the terminal
+sends it to the whole process group): the launcher alone answers it, with
+one line and status 130, and no rank prints a traceback (:func:`interrupted`).
 
 Every rank runs on this machine, so the job listens on loopback only: the
 stores bind 127.0.0.1 (:func:`commrt.store.serve`) and gloo gets
@@ -30,17 +32,26 @@ process finished well.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Sequence
 
 #: set in the children so they know not to launch again
 CHILD_ENV = "COMMRT_LAUNCHED"
+#: how a rank starts under mpiexec, which passes a Ctrl-C on to the ranks as SIGINT: it
+#: ends the rank at once and quietly (see interrupted()), even in the middle of
+#: ``import torch``, where a KeyboardInterrupt would print a traceback per rank
+_QUIET_CTRL_C = (
+    "import os, signal; signal.signal(signal.SIGINT, lambda *_: os._exit(130)); "
+    "import runpy; runpy.run_module('commrt', run_name='__main__', alter_sys=True)"
+)
 #: when the launcher started (time.time() seconds), so that a rank can say how long
 #: the start-up took from the user's point of view
 LAUNCHED_AT_ENV = "COMMRT_LAUNCHED_AT"
@@ -121,6 +132,7 @@ def launch(
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     cmd = [sys.executable, "-m", "commrt", *argv]
+    mpi_cmd = [sys.executable, "-c", _QUIET_CTRL_C, *argv]
     env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
     env.setdefault(LAUNCHED_AT_ENV, repr(process_started_at()))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -144,8 +156,11 @@ def launch(
                 "brings it), or use --backend gloo"
             )
         keep_going = ["-disable-auto-cleanup"] if tolerate else []
-        procs = [subprocess.Popen([exe, *keep_going, "-n", str(nproc), *cmd], env=env)]
-        return _supervise(procs, timeout, ranks_known=False)  # mpiexec names failed ranks itself
+        procs = [subprocess.Popen([exe, *keep_going, "-n", str(nproc), *mpi_cmd], env=env)]
+        # mpiexec names failed ranks itself, and passes a Ctrl-C on to the ranks: they leave
+        # with 130 (interrupted()) and it follows, unless a SIGTERM from us comes first and
+        # makes it print its "BAD TERMINATION" banner
+        return _supervise(procs, timeout, ranks_known=False, interrupt_grace_s=3.0)
     else:
         env.update(
             MASTER_ADDR="127.0.0.1",
@@ -159,7 +174,8 @@ def launch(
         def start(r: int, **more) -> subprocess.Popen:
             out = subprocess.DEVNULL if (quiet_workers and r) else None
             rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r), **more)
-            return subprocess.Popen(cmd, env=rank_env, stdout=out)
+            with _deaf_to_ctrl_c():
+                return subprocess.Popen(cmd, env=rank_env, stdout=out)
 
         procs = [start(r) for r in range(nproc)]
     replace = Replacements(start, restarts) if restarts else None
@@ -196,6 +212,7 @@ def _supervise(
     ranks_known: bool = True,
     tolerate: int = 0,
     replace: Replacements | None = None,
+    interrupt_grace_s: float = 0.0,
 ) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
@@ -231,8 +248,27 @@ def _supervise(
                 return 124
             time.sleep(0.05)
     except KeyboardInterrupt:
-        _stop(procs)
+        _stop(procs, grace_s=interrupt_grace_s)
+        print("\ncommrt: interrupted; stopped the job", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def _deaf_to_ctrl_c():
+    """Processes started inside ignore SIGINT for life: an ignored signal stays ignored
+    across exec, and Python then sets up no KeyboardInterrupt. The terminal sends a
+    Ctrl-C to the whole process group; the launcher alone answers it (SIGTERM to the
+    ranks, which end without a word) instead of each rank printing a traceback from
+    wherever it was, ``import torch`` included. (A Ctrl-C in the moment of a start is
+    lost; the next one works.)"""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def tolerated_lines(codes: list[int | None], tolerate: int) -> list[str]:
@@ -292,7 +328,29 @@ def _signame(num: int) -> str:
         return f"signal {num}"
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def interrupted() -> int:
+    """What the command does on a Ctrl-C: one line and 130, the shell's status for it.
+    A rank leaves at once (``os._exit``: an exit handler such as ``MPI_Finalize`` could
+    wait on peers that are leaving too); this launcher's own ranks leave the line to it
+    (:func:`_supervise`), as a line per rank would bury it."""
+    sys.stdout.flush()
+    if not os.environ.get(CHILD_ENV):
+        print("\ncommrt: interrupted", file=sys.stderr, flush=True)
+    if already_launched():
+        sys.stderr.flush()
+        os._exit(130)
+    return 130
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = 0.0) -> None:
+    """Stop every process still running: those that do not exit within ``grace_s`` by
+    themselves get SIGTERM, and 5 s later SIGKILL."""
+    end = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)

@@ -1,0 +1,76 @@
+"""A Ctrl-C on ``commrt train``: every process of the job ends, promptly, status 130, with
+one line from the launcher and no traceback from the ranks (which the terminal's Ctrl-C
+reaches as well: it goes to the whole foreground process group)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from commrt.cli.launch import mpiexec_path
+
+
+def _ctrl_c(backend: str, marker: str, after_s: float):
+    """Start ``commrt train`` as a terminal would (its own process group, SIGINT not
+    ignored), wait for a stdout line starting with ``marker``, then ``after_s`` seconds,
+    and send SIGINT to the group. Returns (status, stdout, stderr, seconds to end, the
+    group's processes left a second later)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "RANK", "WORLD_SIZE")}
+    cmd = [sys.executable, "-m", "commrt", "train", "--backend", backend, "--epochs", "300"]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+        # a background job of a non-interactive shell ignores SIGINT, and so would we
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        seen = []
+        while not (seen and seen[-1].startswith(marker)):
+            line = proc.stdout.readline()
+            assert line, f"ended before {marker!r}: {''.join(seen)}{proc.stderr.read()[-2000:]}"
+            seen.append(line)
+        time.sleep(after_s)
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, "".join(seen) + out, err, took, left.stdout.split()
+
+
+@pytest.mark.parametrize(
+    "backend,marker,after_s",
+    [
+        ("gloo", "starting 2 ranks", 1.0),  # the ranks are importing torch
+        ("gloo", "epoch 1/300", 0.3),  # mid-step: in the backward's hooks or a wait
+        *(
+            pytest.param(
+                "mpi",
+                marker,
+                after_s,
+                marks=pytest.mark.skipif(mpiexec_path() is None, reason="needs mpiexec"),
+            )
+            # mpiexec passes the Ctrl-C on to ranks that are importing torch, or training
+            for marker, after_s in (("starting 2 ranks", 0.3), ("epoch 1/300", 0.3))
+        ),
+    ],
+)
+def test_ctrl_c_ends_the_job_with_one_line(backend, marker, after_s):
+    code, out, err, took, left = _ctrl_c(backend, marker, after_s)
+    assert code == 130, (out[-1000:], err[-3000:])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "BAD TERMINATION" not in out + err, (out + err)[-3000:]
+    assert err.strip().splitlines()[-1:] == ["commrt: interrupted; stopped the job"], err[-2000:]
+    assert took < 15, took
+    assert left == [], f"processes of the job still running: {left}"
