@@ -250,6 +250,14 @@ def test_a_negative_kill_rank_gets_the_range_message(argv, capsys):
     assert "expected one argument" not in line
 
 
+@pytest.mark.parametrize(
+    "argv", [["bench", "allreduce"], ["bench", "kernels"], ["simulate"], ["probe"]]
+)
+def test_a_negative_size_gets_the_size_message(argv, capsys):
+    line = _error([*argv, "--sizes", "-4K"], capsys)
+    assert "bad size '-4K'" in line and "expected one argument" not in line
+
+
 def test_a_negative_straggler_rank_gets_the_range_message(capsys):
     assert "outside 0..1" in _error(["train", "--straggler", "-1:0.5"], capsys)
 

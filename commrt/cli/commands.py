@@ -404,13 +404,14 @@ def cmd_bench_allreduce(args) -> int:
     return 0
 
 
-#: flags whose values may start with "-" (a rank): argparse would take "-1:5" for a flag
-_SIGNED_VALUES = ("--kill", "--straggler")
+#: flags whose values may start with "-" (a rank, a size): argparse would take "-1:5" or
+#: "-4K" for a flag
+_SIGNED_VALUES = ("--kill", "--straggler", "--sizes")
 
 
 def _negative_values(argv: list[str]) -> list[str]:
     """``--kill -1:5`` as ``--kill=-1:5``, so that the value reaches its check (which then
-    names the bad rank) instead of argparse's "expected one argument"."""
+    names the bad rank or size) instead of argparse's "expected one argument"."""
     out: list[str] = []
     for a in argv:
         if out and out[-1] in _SIGNED_VALUES and a[:1] == "-" and a[1:2].isdigit():
