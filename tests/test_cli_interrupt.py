@@ -42,11 +42,23 @@ def _ctrl_c(backend: str, marker: str, after_s: float):
         out, err = proc.communicate(timeout=60)
         took = time.monotonic() - t0
         time.sleep(1)
-        left = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True)
+        left = _group(proc.pid)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    return proc.returncode, "".join(seen) + out, err, took, left.stdout.split()
+    return proc.returncode, "".join(seen) + out, err, took, left
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid`` (from /proc)."""
+    out = []
+    for name in os.listdir("/proc"):
+        try:
+            if name.isdigit() and os.getpgid(int(name)) == pgid:
+                out.append(int(name))
+        except ProcessLookupError:
+            pass
+    return out
 
 
 @pytest.mark.parametrize(
