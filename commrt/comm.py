@@ -352,10 +352,12 @@ class _AbortOnError:
         if not live:
             return
         comm = live[0]
-        # the message is repeated in this one line: a launcher that kills the job may drop
-        # the tail of a long traceback, and this line is what names the failing peer
+        # repeated in one line (a launcher that kills the job may drop a traceback's tail, and
+        # this names the failing peer); a Ctrl-C is no error; no ": " without a message
+        what = f"uncaught {kind.__name__}" + (f": {value}" if str(value) else "")
+        what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
         end_job(
-            f"commrt: rank {comm.rank}: uncaught {kind.__name__}: {value}; ending the whole job "
+            f"commrt: rank {comm.rank}: {what}; ending the whole job "
             f"(commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0 to keep it running)"
         )
 

@@ -102,6 +102,26 @@ commrt.all_reduce(torch.ones(1000 if comm.rank == 0 else 7), comm)
 
 
 @pytest.mark.mpi
+def test_a_ctrl_c_in_a_script_is_named_as_one_and_ends_the_job(tmp_path):
+    # rank 0 is interrupted while rank 1 waits in a collective: the hook ends the job at
+    # once, and its line calls it an interrupt (it said "uncaught KeyboardInterrupt: ;")
+    proc, elapsed = _mpiexec(
+        tmp_path,
+        2,
+        """
+comm = commrt.init(timeout=60)
+if comm.rank == 0:
+    raise KeyboardInterrupt
+commrt.all_reduce(torch.ones(8), comm)
+""",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and elapsed < 50, (elapsed, out)  # not the 60 s timeout
+    assert "commrt: rank 0: interrupted (KeyboardInterrupt); ending the whole job" in out, out
+    assert "KeyboardInterrupt: ;" not in out, out
+
+
+@pytest.mark.mpi
 def test_abort_on_error_can_be_turned_off(tmp_path):
     # the error stays an ordinary Python exception: the script catches nothing, exits 1 on
     # the rank that raised, and the other rank finishes normally
