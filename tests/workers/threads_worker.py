@@ -11,12 +11,13 @@ import torch.distributed as dist
 import commrt
 from commrt.threads import usable_cores
 
+DIST = sys.argv[1:] == ["dist"]
 had = usable_cores() + 1  # more than any share of the cores, on any machine
 torch.set_num_threads(had)
 x = torch.full((1 << 18,), 1.0)  # 1 MiB: over torch's grain size (threads)
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
-    if sys.argv[1:] == ["dist"]:
+    if DIST:
         dist.init_process_group("commrt")
         dist.all_reduce(x)
         rank, size = dist.get_rank(), dist.get_world_size()
@@ -27,7 +28,7 @@ with warnings.catch_warnings(record=True) as caught:
 assert (x == size).all()
 msgs = [str(w.message) for w in caught if "torch threads" in str(w.message)]
 print(f"rank {rank} had {had} now {torch.get_num_threads()} warned {len(msgs)}: {msgs}")
-if sys.argv[1:] == ["dist"]:
+if DIST:
     dist.destroy_process_group()
 else:
     comm.close()
