@@ -100,11 +100,24 @@ def test_unsupported_calls_are_named_on_every_rank_without_hanging(tmp_path):
     _ok(*gloo_ranks(3, "td_errors_worker.py", base, "bad", timeout=200, env=env))
     for rank in range(3):
         seen = json.loads((tmp_path / f"seen.{rank}").read_text())
-        assert seen["band"][0] == "NotImplementedError" and "reduce op BAND" in seen["band"][1]
+        assert seen["band"] == [
+            "ValueError",
+            "reduce op BAND needs an integer or bool tensor, got torch.float32",
+        ]
+        assert seen["premul"][0] == "NotImplementedError" and "PREMUL_SUM" in seen["premul"][1]
         assert seen["recv_anysource"][0] == "NotImplementedError"
         assert "recv_anysource" in seen["recv_anysource"][1] and "src=" in seen["recv_anysource"][1]
         assert "monitored_barrier" in seen["monitored_barrier"][1]
-        assert seen["bool"][0] == "ValueError" and "torch.bool" in seen["bool"][1]
+        assert seen["bool"] is None and seen["bool_sum"] == [True, False]  # or, as in gloo
+        assert seen["gather_even"] is None
+        kind, text = seen["gather_uneven"]
+        bad = 1 if rank == 0 else 0  # the first output not of this rank's input size
+        assert kind == "ValueError" and text.startswith(f"all_gather: output tensor {bad} is")
+        assert seen["rs_list"] == [
+            "ValueError",
+            "reduce_scatter: input tensor 0 is torch.float32 of shape [3]; every input must "
+            "match torch.float32 of 2 elements",
+        ]
         # bad input leaves the group usable
         assert seen["still_works"] is None and seen["sum_after"] == 3.0
         kind, text = seen["mismatch"]

@@ -6,8 +6,10 @@ group (:mod:`commrt.distributed.group`) queues them on its progress thread.
 
 * all-reduce: SUM through :func:`commrt.all_reduce`; AVG scales by 1/p in
   the pack kernel (float32/16, bfloat16; float64 divides) and sums; MIN,
-  MAX and PRODUCT run the same schedule with another reduction in the
-  executor. PREMUL_SUM and the bitwise ops raise ``NotImplementedError``.
+  MAX, PRODUCT, the bitwise BAND, BOR and BXOR, and SUM of the dtypes
+  :func:`commrt.all_reduce` does not reduce (int8, uint8, int16, bool, as
+  gloo and NCCL do) run the same schedule with another reduction in the
+  executor. PREMUL_SUM raises ``NotImplementedError``.
 * reduce-scatter and all-gather: :mod:`commrt.shards` (ring, halving-
   doubling on a power of two, torus2d; the others fall back to ring).
 * broadcast: :func:`commrt.broadcast` (binomial tree or pipelined chain).
@@ -23,7 +25,7 @@ import torch.distributed as dist
 
 from commrt import tags
 from commrt.algorithms import Algorithm, Ring
-from commrt.collectives import agree_call, all_reduce, broadcast
+from commrt.collectives import SUPPORTED_DTYPES, agree_call, all_reduce, broadcast
 from commrt.comm import Communicator
 from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
 from commrt.kernels import pack
@@ -46,26 +48,56 @@ def _product(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.mul_(src)
 
 
-#: reductions other than the sum, by torch op name
-REDUCERS = {"min": _minimum, "max": _maximum, "product": _product}
+def _sum(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.add_(src)  # bool: logical or, as gloo's and NCCL's sums give
+
+
+def _band(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.bitwise_and_(src)
+
+
+def _bor(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.bitwise_or_(src)
+
+
+def _bxor(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.bitwise_xor_(src)
+
+
+#: reductions the executor runs in place of commrt's own sum, by torch op name
+REDUCERS = {
+    "min": _minimum,
+    "max": _maximum,
+    "product": _product,
+    "sum": _sum,
+    "band": _band,
+    "bor": _bor,
+    "bxor": _bxor,
+}
+#: ops defined on integers and bool only
+BITWISE = frozenset({"band", "bor", "bxor"})
 
 
 def op_name(op) -> str:
-    """``"sum"``, ``"avg"``, ``"min"``, ``"max"`` or ``"product"``; NotImplementedError
-    naming any other torch op."""
+    """``"sum"``, ``"avg"``, ``"min"``, ``"max"``, ``"product"``, ``"band"``, ``"bor"`` or
+    ``"bxor"``; NotImplementedError naming any other torch op."""
     for name, known in (
         ("sum", R.SUM),
         ("avg", R.AVG),
         ("min", R.MIN),
         ("max", R.MAX),
         ("product", R.PRODUCT),
+        ("band", R.BAND),
+        ("bor", R.BOR),
+        ("bxor", R.BXOR),
     ):
         if op == known:
             return name
     named = [n for n, m in R.RedOpType.__members__.items() if op == m]
     raise NotImplementedError(
-        f"commrt process group: reduce op {named[0] if named else op} is not supported (SUM, AVG, MIN, MAX and "
-        "PRODUCT are); for PREMUL_SUM scale the tensor first and use SUM"
+        f"commrt process group: reduce op {named[0] if named else op} is not supported (SUM, "
+        "AVG, MIN, MAX, PRODUCT, BAND, BOR and BXOR are); for PREMUL_SUM scale the tensor "
+        "first and use SUM"
     )
 
 
@@ -100,7 +132,7 @@ def allreduce(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
     # require grad); commrt's collectives refuse such tensors, so they get the plain data
     t = t.detach()
     comm = dc.comm
-    if op == "sum":
+    if op == "sum" and t.dtype in SUPPORTED_DTYPES:
         all_reduce(t, comm, dc.algorithm, "sum")
     elif op == "avg":
         if t.dtype in PACK_DTYPES and t.is_contiguous():
@@ -114,8 +146,11 @@ def allreduce(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
 
 
 def _reduce_other(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
-    """MIN / MAX / PRODUCT: the group's all-reduce schedule with another reduction."""
+    """The group's all-reduce schedule with another reduction (:data:`REDUCERS`)."""
     comm = dc.comm
+    if op in BITWISE and (t.is_floating_point() or t.is_complex()):
+        # refused before any message, on every rank alike (they all hold this dtype)
+        raise ValueError(f"reduce op {op.upper()} needs an integer or bool tensor, got {t.dtype}")
     comm.admit_collective()
     agree_call(comm, "all_reduce", t.shape, t.dtype, op, dc.algorithm.name)
     work = t if t.is_contiguous() else t.contiguous()
@@ -153,9 +188,25 @@ def bcast(dc: DeviceComm, t: torch.Tensor, root: int) -> None:
     broadcast(t.detach(), dc.comm, root)
 
 
+def check_list(what: str, role: str, tensors: list, like: torch.Tensor, p: int) -> None:
+    """ValueError unless ``tensors`` holds one tensor a rank, each of ``like``'s size and
+    dtype. Checked here, before any message: the call check that would catch other ranks'
+    sizes runs on a call signature's first use only, and a list sized otherwise on one
+    rank than on another would leave its peers waiting for bytes that never come."""
+    if len(tensors) != p:
+        raise ValueError(f"{what}: {len(tensors)} {role} tensors for {p} ranks")
+    for i, o in enumerate(tensors):
+        if o.numel() != like.numel() or o.dtype != like.dtype:
+            raise ValueError(
+                f"{what}: {role} tensor {i} is {o.dtype} of shape {list(o.shape)}; every "
+                f"{role} must match {like.dtype} of {like.numel()} elements"
+            )
+
+
 def gather_all(dc: DeviceComm, outputs: list[torch.Tensor], t: torch.Tensor) -> None:
     """torch's list all-gather: ``outputs[r]`` = rank r's ``t``."""
     t = t.detach()
+    check_list("all_gather", "output", outputs, t, dc.comm.world_size)
     flat = torch.empty(t.numel() * len(outputs), dtype=t.dtype, device=t.device)
     all_gather(flat, t.contiguous(), dc.comm, dc.shard_algorithm())
     for o, piece in zip(outputs, flat.chunk(len(outputs)) if flat.numel() else outputs):
@@ -177,7 +228,7 @@ def gather_into(dc: DeviceComm, out: torch.Tensor, t: torch.Tensor) -> None:
 def scatter_reduce(dc: DeviceComm, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
     """``reduce_scatter_tensor``: rank r's ``out`` = the reduction of every rank's shard r."""
     out, inp = out.detach(), inp.detach()
-    if op in ("sum", "avg"):
+    if op == "avg" or (op == "sum" and inp.dtype in SUPPORTED_DTYPES):
         target = (
             out
             if out.is_contiguous()
@@ -193,6 +244,7 @@ def scatter_reduce(dc: DeviceComm, out: torch.Tensor, inp: torch.Tensor, op: str
 
 
 def reduce_scatter_list(dc: DeviceComm, out: torch.Tensor, inputs: list, op: str) -> None:
+    check_list("reduce_scatter", "input", inputs, out, dc.comm.world_size)
     scatter_reduce(dc, out, torch.cat([t.reshape(-1) for t in inputs]), op)
 
 

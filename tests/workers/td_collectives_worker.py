@@ -26,6 +26,46 @@ def data(rank, n, dtype, k=0):
     return torch.randint(-50, 50, (n,), generator=g).to(dtype)
 
 
+def small(rank, n, dtype, k=0):
+    g = torch.Generator().manual_seed(100 * rank + k)
+    return torch.randint(0, 2 if dtype == torch.bool else 16, (n,), generator=g).to(dtype)
+
+
+def narrow_cases(rank, gloo):
+    """SUM of the dtypes commrt.all_reduce does not take (gloo's and NCCL's sums wrap, and
+    or bools) and the bitwise ops, through the executor's other reductions."""
+    out = []
+    for dtype, ops in (
+        (torch.int8, (R.SUM, R.MAX, R.BXOR)),
+        (torch.uint8, (R.SUM, R.MIN, R.BOR)),
+        (torch.int16, (R.SUM, R.PRODUCT)),
+        (torch.bool, (R.SUM, R.MAX, R.BAND, R.BOR)),
+        (torch.int32, (R.BAND, R.BOR, R.BXOR)),
+        (torch.int64, (R.BXOR,)),
+    ):
+        for op in ops:
+
+            def run(group, op=op, dtype=dtype):
+                t = small(rank, 333, dtype)
+                if dtype == torch.int8:
+                    t *= 40  # sums that wrap
+                # gloo has no int16: its reference runs in int32, cut back (wraps alike)
+                wide = t.int() if dtype == torch.int16 and group is not None else t
+                dist.all_reduce(wide, op=op, group=group)
+                return wide.to(dtype)
+
+            out.append((f"all_reduce {op} {dtype}", lambda r=run: r(None), lambda r=run: r(gloo)))
+
+    def rs_uint8(group):
+        p = dist.get_world_size()
+        o = torch.empty(5, dtype=torch.uint8)
+        dist.reduce_scatter_tensor(o, small(rank, 5 * p, torch.uint8) * 30, group=group)
+        return o
+
+    out.append(("reduce_scatter_tensor sum uint8", lambda: rs_uint8(None), lambda: rs_uint8(gloo)))
+    return out
+
+
 def cases(rank, p, gloo):
     """(name, ours(), reference()) for each call: both return tensors to compare."""
     out = []
@@ -47,6 +87,7 @@ def cases(rank, p, gloo):
                 return t / p if op == R.AVG else t
 
             out.append((f"all_reduce {op} {dtype}", ours, ref))
+    out += narrow_cases(rank, gloo)
     for op in (R.SUM, R.AVG, R.MAX):
 
         def rs(group, op=op):

@@ -34,10 +34,21 @@ def bad(out):
     rank = dist.get_rank()
     seen = {}
     t = torch.ones(4)
-    attempt("band", lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND), seen)
+    attempt("band", lambda: dist.all_reduce(t, op=dist.ReduceOp.BAND), seen)  # a float
+    attempt("premul", lambda: dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0)), seen)
     attempt("recv_anysource", lambda: dist.recv(torch.empty(2)), seen)
     attempt("monitored_barrier", lambda: dist.monitored_barrier(), seen)
-    attempt("bool", lambda: dist.all_reduce(torch.ones(3, dtype=torch.bool)), seen)
+    flags = torch.tensor([rank == 0, False])
+    attempt("bool", lambda: dist.all_reduce(flags), seen)
+    seen["bool_sum"] = flags.tolist()
+    # an all-gather agreed once, then one whose list each rank sizes by its own input:
+    # the call check is not run again, so the lists themselves must be checked
+    outs = [torch.empty(2) for _ in range(dist.get_world_size())]
+    attempt("gather_even", lambda: dist.all_gather(outs, torch.ones(2)), seen)
+    uneven = [torch.empty(r + 1) for r in range(dist.get_world_size())]
+    attempt("gather_uneven", lambda: dist.all_gather(uneven, torch.ones(rank + 1)), seen)
+    wrong = [torch.ones(3) for _ in range(dist.get_world_size())]
+    attempt("rs_list", lambda: dist.reduce_scatter(torch.empty(2), wrong), seen)
     attempt("still_works", lambda: dist.all_reduce(t), seen)
     seen["sum_after"] = t[0].item()
     # ranks call different sizes: commrt's call check names both sides on every rank
