@@ -88,8 +88,8 @@ class PeerClosedError(CommError):
             f"commrt: rank {peer} {how} after {unit} {peer_done} while rank {rank} waits in "
             f"{unit} {waiting_in}" + (f" ({where})" if where else "") + f": rank {peer} will "
             "not take part again. Make every rank run the same number of steps, or wrap the "
-            "training loop in GradientSync.join(optimizer) so that ranks which run out of data "
-            "shadow the others' steps."
+            "training loop in GradientSync.join(optimizer) (under DDP: `with ddp_model.join():`) "
+            "so that ranks which run out of data shadow the others' steps."
         )
 
     def at(self, where: str) -> "PeerClosedError":

@@ -149,6 +149,8 @@ def test_a_rank_that_leaves_early_is_named_to_the_ranks_waiting(backend, loop, m
     how = "exited" if mode == "exit" else "closed its communicator"
     said = f"rank 0 {how} after {unit} {STEPS} while rank 1 waits in {unit} {STEPS + 1}"
     assert said in second["message"], second["message"]
+    # the way out, for commrt's own loop and for DDP over the commrt backend
+    assert "GradientSync.join(optimizer) (under DDP: `with ddp_model.join():`)" in second["message"]
     # from rank 0 leaving (or, idle, from rank 1's call after it) to rank 1's error
     assert second["waited_s"] < NAMED_WITHIN_S, second
     sys.stdout.write(f"{backend} {loop} {mode}: named after {second['waited_s']:.3f} s\n")
