@@ -2,6 +2,7 @@
 bucketing, the trace timeline and overlap with backward (in-process ranks)."""
 
 import json
+import time
 
 import pytest
 import torch
@@ -211,6 +212,15 @@ def test_usage_errors():
             with sync.no_sync():
                 sync.wait()
         sync.close()
+        sync.close()  # idempotent
+        # closed: backward leaves local gradients, and a step says why instead of timing out
+        model(torch.randn(4, 64)).sum().backward()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for call in (lambda: sync.step(opt), lambda: sync.join(opt)):
+            t0 = time.perf_counter()
+            with pytest.raises(RuntimeError, match="on a closed GradientSync"):
+                call()
+            assert time.perf_counter() - t0 < 1.0
 
     run_ranks(1, body)
 

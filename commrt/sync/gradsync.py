@@ -184,6 +184,7 @@ class GradientSync:
         does not finish in time, naming the rank, peer, algorithm, step and
         bucket of the wait that expired.
         """
+        self._check_open("wait()")
         if self.hooks.accumulating:
             raise RuntimeError("commrt: wait() inside no_sync(): leave the no_sync block first")
         t_wait, wait_us = self._recorder.now()
@@ -276,6 +277,7 @@ class GradientSync:
         it (see :mod:`commrt.sync.join` and the class example). ValueError, from the
         family's policy (``Policy.join``) saying why, for families where it does not
         apply."""
+        self._check_open("join()")
         if self._progress.state.started:
             raise RuntimeError("commrt: join() entered with a step in flight: sync.wait() first")
         return joined(self, self.policy.join(), optimizer)
@@ -290,6 +292,15 @@ class GradientSync:
         """Block until the policy's after-step work is done (before another collective
         on the communicator, which would otherwise interleave with it)."""
         self._progress.quiesce(self.comm.timeout, self.comm.rank, self.algorithm.name)
+
+    def _check_open(self, call: str) -> None:
+        # after close() no hook sends a bucket and no thread reduces one: a wait would
+        # only run into its backstop timeout
+        if self._progress.closing:
+            raise RuntimeError(
+                f"commrt: {call} on a closed GradientSync (sync.close() or its with-block "
+                "ended): create a new one to synchronise gradients again"
+            )
 
     def close(self) -> None:
         """Finish work in flight, stop the progress thread and remove the hooks. Idempotent."""
