@@ -358,6 +358,8 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
             host_store=backups is not None,
             tolerate=backups or 0,
             restarts=restarts,
+            # a backup worker the others left behind gets as long as any wait may take
+            linger_s=getattr(args, "timeout", None),
         )
         if code == 0 and options is not None:  # the summary's times end before shut-down
             took = time.time() - launcher.launched_at()

@@ -119,6 +119,7 @@ def launch(
     host_store: bool = False,
     tolerate: int = 0,
     restarts: int = 0,
+    linger_s: float | None = None,
 ) -> int:
     """Run ``python -m commrt <argv>`` as ``nproc`` ranks; return the exit code.
 
@@ -127,7 +128,9 @@ def launch(
     ``host_store``: host a TCPStore here for the ranks (``COMMRT_STORE``,
     and the gloo rendezvous). ``tolerate``: how many ranks may die before
     the launcher stops the rest; ``restarts``: how many replacements it may start for
-    ranks that died (see the module docs).
+    ranks that died (see the module docs); ``linger_s``: with ``tolerate``, how long up
+    to that many ranks may go on running once all the others finished well before they
+    are stopped (:class:`Lingering`; None: as long as they like).
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
@@ -179,7 +182,45 @@ def launch(
 
         procs = [start(r) for r in range(nproc)]
     replace = Replacements(start, restarts) if restarts else None
-    return _supervise(procs, timeout, tolerate=tolerate, replace=replace)
+    linger = Lingering(tolerate, linger_s)
+    return _supervise(procs, timeout, tolerate=tolerate, replace=replace, linger=linger)
+
+
+class Lingering:
+    """Ranks still running ``linger_s`` after every other rank finished well, in a job that
+    may lose that many (backup workers). The others carried on without them, so a rank
+    stopped (SIGSTOP, a debugger) or hung would otherwise keep the launcher, and the job,
+    waiting forever once its peers are done."""
+
+    def __init__(self, tolerate: int, linger_s: float | None):
+        self.tolerate, self.linger_s = tolerate, linger_s
+        #: since when only ranks the job may lose still run (None: not so now)
+        self.since: float | None = None
+
+    def overdue(self, codes: list[int | None]) -> list[int]:
+        """The ranks to stop now: empty while they still have time."""
+        running = [r for r, c in enumerate(codes) if c is None]
+        failed = sum(1 for c in codes if c)
+        # tolerate < the number of ranks, so at least one rank finished well here
+        if self.linger_s is None or not running or len(running) + failed > self.tolerate:
+            self.since = None
+            return []
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        return running if now - self.since > self.linger_s else []
+
+    def lines(self, procs: list[subprocess.Popen], ranks: list[int]) -> list[str]:
+        """What the launcher says about the ranks it stops (each within 80 columns)."""
+        out = []
+        for r in ranks:
+            out.append(
+                f"commrt: rank {r} was still running {self.linger_s:g} s after the other "
+                "ranks ended"
+            )
+            stopped = _state(procs[r].pid) in ("T", "t")
+            why = "it is stopped: SIGSTOP or a debugger" if stopped else "it may hang"
+            out.append(f"commrt: ({why}); the launcher stopped it")
+        return out
 
 
 class Replacements:
@@ -213,6 +254,7 @@ def _supervise(
     tolerate: int = 0,
     replace: Replacements | None = None,
     interrupt_grace_s: float = 0.0,
+    linger: Lingering | None = None,
 ) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
@@ -220,6 +262,13 @@ def _supervise(
             if replace is not None:
                 replace(procs)
             codes = [p.poll() for p in procs]
+            overdue = [] if linger is None or not ranks_known else linger.overdue(codes)
+            if overdue:
+                said = linger.lines(procs, overdue) + tolerated_lines(codes, tolerate)
+                _stop([procs[r] for r in overdue])
+                for line in said:
+                    print(line, file=sys.stderr, flush=True)
+                return 0
             bad = [c for c in codes if c not in (None, 0)]
             if bad and len(bad) <= tolerate and ranks_known:
                 if None in codes:
