@@ -92,12 +92,17 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
     assert all(isinstance(pr[k], float) and pr[k] > 0 for k in ("shift_s", "exchange_s")), pr
     assert reports[0]["overhead"] == repr(Overhead(pr["shift_s"], pr["exchange_s"], pr["multi_s"]))
 
-    # auto's choice on the two-tier network is the fastest measured candidate, or within 10% of
-    # it, paired by round (bench/auto_vs_candidates.py's verdict): unpaired medians of 5 runs
-    # put the model's own choice at 1.107x once in CI, from the machine's noise alone
+    # auto's settled choice (it learns from its own calls) within 10% of the fastest measured
+    # candidate on the two-tier network, timed as a candidate and paired by round: the verdict
+    # of bench/auto_goal.py. Not the model's one-shot choice: at 64 KiB the model is over 20%
+    # off for some candidates (README, issue 25), and that choice came to 1.19x once in CI,
+    # which auto's learning is there to correct. (auto's own calls run that very schedule;
+    # paired with the fastest they measured 0.92-1.08x it from noise alone, so they are
+    # reported, not held to 1.1.)
     for size, t in (reports[0]["timing"] or {}).items():
         assert t["over_fastest"][t["choice"]] <= 1.1, (size, t)
         assert all(r["timing"][size]["choice"] == t["choice"] for r in reports)
+        assert all(r["timing"][size]["predicted"] == t["predicted"] for r in reports)
 
 
 def test_harness_says_why_it_cannot_run(monkeypatch):

@@ -184,7 +184,7 @@ class GradientSync:
         does not finish in time, naming the rank, peer, algorithm, step and
         bucket of the wait that expired.
         """
-        self._check_open("wait()")
+        _check_open(self._progress, "wait()")
         if self.hooks.accumulating:
             raise RuntimeError("commrt: wait() inside no_sync(): leave the no_sync block first")
         t_wait, wait_us = self._recorder.now()
@@ -277,7 +277,7 @@ class GradientSync:
         it (see :mod:`commrt.sync.join` and the class example). ValueError, from the
         family's policy (``Policy.join``) saying why, for families where it does not
         apply."""
-        self._check_open("join()")
+        _check_open(self._progress, "join()")
         if self._progress.state.started:
             raise RuntimeError("commrt: join() entered with a step in flight: sync.wait() first")
         return joined(self, self.policy.join(), optimizer)
@@ -292,15 +292,6 @@ class GradientSync:
         """Block until the policy's after-step work is done (before another collective
         on the communicator, which would otherwise interleave with it)."""
         self._progress.quiesce(self.comm.timeout, self.comm.rank, self.algorithm.name)
-
-    def _check_open(self, call: str) -> None:
-        # after close() no hook sends a bucket and no thread reduces one: a wait would
-        # only run into its backstop timeout
-        if self._progress.closing:
-            raise RuntimeError(
-                f"commrt: {call} on a closed GradientSync (sync.close() or its with-block "
-                "ended): create a new one to synchronise gradients again"
-            )
 
     def close(self) -> None:
         """Finish work in flight, stop the progress thread and remove the hooks. Idempotent."""
@@ -321,6 +312,16 @@ class GradientSync:
             f"GradientSync({describe(self.buckets, self._buffers[0].element_size())}, "
             f"algorithm={self.algorithm.name}, comm_dtype={self.comm_dtype}, "
             f"rank {self.comm.rank}/{self.comm.world_size})"
+        )
+
+
+def _check_open(progress: Progress, call: str) -> None:
+    # after close() no hook sends a bucket and no thread reduces one: a wait would only
+    # run into its backstop timeout
+    if progress.closing:
+        raise RuntimeError(
+            f"commrt: {call} on a closed GradientSync (sync.close() or its with-block "
+            "ended): create a new one to synchronise gradients again"
         )
 
 

@@ -16,8 +16,10 @@ What each rank reports:
   the harness (GROUP_RANK), not from the rank numbering;
 * GradientSync against DDP (fp32, 10 steps) with ring, the default
   torus and auto, and a digest of the final parameters (equal on every rank);
-* with timing sizes: every candidate's measured time (the slowest rank's,
-  median of interleaved runs) and auto's choice with its predictions.
+* with timing sizes: ``auto``'s and every candidate's measured time (the
+  slowest rank's, median of interleaved runs, once auto has settled), each
+  over the fastest candidate paired by round, and auto's choice with its
+  predictions.
 """
 
 import collections
@@ -36,7 +38,8 @@ from ddp_reference import rel_err, train_commrt, train_ddp  # noqa: E402
 
 import commrt  # noqa: E402
 from commrt.algorithms import Torus2D  # noqa: E402
-from commrt.algorithms.auto import Auto, candidates, label  # noqa: E402
+from commrt.algorithms.auto import Auto, candidates, choices, label, learning  # noqa: E402
+from commrt.algorithms.auto_learn import calls_to_settle  # noqa: E402
 from commrt.collectives import gather_rows  # noqa: E402
 from commrt.probe import probe  # noqa: E402
 from commrt.topology import ranks_per_node  # noqa: E402
@@ -109,34 +112,47 @@ def gradsync_vs_ddp(comm):
 
 
 def time_candidates(comm, nbytes, repeats, iters=1):
-    """Every candidate's time per call (slowest rank, median of ``repeats`` interleaved runs of
-    ``iters`` calls), auto's choice and its predictions."""
+    """``auto`` as it runs (settled: it learns from its own calls) and every candidate: each
+    one's time per call (slowest rank, median of ``repeats`` interleaved runs of ``iters``
+    calls), each over the fastest candidate paired by round, auto's choice and its
+    predictions."""
     algs = candidates(comm.world_size)
     x = torch.ones(nbytes // 4)
-    for a in algs:  # warm-up: plans, scratch, connections
+    auto = Auto()
+    for _ in range(calls_to_settle(len(algs))):  # its watch, and a trial if it missed
+        commrt.all_reduce(x, comm, algorithm=auto, op="sum")
+        if learning(comm)[nbytes].phase == "settled":
+            break
+    runs = {label(a): a for a in algs}
+    runs["auto"] = auto
+    for a in runs.values():  # warm-up: plans, scratch, connections
         commrt.all_reduce(x, comm, algorithm=a, op="sum")
-    mine = [[] for _ in algs]
+    mine = {n: [] for n in runs}
     for _ in range(repeats):
-        for i, a in enumerate(algs):
+        for n, a in runs.items():
             comm.barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
                 commrt.all_reduce(x, comm, algorithm=a, op="sum")
-            mine[i].append((time.perf_counter() - t0) / iters)
-    rows = gather_rows(comm, [t for ts in mine for t in ts])
-    slowest = [max(r[k] for r in rows) for k in range(len(algs) * repeats)]
-    runs = {label(a): slowest[i * repeats : (i + 1) * repeats] for i, a in enumerate(algs)}
-    measured = {n: statistics.median(t) for n, t in runs.items()}
-    fastest = min(measured, key=measured.get)
-    # each candidate over the fastest, paired by round: a round's runs met the same load on
-    # this shared machine (unpaired medians of one schedule differed by 34% here)
-    over = {n: statistics.median(a / b for a, b in zip(t, runs[fastest])) for n, t in runs.items()}
-    choice = Auto().choose(comm.world_size, nbytes, comm)
+            mine[n].append((time.perf_counter() - t0) / iters)
+    rows = gather_rows(comm, [t for ts in mine.values() for t in ts])
+    slowest = [max(r[k] for r in rows) for k in range(len(runs) * repeats)]
+    times = {n: slowest[i * repeats : (i + 1) * repeats] for i, n in enumerate(runs)}
+    measured = {n: statistics.median(t) for n, t in times.items()}
+    fastest = min((n for n in measured if n != "auto"), key=measured.get)
+    # each over the fastest, paired by round: a round's runs met the same load on this
+    # shared machine (unpaired medians of one schedule differed by 34% here)
+    over = {
+        n: statistics.median(a / b for a, b in zip(t, times[fastest])) for n, t in times.items()
+    }
+    choice = choices(comm)[nbytes]
     return {
         "measured": measured,
         "over_fastest": over,
         "choice": choice.label,
-        "predicted": dict(choice.candidates),
+        "learned": choice.learned,
+        "tuning": str(learning(comm)[nbytes]),
+        "predicted": dict(Auto().choose(comm.world_size, nbytes, comm).candidates),
     }
 
 
