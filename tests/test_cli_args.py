@@ -296,3 +296,36 @@ def test_the_kernel_bench_summary_keeps_names_apart():
     spec.loader.exec_module(mod)
     head = ["device", "layout", "size", *mod.OPS]
     assert mod.summary_line(head).split() == head
+
+
+# ------------------------------------------------------------- output files and folders
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--trace", "{bad}"],
+        ["probe", "--save", "{bad}"],
+        ["bench", "allreduce", "--json", "{bad}"],
+        ["bench", "allreduce", "--csv", "{bad}"],
+        ["bench", "kernels", "--plot", "{bad}"],
+        ["simulate", "--json", "{bad}"],
+        ["simulate", "--out-dir", "{bad}/plots"],
+        ["trace", "merge", "-o", "{bad}", "in.json"],
+    ],
+)
+def test_an_output_nobody_can_write_is_refused_before_the_work(argv, tmp_path, capsys):
+    # a file where a folder should be: the write at the end of a long run would fail
+    (tmp_path / "a-file").write_text("")
+    bad = str(tmp_path / "a-file" / "out.json")
+    line = _error([a.replace("{bad}", bad) for a in argv], capsys)
+    assert f"cannot write {bad}" in line and "a file is in the way of the folder" in line
+
+
+def test_an_output_file_gets_its_folders_and_a_folder_is_no_file(tmp_path, capsys):
+    from commrt.cli.units import output_file
+
+    deep = tmp_path / "new" / "deeper" / "m.json"
+    assert output_file(str(deep)) == str(deep) and deep.parent.is_dir()
+    line = _error(["trace", "merge", "-o", str(tmp_path), "in.json"], capsys)
+    assert f"{tmp_path} is a folder; give a file name" in line

@@ -30,6 +30,7 @@ from commrt.cli.train_args import algorithm_names, check_train, unknown_algorith
 from commrt.cli.units import (
     DTYPES,
     bucket_mb,
+    output_file,
     positive_int,
     positive_number,
     positive_seconds,
@@ -131,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_files(p, what: str) -> None:
     """--csv and --json: the table's full detail (the table keeps to 80 columns)."""
-    p.add_argument("--csv", metavar="PATH", help=f"also write {what} as CSV")
-    p.add_argument("--json", metavar="PATH", help=f"also write {what} as JSON")
+    p.add_argument("--csv", metavar="PATH", type=output_file, help=f"also write {what} as CSV")
+    p.add_argument("--json", metavar="PATH", type=output_file, help=f"also write {what} as JSON")
 
 
 def _add_bench(sub) -> None:
@@ -160,7 +161,9 @@ def _add_bench(sub) -> None:
         default=None,
         help="calls per timed run (default: from the size, 3..50, ~16 MB moved per run)",
     )
-    ar.add_argument("--plot", metavar="PNG", help="also write busbw vs size to this PNG file")
+    ar.add_argument(
+        "--plot", metavar="PNG", type=output_file, help="also write busbw vs size to this PNG file"
+    )
     _add_files(ar, "every point with its element count")
     ar.set_defaults(run=cmd_bench_allreduce, parser=ar)
     kb = bsub.add_parser(
@@ -171,7 +174,9 @@ def _add_bench(sub) -> None:
     )
     kb.add_argument("--wire", choices=sorted(DTYPES), default="float32", help="bucket (wire) dtype")
     kb.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    kb.add_argument("--plot", metavar="PNG", help="also write GB/s vs size to this PNG file")
+    kb.add_argument(
+        "--plot", metavar="PNG", type=output_file, help="also write GB/s vs size to this PNG file"
+    )
     _add_files(kb, "every point with its element count, bytes moved and time")
     kb.set_defaults(run=cmd_bench_kernels, single_process=True, parser=kb)
     bench.set_defaults(parser=bench, subcommands=tuple(bsub.choices))
@@ -235,6 +240,7 @@ def _add_train(sub) -> None:
     tr.add_argument(
         "--trace",
         metavar="OUT.json",
+        type=output_file,
         help="write a merged Chrome trace of all ranks (for example out/trace.json)",
     )
     tr.add_argument("--lr", type=positive_number, default=0.05)
@@ -278,7 +284,9 @@ def _add_trace(sub) -> None:
     merge = tsub.add_parser(
         "merge", help="merge per-rank trace files into one (open in ui.perfetto.dev)"
     )
-    merge.add_argument("-o", "--output", required=True, help="merged JSON file to write")
+    merge.add_argument(
+        "-o", "--output", required=True, type=output_file, help="merged JSON file to write"
+    )
     merge.add_argument("inputs", nargs="+", help="per-rank trace JSON files")
     merge.set_defaults(run=cmd_trace_merge, single_process=True, parser=merge)
     trace.set_defaults(parser=trace, subcommands=tuple(tsub.choices))

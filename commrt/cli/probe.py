@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import textwrap
 
-from commrt.cli.units import positive_int, size_list
+from commrt.cli.units import output_file, positive_int, size_list
 
 #: buffer sizes whose choice is printed (the issue's 64 KiB to 64 MiB)
 SHOW_SIZES = "64K,1M,16M,64M"
@@ -26,7 +26,9 @@ def register(sub, common) -> None:
     and --timeout (it runs on every rank, like ``bench allreduce``)."""
     p = sub.add_parser("probe", help="measure α and β of this job's links (for auto), save them")
     common(p)
-    p.add_argument("--save", metavar="FILE", help="write the calibration here (JSON)")
+    p.add_argument(
+        "--save", metavar="FILE", type=output_file, help="write the calibration here (JSON)"
+    )
     p.add_argument(
         "--repeats", type=positive_int, default=5, help="timed runs per size (default 5)"
     )

@@ -58,7 +58,14 @@ from commrt.cli.simulate_sections import (
     vs_p_section,
     vs_size_section,
 )
-from commrt.cli.units import fmt_bytes, non_negative_number, positive_int, size_list
+from commrt.cli.units import (
+    fmt_bytes,
+    non_negative_number,
+    output_file,
+    output_folder,
+    positive_int,
+    size_list,
+)
 from commrt.schedule import Collective
 
 # the sections' helpers stay importable from here, where they used to live
@@ -147,11 +154,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     simulate_control.add_arguments(p)
     p.add_argument(
-        "--out-dir", default="out/sim", help="where the PNGs go (default out/sim, ignored by git)"
+        "--out-dir",
+        default="out/sim",
+        type=output_folder,
+        help="where the PNGs go (default out/sim, ignored by git)",
     )
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument(
-        "--json", metavar="PATH", help="also write every swept number (unrounded) as JSON"
+        "--json",
+        metavar="PATH",
+        type=output_file,
+        help="also write every swept number (unrounded) as JSON",
     )
 
 

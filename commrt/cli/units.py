@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import tempfile
 
 import torch
 
@@ -87,3 +89,50 @@ def bucket_mb(text: str) -> float:
 def non_negative_number(text: str) -> float:
     """argparse type: a finite number, 0 or more (milliseconds of compute or delay)."""
     return _finite(text, 0.0, inclusive=True)
+
+
+def _writable_folder(text: str, folder: str, make: bool) -> None:
+    """Check that a new file can be made in ``folder`` (``make``: making it first if it is
+    missing; else in its nearest existing folder, where the command will make it);
+    ArgumentTypeError saying why not."""
+    try:
+        if make:
+            os.makedirs(folder, exist_ok=True)
+        else:
+            while not os.path.lexists(folder):
+                folder = os.path.dirname(folder)
+            if not os.path.isdir(folder):
+                raise NotADirectoryError(folder)
+    except (FileExistsError, NotADirectoryError):
+        raise argparse.ArgumentTypeError(
+            f"cannot write {text}: a file is in the way of the folder {folder}"
+        ) from None
+    except OSError as e:
+        raise argparse.ArgumentTypeError(
+            f"cannot write {text}: cannot make the folder {folder} ({e.strerror or e})"
+        ) from None
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(
+            f"cannot write {text}: {folder} takes no new file ({e.strerror or e})"
+        ) from None
+
+
+def output_file(text: str) -> str:
+    """argparse type: a file the command can write, its folder made if missing; checked
+    before the work starts (a long run must not end in a traceback for want of a
+    writable folder)."""
+    path = os.path.abspath(os.path.expanduser(text))
+    if os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text} is a folder; give a file name")
+    _writable_folder(text, os.path.dirname(path), make=True)
+    return text
+
+
+def output_folder(text: str) -> str:
+    """argparse type: a folder the command can make and write files in (checked, not
+    made: argparse checks the default too, which a run without plots never uses)."""
+    _writable_folder(text, os.path.abspath(os.path.expanduser(text)), make=False)
+    return text
