@@ -114,8 +114,8 @@ def gradsync_vs_ddp(comm):
 def time_candidates(comm, nbytes, repeats, iters=1):
     """``auto`` as it runs (settled: it learns from its own calls) and every candidate: each
     one's time per call (slowest rank, median of ``repeats`` interleaved runs of ``iters``
-    calls), each over the fastest candidate paired by round, auto's choice and its
-    predictions."""
+    calls), each over the fastest candidate paired by round, the model's choice, the
+    choice auto settled on and its predictions."""
     algs = candidates(comm.world_size)
     x = torch.ones(nbytes // 4)
     auto = Auto()
@@ -145,13 +145,14 @@ def time_candidates(comm, nbytes, repeats, iters=1):
     over = {
         n: statistics.median(a / b for a, b in zip(t, times[fastest])) for n, t in times.items()
     }
-    choice = choices(comm)[nbytes]
+    choice, tuning = choices(comm)[nbytes], learning(comm)[nbytes]
     return {
         "measured": measured,
         "over_fastest": over,
+        "model_choice": tuning.choice,
         "choice": choice.label,
         "learned": choice.learned,
-        "tuning": str(learning(comm)[nbytes]),
+        "tuning": str(tuning),
         "predicted": dict(Auto().choose(comm.world_size, nbytes, comm).candidates),
     }
 
