@@ -217,7 +217,7 @@ class Lingering:
                 f"commrt: rank {r} was still running {self.linger_s:g} s after the other "
                 "ranks ended"
             )
-            stopped = _state(procs[r].pid) in ("T", "t")
+            stopped = _stopped(procs[r].pid)
             why = "it is stopped: SIGSTOP or a debugger" if stopped else "it may hang"
             out.append(f"commrt: ({why}); the launcher stopped it")
         return out
@@ -332,13 +332,14 @@ def tolerated_lines(codes: list[int | None], tolerate: int) -> list[str]:
     return lines
 
 
-def _state(pid: int) -> str:
-    """The process state letter from /proc (T = stopped), or '' where unknown."""
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP, a debugger): its state letter in /proc is
+    T or t (False where unknown)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
     except (OSError, IndexError):
-        return ""
+        return False
 
 
 def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
@@ -351,7 +352,7 @@ def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
     for rank, p in enumerate(procs):
         c = p.poll()
         if c is None:
-            if _state(p.pid) in ("T", "t"):
+            if _stopped(p.pid):
                 stopped.append(rank)
         elif c < 0:
             killed.append((rank, c))
