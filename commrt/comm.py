@@ -66,6 +66,8 @@ class CommSlots:
     auto_choices: dict = field(default_factory=dict)
     #: commrt.algorithms.auto_learn: (Auto, world size, bytes) -> Tuning, identical on every rank
     auto_tuning: dict = field(default_factory=dict)
+    #: commrt.algorithms.auto: (Auto, world size, bytes, label) -> a tried candidate's Choice
+    auto_tried: dict = field(default_factory=dict)
     #: commrt.store: the job's control store (a ControlStore)
     control_store: object | None = None
     #: commrt.sync.backup: backup-worker policies made so far (each gets its own key space)
@@ -431,9 +433,7 @@ def init(
     if piece_bytes < 1024:
         raise ValueError(f"piece_bytes must be at least 1024, got {piece_bytes}")
     debug = _env_flag("COMMRT_DEBUG") if debug is None else debug
-    abort_on_error = (
-        _env_flag("COMMRT_ABORT_ON_ERROR") if abort_on_error is None else abort_on_error
-    )
+    abort_on_error = abort_on_error_wanted() if abort_on_error is None else abort_on_error
     launch = detect_launch()
     rank = launch.rank if rank is None else int(rank)
     world_size = launch.world_size if world_size is None else int(world_size)
