@@ -13,10 +13,10 @@ import pytest
 from commrt.cli.launch import mpiexec_path
 
 
-def _ctrl_c(backend: str, marker: str, after_s: float):
+def _ctrl_c(backend: str, marker: str, after_s: float, sig=signal.SIGINT, group=True):
     """Start ``commrt train`` as a terminal would (its own process group, SIGINT not
     ignored), wait for a stdout line starting with ``marker``, then ``after_s`` seconds,
-    and send SIGINT to the group. Returns (status, stdout, stderr, seconds to end, the
+    and send ``sig`` to the group (``group=False``: to the launcher alone). Returns (status, stdout, stderr, seconds to end, the
     group's processes left a second later)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PMI_RANK", "RANK", "WORLD_SIZE")}
     cmd = [sys.executable, "-m", "commrt", "train", "--backend", backend, "--epochs", "300"]
@@ -38,7 +38,7 @@ def _ctrl_c(backend: str, marker: str, after_s: float):
             seen.append(line)
         time.sleep(after_s)
         t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)
+        (os.killpg if group else os.kill)(proc.pid, sig)
         out, err = proc.communicate(timeout=60)
         took = time.monotonic() - t0
         time.sleep(1)
@@ -84,5 +84,27 @@ def test_ctrl_c_ends_the_job_with_one_line(backend, marker, after_s):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "BAD TERMINATION" not in out + err, (out + err)[-3000:]
     assert err.strip().splitlines()[-1:] == ["commrt: interrupted; stopped the job"], err[-2000:]
+    assert took < 15, took
+    assert left == [], f"processes of the job still running: {left}"
+
+
+@pytest.mark.parametrize(
+    "backend,sig",
+    [
+        ("gloo", signal.SIGTERM),
+        ("gloo", signal.SIGHUP),
+        pytest.param(
+            "mpi",
+            signal.SIGTERM,
+            marks=pytest.mark.skipif(mpiexec_path() is None, reason="needs mpiexec"),
+        ),
+    ],
+)
+def test_a_signal_to_the_launcher_alone_stops_every_rank(backend, sig):
+    # a scheduler (SIGTERM) or a closed terminal (SIGHUP) signals the launcher only: its
+    # ranks went on training without it, and finished after it had gone
+    code, out, err, took, left = _ctrl_c(backend, "epoch 1/300", 0.3, sig=sig, group=False)
+    assert code == 128 + sig, (out[-1000:], err[-3000:])
+    assert err.strip().splitlines()[-1:] == [f"commrt: got {sig.name}; stopped the job"], err
     assert took < 15, took
     assert left == [], f"processes of the job still running: {left}"

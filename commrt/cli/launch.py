@@ -9,6 +9,8 @@ failed, and its exit code is returned: a crashed worker never leaves the
 rest hanging. A Ctrl-C reaches the launcher and every rank (the terminal
 sends it to the whole process group): the launcher alone answers it, with
 one line and status 130, and no rank prints a traceback (:func:`interrupted`).
+A SIGTERM or SIGHUP to the launcher alone (a scheduler, a closed terminal)
+stops every rank too, with one line and status 128 + the signal's number.
 
 Every rank runs on this machine, so the job listens on loopback only: the
 stores bind 127.0.0.1 (:func:`commrt.store.serve`) and gloo gets
@@ -258,48 +260,90 @@ def _supervise(
 ) -> int:
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        while True:
-            if replace is not None:
-                replace(procs)
-            codes = [p.poll() for p in procs]
-            overdue = [] if linger is None or not ranks_known else linger.overdue(codes)
-            if overdue:
-                said = linger.lines(procs, overdue) + tolerated_lines(codes, tolerate)
-                _stop([procs[r] for r in overdue])
-                for line in said:
-                    print(line, file=sys.stderr, flush=True)
-                return 0
-            bad = [c for c in codes if c not in (None, 0)]
-            if bad and len(bad) <= tolerate and ranks_known:
-                if None in codes:
-                    time.sleep(0.05)
-                    continue
-                for line in tolerated_lines(codes, tolerate):
-                    print(line, file=sys.stderr, flush=True)
-                return 0
-            if bad:
-                # a rank that died takes its peers down a moment later (connection reset,
-                # timeout): give them that moment, so the report names the cause first
-                time.sleep(0.5)
-                story, code = _what_happened(procs) if ranks_known else ([], bad[0])
-                _stop(procs)
-                for line in story:
-                    print(f"commrt: {line}", file=sys.stderr, flush=True)
-                return code
-            if all(c == 0 for c in codes):
-                return 0
-            if deadline is not None and time.monotonic() > deadline:
-                _stop(procs)
-                print(
-                    f"commrt: workers did not finish within {timeout:g} s; stopped them",
-                    file=sys.stderr,
-                )
-                return 124
-            time.sleep(0.05)
+        with _answering(signal.SIGTERM, signal.SIGHUP):
+            return _watch(procs, deadline, timeout, ranks_known, tolerate, replace, linger)
     except KeyboardInterrupt:
         _stop(procs, grace_s=interrupt_grace_s)
         print("\ncommrt: interrupted; stopped the job", file=sys.stderr)
         return 130
+    except _Signalled as sig:
+        # a scheduler's or a closed terminal's way to end the job: the ranks are this
+        # launcher's children, not the signal's target, and would go on without us.
+        # mpiexec passes a SIGINT on to its ranks, which leave quietly (interrupted())
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        _stop(procs, grace_s=interrupt_grace_s)
+        print(f"\ncommrt: got {_signame(sig.signum)}; stopped the job", file=sys.stderr)
+        return 128 + sig.signum
+
+
+def _watch(procs, deadline, timeout, ranks_known, tolerate, replace, linger) -> int:
+    """:func:`_supervise`'s loop: poll the ranks until the job's outcome is known."""
+    while True:
+        if replace is not None:
+            replace(procs)
+        codes = [p.poll() for p in procs]
+        overdue = [] if linger is None or not ranks_known else linger.overdue(codes)
+        if overdue:
+            said = linger.lines(procs, overdue) + tolerated_lines(codes, tolerate)
+            _stop([procs[r] for r in overdue])
+            for line in said:
+                print(line, file=sys.stderr, flush=True)
+            return 0
+        bad = [c for c in codes if c not in (None, 0)]
+        if bad and len(bad) <= tolerate and ranks_known:
+            if None in codes:
+                time.sleep(0.05)
+                continue
+            for line in tolerated_lines(codes, tolerate):
+                print(line, file=sys.stderr, flush=True)
+            return 0
+        if bad:
+            # a rank that died takes its peers down a moment later (connection reset,
+            # timeout): give them that moment, so the report names the cause first
+            time.sleep(0.5)
+            story, code = _what_happened(procs) if ranks_known else ([], bad[0])
+            _stop(procs)
+            for line in story:
+                print(f"commrt: {line}", file=sys.stderr, flush=True)
+            return code
+        if all(c == 0 for c in codes):
+            return 0
+        if deadline is not None and time.monotonic() > deadline:
+            _stop(procs)
+            print(
+                f"commrt: workers did not finish within {timeout:g} s; stopped them",
+                file=sys.stderr,
+            )
+            return 124
+        time.sleep(0.05)
+
+
+class _Signalled(Exception):
+    """The launcher got a signal that ends the job (:func:`_answering`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _answering(*signums):
+    """Inside, each of ``signums`` raises :class:`_Signalled` in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def handler(signum, _frame):
+        raise _Signalled(signum)
+
+    previous = {n: signal.signal(n, handler) for n in signums}
+    try:
+        yield
+    finally:
+        for n, h in previous.items():
+            signal.signal(n, h)
 
 
 @contextlib.contextmanager
