@@ -57,7 +57,11 @@ schedule compiles its plan and allocates scratch):
    27 ms a minute later, 1.35× the grid it beat. If the kept schedule is now
    slower than the trial's fastest other candidate by more than ``MARGIN``,
    the two meet again on fresh blocks (a rematch; their old blocks are
-   dropped) and the faster is kept. A choice that settled without a trial is
+   dropped) and the faster is kept. A kept schedule that replaced the
+   model's choice meets that choice again on fresh blocks at each recheck,
+   where :data:`TRIAL_PASSES` of its blocks fit in :data:`TRIAL_BUDGET_S`
+   at its trial time: two trials can fall in one slow spell of a loaded
+   machine. A choice that settled without a trial is
    held to its own watch time instead, and the whole trial runs if it
    drifted past it. Each recheck that keeps the same schedule doubles the
    wait before the next, up to :data:`RECHECK_MAX_S`; a change starts it
@@ -66,7 +70,7 @@ schedule compiles its plan and allocates scratch):
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
 of a p × (timed calls) table) at the end of the phase, never per call, so
-a size costs at most three such gathers (one more per recheck), and WINDOW + P ×
+a size costs at most three such gathers (one or two more per recheck), and WINDOW + P ×
 ⌈WINDOW / TRIAL_PASSES⌉ × (k + 1 + 2) timed calls for k tried candidates
 and a rematch, P the trial's passes (2 where a call takes over 21 ms, 6
 where it takes 10 ms or less), in the life of a communicator. Calls
@@ -302,21 +306,34 @@ class Tuning:
     def _end_recheck(self, table) -> None:
         # The kept schedule's calls, timed again. Against a candidate the trial measured,
         # as a trial block (its slowest rank's mean call); beaten by more than the margin
-        # there, the two meet again on fresh blocks (a rematch, the old blocks forgotten).
-        # Never tried against one: against its own watch, as the watch timed it.
+        # there, the two meet again on fresh blocks (a rematch, the old blocks forgotten);
+        # so do it and the model's choice it replaced, where that is cheap. Never tried
+        # against one: against its own watch, as the watch timed it.
         now = max(statistics.fmean(row) for row in table)
         self.recheck_s = now
         rivals = {k: t for k, t in self.trial_s.items() if k != self.kept}
         rival = min(rivals, key=rivals.get) if rivals else None
         if rival is not None and now > (1.0 + self.margin) * rivals[rival]:
             self.finalists = (self.kept, rival)
-            for label in self.finalists:
-                self.samples.pop(label, None)
+        elif self._overturned_cheaply():
+            # the model's choice lost two trials, perhaps both in one slow spell (4 × 2
+            # hosts at 64 KiB, a loaded machine: recursive doubling timed at 29 ms in both,
+            # 12 ms afterwards, and halving-doubling kept at 25): it is timed afresh
+            self.finalists = (self.kept, self.choice)
         elif rival is not None or self.runner_up is None:
             return self._settle(self.kept)
         elif agreed_time(table) <= (1.0 + self.margin) * self.chosen_s:
             return self._settle(self.kept)
+        for label in self.finalists:  # (none where nothing was tried yet: a whole trial)
+            self.samples.pop(label, None)
         self.phase, self.plan = "trial", self._lay_out()
+
+    def _overturned_cheaply(self) -> bool:
+        """Whether the kept schedule replaced the model's choice, and a rematch's blocks of
+        the choice fit in :attr:`budget_s` at its trial time a call."""
+        t = self.trial_s.get(self.choice)
+        blocks = self.passes * (self.warmup + self._per_block())
+        return self.kept != self.choice and t is not None and t * blocks <= self.budget_s
 
     def _end_trial(self, table) -> None:
         # side by side in the same passes: all met the same load (the watch's time of the

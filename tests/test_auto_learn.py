@@ -318,6 +318,32 @@ def test_a_kept_schedule_that_slowed_past_its_rival_meets_it_again_on_fresh_bloc
     assert settle_calls(t) == RECHECK_MIN_CALLS
 
 
+def test_a_recheck_times_the_overturned_model_choice_afresh_where_that_is_cheap():
+    # 4 × 2 hosts at 64 KiB on a loaded machine: recursive doubling (the model's choice)
+    # timed 29 ms in trial and rematch alike, 12 ms afterwards; hd was kept at 25 ms
+    t = Tuning("rd", 0.008, "hd", window=5, warmup=1, recheck_after_s=1.0)
+    feed(t, [1.0] + [0.02] * 5)
+    slow_spell = {"rd": 0.029, "hd": 0.025}
+    feed(t, [slow_spell[label] for label, _ in t.trial_plan()])
+    rematch(t, ("hd", "rd"), slow_spell)
+    assert (t.phase, t.kept) == ("settled", "hd")
+    settle_calls(t)
+    feed(t, [0.025] * 6)  # hd as before, not slower than rd's old time: rd is timed again
+    assert (t.phase, t.recheck_s) == ("trial", 0.025)
+    rematch(t, ("hd", "rd"), {"rd": 0.012, "hd": 0.025})
+    assert (t.phase, t.kept) == ("settled", "rd") and t.trial_s["rd"] == pytest.approx(0.012)
+    # where the choice's calls are dear (2 passes of 4 one-second calls, past the 0.25 s
+    # budget), the recheck times the kept schedule alone
+    big = Tuning("rd", 0.5, "hd", window=5, warmup=1, recheck_after_s=1.0)
+    feed(big, [9.0] + [1.0] * 5)
+    dear = {"rd": 1.2, "hd": 1.0}
+    feed(big, [dear[label] for label, _ in big.trial_plan()])
+    rematch(big, ("hd", "rd"), dear)
+    settle_calls(big)
+    feed(big, [1.0] * 6)
+    assert (big.phase, big.kept, big.confirmed) == ("settled", "hd", 1)
+
+
 def test_a_choice_settled_without_a_trial_gets_one_when_it_drifts_from_its_watch():
     t = Tuning("ring", 1.0, "hd", window=2, warmup=0, recheck_after_s=1.0)
     feed(t, [1.0, 1.0])
