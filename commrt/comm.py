@@ -25,7 +25,7 @@ import torch
 from commrt.departure import CLOSED, Departures, track
 from commrt.errors import CommError, CommTimeoutError
 from commrt.launch import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
-from commrt.rendezvous import _mpi_world
+from commrt.rendezvous import MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
 from commrt.rendezvous import tcp_store as _tcp_store
 from commrt.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
@@ -151,7 +151,7 @@ class Communicator:
         self.check_open()
         self.settle()
         self.watch.begin_call()
-        t = self.timeout if timeout is None else timeout
+        t = self.timeout if timeout is None else check_timeout(timeout)
         with self.lock:
             if not self.transport.barrier(t):
                 raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
@@ -180,7 +180,7 @@ class Communicator:
                 schedule,
                 buf,
                 self.transport if transport is None else transport,
-                timeout=self.timeout if timeout is None else timeout,
+                timeout=self.timeout if timeout is None else check_timeout(timeout),
                 piece_bytes=self.piece_bytes,
                 average=average,
                 bucket=bucket,
@@ -412,7 +412,8 @@ def init(
     CuPy/NCCL falls back with a warning that says what to install),
     ``"nccl"``, ``"mpi"`` or ``"gloo"``. Rank and
     world size come from the launcher (mpiexec or torchrun); explicit
-    arguments override them. ``timeout`` bounds every wait (seconds).
+    arguments override them. ``timeout`` bounds every wait (seconds, at most
+    :data:`MAX_TIMEOUT_S`, about 3 years; the reason is beside it in :mod:`commrt.rendezvous`).
     ``piece_bytes`` is the pipelining granularity of large transfers.
     ``debug`` (default: the ``COMMRT_DEBUG`` environment variable) checks
     every collective's arguments across ranks first and names mismatches.
@@ -428,8 +429,7 @@ def init(
 
         >>> comm = commrt.init(backend="gloo")   # doctest: +SKIP
     """
-    if not timeout or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    timeout = check_timeout(timeout)
     if piece_bytes < 1024:
         raise ValueError(f"piece_bytes must be at least 1024, got {piece_bytes}")
     debug = _env_flag("COMMRT_DEBUG") if debug is None else debug

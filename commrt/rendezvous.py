@@ -3,13 +3,35 @@
 Also :func:`serve`, the one way commrt hosts a TCPStore server (here, the
 launcher's and the control store), so a job whose MASTER_ADDR is 127.0.0.1
 listens on loopback only. A leaf: :mod:`commrt.comm` and :mod:`commrt.store`
-import it, and it imports neither back.
+import it, and it imports neither back. And :func:`check_timeout`, the one
+check of a timeout a user gives (``commrt.init``, ``commrt train --timeout``).
 """
 
 from __future__ import annotations
 
 import datetime
+import numbers
 import os
+
+#: the longest timeout commrt takes, in seconds (about 3 years): far past any real wait,
+#: and well inside what the timeout passes through. Longer ones broke in a new-user trial,
+#: far from the call that took them: torch's store failed at 1e10 s (its milliseconds
+#: overflow), a timedelta cannot hold 1e30 s, and a thread's wait overflows time_t past
+#: threading.TIMEOUT_MAX (9.2e9 s).
+MAX_TIMEOUT_S = 1e8
+
+
+def check_timeout(timeout, what: str = "timeout") -> float:
+    """``timeout`` as float seconds: a real number (not a bool or a string) above 0 and at
+    most :data:`MAX_TIMEOUT_S`; else a one-line TypeError or ValueError naming ``what``."""
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{what} must be a number of seconds, got {timeout!r}")
+    if not 0 < timeout <= MAX_TIMEOUT_S:  # nan fails this too
+        raise ValueError(
+            f"{what} must be a positive number of seconds, at most {MAX_TIMEOUT_S:g} "
+            f"(about 3 years), got {timeout!r}"
+        )
+    return float(timeout)
 
 
 def tcp_store(

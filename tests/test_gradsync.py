@@ -2,6 +2,7 @@
 bucketing, the trace timeline and overlap with backward (in-process ranks)."""
 
 import json
+import threading
 import time
 
 import pytest
@@ -223,6 +224,31 @@ def test_usage_errors():
             assert time.perf_counter() - t0 < 1.0
 
     run_ranks(1, body)
+
+
+def test_a_step_waits_at_the_longest_timeout_whatever_the_buckets():
+    """wait()'s backstop is the timeout times (buckets + 2): at --timeout 3e9 (and at
+    MAX_TIMEOUT_S with 91 buckets or more) it passed threading.TIMEOUT_MAX, and the wait
+    raised "OverflowError: timestamp out of range for platform time_t" (new-user trial)."""
+    from types import SimpleNamespace
+
+    from commrt.rendezvous import MAX_TIMEOUT_S
+    from commrt.sync.progress import Progress
+    from commrt.sync.stepstate import StepState
+
+    state = StepState.fresh([SimpleNamespace(params=[None])], step=0)
+    progress = Progress(state, SimpleNamespace(cuda=False), policy=None, name="test")
+
+    def finish():  # the progress thread's part: the one bucket is done
+        time.sleep(0.05)
+        with progress.cv:
+            state.done = 1
+            progress.cv.notify_all()
+
+    threading.Thread(target=finish).start()
+    with progress.cv:
+        progress.wait_done(MAX_TIMEOUT_S * 202, rank=0, algorithm="ring")
+    assert state.done == 1
 
 
 def test_no_sync_accumulates_then_averages():

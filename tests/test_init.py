@@ -2,9 +2,11 @@
 
 import pytest
 import torch
+from local_transport import run_ranks
 
 import commrt
-from commrt.launch import detect_launch
+from commrt.comm import Communicator
+from commrt.launch import LaunchInfo, detect_launch
 
 
 def test_detect_mpich_hydra():
@@ -89,6 +91,56 @@ def test_init_rejects_bad_arguments():
         commrt.init("gloo", rank=3, world_size=2)
     with pytest.raises(ValueError, match="MASTER_ADDR and MASTER_PORT"):
         commrt.init("gloo", rank=0, world_size=2)
+
+
+@pytest.mark.parametrize(
+    "timeout, error, says",
+    [
+        (1e10, ValueError, "at most 1e+08 (about 3 years), got 10000000000.0"),
+        (float("inf"), ValueError, "at most 1e+08 (about 3 years), got inf"),
+        (float("nan"), ValueError, "got nan"),
+        (-1, ValueError, "got -1"),
+        ("10", TypeError, "must be a number of seconds, got '10'"),
+        (True, TypeError, "must be a number of seconds, got True"),
+    ],
+)
+def test_init_takes_a_timeout_it_can_keep(timeout, error, says):
+    """timeout=1e10 failed in torch's store ("client socket has timed out after
+    10000000000000ms"), inf with OverflowError, nan with a ValueError about int conversion
+    and "10" with a TypeError about '<=' (new-user trial): one line at the call instead."""
+    with pytest.raises(error) as e:
+        commrt.init("gloo", rank=0, world_size=2, timeout=timeout)
+    assert str(e.value).startswith("timeout must be") and says in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_the_longest_timeout_works_and_per_call_timeouts_are_checked_alike():
+    with commrt.init("gloo", timeout=commrt.comm.MAX_TIMEOUT_S) as comm:
+        assert comm.timeout == 1e8
+        comm.barrier(timeout=1e8)
+        with pytest.raises(ValueError, match="timeout must be .* at most 1e\\+08"):
+            comm.barrier(timeout=1e30)
+
+    def body(tr):  # two ranks: one alone never waits, so never reads the timeout
+        launch = LaunchInfo("none", tr.rank, tr.world_size, 0, None)
+        comm = Communicator(tr, commrt.Backend.GLOO, launch, 1e8, 1 << 20)
+        t = torch.ones(2)
+        commrt.all_reduce(t, comm, op="sum", timeout=1e8)
+        with pytest.raises(ValueError, match="timeout must be .* at most 1e\\+08 .* got inf"):
+            commrt.all_reduce(t, comm, timeout=float("inf"))
+        return t.tolist()
+
+    assert run_ranks(2, body) == [[2.0, 2.0]] * 2
+
+
+def test_a_process_group_timeout_is_checked_alike():
+    """dist.init_process_group("commrt", timeout=...) reaches commrt's groups too."""
+    import datetime
+
+    from commrt.distributed.devices import DeviceComms
+
+    with pytest.raises(ValueError, match="the process group's timeout must be .* at most 1e\\+08"):
+        DeviceComms(None, 0, 1, datetime.timedelta(days=10000), None, "g", None)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when no GPU exists")

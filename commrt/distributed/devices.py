@@ -22,6 +22,7 @@ from commrt.algorithms import resolve
 from commrt.comm import Backend, Communicator, abort_on_error_wanted, install_abort_hook
 from commrt.distributed.ops import DeviceComm
 from commrt.launch import LaunchInfo, detect_launch
+from commrt.rendezvous import check_timeout
 
 #: the environment variable that picks the all-reduce algorithm (Options() default)
 ALGORITHM_ENV = "COMMRT_ALGORITHM"
@@ -90,7 +91,7 @@ class DeviceComms:
         self.group_id = group_id
         self.options = options if isinstance(options, Options) else Options()
         secs = timeout.total_seconds() if timeout is not None else 0
-        self.timeout = secs if secs > 0 else 1800.0
+        self.timeout = check_timeout(secs, "the process group's timeout") if secs > 0 else 1800.0
         self.global_ranks = list(global_ranks or range(size))
         self.algorithm = self.options.resolved_algorithm()
         self.lock = threading.Lock()

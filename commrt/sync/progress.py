@@ -208,7 +208,9 @@ class Progress:
                     algorithm=algorithm,
                     bucket=self.state.next,
                 )
-            self.cv.wait(left)
+            # capped: wait()'s backstop is the timeout times the buckets, and a wait past
+            # TIMEOUT_MAX overflows time_t (the loop waits again until the deadline)
+            self.cv.wait(min(left, threading.TIMEOUT_MAX))
         if self.error is not None:
             self.raise_error()
         runner = self.runner
