@@ -145,6 +145,13 @@ def _trace_events(path) -> list[dict]:
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{os.fspath(path)} is not a trace: not JSON ({e})") from None
+    except IsADirectoryError:
+        raise ValueError(
+            f"{os.fspath(path)} is a folder, not a trace; give the trace files in it "
+            f"(e.g. {os.path.join(path, '*.json')})"
+        ) from None
+    except PermissionError as e:  # commrt trace merge prints a ValueError as one line
+        raise ValueError(f"cannot read {os.fspath(path)}: {e.strerror or e}") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ValueError(f"{os.fspath(path)} is not a trace: no traceEvents list")

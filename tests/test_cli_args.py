@@ -3,6 +3,7 @@ hang or advice that fails next: stragglers, batches that do not split, --version
 subcommands, unknown algorithms, negative ranks; and what the summary and headers say.
 All in this process, no ranks started."""
 
+import argparse
 import importlib.util
 import pathlib
 import types
@@ -86,6 +87,17 @@ def test_a_timeout_must_be_finite_and_positive(capsys):
         assert "--timeout" in _error(["train", "--timeout", bad], capsys)
 
 
+@pytest.mark.parametrize("command", [["train"], ["bench", "allreduce"], ["probe"]])
+def test_a_timeout_past_the_longest_is_refused_before_the_launch(command, capsys):
+    """--timeout 1e30 died in every rank of OverflowError (a timedelta), 1e12 of "timestamp
+    out of range for platform time_t", and 1e10 in torch's store (new-user trial)."""
+    for bad in ("1e30", "1e12", "1e10", "abc"):
+        line = _error([*command, "--timeout", bad], capsys)
+        assert "--timeout: give seconds above 0, at most 1e+08 (about 3 years)" in line, line
+        assert line.endswith(f"got {bad}"), line
+    assert build_parser().parse_args([*command, "--timeout", "1e8"]).timeout == 1e8
+
+
 @pytest.mark.parametrize("flag", ["--lr", "--bucket-mb"])
 def test_a_rate_or_size_must_be_a_finite_positive_number(flag, capsys):
     """--lr nan used to train on NaN to the end (found in a new-user trial)."""
@@ -142,6 +154,20 @@ def test_trace_merge_of_a_file_that_is_not_a_trace_says_which(tmp_path, capsys):
         err = capsys.readouterr().err
         assert f"{bad} is not a trace" in err and says in err, err
     assert not out.exists()  # nothing half-written
+
+
+def test_trace_merge_of_a_folder_says_to_give_its_files(tmp_path, capsys):
+    """commrt trace merge -o merged.json adir ended in an IsADirectoryError traceback."""
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    out = tmp_path / "merged.json"
+    assert main(["trace", "merge", "-o", str(out), str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"commrt trace merge: {folder} is a folder, not a trace; give the trace files in it "
+        f"(e.g. {folder}/*.json)"
+    )
+    assert not out.exists()
 
 
 # ------------------------------------------------------ 2. batches that do not split
@@ -308,7 +334,7 @@ def test_the_kernel_bench_summary_keeps_names_apart():
         ["probe", "--save", "{bad}"],
         ["bench", "allreduce", "--json", "{bad}"],
         ["bench", "allreduce", "--csv", "{bad}"],
-        ["bench", "kernels", "--plot", "{bad}"],
+        ["bench", "kernels", "--plot", "{bad}.png"],
         ["simulate", "--json", "{bad}"],
         ["simulate", "--out-dir", "{bad}/plots"],
         ["trace", "merge", "-o", "{bad}", "in.json"],
@@ -329,3 +355,74 @@ def test_an_output_file_gets_its_folders_and_a_folder_is_no_file(tmp_path, capsy
     assert output_file(str(deep)) == str(deep) and deep.parent.is_dir()
     line = _error(["trace", "merge", "-o", str(tmp_path), "in.json"], capsys)
     assert f"{tmp_path} is a folder; give a file name" in line
+
+
+# ------------------------------------------ plot formats, devices, type names, shapes
+
+
+@pytest.mark.parametrize("command", [["bench", "allreduce"], ["bench", "kernels"]])
+def test_a_plot_format_matplotlib_cannot_write_is_refused_before_the_work(
+    command, tmp_path, capsys
+):
+    """--plot out/x.txt ran the whole benchmark, then failed in matplotlib's savefig
+    ("Format 'txt' is not supported"; new-user trial)."""
+    for name, says in (
+        ("x.txt", "matplotlib cannot write .txt files"),
+        ("x", "no extension to tell the format"),
+    ):
+        path = tmp_path / "new" / name
+        line = _error([*command, "--plot", str(path)], capsys)
+        assert f"--plot: cannot plot to {path}: {says}; give one of " in line, line
+        assert ".pdf" in line and ".png" in line and ".svg" in line
+        assert not path.parent.exists()  # refused before any folder was made
+    for good in ("x.png", "x.PDF", "x.svg"):
+        path = str(tmp_path / good)
+        assert build_parser().parse_args([*command, "--plot", path]).plot == path
+
+
+def test_bench_kernels_takes_only_a_device_it_can_run_on(capsys):
+    """--device tpu ended in torch's RuntimeError traceback (new-user trial)."""
+    line = _error(["bench", "kernels", "--device", "tpu"], capsys)
+    assert line.endswith("argument --device: give cpu or cuda (or cuda:N), got 'tpu'"), line
+    for good in ("cpu", "cuda", "cuda:1"):
+        assert build_parser().parse_args(["bench", "kernels", "--device", good]).device == good
+
+
+def _type_functions(parser) -> dict[str, object]:
+    """Every flag's argparse type in ``parser`` and its subcommands: "command --flag" -> type."""
+    found = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.update(_type_functions(sub))
+        elif callable(action.type):
+            found[f"{parser.prog} {(action.option_strings or [action.dest])[0]}"] = action.type
+    return found
+
+
+def test_no_type_function_leaks_its_python_name():
+    """argparse names a type in "invalid NAME value" from its __name__: the parser said
+    "invalid positive_int value: 'abc'" and "invalid _pow2 value: 'abc'" (new-user trial)."""
+    types_ = _type_functions(build_parser())
+    assert len(types_) > 20
+    leaks = {flag: t.__name__ for flag, t in types_.items() if "_" in t.__name__}
+    assert not leaks, leaks
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["train", "--nproc", "abc"], ["train", "--epochs", "1.5"], ["simulate", "--max-p", "abc"]],
+)
+def test_a_whole_number_flag_says_it_wants_one(argv, capsys):
+    line = _error(argv, capsys)
+    assert line.endswith(f"{argv[-2]}: give a whole number, got {argv[-1]!r}"), line
+    assert "positive_int" not in line and "_pow2" not in line
+
+
+@pytest.mark.parametrize("shape", ["abc", "2x", "2x2x2", "0x4", "-1x2"])
+def test_a_torus_shape_that_is_not_one_says_what_a_shape_is(shape, capsys):
+    """--torus-shape abc said "invalid literal for int() with base 10: 'abc'"."""
+    line = _error(["train", "--algorithm", "torus2d", "--torus-shape", shape], capsys)
+    assert "--torus-shape: give ROWSxCOLS, like 2x2" in line and f"got {shape!r}" in line, line
+    assert "int()" not in line and "unpack" not in line
+    assert _options(["train", "--algorithm", "torus2d", "--torus-shape", "1x2"]).algorithm.cols == 2

@@ -1,9 +1,10 @@
 """Every table commrt prints fits an 80-column terminal (issue 23): bench allreduce, bench
-kernels, simulate and the launcher's lines; the detail the tables leave out goes to --csv
-and --json; the default bench sweep stays small."""
+kernels, simulate and the launcher's lines, and every command's --help; the detail the
+tables leave out goes to --csv and --json; the default bench sweep stays small."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import shutil
@@ -12,7 +13,8 @@ import sys
 import pytest
 from test_cli import _run_in_pty
 
-from commrt.cli import bench
+from commrt.cli import bench, main
+from commrt.cli.commands import build_parser
 from commrt.cli.launch import tolerated_lines
 
 COMMRT = [sys.executable, "-m", "commrt"]
@@ -114,3 +116,34 @@ def test_the_default_bench_sweep_is_small():
     calls = [bench.default_iterations(n) for n in sizes]
     assert sum(n * k for n, k in zip(sizes, calls)) < 80e6
     assert sum(calls) <= 200 and max(sizes) <= 16 << 20 and min(sizes) <= 8
+
+
+def _commands(parser, path=()) -> list[tuple[str, ...]]:
+    """Every command line that has a --help of its own: (), ("bench",), ("bench", "kernels")..."""
+    found = [path]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _commands(sub, (*path, name))
+    return found
+
+
+COMMANDS = _commands(build_parser())
+
+
+def test_every_command_with_a_help_is_checked():
+    assert {("bench", "allreduce"), ("bench", "kernels"), ("trace", "merge")} <= set(COMMANDS)
+    assert {("train",), ("simulate",), ("probe",), ()} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "commrt")
+def test_every_help_fits_80_columns(command, monkeypatch, capsys):
+    """At COLUMNS=80 bench allreduce's usage line ran to 89 columns, listing --dtype's
+    choices, and bench kernels' to 86 with --wire's (new-user trial)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: commrt {' '.join(command)}".rstrip())
+    _fits(out)

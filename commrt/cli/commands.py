@@ -28,13 +28,17 @@ from commrt import __version__
 from commrt.cli import launch as launcher
 from commrt.cli.train_args import algorithm_names, check_train, unknown_algorithm
 from commrt.cli.units import (
+    DTYPE_NAMES,
     DTYPES,
     bucket_mb,
+    grid_shape,
+    kernel_device,
     output_file,
+    plot_file,
     positive_int,
     positive_number,
-    positive_seconds,
     size_list,
+    timeout_seconds,
 )
 
 __all__ = ["main", "build_parser", "check_train", "DTYPES"]
@@ -103,9 +107,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=positive_seconds,
+        type=timeout_seconds,
         default=300.0,
-        help="seconds any wait may take (default 300)",
+        help="seconds any wait may take (default 300, at most 1e8)",
     )
 
 
@@ -136,6 +140,13 @@ def _add_files(p, what: str) -> None:
     p.add_argument("--json", metavar="PATH", type=output_file, help=f"also write {what} as JSON")
 
 
+def _add_plot(p, what: str) -> None:
+    """--plot, in any format matplotlib writes (checked before the work starts)."""
+    p.add_argument(
+        "--plot", metavar="FILE", type=plot_file, help=f"also plot {what} to FILE (.png, .svg…)"
+    )
+
+
 def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="measure collectives")
     bsub = bench.add_subparsers(dest="what")
@@ -153,7 +164,13 @@ def _add_bench(sub) -> None:
         default=None,
         help="comma-separated sizes (default 8,4K,64K,1M,16M: seconds)",
     )
-    ar.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    ar.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default="float32",
+        metavar="DTYPE",
+        help=f"element type: {DTYPE_NAMES} (default float32)",
+    )
     ar.add_argument("--repeats", type=positive_int, default=3, help="timed runs per point (median)")
     ar.add_argument(
         "--iters",
@@ -161,9 +178,7 @@ def _add_bench(sub) -> None:
         default=None,
         help="calls per timed run (default: from the size, 3..50, ~16 MB moved per run)",
     )
-    ar.add_argument(
-        "--plot", metavar="PNG", type=output_file, help="also write busbw vs size to this PNG file"
-    )
+    _add_plot(ar, "busbw vs size")
     _add_files(ar, "every point with its element count")
     ar.set_defaults(run=cmd_bench_allreduce, parser=ar)
     kb = bsub.add_parser(
@@ -172,11 +187,15 @@ def _add_bench(sub) -> None:
     kb.add_argument(
         "--sizes", type=size_list, default=None, help="bucket sizes (default 1M,4M,16M,64M,100M)"
     )
-    kb.add_argument("--wire", choices=sorted(DTYPES), default="float32", help="bucket (wire) dtype")
-    kb.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     kb.add_argument(
-        "--plot", metavar="PNG", type=output_file, help="also write GB/s vs size to this PNG file"
+        "--wire",
+        choices=sorted(DTYPES),
+        default="float32",
+        metavar="DTYPE",
+        help=f"bucket (wire) dtype: {DTYPE_NAMES} (default float32)",
     )
+    kb.add_argument("--device", type=kernel_device, help="cpu or cuda (default: cuda if available)")
+    _add_plot(kb, "GB/s vs size")
     _add_files(kb, "every point with its element count, bytes moved and time")
     kb.set_defaults(run=cmd_bench_kernels, single_process=True, parser=kb)
     bench.set_defaults(parser=bench, subcommands=tuple(bsub.choices))
@@ -205,7 +224,10 @@ def _add_train(sub) -> None:
         help="for --algorithm gossip: apply each step's mix one step later, overlapped",
     )
     tr.add_argument(
-        "--torus-shape", metavar="ROWSxCOLS", help="grid for --algorithm torus2d, e.g. 2x2"
+        "--torus-shape",
+        metavar="ROWSxCOLS",
+        type=grid_shape,
+        help="grid for --algorithm torus2d, e.g. 2x2",
     )
     tr.add_argument("--epochs", type=positive_int, default=8)
     tr.add_argument(
@@ -416,7 +438,7 @@ def cmd_bench_allreduce(args) -> int:
 
 #: flags whose values may start with "-" (a rank, a size): argparse would take "-1:5" or
 #: "-4K" for a flag
-_SIGNED_VALUES = ("--kill", "--straggler", "--sizes")
+_SIGNED_VALUES = ("--kill", "--straggler", "--sizes", "--torus-shape")
 
 
 def _negative_values(argv: list[str]) -> list[str]:

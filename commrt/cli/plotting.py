@@ -62,3 +62,10 @@ def line_plot(
         ax.plot(xs, ys, marker="o", label=name)
     style(ax, xlabel=xlabel, ylabel=ylabel, title=title)
     return save(fig, path)
+
+
+def formats() -> list[str]:
+    """The file extensions ``savefig`` writes (png, pdf, svg, ...), without the dot."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())

@@ -60,11 +60,13 @@ from commrt.cli.simulate_sections import (
 )
 from commrt.cli.units import (
     fmt_bytes,
+    named,
     non_negative_number,
     output_file,
     output_folder,
     positive_int,
     size_list,
+    whole_number,
 )
 from commrt.schedule import Collective
 
@@ -89,8 +91,9 @@ DEFAULT_ALGORITHMS = "ring,halving_doubling,torus2d,auto"
 
 
 # ------------------------------------------------------------------ parsing
+@named("power of two")
 def _pow2(text: str) -> int:
-    v = int(text)
+    v = whole_number(text)
     if v < 2 or v & (v - 1):
         raise argparse.ArgumentTypeError(f"must be a power of two >= 2, got {v}")
     return v

@@ -18,13 +18,14 @@ import sys
 from typing import Sequence
 
 from commrt.cli.simulate_sections import fit
-from commrt.cli.units import positive_number
+from commrt.cli.units import named, positive_number
 from commrt.sim.control import HEARTBEAT_S, StoreCost, control_cost, first_saturated
 
 #: backups of the priced jobs
 BACKUPS = 1
 
 
+@named("store cost")
 def store_cost(text: str) -> StoreCost:
     """``--store-cost``'s type: ``RTT_US,OP_US,KEY_US``."""
     try:

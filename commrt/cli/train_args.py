@@ -84,12 +84,12 @@ def _train_algorithm(parser: argparse.ArgumentParser, args, nproc: int, batch_fi
     if args.torus_shape:
         if alg.name != "torus2d":
             parser.error("--torus-shape only applies to --algorithm torus2d")
+        rows, cols = args.torus_shape  # (rows, cols): units.grid_shape parsed it
         try:
-            rows, cols = (int(v) for v in args.torus_shape.lower().split("x"))
             alg = Torus2D(rows=rows, cols=cols)
             alg.schedule(nproc)
         except ValueError as e:
-            parser.error(f"--torus-shape {args.torus_shape} with --nproc {nproc}: {e}")
+            parser.error(f"--torus-shape {rows}x{cols} with --nproc {nproc}: {e}")
     if args.backups is not None or alg.name == "backup":
         from commrt.algorithms import BackupWorkers
 

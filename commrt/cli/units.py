@@ -9,6 +9,7 @@ import tempfile
 
 import torch
 
+from commrt.rendezvous import MAX_TIMEOUT_S, check_timeout
 from commrt.sim import fmt_bytes  # noqa: F401  (re-exported: tables and tools format sizes alike)
 
 #: dtype names the flags take
@@ -21,8 +22,24 @@ DTYPES = {
     "float16": torch.float16,
     "fp16": torch.float16,
 }
+#: for the help of a flag that takes them (with a metavar: the choices themselves ran the
+#: usage line past 80 columns)
+DTYPE_NAMES = ", ".join(DTYPES)
 
 
+def named(name: str):
+    """Decorator: the name argparse shows for an argparse type that raised ValueError or
+    TypeError ("invalid positive integer value: 'abc'"); it shows ``__name__``, which
+    would leak ours ("invalid positive_int value")."""
+
+    def rename(fn):
+        fn.__name__ = name
+        return fn
+
+    return rename
+
+
+@named("size")
 def parse_size(text: str) -> int:
     """'64K', '1M', '16MB', '1GiB', '4096' -> bytes (K, M, G are powers of two)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmg]?)i?b?\s*", text.lower())
@@ -31,6 +48,7 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)])
 
 
+@named("list of sizes")
 def size_list(text: str) -> list[int]:
     """argparse type: comma-separated positive sizes."""
     sizes = [parse_size(s) for s in text.split(",") if s.strip()]
@@ -39,23 +57,33 @@ def size_list(text: str) -> list[int]:
     return sizes
 
 
+@named("positive integer")
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
-    v = int(text)
+    v = whole_number(text)
     if v < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
     return v
 
 
-def positive_seconds(text: str) -> float:
-    """argparse type: a finite number of seconds above 0."""
+def whole_number(text: str) -> int:
+    """``text`` as an int; ArgumentTypeError saying so if it is not one."""
     try:
-        v = float(text)
+        return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"give seconds as a number, got {text!r}") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"give a finite number of seconds above 0, got {text}")
-    return v
+        raise argparse.ArgumentTypeError(f"give a whole number, got {text!r}") from None
+
+
+@named("timeout")
+def timeout_seconds(text: str) -> float:
+    """argparse type: seconds above 0 and at most MAX_TIMEOUT_S, as commrt.init takes them
+    (checked here: a bad one used to fail in every rank, after the launch)."""
+    try:
+        return check_timeout(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"give seconds above 0, at most {MAX_TIMEOUT_S:g} (about 3 years), got {text}"
+        ) from None
 
 
 def _finite(text: str, low: float, inclusive: bool) -> float:
@@ -70,11 +98,13 @@ def _finite(text: str, low: float, inclusive: bool) -> float:
     return v
 
 
+@named("positive number")
 def positive_number(text: str) -> float:
     """argparse type: a finite number above 0 (a learning rate, a size in MB)."""
     return _finite(text, 0.0, inclusive=False)
 
 
+@named("bucket size")
 def bucket_mb(text: str) -> float:
     """argparse type: a bucket cap in MB, as :class:`commrt.GradientSync` takes it."""
     from commrt.sync.config import bucket_mb_problem  # lazy: it imports torch
@@ -86,6 +116,7 @@ def bucket_mb(text: str) -> float:
     return v
 
 
+@named("number")
 def non_negative_number(text: str) -> float:
     """argparse type: a finite number, 0 or more (milliseconds of compute or delay)."""
     return _finite(text, 0.0, inclusive=True)
@@ -120,6 +151,7 @@ def _writable_folder(text: str, folder: str, make: bool) -> None:
         ) from None
 
 
+@named("file name")
 def output_file(text: str) -> str:
     """argparse type: a file the command can write, its folder made if missing; checked
     before the work starts (a long run must not end in a traceback for want of a
@@ -131,8 +163,43 @@ def output_file(text: str) -> str:
     return text
 
 
+@named("folder name")
 def output_folder(text: str) -> str:
     """argparse type: a folder the command can make and write files in (checked, not
     made: argparse checks the default too, which a run without plots never uses)."""
     _writable_folder(text, os.path.abspath(os.path.expanduser(text)), make=False)
     return text
+
+
+@named("plot file")
+def plot_file(text: str) -> str:
+    """argparse type: an :func:`output_file` in a format matplotlib writes, told by its
+    extension; checked before the work (a benchmark ran to its end, then failed to save
+    a .txt plot)."""
+    from commrt.cli.plotting import formats  # lazy: matplotlib takes half a second
+
+    ext = os.path.splitext(text)[1][1:].lower()
+    if ext not in formats():
+        kinds = ", ".join(f".{f}" for f in formats())
+        why = f"matplotlib cannot write .{ext} files" if ext else "no extension to tell the format"
+        raise argparse.ArgumentTypeError(f"cannot plot to {text}: {why}; give one of {kinds}")
+    return output_file(text)
+
+
+@named("device")
+def kernel_device(text: str) -> str:
+    """argparse type: cpu, cuda or cuda:N (torch's error for any other was a traceback)."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"give cpu or cuda (or cuda:N), got {text!r}")
+    return text
+
+
+@named("grid shape")
+def grid_shape(text: str) -> tuple[int, int]:
+    """argparse type: ROWSxCOLS, like 2x2, as (rows, cols), each at least 1."""
+    m = re.fullmatch(r"\s*(\d+)\s*[x×]\s*(\d+)\s*", text.lower())
+    if not m or min(int(m[1]), int(m[2])) < 1:
+        raise argparse.ArgumentTypeError(
+            f"give ROWSxCOLS, like 2x2 (rows and columns at least 1), got {text!r}"
+        )
+    return int(m[1]), int(m[2])
