@@ -147,6 +147,18 @@ def _add_plot(p, what: str) -> None:
     )
 
 
+def _add_dtype(p, flag: str, what: str) -> None:
+    """A dtype flag; its choices listed in the help (in the usage line they ran past 80
+    columns)."""
+    p.add_argument(
+        flag,
+        choices=sorted(DTYPES),
+        default="float32",
+        metavar="DTYPE",
+        help=f"{what}: {DTYPE_NAMES} (default float32)",
+    )
+
+
 def _add_bench(sub) -> None:
     bench = sub.add_parser("bench", help="measure collectives")
     bsub = bench.add_subparsers(dest="what")
@@ -164,13 +176,7 @@ def _add_bench(sub) -> None:
         default=None,
         help="comma-separated sizes (default 8,4K,64K,1M,16M: seconds)",
     )
-    ar.add_argument(
-        "--dtype",
-        choices=sorted(DTYPES),
-        default="float32",
-        metavar="DTYPE",
-        help=f"element type: {DTYPE_NAMES} (default float32)",
-    )
+    _add_dtype(ar, "--dtype", "element type")
     ar.add_argument("--repeats", type=positive_int, default=3, help="timed runs per point (median)")
     ar.add_argument(
         "--iters",
@@ -187,13 +193,7 @@ def _add_bench(sub) -> None:
     kb.add_argument(
         "--sizes", type=size_list, default=None, help="bucket sizes (default 1M,4M,16M,64M,100M)"
     )
-    kb.add_argument(
-        "--wire",
-        choices=sorted(DTYPES),
-        default="float32",
-        metavar="DTYPE",
-        help=f"bucket (wire) dtype: {DTYPE_NAMES} (default float32)",
-    )
+    _add_dtype(kb, "--wire", "bucket (wire) dtype")
     kb.add_argument("--device", type=kernel_device, help="cpu or cuda (default: cuda if available)")
     _add_plot(kb, "GB/s vs size")
     _add_files(kb, "every point with its element count, bytes moved and time")
