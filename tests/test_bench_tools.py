@@ -130,3 +130,19 @@ def test_the_calibration_spread_times_the_probes_calibration_again_and_again(cap
     with pytest.raises(SystemExit) as e:
         spread.main(["--times", "1"])
     assert e.value.code == 2 and "--times must be at least 2" in capsys.readouterr().err
+
+
+def test_the_noise_floor_times_every_candidate_twice_as_the_table_does(tmp_path):
+    from mp import mpiexec
+
+    path = tmp_path / "nf.json"
+    out = mpiexec(2, "../../bench/noise_floor.py", "--backend", "mpi", "--size", "4K",
+                  "--json", path, timeout=120).stdout.splitlines()  # fmt: skip
+    assert out[0] == "# 2 ranks, 4096 B: each candidate twice, ms (median)"
+    assert all(len(line) <= 80 for line in out)
+    got = json.loads(path.read_text())
+    assert (
+        list(got["twice"]) == [label(a) for a in candidates(2)] == [r.split()[0] for r in out[2:]]
+    )
+    for line, (a, b) in zip(out[2:], got["twice"].values()):
+        assert 0 < a and 0 < b and float(line.split()[-1]) == pytest.approx(b / a, abs=0.006)
