@@ -200,7 +200,8 @@ class Communicator:
         open syncs' after-step work finish, so every rank issues the
         collective after it, in the same order.
         """
-        self.check_open()
+        if self._closed:  # check_open(), inline: this runs before every collective
+            raise CommError(f"rank {self.rank}: communicator is closed")
         if self._active_sync is not None:
             raise RuntimeError(
                 "commrt: a GradientSync step is in flight on this communicator; "
@@ -209,8 +210,7 @@ class Communicator:
             )
         if self._syncs:
             self.settle()
-        self.watch.begin_call()
-        self.watch.check()
+        self.watch.begin_checked_call()
 
     def settle(self) -> None:
         """Let GradientSync work that outlives wait() (asynchronous families) finish

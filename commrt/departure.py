@@ -98,6 +98,12 @@ class Departures:
     def begin_call(self) -> None:
         self.calls += 1
 
+    def begin_checked_call(self) -> None:
+        """:meth:`begin_call`, then :meth:`check`: a collective's entry, in one call (an
+        8-byte all-reduce takes a few microseconds, a call a tenth of one)."""
+        self.calls += 1
+        self.check()
+
     def begin_sync(self, waits_on_all: bool = True) -> None:
         """A GradientSync step begins; ``waits_on_all=False`` for families whose steps go on
         without ranks that left (backup workers): a farewell ends none of their waits."""

@@ -121,6 +121,33 @@ def test_op_dtype_and_shape_changes_leave_the_settled_path():
     assert run_ranks(2, body) == [want, want]
 
 
+def test_a_settled_call_with_a_strided_tensor_or_its_own_timeout_is_still_right():
+    """The settled path runs a contiguous tensor under the communicator's own options in
+    place; a strided view goes through a contiguous copy written back, and a call's own
+    timeout through the communicator's full run: both must give the same sums."""
+
+    def body(tr):
+        comm = _comm(tr)
+        grid = torch.zeros(4, 2)
+        out = []
+        for k in range(3):
+            x = torch.full((4,), tr.rank + 1.0 + k)
+            out.append(commrt.all_reduce(x, comm, algorithm="rd", op="sum").tolist())
+            col = grid[:, 1]  # the same signature, (4,) float32, but not contiguous
+            col.fill_(tr.rank + 1.0 + k)
+            commrt.all_reduce(col, comm, algorithm="rd", op="sum")
+            out.append(grid.tolist())
+            x.fill_(tr.rank + 1.0 + k)
+            out.append(commrt.all_reduce(x, comm, algorithm="rd", op="avg", timeout=5).tolist())
+        return out, comm.slots.settled_call is not None
+
+    want = []
+    for k in range(3):
+        s = 3.0 + 2 * k
+        want += [[s] * 4, [[0.0, s]] * 4, [s / 2] * 4]
+    assert run_ranks(2, body) == [(want, True)] * 2
+
+
 def test_a_new_signature_after_a_settled_one_is_still_checked_across_ranks():
     def body(tr):
         comm = _comm(tr)
