@@ -14,7 +14,9 @@ round, so a burst of load on this shared machine hits every variant alike):
 * ``torus2d``: ``commrt.all_reduce(algorithm=Torus2D())``: one row per host;
 * ``pipelined``: ``PipelinedTorus2D()``: the same grid, the buffer in
   segments (one per MiB, up to 16), each a step behind the last;
-* ``auto``: ``algorithm="auto"`` (its choice is printed).
+* ``auto``: ``algorithm="auto"`` (its choice is printed), once it has settled: its
+  learning first times its choice and may try other candidates, and samples of those
+  calls would time the trial, not the choice.
 
 A sample is one call, started after a barrier, timed on every rank; the
 sample is the slowest rank's time. The table gives per variant the median,
@@ -42,7 +44,8 @@ import torch.distributed as dist
 import commrt
 from commrt import sim
 from commrt.algorithms import PipelinedTorus2D, Torus2D, resolve
-from commrt.algorithms.auto import choices
+from commrt.algorithms.auto import candidates, choices, learning
+from commrt.algorithms.auto_learn import calls_to_settle
 from commrt.cli.bench import timing_buffer
 from commrt.cli.units import parse_size
 from commrt.probe import probe
@@ -74,11 +77,24 @@ def sample(comm, fn) -> float:
     return float(t)
 
 
+def settle_auto(comm, nbytes: int, fn) -> int:
+    """Call ``auto`` (``fn``) until it settles on a schedule for ``nbytes``; the calls made.
+    Its learning tries other candidates first, and a sample of such a trial call would time
+    the trial, not auto's choice (bench/auto_vs_candidates.py lets it settle alike)."""
+    most = calls_to_settle(len(candidates(comm.world_size)))
+    for made in range(1, most + 1):
+        fn()
+        if learning(comm)[nbytes].phase == "settled":
+            return made
+    return most
+
+
 def measure(comm, nbytes: int, rounds: int) -> dict[str, list[float]]:
     x = timing_buffer(nbytes // 4)
     fns = calls(comm, x)
     for fn in fns.values():  # warm-up: connections, plans, auto's probe and choice
         fn()
+    settle_auto(comm, nbytes, fns["auto"])
     times = {k: [] for k in fns}
     for r in range(rounds):
         order = VARIANTS[r % len(VARIANTS) :] + VARIANTS[: r % len(VARIANTS)]
