@@ -59,15 +59,23 @@ def timed(comm, fn, iters: int) -> float:
     return max(r[0] for r in gather(comm, [mine]))
 
 
+def settle_auto(comm, nbytes: int, fn) -> int:
+    """Call ``auto`` (``fn``) until it settles on a schedule for ``nbytes`` (its watch and,
+    if it missed, its trial and rematch); the calls made. A timing of auto's calls before
+    then would time its trial of the other candidates, not its choice."""
+    most = calls_to_settle(len(candidates(comm.world_size)))
+    for made in range(1, most + 1):
+        fn()
+        if learning(comm)[nbytes].phase == "settled":
+            return made
+    return most
+
+
 def measure_size(comm, nbytes: int, rounds: int, net) -> dict:
     p = comm.world_size
     x = timing_buffer(nbytes // 4)
     auto = Auto()
-    # let auto settle: its watch and, if it missed, its trial and rematch
-    for _ in range(calls_to_settle(len(candidates(p)))):
-        commrt.all_reduce(x, comm, algorithm=auto, op="sum")
-        if learning(comm)[nbytes].phase == "settled":
-            break
+    settle_auto(comm, nbytes, lambda: commrt.all_reduce(x, comm, algorithm=auto, op="sum"))
     algs = {label(a): a for a in candidates(p)}
     names = [*algs, "auto"]
     run = {

@@ -41,11 +41,13 @@ import time
 import torch
 import torch.distributed as dist
 
+# run as a script, this folder is on sys.path: auto settles as in the model-error table
+from auto_vs_candidates import settle_auto
+
 import commrt
 from commrt import sim
 from commrt.algorithms import PipelinedTorus2D, Torus2D, resolve
-from commrt.algorithms.auto import candidates, choices, learning
-from commrt.algorithms.auto_learn import calls_to_settle
+from commrt.algorithms.auto import choices
 from commrt.cli.bench import timing_buffer
 from commrt.cli.units import parse_size
 from commrt.probe import probe
@@ -75,18 +77,6 @@ def sample(comm, fn) -> float:
     t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t)
-
-
-def settle_auto(comm, nbytes: int, fn) -> int:
-    """Call ``auto`` (``fn``) until it settles on a schedule for ``nbytes``; the calls made.
-    Its learning tries other candidates first, and a sample of such a trial call would time
-    the trial, not auto's choice (bench/auto_vs_candidates.py lets it settle alike)."""
-    most = calls_to_settle(len(candidates(comm.world_size)))
-    for made in range(1, most + 1):
-        fn()
-        if learning(comm)[nbytes].phase == "settled":
-            return made
-    return most
 
 
 def measure(comm, nbytes: int, rounds: int) -> dict[str, list[float]]:
