@@ -13,7 +13,7 @@ of ranks on one node), else a replay of its real schedule in the simulator
 candidate in that order).
 
 The network is ``Auto(network=...)`` if given, else measured on the
-communicator at first use by :func:`commrt.probe.probe` (collective, tens of
+communicator at first use by :func:`commrt.tuning.probe.probe` (collective, tens of
 milliseconds, cached in ``comm.slots``; see that module for what it sends).
 ``select`` is called collectively (every rank, same order), and every rank
 prices the candidates with the same agreed α and β, so all ranks choose the
@@ -159,7 +159,7 @@ class Auto(Algorithm):
                 "commrt.all_reduce (it probes the communicator) or give "
                 "Auto(network=commrt.sim.Network...)"
             )
-        from commrt.probe import probe  # lazy: the probe needs torch, the schedules do not
+        from commrt.tuning.probe import probe  # lazy: the probe needs torch, the schedules do not
 
         return probe(comm, calibration=self.calibration).network()
 
@@ -222,7 +222,7 @@ class Auto(Algorithm):
         and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`).
         Returns whether this size is settled: :meth:`select` gives the same schedule from
         now on and wants no more observing (the same on every rank, as the phase is), so
-        the caller may keep that schedule (``commrt.settled.SettledCall``)."""
+        the caller may keep that schedule (``commrt.collectives.memo.SettledCall``)."""
         key = (self, comm.world_size, int(nbytes))
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
@@ -248,7 +248,7 @@ class Auto(Algorithm):
 
     def settled_watch(self, comm, nbytes: int) -> Tuning | None:
         """What counts the calls of a settled size's kept schedule toward its next recheck
-        (``commrt.settled.run_settled`` calls its ``settled_call()`` after each; None:
+        (``commrt.collectives.memo.run_settled`` calls its ``settled_call()`` after each; None:
         nothing)."""
         return comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
 

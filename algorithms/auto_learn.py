@@ -47,7 +47,7 @@ schedule compiles its plan and allocates scratch):
    that size from then on (``commrt.algorithms.auto.choices`` shows it,
    with ``learned=True`` if it is the runner-up), and the size is settled.
    ``commrt.all_reduce`` then runs the kept schedule for repeats of that
-   call without asking ``select`` or ``observe`` (``commrt.settled.SettledCall``),
+   call without asking ``select`` or ``observe`` (``commrt.collectives.memo.SettledCall``),
    only counting them.
 4. **recheck**: after :data:`RECHECK_S` seconds' worth of the kept
    schedule's calls (at its measured time a call; at least
@@ -68,7 +68,7 @@ schedule compiles its plan and allocates scratch):
    again. ``Auto(recheck_s=None)`` never rechecks.
 
 Every rank decides from the same numbers: a phase's times reach every
-rank in one small gather (:func:`commrt.rows.gather`, an exact all-reduce
+rank in one small gather (:func:`commrt.collectives.rows.gather`, an exact all-reduce
 of a p × (timed calls) table) at the end of the phase, never per call, so
 a size costs at most three such gathers (one or two more per recheck), and WINDOW + P ×
 ⌈WINDOW / TRIAL_PASSES⌉ × (k + 1 + 2) timed calls for k tried candidates
@@ -245,7 +245,7 @@ class Tuning:
     def settled_call(self) -> bool:
         """Count one call of the settled schedule (every rank counts the same calls); True
         when it was the last before a recheck: the caller must then bring the next calls
-        back to :meth:`record` (``commrt.settled`` drops its memo of the call)."""
+        back to :meth:`record` (``commrt.collectives.memo`` drops its memo of the call)."""
         if self.phase != "settled" or self.recheck_after_s is None:
             return False
         self.until_recheck -= 1
@@ -393,6 +393,8 @@ def agreed_time(table) -> float:
 
 def agree(comm, tuning: Tuning) -> list[list[float]]:
     """This phase's times of every rank, on every rank (collective: every rank, same call)."""
-    from commrt.rows import gather  # lazy: the decision logic above needs no communicator
+    from commrt.collectives.rows import (
+        gather,  # lazy: the decision logic above needs no communicator
+    )
 
     return gather(comm, tuning.times)

@@ -20,7 +20,7 @@ while every rank still sends the ring's 2(p−1)/p · n bytes: most of them,
 
 **Default shape** (``Torus2D()`` with neither ``rows`` nor ``cols``): when
 the launcher says how many ranks share a node (``comm.local_size``, agreed
-across ranks by ``commrt.topology.ranks_per_node(comm)``) and that number L divides p
+across ranks by ``commrt.tuning.topology.ranks_per_node(comm)``) and that number L divides p
 with 1 < L < p, the grid is (p/L) × L: one row per
 node, so the heavy row traffic stays inside a node and only the 1/L-sized
 shards cross the network, as in the paper. Otherwise (no launcher
@@ -127,12 +127,14 @@ def grid_phases(
 
 def nodes_of(comm) -> int | None:
     """Ranks per node as ``comm`` knows it: agreed across ranks for a
-    :class:`~commrt.Communicator` (:func:`commrt.topology.ranks_per_node`, collective on
+    :class:`~commrt.Communicator` (:func:`commrt.tuning.topology.ranks_per_node`, collective on
     the first call), else the object's ``local_size``, if any."""
-    from commrt.comm import Communicator  # runtime types stay out of the schedules' import
+    from commrt.runtime.communicator import (
+        Communicator,  # runtime types stay out of the schedules' import
+    )
 
     if isinstance(comm, Communicator):
-        from commrt.topology import ranks_per_node
+        from commrt.tuning.topology import ranks_per_node
 
         return ranks_per_node(comm)
     return getattr(comm, "local_size", None)
@@ -251,7 +253,7 @@ class Torus2D(Algorithm):
         """The schedule for ``world_size`` ranks, one row per node if ``comm`` knows the nodes.
 
         A :class:`~commrt.Communicator` agrees on ranks per node across ranks
-        (:func:`commrt.topology.ranks_per_node`: collective, on the first
+        (:func:`commrt.tuning.topology.ranks_per_node`: collective, on the first
         call); other objects are asked for ``local_size``.
         """
         rows, cols = self.shape(world_size, nodes_of(comm))

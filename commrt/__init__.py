@@ -10,19 +10,19 @@ Example::
     sync = commrt.GradientSync(model, comm, algorithm="ring")   # in a training loop
 
 Everything else lives in modules with one job each: :mod:`commrt.schedule`
-(collectives as data + symbolic checker), :mod:`commrt.executor` (runs a
+(collectives as data + symbolic checker), :mod:`commrt.schedule.executor` (runs a
 schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
-:mod:`commrt.algorithms`, :mod:`commrt.kernels`, :mod:`commrt.trace`.
+:mod:`commrt.algorithms`, :mod:`commrt.kernels`, :mod:`commrt.training.trace`.
 """
 
 from commrt import data  # commrt.data.GossipShuffle
-from commrt.collectives import all_reduce, broadcast
-from commrt.comm import Backend, Communicator, init
-from commrt.consensus import average_parameters
+from commrt.collectives.consensus import average_parameters
+from commrt.collectives.core import all_reduce, broadcast
+from commrt.collectives.shards import all_gather, reduce_scatter
 from commrt.distributed import register as _register_torch_backend
 from commrt.errors import CommError, CommTimeoutError, PeerClosedError, ScheduleError
+from commrt.runtime.communicator import Backend, Communicator, init
 from commrt.schedule import Schedule
-from commrt.shards import all_gather, reduce_scatter
 from commrt.sync.gradsync import GradientSync
 
 _register_torch_backend()  # dist.init_process_group("commrt") works after `import commrt`

@@ -6,15 +6,21 @@ then run on CPU tensors.
 """
 
 import os
+import sys
 
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# tools/ (the namespace-host harness, netns.py) is not a test module: tests import it from there
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+if TOOLS not in sys.path:
+    sys.path.append(TOOLS)
+
 
 @pytest.fixture
 def netns_cluster():
-    """Make namespace hosts (tests/netns.py): ``netns_cluster(hosts, rate="1gbit")``.
+    """Make namespace hosts (tools/netns.py): ``netns_cluster(hosts, rate="1gbit")``.
 
     Skips the test with the reason where namespaces cannot be made (not
     root, no ip/tc, creation refused); tears every cluster down afterwards,

@@ -49,7 +49,7 @@ class GlooJob:
     here (so that any rank may die, and a replacement may be started under its rank)."""
 
     def __init__(self, script: str, args, n: int, drop_env=(), env=None):
-        from commrt.store import STORE_ENV, host_store
+        from commrt.runtime.store import STORE_ENV, host_store
 
         self.store = host_store()
         self.env = dict(

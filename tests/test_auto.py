@@ -10,8 +10,8 @@ from mp import mpiexec
 from commrt import sim
 from commrt.algorithms import Auto, HalvingDoubling, RecursiveDoubling, Ring, Torus2D, resolve
 from commrt.algorithms.auto import candidates, choices
-from commrt.comm import CommSlots
-from commrt.probe import _fit
+from commrt.runtime.communicator import CommSlots
+from commrt.tuning.probe import _fit
 
 FLAT = sim.Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)
 SMALL, LARGE = 1 << 10, 256 << 20
@@ -155,7 +155,7 @@ def test_auto_all_reduce_matches_mpi_and_all_ranks_agree(tmp_path):
     assert all(r["probe"] == ranks[0]["probe"] for r in ranks)
     assert all(r["choices"] == ranks[0]["choices"] for r in ranks)
     assert all(r["probe_cached_once"] for r in ranks)
-    # on one node no per-step overheads (commrt.probe_steps): α + β·n prices shared memory
+    # on one node no per-step overheads (commrt.tuning.probe_steps): α + β·n prices shared memory
     assert all(r["overhead"] == [None, None, None] for r in ranks)
     assert all(o == "None" for o in ranks[0]["priced_with"])
     # per run the slowest rank's time, then the median over runs: at least every rank's own
@@ -169,7 +169,7 @@ def test_auto_all_reduce_matches_mpi_and_all_ranks_agree(tmp_path):
 
 
 def test_tier_shifts_measure_each_link_class():
-    from commrt.probe import _shift_schedule, _tier_schedules
+    from commrt.tuning.probe import _shift_schedule, _tier_schedules
 
     p, L = 8, 2
     tiers = _tier_schedules(p, L)
@@ -185,7 +185,7 @@ def test_tier_shifts_measure_each_link_class():
 
 
 def test_probe_network_with_two_tiers_and_nic_sharing():
-    from commrt.probe import ProbeResult, _nics
+    from commrt.tuning.probe import ProbeResult, _nics
 
     # two ranks behind one NIC take twice as long as one alone; behind two NICs, as long
     assert _nics(2, alone_s=8.5e-3, shared_s=16.9e-3, alpha_s=1e-4) == 1

@@ -1,5 +1,5 @@
 """auto learns from what it runs (commrt.algorithms.auto_learn), and the probe's sanity
-checks and saved calibration (commrt.probe, commrt.probe_checks)."""
+checks and saved calibration (commrt.tuning.probe, commrt.tuning.probe_checks)."""
 
 import json
 import warnings
@@ -15,8 +15,8 @@ from commrt.algorithms.auto_learn import (
     Tuning,
     agreed_time,
 )
-from commrt.probe import ProbeResult
-from commrt.probe_checks import ALPHA_BOUND_S, ProbeWarning, conservative, problems
+from commrt.tuning.probe import ProbeResult
+from commrt.tuning.probe_checks import ALPHA_BOUND_S, ProbeWarning, conservative, problems
 
 
 def feed(t: Tuning, times):
@@ -171,7 +171,7 @@ def test_a_tried_candidate_runs_one_schedule_object_from_its_trial_to_its_keepin
     import commrt.algorithms.auto as auto_module
     from commrt.algorithms.auto import choices, learning
     from commrt.algorithms.auto_learn import calls_to_settle
-    from commrt.comm import CommSlots
+    from commrt.runtime.communicator import CommSlots
     from commrt.sim import Network
 
     monkeypatch.setattr(auto_module, "agree", lambda comm, tuning: [tuning.times])  # one rank

@@ -20,7 +20,7 @@ from mp import HERE, gloo_ranks, mpiexec
 
 import commrt
 from commrt.algorithms import BackupWorkers, HalvingDoubling, Ring, Torus2D, resolve
-from commrt.store import STORE_ENV, Host, launcher_store
+from commrt.runtime.store import STORE_ENV, Host, launcher_store
 from commrt.sync.backup import load_snapshot, pack_snapshot
 
 sys.path.insert(0, os.path.join(HERE, "workers"))
@@ -249,7 +249,7 @@ def test_the_store_a_launcher_hosts_is_found():
 def test_all_reduce_refuses_backup_workers():
     from local_transport import run_ranks
 
-    from commrt.comm import Backend, Communicator, LaunchInfo
+    from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 
     def body(tr):
         launch = LaunchInfo("none", tr.rank, tr.world_size, 0, None)

@@ -19,7 +19,7 @@ import torch
 from mp import gloo_ranks
 
 from commrt.algorithms import BackupWorkers
-from commrt.store import ControlStore, Host, host_store
+from commrt.runtime.store import ControlStore, Host, host_store
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import (
     Liveness,
@@ -219,7 +219,7 @@ def test_a_paused_rank_is_declared_dead_and_stops_with_a_clear_error(tmp_path):
 
 def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkeypatch):
     """A server killed before its send began: gloo did not always report it, and the late
-    rank waited out the whole timeout (bench/chaos_backup.py, 2 trials of 20). Now the wait
+    rank waited out the whole timeout (tools/chaos_backup.py, 2 trials of 20). Now the wait
     ends within a check period of the server being recorded dead, and the request goes out
     again."""
     from commrt.sync.backup import catchup as C
@@ -270,7 +270,7 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
 
 def test_a_request_claimed_by_a_rank_that_died_before_answering_is_asked_again():
     """The claimer dies between its claim and its response: nobody else would answer, and
-    the late rank waited out the timeout (bench/chaos_backup.py). The claim names its rank
+    the late rank waited out the timeout (tools/chaos_backup.py). The claim names its rank
     now, so the late rank sees that rank recorded dead and asks again."""
     from commrt.sync.backup import catchup as C
 
@@ -315,7 +315,7 @@ def test_snapshots_on_their_way_to_a_dead_rank_are_given_up():
 def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
     """A late rank died while its snapshot was on the way: gloo failed the server's send
     with "Connection closed by peer", which reached the user through the progress thread
-    (bench/chaos_backup.py). Now that snapshot is given up and the server goes on; on a
+    (tools/chaos_backup.py). Now that snapshot is given up and the server goes on; on a
     stream-ordered transport (NCCL), which cannot cancel the send, it is a CommError."""
     from types import SimpleNamespace
 
@@ -345,7 +345,7 @@ def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
 def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised(monkeypatch):
     """A late rank died between asking and being served: gloo refused the server's send at
     once ("Connection closed by peer"), and the error escaped serve() through the arrival's
-    wait, failing the step on the server (bench/chaos_backup.py, seed 113). Now that
+    wait, failing the step on the server (tools/chaos_backup.py, seed 113). Now that
     snapshot is given up like one failing on its way; NCCL still gets a CommError."""
     from types import SimpleNamespace
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commrt.p2p import Exchange, Where
+from commrt.schedule.p2p import Exchange, Where
 from commrt.sync.backup import catchup as C
 from commrt.sync.backup.watched import MemberRecordedDead, Waiter, WaiterSlot
 from commrt.transports.gloo import GlooTransport

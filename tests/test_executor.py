@@ -10,8 +10,8 @@ from local_transport import run_ranks
 
 from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring
 from commrt.errors import CommTimeoutError
-from commrt.executor import Executor, compile_plan
 from commrt.schedule import Collective
+from commrt.schedule.executor import Executor, compile_plan
 
 
 def _inputs(p, n, dtype=torch.float64):
@@ -129,7 +129,7 @@ def test_timeout_names_rank_peer_algorithm_step():
 
 
 def _local_comm(tr):
-    from commrt.comm import Backend, Communicator, LaunchInfo
+    from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 
     return Communicator(
         tr, Backend.GLOO, LaunchInfo("none", tr.rank, tr.world_size, 0, None), 10.0, 1 << 20
@@ -197,7 +197,7 @@ def test_swap_in_place_waits_for_the_send_before_writing_back():
 
 def test_steady_state_call_reuses_its_binding_and_compiles_nothing(monkeypatch):
     import commrt
-    import commrt.executor as ex_mod
+    import commrt.schedule.executor as ex_mod
 
     compiled = []
     real = ex_mod.compile_plan
@@ -243,7 +243,7 @@ def test_poll_until_spins_before_yielding_and_still_times_out(monkeypatch):
 def test_spin_only_when_every_local_rank_has_a_core():
     import os
 
-    from commrt.comm import SPIN_S, _spin_s
+    from commrt.runtime.communicator import SPIN_S, _spin_s
 
     cores = len(os.sched_getaffinity(0))
     assert _spin_s(1) == SPIN_S > 0 and _spin_s(cores) == SPIN_S

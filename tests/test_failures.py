@@ -17,7 +17,7 @@ import torch
 from local_transport import run_ranks
 
 import commrt
-from commrt.comm import Backend, Communicator, LaunchInfo
+from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 
 
 def _mpiexec(tmp_path, n, body, *, env=None, timeout=120):

@@ -14,8 +14,8 @@ from local_transport import LocalTransport, Mailbox
 
 import commrt
 from commrt.algorithms import Gossip, resolve
-from commrt.comm import Backend, Communicator, LaunchInfo
 from commrt.errors import ScheduleError
+from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 from commrt.schedule import Collective, Op, OpKind, Step
 
 TOPOLOGIES = ["hypercube", "dissemination"]

@@ -12,7 +12,7 @@ from mp import mpiexec
 
 import commrt
 from commrt.cli.bench import DelayBackward
-from commrt.comm import Backend, Communicator, LaunchInfo
+from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 from commrt.sync.buckets import assign_buckets
 
 # Stated tolerances (per tensor, max|commrt - DDP| / max|DDP| after 20 SGD+momentum steps):
@@ -171,7 +171,7 @@ def test_trace_names_phases_and_overlap_with_backward(tmp_path):
 
 def test_trace_merge_cli(tmp_path):
     from commrt.cli import main
-    from commrt.trace import Tracer
+    from commrt.training.trace import Tracer
 
     paths = []
     for r in range(2):
@@ -232,7 +232,7 @@ def test_a_step_waits_at_the_longest_timeout_whatever_the_buckets():
     raised "OverflowError: timestamp out of range for platform time_t" (new-user trial)."""
     from types import SimpleNamespace
 
-    from commrt.rendezvous import MAX_TIMEOUT_S
+    from commrt.runtime.rendezvous import MAX_TIMEOUT_S
     from commrt.sync.progress import Progress
     from commrt.sync.stepstate import StepState
 

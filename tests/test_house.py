@@ -40,7 +40,7 @@ def _where(name: str, node: ast.AST) -> str:
 
 
 def test_there_is_something_to_check():
-    assert "commrt.comm" in MODULES and "commrt.algorithms" in MODULES
+    assert "commrt.runtime.communicator" in MODULES and "commrt.algorithms" in MODULES
     assert "commrt.kernels.pack" in MODULES
 
 

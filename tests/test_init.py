@@ -5,8 +5,8 @@ import torch
 from local_transport import run_ranks
 
 import commrt
-from commrt.comm import Communicator
-from commrt.launch import LaunchInfo, detect_launch
+from commrt.runtime.communicator import Communicator
+from commrt.runtime.environment import LaunchInfo, detect_launch
 
 
 def test_detect_mpich_hydra():
@@ -115,7 +115,7 @@ def test_init_takes_a_timeout_it_can_keep(timeout, error, says):
 
 
 def test_the_longest_timeout_works_and_per_call_timeouts_are_checked_alike():
-    with commrt.init("gloo", timeout=commrt.comm.MAX_TIMEOUT_S) as comm:
+    with commrt.init("gloo", timeout=commrt.runtime.communicator.MAX_TIMEOUT_S) as comm:
         assert comm.timeout == 1e8
         comm.barrier(timeout=1e8)
         with pytest.raises(ValueError, match="timeout must be .* at most 1e\\+08"):

@@ -99,7 +99,7 @@ def _loopback(addr: str) -> bool:
 
 
 def test_serve_binds_the_address_it_is_given():
-    from commrt.store import serve
+    from commrt.runtime.store import serve
 
     store = serve("127.0.0.1", 0, 5.0)
     mine = _job_listeners(os.getpid())[os.getpid()]
@@ -108,7 +108,7 @@ def test_serve_binds_the_address_it_is_given():
 
 
 def test_serve_falls_back_for_host_names():
-    from commrt.store import serve
+    from commrt.runtime.store import serve
 
     # a name may mean 127.0.1.1 here and the real address on the other nodes: every interface
     store = serve(socket.gethostname(), 0, 5.0)

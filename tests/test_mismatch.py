@@ -12,10 +12,10 @@ from local_transport import run_ranks
 from mp import gloo_ranks, mpiexec
 
 import commrt
-from commrt import collectives
-from commrt.collectives import _Call
-from commrt.comm import Backend, Communicator, LaunchInfo
+from commrt.collectives import core as collectives
+from commrt.collectives.core import _Call
 from commrt.errors import CollectiveMismatchError
+from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 from commrt.transports.counting import CountingTransport
 
 
@@ -65,7 +65,7 @@ def test_equal_sizes_in_different_shapes_are_named_on_every_rank():
         lambda c: commrt.all_reduce(torch.ones(8), c, algorithm="ring" if c.rank else "auto"),
         lambda c: commrt.broadcast(torch.ones(8 if c.rank else 9), c),
         lambda c: commrt.broadcast(torch.ones(8), c, root=c.rank % 2),
-        lambda c: commrt.collectives.gather_rows(c, [1.0] * (3 + c.rank)),
+        lambda c: commrt.collectives.core.gather_rows(c, [1.0] * (3 + c.rank)),
         # shapes that differ only past the dimensions the row spells out
         lambda c: commrt.all_reduce(torch.ones([1] * 9 + [2 if c.rank else 1] + [1]), c),
     ],

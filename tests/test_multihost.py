@@ -1,6 +1,6 @@
 """commrt across hosts for real: ranks in network namespaces joined by 1 Gbit/s links.
 
-tests/netns.py builds the hosts (a bridge, one tbf-shaped veth per host;
+tools/netns.py builds the hosts (a bridge, one tbf-shaped veth per host;
 ``netem`` is not available in this kernel, so links differ in bandwidth
 only) and starts 2 ranks per host with torchrun's variables over gloo;
 tests/workers/multihost_worker.py is each rank. Skipped with the reason
@@ -88,7 +88,7 @@ def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_pa
         return {k: v for k, v in probe.items() if k != "seconds"}
 
     assert all(agreed(r["probe"]) == agreed(pr) for r in reports)  # every rank prices alike
-    # across hosts on CPU it timed each kind of step (commrt.probe_steps), and prices with them
+    # across hosts on CPU it timed each kind of step (commrt.tuning.probe_steps), and prices with them
     assert all(isinstance(pr[k], float) and pr[k] > 0 for k in ("shift_s", "exchange_s")), pr
     assert reports[0]["overhead"] == repr(Overhead(pr["shift_s"], pr["exchange_s"], pr["multi_s"]))
 

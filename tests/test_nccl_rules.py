@@ -234,7 +234,7 @@ def test_the_reduce_kernel_is_warmed_at_construction_on_every_piece_size(monkeyp
     """The reduce kernel autotunes on its first launch per size too: the all-reduce family
     launches it at construction on each piece size its schedules will sum, on scratch zeros."""
     from commrt.algorithms import Ring
-    from commrt.executor import Executor
+    from commrt.schedule.executor import Executor
 
     sched, numel, piece_bytes = Ring().schedule(4), 1001, 4 * 100
     seen = []
@@ -293,7 +293,7 @@ def test_gpu_workers_start_without_triton_interpret_and_hung_ones_are_killed():
 
 
 def test_gpu_check_prints_one_table_within_80_columns(tmp_path):
-    """bench/gpu_check.py without a GPU: every GPU test is listed with its skip reason, the
+    """tools/gpu_check.py without a GPU: every GPU test is listed with its skip reason, the
     kernel rows say there is no GPU, nothing is wider than 80 columns."""
     import subprocess
     import sys
@@ -302,7 +302,7 @@ def test_gpu_check_prints_one_table_within_80_columns(tmp_path):
 
     if torch.cuda.is_available():
         pytest.skip("on a GPU the table holds results, not skip reasons: run it by hand")
-    script = os.path.join(os.path.dirname(HERE), "bench", "gpu_check.py")
+    script = os.path.join(os.path.dirname(HERE), "tools", "gpu_check.py")
     proc = subprocess.run(
         [sys.executable, script, "--quick", "--out", str(tmp_path)],
         capture_output=True,

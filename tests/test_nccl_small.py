@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import commrt
-from commrt.comm import LaunchInfo, _resolve_backend
+from commrt.runtime.communicator import LaunchInfo, _resolve_backend
 from commrt.sync.progress import Progress
 from commrt.sync.stepstate import StepState
 from commrt.transports.nccl import import_nccl

@@ -1,5 +1,5 @@
 """Per-step overheads (commrt.sim.Overhead): how the replay prices them, and how the probe
-fits them from timed all-reduces (commrt.probe_steps)."""
+fits them from timed all-reduces (commrt.tuning.probe_steps)."""
 
 import dataclasses
 import json
@@ -9,10 +9,10 @@ import pytest
 
 from commrt import sim
 from commrt.algorithms import HalvingDoubling, PipelinedTorus2D, RecursiveDoubling, Ring
-from commrt.probe import ProbeResult
-from commrt.probe_steps import CALIBRATION_BYTES, calibration_schedules, fit_overheads
 from commrt.schedule import SEND
 from commrt.sim import Network, Overhead
+from commrt.tuning.probe import ProbeResult
+from commrt.tuning.probe_steps import CALIBRATION_BYTES, calibration_schedules, fit_overheads
 
 OVER = Overhead(shift_s=1e-3, exchange_s=1.7e-3, multi_s=2.9e-3)
 # 1 GB/s: 4 KiB crosses in 4 µs, far below any overhead

@@ -9,11 +9,11 @@ import pytest
 import torch
 from local_transport import run_ranks
 
-from commrt import tags
-from commrt.coalesce import bounded_runs, coalesced
-from commrt.comm import Backend, Communicator, LaunchInfo
+from commrt.collectives.coalesce import bounded_runs, coalesced
 from commrt.errors import CommTimeoutError
-from commrt.p2p import Exchange, Where
+from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.schedule import tags
+from commrt.schedule.p2p import Exchange, Where
 
 
 def test_tag_ranges_stay_apart():

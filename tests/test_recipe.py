@@ -1,12 +1,12 @@
-"""Batch-size control (commrt.recipe.BatchSizeSchedule) and the label-smoothing pointer."""
+"""Batch-size control (commrt.training.recipe.BatchSizeSchedule) and the label-smoothing pointer."""
 
 import doctest
 
 import pytest
 import torch
 
-import commrt.recipe
-from commrt.recipe import BatchSizeSchedule
+import commrt.training.recipe
+from commrt.training.recipe import BatchSizeSchedule
 
 
 def test_batch_grows_at_milestones():
@@ -135,11 +135,11 @@ def test_per_rank_split():
 
 def test_label_smoothing_is_torchs_own_loss():
     # commrt does not implement label smoothing: the recipe points at torch's loss
-    assert "CrossEntropyLoss(label_smoothing=" in commrt.recipe.__doc__
+    assert "CrossEntropyLoss(label_smoothing=" in commrt.training.recipe.__doc__
     loss = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
     logits, target = torch.zeros(2, 4), torch.tensor([0, 3])
     assert loss(logits, target).item() == pytest.approx(torch.log(torch.tensor(4.0)).item())
 
 
 def test_doc_examples():
-    assert doctest.testmod(commrt.recipe).failed == 0
+    assert doctest.testmod(commrt.training.recipe).failed == 0

@@ -11,8 +11,8 @@ from local_transport import run_ranks
 import commrt
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import choices, learning
-from commrt.comm import Backend, Communicator, LaunchInfo
 from commrt.errors import CollectiveMismatchError
+from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 from commrt.sim import Network
 
 #: a model 1000x slower than the threads' mailbox: auto's choice misses its prediction, so

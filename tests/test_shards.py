@@ -9,8 +9,8 @@ import torch
 
 import commrt
 from commrt.algorithms import HalvingDoubling, Ring, Torus2D
+from commrt.collectives.shards import shard_schedule
 from commrt.schedule import Collective
-from commrt.shards import shard_schedule
 from commrt.sim import simulate
 
 KINDS = (Collective.REDUCE_SCATTER, Collective.ALL_GATHER)

@@ -186,7 +186,7 @@ def test_the_commit_counts_match_the_runtime():
     threads, 3 of them participants: every operation it makes is one the model counts. The
     polls (and the look for requests a missed poll makes) depend on timing: counted apart,
     the rest must be the model's commit at ``polls`` checks, less p·(polls + 1)."""
-    from commrt.store import ControlStore, Host, host_store
+    from commrt.runtime.store import ControlStore, Host, host_store
     from commrt.sync.backup.recovery import Reduction
 
     p, n, steps = 4, 3, 5

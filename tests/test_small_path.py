@@ -11,9 +11,9 @@ from local_transport import run_ranks
 from mp import mpiexec
 
 import commrt
-from commrt.comm import Backend, Communicator, LaunchInfo
 from commrt.errors import CommTimeoutError
-from commrt.executor import Executor
+from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.schedule.executor import Executor
 
 
 def _comm(tr, timeout=10.0):
@@ -99,7 +99,7 @@ def test_small_cpu_adds_match_torch_bit_for_bit(dtype, n):
 def test_small_cpu_pieces_are_added_by_numpy_large_ones_by_torch(monkeypatch):
     import numpy as np
 
-    import commrt.executor as ex_mod
+    import commrt.schedule.executor as ex_mod
 
     adds = []
 

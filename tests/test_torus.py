@@ -12,8 +12,8 @@ from mp import mpiexec
 
 from commrt.algorithms import Ring, Torus2D, resolve
 from commrt.algorithms.torus import square_shape
-from commrt.executor import Executor
 from commrt.schedule import Collective
+from commrt.schedule.executor import Executor
 
 
 def grids(p):
@@ -234,11 +234,11 @@ def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
     ],
 )
 def test_default_grid_is_agreed_by_every_rank(local_sizes, local_ranks, shape, monkeypatch):
-    from commrt.comm import Backend, Communicator, LaunchInfo
-    from commrt.topology import ranks_per_node
+    from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+    from commrt.tuning.topology import ranks_per_node
 
     # these "ranks" are threads of this process: keep the communicators from fitting the
-    # test process's torch threads to a node of local_sizes ranks (commrt.threads)
+    # test process's torch threads to a node of local_sizes ranks (commrt.runtime.threads)
     monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
     def body(tr):

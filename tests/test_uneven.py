@@ -23,8 +23,8 @@ from workers.uneven_worker import loss, model, reference, shard
 
 import commrt
 from commrt.algorithms import BackupWorkers, Gossip
-from commrt.comm import Backend, Communicator, LaunchInfo
-from commrt.departure import CLOSED, EXITED, Departures, Farewell
+from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.runtime.departures import CLOSED, EXITED, Departures, Farewell
 from commrt.sync.backup import BackupPolicy
 from commrt.sync.gossip import GossipPolicy
 

@@ -348,7 +348,7 @@ def cmd_bench_kernels(args) -> int:
 def cmd_trace_merge(args) -> int:
     import os
 
-    from commrt.trace import merge_traces
+    from commrt.training.trace import merge_traces
 
     missing = [p for p in args.inputs if not os.path.exists(p)]
     if missing:

@@ -13,12 +13,12 @@ A SIGTERM or SIGHUP to the launcher alone (a scheduler, a closed terminal)
 stops every rank too, with one line and status 128 + the signal's number.
 
 Every rank runs on this machine, so the job listens on loopback only: the
-stores bind 127.0.0.1 (:func:`commrt.store.serve`) and gloo gets
+stores bind 127.0.0.1 (:func:`commrt.runtime.store.serve`) and gloo gets
 ``GLOO_SOCKET_IFNAME=lo`` unless the caller set it.
 
 With ``tolerate=b`` (``commrt train --algorithm backup``) up to b ranks may
 die while the others carry on; the launcher then also hosts the control
-store (``host_store``, :mod:`commrt.store`) so that any rank, rank 0 too,
+store (``host_store``, :mod:`commrt.runtime.store`) so that any rank, rank 0 too,
 may be the one that dies. Under mpiexec that takes MPICH's
 ``-disable-auto-cleanup`` (passed here; without it Hydra kills every rank
 when one dies). torchrun has no such switch: its agent stops all workers
@@ -148,8 +148,8 @@ def launch(
         env.setdefault("GLOO_SOCKET_IFNAME", lo)
     store = None
     if host_store:
-        from commrt.store import STORE_ENV
-        from commrt.store import host_store as make_store
+        from commrt.runtime.store import STORE_ENV
+        from commrt.runtime.store import host_store as make_store
 
         store = make_store()  # lives as long as this process: the workers' control plane
         env[STORE_ENV] = f"127.0.0.1:{store.port}"

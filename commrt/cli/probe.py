@@ -44,7 +44,7 @@ def register(sub, common) -> None:
 def cmd_probe(args) -> int:
     import commrt
     from commrt.algorithms import Auto
-    from commrt.probe import probe
+    from commrt.tuning.probe import probe
 
     comm = commrt.init(args.backend, timeout=args.timeout)
     # measured even if COMMRT_CALIBRATION names a file: this command makes calibrations

@@ -119,7 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--network",
         default="h100",
         help="'h100' (NVLink4 + NDR IB preset, sources in commrt.sim), "
-        "'flat:ALPHA_US,GBPS', or a JSON file (a commrt.probe result or "
+        "'flat:ALPHA_US,GBPS', or a JSON file (a commrt.tuning.probe result or "
         "Network.to_dict())",
     )
     p.add_argument(

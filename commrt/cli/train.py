@@ -42,10 +42,10 @@ from commrt.cli.train_output import (
     step_line,
     summary_rows,
 )
-from commrt.launch import rejoining
-from commrt.recipe import BatchSizeSchedule
+from commrt.runtime.environment import rejoining
 from commrt.sync.backup import RejoinedTooLate
 from commrt.sync.report import SyncReport
+from commrt.training.recipe import BatchSizeSchedule
 
 TEST_FRACTION = 0.2
 #: digits samples in scikit-learn's copy, and how many of them are training data

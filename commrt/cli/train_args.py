@@ -42,7 +42,7 @@ def check_train(parser: argparse.ArgumentParser, args):
 
     nproc, rank = args.nproc, 0
     if launcher.already_launched():
-        from commrt.launch import detect_launch
+        from commrt.runtime.environment import detect_launch
 
         nproc, rank = detect_launch().world_size, detect_launch().rank
     fix = _batch_fix(args, nproc)
@@ -130,7 +130,7 @@ def nearest_multiple(batch: int, nproc: int) -> int:
 def _batch_fix(args, nproc: int) -> str:
     """The batch flag (with a value that splits over ``nproc``) the user should pass instead
     of theirs; "" when theirs splits, or when they gave none (a default is then picked)."""
-    from commrt.recipe import BatchSizeSchedule
+    from commrt.training.recipe import BatchSizeSchedule
 
     if args.batch_schedule:
         try:
@@ -152,7 +152,7 @@ def _train_batches(
     """The batch-size schedule, checked to split over ``nproc`` ranks and fit the data
     (``announce``: say on stdout when a default batch was changed to split)."""
     from commrt.cli.train import TRAIN_SAMPLES
-    from commrt.recipe import BatchSizeSchedule
+    from commrt.training.recipe import BatchSizeSchedule
 
     base = DEFAULT_BATCH if args.batch_size is None else args.batch_size
     if not args.batch_schedule and args.batch_size is None and base % nproc:

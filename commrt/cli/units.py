@@ -9,7 +9,7 @@ import tempfile
 
 import torch
 
-from commrt.rendezvous import MAX_TIMEOUT_S, check_timeout
+from commrt.runtime.rendezvous import MAX_TIMEOUT_S, check_timeout
 from commrt.sim import fmt_bytes  # noqa: F401  (re-exported: tables and tools format sizes alike)
 
 #: dtype names the flags take

@@ -19,10 +19,15 @@ import torch
 import torch.distributed as dist
 
 from commrt.algorithms import resolve
-from commrt.comm import Backend, Communicator, abort_on_error_wanted, install_abort_hook
 from commrt.distributed.ops import DeviceComm
-from commrt.launch import LaunchInfo, detect_launch
-from commrt.rendezvous import check_timeout
+from commrt.runtime.communicator import (
+    Backend,
+    Communicator,
+    abort_on_error_wanted,
+    install_abort_hook,
+)
+from commrt.runtime.environment import LaunchInfo, detect_launch
+from commrt.runtime.rendezvous import check_timeout
 
 #: the environment variable that picks the all-reduce algorithm (Options() default)
 ALGORITHM_ENV = "COMMRT_ALGORITHM"

@@ -14,11 +14,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from commrt import tags
 from commrt.distributed import ops
 from commrt.distributed.devices import DeviceComms
 from commrt.distributed.work import CommrtWork, P2PWork, Progress
-from commrt.p2p import Exchange, Where
+from commrt.schedule import tags
+from commrt.schedule.p2p import Exchange, Where
 
 BACKEND_NAME = "commrt"
 

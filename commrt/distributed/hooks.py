@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 import torch
 
 from commrt.algorithms import Gossip, resolve
-from commrt.collectives import all_reduce
-from commrt.comm import Communicator
+from commrt.collectives.core import all_reduce
 from commrt.kernels import pack, unpack
+from commrt.runtime.communicator import Communicator
 
 __all__ = ["AllReduceState", "allreduce_hook", "GossipState", "gossip_hook"]
 

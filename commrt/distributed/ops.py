@@ -10,7 +10,7 @@ group (:mod:`commrt.distributed.group`) queues them on its progress thread.
   :func:`commrt.all_reduce` does not reduce (int8, uint8, int16, bool, as
   gloo and NCCL do) run the same schedule with another reduction in the
   executor. PREMUL_SUM raises ``NotImplementedError``.
-* reduce-scatter and all-gather: :mod:`commrt.shards` (ring, halving-
+* reduce-scatter and all-gather: :mod:`commrt.collectives.shards` (ring, halving-
   doubling on a power of two, torus2d; the others fall back to ring).
 * broadcast: :func:`commrt.broadcast` (binomial tree or pipelined chain).
 * gather, scatter, all-to-all: one group of point-to-point messages.
@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from commrt import tags
 from commrt.algorithms import Algorithm, Ring
-from commrt.collectives import SUPPORTED_DTYPES, agree_call, all_reduce, broadcast
-from commrt.comm import Communicator
+from commrt.collectives.core import SUPPORTED_DTYPES, agree_call, all_reduce, broadcast
+from commrt.collectives.shards import all_gather, reduce_scatter
 from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
 from commrt.kernels import pack
-from commrt.p2p import Exchange, Where
-from commrt.schedule import Collective
-from commrt.shards import all_gather, reduce_scatter
+from commrt.runtime.communicator import Communicator
+from commrt.schedule import Collective, tags
+from commrt.schedule.p2p import Exchange, Where
 
 R = dist.ReduceOp
 
@@ -112,7 +111,7 @@ class DeviceComm:
     def executor(self, op: str):
         ex = self.executors.get(op)
         if ex is None:
-            from commrt.executor import Executor
+            from commrt.schedule.executor import Executor
 
             ex = self.executors[op] = Executor(reduce=REDUCERS[op])
         return ex

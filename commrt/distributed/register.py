@@ -9,14 +9,14 @@ size, timeout and ``pg_options`` (a :class:`~commrt.distributed.Options`).
 Under mpiexec, registration also copies MPI's rank and size into RANK,
 WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE where they are missing, so that
 torch's ``env://`` rendezvous works there (MASTER_ADDR and MASTER_PORT still
-come from the launch command); see :func:`commrt.launch.mpi_env_for_torch`.
+come from the launch command); see :func:`commrt.runtime.environment.mpi_env_for_torch`.
 """
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
-from commrt.launch import mpi_env_for_torch
+from commrt.runtime.environment import mpi_env_for_torch
 
 BACKEND_NAME = "commrt"
 

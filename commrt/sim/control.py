@@ -1,7 +1,7 @@
 """Backup workers' control plane under one store: cost per global step, p = 4 … 4096.
 
 Every global step of backup workers goes through one key-value store
-(:mod:`commrt.store`, torch's ``TCPStore``: one server thread answers every
+(:mod:`commrt.runtime.store`, torch's ``TCPStore``: one server thread answers every
 client in turn). The model prices what the protocol of
 :mod:`commrt.sync.backup` asks of it on gloo (the fault-tolerant path, where
 each step also commits), from three measured numbers (:class:`StoreCost`,
@@ -15,7 +15,7 @@ each step also commits), from three measured numbers (:class:`StoreCost`,
 A step asks the store in two bursts, separated by the participants'
 reduction: *arrival* when the ranks' first buckets are ready, *commit* when
 their reductions end. Every wait is ``polls`` checks
-(:func:`commrt.store.poll`); a wait's first miss also looks once for
+(:func:`commrt.runtime.store.poll`); a wait's first miss also looks once for
 catch-up requests (its idle work), counted once per wait.
 
 **Flat** (the protocol as built). *Arrival*: each of the p ranks checks it

@@ -92,8 +92,8 @@ class Overhead:
       hardly grows with the number: 2.7–3.1 ms a step with 2 to 4 messages
       at 2 × 2 where one exchange took 1.4 (so not a cost per message).
 
-    :mod:`commrt.probe` measures them on CPU backends, across nodes, by
-    timing small all-reduces of each kind (:mod:`commrt.probe_steps`).
+    :mod:`commrt.tuning.probe` measures them on CPU backends, across nodes, by
+    timing small all-reduces of each kind (:mod:`commrt.tuning.probe_steps`).
 
     Example::
 
@@ -140,7 +140,7 @@ class Network:
     its own NIC: a flat network with one link class.
 
     Presets: :meth:`h100_nvlink_ib` (published figures, sources in its
-    docstring) and :meth:`from_probe` (measured here by :mod:`commrt.probe`:
+    docstring) and :meth:`from_probe` (measured here by :mod:`commrt.tuning.probe`:
     one class, or both when the ranks span nodes).
     """
 
@@ -193,7 +193,7 @@ class Network:
         gamma_s_per_byte: float = 0.0,
         overhead: Overhead | None = None,
     ) -> "Network":
-        """The network :mod:`commrt.probe` measured: one class, or with ``inter`` = (α, β)
+        """The network :mod:`commrt.tuning.probe` measured: one class, or with ``inter`` = (α, β)
         between nodes of ``ranks_per_node`` ranks sharing ``nics_per_node`` NICs; ranks
         add received bytes at ``gamma_s_per_byte`` and pay ``overhead`` per step."""
         intra = Link(alpha_s, beta_s_per_byte)

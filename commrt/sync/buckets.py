@@ -113,12 +113,12 @@ def _fingerprint(buckets: Sequence[Bucket], extra: str) -> list[int]:
 def check_layout(comm, buckets: Sequence[Bucket], extra: str = "") -> None:
     """Raise on every rank if any rank's bucket layout differs from rank 0's.
 
-    One small exchange (:func:`~commrt.collectives.gather_rows`), so a
+    One small exchange (:func:`~commrt.collectives.core.gather_rows`), so a
     mismatch can never deadlock: every rank gets every row and the same
     verdict. ``extra`` folds options that must agree (wire dtype,
     algorithm) into the fingerprint.
     """
-    from commrt.collectives import gather_rows  # avoid an import cycle
+    from commrt.collectives.core import gather_rows  # avoid an import cycle
 
     rows = gather_rows(comm, _fingerprint(buckets, extra), torch.int64)
     bad = [r for r, row in enumerate(rows) if row != rows[0]]

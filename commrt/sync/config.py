@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from commrt.algorithms import Algorithm, resolve
-from commrt.comm import Communicator
 from commrt.kernels import SUPPORTED_DTYPES
+from commrt.runtime.communicator import Communicator
 from commrt.sync.buckets import MB
 from commrt.sync.unused import Unused
 

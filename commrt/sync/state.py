@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from commrt.coalesce import coalesced
-from commrt.collectives import SUPPORTED_DTYPES, broadcast
+from commrt.collectives.coalesce import coalesced
+from commrt.collectives.core import SUPPORTED_DTYPES, broadcast
 
 #: largest flat buffer one broadcast carries (bounds the temporary copy)
 GROUP_BYTES = 64 << 20

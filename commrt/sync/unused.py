@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from commrt.collectives import gather_rows
+from commrt.collectives.core import gather_rows
 from commrt.sync.buckets import Bucket
 from commrt.sync.stepstate import StepState
 

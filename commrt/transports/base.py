@@ -46,7 +46,7 @@ def poll_until(
     After 5 ms the wait turns into sleeps of up to 1 ms, so a long wait (a
     slow peer, a straggler) costs no CPU. From then on ``check()`` (if given)
     is called every :data:`CHECK_EVERY_S`; it raises to end a wait that can
-    never finish (a peer closed, see :mod:`commrt.departure`).
+    never finish (a peer closed, see :mod:`commrt.runtime.departures`).
     """
     if done():
         return True
@@ -128,7 +128,7 @@ class Transport(abc.ABC):
     #: wait, and only the final :meth:`Pending` completion is waited on.
     stream_ordered: bool = False
     #: True where a receive can be tested without blocking (MPI): a closing rank's
-    #: farewell then travels as a message; elsewhere through the store (commrt.departure)
+    #: farewell then travels as a message; elsewhere through the store (commrt.runtime.departures)
     pollable: bool = False
     #: True for a replacement process that rejoined a running job (:class:`GlooRejoined`):
     #: the job's group does not reach it, only groups made after it came back do
@@ -137,7 +137,7 @@ class Transport(abc.ABC):
     #: aborts the communicator), so a wait must never be cut into short ones to look at
     #: something else in between
     waits_break_on_timeout: bool = False
-    #: the communicator's watch on peers that left (commrt.departure.Departures), or None;
+    #: the communicator's watch on peers that left (commrt.runtime.departures.Departures), or None;
     #: bounded waits call its ``check()`` and engine errors its ``explain()``
     watch = None
 

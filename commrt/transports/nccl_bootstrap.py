@@ -17,7 +17,7 @@ keys. So the id is never published under a fixed key:
   appear; it cannot take generation g-1's id, since it knows its own g
   without asking rank 0.
 
-This module does not import :mod:`commrt.comm` (which imports it lazily):
+This module does not import :mod:`commrt.runtime.communicator` (which imports it lazily):
 init hands in the MPI world or a function that makes the store.
 """
 

@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
 from commrt.algorithms import Auto  # noqa: E402
 from commrt.algorithms.auto import choices, learning  # noqa: E402
-from commrt.probe import probe  # noqa: E402
+from commrt.tuning.probe import probe  # noqa: E402
 
 N = 1024  # floats: 4 KiB
 # watch: 1 + 5 calls; trial: 5 calls per candidate predicted near the choice. How many

@@ -1,4 +1,4 @@
-"""Run as a rank on namespace hosts (tests/netns.py): commrt across hosts over gloo.
+"""Run as a rank on namespace hosts (tools/netns.py): commrt across hosts over gloo.
 
 argv[1]: a directory; every rank writes ``rank<r>.json`` there. argv[2]:
 comma-separated buffer sizes in bytes at which to time every ``auto``
@@ -40,10 +40,10 @@ import commrt  # noqa: E402
 from commrt.algorithms import Torus2D  # noqa: E402
 from commrt.algorithms.auto import Auto, candidates, choices, label, learning  # noqa: E402
 from commrt.algorithms.auto_learn import calls_to_settle  # noqa: E402
-from commrt.collectives import gather_rows  # noqa: E402
-from commrt.probe import probe  # noqa: E402
-from commrt.topology import ranks_per_node  # noqa: E402
+from commrt.collectives.core import gather_rows  # noqa: E402
 from commrt.transports.counting import CountingTransport  # noqa: E402
+from commrt.tuning.probe import probe  # noqa: E402
+from commrt.tuning.topology import ranks_per_node  # noqa: E402
 
 ALGORITHMS = ("ring", "halving_doubling", "torus2d", "auto")
 SIZES = (1, 1000, 100_003)

@@ -144,7 +144,7 @@ def catchup(comm, server=0, connected=False, serve_late_s=0.0, dies=False):
     rank first: rank 1 then has sent to the late rank). The ``server`` starts its send
     ``serve_late_s`` after answering; one that ``dies`` answers, waits for the late rank's
     receive, is recorded dead (as liveness would) and kills itself."""
-    from commrt.store import ControlStore
+    from commrt.runtime.store import ControlStore
     from commrt.sync.backup import CatchUp, Keys
 
     torch.manual_seed(comm.rank)
@@ -235,7 +235,7 @@ def _mark_then_send(comm, store, mark_first: bool) -> dict:
 
 def handshake(out):
     """The old order (mark after groupEnd) deadlocks on the strict stand-in; mark first works."""
-    from commrt.store import ControlStore
+    from commrt.runtime.store import ControlStore
 
     rec = {}
     for name, mark_first in (("after", False), ("first", True)):

@@ -2,7 +2,7 @@
 
 Every rank holds a *global step* g: the number of global updates its
 parameters and optimizer state contain. Ranks agree on each step through
-the control store (:mod:`commrt.store`), nothing else central:
+the control store (:mod:`commrt.runtime.store`), nothing else central:
 
 1. **Arrival.** When a rank's first bucket of the step is ready
    (:meth:`BackupPolicy.begin_step`), it takes a ticket with the store's

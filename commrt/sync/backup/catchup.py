@@ -46,8 +46,8 @@ when the receiver confirms); past that bound it claims no more requests
 and another on-time rank answers them, or the late rank waits (up to the
 timeout). A late rank keeps one receive buffer.
 
-Both sides move the snapshot as one :class:`~commrt.p2p.Exchange` of
-:data:`PIECE_BYTES` pieces under the tag :data:`commrt.tags.CATCHUP`.
+Both sides move the snapshot as one :class:`~commrt.schedule.p2p.Exchange` of
+:data:`PIECE_BYTES` pieces under the tag :data:`commrt.schedule.tags.CATCHUP`.
 
 **A rejoined end** (:mod:`commrt.sync.backup.rejoin`). The communicator's
 gloo group cannot reach a replacement process, so when either end is an
@@ -68,10 +68,10 @@ from functools import partial
 
 import torch
 
-from commrt import tags
 from commrt.errors import CommError, CommTimeoutError
-from commrt.p2p import Exchange, Where
-from commrt.store import poll
+from commrt.runtime.store import poll
+from commrt.schedule import tags
+from commrt.schedule.p2p import Exchange, Where
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
 from commrt.sync.backup.watched import MemberRecordedDead, WaiterSlot

@@ -55,7 +55,7 @@ import threading
 import time
 
 from commrt.errors import CommError
-from commrt.store import ControlStore
+from commrt.runtime.store import ControlStore
 from commrt.sync.backup.keys import Keys
 
 #: seconds between heartbeats (at most; see :func:`beat_period`)

@@ -18,7 +18,7 @@ import torch
 from commrt.algorithms.auto import Auto, label
 from commrt.algorithms.torus import Torus2D
 from commrt.errors import CommError
-from commrt.store import ControlStore, Host
+from commrt.runtime.store import ControlStore, Host
 from commrt.sync.backup.arrival import Arrival, Role
 from commrt.sync.backup.catchup import CatchUp, span
 from commrt.sync.backup.keys import Keys

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from commrt.algorithms.auto import Auto
 from commrt.errors import CommError, CommTimeoutError
-from commrt.store import STORE_ENV, launcher_store, poll
+from commrt.runtime.store import STORE_ENV, launcher_store, poll
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import BACK, log
 

@@ -2,7 +2,7 @@
 
 One ``uint8`` buffer holds the parameters, then the optimizer's state
 tensors (in parameter order, each parameter's keys sorted), each at a
-multiple of 8 bytes (:func:`commrt.coalesce.byte_layout`). The *layout*,
+multiple of 8 bytes (:func:`commrt.collectives.coalesce.byte_layout`). The *layout*,
 a JSON-able dict, says what the buffer holds, so that a rank that has
 never stepped (no optimizer state yet) can load it; non-tensor state
 (a step count kept as a number) travels in the layout itself. Nothing here
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from commrt.coalesce import byte_layout, byte_views
+from commrt.collectives.coalesce import byte_layout, byte_views
 from commrt.errors import CommError
 
 #: every tensor of a snapshot starts at a multiple of this many bytes

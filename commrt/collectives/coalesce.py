@@ -9,7 +9,7 @@ byte buffer, through :func:`byte_layout` and :func:`byte_views`.
 
 Example::
 
-    >>> from commrt.coalesce import coalesced
+    >>> from commrt.collectives.coalesce import coalesced
     >>> for group in coalesced(params, max_bytes=64 << 20, wire=torch.float64):
     ...     commrt.all_reduce(group.flat, comm, op="sum")   # doctest: +SKIP
     ...     group.copy_back()

@@ -30,7 +30,7 @@ Warm-up is not part of this class; chain a torch scheduler such as
 
 Example (a custom loop)::
 
-    >>> from commrt.recipe import BatchSizeSchedule
+    >>> from commrt.training.recipe import BatchSizeSchedule
     >>> bs = BatchSizeSchedule(base=256, milestones={30: 2, 60: 4})
     >>> bs.batch_size(0), bs.batch_size(30), bs.batch_size(75), bs.per_rank_batch(60, world_size=8)
     (256, 512, 1024, 128)

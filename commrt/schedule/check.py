@@ -6,7 +6,7 @@ kind of problem. Import :func:`check` and :class:`CheckReport` from
 :mod:`commrt.schedule` (or call ``Schedule.check()``); they live here so that
 the schedule module stays small. This module must not import
 :mod:`commrt.schedule`, which imports it: it reads a schedule through the
-attributes :class:`Checkable` lists and builds on :mod:`commrt.schedule_steps`.
+attributes :class:`Checkable` lists and builds on :mod:`commrt.schedule.steps`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from commrt.errors import ScheduleError
-from commrt.schedule_steps import Collective, Op, OpKind, Step
+from commrt.schedule.steps import Collective, Op, OpKind, Step
 
 __all__ = ["CheckReport", "Checkable", "check"]
 

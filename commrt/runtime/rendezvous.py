@@ -2,7 +2,7 @@
 
 Also :func:`serve`, the one way commrt hosts a TCPStore server (here, the
 launcher's and the control store), so a job whose MASTER_ADDR is 127.0.0.1
-listens on loopback only. A leaf: :mod:`commrt.comm` and :mod:`commrt.store`
+listens on loopback only. A leaf: :mod:`commrt.runtime.communicator` and :mod:`commrt.runtime.store`
 import it, and it imports neither back. And :func:`check_timeout`, the one
 check of a timeout a user gives (``commrt.init``, ``commrt train --timeout``).
 """
@@ -44,7 +44,7 @@ def tcp_store(
 ):
     """A TCPStore for gloo/NCCL rendezvous, wrapped in a commrt prefix.
 
-    ``launch`` is the :class:`commrt.launch.LaunchInfo`. Port 0 under mpiexec:
+    ``launch`` is the :class:`commrt.runtime.environment.LaunchInfo`. Port 0 under mpiexec:
     rank 0 lets the OS pick a free port and tells the others over MPI, so
     ``mpiexec -n 4 ... backend="gloo"`` needs no set-up.
     """

@@ -13,7 +13,7 @@ closed connection as a crash (gloo). So every communicator keeps a
 * at ``close()``, and at interpreter exit for a communicator still open,
   it announces a *farewell*: those counts and whether the rank closed or
   exited. Under MPI (no store) the farewell is a message on the reserved
-  tag :data:`commrt.tags.FAREWELL`, for which every rank keeps a receive
+  tag :data:`commrt.schedule.tags.FAREWELL`, for which every rank keeps a receive
   posted from every peer; on gloo it is a key in the rendezvous store
   (a gloo receive cannot be tested without blocking, but a closed peer
   breaks its connections at once, and the store then says why);
@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
-from commrt import tags
 from commrt.errors import PeerClosedError
+from commrt.schedule import tags
 
 #: why a rank left
 CLOSED, EXITED = 1, 2

@@ -26,12 +26,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from commrt import tags
 from commrt.errors import CommError, CommTimeoutError, PeerClosedError
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.kernels import reduce_
-from commrt.p2p import Where, engine_error, timeout_error
-from commrt.schedule import OpKind, Schedule, chunk_bounds
+from commrt.schedule import OpKind, Schedule, chunk_bounds, tags
+from commrt.schedule.p2p import Where, engine_error, timeout_error
 from commrt.transports.base import Prepared, Transport
 
 _MAX_PLANS = 64
@@ -443,7 +442,9 @@ def _run_step(
             if not pend.wait_send(j, deadline):
                 _timeout(prepared, "send", sp.sends[j].peer, sp, schedule, timeout, bucket)
         pend.finish()
-    except PeerClosedError as e:  # a peer that left (commrt.departure): say where we waited
+    except (
+        PeerClosedError
+    ) as e:  # a peer that left (commrt.runtime.departures): say where we waited
         where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
         raise e.at(where.describe()) from None
     except CommError:

@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from commrt.departure import CLOSED, Departures, track
 from commrt.errors import CommError, CommTimeoutError
-from commrt.launch import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
-from commrt.rendezvous import MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
-from commrt.rendezvous import tcp_store as _tcp_store
-from commrt.threads import fit_torch_threads, usable_cores
+from commrt.runtime.departures import CLOSED, Departures, track
+from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
+from commrt.runtime.rendezvous import MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
+from commrt.runtime.rendezvous import tcp_store as _tcp_store
+from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -48,7 +48,7 @@ class Backend(enum.Enum):
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """Ranks per node as every rank agreed (see :func:`commrt.topology.ranks_per_node`)."""
+    """Ranks per node as every rank agreed (see :func:`commrt.tuning.topology.ranks_per_node`)."""
 
     ranks_per_node: int | None
 
@@ -58,9 +58,9 @@ class CommSlots:
     """What other modules derive once per communicator, one typed field each (not a
     string-keyed dict: a reader finds every user of a slot by its name)."""
 
-    #: commrt.topology: ranks per node as every rank agreed (collective on first use)
+    #: commrt.tuning.topology: ranks per node as every rank agreed (collective on first use)
     node_layout: NodeLayout | None = None
-    #: commrt.probe: the measured network model (a ProbeResult)
+    #: commrt.tuning.probe: the measured network model (a ProbeResult)
     probe: object | None = None
     #: commrt.algorithms.auto: (Auto, world size, bytes) -> Choice, identical on every rank
     auto_choices: dict = field(default_factory=dict)
@@ -68,13 +68,13 @@ class CommSlots:
     auto_tuning: dict = field(default_factory=dict)
     #: commrt.algorithms.auto: (Auto, world size, bytes, label) -> a tried candidate's Choice
     auto_tried: dict = field(default_factory=dict)
-    #: commrt.store: the job's control store (a ControlStore)
+    #: commrt.runtime.store: the job's control store (a ControlStore)
     control_store: object | None = None
     #: commrt.sync.backup: backup-worker policies made so far (each gets its own key space)
     backup_instances: int = 0
-    #: commrt.collectives: call signatures all ranks agreed on (each checked on first use)
+    #: commrt.collectives.core: call signatures all ranks agreed on (each checked on first use)
     agreed_calls: set = field(default_factory=set)
-    #: commrt.settled: (algorithm, average, dtype, shape) -> SettledCall, all-reduce
+    #: commrt.collectives.memo: (algorithm, average, dtype, shape) -> SettledCall, all-reduce
     #: signatures whose schedule no longer changes: run without agreeing, selecting or
     #: observing again; and the last call's, which a repeat finds without a lookup
     settled_calls: dict = field(default_factory=dict)
@@ -93,7 +93,7 @@ class Communicator:
     One collective runs at a time per communicator (a lock enforces it in
     this process); every rank must issue collectives in the same order.
     ``debug``: check every collective's arguments across ranks first (see
-    :mod:`commrt.collectives`).
+    :mod:`commrt.collectives.core`).
     ``spin_s``: how long waits inside a blocking collective poll before
     yielding the core (:func:`~commrt.transports.base.poll_until`):
     :data:`SPIN_S` when the launcher says every rank on this node has a
@@ -126,7 +126,7 @@ class Communicator:
         self.piece_bytes = int(piece_bytes)
         self.debug = bool(debug)
         self.spin_s = _spin_s(launch.local_size)
-        if self.world_size > 1:  # as torchrun would have (commrt.threads)
+        if self.world_size > 1:  # as torchrun would have (commrt.runtime.threads)
             fit_torch_threads(launch.local_size)
         self.lock = threading.RLock()
         #: what other modules derive once per communicator (a probed network, auto's choices)
@@ -138,11 +138,11 @@ class Communicator:
         #: collective's entry (a WeakSet's len() runs Python code)
         self._syncs: list[weakref.ref] = []
         self._closed = False
-        #: what this rank began, and which peers left (commrt.departure); waits consult it
+        #: what this rank began, and which peers left (commrt.runtime.departures); waits consult it
         self.watch = Departures(transport)
         transport.attach_watch(self.watch)
         track(self)
-        from commrt.executor import Executor  # executor imports kernels; keep init light
+        from commrt.schedule.executor import Executor  # executor imports kernels; keep init light
 
         self.executor = Executor()
 
@@ -171,7 +171,7 @@ class Communicator:
     ) -> int:
         """Run ``schedule`` in place on the contiguous ``buf`` under this communicator's lock,
         timeout (unless ``timeout``), piece size and spin; return the bytes this rank sent
-        (:meth:`commrt.executor.Executor.run`). ``owner``: the tensor whose life bounds the
+        (:meth:`commrt.schedule.executor.Executor.run`). ``owner``: the tensor whose life bounds the
         cached binding to ``buf``. ``transport``: one the caller made (its ranks numbered
         as the schedule numbers them). ``spin=False`` for callers that must not hold a core
         while they wait (GradientSync's progress thread runs beside backward)."""
@@ -256,7 +256,7 @@ class Communicator:
 
     def close(self) -> None:
         """Close open GradientSyncs (each waits at most ``timeout`` for its progress thread),
-        tell the peers this rank left (:mod:`commrt.departure`), then release the transport.
+        tell the peers this rank left (:mod:`commrt.runtime.departures`), then release the transport.
         Idempotent; the communicator is unusable after."""
         if self._closed:
             return
@@ -413,7 +413,7 @@ def init(
     ``"nccl"``, ``"mpi"`` or ``"gloo"``. Rank and
     world size come from the launcher (mpiexec or torchrun); explicit
     arguments override them. ``timeout`` bounds every wait (seconds, at most
-    :data:`MAX_TIMEOUT_S`, about 3 years; the reason is beside it in :mod:`commrt.rendezvous`).
+    :data:`MAX_TIMEOUT_S`, about 3 years; the reason is beside it in :mod:`commrt.runtime.rendezvous`).
     ``piece_bytes`` is the pipelining granularity of large transfers.
     ``debug`` (default: the ``COMMRT_DEBUG`` environment variable) checks
     every collective's arguments across ranks first and names mismatches.

@@ -17,7 +17,7 @@ Noise
 Runs are barrier-aligned, so run i is the same run on every rank: its
 agreed time is the slowest rank's (a synchronous step goes at that pace),
 and a size's step time is the **median** of those over the runs. Every
-rank's runs reach every rank in one gather (:func:`commrt.rows.gather`:
+rank's runs reach every rank in one gather (:func:`commrt.collectives.rows.gather`:
 an exact sum all-reduce), so every rank computes the same numbers and
 ends with the same model. The median, not the fastest run: on the shared
 2-core machine a schedule meets the bursts of other processes as often as
@@ -35,7 +35,7 @@ Ranks on several nodes
 ----------------------
 When the launcher says L ranks share each node (``comm.local_size``,
 1 < L < p, ranks in blocks, agreed across ranks by
-:func:`commrt.topology.ranks_per_node`), each link class is measured under
+:func:`commrt.tuning.topology.ranks_per_node`), each link class is measured under
 the concurrency the candidate schedules put on it (:func:`_tier_schedules`):
 
 * *intra*: around each node's own ranks, every rank at once (a torus row
@@ -67,7 +67,7 @@ Per-step overheads
 On CPU backends with ranks spanning nodes it also times small ring,
 recursive-doubling and pipelined-torus all-reduces and fits what a step of
 each kind costs a rank
-(:class:`commrt.sim.Overhead`, in :mod:`commrt.probe_steps`, whose doc
+(:class:`commrt.sim.Overhead`, in :mod:`commrt.tuning.probe_steps`, whose doc
 says why: on ranks sharing cores a step's cost is CPU time that overlaps
 the wire, and α + β·n over-priced a 1 MiB ring by half).
 ``ProbeResult.shift_s``, ``exchange_s`` and ``multi_s`` keep them;
@@ -93,7 +93,7 @@ cached in ``comm.slots.probe``. On 4 namespace hosts × 2 ranks with
 
 Example::
 
-    >>> from commrt.probe import probe                      # doctest: +SKIP
+    >>> from commrt.tuning.probe import probe                      # doctest: +SKIP
     >>> r = probe(comm)          # collective: every rank calls it    # doctest: +SKIP
     >>> r.alpha_s, r.beta_s_per_byte, r.network()                     # doctest: +SKIP
 """
@@ -112,10 +112,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from commrt.probe_checks import ALPHA_BOUND_S, RETRIES, ProbeWarning, conservative, problems
-from commrt.probe_steps import agreed, measure_overheads, time_runs
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step, Steps
 from commrt.sim import Network, Overhead
+from commrt.tuning.probe_checks import ALPHA_BOUND_S, RETRIES, ProbeWarning, conservative, problems
+from commrt.tuning.probe_steps import agreed, measure_overheads, time_runs
 
 __all__ = ["ProbeResult", "probe", "SIZES", "CALIBRATION_ENV", "ProbeWarning", "ALPHA_BOUND_S"]
 #: probed message sizes in bytes; the first one measures α
@@ -154,7 +154,7 @@ class ProbeResult:
     gamma_s_per_byte: float = 0.0  # agreed reduction time per byte
     repeats: int = 0  # timed runs per size (more where a tier was measured again)
     warnings: tuple[str, ...] = ()
-    # per-step overheads (commrt.probe_steps; None on GPUs and in calibrations saved before)
+    # per-step overheads (commrt.tuning.probe_steps; None on GPUs and in calibrations saved before)
     shift_s: float | None = None
     exchange_s: float | None = None
     multi_s: float | None = None
@@ -341,7 +341,7 @@ def _gather_runs(comm, plan: dict, names, per_node, repeats: int, gamma: float):
     """Every rank's per-run step times of the tiers ``names``, as ``{name: array (ranks,
     sizes, runs)}`` on every rank, and the largest γ (one gather)."""
     mine = [t for n in names for t in _measure(comm, plan[n], per_node, repeats)]
-    from commrt.rows import gather
+    from commrt.collectives.rows import gather
 
     table = np.asarray(gather(comm, [*mine, gamma]), dtype=np.float64)
     out, col = {}, 0
@@ -412,7 +412,7 @@ def _measured(comm, sizes, repeats: int, per_node) -> dict:
 def _loaded(comm, path: str, per_node) -> ProbeResult:
     """The calibration at ``path``, checked against this job on every rank (collective: a
     rank that cannot use it, or ranks that read different files, fail every rank)."""
-    from commrt.rows import gather
+    from commrt.collectives.rows import gather
 
     err, crc = None, 0
     try:
@@ -462,7 +462,7 @@ def probe(
     path = calibration if calibration is not None else os.environ.get(CALIBRATION_ENV) or None
     t_start = time.perf_counter()
     p = comm.world_size
-    from commrt.topology import ranks_per_node
+    from commrt.tuning.topology import ranks_per_node
 
     comm.admit_collective()
     with comm.lock:

@@ -9,7 +9,7 @@ names this rank, the peer, the algorithm and the step. The executor's
 schedule steps raise the same errors (:func:`timeout_error`,
 :func:`engine_error`); the backup workers' catch-up and the gossip
 shuffle exchange through :class:`Exchange`. Tags come from
-:mod:`commrt.tags`.
+:mod:`commrt.schedule.tags`.
 
 Example::
 
@@ -68,7 +68,7 @@ def engine_error(
     transport: Transport, err: Exception, peers: Sequence[int], where: Where
 ) -> CommError:
     """An engine's raw error (a peer's connection closed, ...) in commrt's terms: a peer
-    that left (its farewell, :mod:`commrt.departure`) is named as such."""
+    that left (its farewell, :mod:`commrt.runtime.departures`) is named as such."""
     watch = transport.watch
     left = watch.explain() if watch is not None else None
     if left is not None:

@@ -19,7 +19,7 @@ Where the store lives decides which ranks may die:
 
 Example::
 
-    >>> from commrt.store import ControlStore
+    >>> from commrt.runtime.store import ControlStore
     >>> cs = ControlStore.open(comm)                  # doctest: +SKIP  (collective)
     >>> cs.client("backup/0").add("arrivals/0", 1)   # doctest: +SKIP  1 for the first caller
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from commrt.rendezvous import serve
+from commrt.runtime.rendezvous import serve
 
 #: environment variable naming a launcher-hosted store, ``host:port``
 STORE_ENV = "COMMRT_STORE"
@@ -104,7 +104,7 @@ class ControlStore:
         found = launcher_store()
         if found is not None:
             return cls(found[0], found[1], found[2], timeout)
-        from commrt.collectives import broadcast
+        from commrt.collectives.core import broadcast
 
         server, host = None, os.environ.get("MASTER_ADDR") or "127.0.0.1"
         if comm.rank == 0:

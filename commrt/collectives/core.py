@@ -9,7 +9,7 @@ an abort inside gloo, or silently wrong math for equal sizes in different
 shapes). Agreed signatures are remembered on the communicator
 (``comm.slots.agreed_calls``), so a repeated call costs one set lookup, and
 an all-reduce that repeats the last settled call
-(:class:`~commrt.settled.SettledCall`) not even that.
+(:class:`~commrt.collectives.memo.SettledCall`) not even that.
 
 With ``COMMRT_DEBUG=1`` in the environment (or ``commrt.init(debug=True)``)
 every call is checked, which also catches a rank making a call it made
@@ -27,15 +27,14 @@ import zlib
 
 import torch
 
-from commrt import rows as _rows
-from commrt import tags
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.algorithms import broadcast as _bcast
-from commrt.comm import Communicator
+from commrt.collectives import rows as _rows
+from commrt.collectives.memo import SettledCall, remember, run_settled
 from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError
-from commrt.p2p import Exchange, Where, engine_error
-from commrt.schedule import Collective
-from commrt.settled import SettledCall, remember, run_settled
+from commrt.runtime.communicator import Communicator
+from commrt.schedule import Collective, tags
+from commrt.schedule.p2p import Exchange, Where, engine_error
 
 #: dtypes :func:`all_reduce` accepts (integers with ``op="sum"`` only)
 SUPPORTED_DTYPES = (
@@ -243,7 +242,7 @@ def agree_call(
     comm: Communicator, kind: str, shape: tuple, dtype: torch.dtype, op: str, algorithm: str
 ) -> None:
     """The cross-rank call check (see the module docs) for collectives defined elsewhere
-    (:mod:`commrt.shards`, :mod:`commrt.distributed`): raises
+    (:mod:`commrt.collectives.shards`, :mod:`commrt.distributed`): raises
     :class:`~commrt.errors.CollectiveMismatchError` on every rank unless all make this call.
     ``kind`` is one of ``_Call.KINDS`` ("other" for the process group's remaining calls)."""
     key = (kind, tuple(shape), dtype, op, algorithm)

@@ -1,4 +1,4 @@
-"""The probe's sanity checks (:mod:`commrt.probe`, "Sanity checks"): which measured tiers
+"""The probe's sanity checks (:mod:`commrt.tuning.probe`, "Sanity checks"): which measured tiers
 are inconsistent, and how a tier that stays inconsistent is priced.
 
 They read and return the probe's fields as a plain dict, so they are tested

@@ -28,10 +28,10 @@ from __future__ import annotations
 import torch
 
 from commrt.algorithms import Algorithm, resolve
-from commrt.collectives import ReduceOp, agree_call, check_tensor
-from commrt.comm import Communicator
+from commrt.collectives.core import ReduceOp, agree_call, check_tensor
 from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
 from commrt.kernels import pack
+from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, Schedule
 
 __all__ = ["reduce_scatter", "all_gather", "shard_schedule"]

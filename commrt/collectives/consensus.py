@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from commrt.coalesce import coalesced
-from commrt.collectives import all_reduce, gather_rows
+from commrt.collectives.coalesce import coalesced
+from commrt.collectives.core import all_reduce, gather_rows
 
 #: float64 elements averaged per all-reduce (bounds the temporary copy: 64 MiB)
 GROUP_ELEMS = 8 << 20

@@ -2,7 +2,7 @@
 
 The primitive under the node layout, the probe's
 agreed timings and consensus reports. It sits below
-:mod:`commrt.collectives` so that modules the collectives depend on (the
+:mod:`commrt.collectives.core` so that modules the collectives depend on (the
 node layout that ``Torus2D()`` reads) can use it without a cycle.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from commrt.algorithms.ring import Ring
-from commrt.comm import Communicator
+from commrt.runtime.communicator import Communicator
 
 _RING = Ring()
 
@@ -23,7 +23,7 @@ def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> list[
     own row: exact (each slot adds one value to zeros), identical on every
     rank, and it cannot deadlock on a mismatch the way differently sized
     messages could. Collective, with no admission check: callers that may
-    run beside a GradientSync step check first (:func:`commrt.collectives.gather_rows`).
+    run beside a GradientSync step check first (:func:`commrt.collectives.core.gather_rows`).
     """
     row = list(row)
     table = torch.zeros(comm.world_size, len(row), dtype=dtype, device=comm.device)

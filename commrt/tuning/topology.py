@@ -1,14 +1,14 @@
 """Where the ranks sit: how many share a node, as every rank agrees.
 
 Kept apart from the communicator because agreeing takes a collective
-(:func:`commrt.rows.gather`), and collectives build on the communicator,
+(:func:`commrt.collectives.rows.gather`), and collectives build on the communicator,
 never the other way round.
 """
 
 from __future__ import annotations
 
-from commrt import rows as _rows
-from commrt.comm import Communicator, NodeLayout
+from commrt.collectives import rows as _rows
+from commrt.runtime.communicator import Communicator, NodeLayout
 
 
 def ranks_per_node(comm: Communicator) -> int | None:
@@ -24,7 +24,7 @@ def ranks_per_node(comm: Communicator) -> int | None:
 
     Example::
 
-        >>> from commrt.topology import ranks_per_node
+        >>> from commrt.tuning.topology import ranks_per_node
         >>> ranks_per_node(comm)   # torchrun --nnodes 4 --nproc-per-node 8  # doctest: +SKIP
         8
     """

@@ -34,9 +34,9 @@ TORCH_P2P_TAGS = 1 << 24
 TORCH_COLLECTIVE = TORCH_P2P_BASE + TORCH_P2P_TAGS
 #: the backup workers' catch-up snapshots
 CATCHUP = 0x3FFFFF00
-#: the collectives' cross-rank check of a call signature (commrt.collectives)
+#: the collectives' cross-rank check of a call signature (commrt.collectives.core)
 CALL_CHECK = CATCHUP + 1
-#: a closing rank's farewell to its peers (commrt.departure), where no store carries it
+#: a closing rank's farewell to its peers (commrt.runtime.departures), where no store carries it
 FAREWELL = CALL_CHECK + 1
 
 #: every range, [start, stop), by owner

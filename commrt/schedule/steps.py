@@ -5,7 +5,7 @@ What a schedule computes (:class:`Collective`), one point-to-point op
 (:class:`Step`), and lazy lists of steps (:class:`Steps`, :func:`parallel`)
 over a buffer cut by :func:`chunk_bounds`. Plain data with no dependency on
 the rest of the project, so that both :mod:`commrt.schedule` and its
-symbolic checker (:mod:`commrt.schedule_check`) can build on it. Import
+symbolic checker (:mod:`commrt.schedule.check`) can build on it. Import
 these names from :mod:`commrt.schedule`, which re-exports them.
 """
 

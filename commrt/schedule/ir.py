@@ -12,7 +12,7 @@ chunks. An op names one rank, one peer and a contiguous chunk range
 Within a step every send reads the buffer as it was *before* the step, so a
 rank may send a chunk and receive into another (or the same) chunk in one
 step. The same description runs on every transport (through
-:mod:`commrt.executor`) and in the cost simulator, and :func:`check` proves
+:mod:`commrt.schedule.executor`) and in the cost simulator, and :func:`check` proves
 symbolically that it computes its collective.
 
 Example::
@@ -27,7 +27,7 @@ Example::
     0     reduce-scatter  c0→1 c3+←3  c1→2 c0+←0  ...
 
 The parts (:class:`Collective`, :class:`Op`, :class:`Step`, ...) live in
-:mod:`commrt.schedule_steps` and the checker in :mod:`commrt.schedule_check`;
+:mod:`commrt.schedule.steps` and the checker in :mod:`commrt.schedule.check`;
 import them from here.
 """
 
@@ -41,8 +41,8 @@ import numpy as np
 from commrt.errors import ScheduleError
 
 # Re-exported: the algorithms, the executor, the simulator and the tests import these from here.
-from commrt.schedule_check import CheckReport, check
-from commrt.schedule_steps import (
+from commrt.schedule.check import CheckReport, check
+from commrt.schedule.steps import (
     RECV_COPY,
     RECV_REDUCE,
     SEND,

@@ -1,0 +1,48 @@
+"""Collectives as data, and how they run.
+
+The intermediate representation (:mod:`commrt.schedule.steps`: ``Op``,
+``Step``, ``Steps``; :mod:`commrt.schedule.ir`: ``Schedule``), its
+symbolic checker (:mod:`commrt.schedule.check`), the executor that runs a
+schedule for one rank on a transport (:mod:`commrt.schedule.executor`),
+the point-to-point exchange for traffic outside schedules
+(:mod:`commrt.schedule.p2p`) and the one tag registry
+(:mod:`commrt.schedule.tags`).
+
+The IR's names are importable from here::
+
+    from commrt.schedule import Schedule, Step, Op, Collective
+"""
+
+from commrt.schedule.ir import (
+    RECV_COPY,
+    RECV_REDUCE,
+    SEND,
+    CheckReport,
+    Collective,
+    Op,
+    OpKind,
+    Schedule,
+    Step,
+    Steps,
+    check,
+    chunk_bounds,
+    parallel,
+    sequence,
+)
+
+__all__ = [
+    "Collective",
+    "OpKind",
+    "Op",
+    "Step",
+    "Steps",
+    "Schedule",
+    "CheckReport",
+    "check",
+    "chunk_bounds",
+    "parallel",
+    "sequence",
+    "SEND",
+    "RECV_REDUCE",
+    "RECV_COPY",
+]
