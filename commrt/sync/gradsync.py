@@ -55,7 +55,7 @@ from commrt.sync.families import policy_for
 from commrt.sync.hooks import GradHooks
 from commrt.sync.join import joined
 from commrt.sync.policy import SyncContext
-from commrt.sync.progress import BucketRunner, Progress
+from commrt.sync.progress import BucketRunner, ProgressThread
 from commrt.sync.recording import StepRecorder
 from commrt.sync.report import SyncReport
 from commrt.sync.state import broadcast_state
@@ -166,7 +166,7 @@ class GradientSync:
         # -- the progress thread, and the step state it shares with the hooks and wait()
         runner = BucketRunner(self.io, self.policy, comm, self.tracer)
         first, name = StepState.fresh(self.buckets, 0), f"commrt-progress-r{comm.rank}"
-        self._progress = Progress(first, runner, self.policy, name=name)
+        self._progress = ProgressThread(first, runner, self.policy, name=name)
         #: optimizer updates step() applied
         self._updates = 0
 
@@ -315,7 +315,7 @@ class GradientSync:
         )
 
 
-def _check_open(progress: Progress, call: str) -> None:
+def _check_open(progress: ProgressThread, call: str) -> None:
     # after close() no hook sends a bucket and no thread reduces one: a wait would only
     # run into its backstop timeout
     if progress.closing:

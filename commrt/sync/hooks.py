@@ -1,7 +1,7 @@
 """The gradient hooks: autograd marks each parameter ready as its ``.grad`` is accumulated.
 
 One post-accumulate-grad hook per trainable parameter tells the progress
-thread (:class:`~commrt.sync.progress.Progress`) that the parameter's
+thread (:class:`~commrt.sync.progress.ProgressThread`) that the parameter's
 gradient is in; a bucket whose parameters are all in may leave. The first
 gradient of a step hands the wire to the GradientSync
 (``comm.begin_sync_step``). Inside ``no_sync()`` the hooks do nothing.
@@ -14,13 +14,13 @@ import time
 import torch
 
 from commrt.sync.buckets import Bucket
-from commrt.sync.progress import Progress
+from commrt.sync.progress import ProgressThread
 
 
 class GradHooks:
     """The hooks of one GradientSync (``sync``), registered at construction."""
 
-    def __init__(self, sync, buckets: list[Bucket], progress: Progress, comm, named):
+    def __init__(self, sync, buckets: list[Bucket], progress: ProgressThread, comm, named):
         self.sync, self.buckets, self.progress, self.comm = sync, buckets, progress, comm
         #: inside no_sync(): gradients accumulate locally, hooks do nothing
         self.accumulating = False

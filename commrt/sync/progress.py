@@ -6,7 +6,7 @@ the buffer to the family's policy and unpacks the result into ``.grad``
 (:class:`BucketRunner`). After the last bucket of a step it runs the
 policy's after-step work, which may outlive ``wait()``.
 
-:class:`Progress` holds the thread and everything it shares with the
+:class:`ProgressThread` holds the thread and everything it shares with the
 caller's thread (the step's :class:`~commrt.sync.stepstate.StepState`, the
 error it hit, whether it is closing or busy after a step), all guarded by
 one condition variable, ``cv``.
@@ -75,7 +75,7 @@ class BucketRunner:
         return t1 - t0, t2 - t1, time.perf_counter() - t2, sent
 
 
-class Progress:
+class ProgressThread:
     """The progress thread and the state it shares with the caller (see the module docs)."""
 
     def __init__(self, state: StepState, runner: BucketRunner, policy: Policy, name: str):
