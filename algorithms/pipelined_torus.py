@@ -4,12 +4,10 @@
 (row reduce-scatter, column reduce-scatter, column all-gather, row
 all-gather). With one row per node the rows are the fast tier (inside a
 node) and the columns the slow one (between nodes), so while the rows work
-the network is idle, and while the columns work the fast tier is idle. On 4
-namespace hosts × 2 ranks with 1 Gbit/s links (tests/netns.py) at 16 MiB,
-timing the torus's steps apart, the two row phases took 41 and 52 ms of
-its 300 ms and the columns 212 ms (the floor is 201 ms): on a loaded
-2-core machine the loopback tier is only about twice as fast as a rank's
-share of the NIC.
+the network is idle, and while the columns work the fast tier is idle.
+Where the fast tier is only a few times faster than a rank's share of the
+NIC (ranks sharing cores, with loopback as the fast tier), the row phases
+are a good part of the torus's time.
 
 :class:`PipelinedTorus2D` cuts the buffer into ``segments`` equal segments
 and gives each the whole torus, on its own chunks; segment ``s`` starts one
@@ -27,13 +25,10 @@ start and one segment's row all-gather at the end.
 **Ring columns by default.** A column can instead reduce-scatter in one
 step (each rank sends every other its block at once,
 :func:`~commrt.algorithms.fragments.direct_reduce_scatter`) and all-gather
-in one (``direct=True``): the same bytes in fewer steps. On 4 namespace
-hosts × 2 ranks at 1 Gbit/s it was the slower of the two, paired round by
-round against gloo (bench/bench_ptorus.py's timing, 4 runs): in 16
-segments 0.91–0.93× gloo against 0.85–0.89× at 16 MiB, 0.95–0.98×
-against 0.88–0.89× at 64 MiB; in 4 segments (2 runs) 0.93–0.97× against
-0.89–0.90× at 16 MiB. Four hosts' blocks at once on one 1 Gbit/s port
-seem to cost more than the steps they save.
+in one (``direct=True``): the same bytes in fewer steps. It is not the
+default because every other rank's block at once on one port costs more
+than the steps it saves: with ring columns the pipelined torus ran faster
+at every size and segment count compared (docs/benchmarks.md).
 
 Cost: one segment takes D = 2(X−1) + 2(Y−1) steps (ring columns) or
 2(X−1) + 2 (direct), the pipeline D + S − 1, with the ring's bytes. On one link class
@@ -41,8 +36,9 @@ nothing overlaps (a rank's port carries its row and column bytes alike),
 so the closed form is the ring's bytes plus one α per step; the simulator
 prices two tiers by replaying the real schedule, where a rank's intra-node
 and inter-node ports are separate. ``auto`` prices ring-column variants
-only: under the model's one α per step, direct columns would also win on
-one link class, where nothing here measured them.
+only: the model's one α per step would favour direct columns (fewer
+steps), and it does not price the contention on one port that makes them
+slower.
 
 Within a step the column ops come first: the executor posts them first, so
 the slow link starts at once.
@@ -72,12 +68,10 @@ from commrt.sim.pricing import torus_time
 __all__ = ["PipelinedTorus2D", "segments_for", "MAX_SEGMENTS"]
 
 #: the most segments :func:`segments_for` picks: past it each step's fixed cost (a wake-up of
-#: every rank, several milliseconds on a loaded machine) outweighs the shorter ramp
+#: every rank, costly where ranks share cores) outweighs the shorter ramp
 MAX_SEGMENTS = 16
-#: bytes per segment :func:`segments_for` aims at. bench/bench_ptorus.py on 4 hosts × 2 ranks
-#: at 1 Gbit/s, ring columns, × gloo in two runs: at 4 MiB 4 segments 0.95–1.01, 8 (half a
-#: MiB each) 1.47–1.70; at 16 MiB 4 segments 0.91–0.92, 16 0.87–0.89; at 64 MiB 4 segments
-#: 0.93, 16 0.89
+#: bytes per segment :func:`segments_for` aims at: smaller segments add steps whose fixed
+#: cost outweighs the overlap they buy (docs/benchmarks.md)
 SEGMENT_BYTES = 1 << 20
 
 
@@ -125,7 +119,7 @@ class PipelinedTorus2D(Algorithm):
     :meth:`select` (one per MiB, up to 16), and :attr:`DEFAULT_SEGMENTS`
     in :meth:`schedule`, which has no size. ``direct`` True: each column
     reduce-scatters and all-gathers in one step; None or False: around a
-    ring (the default: the faster one measured, module doc). One segment
+    ring (the default: the faster one, module doc). One segment
     with ring columns is the plain torus.
     """
 

@@ -8,9 +8,9 @@ Why the code has several paths
 ------------------------------
 On CPU, a torch op whose output dtype differs from its computation dtype
 (``torch.mul(fp32, s, out=bf16)``, ``fp32.add_(bf16)``) silently allocates a
-full-size temporary, and mixed-dtype in-place adds run 10-30x slower than a
-copy (measured on this project's CI box). Worse, ``torch.mul(fp16, s,
-out=fp32)`` computes in fp16 and would round twice. So:
+full-size temporary, and mixed-dtype in-place adds run many times slower
+than a copy. Worse, ``torch.mul(fp16, s, out=fp32)`` computes in fp16 and
+would round twice. So:
 
 * single-pass ops whenever one torch op has exactly the right semantics:
   ``copy_`` for any unscaled cast (it rounds to nearest even),
@@ -25,8 +25,8 @@ out=fp32)`` computes in fp16 and would round twice. So:
   bucket of many biases costs a few calls, not a Python loop per tensor;
   each large tensor gets its own single-pass op where one exists.
 
-Per-tensor overhead is the cost that dominates small buckets (a tensor view
-costs ~1 us here), so the *slots* -- views of the flat buffer shaped like each
+Per-tensor overhead is the cost that dominates small buckets (every tensor
+view is a torch call), so the *slots* -- views of the flat buffer shaped like each
 tensor -- are cached per flat buffer (weakly keyed: the cache entry dies with
 the buffer tensor). Pass the same bucket tensor each step to benefit.
 
@@ -43,8 +43,8 @@ from typing import List, Sequence, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-#: Staging segment, in elements, for CPU tensors (2 MiB of fp32; 256 K-1 M
-#: measured best on a 1 MiB-L2 / 32 MiB-L3 machine for 4-100 MB buckets).
+#: Staging segment, in elements, for CPU tensors (2 MiB of fp32: small enough that a
+#: segment's passes stay in cache, large enough that the calls per bucket are few).
 CHUNK = 1 << 19
 #: Staging segment for CUDA tensors under impl="torch" (no cache to fit; fewer launches).
 CUDA_CHUNK = 1 << 23
@@ -117,8 +117,8 @@ class _Plan:
     consecutive smaller tensors (zero-size ones skipped), at most ``chunk``
     elements per run, each handled by a few whole-run ops (``foreach`` calls
     and one op over the run's contiguous range of the flat buffer) whatever
-    its length. Runs, not arbitrary groups: ``torch._foreach_mul_`` costs ~3 us
-    per tensor here, one ``mul_`` over a contiguous range costs one call.
+    its length. Runs, not arbitrary groups: ``torch._foreach_mul_`` still pays
+    per tensor, one ``mul_`` over a contiguous range costs one call.
     ``spans[k]``: the range ``(lo, hi)`` of the flat buffer run k fills.
     ``offsets[i]``: where tensor i starts in the flat buffer.
     """
@@ -172,7 +172,7 @@ def _pieces(lo: int, hi: int, chunk: int):
 def _no_grad(fn):
     """Run ``fn`` with autograd off (out= and in-place ops on leaves that
     require grad would fail otherwise), entering no_grad only when needed:
-    the context manager costs ~1 us, a visible share for small buckets."""
+    the context manager's cost is a visible share for small buckets."""
 
     @functools.wraps(fn)
     def wrapper(*args):

@@ -67,8 +67,8 @@ MAX_CHUNK = 65536
 _PROGRAMS_PER_SM = 8
 
 #: Interpret mode (CPU, tests): a single config. The interpreter's cost is
-#: per block step (each nested @triton.jit call re-patches triton.language,
-#: ~0.3 ms), not per element, so blocks are large; 100 003 elements still span
+#: per block step (each nested @triton.jit call re-patches triton.language),
+#: not per element, so blocks are large; 100 003 elements still span
 #: several chunks. Tests shrink these knobs to put block and chunk edges at
 #: 1024 and at a few elements.
 INTERPRET_BLOCK = 4096
@@ -198,9 +198,8 @@ def _size_key(n: int) -> int:
 
 
 #: (kernel, its autotune key) -> the config the autotuner chose. After the first launch of a
-#: key the kernel is launched with that config directly: measured on an H100 (Triton 3.6), the
-#: autotuner's per-call bookkeeping cost 15 us of host time per launch, more than the kernel
-#: itself takes on a 4 MB bucket.
+#: key the kernel is launched with that config directly: the autotuner's per-call bookkeeping
+#: costs more host time per launch than the kernel itself takes on a bucket of a few MB.
 _BEST: dict = {}
 
 
@@ -244,7 +243,7 @@ def _keep_alive_on_stream(tab: _Tables, device: torch.device) -> None:
     # A cached table may be used from several streams; tell the caching allocator so it is
     # not reused while a kernel may still read it. Once per stream is enough: the allocator
     # waits for every recorded stream when the
-    # (cached) table is freed. Recording on every launch cost ~10 us of host time (H100 box).
+    # (cached) table is freed. Recording on every launch would add host time to each launch.
     if device.type == "cuda":
         stream = torch.cuda.current_stream(device)
         if stream.cuda_stream not in tab.streams:

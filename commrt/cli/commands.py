@@ -97,7 +97,7 @@ def check_backend(
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--nproc", type=positive_int, default=2, help="ranks to start on this machine (default 2)"
+        "--nproc", type=positive_int, default=2, help="ranks to start on this host (default 2)"
     )
     p.add_argument(
         "--backend",

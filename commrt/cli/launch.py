@@ -12,7 +12,7 @@ one line and status 130, and no rank prints a traceback (:func:`interrupted`).
 A SIGTERM or SIGHUP to the launcher alone (a scheduler, a closed terminal)
 stops every rank too, with one line and status 128 + the signal's number.
 
-Every rank runs on this machine, so the job listens on loopback only: the
+Every rank runs on this host, so the job listens on loopback only: the
 stores bind 127.0.0.1 (:func:`commrt.runtime.store.serve`) and gloo gets
 ``GLOO_SOCKET_IFNAME=lo`` unless the caller set it.
 
@@ -141,7 +141,7 @@ def launch(
     env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
     env.setdefault(LAUNCHED_AT_ENV, repr(process_started_at()))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    # every rank is on this machine: keep gloo's sockets on loopback too (it would bind to
+    # every rank is on this host: keep gloo's sockets on loopback too (it would bind to
     # the address of the host name otherwise); the stores listen on 127.0.0.1 (store.serve)
     lo = loopback_ifname()
     if lo is not None:

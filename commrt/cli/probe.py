@@ -17,7 +17,7 @@ import textwrap
 
 from commrt.cli.units import output_file, positive_int, size_list
 
-#: buffer sizes whose choice is printed (the issue's 64 KiB to 64 MiB)
+#: buffer sizes whose choice is printed (small to large gradient buckets)
 SHOW_SIZES = "64K,1M,16M,64M"
 
 

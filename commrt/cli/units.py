@@ -77,7 +77,7 @@ def whole_number(text: str) -> int:
 @named("timeout")
 def timeout_seconds(text: str) -> float:
     """argparse type: seconds above 0 and at most MAX_TIMEOUT_S, as commrt.init takes them
-    (checked here: a bad one used to fail in every rank, after the launch)."""
+    (checked here, before the launch, so a bad one does not fail in every rank after it)."""
     try:
         return check_timeout(float(text))
     except ValueError:

@@ -64,7 +64,7 @@ class ReduceOp(enum.Enum):
             raise ValueError(f"unknown op {op!r}; choose 'sum' or 'avg'") from None
 
 
-#: ReduceOp.AVG, read without the enum class's attribute lookup (about 0.1 us in Python 3.11)
+#: ReduceOp.AVG, read without the enum class's attribute lookup (all_reduce's hot path)
 _AVG = ReduceOp.AVG
 
 # the usual spellings, looked up without the enum machinery (all_reduce's hot path)

@@ -116,8 +116,8 @@ class Communicator:
         self.rank = transport.rank
         self.world_size = transport.world_size
         self.device = transport.device
-        #: ``device.type``, read once: torch makes a new string on every read of it (about
-        #: 0.7 us, a tenth of an 8-byte all-reduce), and every collective compares it
+        #: ``device.type``, read once: torch makes a new string on every read of it (a cost
+        #: that shows in a small all-reduce), and every collective compares it
         self.device_type = self.device.type
         self.local_rank = launch.local_rank
         self.local_size = launch.local_size
@@ -374,8 +374,8 @@ def end_job(message: str) -> None:
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
         # MPI_Abort makes mpiexec kill every rank at once, and hydra drops whatever output
-        # its proxy has not forwarded yet (seen on a loaded machine: the traceback cut in
-        # half): give the forwarder a moment first
+        # its proxy has not forwarded yet (a traceback can be cut in half): give the
+        # forwarder a moment first
         time.sleep(ABORT_GRACE_S)
         mpi.COMM_WORLD.Abort(1)
     os._exit(1)

@@ -6,10 +6,9 @@ Every rank's torch starts one intra-op thread per core. With L ranks on a
 node of C cores that is L·C threads, and OpenMP's idle threads spin before
 they sleep, on the very cores a peer needs to send what this rank waits
 for. A reduction's ``add_`` above torch's grain size (32K elements) wakes
-them at every step. Measured on 2 cores with gloo, ranks launched with
-``RANK``/``WORLD_SIZE`` only: a 1 MiB ring all-reduce took 12 ms on 2
-ranks and 71 ms on 4 (recursive doubling 44 ms); with one thread each,
-0.6, 8.8 and 3.0 ms. torch's gloo ``all_reduce`` took 5.8 ms on 4.
+them at every step, so every step of a collective waits behind threads
+that have nothing to do: oversubscribed, an all-reduce runs several
+times slower than with one thread per rank.
 
 torchrun and ``commrt train`` set ``OMP_NUM_THREADS`` before the ranks
 start, so they never meet this; a launch by hand, a batch script or an
@@ -65,8 +64,8 @@ def fit_torch_threads(local_size: int | None, env: Mapping[str, str] | None = No
     torch.set_num_threads(n)
     warnings.warn(
         f"commrt: {local_size} ranks share this node's {cores} cores and each had {had} torch "
-        f"threads; set to {n} (idle threads spin on the cores a peer needs: a 1 MiB all-reduce "
-        f"ran 8-20x slower on 2 cores). Set OMP_NUM_THREADS to choose yourself, as torchrun does.",
+        f"threads; set to {n} (idle threads spin on the cores a peer needs and slow every "
+        f"collective). Set OMP_NUM_THREADS to choose yourself, as torchrun does.",
         RuntimeWarning,
         stacklevel=3,
     )

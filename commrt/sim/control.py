@@ -111,11 +111,11 @@ class StoreCost:
 
     @classmethod
     def measured(cls) -> "StoreCost":
-        """``python bench/bench_control_plane.py`` on the 2-core development machine, shared
-        (load average 8 to 12), torch's TCPStore over loopback, medians of 5 runs with 16
-        client threads. Runs on that machine ranged 25 to 91 us (rtt), 27 to 72 us (op)
-        and 0 to 5 us (key): give ``--store-cost`` for another machine."""
-        return cls(75.5e-6, 45.8e-6, 3.37e-6, "bench_control_plane.py, 2-core dev machine")
+        """The default costs: medians from ``python bench/bench_control_plane.py`` (torch's
+        TCPStore over loopback, 16 client threads; the run is in docs/benchmarks.md). A
+        store's costs vary with the machine and its load: give ``--store-cost`` with the
+        bench's numbers for yours."""
+        return cls(75.5e-6, 45.8e-6, 3.37e-6, "bench_control_plane.py defaults")
 
     @classmethod
     def parse(cls, text: str) -> "StoreCost":

@@ -75,8 +75,8 @@ class Link:
 class Overhead:
     """What a step costs a rank when the wire is not what limits it (LogP's *o*).
 
-    Ranks that share a few cores (8 ranks on 2 here, gloo or MPI over TCP)
-    pay for a step in CPU time: waking up, posting, copying, adding. That
+    Ranks that share a few cores (more ranks than cores, gloo or MPI over
+    TCP) pay for a step in CPU time: waking up, posting, copying, adding. That
     cost overlaps the wire (another rank runs while one waits), so with an
     ``Overhead`` a message takes ``max(β·load, cost)`` instead of
     ``α + β·load``, where ``cost`` is the larger of its two ranks'
@@ -85,12 +85,12 @@ class Overhead:
     * ``shift_s``: a step whose messages go to another rank than the one
       they come from (a ring step);
     * ``exchange_s``: a step that swaps with the same peer(s) (recursive
-      doubling, halving-doubling, a ring of 2); measured apart because on
-      shared cores the two differ by up to 1.8×;
+      doubling, halving-doubling, a ring of 2); kept apart because on
+      shared cores the two differ;
     * ``multi_s``: a step in which the rank sends or takes in more than one
-      message (a pipelined torus's overlapped segments). Measured here, it
-      hardly grows with the number: 2.7–3.1 ms a step with 2 to 4 messages
-      at 2 × 2 where one exchange took 1.4 (so not a cost per message).
+      message (a pipelined torus's overlapped segments). One cost for the
+      step, not a cost per message: it hardly grows with the number of
+      messages.
 
     :mod:`commrt.tuning.probe` measures them on CPU backends, across nodes, by
     timing small all-reduces of each kind (:mod:`commrt.tuning.probe_steps`).

@@ -40,9 +40,9 @@ def poll_until(
     After that (and at once when ``spin_s`` is 0) the core is yielded
     (``sched_yield``) rather than spun on: with more ranks than cores (as in
     tests and on small CI machines) the peer we wait for may need this very
-    core, and measured 64 KB all-reduce latency at 4 ranks on 2 cores drops
-    several-fold compared with spinning. When nothing else is runnable the
-    yield returns at once, so an idle machine still gets spin-like latency.
+    core, and a spinning waiter would keep it from running. When nothing
+    else is runnable the yield returns at once, so an idle machine still
+    gets spin-like latency.
     After 5 ms the wait turns into sleeps of up to 1 ms, so a long wait (a
     slow peer, a straggler) costs no CPU. From then on ``check()`` (if given)
     is called every :data:`CHECK_EVERY_S`; it raises to end a wait that can

@@ -59,13 +59,11 @@ process either. ``inner="auto"`` is refused (its choice is a collective
 probe the replacement cannot join). A death recorded and a return read by
 a rank in the same beat, while that rank waits for the outcome of a step
 the dead incarnation took part in, costs that step the timeout before its
-redo. Under heavy load a rank that had not yet read a replacement's
-return gave up a round's group the others still made (gloo then retried
-connecting to it for the timeout, and every rank timed out): a round's
-group now gives up only when the incarnation that took the ticket is
-recorded dead. After that fix 5 runs of the 4-rank scenario (two and three
-jobs at once on 2 cores) passed; before it 3 of 9 runs failed so (one
-pytest run under a load of 10 to 20, and both of two jobs run at once).
+redo. A round's group gives up only when the incarnation that took the
+ticket is recorded dead, not when a rank has not yet read a replacement's
+return: under heavy load such a rank would give up a group the others
+still make (gloo then retries connecting to it for the timeout, and every
+rank times out).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ which the next step reuses when its participants are the same ranks
 
 **A death while a group is made.** gloo's rendezvous waits in the store for
 every member's address, for the group's whole timeout: a member that died
-before writing it cost the others that timeout (two chaos trials took 44 to
-48 s). A group made for a round is therefore made through
+before writing it costs the others that timeout. A group made for a round
+is therefore made through
 :class:`WatchedStore`, whose waits poll and give up as soon as the caller
 says a member was recorded dead (about ``dead_after_s`` after the death).
 
