@@ -4,6 +4,7 @@
 * :mod:`commrt.sync.config`: its arguments, validated into one :class:`SyncConfig`;
 * :mod:`commrt.sync.stepstate`: what one step has seen so far (reset in one place);
 * :mod:`commrt.sync.progress`: the progress thread and the bucket runner;
+* :mod:`commrt.sync.grad_ready`: the autograd hooks that mark each gradient ready;
 * :mod:`commrt.sync.buffers`: bucket buffers, pack and unpack (grads as bucket views);
 * :mod:`commrt.sync.unused`: parameters without a gradient in a step;
 * :mod:`commrt.sync.recording`: per-step stats and trace spans;

@@ -52,7 +52,7 @@ from commrt.sync.buckets import MB, Bucket, assign_buckets, check_layout, descri
 from commrt.sync.buffers import BucketBuffers
 from commrt.sync.config import SyncConfig, trainable
 from commrt.sync.families import policy_for
-from commrt.sync.hooks import GradHooks
+from commrt.sync.grad_ready import GradReadyHooks
 from commrt.sync.join import joined
 from commrt.sync.policy import SyncContext
 from commrt.sync.progress import BucketRunner, ProgressThread
@@ -171,7 +171,7 @@ class GradientSync:
         self._updates = 0
 
         # -- the gradient hooks (autograd calls them as each .grad is accumulated)
-        self.hooks = GradHooks(self, self.buckets, self._progress, comm, named)
+        self.hooks = GradReadyHooks(self, self.buckets, self._progress, comm, named)
         comm.register_sync(self)
         self._progress.start()
 

@@ -1,4 +1,4 @@
-"""The gradient hooks: autograd marks each parameter ready as its ``.grad`` is accumulated.
+"""Gradient-ready hooks: autograd marks each parameter ready as its ``.grad`` is accumulated.
 
 One post-accumulate-grad hook per trainable parameter tells the progress
 thread (:class:`~commrt.sync.progress.ProgressThread`) that the parameter's
@@ -17,7 +17,7 @@ from commrt.sync.buckets import Bucket
 from commrt.sync.progress import ProgressThread
 
 
-class GradHooks:
+class GradReadyHooks:
     """The hooks of one GradientSync (``sync``), registered at construction."""
 
     def __init__(self, sync, buckets: list[Bucket], progress: ProgressThread, comm, named):
