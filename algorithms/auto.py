@@ -254,9 +254,9 @@ class Auto(Algorithm):
 
     def _tried(self, comm, choice: Choice, name: str) -> Choice:
         """The Choice of candidate ``name``, priced as ``choice``'s candidates say; made once
-        per communicator and size (a new schedule object every call of a trial recompiled
-        its plan each time: 2.6 ms a call for a 2 × 4 torus, a quarter of a 64 KiB call on
-        4 × 2 hosts, and evicted other plans from the executor's cache)."""
+        per communicator and size (a new schedule object every call of a trial would
+        recompile its plan each time, a good part of a small call's time, and evict other
+        plans from the executor's cache)."""
         key = (self, choice.world_size, choice.nbytes, name)
         hit = comm.slots.auto_tried.get(key)
         if hit is None:

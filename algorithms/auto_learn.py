@@ -25,22 +25,18 @@ schedule compiles its plan and allocates scratch):
    candidate's, the median of its blocks. There are :data:`TRIAL_PASSES`
    passes, or as many more (up to :data:`MAX_TRIAL_PASSES`) as fit in
    :data:`TRIAL_BUDGET_S` per candidate at the watch's time a call: where
-   calls take milliseconds, one stall of another process swamps a block
-   (at 64 KiB on 2 × 2 hosts a trial of two blocks each timed a 3 ms
-   schedule at 16.6 ms and kept one 2.1× slower), and only a median over
-   many blocks is steady. On 4 × 2 namespace hosts at 1 MiB, turns call
-   for call and the median of single calls (this policy's first form)
-   kept a torus grid 1.3–1.5× slower than another in 5 runs of 7: that
-   grid's calls alternate fast and slow, so its median call (20–26 ms)
-   hid a mean of 28–35 ms, beside the other's steady 20.
+   calls take milliseconds, one stall of another process swamps a block,
+   and only a median over many blocks is steady. Blocks of back-to-back
+   calls, timed by their mean, rather than single calls in turn timed by
+   their median: a schedule whose calls alternate fast and slow has a
+   median call well below the mean it really costs.
    **Rematch**: if the fastest is not the model's choice, the two meet
    again on fresh blocks and the verdict is on those alone: overturning
-   the model takes two trials that agree (on 4 × 2 namespace hosts at 64
-   KiB one trial timed the model's choice, the fastest, at twice its
-   steady time, and kept a schedule 1.99× slower). If the choice is the
+   the model takes two trials that agree (one trial can time the model's
+   choice in a slow spell and keep a slower schedule). If the choice is the
    fastest but the runner-up in the trial came within ``MARGIN`` of it,
    closer than one trial's blocks can tell apart on a loaded machine
-   (single calls there spike to 2–5× their median), those two run one
+   (where single calls spike to several times their median), those two run one
    more trial, and the verdict is on every block each has had. One
    rematch at most.
 3. **verdict**: the fastest by the median of its blocks is kept for
@@ -52,9 +48,9 @@ schedule compiles its plan and allocates scratch):
 4. **recheck**: after :data:`RECHECK_S` seconds' worth of the kept
    schedule's calls (at its measured time a call; at least
    :data:`RECHECK_MIN_CALLS` calls), the next calls are timed again, as a
-   trial block (the slowest rank's mean call). A machine drifts: on 4 × 2
-   namespace hosts at 1 MiB a torus grid won its trial at 18 ms and ran at
-   27 ms a minute later, 1.35× the grid it beat. If the kept schedule is now
+   trial block (the slowest rank's mean call). A machine drifts, and a
+   schedule's calls can settle into a slower mode: the winner of a trial
+   may fall behind the schedule it beat. If the kept schedule is now
    slower than the trial's fastest other candidate by more than ``MARGIN``,
    the two meet again on fresh blocks (a rematch; their old blocks are
    dropped) and the faster is kept. A kept schedule that replaced the
@@ -116,18 +112,16 @@ WARMUP = 1
 #: at least; a block's timed calls are ⌈WINDOW / TRIAL_PASSES⌉
 TRIAL_PASSES = 2
 #: more passes, up to MAX_TRIAL_PASSES, while a candidate's blocks take at most this long at
-#: the watch's time a call (64 KiB: 6 passes of ~3 ms calls; 16 MiB: 2 of ~150 ms)
+#: the watch's time a call (calls of a few ms get 6 passes; calls of ~150 ms, 2)
 TRIAL_BUDGET_S = 0.25
 MAX_TRIAL_PASSES = 6
 #: the trial also runs every candidate predicted within this factor of the choice: where
 #: the model errs by tens of percent (small buffers, a loaded machine) its order among
-#: them says little, and the runner-up alone missed the fastest (halving-doubling at
-#: 1 MiB on 4 × 2 namespace hosts, third in the model's order)
+#: them says little, and the runner-up alone can miss the fastest
 CONTENDERS = 1.5
 #: seconds of a settled size's calls before its kept schedule is timed again (a recheck),
-#: doubling after each recheck that finds it still the fastest, up to RECHECK_MAX_S: on
-#: 4 × 2 namespace hosts at 1 MiB a torus grid kept at 18 ms (beside another's 21) ran at
-#: 27 ms a minute later, its other mode, and nothing learned it again
+#: doubling after each recheck that finds it still the fastest, up to RECHECK_MAX_S: a
+#: kept schedule can drift into a slower mode, and without a recheck nothing learns it
 RECHECK_S = 2.0
 RECHECK_MAX_S = 64.0
 #: settled calls between rechecks, at least: a recheck costs one small gather
@@ -316,9 +310,8 @@ class Tuning:
         if rival is not None and now > (1.0 + self.margin) * rivals[rival]:
             self.finalists = (self.kept, rival)
         elif self._overturned_cheaply():
-            # the model's choice lost two trials, perhaps both in one slow spell (4 × 2
-            # hosts at 64 KiB, a loaded machine: recursive doubling timed at 29 ms in both,
-            # 12 ms afterwards, and halving-doubling kept at 25): it is timed afresh
+            # the model's choice lost two trials, perhaps both in one slow spell of a loaded
+            # machine: it is timed afresh
             self.finalists = (self.kept, self.choice)
         elif rival is not None or self.runner_up is None:
             return self._settle(self.kept)
@@ -340,7 +333,7 @@ class Tuning:
         # choice was taken earlier, perhaps on a quieter or busier machine). A block's
         # sample is its slowest rank's mean call, the throughput of back-to-back calls: a
         # median of single calls favoured a schedule whose calls alternate fast and slow
-        # (a torus at 1 MiB on 4 × 2 hosts: 20-26 ms by the median, 28-35 ms a call)
+        # (its median call is well below its mean)
         n = self._per_block()
         for b, label in enumerate(self._blocks()):
             mean = max(statistics.fmean(row[b * n : (b + 1) * n]) for row in table)
@@ -354,9 +347,8 @@ class Tuning:
         if self.finalists:
             return self._settle(best)
         if best != self.choice:
-            # overturning the model takes a second look on fresh blocks: on 4 × 2 hosts at
-            # 64 KiB one trial timed the model's choice at 16.6 ms, twice its steady time,
-            # and kept one that ran 1.99× slower
+            # overturning the model takes a second look on fresh blocks: one trial can time
+            # the model's choice in a slow spell and keep a slower schedule
             self.finalists = (best, self.choice)
             for label in self.finalists:
                 self.samples.pop(label)

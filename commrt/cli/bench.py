@@ -67,7 +67,7 @@ def timing_buffer(count: int, dtype: torch.dtype = torch.float32, device="cpu") 
 
     Zeros because a sum repeated in place must stay finite: ones double per
     call at p=2 and reach inf after 128 calls, and numpy's overflow warning
-    then lands in the middle of the table (CI caught it at 84 columns).
+    then lands in the middle of the table.
     """
     return torch.zeros(count, dtype=dtype, device=device)
 

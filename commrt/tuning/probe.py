@@ -19,10 +19,10 @@ agreed time is the slowest rank's (a synchronous step goes at that pace),
 and a size's step time is the **median** of those over the runs. Every
 rank's runs reach every rank in one gather (:func:`commrt.collectives.rows.gather`:
 an exact sum all-reduce), so every rank computes the same numbers and
-ends with the same model. The median, not the fastest run: on the shared
-2-core machine a schedule meets the bursts of other processes as often as
-the probe does, and the fastest run described a machine the schedules
-never got.
+ends with the same model. The median, not the fastest run: where ranks
+share cores with other processes, a schedule meets their bursts as often
+as the probe does, and the fastest run would describe a machine the
+schedules never get.
 
 Fit: α = the 8 B step time; β = the least-squares slope of (time − α)
 against bytes over the larger sizes, less γ. 4 MiB is the default
@@ -58,9 +58,9 @@ measures slower (larger β) than the NIC between nodes, is measured again
 (:data:`RETRIES` times; the runs are pooled, median over all). If it is
 still inconsistent, a :class:`ProbeWarning` names the tier and the numbers
 and it is priced conservatively: α as measured; both tiers at the slower
-β. ``ProbeResult.warnings`` keeps the messages. (The case that asked for
-it: 8 ranks on 2 cores measured the loopback tier slower than a 1 Gbit/s
-link, and ``auto`` chose the ring where the torus was 0.79× its time.)
+β. ``ProbeResult.warnings`` keeps the messages. (Ranks crowded onto few
+cores can time loopback slower than a NIC; priced as timed, such a tier
+would steer ``auto`` away from the schedules that use it.)
 
 Per-step overheads
 ------------------
@@ -69,10 +69,10 @@ recursive-doubling and pipelined-torus all-reduces and fits what a step of
 each kind costs a rank
 (:class:`commrt.sim.Overhead`, in :mod:`commrt.tuning.probe_steps`, whose doc
 says why: on ranks sharing cores a step's cost is CPU time that overlaps
-the wire, and α + β·n over-priced a 1 MiB ring by half).
+the wire, so α + β·n over-prices it).
 ``ProbeResult.shift_s``, ``exchange_s`` and ``multi_s`` keep them;
 :meth:`ProbeResult.network` prices with them. None on GPUs, on one node
-and in calibrations saved before them (those price with α + β·n as before).
+and in calibrations saved without them (those price with α + β·n).
 
 A saved calibration
 -------------------
@@ -88,8 +88,7 @@ Cost (one node): with the default ``repeats=5``, 6 runs (1 warm-up) of 20 steps 
 8 B, 4 of 1 MiB and 4 of 4 MiB: 168 messages and 60 MiB sent per rank, 15
 barriers, and one small all-reduce; on CPU across nodes, 6 runs of about
 40 steps of each overhead's all-reduce at 32 KiB. Once per communicator: the result is
-cached in ``comm.slots.probe``. On 4 namespace hosts × 2 ranks with
-1 Gbit/s links (tests/netns.py) the probe takes about 6 s (2 × 2: 4 s).
+cached in ``comm.slots.probe``.
 
 Example::
 

@@ -2,22 +2,21 @@
 
 Why overheads
 -------------
-On ranks that share a few cores (4 or 8 ranks on 2 here, gloo over TCP),
+On ranks that share a few cores (more ranks than cores, gloo over TCP),
 a step of a small all-reduce costs each rank CPU time, not wire time, and
-that time overlaps the wire: at 2 × 2 namespace hosts a ring step of
-16 KiB took 1.2 ms and one of 256 KiB 2.2 ms (its wire time alone), not
-the 1.2 + 2.2 that ``α + β·n`` adds. And it depends on the step's kind: an
-exchange with one peer cost 1.6–1.8 ms where a ring shift cost 1.0, and
-a step with 2 to 4 messages (a pipelined torus's segments) 2.7–3.1 ms.
-The probe's 8 B shift, run 20 times in a row, measured 1.8–3.5 ms, the
-cost of neither. So :func:`measure_overheads` times the steps the
-schedules really run and gives a :class:`commrt.sim.Overhead`, with which
-the replay prices a message ``max(β·load, overhead)``.
+that time overlaps the wire: a larger step takes its wire time alone, not
+the overhead plus the wire that ``α + β·n`` adds. And it depends on the
+step's kind: an exchange with one peer costs more than a ring shift, and
+a step with several messages (a pipelined torus's segments) more again.
+The probe's 8 B shift, timed back to back, gives the cost of neither. So
+:func:`measure_overheads` times the steps the schedules really run and
+gives a :class:`commrt.sim.Overhead`, with which the replay prices a
+message ``max(β·load, overhead)``.
 
 What it runs
 ------------
 At :data:`CALIBRATION_BYTES` (32 KiB: little enough that no wire binds,
-enough to pay what a real bucket's step pays: 4 KiB calls went faster)
+enough to pay what a real bucket's step pays, which tiny calls do not)
 the real all-reduce schedules of
 
 * recursive doubling (p a power of two): exchange steps only → ``exchange_s``;
@@ -27,9 +26,8 @@ the real all-reduce schedules of
 
 each one warm-up call, then ``repeats`` barrier-aligned runs of about 40
 steps' worth of back-to-back calls (one call right after a barrier finds
-every rank awake: at 2 × 2 it measured a recursive doubling at a quarter of
-its time among a training loop's calls) through the communicator's own
-executor. A call's time is agreed as the probe agrees its steps (the median
+every rank awake, and times far less than the same call among a training
+loop's calls) through the communicator's own executor. A call's time is agreed as the probe agrees its steps (the median
 over runs of the slowest rank's, one gather). Then
 each overhead, in that order, is solved for: the value at which the replay
 of that schedule on the probed network (its β, γ and tiers) takes the
@@ -41,12 +39,11 @@ pipelined torus (``multi_s = exchange_s``: no candidate has such steps).
 
 Only where ranks span nodes, and not on GPUs. On one node the "wire" is
 the cores themselves (shared-memory copies), so a step's overhead adds to
-it instead of hiding under it: on 4 MPI ranks of one node, with the
-overheads, the model tied the ring with halving-doubling at 1 MiB (both
-all wire) where halving-doubling measured 0.44 ms against the ring's
-0.55. NCCL's steps are kernel launches on their own streams, and its α
-adds to the wire as the closed forms say. Cost at 4 × 2 here: about
-a second and a half (6 × 40 steps of each of 3 small all-reduces).
+it instead of hiding under it, and ``max(wire, overhead)`` would price
+schedules that differ as equal (``α + β·n`` tells them apart there).
+NCCL's steps are kernel launches on their own streams, and its α adds to
+the wire as the closed forms say. Cost: 6 × 40 steps of each of 3 small
+all-reduces.
 """
 
 from __future__ import annotations
@@ -72,7 +69,7 @@ __all__ = [
 #: the all-reduce size the overheads are timed at
 CALIBRATION_BYTES = 32 << 10
 # Steps per timed run: one short call right after a barrier finds every rank awake and
-# measured a recursive doubling at a quarter of its time in a training loop's calls.
+# times far less than the same call among a training loop's calls.
 _RUN_STEPS = 40
 _SEGMENTS = 16  # most of its steps have several messages: the kind it measures
 
