@@ -102,10 +102,11 @@ class _ServerWatch:
     """A late rank's watch on its catch-up server (rank, incarnation): the blocking calls it
     runs end with :class:`ServerDied` once the server is recorded dead (so
     :meth:`CatchUp.receive` asks again, or on NCCL gives up): gloo does not always report a
-    peer killed before its send began, and the wait would last the whole timeout (seen in
-    bench/chaos_backup.py). Where a wait that times out breaks the connection (gloo closes
-    the pair, NCCL aborts the communicator) a call runs whole on a thread of ``waiters``
-    (:mod:`commrt.sync.backup.watched`); elsewhere (MPI) waits are cut into slices."""
+    peer killed before its send began, and the wait would last the whole timeout
+    (tools/chaos_backup.py exercises this). Where a wait that times out breaks the
+    connection (gloo closes the pair, NCCL aborts the communicator) a call runs whole on a
+    thread of ``waiters`` (:mod:`commrt.sync.backup.watched`); elsewhere (MPI) waits are cut
+    into slices."""
 
     def __init__(self, store, server: tuple[int, int], waiters: WaiterSlot, whole: bool):
         self.store, self.server, self.waiters, self.whole = store, server, waiters, whole
@@ -176,7 +177,7 @@ def _pair_wire(where, store, req: int, peer: tuple[int, int], rank: int, timeout
 
 def _check_claimer(store, req: int) -> None:
     """Raise :class:`ServerDied` if the rank that claimed request ``req`` was recorded dead
-    before answering it (nobody else would: seen in bench/chaos_backup.py)."""
+    before answering it (nobody else would; tools/chaos_backup.py exercises this)."""
     if store.check([Keys.claim(req)]):
         server, inc = (int(x) for x in store.get(Keys.claim(req)).split())
         if store.check([Keys.dead(server, inc)]) and not store.check([Keys.response(req)]):
@@ -336,8 +337,9 @@ class CatchUp:
 
     def _answered(self, req: int) -> bool:
         """Whether request ``req`` has its response; raises :class:`ServerDied` if the rank
-        that claimed it was recorded dead before answering (nobody else would: seen in
-        bench/chaos_backup.py). Looks at the claim at most every ``CHECK_S``."""
+        that claimed it was recorded dead before answering (nobody else would;
+        tools/chaos_backup.py exercises this). Looks at the claim at most every
+        ``CHECK_S``."""
         if self.store.check([Keys.response(req)]):
             return True
         now = time.monotonic()
@@ -415,8 +417,9 @@ class CatchUp:
     def progress(self) -> None:
         """Move the snapshots on their way along; forget those received or given up on. A
         receiver that died makes the engine fail its send (gloo: "Connection closed by
-        peer"): that snapshot is given up, the error goes no further (seen in
-        bench/chaos_backup.py); on NCCL, which cannot cancel the send, it is a CommError."""
+        peer"): that snapshot is given up, the error goes no further
+        (tools/chaos_backup.py exercises this); on NCCL, which cannot cancel the send, it
+        is a CommError."""
         for s in list(self._sending):
             self._guarded(s, self._progress)
 
