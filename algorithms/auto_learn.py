@@ -271,9 +271,8 @@ class Tuning:
             self.chosen_s = agreed_time(table)
             bound = (1.0 + self.margin) * self.predicted_s
             close = self.runner_predicted_s is not None and self.runner_predicted_s <= bound
-            # a miss either way: a model off by 2× where the choice ran fast was off for the
-            # others too (1 MiB on 4 × 2 hosts: the torus ran in half its prediction, and
-            # another grid in half of that)
+            # a miss either way: a model far off where the choice ran fast may be as far off
+            # for the others, and one of them may run faster still
             missed = abs(self.chosen_s - self.predicted_s) > self.margin * self.predicted_s
             if (missed or close) and self.runner_up is not None:
                 self.phase, self.plan = "trial", self._lay_out()
