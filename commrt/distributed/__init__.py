@@ -11,7 +11,7 @@ Rooms: :mod:`~commrt.distributed.register` (the backend name and the group
 factory), :mod:`~commrt.distributed.devices` (a communicator per device
 type, :class:`Options`), :mod:`~commrt.distributed.group` (the process
 group), :mod:`~commrt.distributed.ops` (what each call runs),
-:mod:`~commrt.distributed.work` (works, futures, the progress thread,
+:mod:`~commrt.distributed.work` (works, futures, the call thread,
 errors) and :mod:`~commrt.distributed.hooks` (DDP communication hooks:
 commrt all-reduce on any backend, GossipGraD).
 """

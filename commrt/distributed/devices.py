@@ -5,7 +5,7 @@
   cpu_transport="gloo")`` keeps gloo). Made when the group is made.
 * CUDA: NCCL whose unique id travels through the store (a ``cuda/``
   prefix), made on the first CUDA call (a collective: every rank of the
-  group reaches it in the same order, on the group's progress thread).
+  group reaches it in the same order, on the group's call thread).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from commrt.algorithms import resolve
-from commrt.distributed.ops import DeviceComm
+from commrt.distributed.ops import DeviceContext
 from commrt.runtime.communicator import (
     Backend,
     Communicator,
@@ -100,9 +100,9 @@ class DeviceComms:
         self.global_ranks = list(global_ranks or range(size))
         self.algorithm = self.options.resolved_algorithm()
         self.lock = threading.Lock()
-        self.by_type: dict[str, DeviceComm] = {"cpu": self._cpu()}
+        self.by_type: dict[str, DeviceContext] = {"cpu": self._cpu()}
 
-    def get(self, device: torch.device) -> DeviceComm:
+    def get(self, device: torch.device) -> DeviceContext:
         kind = torch.device(device).type
         with self.lock:
             dc = self.by_type.get(kind)
@@ -122,7 +122,7 @@ class DeviceComms:
             "torch.distributed", self.rank, self.size, local_rank, int(local) if local else None
         )
 
-    def _wrap(self, transport, backend: Backend) -> DeviceComm:
+    def _wrap(self, transport, backend: Backend) -> DeviceContext:
         o = self.options
         debug = o.debug
         if debug is None:
@@ -138,9 +138,9 @@ class DeviceComms:
         )
         if abort_on_error_wanted() and self.size > 1:
             install_abort_hook(comm)
-        return DeviceComm(comm, self.algorithm)
+        return DeviceContext(comm, self.algorithm)
 
-    def _cpu(self) -> DeviceComm:
+    def _cpu(self) -> DeviceContext:
         want = self.options.cpu_transport
         # the world is MPI's whole world: compared with MPI's size, not WORLD_SIZE, which
         # init_process_group(init_method=..., rank=, world_size=) leaves unset (the DDP
@@ -158,7 +158,7 @@ class DeviceComms:
         store = dist.PrefixStore("cpu/", self.store)
         return self._wrap(GlooTransport(store, self.rank, self.size, self.timeout), Backend.GLOO)
 
-    def _cuda(self) -> DeviceComm:
+    def _cuda(self) -> DeviceContext:
         from commrt.transports.nccl_bootstrap import init_nccl
 
         local_rank = int(os.environ.get("LOCAL_RANK", 0))

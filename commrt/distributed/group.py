@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from commrt.distributed import ops
 from commrt.distributed.devices import DeviceComms
-from commrt.distributed.work import CommrtWork, P2PWork, Progress
+from commrt.distributed.work import CallQueue, CommrtWork, P2PWork
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
 
@@ -33,7 +33,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
     def __init__(self, devices: DeviceComms):
         super().__init__(devices.rank, devices.size)
         self.devices = devices
-        self.progress = Progress(f"commrt-pg-{devices.group_id}")
+        self.calls = CallQueue(f"commrt-pg-{devices.group_id}")
         self.group_id_text, self.desc = devices.group_id, ""
 
     # -- names (init_device_mesh and FSDP2 need them)
@@ -62,7 +62,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
 
     # -- the machinery every call goes through
     def _call(self, what: str, tensors: list, run, opts=None, result=None) -> CommrtWork:
-        """Queue ``run(device_comm)`` on the progress thread for the device of
+        """Queue ``run(device_context)`` on the call thread for the device of
         ``tensors[0]``; the work's future holds ``result`` (default ``tensors``)."""
         device = tensors[0].device if tensors else torch.device("cpu")
         dc = self.devices.get(device)
@@ -76,7 +76,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
             # runs, so that an error is raised from that wait, never turned into an abort
             with work.lock:
                 work.waited = True
-        return self.progress.submit(lambda: run(dc), work)
+        return self.calls.submit(lambda: run(dc), work)
 
     # -- all-reduce
     def allreduce(self, tensors, opts=None) -> CommrtWork:
@@ -109,7 +109,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
 
         def run(dc):
             for t in tensors:
-                ops.bcast(dc, t, root)
+                ops.broadcast(dc, t, root)
 
         return self._call("broadcast", tensors, run, opts)
 
@@ -254,7 +254,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         return self.devices.rank
 
     def shutdown(self) -> None:
-        self.progress.close()
+        self.calls.close()
         self.devices.close()
 
     def abort(self) -> None:

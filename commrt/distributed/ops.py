@@ -1,8 +1,8 @@
 """What each torch.distributed call runs on a commrt communicator.
 
-Plain functions on one device's :class:`DeviceComm` (the communicator, the
+Plain functions on one device's :class:`DeviceContext` (the communicator, the
 group's all-reduce algorithm, executors for MIN/MAX/PRODUCT); the process
-group (:mod:`commrt.distributed.group`) queues them on its progress thread.
+group (:mod:`commrt.distributed.group`) queues them on its call thread.
 
 * all-reduce: SUM through :func:`commrt.all_reduce`; AVG scales by 1/p in
   the pack kernel (float32/16, bfloat16; float64 divides) and sums; MIN,
@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 
 from commrt.algorithms import Algorithm, Ring
-from commrt.collectives.core import SUPPORTED_DTYPES, agree_call, all_reduce, broadcast
+from commrt.collectives.core import SUPPORTED_DTYPES, agree_call, all_reduce
+from commrt.collectives.core import broadcast as commrt_broadcast
 from commrt.collectives.shards import all_gather, reduce_scatter
 from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
 from commrt.kernels import pack
@@ -101,7 +102,7 @@ def op_name(op) -> str:
 
 
 @dataclass
-class DeviceComm:
+class DeviceContext:
     """One device type's communicator and what the group's calls need with it."""
 
     comm: Communicator
@@ -126,7 +127,7 @@ class DeviceComm:
         return Ring()
 
 
-def allreduce(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
+def allreduce(dc: DeviceContext, t: torch.Tensor, op: str) -> None:
     # torch's groups ignore autograd (DDP with create_graph=True hands in gradients that
     # require grad); commrt's collectives refuse such tensors, so they get the plain data
     t = t.detach()
@@ -144,7 +145,7 @@ def allreduce(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
         _reduce_other(dc, t, op)
 
 
-def _reduce_other(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
+def _reduce_other(dc: DeviceContext, t: torch.Tensor, op: str) -> None:
     """The group's all-reduce schedule with another reduction (:data:`REDUCERS`)."""
     comm = dc.comm
     if op in BITWISE and (t.is_floating_point() or t.is_complex()):
@@ -169,7 +170,7 @@ def _reduce_other(dc: DeviceComm, t: torch.Tensor, op: str) -> None:
         t.copy_(work)
 
 
-def allreduce_coalesced(dc: DeviceComm, tensors: list[torch.Tensor], op: str) -> None:
+def allreduce_coalesced(dc: DeviceContext, tensors: list[torch.Tensor], op: str) -> None:
     """One all-reduce per dtype over the tensors packed into one flat buffer."""
     by_dtype: dict = {}
     for t in tensors:
@@ -183,8 +184,8 @@ def allreduce_coalesced(dc: DeviceComm, tensors: list[torch.Tensor], op: str) ->
             offset += t.numel()
 
 
-def bcast(dc: DeviceComm, t: torch.Tensor, root: int) -> None:
-    broadcast(t.detach(), dc.comm, root)
+def broadcast(dc: DeviceContext, t: torch.Tensor, root: int) -> None:
+    commrt_broadcast(t.detach(), dc.comm, root)
 
 
 def check_list(what: str, role: str, tensors: list, like: torch.Tensor, p: int) -> None:
@@ -202,7 +203,7 @@ def check_list(what: str, role: str, tensors: list, like: torch.Tensor, p: int) 
             )
 
 
-def gather_all(dc: DeviceComm, outputs: list[torch.Tensor], t: torch.Tensor) -> None:
+def gather_all(dc: DeviceContext, outputs: list[torch.Tensor], t: torch.Tensor) -> None:
     """torch's list all-gather: ``outputs[r]`` = rank r's ``t``."""
     t = t.detach()
     check_list("all_gather", "output", outputs, t, dc.comm.world_size)
@@ -213,7 +214,7 @@ def gather_all(dc: DeviceComm, outputs: list[torch.Tensor], t: torch.Tensor) -> 
             o.copy_(piece.view_as(o))
 
 
-def gather_into(dc: DeviceComm, out: torch.Tensor, t: torch.Tensor) -> None:
+def gather_into(dc: DeviceContext, out: torch.Tensor, t: torch.Tensor) -> None:
     """``all_gather_into_tensor``: shard r of ``out`` = rank r's ``t``."""
     out, t = out.detach(), t.detach()
     target = (
@@ -224,7 +225,7 @@ def gather_into(dc: DeviceComm, out: torch.Tensor, t: torch.Tensor) -> None:
         out.copy_(target)
 
 
-def scatter_reduce(dc: DeviceComm, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
+def scatter_reduce(dc: DeviceContext, out: torch.Tensor, inp: torch.Tensor, op: str) -> None:
     """``reduce_scatter_tensor``: rank r's ``out`` = the reduction of every rank's shard r."""
     out, inp = out.detach(), inp.detach()
     if op == "avg" or (op == "sum" and inp.dtype in SUPPORTED_DTYPES):
@@ -242,23 +243,23 @@ def scatter_reduce(dc: DeviceComm, out: torch.Tensor, inp: torch.Tensor, op: str
     out.copy_(full.chunk(dc.comm.world_size)[dc.comm.rank].view_as(out))
 
 
-def reduce_scatter_list(dc: DeviceComm, out: torch.Tensor, inputs: list, op: str) -> None:
+def reduce_scatter_list(dc: DeviceContext, out: torch.Tensor, inputs: list, op: str) -> None:
     check_list("reduce_scatter", "input", inputs, out, dc.comm.world_size)
     scatter_reduce(dc, out, torch.cat([t.reshape(-1) for t in inputs]), op)
 
 
-def reduce_to(dc: DeviceComm, t: torch.Tensor, root: int, op: str) -> None:
+def reduce_to(dc: DeviceContext, t: torch.Tensor, root: int, op: str) -> None:
     """``reduce``: the root's tensor ends with the reduction; the others' are untouched."""
     allreduce(dc, t if dc.comm.rank == root else t.clone(), op)
 
 
-def _exchange(dc: DeviceComm, sends, recvs, what: str) -> None:
+def _exchange(dc: DeviceContext, sends, recvs, what: str) -> None:
     comm = dc.comm
     comm.admit_collective()
     Exchange(comm, sends, recvs, tags.TORCH_COLLECTIVE, Where(what)).complete()
 
 
-def gather_to(dc: DeviceComm, outputs: list, t: torch.Tensor, root: int) -> None:
+def gather_to(dc: DeviceContext, outputs: list, t: torch.Tensor, root: int) -> None:
     comm = dc.comm
     t = t.contiguous()
     agree_call(comm, "other", t.shape, t.dtype, f"gather{root}", "p2p")
@@ -271,7 +272,7 @@ def gather_to(dc: DeviceComm, outputs: list, t: torch.Tensor, root: int) -> None
         o.copy_(t if r == root else bufs[r])
 
 
-def scatter_from(dc: DeviceComm, out: torch.Tensor, inputs: list, root: int) -> None:
+def scatter_from(dc: DeviceContext, out: torch.Tensor, inputs: list, root: int) -> None:
     comm = dc.comm
     agree_call(comm, "other", out.shape, out.dtype, f"scatter{root}", "p2p")
     if comm.rank != root:
@@ -289,7 +290,7 @@ def scatter_from(dc: DeviceComm, out: torch.Tensor, inputs: list, root: int) -> 
     out.copy_(inputs[root])
 
 
-def all_to_all(dc: DeviceComm, outs: list, ins: list) -> None:
+def all_to_all(dc: DeviceContext, outs: list, ins: list) -> None:
     """Rank r's ``outs[s]`` = rank s's ``ins[r]``, one group of messages."""
     comm = dc.comm
     agree_call(comm, "other", (len(ins),), ins[0].dtype if ins else torch.float32, "a2a", "p2p")
@@ -307,7 +308,7 @@ def all_to_all(dc: DeviceComm, outs: list, ins: list) -> None:
 
 
 def all_to_all_single(
-    dc: DeviceComm, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits
+    dc: DeviceContext, out: torch.Tensor, inp: torch.Tensor, out_splits, in_splits
 ) -> None:
     p = dc.comm.world_size
     outs = _split(out, out_splits, p)

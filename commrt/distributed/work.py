@@ -1,10 +1,10 @@
-"""Work objects and the progress thread of commrt's process group.
+"""Work objects and the call thread of commrt's process group.
 
-Every collective of a group runs on that group's progress thread, one at
-a time in the order the caller issued them (so every rank runs them in the
-same order, whatever waits for what). The caller gets a :class:`CommrtWork`
-at once; the progress thread completes its future when the collective is
-done. A synchronous call (``async_op=False``, ``asyncOp=False``) is simply
+Every collective of a group runs on that group's call thread
+(:class:`CallQueue`), one at a time in the order the caller issued them (so
+every rank runs them in the same order, whatever waits for what). The
+caller gets a :class:`CommrtWork` at once; the call thread completes its
+future when the collective is done. A synchronous call (``async_op=False``, ``asyncOp=False``) is simply
 waited on before the call returns.
 
 Errors: torch 2.13 crashes (segfault) when a Python future that carries an
@@ -84,7 +84,7 @@ class CommrtWork(Work):
     def exception(self):
         return self.error
 
-    # -- the progress side
+    # -- the call thread's side
     def finish(self) -> None:
         self.future.set_result(self.result)
         self.done.set()
@@ -106,8 +106,9 @@ class CommrtWork(Work):
         self.future.set_exception(error)
 
 
-class Progress:
-    """The thread that runs a group's calls in order (started on first use)."""
+class CallQueue:
+    """The group's calls, run one at a time in the order they came on one thread (the
+    call thread, started on first use)."""
 
     def __init__(self, name: str):
         self.name = name
@@ -117,7 +118,7 @@ class Progress:
         self.start_lock = threading.Lock()
 
     def submit(self, run, work: CommrtWork) -> CommrtWork:
-        """Queue ``run()`` (it does the call); the progress thread completes ``work`` after
+        """Queue ``run()`` (it does the call); the call thread completes ``work`` after
         it."""
         if self.broken is not None:
             err = CommError(
