@@ -149,7 +149,7 @@ class Communicator:
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""
         self.check_open()
-        self.settle()
+        self.quiesce_syncs()
         self.watch.begin_call()
         t = self.timeout if timeout is None else check_timeout(timeout)
         with self.lock:
@@ -209,17 +209,17 @@ class Communicator:
                 "communicator)"
             )
         if self._syncs:
-            self.settle()
+            self.quiesce_syncs()
         self.watch.begin_checked_call()
 
-    def settle(self) -> None:
+    def quiesce_syncs(self) -> None:
         """Let GradientSync work that outlives wait() (asynchronous families) finish
         first, so that every rank issues the next collective after it, in the same order."""
         for sync in self.open_syncs():
             sync.quiesce()
 
     def register_sync(self, sync) -> None:
-        """Note an open GradientSync (held weakly): later collectives settle it first."""
+        """Note an open GradientSync (held weakly): later collectives quiesce it first."""
         if not any(s is sync for s in self.open_syncs()):
             self._syncs.append(weakref.ref(sync))
 

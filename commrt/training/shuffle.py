@@ -248,7 +248,7 @@ class _Swap:
         blocking = comm.transport.stream_ordered
         if blocking:
             # NCCL: no other thread may enqueue a group meanwhile; let gradient work finish first
-            comm.settle()
+            comm.quiesce_syncs()
         self.exchange = Exchange(
             comm,
             self.sends,
