@@ -13,7 +13,7 @@ own connection to one real TCPStore server in this process, as ranks have:
   names and reads them (:class:`~commrt.sync.backup.arrival.Arrival`), its
   idle time looking for catch-up requests; then the step's commit as on gloo
   (:class:`~commrt.sync.backup.recovery.Reduction`'s ``begin`` and
-  ``settle``, with no group to reduce on: the participants count themselves,
+  ``commit``, with no group to reduce on: the participants count themselves,
   every rank waits for the outcome) and an on-time rank's look for requests
   after its update, while every rank's heartbeat thread
   (:class:`~commrt.sync.backup.liveness.Liveness`) runs. Steps follow each
@@ -157,7 +157,7 @@ def measure_steps(cs: ControlStore, p: int, backups: int = 1, steps: int = STEPS
     stores = [Counting(cs.client(space), tallies[r]) for r in range(p)]
     live = [Liveness(cs, space, stores[r], r, p, alg.dead_after_s, 60.0) for r in range(p)]
     arrive = [Arrival(stores[r], cs, space, r, p, n, alg, 60.0) for r in range(p)]
-    commit = [committing(cs, space, arrive[r], live[r]) for r in range(p)]
+    reductions = [committing(cs, space, arrive[r], live[r]) for r in range(p)]
     for lv in live:
         lv.start()
 
@@ -173,8 +173,8 @@ def measure_steps(cs: ControlStore, p: int, backups: int = 1, steps: int = STEPS
             role, ranks, names = arrive[r].arrive(g, look)
             store.tally = commits[r]
             on_time = role is Role.ON_TIME
-            commit[r].begin(g, ranks, on_time, names)
-            if commit[r].settle(on_time, look, lambda taking_part: None):
+            reductions[r].begin(g, ranks, on_time, names)
+            if reductions[r].commit(on_time, look, lambda taking_part: None):
                 look()  # after its update an on-time rank serves (BackupPolicy.apply)
 
     wall = together(p, rank)

@@ -202,7 +202,7 @@ class BackupPolicy(Policy):
         sent = reduction.run(bucket, buf) if on_time else reduction.keep(bucket, buf)
         if bucket == len(self.ctx.buffers) - 1:  # the step commits (redone if one failed)
             with _marks_failure(self):
-                took_part = reduction.settle(on_time, self._serve, self._joined)
+                took_part = reduction.commit(on_time, self._serve, self._joined)
             self.role = Role.ON_TIME if took_part else Role.LATE
             self.ranks = self.reduction.ranks
         return sent

@@ -202,13 +202,13 @@ class Reduction:
 
     def run(self, bucket: int, buf: torch.Tensor) -> int:
         """All-reduce bucket ``bucket`` among the participants; return the bytes sent. On gloo
-        a failure is recorded (and the group aborted) instead of raised: :meth:`settle` redoes
+        a failure is recorded (and the group aborted) instead of raised: :meth:`commit` redoes
         the step."""
         self.keep(bucket, buf)
         if not self.recoverable:
             return self.ctx.run(self.schedules[bucket], buf, bucket)
         if self.error is not None:
-            return 0  # the round failed already: settle() redoes every bucket
+            return 0  # the round failed already: commit() redoes every bucket
         wire = self.wire
         transport = wire.transport
         hook = self._kill_at
@@ -229,7 +229,7 @@ class Reduction:
             return 0
 
     # ------------------------------------------------------------ commit or redo
-    def settle(
+    def commit(
         self, participant: bool, idle: Callable[[], None], joined: Callable[[bool], None]
     ) -> bool:
         """Wait until this step commits, redoing it as often as it takes; return whether
