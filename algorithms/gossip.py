@@ -16,7 +16,7 @@ messages, every rank computes the same answer -- on *virtual* ranks:
 * ``dissemination`` (any p): with L = ⌈log2 p⌉ and k = t mod L, v sends to
   v + 2^k and receives from v − 2^k (mod p). For p not a power of two the
   average is not exact after L steps, but disagreement shrinks
-  geometrically (by 4× per period at p = 3; see tests/test_gossip.py).
+  geometrically (by 4× per period at p = 3; see tests/unit/test_gossip.py).
 
 **Hypercube on a p that is not a power of two raises ValueError** (from
 :meth:`Gossip.peers` and :meth:`Gossip.schedule`, hence on every rank when

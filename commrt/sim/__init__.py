@@ -51,7 +51,7 @@ the closed forms hold exactly:
 * recursive doubling (p a power of two): ``log2(p)·(α + nβ + nγ)``
 * 2D torus X×Y: ``2(X+Y−2)α + 2(p−1)/p · nβ + (p−1)/p · nγ``
 
-(tests/test_sim.py checks them within 1% for p up to 4096). Where one rank
+(tests/unit/test_sim.py checks them within 1% for p up to 4096). Where one rank
 per node talks off-node in a step (a ring or a torus row laid along the
 nodes), the NIC term never binds and the step takes the inter-node α, β, as
 in the closed form. Where several ranks of a node send off-node at once

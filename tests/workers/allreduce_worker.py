@@ -15,7 +15,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nccl_standin import StandInNccl  # noqa: E402
+from helpers.nccl_standin import StandInNccl  # noqa: E402
 
 import commrt  # noqa: E402
 

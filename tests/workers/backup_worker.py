@@ -79,7 +79,7 @@ def state_of(model, opt):
 def finish_serving(catchup, timeout):
     """Let the snapshots this rank answered with reach their late ranks. On NCCL, which
     cannot cancel a receive, a server that dies between answering and sending costs its
-    late rank the communicator (tests/test_nccl_strict.py, ``serverdies``): there the
+    late rank the communicator (tests/multiprocess/test_nccl_strict.py, ``serverdies``): there the
     ``dead`` scenario is a death between steps with nothing on the way."""
     deadline = time.monotonic() + timeout
     while catchup.busy and time.monotonic() < deadline:
@@ -153,11 +153,11 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
 
 
 def make_comm(backend, timeout):
-    """``nccl-strict``: the NCCL adapter over the strict stand-in (tests/nccl_strict.py)."""
+    """``nccl-strict``: the NCCL adapter over the strict stand-in (tests/helpers/nccl_strict.py)."""
     if backend != "nccl-strict":
         return commrt.init(backend, timeout=timeout, abort_on_error=False)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from nccl_strict import StrictNccl
+    from helpers.nccl_strict import StrictNccl
 
     return commrt.init(
         "nccl",

@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from test_gossip import _model, _targets, gossip_steps, run_shuffle, shard  # noqa: E402
+from helpers.gossip import gossip_model, gossip_steps, gossip_targets, run_shuffle, shard  # noqa: E402
 
 import commrt  # noqa: E402
 from commrt.algorithms import Gossip  # noqa: E402
@@ -32,7 +32,7 @@ def count_messages(comm, alg):
     inner = comm.transport
     comm.transport = counter = CountingTransport(inner)
     try:
-        m = _model()
+        m = gossip_model()
         opt = torch.optim.SGD(m.parameters(), lr=0.0)
         rows = []
         with commrt.GradientSync(
@@ -42,7 +42,7 @@ def count_messages(comm, alg):
             for s in range(STEPS):
                 counter.reset()
                 sum(
-                    (q * t).sum() for q, t in zip(m.parameters(), _targets(m, comm.rank, s))
+                    (q * t).sum() for q, t in zip(m.parameters(), gossip_targets(m, comm.rank, s))
                 ).backward()
                 sync.step(opt)
                 sync.quiesce()  # async: the exchange of this step runs after wait(); count it here
@@ -119,7 +119,7 @@ def main(mode, path):
                 ),
             }
         # average_parameters against MPI's own float64 Allreduce
-        m = _model()
+        m = gossip_model()
         with torch.no_grad():
             for i, q in enumerate(m.parameters()):
                 q.add_(

@@ -1,4 +1,4 @@
-"""Every family over the strict NCCL stand-in (tests/nccl_strict.py), as gloo_ranks ranks.
+"""Every family over the strict NCCL stand-in (tests/helpers/nccl_strict.py), as gloo_ranks ranks.
 
     strict_worker.py SCENARIO OUTDIR
 
@@ -8,7 +8,7 @@ Each rank writes OUTDIR/<scenario>_rank<r>.json.
   float32/float64, irregular sizes) against a float64 reference every rank
   computes from every rank's seeded data; gossip (hypercube, synchronous
   and asynchronous; dissemination) through GradientSync against the exact
-  mix (tests/test_gossip.py's oracle); a barrier and the native all-reduce.
+  mix (tests/unit/test_gossip.py's oracle); a barrier and the native all-reduce.
 * ``mismatch``: rank 0 sends 4 float32 where rank 1 receives 8: a named
   error on both, no hang.
 * ``catchup``: backup workers' catch-up alone, between a server and a
@@ -34,8 +34,8 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from nccl_strict import StrictNccl  # noqa: E402
-from test_gossip import _model, _targets, gossip_steps  # noqa: E402
+from helpers.gossip import gossip_model, gossip_steps, gossip_targets  # noqa: E402
+from helpers.nccl_strict import StrictNccl  # noqa: E402
 
 import commrt  # noqa: E402
 from commrt.algorithms import BackupWorkers, Gossip, Ring, Torus2D  # noqa: E402
@@ -95,14 +95,16 @@ def gossip(comm):
 def gradient_sync(comm, alg, steps=3):
     """GradientSync with an all-reduce ``alg``: per step, are the gradients exactly the
     average of every rank's (integer-valued, so exact in any order)?"""
-    m = _model()
+    m = gossip_model()
     opt = torch.optim.SGD(m.parameters(), lr=0.0)
     p, out = comm.world_size, []
     with commrt.GradientSync(m, comm, algorithm=alg, bucket_mb=0.02, first_bucket_mb=0.005) as sync:
         for s in range(steps):
-            sum((q * t).sum() for q, t in zip(m.parameters(), _targets(m, comm.rank, s))).backward()
+            sum(
+                (q * t).sum() for q, t in zip(m.parameters(), gossip_targets(m, comm.rank, s))
+            ).backward()
             sync.step(opt, zero_grad=False)
-            per_rank = [_targets(m, r, s) for r in range(p)]
+            per_rank = [gossip_targets(m, r, s) for r in range(p)]
             want = [sum(ts) / p for ts in zip(*per_rank)]
             out.append(all(torch.equal(q.grad, w) for q, w in zip(m.parameters(), want)))
             opt.zero_grad(set_to_none=True)  # dropped while nothing may still read them

@@ -36,7 +36,7 @@ short waits: an NCCL wait that passes its deadline aborts the
 communicator, which a slice of 0.25 s did whenever the server sent later
 than that (it sends when it next looks at its requests: after its
 optimizer step or while it waits for arrivals). Both rules are checked by
-the strict NCCL stand-in (tests/nccl_strict.py, tests/test_nccl_strict.py)
+the strict NCCL stand-in (tests/helpers/nccl_strict.py, tests/multiprocess/test_nccl_strict.py)
 on CPU; this path has not run on a GPU.
 
 **Memory bound.** A snapshot is the parameters plus the optimizer state

@@ -1,0 +1,313 @@
+"""NCCL and the Triton kernels on real GPUs. Skipped (with the reason) where there is no CUDA.
+
+Every test runs its GPU work in a spawned process with ``TRITON_INTERPRET``
+removed from its environment: tests/conftest.py sets it for the CPU tests,
+and a GPU worker that inherited it would run the kernels in Triton's
+interpreter (or refuse CUDA tensors), never the compiled GPU path. A
+worker that hangs is killed at the test's timeout and the test fails.
+
+Two-rank tests need two GPUs (NCCL refuses two ranks on one device); the
+rest run as-is on one GPU (an H100 box): bf16 wire dtype through the
+compiled kernels, a local rank that is not the device index, no second
+CUDA context on GPU 0, and a timeout in communicator creation that leaves
+the process able to exit (the watchdog).
+"""
+
+import copy
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers.gpu import spawn
+
+import commrt
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
+]
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _compiled() -> bool:
+    from commrt.kernels._triton import interpret_mode
+
+    return not interpret_mode()
+
+
+def _worker(rank, world, port, q):
+    try:
+        comm = commrt.init(
+            "nccl",
+            rank=rank,
+            world_size=world,
+            master_addr="127.0.0.1",
+            master_port=port,
+            device=torch.device("cuda", rank),
+            timeout=60,
+        )
+        errs = []
+        for n in (1, 7, 1000, 1_000_003):
+            for dt in (torch.float32, torch.bfloat16):
+                g = torch.Generator().manual_seed(rank * 100 + n)
+                x = torch.randn(n, generator=g).to(dt).cuda(rank)
+                native = x.clone()
+                comm.transport.native_all_reduce(native, "sum")
+                for alg in ("ring", "halving_doubling"):
+                    t = x.clone()
+                    commrt.all_reduce(t, comm, algorithm=alg, op="sum")
+                    torch.cuda.synchronize()
+                    tol = 1e-5 if dt == torch.float32 else world * 2**-8 * 8
+                    err = (t.double() - native.double()).abs().max().item()
+                    if err > tol:
+                        errs.append((n, str(dt), alg, err))
+        comm.close()
+        q.put((rank, errs))
+    except Exception as e:  # reported to the test process
+        q.put((rank, repr(e)))
+
+
+def _two_ranks(worker) -> dict:
+    """Run ``worker(rank, 2, port, queue)`` on two spawned processes; {rank: what it reported}."""
+    port = _port()
+    return spawn([(worker, (r, 2, port)) for r in range(2)])
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs for two ranks")
+def test_nccl_all_reduce_matches_ncclAllReduce():
+    results = _two_ranks(_worker)
+    assert results == {0: [], 1: []}, results
+
+
+def _sync_worker(rank, world, port, q):
+    try:
+        comm = commrt.init(
+            "nccl",
+            rank=rank,
+            world_size=world,
+            master_addr="127.0.0.1",
+            master_port=port,
+            device=torch.device("cuda", rank),
+            timeout=60,
+        )
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+        ).cuda(rank)
+        ref = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 64, generator=torch.Generator().manual_seed(rank)).cuda(rank)
+        with commrt.GradientSync(
+            model, comm, bucket_mb=0.05, first_bucket_mb=0.01, trace=True
+        ) as sync:
+            model(x).square().mean().backward()
+            sync.step(opt)
+        # expected: the average of both ranks' gradients, computed here on the CPU
+        grads = []
+        for r in range(world):
+            m = torch.nn.Sequential(
+                torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+            )
+            with torch.no_grad():
+                for p, v in zip(m.parameters(), ref):
+                    p.copy_(v.cpu())
+            m(
+                torch.randn(8, 64, generator=torch.Generator().manual_seed(r))
+            ).square().mean().backward()
+            grads.append([p.grad for p in m.parameters()])
+        errs = [
+            ((p.detach().cpu() - (r0.cpu() - 0.1 * (g0 + g1) / 2)).abs().max().item())
+            for p, r0, g0, g1 in zip(model.parameters(), ref, *grads)
+        ]
+        comm.close()
+        q.put((rank, [e for e in errs if e > 1e-5]))
+    except Exception as e:  # reported to the test process
+        q.put((rank, repr(e)))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs for two ranks")
+def test_gradient_sync_on_two_gpus():
+    results = _two_ranks(_sync_worker)
+    assert results == {0: [], 1: []}, results
+
+
+def _world_of_one(q):
+    try:
+        comm = commrt.init("nccl", rank=0, world_size=1, device=torch.device("cuda", 0), timeout=60)
+        t = torch.arange(10.0, device="cuda")
+        commrt.all_reduce(t, comm, op="sum")
+        comm.barrier()
+        ok = torch.equal(t.cpu(), torch.arange(10.0))
+        comm.close()
+        q.put(("result", (ok, _compiled())))
+    except Exception as e:  # reported to the test process
+        q.put(("result", repr(e)))
+
+
+def test_nccl_world_of_one_on_gpu():
+    assert spawn([(_world_of_one, ())]) == {"result": (True, True)}
+
+
+def _last_gpu_worker(q):
+    """Rank 0 of 1 on the last GPU, one GradientSync step; is there a context on GPU 0?"""
+    try:
+        dev = torch.device("cuda", torch.cuda.device_count() - 1)
+        comm = commrt.init("nccl", rank=0, world_size=1, device=dev, timeout=60)
+        model = torch.nn.Linear(64, 64).to(dev)
+        with commrt.GradientSync(model, comm, bucket_mb=0.01) as sync:
+            model(torch.randn(8, 64, device=dev)).square().mean().backward()
+            sync.step(torch.optim.SGD(model.parameters(), lr=0.1))
+        torch.cuda.synchronize(dev)
+        comm.close()
+        q.put(("result", ("ok", bool(torch._C._cuda_hasPrimaryContext(0)))))
+    except Exception as e:  # reported to the test process
+        q.put(("result", ("error", repr(e))))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a GPU other than GPU 0")
+def test_progress_thread_makes_no_context_on_gpu_0():
+    """The progress thread sets its device (issue 24): a rank on another GPU never
+    creates a CUDA context on GPU 0. A fresh process, so nothing else made one first."""
+    assert spawn([(_last_gpu_worker, ())]) == {"result": ("ok", False)}
+
+
+def _device_cuda_worker(q):
+    try:
+        comm = commrt.init("nccl", rank=0, world_size=1, device="cuda", timeout=60)
+        q.put(("result", str(comm.device)))
+        comm.close()
+    except Exception as e:  # reported to the test process
+        q.put(("result", repr(e)))
+
+
+def test_nccl_device_cuda_without_an_index_gets_one():
+    assert spawn([(_device_cuda_worker, ())]) == {"result": "cuda:0"}  # local rank 0 alone
+
+
+# ------------------------------------------------------------ one GPU is enough
+
+
+def _bf16_worker(q):
+    """GradientSync with a bf16 wire dtype on one GPU: the compiled pack/unpack kernels round
+    each fp32 gradient once to bf16 (world of one: the average is the gradient itself)."""
+    try:
+        dev = torch.device("cuda", 0)
+        comm = commrt.init("nccl", rank=0, world_size=1, device=dev, timeout=60)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.Linear(300, 7)).to(dev)
+        ref = copy.deepcopy(model)
+        x = torch.randn(16, 64, device=dev)
+        ref(x).square().mean().backward()
+        with commrt.GradientSync(
+            model, comm, comm_dtype=torch.bfloat16, bucket_mb=0.05, first_bucket_mb=0.01
+        ) as sync:
+            model(x).square().mean().backward()
+            sync.wait()
+            got = [p.grad.float() for p in model.parameters()]
+        want = [r.grad.to(torch.bfloat16).float() for r in ref.parameters()]
+        err = max(float((g - w).abs().max()) for g, w in zip(got, want))
+        rounded = any(not torch.equal(g, r.grad) for g, r in zip(got, ref.parameters()))
+        comm.close()
+        q.put(("result", (err <= 1e-6, rounded, _compiled())))
+    except Exception as e:  # reported to the test process
+        q.put(("result", repr(e)))
+
+
+def test_bf16_wire_dtype_through_the_compiled_kernels():
+    assert spawn([(_bf16_worker, ())]) == {"result": (True, True, True)}
+
+
+def _processes_on_gpu0() -> list[int] | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,gpu_bus_id", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        bus0 = subprocess.run(
+            ["nvidia-smi", "-i", "0", "--query-gpu=pci.bus_id", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [int(line.split(",")[0]) for line in out.splitlines() if bus0 in line]
+
+
+def _local_rank_worker(q):
+    """LOCAL_RANK is the device count (so the device index differs from the local rank):
+    init, an all-reduce and a GradientSync step on the device it picks; then how often this
+    process appears on GPU 0."""
+    try:
+        comm = commrt.init("nccl", timeout=60)  # rank, world and local rank from torchrun vars
+        dev = comm.device
+        t = torch.arange(6.0, device=dev)
+        commrt.all_reduce(t, comm, op="sum")
+        model = torch.nn.Linear(32, 8).to(dev)
+        with commrt.GradientSync(model, comm, bucket_mb=0.01) as sync:
+            model(torch.randn(4, 32, device=dev)).sum().backward()
+            sync.step(torch.optim.SGD(model.parameters(), lr=0.1))
+        torch.cuda.synchronize(dev)
+        seen = _processes_on_gpu0()
+        comm.close()
+        q.put(("result", (str(dev), torch.equal(t.cpu(), torch.arange(6.0)), seen, os.getpid())))
+    except Exception as e:  # reported to the test process
+        q.put(("result", repr(e)))
+
+
+def test_local_rank_other_than_the_device_index_and_one_context_on_gpu_0():
+    n = torch.cuda.device_count()
+    env = dict(RANK=0, WORLD_SIZE=1, LOCAL_RANK=n, LOCAL_WORLD_SIZE=n + 1)
+    got = spawn([(_local_rank_worker, ())], MASTER_ADDR="127.0.0.1", MASTER_PORT=_port(), **env)
+    result = got["result"]
+    assert isinstance(result, tuple), result
+    device, ok, seen, pid = result
+    assert device == "cuda:0" and ok, result  # local rank n on n GPUs: device 0
+    if seen is not None:  # nvidia-smi lists a process once per GPU it holds a context on
+        assert seen.count(pid) == 1, result
+
+
+_STUCK_INIT = """
+import sys, time, torch, commrt
+start = time.monotonic()
+print("start", flush=True)
+try:
+    commrt.init("nccl", rank=0, world_size=2, device="cuda:0", timeout=5,
+                master_addr="127.0.0.1", master_port=int(sys.argv[1]), abort_on_error=False)
+except Exception as e:
+    print("raised", type(e).__name__, e, flush=True)
+    sys.exit(3)
+print("returned", flush=True)
+"""
+
+
+def test_a_communicator_timeout_leaves_the_process_able_to_exit():
+    """Rank 1 of 2 never comes: NCCL waits for it inside communicator creation (C code, no
+    timeout). The watchdog (5 s, then 5 s grace) ends the process with the named error, or
+    the store's own 5 s timeout raises first: either way the process exits, it never hangs."""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", _STUCK_INIT, str(_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "returned" not in out, out
+    assert "creating the NCCL communicator" in out or "raised" in out, out
+    assert elapsed < 5 + 5 + 60, (elapsed, out)  # 60 s for importing torch/cupy and CUDA init

@@ -1,0 +1,286 @@
+"""commrt.kernels compiled for a GPU (the other tests run them in Triton's interpreter).
+
+tests/conftest.py sets TRITON_INTERPRET=1 for the whole session, and Triton
+reads it once, at import. So each check here runs this file as a script in a
+child process with TRITON_INTERPRET removed from its environment.
+
+* ``test_kernels_compile_for_sm90`` needs no GPU: it compiles the kernels
+  ahead of time for an H100 target (sm_90) with the ptxas shipped in the
+  Triton wheel, and checks the PTX: aligned full blocks use 16-byte vector
+  loads and stores (the pointer-table hints work), and no FMA contraction
+  (so GPU rounding matches the interpreter's). It checks code generation
+  only, not speed or results on a GPU.
+* ``test_triton_on_cuda_matches_torch_and_float64`` runs the kernels on a
+  CUDA device: Triton vs the torch path vs float64, every dtype pair, the
+  first (autotuning) call included. Skipped where there is no CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HERE = os.path.abspath(__file__)
+
+
+def _run_child(mode: str, timeout: int = 600) -> str:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run(
+        [sys.executable, HERE, mode], env=env, capture_output=True, text=True, timeout=timeout
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"child '{mode}' failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc.stdout
+
+
+def _has_nvidia_backend() -> bool:
+    try:
+        import triton.backends.nvidia.compiler  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    not _has_nvidia_backend(), reason="Triton's NVIDIA backend (ptxas) is not installed"
+)
+def test_kernels_compile_for_sm90():
+    out = _run_child("compile", timeout=300)
+    assert "compiled" in out, out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+def test_triton_on_cuda_matches_torch_and_float64():
+    out = _run_child("cuda")
+    assert "cuda ok" in out, out
+
+
+def test_gpu_launch_reuses_the_autotuned_config(monkeypatch):
+    """The GPU launch path (run here with stand-ins for the kernels): the autotuner runs once
+    per key, later launches of that key go straight to the kernel with its chosen config,
+    and a new size or dtype tunes again."""
+    from commrt.kernels import _triton as K
+
+    class Cfg:
+        kwargs, num_warps, num_stages = {"BLOCK": 2048}, 8, 3
+
+    calls = []
+
+    class Fn:
+        def __init__(self, name):
+            self.name, self.best_config = name, Cfg()
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: calls.append((self.name, grid, a, kw))
+
+    monkeypatch.setattr(K, "interpret_mode", lambda: False)
+    monkeypatch.setattr(K, "_BEST", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    kernel, tuned, dev = Fn("kernel"), Fn("tuned"), torch.device("cuda", 0)
+    x32, x16 = torch.empty(4), torch.empty(4, dtype=torch.bfloat16)
+    for args in [(x32, 1.0, 12), (x32, 2.0, 12), (x16, 1.0, 12), (x32, 1.0, 13), (x16, 3.0, 12)]:
+        K._launch(kernel, tuned, (7,), args, {"OUT_CODE": 0}, dev)
+    assert [c[0] for c in calls] == ["tuned", "kernel", "tuned", "tuned", "kernel"]
+    assert calls[1][3] == {
+        "OUT_CODE": 0,
+        "BLOCK": 2048,
+        "num_warps": 8,
+        "num_stages": 3,
+        "enable_fp_fusion": False,
+    }
+    assert all(c[3]["enable_fp_fusion"] is False for c in calls) and calls[1][2] == (x32, 2.0, 12)
+
+
+# ----------------------------------------------------------------------------
+# child-process bodies
+# ----------------------------------------------------------------------------
+
+
+def _compile_check() -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from commrt.kernels import _triton as K
+
+    assert not K.interpret_mode()
+    target = GPUTarget("cuda", 90, 32)
+    div16 = [["tt.divisibility", 16]]  # what Triton infers for 16-byte-aligned pointers / ints
+
+    def ptx_of(fn, sig, consts, aligned_args):
+        attrs = {(fn.arg_names.index(a),): div16 for a in aligned_args}
+        src = triton.compiler.ASTSource(fn, sig, constexprs=consts, attrs=attrs)
+        opts = {"num_warps": 4, "enable_fp_fusion": False}
+        return triton.compile(src, target=target, options=opts).asm["ptx"]
+
+    tabs = ["flat_off", "numel", "dtype_code", "chunk_first", "chunk_owner"]
+    scalars = {"scale": "fp32", "chunk": "i32", "size_key": "i32"}
+    pack_sig = {
+        "src_addr": "*i64",
+        **{t: "*i64" for t in tabs},
+        "out": "*bf16",
+        **scalars,
+        "SRC_CODE": "constexpr",
+        "OUT_CODE": "constexpr",
+        "ALIGNED": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    unpack_sig = {
+        "flat": "*bf16",
+        "dst_addr": "*i64",
+        **{t: "*i64" for t in tabs},
+        **scalars,
+        "DST_CODE": "constexpr",
+        "ACCUMULATE": "constexpr",
+        "ALIGNED": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    reduce_sig = {
+        "dst": "*fp32",
+        "src": "*bf16",
+        "n": "i32",
+        "alpha": "fp32",
+        "beta": "fp32",
+        "size_key": "i32",
+        "DST_CODE": "constexpr",
+        "BLOCK": "constexpr",
+    }
+    aligned_pack = ["src_addr", *tabs, "out", "chunk"]
+    aligned_unpack = ["flat", "dst_addr", *tabs, "chunk"]
+
+    def vec(ptx, op):
+        return re.search(op + r"(\.\w+)*\.v4", ptx) is not None
+
+    for src_code in (0, 1, 2, 3):  # fp32, fp16, bf16 sources, and a mixed list
+        for aligned in (True, False):
+            ptx = ptx_of(
+                K._pack_kernel,
+                pack_sig,
+                {"SRC_CODE": src_code, "OUT_CODE": 2, "ALIGNED": aligned, "BLOCK": 2048},
+                aligned_pack,
+            )
+            if aligned:
+                assert vec(ptx, "ld.global") and vec(ptx, "st.global"), (
+                    f"pack src {src_code}: no vector access"
+                )
+            assert "fma" not in ptx
+    for dst_code in (0, 2, 3):
+        for acc in (False, True):
+            ptx = ptx_of(
+                K._unpack_kernel,
+                unpack_sig,
+                {"DST_CODE": dst_code, "ACCUMULATE": acc, "ALIGNED": True, "BLOCK": 2048},
+                aligned_unpack,
+            )
+            assert vec(ptx, "ld.global") and vec(ptx, "st.global"), (
+                f"unpack dst {dst_code}: no vector access"
+            )
+            assert "fma" not in ptx
+    ptx = ptx_of(K._reduce_kernel, reduce_sig, {"DST_CODE": 0, "BLOCK": 4096}, ["dst", "src", "n"])
+    assert vec(ptx, "ld.global") and vec(ptx, "st.global") and "fma" not in ptx
+    print("compiled: pack x8, unpack x6, reduce x1 for sm_90")
+
+
+def _cuda_check() -> None:
+    import itertools
+    import math
+
+    from commrt.kernels import _triton as K
+    from commrt.kernels import pack, reduce_, unpack
+
+    assert not K.interpret_mode()
+    dev = torch.device("cuda")
+    dts = [torch.float32, torch.float16, torch.bfloat16]
+    half_ulp = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+    tiny = {torch.float32: 2.0**-149, torch.float16: 2.0**-24, torch.bfloat16: 2.0**-133}
+    f32 = lambda x: torch.tensor(x, dtype=torch.float32).item()  # noqa: E731
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(n, dt):
+        mag = torch.exp2(torch.randint(-6, 7, (n,), generator=gen).float())
+        return (torch.randn(n, generator=gen) * mag).to(dt).to(dev)
+
+    def check(got, ref, mag, dt, what):
+        # absolute slack of dt's smallest subnormal for results that underflow (as tests/unit/test_kernels.py)
+        bound = (3 * 2.0**-24 + half_ulp[dt]) * mag * 1.01 + tiny[dt]
+        err = (got.double() - ref).abs()
+        bad = (err > bound).nonzero().flatten()
+        if bad.numel():
+            i = int(bad[0])
+            raise AssertionError(
+                f"{what}: {bad.numel()} of {ref.numel()} elements out of bound, first at {i}: "
+                f"got {got[i].item()!r}, float64 reference {ref[i].item()!r}, "
+                f"bound {bound[i].item():.3g}; max err {err.max().item()}"
+            )
+
+    launches = []
+    real = K._launch
+    K._launch = lambda *a, **k: (launches.append(a[0]), real(*a, **k))
+    sizes = [0, 1, 3, 1023, 1025, 100_003, 4_000_037]
+    for src, dst in itertools.product(dts, dts):
+        for scale in (1.0, 0.3):
+            # pack: aligned list (offsets multiple of 8) and a ragged one
+            for shapes in ([(1024,), (4096,), (100_000,)], [(s,) for s in sizes]):
+                ts = [rand(math.prod(s), src) for s in shapes]
+                total = sum(t.numel() for t in ts)
+                outs = {}
+                for impl in ("triton", "torch"):
+                    out = torch.full((total + 3,), float("nan"), dtype=dst, device=dev)
+                    pack(ts, out, scale, impl=impl)
+                    assert out[total:].isnan().all()
+                    outs[impl] = out[:total]
+                ref = torch.cat([t.double() for t in ts]) * f32(scale)
+                check(outs["triton"], ref, ref.abs(), dst, f"pack {src}->{dst}")
+                assert torch.equal(outs["triton"], outs["torch"]), (
+                    f"pack {src}->{dst} triton != torch"
+                )
+            # unpack, accumulate included; a fresh size forces the autotuner (it must restore dsts)
+            for acc in (False, True):
+                n_list = [1025, 3, 100_003 + int(scale * 10) + (7 if acc else 0)]
+                flat = rand(sum(n_list), src)
+                init = [rand(n, dst) for n in n_list]
+                res = {}
+                for impl in ("triton", "torch"):
+                    d = [x.clone() for x in init]
+                    unpack(flat, d, scale, accumulate=acc, impl=impl)
+                    res[impl] = d
+                off = 0
+                for i, x0 in enumerate(init):
+                    xs = flat[off : off + x0.numel()].double() * f32(scale)
+                    off += x0.numel()
+                    ref = x0.double() + xs if acc else xs
+                    mag = x0.double().abs() + xs.abs() if acc else ref.abs()
+                    check(res["triton"][i], ref, mag, dst, f"unpack {src}->{dst} acc={acc}")
+                    if not acc:
+                        assert torch.equal(res["triton"][i], res["torch"][i])
+        for a, b in ((1.0, 1.0), (0.3, 1.7)):
+            n = 1_000_003 + dts.index(src)  # fresh sizes: autotuning must restore dst
+            d0, s = rand(n, dst), rand(n, src)
+            d = d0.clone()
+            reduce_(d, s, alpha=a, beta=b, impl="triton")
+            ref = f32(a) * d0.double() + f32(b) * s.double()
+            check(
+                d,
+                ref,
+                (f32(a) * d0.double()).abs() + (f32(b) * s.double()).abs(),
+                dst,
+                f"reduce {dst}+={src}",
+            )
+    # auto dispatch picks Triton for CUDA tensors; a mixed list is one launch
+    launches.clear()
+    pack([rand(10, torch.float32), rand(10, torch.bfloat16)], torch.empty(20, device=dev))
+    assert launches == [K._pack_kernel], launches
+    torch.cuda.synchronize()
+    print("cuda ok")
+
+
+if __name__ == "__main__":
+    {"compile": _compile_check, "cuda": _cuda_check}[sys.argv[1]]()

@@ -1,0 +1,81 @@
+"""Running the `commrt` command in tests: a subprocess, a pseudo-terminal, its summary and its errors."""
+
+import fcntl
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+
+import pytest
+
+from commrt.cli import main
+
+
+def run_commrt(*args, timeout=240):
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "commrt", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def parse_summary(out: str) -> dict:
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"^(\S.*?)\s{2,}(.+)$", line)
+        if m:
+            rows[m.group(1).strip()] = m.group(2).strip()
+    return rows
+
+
+def run_in_pty(argv, cols=80, rows=24, timeout=300):
+    """Run ``argv`` with stdout/stderr on a pseudo-terminal of ``cols`` columns; return (rc, text)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE", "COLUMNS", "LINES")
+    }
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    rc = proc.wait(timeout)
+    os.close(master)
+    return rc, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.fixture(autouse=True)
+def not_launched(monkeypatch):
+    """These run as the user's own command, not as a rank some launcher started."""
+    for k in ("COMMRT_LAUNCHED", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK", "RANK"):
+        monkeypatch.delenv(k, raising=False)
+
+
+def parse_error(argv, capsys) -> str:
+    """The one error line main(argv) exits 2 with."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    errors = [ln for ln in err.splitlines() if ": error: " in ln]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    return errors[0]

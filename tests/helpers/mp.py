@@ -1,0 +1,93 @@
+"""Launch helpers for multi-process tests."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+#: the tests/ folder (workers live in tests/workers)
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def mpiexec(n: int, script: str, *args, timeout: float = 300, check: bool = True, env=None):
+    """Run ``tests/workers/<script>`` on ``n`` MPI ranks; return the CompletedProcess.
+    ``env``: variables added to this process's environment for the ranks."""
+    exe = shutil.which("mpiexec")
+    assert exe, (
+        "mpiexec not found: install the dev extras (pip install -e '.[dev]' brings the mpich wheel)"
+    )
+    cmd = [
+        exe,
+        "-n",
+        str(n),
+        sys.executable,
+        os.path.join(TESTS, "workers", script),
+        *map(str, args),
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+def gloo_ranks(n: int, script: str, *args, timeout: float = 120, drop_env=(), env=None):
+    """Run ``tests/workers/<script>`` as ``n`` gloo ranks with torchrun's variables, the
+    store hosted here; return (exit codes, outputs). Ranks still running at ``timeout``
+    are killed. ``env``: variables added for the ranks."""
+    job = GlooJob(script, args, n, drop_env, env)
+    for r in range(n):
+        job.start(r)
+    return job.finish(timeout)
+
+
+class GlooJob:
+    """Ranks of ``tests/workers/<script>`` with torchrun's variables and a store hosted
+    here (so that any rank may die, and a replacement may be started under its rank)."""
+
+    def __init__(self, script: str, args, n: int, drop_env=(), env=None):
+        from commrt.runtime.store import STORE_ENV, host_store
+
+        self.store = host_store()
+        self.env = dict(
+            os.environ,
+            WORLD_SIZE=str(n),
+            LOCAL_WORLD_SIZE=str(n),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(self.store.port),
+            TORCHELASTIC_USE_AGENT_STORE="true",
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+            **(env or {}),
+        )
+        for name in (STORE_ENV, *drop_env):
+            self.env.pop(name, None)
+        self.cmd = [sys.executable, os.path.join(TESTS, "workers", script), *map(str, args)]
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, rank: int, **env) -> subprocess.Popen:
+        """Start a process as ``rank`` (``env``: variables changed for it; None drops one)."""
+        run_env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(rank), **env)
+        run_env = {k: v for k, v in run_env.items() if v is not None}
+        proc = subprocess.Popen(
+            self.cmd, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.procs.append(proc)
+        return proc
+
+    def finish(self, timeout: float):
+        """Wait for every process started, killing those still running at ``timeout``;
+        return (exit codes, outputs) in the order they were started."""
+        outs, deadline = [], time.monotonic() + timeout
+        try:
+            for p in self.procs:
+                outs.append(p.communicate(timeout=max(1, deadline - time.monotonic()))[0])
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+        return [p.returncode for p in self.procs], outs

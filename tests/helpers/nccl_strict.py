@@ -1,0 +1,359 @@
+"""A stricter stand-in for ``cupy.cuda.nccl``: NCCL's rules that hang or corrupt, made visible.
+
+Same call signatures as cupy >= 14 (see tests/helpers/nccl_standin.py), bytes moved
+through the job's TCPStore (so a rank may die without taking the others
+down, as under gloo), and these of NCCL's rules modelled:
+
+* **Connections block.** The first send from A to B (a *direction*) sets up
+  a connection inside ``groupEnd()``: A's ``groupEnd`` does not return
+  until B has reached a ``groupEnd`` of a group holding the matching
+  receive from A, and the other way round. Real NCCL waits forever; this
+  one raises :class:`StandInHang` after ``hang_s`` so a test ends.
+* **Counts and dtypes must match.** Each message carries the sender's
+  count and dtype code; a receive that disagrees is :class:`NcclMismatch`
+  (reported by ``check_async_error()``, as NCCL reports asynchronous
+  errors), never a silent partial copy.
+* **Group depth is per thread** (``groupStart`` on one thread never opens a
+  group for another).
+* **Completion is asynchronous.** ``groupEnd`` enqueues the group on its
+  stream (:class:`HostStream`, a thread that runs its work in order) and
+  returns; a send holds its stream until the receiver has taken the data.
+  Completion is seen through events (``stream.record().query()``).
+* ``abort()`` unblocks everything at once; ``destroy()`` first waits for the
+  pending work (real NCCL's ``ncclCommDestroy`` does, and hangs when a peer
+  never comes: here :class:`StandInHang` after ``hang_s``).
+
+It verifies commrt's adapter and protocols against these rules; it says
+nothing about NCCL, CUDA streams or a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import hashlib
+import itertools
+import os
+import queue
+import struct
+import threading
+import time
+
+import numpy as np
+import torch.distributed as dist
+
+# ncclDataType_t -> (bytes per element, numpy dtype or None)
+DTYPES = {
+    0: (1, np.int8),
+    1: (1, np.uint8),
+    2: (4, np.int32),
+    3: (4, np.uint32),
+    4: (8, np.int64),
+    5: (8, np.uint64),
+    6: (2, np.float16),
+    7: (4, np.float32),
+    8: (8, np.float64),
+    9: (2, None),
+}
+NAMES = {0: "int8", 1: "uint8", 2: "int32", 4: "int64", 6: "float16", 7: "float32", 9: "bf16"}
+NAMES.update({3: "uint32", 5: "uint64", 8: "float64"})
+NCCL_SUM, NCCL_AVG = 0, 4
+_HEADER = struct.Struct("<qq")  # count, dtype code
+
+
+class NcclError(RuntimeError):
+    """What cupy raises for an NCCL failure."""
+
+
+class NcclMismatch(NcclError):
+    """A send and its receive disagree on the count or the dtype (real NCCL hangs or
+    corrupts memory)."""
+
+
+class NcclAborted(NcclError):
+    """The communicator was aborted while this call waited."""
+
+
+class StandInHang(NcclError):
+    """Real NCCL would wait forever here; the stand-in gives up after ``hang_s``."""
+
+
+def _store_from_env():
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    store = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    return dist.PrefixStore("nccl-strict", store)
+
+
+class HostStream:
+    """A stream: a thread running its work items in order; events mark points in it."""
+
+    _ptrs = itertools.count(0x5000)
+
+    def __init__(self):
+        self.ptr = next(HostStream._ptrs)
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="strict-stream", daemon=True)
+        self._thread.start()
+
+    def enqueue(self, work) -> None:
+        self._q.put(work)
+
+    def record(self) -> "HostEvent":
+        ev = HostEvent()
+        self._q.put(ev.flag.set)
+        return ev
+
+    def _run(self) -> None:
+        while True:
+            work = self._q.get()
+            try:
+                work()
+            except BaseException:  # the work reports its own errors; keep the stream alive
+                pass
+
+
+class HostEvent:
+    def __init__(self):
+        self.flag = threading.Event()
+
+    def query(self) -> bool:
+        return self.flag.is_set()
+
+
+class StrictNccl:
+    """Module-like object: ``commrt.init("nccl", nccl_module=StrictNccl(), device="cpu")``."""
+
+    def __init__(self, store=None, *, hang_s: float = 30.0):
+        self.store = store if store is not None else _store_from_env()
+        self.hang_s = hang_s
+        self._local = threading.local()
+        self.streams: dict[int, HostStream] = {}
+        self.comms: list = []
+        self.calls: list[tuple] = []  # (op, count, dtype code, peer) for tests to inspect
+        self.NcclCommunicator = type("NcclCommunicator", (Communicator,), {"nccl": self})
+
+    # ---- cupy.cuda.nccl's module functions
+    def get_unique_id(self):
+        return os.urandom(128)
+
+    def HostStream(self) -> HostStream:  # noqa: N802 (the transport asks the module for one)
+        s = HostStream()
+        self.streams[s.ptr] = s
+        return s
+
+    @property
+    def depth(self) -> int:
+        """Open ``groupStart()`` calls on the calling thread."""
+        return getattr(self._local, "depth", 0)
+
+    def groupStart(self):  # noqa: N802
+        self._local.depth = self.depth + 1
+        if self._local.depth == 1:
+            self._local.ops = []
+
+    def groupEnd(self):  # noqa: N802
+        if self.depth == 0:
+            raise NcclError("groupEnd without groupStart (on this thread)")
+        self._local.depth -= 1
+        if self._local.depth == 0:
+            ops, self._local.ops = self._local.ops, []
+            for comm in dict.fromkeys(op[0] for op in ops):
+                comm._launch([op[1:] for op in ops if op[0] is comm])
+
+    def add(self, comm, op: tuple) -> None:
+        self.calls.append((op[0], op[2], op[3], op[4]))
+        if self.depth:
+            self._local.ops.append((comm, *op))
+        else:
+            comm._launch([op])
+
+    def wait_key(self, key: str, comm, what: str, deadline: float) -> None:
+        """Poll until ``key`` is in the store; raise NcclAborted or StandInHang."""
+        pause = 1e-4
+        while not self.store.check([key]):
+            if comm.aborted:
+                raise NcclAborted(f"rank {comm.rank}: aborted while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise StandInHang(
+                    f"rank {comm.rank}: still waiting for {what} after {self.hang_s:g} s "
+                    f"(real NCCL waits forever here)"
+                )
+            time.sleep(pause)
+            pause = min(2e-3, pause * 2)
+
+
+class Communicator:
+    """``cupy.cuda.nccl.NcclCommunicator``'s calls, over the store (see the module docs)."""
+
+    nccl: StrictNccl
+
+    def __init__(self, ndev, commId, rank):  # noqa: N803
+        if not isinstance(commId, bytes):
+            raise TypeError(f"Argument 'commId' has incorrect type (got {type(commId).__name__})")
+        if len(commId) != 128:
+            raise ValueError(f"ncclUniqueId must be 128 bytes, got {len(commId)}")
+        self.rank, self.size = rank, ndev
+        self.cid = hashlib.sha1(commId).hexdigest()[:12]
+        self.aborted = self.destroyed = False
+        self.error: NcclError | None = None
+        self.connected: set[tuple[str, int]] = set()  # ("send", peer) / ("recv", peer)
+        self.seq: dict[tuple[str, int], int] = {}
+        self.reductions = 0
+        self.pending = 0  # groups enqueued and not yet finished
+        self.lock = threading.Lock()
+        store, deadline = self.nccl.store, time.monotonic() + self.nccl.hang_s
+        store.set(f"{self.cid}/init/{rank}", "1")
+        for r in range(ndev):  # creation is collective: every rank must come
+            self.nccl.wait_key(f"{self.cid}/init/{r}", self, f"rank {r} to create", deadline)
+        self.nccl.comms.append(self)
+
+    # ---- the calls
+    def send(self, ptr, count, datatype, peer, stream):
+        self._check_args(ptr, count, datatype, peer, stream)
+        self.nccl.add(self, ("send", ptr, count, datatype, peer, stream))
+
+    def recv(self, ptr, count, datatype, peer, stream):
+        self._check_args(ptr, count, datatype, peer, stream)
+        self.nccl.add(self, ("recv", ptr, count, datatype, peer, stream))
+
+    def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
+        self._check_args(sendbuf, count, datatype, -1, stream)
+        self.nccl.add(self, ("allreduce", (sendbuf, recvbuf, op), count, datatype, -1, stream))
+
+    def check_async_error(self):
+        if self.error is not None:
+            raise self.error
+
+    def abort(self):
+        self.aborted = True
+
+    def destroy(self):
+        deadline = time.monotonic() + self.nccl.hang_s
+        while self.pending and not self.aborted:  # ncclCommDestroy waits for pending work
+            if time.monotonic() > deadline:
+                raise StandInHang(
+                    f"rank {self.rank}: destroy() waits for {self.pending} pending group(s) "
+                    f"after {self.nccl.hang_s:g} s (real NCCL hangs here; abort() first)"
+                )
+            time.sleep(1e-3)
+        self.destroyed = True
+
+    def _check_args(self, ptr, count, datatype, peer, stream):
+        if self.aborted or self.destroyed:
+            raise NcclError(f"rank {self.rank}: communicator used after abort/destroy")
+        if not all(isinstance(x, int) for x in (ptr, count, stream)):
+            raise TypeError("pointer, count and stream must be integers")
+        if datatype not in DTYPES:
+            raise ValueError(f"bad datatype code {datatype}")
+        if peer == self.rank:
+            raise ValueError("NCCL send/recv to self")
+        if peer >= self.size:
+            raise ValueError(f"peer {peer} out of range for {self.size} ranks")
+        if stream not in self.nccl.streams:
+            raise ValueError(f"stream {stream:#x} is not a stream of this stand-in")
+
+    # ---- groupEnd: connect (blocking, on the host), then enqueue on the stream
+    def _launch(self, ops: list[tuple]) -> None:
+        streams = {op[5] for op in ops}
+        if len(streams) != 1:
+            raise ValueError("the stand-in runs one group on one stream")
+        self._connect(ops)
+        numbered = []
+        for kind, ptr, count, dtype, peer, _ in ops:
+            if kind == "allreduce":
+                n, self.reductions = self.reductions, self.reductions + 1
+            else:
+                n = self.seq.get((kind, peer), 0)
+                self.seq[(kind, peer)] = n + 1
+            numbered.append((kind, ptr, count, dtype, peer, n))
+        with self.lock:
+            self.pending += 1
+        self.nccl.streams[streams.pop()].enqueue(lambda: self._run(numbered))
+
+    def _connect(self, ops) -> None:
+        """A direction's first message waits, inside groupEnd, for the peer's matching group."""
+        new = []
+        for kind, _, _, _, peer, _ in ops:
+            if kind in ("send", "recv") and (kind, peer) not in self.connected:
+                src, dst = (self.rank, peer) if kind == "send" else (peer, self.rank)
+                self.nccl.store.set(f"{self.cid}/c/{src}/{dst}/{kind}", "1")
+                other = "recv" if kind == "send" else "send"
+                new.append((kind, peer, f"{self.cid}/c/{src}/{dst}/{other}"))
+        deadline = time.monotonic() + self.nccl.hang_s
+        for kind, peer, key in new:
+            what = f"rank {peer} to reach a group with the matching {kind} (first connection)"
+            self.nccl.wait_key(key, self, what, deadline)
+            self.connected.add((kind, peer))
+
+    # ---- on the stream
+    def _run(self, ops) -> None:
+        try:
+            if not self.aborted:
+                self._move(ops)
+        except NcclError as e:
+            self.error = self.error or e
+        except Exception as e:  # a bug in the stand-in or a bad pointer: report it too
+            self.error = self.error or NcclError(f"rank {self.rank}: {e!r}")
+        finally:
+            with self.lock:
+                self.pending -= 1
+
+    def _move(self, ops) -> None:
+        store, deadline = self.nccl.store, time.monotonic() + self.nccl.hang_s
+        for kind, ptr, count, dtype, peer, n in ops:
+            if kind == "send":
+                data = ctypes.string_at(ptr, count * DTYPES[dtype][0]) if count else b""
+                store.set(self._msg(self.rank, peer, n), _HEADER.pack(count, dtype) + data)
+            elif kind == "allreduce":
+                self._all_reduce(ptr, count, dtype, n, deadline)
+        for kind, ptr, count, dtype, peer, n in ops:
+            if kind == "recv":
+                self._receive(ptr, count, dtype, peer, n, deadline)
+        for kind, _, count, dtype, peer, n in ops:
+            if kind == "send":  # the send holds the stream until its receiver took the data
+                ack = self._msg(self.rank, peer, n) + "/ack"
+                self.nccl.wait_key(ack, self, f"rank {peer} to receive message {n}", deadline)
+                verdict = bytes(store.get(ack)).decode()
+                store.delete_key(ack)
+                if verdict != "ok":
+                    raise NcclMismatch(f"rank {self.rank} sends {_what(count, dtype)} to {verdict}")
+
+    def _receive(self, ptr, count, dtype, peer, n, deadline) -> None:
+        store, key = self.nccl.store, self._msg(peer, self.rank, n)
+        self.nccl.wait_key(key, self, f"message {n} from rank {peer}", deadline)
+        raw = bytes(store.get(key))
+        store.delete_key(key)
+        got_count, got_dtype = _HEADER.unpack_from(raw)
+        if (got_count, got_dtype) != (count, dtype):
+            mine = f"rank {self.rank}, which receives {_what(count, dtype)}"
+            store.set(key + "/ack", mine)
+            raise NcclMismatch(
+                f"rank {peer} sends {_what(got_count, got_dtype)} to rank {self.rank}, "
+                f"which receives {_what(count, dtype)}"
+            )
+        if count:
+            ctypes.memmove(ptr, raw[_HEADER.size :], count * DTYPES[dtype][0])
+        store.set(key + "/ack", "ok")
+
+    def _all_reduce(self, ptrs, count, dtype, n, deadline) -> None:
+        sendbuf, recvbuf, op = ptrs
+        nbytes, npdt = DTYPES[dtype]
+        if npdt is None:
+            raise NcclError("the stand-in cannot reduce bf16")
+        store = self.nccl.store
+        store.set(f"{self.cid}/ar/{n}/{self.rank}", ctypes.string_at(sendbuf, count * nbytes))
+        total = np.zeros(count, dtype=np.float64 if npdt().dtype.kind == "f" else np.int64)
+        for r in range(self.size):
+            key = f"{self.cid}/ar/{n}/{r}"
+            self.nccl.wait_key(key, self, f"rank {r}'s all-reduce {n}", deadline)
+            total += np.frombuffer(bytes(store.get(key)), dtype=npdt)
+        if op == NCCL_AVG:
+            total /= self.size
+        ctypes.memmove(recvbuf, total.astype(npdt).tobytes(), count * nbytes)
+
+    def _msg(self, src: int, dst: int, n: int) -> str:
+        return f"{self.cid}/m/{src}/{dst}/{n}"
+
+
+def _what(count: int, dtype: int) -> str:
+    return f"{count} x {NAMES.get(dtype, dtype)}"
