@@ -115,7 +115,8 @@ class _ServerWatch:
     def gone(self) -> bool:
         return self.store.check(self._dead)
 
-    def died(self) -> ServerDied:
+    def death_error(self) -> ServerDied:
+        """The error to raise once :meth:`gone` says the server died."""
         return ServerDied(f"catch-up server rank {self.server[0]} was recorded dead")
 
     def run(self, fn):
@@ -125,7 +126,7 @@ class _ServerWatch:
         try:
             return self.waiters.get().wait(fn, self.gone, CHECK_S)
         except MemberRecordedDead:
-            raise self.died() from None
+            raise self.death_error() from None
 
     def take(self, exchange: Exchange, deadline: float) -> None:
         """Wait for the snapshot's pieces."""
@@ -138,7 +139,7 @@ class _ServerWatch:
                 if time.monotonic() >= deadline:
                     exchange.wait_recv(i, deadline)  # raises the named timeout
                 if self.gone():
-                    raise self.died()
+                    raise self.death_error()
         exchange.complete(deadline)
 
 
