@@ -26,7 +26,7 @@ import torch
 
 from commrt import __version__
 from commrt.cli import launch as launcher
-from commrt.cli.train_args import algorithm_names, check_train, unknown_algorithm
+from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
 from commrt.cli.units import (
     DTYPE_NAMES,
     DTYPES,
@@ -480,7 +480,7 @@ def _main(argv: Sequence[str] | None) -> int:
                 alg = resolve(a)
             except ValueError:
                 names = tuple(
-                    n for n in algorithm_names() if resolve(n).supports(Collective.ALL_REDUCE)
+                    n for n in algorithm_choices() if resolve(n).supports(Collective.ALL_REDUCE)
                 )
                 sub.error(unknown_algorithm(a, names, "--algorithms"))
             if not alg.supports(Collective.ALL_REDUCE):

@@ -77,7 +77,7 @@ __all__ = [
     "main",
     "add_arguments",
     "network_from_args",
-    "algorithm_names",
+    "allreduce_names",
     "FILES",
     "Sweeper",
     "StepSetup",
@@ -219,7 +219,7 @@ def network_from_args(args) -> sim.Network:
     return net
 
 
-def algorithm_names(text: str) -> list[str]:
+def allreduce_names(text: str) -> list[str]:
     """The comma-separated ``--algorithms``, each an all-reduce (else SystemExit)."""
     names = [a.strip() for a in text.split(",") if a.strip()]
     for n in names:
@@ -235,7 +235,7 @@ def run(args, out=print) -> dict:
     """Every section in turn, each table printed row by row as it is swept; then the
     figures. Returns the report the figures are drawn from."""
     net = network_from_args(args)
-    names = algorithm_names(args.algorithms)
+    names = allreduce_names(args.algorithms)
     setup = StepSetup.from_args(args)
     ps = [1 << k for k in range(1, args.max_p.bit_length())]
     algs = [n for n in names if n != "auto"] or ["ring"]

@@ -21,7 +21,7 @@ from commrt.cli.units import DTYPES
 DEFAULT_BATCH = 64
 
 
-def algorithm_names() -> tuple[str, ...]:
+def algorithm_choices() -> tuple[str, ...]:
     """The names ``--algorithm`` accepts (the registry's, gossip and backup among them)."""
     from commrt.algorithms import NAMES
 
@@ -80,7 +80,7 @@ def _train_algorithm(parser: argparse.ArgumentParser, args, nproc: int, batch_fi
     try:
         alg = resolve(args.algorithm)
     except ValueError:
-        parser.error(unknown_algorithm(args.algorithm, algorithm_names()))
+        parser.error(unknown_algorithm(args.algorithm, algorithm_choices()))
     if args.torus_shape:
         if alg.name != "torus2d":
             parser.error("--torus-shape only applies to --algorithm torus2d")
