@@ -35,7 +35,7 @@ from commrt.algorithms import Algorithm, Gossip
 from commrt.cli.launch import launched_at
 from commrt.cli.traces import merge_rank_traces, save_rank_trace
 from commrt.cli.train_output import (
-    Progress,
+    ProgressBar,
     caught_up_line,
     epoch_line,
     render_summary,
@@ -360,7 +360,7 @@ def _done(sync: commrt.GradientSync, traits: SyncReport, total_steps: int) -> bo
 
 
 def _epoch(
-    s: Setup, sync, traits: SyncReport, out: Outcome, epoch: int, bar: "Progress", t_start: float
+    s: Setup, sync, traits: SyncReport, out: Outcome, epoch: int, bar: ProgressBar, t_start: float
 ) -> list[float]:
     """One epoch's steps; their losses."""
     opts, comm = s.opts, s.comm
@@ -390,7 +390,7 @@ def _epoch(
     return losses
 
 
-def train(s: Setup, sync: commrt.GradientSync, bar: Progress) -> Outcome:
+def train(s: Setup, sync: commrt.GradientSync, bar: ProgressBar) -> Outcome:
     """Every epoch: its steps, then (models that drift) exact averaging, then evaluation.
 
     Each epoch ends with its line, the last one too (a family whose ranks stop at the
@@ -443,7 +443,7 @@ def run(opts: TrainOptions) -> int:
     """One rank of ``commrt train`` (the CLI launches the ranks)."""
     comm = commrt.init(opts.backend, timeout=opts.timeout)
     s = set_up(opts, comm)
-    bar = Progress(s.total_steps, enabled=comm.rank == 0 and not opts.quiet)
+    bar = ProgressBar(s.total_steps, enabled=comm.rank == 0 and not opts.quiet)
     sync = open_sync(s)
     if sync is None:
         comm.close()

@@ -15,14 +15,15 @@ import torch
 from commrt.sync.report import SyncReport
 
 
-class Progress:
-    """Progress for rank 0: a tqdm bar on a terminal, one plain line per epoch otherwise.
+class ProgressBar:
+    """Rank 0's progress: a tqdm bar on a terminal, one plain line per epoch otherwise.
 
     On a terminal the bar is one line, redrawn in place and cut to the
     terminal's width (read again on every update, so resizing works), so
     nothing wraps; each finished epoch's line is written above it and stays.
     Piped output (mpiexec, a log file, CI) gets no carriage returns: just
-    the line of each finished epoch, and the notes.
+    the line of each finished epoch, and the notes; so does a terminal
+    without tqdm (an optional dependency: the ``train`` extra).
     """
 
     def __init__(self, total: int, enabled: bool, stream=None):
@@ -30,8 +31,10 @@ class Progress:
         self.enabled = enabled
         self.bar = None
         if enabled and self.stream.isatty():
-            from tqdm import tqdm
-
+            try:
+                from tqdm import tqdm
+            except ImportError:  # plain epoch lines, as when piped
+                return
             # the width is ours to read (see _columns): tqdm's dynamic_ncols hides the bar
             # altogether on a terminal that reports 0 lines (script(1), some CI runners)
             self.bar = tqdm(

@@ -13,7 +13,7 @@ import sys
 import pytest
 from helpers.cli import parse_summary, run_commrt
 
-from commrt.cli.train_output import Progress, epoch_line, step_line
+from commrt.cli.train_output import ProgressBar, epoch_line, step_line
 
 
 def _drain(master: int, quiet_s: float = 0.3) -> bytes:
@@ -37,7 +37,7 @@ def _frames(raw: bytes) -> list[str]:
 def test_the_bar_keeps_its_width_when_an_epoch_line_is_written():
     master, slave = os.openpty()
     stream = os.fdopen(slave, "w")
-    bar = Progress(total=6, enabled=True, stream=stream)
+    bar = ProgressBar(total=6, enabled=True, stream=stream)
     assert bar.bar is not None, "a terminal gets the bar"
     chunks = []
     for epoch in range(2):
