@@ -233,11 +233,11 @@ def test_a_step_waits_at_the_longest_timeout_whatever_the_buckets():
     from types import SimpleNamespace
 
     from commrt.runtime.rendezvous import MAX_TIMEOUT_S
-    from commrt.sync.progress import Progress
+    from commrt.sync.progress import ProgressThread
     from commrt.sync.stepstate import StepState
 
     state = StepState.fresh([SimpleNamespace(params=[None])], step=0)
-    progress = Progress(state, SimpleNamespace(cuda=False), policy=None, name="test")
+    progress = ProgressThread(state, SimpleNamespace(cuda=False), policy=None, name="test")
 
     def finish():  # the progress thread's part: the one bucket is done
         time.sleep(0.05)

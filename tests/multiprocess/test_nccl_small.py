@@ -27,7 +27,7 @@ import torch
 
 import commrt
 from commrt.runtime.communicator import LaunchInfo, _resolve_backend
-from commrt.sync.progress import Progress
+from commrt.sync.progress import ProgressThread
 from commrt.sync.stepstate import StepState
 from commrt.transports.nccl import import_nccl
 from commrt.transports.nccl_bootstrap import exchange_unique_id, nccl_device
@@ -303,10 +303,10 @@ def test_close_stops_open_gradient_syncs():
 # -- item 7: the progress thread sets its device (a fake CUDA device: checks the call only)
 
 
-def _idle_progress(device: torch.device, name: str) -> Progress:
+def _idle_progress(device: torch.device, name: str) -> ProgressThread:
     comm = types.SimpleNamespace(device=device)
     runner = types.SimpleNamespace(cuda=device.type == "cuda", comm=comm, tracer=None)
-    return Progress(StepState.fresh([], 0), runner, policy=None, name=name)
+    return ProgressThread(StepState.fresh([], 0), runner, policy=None, name=name)
 
 
 def test_progress_thread_sets_its_cuda_device_first(monkeypatch):

@@ -207,7 +207,7 @@ def test_the_commit_counts_match_the_runtime():
 
         for g in range(steps):
             red.begin(g, (0, 1, 2), r < n, ("0", "1", "2"))
-            if red.settle(r < n, look, lambda taking_part: None):
+            if red.commit(r < n, look, lambda taking_part: None):
                 store.add("update-look", 0)  # BackupPolicy.apply serves after the update
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in range(p)]
