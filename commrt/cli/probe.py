@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import textwrap
 
+from commrt.cli.flags import rank_flags
 from commrt.cli.units import output_file, positive_int, size_list
 
 #: buffer sizes whose choice is printed (small to large gradient buckets)
 SHOW_SIZES = "64K,1M,16M,64M"
 
 
-def register(sub, common) -> None:
-    """Add ``probe`` to ``commrt``'s sub-commands; ``common(parser)`` adds --nproc, --backend
-    and --timeout (it runs on every rank, like ``bench allreduce``)."""
+def register(sub) -> None:
+    """Add ``probe`` to ``commrt``'s sub-commands (it runs on every rank, like ``bench
+    allreduce``: --nproc, --backend and --timeout)."""
     p = sub.add_parser("probe", help="measure α and β of this job's links (for auto), save them")
-    common(p)
+    rank_flags(p)
     p.add_argument(
         "--save", metavar="FILE", type=output_file, help="write the calibration here (JSON)"
     )

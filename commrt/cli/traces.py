@@ -1,12 +1,51 @@
-"""``commrt train --trace``: each rank's timeline, and rank 0's merge of them.
+"""Chrome-trace timelines: ``commrt trace merge``, and ``commrt train --trace``.
 
-``--trace out/trace.json`` leaves ``out/trace.ranks/rank<i>.json`` per rank
-and the merged ``out/trace.json`` (open it in https://ui.perfetto.dev).
+``commrt trace merge -o OUT.json IN.json...`` merges per-rank trace files
+into one. ``commrt train --trace out/trace.json`` leaves
+``out/trace.ranks/rank<i>.json`` per rank and rank 0's merge of them,
+``out/trace.json``. Open either in https://ui.perfetto.dev.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+
+from commrt.cli.units import output_file
+
+
+def register(sub) -> None:
+    """Add ``trace`` (with ``merge``) to ``commrt``'s sub-commands."""
+    trace = sub.add_parser("trace", help="work with Chrome-trace timelines")
+    tsub = trace.add_subparsers(dest="what")
+    merge = tsub.add_parser(
+        "merge", help="merge per-rank trace files into one (open in ui.perfetto.dev)"
+    )
+    merge.add_argument(
+        "-o", "--output", required=True, type=output_file, help="merged JSON file to write"
+    )
+    merge.add_argument("inputs", nargs="+", help="per-rank trace JSON files")
+    merge.set_defaults(run=cmd_trace_merge, single_process=True, parser=merge)
+    trace.set_defaults(parser=trace, subcommands=tuple(tsub.choices))
+
+
+def cmd_trace_merge(args) -> int:
+    from commrt.training.trace import merge_traces
+
+    missing = [p for p in args.inputs if not os.path.exists(p)]
+    if missing:
+        print(f"commrt trace merge: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    try:
+        out = merge_traces(args.inputs, args.output)
+    except ValueError as e:
+        print(f"commrt trace merge: {e}", file=sys.stderr)
+        return 2
+    print(f"merged {len(args.inputs)} traces into {out}")
+    return 0
+
+
+# ------------------------------------------------------------ commrt train --trace
 
 
 def rank_dir(trace: str) -> str:

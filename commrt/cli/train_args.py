@@ -1,4 +1,4 @@
-"""``commrt train``'s flags, checked before any rank starts.
+"""``commrt train``'s flags: declared (:func:`register`), then checked before any rank starts.
 
 Every mistake ends in the subcommand's own ``parser.error``: one line that
 names the flag and what would work, exit status 2, never a traceback or a
@@ -15,10 +15,125 @@ import math
 import os
 
 from commrt.cli import launch as launcher
-from commrt.cli.units import DTYPES
+from commrt.cli.flags import rank_flags
+from commrt.cli.units import (
+    DTYPES,
+    bucket_mb,
+    grid_shape,
+    output_file,
+    positive_int,
+    positive_number,
+)
 
 #: the global batch when neither --batch-size nor --batch-schedule is given
 DEFAULT_BATCH = 64
+
+
+def register(sub) -> None:
+    """Add ``train`` and its flags to ``commrt``'s sub-commands."""
+    tr = sub.add_parser(
+        "train", help="data-parallel training of an MLP on the digits dataset (CPU by default)"
+    )
+    rank_flags(tr)
+    tr.add_argument(
+        "--algorithm",
+        default="ring",
+        help="ring, halving_doubling, torus2d, auto, gossip, or backup (backup "
+        "workers, see --backups; default ring)",
+    )
+    tr.add_argument(
+        "--gossip-topology",
+        choices=["hypercube", "dissemination"],
+        default=None,
+        help="for --algorithm gossip (default hypercube; dissemination handles any --nproc)",
+    )
+    tr.add_argument(
+        "--gossip-async",
+        action="store_true",
+        help="for --algorithm gossip: apply each step's mix one step later, overlapped",
+    )
+    tr.add_argument(
+        "--torus-shape",
+        metavar="ROWSxCOLS",
+        type=grid_shape,
+        help="grid for --algorithm torus2d, e.g. 2x2",
+    )
+    tr.add_argument("--epochs", type=positive_int, default=8)
+    tr.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="global batch, all ranks together (default 64, or the nearest that splits "
+        "over --nproc)",
+    )
+    tr.add_argument(
+        "--batch-schedule",
+        metavar="EPOCH:BATCH,...",
+        help="grow the global batch at epochs, e.g. 0:32,3:64,6:128 (lr scales linearly)",
+    )
+    tr.add_argument(
+        "--label-smoothing",
+        type=float,
+        default=0.1,
+        help="for torch.nn.CrossEntropyLoss (default 0.1, as in Mikami et al.)",
+    )
+    tr.add_argument(
+        "--comm-dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="wire dtype"
+    )
+    tr.add_argument(
+        "--backups",
+        type=int,
+        default=None,
+        metavar="B",
+        help="with --algorithm backup: drop the last B of N+B gradients each step (default 1)",
+    )
+    _fault_flags(tr)
+    tr.add_argument(
+        "--trace",
+        metavar="OUT.json",
+        type=output_file,
+        help="write a merged Chrome trace of all ranks (for example out/trace.json)",
+    )
+    tr.add_argument("--lr", type=positive_number, default=0.05)
+    mb_help = "bucket cap (the model is ~85K parameters)"
+    tr.add_argument("--bucket-mb", type=bucket_mb, default=0.1, help=mb_help)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--quiet", action="store_true", help="no progress bar")
+    tr.set_defaults(run=cmd_train, parser=tr)
+
+
+def _fault_flags(tr) -> None:
+    """commrt train's delay and fault injection, and what recovers from a fault."""
+    tr.add_argument(
+        "--straggler",
+        metavar="SPEC,...",
+        help="make ranks slow before every step: RANK:SECONDS for a fixed delay "
+        "(e.g. 1:0.02), or a delay every rank draws each step: exp:MEAN_S, "
+        "pareto:MEAN_S[:SHAPE] (default shape 2) or lognormal:MEAN_S[:SIGMA] "
+        "(default 1), e.g. pareto:0.01",
+    )
+    tr.add_argument(
+        "--kill",
+        metavar="RANK:STEP",
+        help="fault injection: rank RANK kills itself (SIGKILL) before step STEP; with "
+        "--algorithm backup the others carry on",
+    )
+    tr.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --algorithm backup (gloo): start a replacement with the same RANK when "
+        "a worker dies, up to N times in all; it rejoins the running job, catches up "
+        "from a snapshot and takes part again, nobody else restarts (default 0)",
+    )
+
+
+def cmd_train(options) -> int:
+    """One rank of ``commrt train``, from the options :func:`check_train` built."""
+    from commrt.cli.train import run
+
+    return run(options)
 
 
 def algorithm_choices() -> tuple[str, ...]:
