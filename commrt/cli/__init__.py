@@ -1,12 +1,18 @@
 """The ``commrt`` command line: tools built on the runtime, never imported by it.
 
-* :mod:`commrt.cli.commands`: the parser and the subcommands' entry points;
-* :mod:`commrt.cli.train_args`: ``commrt train``'s flags, checked before any rank starts;
-* :mod:`commrt.cli.train`: ``commrt train`` (one rank of it);
-* :mod:`commrt.cli.bench`: ``commrt bench`` measurements, shared with ``bench/``;
-* :mod:`commrt.cli.simulate`: ``commrt simulate``;
+* :mod:`commrt.cli.commands`: the parser, the backend, starting the ranks; ``main``;
+* :mod:`commrt.cli.flags`, :mod:`commrt.cli.units`: flags several commands share, and
+  the argparse types (sizes, files);
 * :mod:`commrt.cli.launch`: starting N local ranks (mpiexec or subprocesses);
-* :mod:`commrt.cli.plotting`, :mod:`commrt.cli.units`: plots and size arguments.
+* ``commrt train``: :mod:`~commrt.cli.train_args` (its flags, checked before any rank
+  starts), :mod:`~commrt.cli.train` (one rank of it), :mod:`~commrt.cli.train_data`,
+  :mod:`~commrt.cli.train_faults`, :mod:`~commrt.cli.train_output`;
+* ``commrt bench``: :mod:`~commrt.cli.bench_command`; its measurements,
+  :mod:`commrt.cli.bench`, are shared with ``bench/``;
+* ``commrt simulate``: :mod:`~commrt.cli.simulate` and its sections, figures and
+  control-plane section (``simulate_sections``, ``simulate_plots``, ``simulate_control``);
+* ``commrt trace merge``: :mod:`~commrt.cli.traces`; ``commrt probe``: :mod:`~commrt.cli.probe`;
+* :mod:`commrt.cli.plotting`: the plots' shared steps.
 """
 
 from commrt.cli.commands import main

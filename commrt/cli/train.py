@@ -1,8 +1,7 @@
 """``commrt train``: data-parallel training of a small model on a real dataset.
 
 The dataset is scikit-learn's handwritten digits (1797 8×8 images, 10
-classes), which ships inside the scikit-learn package: nothing is
-downloaded. Each epoch every rank takes its slice of one global shuffle
+classes; nothing is downloaded). Each epoch every rank takes its slice of one global shuffle
 (the same permutation everywhere, from the seed and the epoch), trains an
 MLP with commrt's :class:`~commrt.GradientSync`, and the ranks evaluate on
 the held-out 20% together (correct/total summed with ``commrt.all_reduce``).
@@ -14,26 +13,26 @@ they were.
 
 Rank 0 shows a progress bar (loss, accuracy, samples/s, communication
 share) and ends with a summary table (both drawn by :mod:`commrt.cli.train_output`).
+The data, its sharding and the evaluation are :mod:`commrt.cli.train_data`'s,
+the injected delays :mod:`commrt.cli.train_faults`'s.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
 
-import numpy as np
 import torch
 
 import commrt
-from commrt import sim
-from commrt.algorithms import Algorithm, Gossip
+from commrt.algorithms import Algorithm
 from commrt.cli.launch import launched_at
 from commrt.cli.traces import merge_rank_traces, save_rank_trace
+from commrt.cli.train_data import Digits, Sharding, evaluate, load_digits
+from commrt.cli.train_faults import Stragglers
 from commrt.cli.train_output import (
     ProgressBar,
     caught_up_line,
@@ -47,133 +46,6 @@ from commrt.sync.backup import RejoinedTooLate
 from commrt.sync.report import SyncReport
 from commrt.training.recipe import BatchSizeSchedule
 
-TEST_FRACTION = 0.2
-#: digits samples in scikit-learn's copy, and how many of them are training data
-DIGITS_SAMPLES = 1797
-TRAIN_SAMPLES = DIGITS_SAMPLES - int(DIGITS_SAMPLES * TEST_FRACTION)
-
-
-@dataclass
-class Digits:
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-
-def load_digits(seed: int = 0) -> Digits:
-    """The digits data as float tensors scaled to [0, 1], split 80/20 with a fixed seed."""
-    try:
-        from sklearn.datasets import load_digits as sk_digits
-    except ImportError as e:  # pragma: no cover - a core dependency
-        raise RuntimeError(
-            "commrt train needs scikit-learn (its digits dataset ships inside it): "
-            "pip install scikit-learn"
-        ) from e
-    d = sk_digits()
-    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(d.target, dtype=torch.int64)
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
-    n_test = int(len(x) * TEST_FRACTION)
-    test, train = perm[:n_test], perm[n_test:]
-    return Digits(x[train], y[train], x[test], y[test])
-
-
-@dataclass(frozen=True)
-class Stragglers:
-    """Injected delays before each step: fixed seconds for chosen ranks, and a delay every
-    rank draws each step from ``draw`` (a :mod:`commrt.sim` delay), seeded per (rank, step).
-
-    Example::
-
-        >>> Stragglers.parse("1:0.02").delay(1, 0)
-        0.02
-        >>> s = Stragglers.parse("pareto:0.01")      # mean 10 ms, Pareto shape 2
-        >>> s.delay(0, 5) == s.delay(0, 5)           # the same draw every time
-        True
-    """
-
-    fixed: tuple[tuple[int, float], ...] = ()
-    draw: object = None
-    seed: int = 0
-
-    @classmethod
-    def parse(cls, text: str, seed: int = 0) -> "Stragglers":
-        """``RANK:SECONDS``, ``exp:MEAN``, ``pareto:MEAN[:SHAPE]`` or ``lognormal:MEAN[:SIGMA]``,
-        comma-separated; at most one distribution. ValueError names the part and the value
-        that is wrong (an unknown kind, a value that is not a finite number, ...)."""
-        fixed, draw = [], None
-        for part in text.split(","):
-            kind, *vals = part.strip().split(":")
-            names = _value_names(kind, vals)
-            nums = [_value(kind, n, v) for n, v in zip(names, vals)]
-            if kind in DELAY_KINDS:
-                if draw is not None:
-                    raise ValueError("give at most one distribution")
-                draw = _distribution(kind, *nums)
-            else:
-                fixed.append((int(kind), nums[0]))
-        return cls(tuple(fixed), draw, seed)
-
-    def delay(self, rank: int, step: int) -> float:
-        d = dict(self.fixed).get(rank, 0.0)
-        if self.draw is not None:
-            d += float(self.draw.sample(np.random.default_rng([self.seed, rank, step]), 1)[0])
-        return d
-
-    def __str__(self) -> str:
-        parts = [f"rank {r}: {sec:g} s" for r, sec in self.fixed]
-        return ", ".join(parts + ([f"every rank: {self.draw}"] if self.draw is not None else []))
-
-
-#: the delay distributions --straggler takes, and the values each takes after its name
-DELAY_KINDS = {"exp": ("MEAN",), "pareto": ("MEAN", "SHAPE"), "lognormal": ("MEAN", "SIGMA")}
-_FORMS = "RANK:SECONDS, exp:MEAN, pareto:MEAN[:SHAPE] or lognormal:MEAN[:SIGMA]"
-
-
-def _value_names(kind: str, vals: list[str]) -> tuple[str, ...]:
-    """What each value after ``kind`` means (ValueError for an unknown kind or a wrong count)."""
-    if kind in DELAY_KINDS:
-        names = DELAY_KINDS[kind]
-    elif kind.lstrip("-").isdigit():
-        names = ("SECONDS",)
-    else:
-        raise ValueError(
-            f"unknown kind {kind!r}: start with a rank number or one of "
-            f"{', '.join(DELAY_KINDS)}; use {_FORMS}"
-        )
-    if not 1 <= len(vals) <= len(names):
-        form = "RANK:SECONDS" if names == ("SECONDS",) else f"{kind}:MEAN"
-        extra = f"[:{names[1]}]" if len(names) > 1 else ""
-        raise ValueError(f"{kind}:{':'.join(vals)}: use {form}{extra}, e.g. 1:0.02 or pareto:0.01")
-    return names
-
-
-def _value(kind: str, name: str, text: str) -> float:
-    """One value of a --straggler part: a finite number, >= 0, and in range for ``name``."""
-    kind = kind if kind in DELAY_KINDS else f"rank {kind}"
-    try:
-        v = float(text)
-    except ValueError:
-        raise ValueError(f"{kind}'s {name} {text!r} is not a number") from None
-    if not math.isfinite(v):
-        raise ValueError(f"{kind}'s {name} must be a finite number, got {text}")
-    if name == "SIGMA" and v <= 0:
-        raise ValueError(f"lognormal's SIGMA (the spread) must be above 0, got {text}")
-    if v < 0:
-        raise ValueError(f"{kind}'s {name} must be non-negative seconds, got {text}")
-    if name == "SHAPE" and v <= 1:
-        raise ValueError(f"pareto's shape must be above 1 (else the mean is infinite), got {text}")
-    return v
-
-
-def _distribution(kind: str, mean: float, *shape: float):
-    if kind == "exp":
-        return sim.Exponential.from_mean(mean)
-    if kind == "pareto":
-        return sim.Pareto.from_mean(mean, *shape)
-    return sim.LogNormal.from_mean(mean, *shape)
-
 
 def make_model(seed: int, hidden: int = 256) -> torch.nn.Module:
     torch.manual_seed(seed)
@@ -185,42 +57,6 @@ def make_model(seed: int, hidden: int = 256) -> torch.nn.Module:
         nn.ReLU(),
         nn.Linear(hidden, 10),
     )
-
-
-def _shard(n: int, epoch: int, seed: int, rank: int, world: int, global_batch: int):
-    """This rank's index batches for one epoch: slices of one global shuffle."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-    local = global_batch // world
-    steps = n // global_batch
-    for s in range(steps):
-        start = s * global_batch + rank * local
-        yield perm[start : start + local]
-
-
-def evaluate(model, data: Digits, comm, local: bool = False) -> float:
-    """Accuracy on the test split, each rank scoring its share, summed over ranks
-    (``local``: this rank scores all of it, with no collective)."""
-    if local:
-        with torch.no_grad():
-            return (model(data.x_test).argmax(1) == data.y_test).float().mean().item()
-    n = len(data.x_test)
-    idx = torch.arange(comm.rank, n, comm.world_size, device=data.x_test.device)
-    with torch.no_grad():
-        pred = model(data.x_test[idx]).argmax(1)
-    counts = torch.tensor(
-        [(pred == data.y_test[idx]).sum().item(), len(idx)], dtype=torch.float64, device=comm.device
-    )
-    commrt.all_reduce(counts, comm, op="sum")
-    return counts[0].item() / counts[1].item()
-
-
-def _gossip_shard(data: Digits, seed: int, rank: int, world: int):
-    """This rank's own disjoint 1/p of the training data as (x, y): equal sizes, one
-    permutation from the seed."""
-    n = len(data.x_train) // world
-    perm = torch.randperm(len(data.x_train), generator=torch.Generator().manual_seed(seed))
-    mine = perm[rank * n : (rank + 1) * n].to(data.x_train.device)
-    return data.x_train[mine].clone(), data.y_train[mine].clone()
 
 
 # ----------------------------------------------------------------- options
@@ -256,39 +92,6 @@ class TrainOptions:
 
 
 # ----------------------------------------------------------- data, set-up
-
-
-class Sharding:
-    """Where a rank's batches come from each epoch: slices of one global shuffle, or,
-    for gossip (GossipGraD), the rank's own shard, half of it swapped with a gossip
-    peer every epoch (the data choice follows the algorithm the user asked for)."""
-
-    def __init__(self, algorithm: Algorithm, data: Digits, comm, seed: int):
-        self.data, self.comm, self.seed = data, comm, seed
-        self.shuffle = None
-        if isinstance(algorithm, Gossip):
-            shard = _gossip_shard(data, seed, comm.rank, comm.world_size)
-            self.shuffle = commrt.data.GossipShuffle(shard, comm, fraction=0.5, seed=seed)
-
-    def steps(self, global_batch: int) -> int:
-        """Steps one epoch of ``global_batch`` takes on each rank."""
-        n, world = len(self.data.x_train), self.comm.world_size
-        if self.shuffle is not None:
-            return (n // world) // (global_batch // world)
-        return n // global_batch
-
-    def batches(self, epoch: int, global_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        comm = self.comm
-        if self.shuffle is not None:
-            return self.shuffle.batches(global_batch // comm.world_size, epoch, drop_last=True)
-        d = self.data
-        idxs = (
-            i.to(comm.device)
-            for i in _shard(
-                len(d.x_train), epoch, self.seed, comm.rank, comm.world_size, global_batch
-            )
-        )
-        return ((d.x_train[i], d.y_train[i]) for i in idxs)
 
 
 @dataclass

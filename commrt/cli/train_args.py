@@ -266,7 +266,7 @@ def _train_batches(
 ):
     """The batch-size schedule, checked to split over ``nproc`` ranks and fit the data
     (``announce``: say on stdout when a default batch was changed to split)."""
-    from commrt.cli.train import TRAIN_SAMPLES
+    from commrt.cli.train_data import TRAIN_SAMPLES
     from commrt.training.recipe import BatchSizeSchedule
 
     base = DEFAULT_BATCH if args.batch_size is None else args.batch_size
@@ -305,8 +305,9 @@ def _train_batches(
 
 
 def _straggler(parser: argparse.ArgumentParser, args, nproc: int):
-    """--straggler as a :class:`commrt.cli.train.Stragglers`, its ranks and delays checked."""
-    from commrt.cli.train import Stragglers
+    """--straggler as a :class:`commrt.cli.train_faults.Stragglers`, its ranks and delays
+    checked."""
+    from commrt.cli.train_faults import Stragglers
 
     if not args.straggler:
         return None

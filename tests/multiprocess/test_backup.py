@@ -297,7 +297,7 @@ def test_train_flags_for_backup_workers_are_checked(args, message, capsys):
 
 
 def test_straggler_draws_have_the_requested_mean():
-    from commrt.cli.train import Stragglers
+    from commrt.cli.train_faults import Stragglers
 
     for spec in ("exp:0.01", "pareto:0.01:3", "lognormal:0.01:0.5"):
         s = Stragglers.parse(spec, seed=1)

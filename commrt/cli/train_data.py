@@ -1,0 +1,119 @@
+"""``commrt train``'s data: the digits, this rank's share of them, and the test score.
+
+The dataset is scikit-learn's handwritten digits (1797 8×8 images, 10
+classes), which ships inside the scikit-learn package: nothing is
+downloaded. :class:`Sharding` gives each rank its batches every epoch
+(slices of one global shuffle, or for gossip its own shard, gossip-shuffled);
+:func:`evaluate` scores the held-out 20% across the ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+import commrt
+from commrt.algorithms import Algorithm, Gossip
+
+#: the share of the digits held out for testing
+TEST_FRACTION = 0.2
+#: digits samples in scikit-learn's copy, and how many of them are training data
+DIGITS_SAMPLES = 1797
+TRAIN_SAMPLES = DIGITS_SAMPLES - int(DIGITS_SAMPLES * TEST_FRACTION)
+
+
+@dataclass
+class Digits:
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+
+def load_digits(seed: int = 0) -> Digits:
+    """The digits data as float tensors scaled to [0, 1], split 80/20 with a fixed seed."""
+    try:
+        from sklearn.datasets import load_digits as sk_digits
+    except ImportError as e:  # pragma: no cover - a core dependency
+        raise RuntimeError(
+            "commrt train needs scikit-learn (its digits dataset ships inside it): "
+            "pip install scikit-learn"
+        ) from e
+    d = sk_digits()
+    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(d.target, dtype=torch.int64)
+    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
+    n_test = int(len(x) * TEST_FRACTION)
+    test, train = perm[:n_test], perm[n_test:]
+    return Digits(x[train], y[train], x[test], y[test])
+
+
+def _shard(n: int, epoch: int, seed: int, rank: int, world: int, global_batch: int):
+    """This rank's index batches for one epoch: slices of one global shuffle."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
+    local = global_batch // world
+    steps = n // global_batch
+    for s in range(steps):
+        start = s * global_batch + rank * local
+        yield perm[start : start + local]
+
+
+def evaluate(model, data: Digits, comm, local: bool = False) -> float:
+    """Accuracy on the test split, each rank scoring its share, summed over ranks
+    (``local``: this rank scores all of it, with no collective)."""
+    if local:
+        with torch.no_grad():
+            return (model(data.x_test).argmax(1) == data.y_test).float().mean().item()
+    n = len(data.x_test)
+    idx = torch.arange(comm.rank, n, comm.world_size, device=data.x_test.device)
+    with torch.no_grad():
+        pred = model(data.x_test[idx]).argmax(1)
+    counts = torch.tensor(
+        [(pred == data.y_test[idx]).sum().item(), len(idx)], dtype=torch.float64, device=comm.device
+    )
+    commrt.all_reduce(counts, comm, op="sum")
+    return counts[0].item() / counts[1].item()
+
+
+def _gossip_shard(data: Digits, seed: int, rank: int, world: int):
+    """This rank's own disjoint 1/p of the training data as (x, y): equal sizes, one
+    permutation from the seed."""
+    n = len(data.x_train) // world
+    perm = torch.randperm(len(data.x_train), generator=torch.Generator().manual_seed(seed))
+    mine = perm[rank * n : (rank + 1) * n].to(data.x_train.device)
+    return data.x_train[mine].clone(), data.y_train[mine].clone()
+
+
+class Sharding:
+    """Where a rank's batches come from each epoch: slices of one global shuffle, or,
+    for gossip (GossipGraD), the rank's own shard, half of it swapped with a gossip
+    peer every epoch (the data choice follows the algorithm the user asked for)."""
+
+    def __init__(self, algorithm: Algorithm, data: Digits, comm, seed: int):
+        self.data, self.comm, self.seed = data, comm, seed
+        self.shuffle = None
+        if isinstance(algorithm, Gossip):
+            shard = _gossip_shard(data, seed, comm.rank, comm.world_size)
+            self.shuffle = commrt.data.GossipShuffle(shard, comm, fraction=0.5, seed=seed)
+
+    def steps(self, global_batch: int) -> int:
+        """Steps one epoch of ``global_batch`` takes on each rank."""
+        n, world = len(self.data.x_train), self.comm.world_size
+        if self.shuffle is not None:
+            return (n // world) // (global_batch // world)
+        return n // global_batch
+
+    def batches(self, epoch: int, global_batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        comm = self.comm
+        if self.shuffle is not None:
+            return self.shuffle.batches(global_batch // comm.world_size, epoch, drop_last=True)
+        d = self.data
+        idxs = (
+            i.to(comm.device)
+            for i in _shard(
+                len(d.x_train), epoch, self.seed, comm.rank, comm.world_size, global_batch
+            )
+        )
+        return ((d.x_train[i], d.y_train[i]) for i in idxs)
