@@ -27,8 +27,8 @@ PNGs to ``--out-dir``:
 Each section is one function that returns data (``sweep_*``, built on
 :mod:`commrt.sim`), one that renders it as text (``render_*``), and one figure
 in :mod:`commrt.cli.simulate_plots`. It runs in one process (never relaunched
-as ranks). Usable on its own as
-``python -m commrt.cli.simulate``; ``commrt.cli.commands`` adds it with :func:`register`.
+as ranks); ``--only`` runs some sections alone (``--only control``: the
+control plane's table). ``commrt.cli.commands`` adds it with :func:`register`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
-from typing import Sequence
 
 from commrt import sim
 from commrt.algorithms import resolve
@@ -74,8 +72,8 @@ from commrt.schedule import Collective
 __all__ = [
     "run",
     "register",
-    "main",
     "add_arguments",
+    "figures_wanted",
     "network_from_args",
     "allreduce_names",
     "FILES",
@@ -88,6 +86,8 @@ __all__ = [
 ]
 
 DEFAULT_ALGORITHMS = "ring,halving_doubling,torus2d,auto"
+#: the sections, in the order they run (all but control draw a figure)
+SECTIONS = ("vs-p", "vs-size", "stragglers", "backup", "control", "gossip")
 
 
 # ------------------------------------------------------------------ parsing
@@ -97,6 +97,16 @@ def _pow2(text: str) -> int:
     if v < 2 or v & (v - 1):
         raise argparse.ArgumentTypeError(f"must be a power of two >= 2, got {v}")
     return v
+
+
+@named("section list")
+def _sections(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    if not names or any(s not in SECTIONS for s in names):
+        raise argparse.ArgumentTypeError(
+            f"give sections among {', '.join(SECTIONS)}, comma-separated; got {text!r}"
+        )
+    return names
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -156,6 +166,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     simulate_control.add_arguments(p)
+    p.add_argument(
+        "--only",
+        metavar="SECTION,...",
+        type=_sections,
+        default=SECTIONS,
+        help=f"run only these sections: {', '.join(SECTIONS)} (default all)",
+    )
     p.add_argument(
         "--out-dir",
         default="out/sim",
@@ -231,9 +248,15 @@ def allreduce_names(text: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------- run
+def figures_wanted(args) -> bool:
+    """Whether this run draws figures (matplotlib): plots are on and a section that has
+    one runs."""
+    return not args.no_plots and any(s != "control" for s in args.only)
+
+
 def run(args, out=print) -> dict:
-    """Every section in turn, each table printed row by row as it is swept; then the
-    figures. Returns the report the figures are drawn from."""
+    """Every section (``--only``: those) in turn, each table printed row by row as it is
+    swept; then the figures. Returns the report the figures are drawn from."""
     net = network_from_args(args)
     names = allreduce_names(args.algorithms)
     setup = StepSetup.from_args(args)
@@ -245,16 +268,23 @@ def run(args, out=print) -> dict:
     out("# model: α-β per link class, NICs shared per node, per-rank clocks")
     out("# (commrt.sim docstring)")
     report: dict = {"network": net.to_dict(), "p": ps}
-    report["vs_p"] = {nbytes: vs_p_section(sw, names, ps, nbytes, out) for nbytes in args.sizes}
-    report["vs_size"] = vs_size_section(sw, names, args.at_p, out)
-    report["stragglers"] = straggler_section(sw, algs, ps, setup, out)
-    report["backup"] = backup_section(sw, algs, ps, setup, out)
-    report["control"] = simulate_control.control_section(
-        ps, args.store_cost, net.ranks_per_node, setup.compute_s, out
-    )
-    report["gossip"] = gossip_section(sw, ps, args.sizes, out)
+    only = args.only
+    if "vs-p" in only:
+        report["vs_p"] = {n: vs_p_section(sw, names, ps, n, out) for n in args.sizes}
+    if "vs-size" in only:
+        report["vs_size"] = vs_size_section(sw, names, args.at_p, out)
+    if "stragglers" in only:
+        report["stragglers"] = straggler_section(sw, algs, ps, setup, out)
+    if "backup" in only:
+        report["backup"] = backup_section(sw, algs, ps, setup, out)
+    if "control" in only:
+        report["control"] = simulate_control.control_section(
+            ps, args.store_cost, net.ranks_per_node, setup.compute_s, out
+        )
+    if "gossip" in only:
+        report["gossip"] = gossip_section(sw, ps, args.sizes, out)
     out(f"\n# swept in {time.perf_counter() - t_start:.1f} s")
-    if not args.no_plots:
+    if figures_wanted(args):
         os.makedirs(args.out_dir, exist_ok=True)
         paths = plot_all(report, names, args.out_dir, net.describe())
         for path in paths:
@@ -275,16 +305,3 @@ def write_json(report: dict, path: str) -> None:
 def cmd_simulate(args) -> int:
     run(args, out=lambda msg: print(msg, flush=True))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="commrt simulate", description=__doc__.split("\n\n")[0].replace("``", "")
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return cmd_simulate(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

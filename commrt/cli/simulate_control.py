@@ -6,7 +6,8 @@ the store costs ``bench/bench_control_plane.py`` measured (or
 two-level (a leader per node, the simulator's proposal), and prints one
 line per p at most 80 columns wide. Each step's cost is its arrival and
 its commit (gloo's: :mod:`commrt.sync.backup.recovery`); a last line says
-the commit's part of the store's work.
+the commit's part of the store's work. ``commrt simulate --only control``
+prints this section alone.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 from typing import Sequence
 
 from commrt.cli.simulate_sections import fit
-from commrt.cli.units import named, positive_number
+from commrt.cli.units import named
 from commrt.sim.control import HEARTBEAT_S, StoreCost, control_cost, first_saturated
 
 #: backups of the priced jobs
@@ -130,22 +130,3 @@ def control_section(
         "rows": [_finite(dataclasses.asdict(c)) for c in costs],
         "saturated_at": {"flat": flat, "two-level": two},
     }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """This section alone: ``python -m commrt.cli.simulate_control [--store-cost ...]``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m commrt.cli.simulate_control", description=__doc__.split("\n\n")[0]
-    )
-    add_arguments(parser)
-    parser.add_argument("--max-p", type=int, default=4096, help="largest p (default 4096)")
-    parser.add_argument("--ranks-per-node", type=int, default=8, help="(default 8)")
-    parser.add_argument("--step-ms", type=positive_number, default=100.0, help="(default 100 ms)")
-    args = parser.parse_args(argv)
-    ps = [1 << k for k in range(2, max(2, args.max_p.bit_length()))]
-    control_section(ps, args.store_cost, args.ranks_per_node, args.step_ms * 1e-3, print)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -32,20 +32,22 @@ STYLES = {
 
 
 def plot_all(report: dict, names: Sequence[str], out_dir: str, describe: str) -> list[str]:
-    """Every figure of ``report``, written into ``out_dir``; returns their paths.
+    """Every figure of ``report`` (of the sections it holds), written into ``out_dir``;
+    returns their paths.
 
     ``describe`` names the network in the titles.
     """
-
-    def path(key: str) -> str:
-        return os.path.join(out_dir, FILES[key])
-
+    figures = (  # (FILES key, the report's section, what draws it)
+        ("p", "vs_p", lambda path: plot_vs_p(report, names, describe, path)),
+        ("size", "vs_size", lambda path: plot_vs_size(report["vs_size"], names, path)),
+        ("stragglers", "stragglers", lambda path: plot_stragglers(report, path)),
+        ("backup", "backup", lambda path: plot_backup(report, path)),
+        ("gossip", "gossip", lambda path: plot_gossip(report, describe, path)),
+    )
     return [
-        plot_vs_p(report, names, describe, path("p")),
-        plot_vs_size(report["vs_size"], names, path("size")),
-        plot_stragglers(report, path("stragglers")),
-        plot_backup(report, path("backup")),
-        plot_gossip(report, describe, path("gossip")),
+        draw(os.path.join(out_dir, FILES[key]))
+        for key, section, draw in figures
+        if section in report
     ]
 
 

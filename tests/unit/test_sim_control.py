@@ -130,7 +130,10 @@ def test_the_section_fits_80_columns_and_returns_every_number():
 
 
 def test_the_section_runs_alone(capsys):
-    assert simulate_control.main(["--max-p", "64", "--store-cost", "70,70,5"]) == 0
+    from commrt.cli import main
+
+    argv = ["simulate", "--only", "control", "--max-p", "64", "--store-cost", "70,70,5"]
+    assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [int(ln.split()[0]) for ln in lines if ln and ln.split()[0].isdigit()] == [
         4,
