@@ -3,6 +3,7 @@
 * :mod:`commrt.cli.commands`: the parser, the backend, starting the ranks; ``main``;
 * :mod:`commrt.cli.flags`, :mod:`commrt.cli.units`: flags several commands share, and
   the argparse types (sizes, files);
+* :mod:`commrt.cli.extras`: the optional packages a command needs (the ``train`` extra);
 * :mod:`commrt.cli.launch`: starting N local ranks (mpiexec or subprocesses);
 * ``commrt train``: :mod:`~commrt.cli.train_args` (its flags, checked before any rank
   starts), :mod:`~commrt.cli.train` (one rank of it), :mod:`~commrt.cli.train_data`,

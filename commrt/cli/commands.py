@@ -32,6 +32,7 @@ from typing import Sequence
 import torch
 
 from commrt import __version__
+from commrt.cli import extras
 from commrt.cli import launch as launcher
 from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
 
@@ -178,6 +179,7 @@ def _main(argv: Sequence[str] | None) -> int:
     sub = getattr(args, "parser", parser)
     if getattr(args, "run", None) is None:  # "commrt", "commrt bench": which one?
         sub.error(f"choose one of: {', '.join(args.subcommands)} (then --help for its flags)")
+    extras.check(args)  # scikit-learn, matplotlib: one line and status 2 if one is missing
     options = check_train(sub, args) if args.command == "train" else None
     if getattr(args, "algorithms", None):
         _check_algorithms(sub, args.algorithms)

@@ -42,6 +42,7 @@ import time
 from commrt import sim
 from commrt.algorithms import resolve
 from commrt.cli import simulate_control
+from commrt.cli.extras import require
 from commrt.cli.simulate_plots import FILES, plot_all
 from commrt.cli.simulate_sections import (
     StepSetup,
@@ -303,5 +304,7 @@ def write_json(report: dict, path: str) -> None:
 
 
 def cmd_simulate(args) -> int:
+    if figures_wanted(args):  # before the sweeps, not after them
+        require("commrt simulate", "matplotlib", "matplotlib", ", or pass --no-plots")
     run(args, out=lambda msg: print(msg, flush=True))
     return 0

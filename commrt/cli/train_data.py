@@ -36,10 +36,10 @@ def load_digits(seed: int = 0) -> Digits:
     """The digits data as float tensors scaled to [0, 1], split 80/20 with a fixed seed."""
     try:
         from sklearn.datasets import load_digits as sk_digits
-    except ImportError as e:  # pragma: no cover - a core dependency
+    except ImportError as e:  # the command line says so before any rank starts (extras)
         raise RuntimeError(
             "commrt train needs scikit-learn (its digits dataset ships inside it): "
-            "pip install scikit-learn"
+            "pip install 'commrt[train]'"
         ) from e
     d = sk_digits()
     x = torch.tensor(d.data, dtype=torch.float32) / 16.0

@@ -9,6 +9,7 @@ import tempfile
 
 import torch
 
+from commrt.cli.extras import installed
 from commrt.runtime.rendezvous import MAX_TIMEOUT_S, check_timeout
 from commrt.sim import fmt_bytes  # noqa: F401  (re-exported: tables and tools format sizes alike)
 
@@ -175,7 +176,10 @@ def output_folder(text: str) -> str:
 def plot_file(text: str) -> str:
     """argparse type: an :func:`output_file` in a format matplotlib writes, told by its
     extension; checked before the work (a benchmark ran to its end, then failed to save
-    a .txt plot)."""
+    a .txt plot). Without matplotlib the format goes unchecked: the command then says
+    that --plot needs it (:mod:`commrt.cli.extras`)."""
+    if not installed("matplotlib"):
+        return output_file(text)
     from commrt.cli.plotting import formats  # lazy: matplotlib takes half a second
 
     ext = os.path.splitext(text)[1][1:].lower()
