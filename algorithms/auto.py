@@ -4,7 +4,8 @@ Candidates: :class:`~commrt.algorithms.Ring`,
 :class:`~commrt.algorithms.HalvingDoubling`,
 :class:`~commrt.algorithms.RecursiveDoubling` and
 :class:`~commrt.algorithms.Torus2D` on every grid ``rows × cols = p`` with
-both sides at least 2. Each is priced with :func:`commrt.sim.estimate`: the
+both sides at least 2. The network prices each (:meth:`commrt.sim.Network.price_all`,
+that is :func:`commrt.sim.estimate`): the
 α-β closed form when one link class carries every message (so for a probe
 of ranks on one node), else a replay of its real schedule in the simulator
 (so for a probe of ranks spanning nodes: both link classes, NIC sharing)
@@ -13,8 +14,11 @@ of ranks on one node), else a replay of its real schedule in the simulator
 candidate in that order).
 
 The network is ``Auto(network=...)`` if given, else measured on the
-communicator at first use by :func:`commrt.tuning.probe.probe` (collective, tens of
-milliseconds, cached in ``comm.slots``; see that module for what it sends).
+communicator at first use: ``comm.network()`` of the
+:class:`commrt.tuning.context.Context` the collectives hand to :meth:`Auto.select`,
+which runs :func:`commrt.tuning.probe.probe` (collective, tens of milliseconds, cached
+in ``comm.slots``; see that module for what it sends). This module imports neither
+the simulator nor the probe: both reach it through the objects it is given.
 ``select`` is called collectively (every rank, same order), and every rank
 prices the candidates with the same agreed α and β, so all ranks choose the
 same schedule.
@@ -52,7 +56,6 @@ from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
 from commrt.schedule import Collective, Schedule
-from commrt.sim import Network, estimate, price_all
 
 __all__ = ["Auto", "Choice", "choices", "candidates", "learning"]
 #: the size :meth:`Auto.schedule` chooses for when no size is given: DDP's 25 MB bucket
@@ -136,9 +139,11 @@ class Auto(Algorithm):
     recheck_s: float | None = RECHECK_S
 
     name = "auto"
+    learns = True
 
     def __post_init__(self):
-        if self.network is not None and not isinstance(self.network, Network):
+        # a commrt.sim.Network, known by what auto asks of it (this module imports no sim)
+        if self.network is not None and not callable(getattr(self.network, "price_all", None)):
             raise TypeError(
                 f"Auto(network=...) takes a commrt.sim.Network, got {type(self.network).__name__}"
             )
@@ -159,11 +164,10 @@ class Auto(Algorithm):
                 "commrt.all_reduce (it probes the communicator) or give "
                 "Auto(network=commrt.sim.Network...)"
             )
-        from commrt.tuning.probe import probe  # lazy: the probe needs torch, the schedules do not
+        # the probe (collective), through the Context the layer above handed down
+        return comm.network(self.calibration)
 
-        return probe(comm, calibration=self.calibration).network()
-
-    def on_network(self, network: Network) -> "Auto":
+    def on_network(self, network) -> "Auto":
         """This chooser, pricing on ``network`` unless it was given one: the simulator
         asks, so that ``simulate("auto", ...)`` chooses for the simulated network."""
         return self if self.network is not None else dataclasses.replace(self, network=network)
@@ -185,7 +189,7 @@ class Auto(Algorithm):
         network = self._network(comm)
         algs = candidates(world_size) if world_size > 1 else [Ring()]
         itemsize = _itemsize(nbytes)
-        times = price_all(algs, world_size, int(nbytes), network, itemsize=itemsize)
+        times = network.price_all(algs, world_size, int(nbytes), itemsize=itemsize)
         priced = sorted((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
         table = tuple((label(a), s) for s, _, a in priced)
         choice = _choice(world_size, int(nbytes), priced[0][2], priced[0][0], table, network)
@@ -230,9 +234,7 @@ class Auto(Algorithm):
         if tuning.phase == "settled":  # a call past the memo (COMMRT_DEBUG): counted here
             return not tuning.settled_call()
         if tuning.timing and comm.device.type == "cuda":
-            import torch  # lazy: schedules need no torch; NCCL calls return once enqueued
-
-            torch.cuda.synchronize(comm.device)
+            comm.synchronize()  # NCCL calls return once enqueued: time the work itself
         if not tuning.record(time.perf_counter() - started_s):
             return False
         tuning.advance(agree(comm, tuning))
@@ -268,7 +270,7 @@ class Auto(Algorithm):
         alg = next(a for a in candidates(p) if label(a) == name)
         t = dict(choice.candidates).get(name)
         if t is None:  # left out of the table as a sure loser: priced now
-            t = estimate(alg, p, choice.nbytes, choice.network, itemsize=_itemsize(choice.nbytes))
+            t = choice.network.estimate(alg, p, choice.nbytes, itemsize=_itemsize(choice.nbytes))
         return _choice(p, choice.nbytes, alg, t, choice.candidates, choice.network)
 
     def schedule(
@@ -314,7 +316,7 @@ def _second(choice: Choice) -> Algorithm | None:
     if not others:
         return None
     p, n, net = choice.world_size, choice.nbytes, choice.network
-    return min(others, key=lambda a: estimate(a, p, n, net, itemsize=_itemsize(n)))
+    return min(others, key=lambda a: net.estimate(a, p, n, itemsize=_itemsize(n)))
 
 
 def _choice(p: int, nbytes: int, alg: Algorithm, t: float, table, network) -> Choice:

@@ -383,9 +383,9 @@ def agreed_time(table) -> float:
 
 
 def agree(comm, tuning: Tuning) -> list[list[float]]:
-    """This phase's times of every rank, on every rank (collective: every rank, same call)."""
-    from commrt.collectives.rows import (
-        gather,  # lazy: the decision logic above needs no communicator
-    )
+    """This phase's times of every rank, on every rank (collective: every rank, same call).
 
-    return gather(comm, tuning.times)
+    ``comm`` gathers them: a :class:`commrt.tuning.context.Context`, whose ``gather_rows``
+    is :func:`commrt.collectives.rows.gather`. The decision logic above needs no
+    communicator, and this module imports none."""
+    return comm.gather_rows(tuning.times)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
+from commrt.algorithms.names import BACKUP, key, named
 from commrt.schedule import Collective, Schedule
 
 
@@ -58,16 +59,25 @@ class BackupWorkers(Algorithm):
     dead_after_s: float = 2.0
 
     name = "backup"
+    family = "backup"
 
     def __post_init__(self):
-        from commrt.algorithms import resolve
-
         if isinstance(self.backups, bool) or not isinstance(self.backups, int) or self.backups < 0:
             raise ValueError(
                 f"BackupWorkers backups must be a non-negative integer, got {self.backups!r}"
             )
-        inner = resolve(self.inner)
-        if isinstance(inner, BackupWorkers) or not inner.supports(Collective.ALL_REDUCE):
+        inner = self.inner
+        if isinstance(inner, str):  # "backup" is refused below, as the instance would be
+            inner = None if key(inner) == BACKUP else named(inner)
+        elif not isinstance(inner, Algorithm):
+            raise TypeError(
+                f"algorithm must be a name or an Algorithm instance, got {type(inner).__name__}"
+            )
+        if (
+            inner is None
+            or isinstance(inner, BackupWorkers)
+            or not inner.supports(Collective.ALL_REDUCE)
+        ):
             raise ValueError(
                 f"BackupWorkers inner must be an all-reduce algorithm (ring, "
                 f"halving_doubling, torus2d, auto), got {self.inner!r}"

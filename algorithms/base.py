@@ -13,10 +13,32 @@ class Algorithm(abc.ABC):
 
     Subclasses are frozen dataclasses that carry their options, so an
     instance is hashable and its schedules can be cached per world size.
+
+    Every hook that another part of commrt calls is declared here, with its
+    default: the collectives call :meth:`select`, :meth:`observe` and
+    :meth:`settled_watch` (and read :attr:`learns`), the simulator
+    :meth:`on_network` and :meth:`select`, GradientSync :attr:`family` and
+    :meth:`sync_policy`. Callers call them directly, never by looking for them.
+    Pricing is not a hook: :mod:`commrt.sim.pricing` knows the closed forms by
+    algorithm type.
+
+    The ``comm`` these hooks receive is what the layer above hands down: a
+    :class:`commrt.tuning.context.Context` (a communicator as a choice sees it:
+    ``rank``, ``world_size``, ``device``, ``slots``, ``local_size`` as every rank
+    agreed, ``network()`` probed, ``gather_rows()``, ``synchronize()``), or any object
+    with the attributes an algorithm reads. Algorithms never import the
+    communicator, the simulator or the probe: what they need of them comes in
+    through ``comm`` and through the network they are given.
     """
 
     #: name accepted by ``algorithm="..."``
     name: ClassVar[str]
+    #: which GradientSync family runs it: "allreduce" (every bucket all-reduced), "gossip"
+    #: or "backup"; :mod:`commrt.sync.families` maps each to its policy class
+    family: ClassVar[str] = "allreduce"
+    #: whether :meth:`select` may answer differently as :meth:`observe` learns: the
+    #: collectives then time each call and report it to :meth:`observe`
+    learns: ClassVar[bool] = False
 
     @abc.abstractmethod
     def schedule(
@@ -30,16 +52,45 @@ class Algorithm(abc.ABC):
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
         """The all-reduce schedule to run on a buffer of ``nbytes``.
 
-        ``comm`` (a :class:`~commrt.Communicator`, optional) gives context:
-        ranks per node for shape choices, and a place to cache what a
-        size-aware algorithm probed. Called collectively (every rank, same
+        ``comm`` (optional, see the class doc) gives context: ranks per node
+        for shape choices, a probed network, and a place to cache what a
+        size-aware algorithm chose. Called collectively (every rank, same
         order), so implementations may communicate. Default: the one
         schedule for ``world_size``.
         """
         return self.schedule(world_size)
 
     def supports(self, collective: Collective) -> bool:
+        """Whether :meth:`schedule` can build ``collective``. Default: all-reduce only."""
         return collective is Collective.ALL_REDUCE
+
+    def observe(self, comm, nbytes: int, started_s: float) -> bool:
+        """After a call ran :meth:`select`'s schedule for ``nbytes`` (started at
+        ``time.perf_counter()`` = ``started_s``): learn from it. Called only where
+        :attr:`learns`, collectively. Returns whether the size is settled (:meth:`select`
+        keeps its answer and wants no more observing). Default: settled, nothing learned.
+        """
+        return True
+
+    def settled_watch(self, comm, nbytes: int):
+        """What counts the calls of a settled size's kept schedule, or None (default).
+
+        ``commrt.collectives.memo`` calls its ``settled_call()`` after each call it runs
+        without :meth:`select`; True there brings the next calls back to :meth:`observe`.
+        """
+        return None
+
+    def on_network(self, network) -> "Algorithm":
+        """This algorithm as it chooses on ``network`` (a :class:`commrt.sim.Network`):
+        the simulator asks, so that an algorithm that chooses by the network
+        (``auto``) chooses for the simulated one. Default: itself."""
+        return self
+
+    def sync_policy(self):
+        """A :class:`commrt.sync.Policy` of the algorithm's own for GradientSync, or None
+        (default) for the policy of its :attr:`family`. A family defined outside commrt
+        returns its own here; algorithms shipped with commrt name a family instead."""
+        return None
 
     def __str__(self) -> str:
         return self.name

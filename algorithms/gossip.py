@@ -83,6 +83,7 @@ class Gossip(Algorithm):
     seed: int = 0
     asynchronous: bool = False
     name = "gossip"
+    family = "gossip"
 
     def __post_init__(self):
         try:

@@ -18,8 +18,6 @@ from typing import Sequence
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import fold_in, fold_out, split_core
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step
-from commrt.sim.network import Link
-from commrt.sim.pricing import halving_doubling_time
 
 
 @dataclass(frozen=True)
@@ -34,11 +32,6 @@ class HalvingDoubling(Algorithm):
     """
 
     name = "halving_doubling"
-
-    def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
-        """All-reduce seconds on one link class, by :func:`commrt.sim.pricing.halving_doubling_time`
-        (what :func:`commrt.sim.closed_form` and ``auto`` price it with)."""
-        return halving_doubling_time(world_size, nbytes, link, gamma)
 
     def supports(self, collective: Collective) -> bool:
         """All-reduce on any p; reduce-scatter and all-gather (the halving or the doubling

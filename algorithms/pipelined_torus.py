@@ -62,8 +62,6 @@ from typing import Sequence
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.torus import PHASES, Torus2D, grid_phases, nodes_of
 from commrt.schedule import Collective, Schedule, Step, Steps
-from commrt.sim.network import Link
-from commrt.sim.pricing import torus_time
 
 __all__ = ["PipelinedTorus2D", "segments_for", "MAX_SEGMENTS"]
 
@@ -147,17 +145,6 @@ class PipelinedTorus2D(Algorithm):
         """Steps of one segment: 2(X − 1) row steps, and 2 column steps (direct) or 2(Y − 1)."""
         column = (2 if rows > 1 else 0) if self.direct else 2 * (rows - 1)
         return 2 * (cols - 1) + column
-
-    def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
-        """One link class: one α per step, and the ring's bytes and additions (nothing
-        overlaps when one port carries every message)."""
-        rows, cols = self.shape(world_size)
-        if rows * cols <= 1:
-            return 0.0
-        steps = self.depth(rows, cols) + (self.segments or self.DEFAULT_SEGMENTS) - 1
-        # torus_time's α term is for its own 2(X+Y-2) steps: take it out, count ours
-        base = torus_time(rows, cols, nbytes, link, gamma) - 2 * (rows + cols - 2) * link.alpha_s
-        return base + steps * link.alpha_s
 
     @functools.lru_cache(maxsize=256)
     def schedule(

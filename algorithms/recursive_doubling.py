@@ -21,8 +21,6 @@ from typing import Sequence
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import fold_in, fold_out, pairwise_exchange, split_core
 from commrt.schedule import Collective, Schedule
-from commrt.sim.network import Link
-from commrt.sim.pricing import recursive_doubling_time
 
 
 @dataclass(frozen=True)
@@ -37,11 +35,6 @@ class RecursiveDoubling(Algorithm):
     """
 
     name = "recursive_doubling"
-
-    def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
-        """All-reduce seconds on one link class, by
-        :func:`commrt.sim.pricing.recursive_doubling_time` (what :func:`commrt.sim.closed_form` and ``auto`` price it with)."""
-        return recursive_doubling_time(world_size, nbytes, link, gamma)
 
     @functools.lru_cache(maxsize=256)
     def schedule(

@@ -1,5 +1,9 @@
 """The algorithm registry: the names ``algorithm="..."`` accepts and :func:`resolve`.
 
+The table of names is :mod:`commrt.algorithms.names`, which
+:class:`~commrt.algorithms.BackupWorkers` reads for its inner algorithm; this
+module adds backup workers' own name. The simulator resolves names here too.
+
 Example::
 
     >>> from commrt.algorithms.registry import resolve
@@ -11,33 +15,12 @@ from __future__ import annotations
 
 import functools
 
-from commrt.algorithms.auto import Auto
 from commrt.algorithms.backup import BackupWorkers
 from commrt.algorithms.base import Algorithm
-from commrt.algorithms.gossip import Gossip
-from commrt.algorithms.halving_doubling import HalvingDoubling
-from commrt.algorithms.pipelined_torus import PipelinedTorus2D
-from commrt.algorithms.recursive_doubling import RecursiveDoubling
-from commrt.algorithms.ring import Ring
-from commrt.algorithms.torus import Torus2D
-from commrt.sim.naming import use_resolver
+from commrt.algorithms.names import BACKUP, NAMES, key, named
 
 __all__ = ["resolve", "NAMES", "DEFAULT_ALGORITHM"]
 
-_BY_NAME = {
-    "ring": Ring,
-    "halving_doubling": HalvingDoubling,
-    "hd": HalvingDoubling,
-    "recursive_doubling": RecursiveDoubling,
-    "rd": RecursiveDoubling,
-    "torus2d": Torus2D,
-    "torus2d_pipelined": PipelinedTorus2D,
-    "auto": Auto,
-    "backup": BackupWorkers,  # b = 1
-    "gossip": Gossip,
-}
-#: names accepted by ``algorithm="..."``
-NAMES = tuple(sorted(_BY_NAME))
 #: what ``algorithm=`` defaults to in :class:`commrt.GradientSync` and :func:`commrt.all_reduce`
 DEFAULT_ALGORITHM = "ring"
 
@@ -59,14 +42,6 @@ def resolve(algorithm: "str | Algorithm") -> Algorithm:
 
 @functools.lru_cache(maxsize=64)
 def _named(name: str) -> Algorithm:
-    cls = _BY_NAME.get(name.lower().replace("-", "_"))
-    if cls is None:
-        raise ValueError(
-            f"unknown algorithm {name!r}; choose one of {', '.join(NAMES)} "
-            f"or pass an instance such as commrt.algorithms.Ring()"
-        )
-    return cls()
-
-
-# The simulator takes names too but may not import the algorithms (they import it).
-use_resolver(resolve)
+    if key(name) == BACKUP:
+        return BackupWorkers()  # b = 1
+    return named(name)

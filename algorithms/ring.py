@@ -13,8 +13,6 @@ from typing import Sequence
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import ring_all_gather, ring_reduce_scatter
 from commrt.schedule import Collective, Schedule, Steps
-from commrt.sim.network import Link
-from commrt.sim.pricing import ring_time
 
 
 @dataclass(frozen=True)
@@ -29,11 +27,6 @@ class Ring(Algorithm):
     """
 
     name = "ring"
-
-    def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
-        """All-reduce seconds on one link class, by :func:`commrt.sim.pricing.ring_time`
-        (what :func:`commrt.sim.closed_form` and ``auto`` price it with)."""
-        return ring_time(world_size, nbytes, link, gamma)
 
     def supports(self, collective: Collective) -> bool:
         return True

@@ -19,8 +19,8 @@ while every rank still sends the ring's 2(p−1)/p · n bytes: most of them,
 2(X−1)/X · n, along rows, and only 2(Y−1)/p · n along columns.
 
 **Default shape** (``Torus2D()`` with neither ``rows`` nor ``cols``): when
-the launcher says how many ranks share a node (``comm.local_size``, agreed
-across ranks by ``commrt.tuning.topology.ranks_per_node(comm)``) and that number L divides p
+the launcher says how many ranks share a node (``comm.local_size``, which the
+layer above agrees across ranks: :class:`commrt.tuning.context.Context`) and that number L divides p
 with 1 < L < p, the grid is (p/L) × L: one row per
 node, so the heavy row traffic stays inside a node and only the 1/L-sized
 shards cross the network, as in the paper. Otherwise (no launcher
@@ -65,8 +65,6 @@ from commrt.algorithms.fragments import (
     split_block,
 )
 from commrt.schedule import Collective, Schedule, Steps, parallel
-from commrt.sim.network import Link
-from commrt.sim.pricing import torus_time
 
 __all__ = ["Torus2D", "square_shape", "grid_phases", "nodes_of"]
 
@@ -126,17 +124,12 @@ def grid_phases(
 
 
 def nodes_of(comm) -> int | None:
-    """Ranks per node as ``comm`` knows it: agreed across ranks for a
-    :class:`~commrt.Communicator` (:func:`commrt.tuning.topology.ranks_per_node`, collective on
-    the first call), else the object's ``local_size``, if any."""
-    from commrt.runtime.communicator import (
-        Communicator,  # runtime types stay out of the schedules' import
-    )
+    """Ranks per node as ``comm`` says it (its ``local_size``), None if it does not.
 
-    if isinstance(comm, Communicator):
-        from commrt.tuning.topology import ranks_per_node
-
-        return ranks_per_node(comm)
+    The number is taken as given: the layers above hand down a
+    :class:`commrt.tuning.context.Context`, whose ``local_size`` every rank agreed on
+    (:func:`commrt.tuning.topology.ranks_per_node`), so that all ranks pick the same grid.
+    """
     return getattr(comm, "local_size", None)
 
 
@@ -174,11 +167,6 @@ class Torus2D(Algorithm):
     cols: int | None = None
 
     name = "torus2d"
-
-    def closed_form(self, world_size: int, nbytes: float, link: Link, gamma: float = 0.0) -> float:
-        """All-reduce seconds on one link class, by :func:`commrt.sim.pricing.torus_time`
-        (what :func:`commrt.sim.closed_form` and ``auto`` price it with)."""
-        return torus_time(*self.shape(world_size), nbytes, link, gamma)
 
     def __post_init__(self):
         _check_dim("rows", self.rows)
@@ -252,9 +240,9 @@ class Torus2D(Algorithm):
     def select(self, world_size: int, nbytes: int, comm=None) -> Schedule:
         """The schedule for ``world_size`` ranks, one row per node if ``comm`` knows the nodes.
 
-        A :class:`~commrt.Communicator` agrees on ranks per node across ranks
-        (:func:`commrt.tuning.topology.ranks_per_node`: collective, on the first
-        call); other objects are asked for ``local_size``.
+        ``comm`` is asked for ``local_size`` (:func:`nodes_of`); a
+        :class:`commrt.tuning.context.Context` answers as every rank agreed (collective,
+        on the first ask).
         """
         rows, cols = self.shape(world_size, nodes_of(comm))
         if (rows, cols) == (self.rows, self.cols):

@@ -35,6 +35,7 @@ from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError
 from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where, engine_error
+from commrt.tuning.context import Context
 
 #: dtypes :func:`all_reduce` accepts (integers with ``op="sum"`` only)
 SUPPORTED_DTYPES = (
@@ -179,15 +180,15 @@ def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
     key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
     if comm.debug or key not in slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
-    observe = getattr(alg, "observe", None)
-    ran = _run(tensor, comm, alg.select, average, timeout, tracer, observe)
+    context = Context(comm)  # what select and observe may ask of the communicator
+    observe = alg.observe if alg.learns else None
+    ran = _run(tensor, comm, alg.select, average, timeout, tracer, observe, context)
     if ran is None or comm.debug or not ran[1]:
         return tensor
     # a fixed algorithm keeps what select chose on this first call; one that learned for
     # this size keeps what it settled on (perhaps not the schedule this call tried)
-    kept = ran[0] if observe is None else alg.select(comm.world_size, ran[2], comm)
-    watching = getattr(alg, "settled_watch", None)
-    watch = None if watching is None else watching(comm, ran[2])
+    kept = ran[0] if observe is None else alg.select(comm.world_size, ran[2], context)
+    watch = alg.settled_watch(context, ran[2])
     remember(slots, SettledCall(algorithm, given, average, tensor, kept, known, watch))
     return tensor
 
@@ -256,24 +257,34 @@ def _enter(comm: Communicator) -> None:
 
 
 def _run(
-    tensor: torch.Tensor, comm: Communicator, pick, average: bool, timeout, tracer, observe=None
+    tensor: torch.Tensor,
+    comm: Communicator,
+    pick,
+    average: bool,
+    timeout,
+    tracer,
+    observe=None,
+    context: Context | None = None,
 ) -> tuple | None:
-    """Run ``pick(world_size, nbytes, comm)``'s schedule in place on ``tensor`` (through a
-    contiguous copy if needed); then ``observe(comm, nbytes, started)`` (``auto`` learns
-    from its own timings: commrt.algorithms.auto_learn). Returns ``(schedule, settled,
-    nbytes)`` (``settled``: what observe returned), or None where nothing was sent."""
+    """Run ``pick(world_size, nbytes, context)``'s schedule in place on ``tensor`` (through
+    a contiguous copy if needed); then ``observe(context, nbytes, started)`` (``auto``
+    learns from its own timings: commrt.algorithms.auto_learn). ``context``: the
+    communicator as the algorithm's hooks see it (default: ``comm`` itself). Returns
+    ``(schedule, settled, nbytes)`` (``settled``: what observe returned), or None where
+    nothing was sent."""
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
     nbytes = work.nbytes
     ran = None
     if comm.world_size > 1 and nbytes:
         # one lock around both: pick may probe the network (a collective) on first use
         with comm.lock:
-            schedule = pick(comm.world_size, nbytes, comm)
+            context = comm if context is None else context
+            schedule = pick(comm.world_size, nbytes, context)
             started = time.perf_counter()
             comm.run_schedule(
                 schedule, work, timeout=timeout, average=average, tracer=tracer, owner=work
             )
-            settled = observe is None or observe(comm, nbytes, started)
+            settled = observe is None or observe(context, nbytes, started)
             ran = (schedule, settled, nbytes)
     if work is not tensor:
         tensor.copy_(work)

@@ -32,6 +32,7 @@ from commrt.kernels import pack
 from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where
+from commrt.tuning.context import Context
 
 R = dist.ReduceOp
 
@@ -156,7 +157,8 @@ def _reduce_other(dc: DeviceContext, t: torch.Tensor, op: str) -> None:
     work = t if t.is_contiguous() else t.contiguous()
     if comm.world_size > 1 and work.numel():
         with comm.lock:
-            sched = dc.algorithm.select(comm.world_size, work.numel() * work.element_size(), comm)
+            nbytes = work.numel() * work.element_size()
+            sched = dc.algorithm.select(comm.world_size, nbytes, Context(comm))
             dc.executor(op).run(
                 sched,
                 work,

@@ -1,12 +1,16 @@
 """The cost simulator: real :class:`~commrt.Schedule` objects under an α-β network.
 
-Rooms: :mod:`~commrt.sim.network` (links, nodes, NICs), :mod:`~commrt.sim.pricing`
-(closed forms, :func:`estimate`, :func:`price_all`), :mod:`~commrt.sim.replay`
-(:func:`simulate`), :mod:`~commrt.sim.gossip` (:func:`simulate_gossip`),
-:mod:`~commrt.sim.stragglers` (delays, arrivals, :func:`simulate_steps`,
-:func:`simulate_backup`) and :mod:`~commrt.sim.control` (backup workers'
-control store: cost per global step, :func:`~commrt.sim.control.control_cost`). Algorithms are handed in (or named, see
-:mod:`~commrt.sim.naming`); the simulator never imports :mod:`commrt.algorithms`.
+Rooms, bottom up: :mod:`~commrt.sim.links` (link classes, per-step overheads),
+:mod:`~commrt.sim.replay` (the replay of one schedule), :mod:`~commrt.sim.pricing`
+(closed forms by algorithm type, :func:`estimate`, :func:`price_all`),
+:mod:`~commrt.sim.network` (nodes and NICs; a network prices algorithms on itself),
+:mod:`~commrt.sim.run` (:func:`simulate`), :mod:`~commrt.sim.gossip`
+(:func:`simulate_gossip`), :mod:`~commrt.sim.stragglers` (delays, arrivals,
+:func:`simulate_steps`, :func:`simulate_backup`) and :mod:`~commrt.sim.control`
+(backup workers' control store: cost per global step,
+:func:`~commrt.sim.control.control_cost`). The simulator sits above
+:mod:`commrt.algorithms`: it takes instances or names (resolved by
+:func:`commrt.algorithms.resolve`), and the algorithms never import it.
 
 :func:`simulate` walks ``schedule.steps`` (the same lazily built
 :class:`~commrt.schedule.Step` objects the executor runs) with numpy on each
@@ -110,7 +114,8 @@ from commrt.sim.pricing import (
     ring_time,
     torus_time,
 )
-from commrt.sim.replay import SimResult, StepCost, simulate
+from commrt.sim.replay import SimResult, StepCost
+from commrt.sim.run import simulate
 from commrt.sim.stragglers import (
     BackupStats,
     Delay,

@@ -87,7 +87,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from commrt.sim.network import check_number
+from commrt.sim.links import check_number
 
 __all__ = ["StoreCost", "ControlCost", "control_cost", "first_saturated"]
 

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from commrt.sim.network import Network
-from commrt.sim.replay import simulate
+from commrt.sim.run import simulate
 
 __all__ = ["GossipSim", "simulate_gossip"]
 

@@ -1,22 +1,34 @@
 """Closed forms of the all-reduce algorithms on one link class, and pricing with them:
 :func:`estimate` (closed form where exact, else a replay) and :func:`price_all` (skips
-candidates whose lower bound already loses)."""
+candidates whose lower bound already loses).
+
+The algorithms are schedules only; which closed form prices which of them is decided
+here, by its type (:func:`closed_form`). :class:`~commrt.sim.network.Network` offers
+:func:`estimate` and :func:`price_all` as methods, so ``auto`` prices its candidates on
+the network it holds without importing the simulator.
+"""
 
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.pipelined_torus import PipelinedTorus2D
+from commrt.algorithms.recursive_doubling import RecursiveDoubling
+from commrt.algorithms.registry import resolve
+from commrt.algorithms.ring import Ring
+from commrt.algorithms.torus import Torus2D
 from commrt.schedule import Schedule
-from commrt.sim.naming import as_algorithm
-from commrt.sim.network import Link, Network
-from commrt.sim.replay import simulate
+from commrt.sim.links import Link
+from commrt.sim.replay import replay
 
 __all__ = [
     "ring_time",
     "halving_doubling_time",
     "recursive_doubling_time",
     "torus_time",
+    "pipelined_torus_time",
     "closed_form",
     "estimate",
     "price_all",
@@ -66,45 +78,59 @@ def torus_time(rows: int, cols: int, nbytes: float, link: Link, gamma: float = 0
     return 2 * (rows + cols - 2) * link.alpha_s + (p - 1) / p * nbytes * per_byte
 
 
+def pipelined_torus_time(
+    alg: PipelinedTorus2D, world_size: int, nbytes: float, link: Link, gamma: float = 0.0
+) -> float:
+    """The pipelined torus on one link class: one α per step of its pipeline, and the
+    ring's bytes and additions (nothing overlaps when one port carries every message)."""
+    rows, cols = alg.shape(world_size)
+    if rows * cols <= 1:
+        return 0.0
+    steps = alg.depth(rows, cols) + (alg.segments or alg.DEFAULT_SEGMENTS) - 1
+    # torus_time's α term is for its own 2(X+Y-2) steps: take it out, count ours
+    base = torus_time(rows, cols, nbytes, link, gamma) - 2 * (rows + cols - 2) * link.alpha_s
+    return base + steps * link.alpha_s
+
+
 def closed_form(
     algorithm, world_size: int, nbytes: float, link: Link, gamma: float = 0.0
 ) -> float | None:
     """The α-β(-γ) closed form for ``algorithm`` on one link class, or None if it has none.
 
-    ``algorithm`` (an instance or a name) answers through its own
-    ``closed_form(world_size, nbytes, link, gamma)`` method, which ring,
-    halving-doubling, recursive doubling and the 2D torus have. A
-    :class:`~commrt.algorithms.Torus2D` without a shape is priced on the grid it
-    picks without a communicator (the most square one).
+    ``algorithm`` is an instance or a name. Ring, halving-doubling, recursive
+    doubling, the 2D torus and the pipelined torus (and their subclasses) have
+    one. A :class:`~commrt.algorithms.Torus2D` without a shape is priced on the
+    grid it picks without a communicator (the most square one).
     """
-    alg = as_algorithm(algorithm)
-    # Each algorithm that has a closed form prices itself with the functions above.
-    price = getattr(alg, "closed_form", None)
-    return None if price is None else price(world_size, nbytes, link, gamma)
+    alg = resolve(algorithm)
+    if isinstance(alg, Ring):
+        return ring_time(world_size, nbytes, link, gamma)
+    if isinstance(alg, HalvingDoubling):
+        return halving_doubling_time(world_size, nbytes, link, gamma)
+    if isinstance(alg, RecursiveDoubling):
+        return recursive_doubling_time(world_size, nbytes, link, gamma)
+    if isinstance(alg, Torus2D):
+        return torus_time(*alg.shape(world_size), nbytes, link, gamma)
+    if isinstance(alg, PipelinedTorus2D):
+        return pipelined_torus_time(alg, world_size, nbytes, link, gamma)
+    return None
 
 
-def estimate(
-    algorithm, world_size: int, nbytes: int, network: "Network", *, itemsize: int = 4
-) -> float:
-    """Predicted all-reduce time: the closed form where one link class carries every
-    message and the algorithm has one, else :func:`simulate` of its schedule."""
+def estimate(algorithm, world_size: int, nbytes: int, network, *, itemsize: int = 4) -> float:
+    """Predicted all-reduce time on ``network`` (a :class:`~commrt.sim.Network`): the
+    closed form where one link class carries every message and the algorithm has one,
+    else a replay of its schedule (:func:`commrt.sim.simulate`)."""
     link = network.single_class(world_size)
     # the closed forms are α-β: with per-step overheads only the replay prices right
     if link is not None and network.overhead is None and not isinstance(algorithm, Schedule):
         t = closed_form(algorithm, world_size, nbytes, link, network.gamma_s_per_byte)
         if t is not None:
             return t
-    return simulate(algorithm, world_size, nbytes, network=network, itemsize=itemsize).time_s
+    return replay(algorithm, world_size, nbytes, network, itemsize=itemsize).time_s
 
 
 def price_all(
-    algorithms: Sequence,
-    world_size: int,
-    nbytes: int,
-    network: "Network",
-    *,
-    itemsize: int = 4,
-    price=None,
+    algorithms: Sequence, world_size: int, nbytes: int, network, *, itemsize: int = 4, price=None
 ) -> list[float | None]:
     """:func:`estimate` for each algorithm, skipping those that cannot be the fastest.
 

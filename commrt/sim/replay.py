@@ -1,6 +1,11 @@
 """Replay of a real :class:`~commrt.Schedule` under a :class:`~commrt.sim.network.Network`:
-:func:`simulate`, its result (:class:`SimResult`, :class:`StepCost`) and the per-step
-message and clock arithmetic (:class:`Replayer`); the model is in :mod:`commrt.sim`."""
+:func:`replay`, its result (:class:`SimResult`, :class:`StepCost`) and the per-step
+message and clock arithmetic (:class:`Replayer`); the model is in :mod:`commrt.sim`.
+
+It reads the network it is handed and never imports :mod:`commrt.sim.network`, which
+prices algorithms with it (through :mod:`commrt.sim.pricing`); the public
+:func:`commrt.sim.simulate`, which supplies a default network, is
+:mod:`commrt.sim.run`."""
 
 from __future__ import annotations
 
@@ -9,11 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
+from commrt.algorithms.registry import resolve
 from commrt.schedule import RECV_REDUCE, SEND, Collective, Schedule, Step
-from commrt.sim.naming import as_algorithm
-from commrt.sim.network import GB, Network, fmt_bytes
+from commrt.sim.links import GB, fmt_bytes
 
-__all__ = ["StepCost", "SimResult", "Replayer", "as_schedule", "simulate"]
+__all__ = ["StepCost", "SimResult", "Replayer", "as_schedule", "replay"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class SimResult:
     name: str
     world_size: int
     nbytes: int
-    network: Network
+    network: object  # the commrt.sim.Network it was replayed on
     time_s: float
     collective: Collective = field(repr=False)
     start_s: float = field(repr=False)
@@ -127,10 +132,8 @@ class SimResult:
         return self.table()
 
 
-def as_schedule(
-    algorithm_or_schedule, world_size: int | None, nbytes: int, network: Network
-) -> Schedule:
-    """A Schedule, an Algorithm instance or a name -> the schedule to replay."""
+def as_schedule(algorithm_or_schedule, world_size: int | None, nbytes: int, network) -> Schedule:
+    """A Schedule, an Algorithm instance or a name -> the schedule to replay on ``network``."""
     if isinstance(algorithm_or_schedule, Schedule):
         s = algorithm_or_schedule
         if world_size is not None and world_size != s.world_size:
@@ -138,16 +141,13 @@ def as_schedule(
                 f"the schedule {s.name!r} is for world_size {s.world_size}, not {world_size}"
             )
         return s
-    alg = as_algorithm(algorithm_or_schedule)
+    alg = resolve(algorithm_or_schedule)
     if world_size is None:
         raise ValueError(
             "simulate() needs world_size when given an algorithm rather than a Schedule"
         )
-    # An algorithm that chooses by the network ("auto") chooses for the simulated one.
-    on_network = getattr(alg, "on_network", None)
-    if on_network is not None:
-        alg = on_network(network)
-    return alg.select(world_size, nbytes)
+    # an algorithm that chooses by the network ("auto") chooses for the simulated one
+    return alg.on_network(network).select(world_size, nbytes)
 
 
 def _bounds(numel: int, num_chunks: int) -> np.ndarray:
@@ -160,7 +160,7 @@ def _bounds(numel: int, num_chunks: int) -> np.ndarray:
 class Replayer:
     """Message times and the per-rank clock update of one step (see module doc)."""
 
-    def __init__(self, schedule: Schedule, nbytes: int, network: Network, itemsize: int):
+    def __init__(self, schedule: Schedule, nbytes: int, network, itemsize: int):
         if itemsize < 1:
             raise ValueError(f"itemsize must be a positive number of bytes, got {itemsize}")
         if nbytes < 0 or nbytes % itemsize:
@@ -271,31 +271,18 @@ class Replayer:
         return new, float(fin.max())
 
 
-def simulate(
+def replay(
     algorithm_or_schedule,
-    world_size: int | None = None,
-    nbytes: int = 1 << 20,
-    network: Network | None = None,
+    world_size: int | None,
+    nbytes: int,
+    network,
     *,
     itemsize: int = 4,
     start_s: Sequence[float] | np.ndarray | None = None,
 ) -> SimResult:
-    """Replay a schedule under ``network``; return its time and per-step costs.
-
-    ``algorithm_or_schedule``: a :class:`~commrt.Schedule`, an
-    :class:`~commrt.algorithms.Algorithm` instance or a name (``"ring"``,
-    ``"hd"``, ...); an algorithm is asked for ``select(world_size, nbytes)``,
-    the same schedule ``commrt.all_reduce`` runs. A Schedule may be of any
-    collective (reduce-scatter, all-gather, a subset of ranks); ``nbytes`` is the buffer
-    size, a multiple of ``itemsize`` (the element size: chunks are cut in
-    elements, as the executor cuts them). ``network`` defaults to
-    :meth:`Network.h100_nvlink_ib`. ``start_s`` (one per rank) lets ranks
-    enter the collective at different times (stragglers); each rank then
-    proceeds as soon as its own peers are ready.
-    """
-    network = Network.h100_nvlink_ib() if network is None else network
-    if not isinstance(network, Network):
-        raise TypeError(f"network must be a commrt.sim.Network, got {type(network).__name__}")
+    """Replay a schedule under ``network`` (a :class:`~commrt.sim.Network`); return its
+    time and per-step costs. :func:`commrt.sim.simulate` is this with the network checked
+    and defaulted; see it for the arguments."""
     sched = as_schedule(algorithm_or_schedule, world_size, nbytes, network)
     rp = Replayer(sched, int(nbytes), network, int(itemsize))
     p = sched.world_size

@@ -9,8 +9,10 @@ from typing import Sequence
 
 import numpy as np
 
-from commrt.sim.network import Network, check_number, fmt_bytes
-from commrt.sim.replay import Replayer, as_schedule, simulate
+from commrt.sim.links import check_number, fmt_bytes
+from commrt.sim.network import Network
+from commrt.sim.replay import Replayer, as_schedule
+from commrt.sim.run import simulate
 
 __all__ = [
     "NoDelay",

@@ -15,6 +15,7 @@ import torch
 
 from commrt.sync.join import JoinCount
 from commrt.sync.policy import Policy, SyncContext
+from commrt.tuning.context import Context
 
 
 class AllReducePolicy(Policy):
@@ -27,8 +28,9 @@ class AllReducePolicy(Policy):
         self.ctx = ctx
         comm = ctx.comm
         # Called collectively, in bucket order: size-aware algorithms may probe here.
+        where = Context(comm)
         self.schedules = [
-            self.algorithm.select(comm.world_size, b.numel * ctx.element_size, comm)
+            self.algorithm.select(comm.world_size, b.numel * ctx.element_size, where)
             for b in ctx.buckets
         ]
         for schedule, buf in zip(self.schedules, ctx.buffers):

@@ -29,8 +29,9 @@ An all-reduce family scales by 1/p and runs one schedule per bucket
 (:mod:`commrt.sync.allreduce`); a gossip family scales by 1/2 and picks this
 step's peer; a backup-worker family decides in ``begin_step`` who takes
 part. Which policy serves an algorithm is decided by
-:func:`commrt.sync.families.policy_for`: an algorithm may offer its own
-(a ``sync_policy()`` method), otherwise its type picks one.
+:func:`commrt.sync.families.policy_for`: an algorithm may return its own
+from ``sync_policy()``, otherwise its ``family`` names one (both declared on
+:class:`~commrt.algorithms.Algorithm`).
 
 Example (a family that sums instead of averaging)::
 

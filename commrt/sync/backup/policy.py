@@ -27,6 +27,7 @@ from commrt.sync.backup.recovery import Reduction
 from commrt.sync.backup.rejoin import announce, check_rejoin, enter
 from commrt.sync.policy import Policy, SyncContext
 from commrt.sync.report import render_rows
+from commrt.tuning.context import Context
 
 
 @dataclass
@@ -349,7 +350,8 @@ def _inners(ctx: SyncContext, alg, n: int, rejoined: bool) -> list:
     fails here, on every rank). ``rejoined``: for a replacement (no ``auto``)."""
     if rejoined:
         check_rejoin(alg.inner)
-    inner = [inner_for(alg.inner, n, b.numel * ctx.element_size, ctx.comm) for b in ctx.buckets]
+    where = Context(ctx.comm)  # what auto's choice may ask of the communicator (a probe)
+    inner = [inner_for(alg.inner, n, b.numel * ctx.element_size, where) for b in ctx.buckets]
     for a in dict.fromkeys(inner):
         a.schedule(ctx.comm.world_size, tuple(range(n)))
     return inner
