@@ -201,3 +201,137 @@ def test_nobody_reaches_into_another_objects_private_fields():
 )
 def test_the_private_field_check_sees_what_it_should(source, found):
     assert [n.attr for n in _private_reaches(ast.parse(source))] == found
+
+
+# ------------------------------------------------------------ algorithms are schedules
+#: what algorithms/ may not import, lazily or not: the simulator prices them, the runtime
+#: runs them, and the layers above call their hooks (commrt.tuning.context hands down what
+#: those hooks need of the communicator)
+ABOVE_ALGORITHMS = (
+    "commrt.sim",
+    "commrt.runtime",
+    "commrt.collectives",
+    "commrt.tuning",
+    "commrt.sync",
+    "commrt.distributed",
+)
+
+
+def _imported_names(name: str, tree: ast.AST) -> list[tuple[str, ast.AST]]:
+    """Every dotted name an import statement in ``tree`` names, with the statement."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(name, node)
+            out += [(base, node)] + [(f"{base}.{a.name}", node) for a in node.names]
+    return out
+
+
+def test_algorithms_import_neither_the_simulator_nor_the_layers_above():
+    hits = sorted(
+        {
+            f"{_where(name, node)}: imports {target}"
+            for name, tree in TREES.items()
+            if name == "commrt.algorithms" or name.startswith("commrt.algorithms.")
+            for target, node in _imported_names(name, tree)
+            if any(target == up or target.startswith(up + ".") for up in ABOVE_ALGORITHMS)
+        }
+    )
+    assert not hits, "algorithms/ imports what sits above it:\n" + "\n".join(hits)
+
+
+def _declared_hooks() -> set[str]:
+    """What :class:`commrt.algorithms.Algorithm` declares: its methods and attributes."""
+    (cls,) = [
+        n
+        for n in TREES["commrt.algorithms.base"].body
+        if isinstance(n, ast.ClassDef) and n.name == "Algorithm"
+    ]
+    names = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {n for n in names if not n.startswith("__")}
+
+
+HOOKS = _declared_hooks()
+#: names that hold an algorithm (``alg``, ``self.algorithm``, ``inner_alg``, ``dc.algorithm``)
+ALGORITHM_NAMES = ("alg", "algorithm", "algo")
+
+
+def _discoveries(tree: ast.AST, hooks: set[str]) -> list[ast.Call]:
+    """``getattr(alg, "...")`` / ``hasattr(alg, "...")`` with a string literal, where the
+    object is named like an algorithm or the literal names a hook ``Algorithm`` declares:
+    a hook looked for instead of called."""
+    hits = []
+    for node in ast.walk(tree):
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            continue
+        owner = node.args[0]
+        owner_name = (
+            owner.id
+            if isinstance(owner, ast.Name)
+            else owner.attr
+            if isinstance(owner, ast.Attribute)
+            else ""
+        )
+        stem = owner_name.lstrip("_").lower()
+        named_like = any(stem == a or stem.endswith("_" + a) for a in ALGORITHM_NAMES)
+        if named_like or node.args[1].value in hooks:
+            hits.append(node)
+    return hits
+
+
+def test_algorithm_declares_every_hook_that_others_call():
+    assert {"select", "observe", "settled_watch", "on_network", "sync_policy"} <= HOOKS
+    assert {"family", "learns", "schedule", "supports", "name"} <= HOOKS
+
+
+def test_nobody_discovers_an_algorithm_hook_with_getattr():
+    hits = [
+        f"{_where(name, node)}: {ast.unparse(node)}"
+        for name, tree in TREES.items()
+        for node in _discoveries(tree, HOOKS)
+    ]
+    assert not hits, (
+        "algorithm hooks looked up instead of called (declare them on Algorithm):\n"
+        + "\n".join(hits)
+    )
+
+
+@pytest.mark.parametrize(
+    "source,found",
+    [
+        ('observe = getattr(alg, "observe", None)', 1),
+        ('price = getattr(algorithm, "closed_form", None)', 1),
+        ('offer = getattr(self.algorithm, "sync_policy", None)', 1),
+        ('hasattr(inner_alg, "on_network")', 1),
+        ('getattr(x, "settled_watch")', 1),
+        ('getattr(comm, "local_size", None)', 0),
+        ("getattr(alg, name)", 0),
+        ("alg.observe(comm, 1, 0.0)", 0),
+    ],
+)
+def test_the_hook_discovery_check_sees_what_it_should(source, found):
+    assert len(_discoveries(ast.parse(source), HOOKS)) == found
+
+
+def test_the_import_check_sees_lazy_imports():
+    tree = ast.parse(
+        "def f():\n    from commrt.sim.pricing import ring_time\n    import commrt.tuning\n"
+    )
+    names = [t for t, _ in _imported_names("commrt.algorithms.ring", tree)]
+    assert "commrt.sim.pricing" in names and "commrt.tuning" in names
