@@ -22,7 +22,8 @@ own connection to one real TCPStore server in this process, as ranks have:
   apart.
 
 ``commrt.sim.control`` turns ``rtt``, ``op`` and ``key`` into the cost per
-step for p up to 4096 (``commrt simulate`` prints it). Run::
+step for p up to 4096 (``commrt simulate`` prints it). From the repository
+root, after ``pip install -e '.[dev]'``::
 
     python bench/bench_control_plane.py            # the table (about a minute)
     python bench/bench_control_plane.py --steps-only 100   # the protocol alone
@@ -39,8 +40,8 @@ import time
 from types import SimpleNamespace
 
 from commrt.algorithms import BackupWorkers
+from commrt.runtime.store import ControlStore, Host, host_store
 from commrt.sim.control import StoreCost, control_cost
-from commrt.store import ControlStore, Host, host_store
 from commrt.sync.backup.arrival import Arrival, Role
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import Liveness
@@ -251,16 +252,26 @@ def main(argv=None, out=print) -> dict:
     return {"ops": ops, "steps": rows}
 
 
-def test_store_round_trip(benchmark):
+def test_store_round_trip(benchmark, record_bandwidth):
     server, cs = open_store()
     c = cs.client("bench")
     benchmark(c.add, "k", 0)
     del server
+    rtt = benchmark.stats.stats.median
+    record_bandwidth("one TCPStore, threads as ranks", "one-key add", "rtt", us=rtt * 1e6)
 
 
-def test_arrival_of_eight_ranks(benchmark):
+def test_arrival_of_eight_ranks(benchmark, record_bandwidth):
     server, cs = open_store()
     result = benchmark.pedantic(lambda: measure_steps(cs, 8, steps=10), rounds=3, iterations=1)
+    record_bandwidth(
+        "one TCPStore, threads as ranks",
+        "arrival + commit",
+        "p=8",
+        ms_per_step=result["step_s"] * 1e3,
+        ops_per_step=result["ops_per_step"],
+        commit_ops=result["commit_ops_per_step"],
+    )
     assert result["ops_per_step"] >= 8 * 4  # ticket, name, poll, read: at least four each
     # the commit: each of 7 participants counts itself, checks and reads the outcome; one
     # proposes it; the late rank checks and reads it

@@ -1,6 +1,7 @@
 """Gossip (GossipGraD's one-peer exchange) next to the ring all-reduce, per training step.
 
-Run on 2, 4 and 8 ranks over MPI (every rank runs pytest; rank 0 reports)::
+From the repository root, after ``pip install -e '.[dev]'``, on 2, 4 and 8 ranks
+over MPI (every rank runs pytest; rank 0 reports)::
 
     mpiexec -n 2 python -m pytest bench/bench_gossip.py --benchmark-only    # and -n 4, -n 8
 

@@ -1,4 +1,6 @@
-"""GradientSync vs PyTorch DDP, and overlap with backward. 2 ranks::
+"""GradientSync vs PyTorch DDP, and overlap with backward.
+
+From the repository root, after ``pip install -e '.[dev]'``, on 2 ranks::
 
     mpiexec -n 2 python -m pytest bench/bench_gradsync.py --benchmark-only
 
@@ -8,6 +10,17 @@
   step time, communication time, exposed (non-overlapped) communication,
   and the extra memory GradientSync holds (flat buffers + scratch) next to
   the gradient size.
+* ``test_mlp_step_alternated``: the same MLP under four variants that take
+  turns step by step in the same processes (an order that flips every
+  round, a barrier before each step), so that a shared machine's load
+  falls on all alike (run one after the other, as ``test_mlp_step`` runs
+  them, they measure the load as much as the code): ``local`` (no
+  synchronisation: the compute floor), ``ddp-nocomm`` (DDP whose
+  communication hook hands each bucket back untouched: DDP's own bucket
+  copies and reducer, the floor for any backend), ``commrt-mpi``
+  (GradientSync over MPI) and ``ddp-gloo``. Per variant: median wall
+  and process CPU time (all threads) per step, and wall time over
+  ``ddp-gloo``'s.
 * ``test_small_layers_step``: 50 small layers (~1 MB of gradients), where
   a step is all overhead: per-step cost of GradientSync (hooks, progress
   thread, per-bucket pack/run/unpack, stats) and of DDP over gloo, each
@@ -22,6 +35,7 @@
 
 import os
 import socket
+import statistics
 import time
 
 import pytest
@@ -39,6 +53,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ROUNDS, ITERS = 5, 2
+ALTERNATED_ROUNDS = 10
 
 
 IN, HIDDEN, OUT = 512, 2560, 10
@@ -85,6 +100,56 @@ def env():
     for c in comms.values():
         c.close()
     dist.destroy_process_group()
+
+
+def _no_communication(state, bucket):
+    """A DDP communication hook that communicates nothing (the ``ddp-nocomm`` floor)."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
+class Alternated:
+    """Variants that take turns: one step of each per round, in an order that flips every
+    round, each after ``barrier()``. Wall and CPU seconds (the process's, every thread,
+    kernel time included) per variant and step."""
+
+    def __init__(self, steps: dict, barrier):
+        self.steps, self.barrier = steps, barrier
+        self.wall = {v: [] for v in steps}
+        self.cpu = {v: [] for v in steps}
+
+    def __call__(self) -> None:
+        names = list(self.steps)
+        for v in names if len(self.wall[names[0]]) % 2 == 0 else names[::-1]:
+            self.barrier()
+            c0, t0 = time.process_time(), time.perf_counter()
+            self.steps[v]()
+            self.wall[v].append(time.perf_counter() - t0)
+            self.cpu[v].append(time.process_time() - c0)
+
+    def run(self, benchmark, rounds: int) -> None:
+        """Two untimed steps of each (DDP rebuilds its buckets after the first), then
+        ``rounds`` rounds as the benchmark's (fixed count: collectives line up on every rank)."""
+        for step in self.steps.values():
+            step()
+            step()
+        benchmark.pedantic(self, rounds=rounds, iterations=1, warmup_rounds=0)
+
+    def record(
+        self, benchmark, record_bandwidth, group: str, size: str, ref: str, what: str = "step"
+    ) -> None:
+        """Per variant: median wall and CPU ms per ``what``, and wall time over ``ref``'s."""
+        base = statistics.median(self.wall[ref])
+        for v in self.steps:
+            wall = statistics.median(self.wall[v])
+            cols = {
+                f"{what}_ms": wall * 1e3,
+                "cpu_ms": statistics.median(self.cpu[v]) * 1e3,
+                f"vs_{ref}": wall / base,
+            }
+            benchmark.extra_info[v] = dict(cols, wall_s=self.wall[v], cpu_s=self.cpu[v])
+            record_bandwidth(group, v, size, **cols)
 
 
 def _rss_mb():
@@ -138,6 +203,48 @@ def test_mlp_step(benchmark, record_bandwidth, env, impl):
         sync.close()
     benchmark.extra_info.update(info)
     record_bandwidth("GradientSync vs DDP (MLP 25M, 2 ranks)", impl, "100MB", **info)
+
+
+def test_mlp_step_alternated(benchmark, record_bandwidth, env):
+    x, y = torch.randn(64, IN), torch.randint(0, OUT, (64,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def stepper(variant):
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        if variant == "commrt-mpi":
+            sync = commrt.GradientSync(model, env["mpi"])
+
+            def step():
+                loss_fn(model(x), y).backward()
+                sync.step(opt)
+
+            return step, sync
+        net = model if variant == "local" else DDP(model)
+        if variant == "ddp-nocomm":
+            net.register_comm_hook(None, _no_communication)
+
+        def step():
+            loss_fn(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return step, None
+
+    made = {v: stepper(v) for v in ("local", "ddp-nocomm", "commrt-mpi", "ddp-gloo")}
+    turns = Alternated({v: s for v, (s, _) in made.items()}, env["mpi"].barrier)
+    benchmark.group = "GradientSync vs DDP, alternated, MLP 25M params"
+    turns.run(benchmark, ALTERNATED_ROUNDS)
+    for _, sync in made.values():
+        if sync is not None:
+            sync.close()
+    turns.record(
+        benchmark,
+        record_bandwidth,
+        f"GradientSync vs DDP, alternated step by step (MLP 25M, {dist.get_world_size()} ranks)",
+        "100MB",
+        ref="ddp-gloo",
+    )
 
 
 def _small_layers(n=50, width=70):

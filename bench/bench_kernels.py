@@ -1,6 +1,6 @@
 """Kernel throughput: pack / unpack vs a plain copy and vs cat + scale.
 
-Run::
+From the repository root, after ``pip install -e '.[dev]'``::
 
     pytest bench/bench_kernels.py --benchmark-only
 

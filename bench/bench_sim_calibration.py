@@ -1,16 +1,17 @@
 """Calibration: the simulator's prediction against measured all-reduce on this machine.
 
-Run on 2 and 4 ranks over the mpi transport, or over gloo on hosts made of
-network namespaces (tests/netns.py: 4 hosts × 2 ranks, 1 Gbit/s links;
-needs root)::
+From the repository root, after ``pip install -e '.[dev]'``, on 2 and 4 ranks
+over the mpi transport, or over gloo on hosts made of network namespaces
+(tools/netns.py: 4 hosts × 2 ranks, 1 Gbit/s links; needs root)::
 
     mpiexec -n 2 python bench/bench_sim_calibration.py
+    mpiexec -n 2 python bench/bench_sim_calibration.py --sizes 64K --repeats 2   # quick
     mpiexec -n 4 python bench/bench_sim_calibration.py --json calib_p4.json
-    python tests/netns.py --hosts 4 --ranks-per-host 2 --rate 1gbit -- \
+    python tools/netns.py --hosts 4 --ranks-per-host 2 --rate 1gbit -- \
         python bench/bench_sim_calibration.py --sizes 16M,64M --iters 1 \
         --algorithms ring,torus2d,halving_doubling,auto
 
-Each run probes α and β with :func:`commrt.probe.probe` (the same probe
+Each run probes α and β with :func:`commrt.tuning.probe.probe` (the same probe
 ``algorithm="auto"`` uses; both link classes when the ranks span hosts),
 then for each algorithm (torus2d: its default grid, one row per host when
 the launcher says how many ranks share a host) at a few sizes measures
@@ -33,12 +34,13 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 import commrt
 from commrt import sim
 from commrt.algorithms import Torus2D, resolve
 from commrt.cli.bench import iterations_for, time_calls, timing_buffer
-from commrt.probe import probe
+from commrt.tuning.probe import probe
 
 DEFAULT_SIZES = "64K,1M,16M"
 DEFAULT_ALGORITHMS = "ring,torus2d,halving_doubling"
@@ -72,32 +74,38 @@ def main(argv=None) -> int:
     pr = probe(comm, repeats=args.repeats)
     net = pr.network()
     say = print if comm.rank == 0 else (lambda *a, **k: None)
+
+    def note(text: str) -> None:
+        """A ``#`` line, wrapped within 80 columns."""
+        say(textwrap.fill(text, 80, initial_indent="# ", subsequent_indent="#     "))
+
     cores = os.cpu_count()
     native_name = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce", "nccl": "ncclAllReduce"}[
         comm.backend.value
     ]
-    say(
-        f"# calibration · {comm.backend} · {p} ranks on {cores} cores"
+    note(
+        f"calibration · {comm.backend} · {p} ranks on {cores} cores"
         f"{' (oversubscribed)' if p > (cores or p) else ''}"
     )
-    say(f"# network: {net.describe()}")
-    say(f"# {pr}")
-    say(
-        "#   probe step times: "
+    note(f"network: {net.describe()}")
+    note(f"{pr}")
+    note(
+        "  probe step times: "
         + ", ".join(f"{s} B: {t * 1e6:.1f} µs" for s, t in zip(pr.sizes, pr.step_s))
     )
     if pr.two_tier:
-        say(
-            "#   between hosts, every rank at once: "
+        note(
+            "  between hosts, every rank at once: "
             + ", ".join(f"{sz} B: {t * 1e6:.1f} µs" for sz, t in zip(pr.sizes, pr.inter_step_s))
             + f"; one rank per host, {pr.sizes[-1]} B: {pr.alone_step_s * 1e6:.1f} µs"
         )
-    say(
-        "#   per rank (α µs, GB/s): "
+    note(
+        "  per rank (α µs, GB/s): "
         + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank)
     )
+    # 80 columns: size 8, algorithm 21, measured and predicted 12, error 8, native 14
     say(
-        f"{'size':>8} {'algorithm':<22} {'measured':>12} {'predicted':>12} {'error':>8} "
+        f"{'size':>8} {'algorithm':<21} {'measured':>12} {'predicted':>12} {'error':>8} "
         f"{native_name:>14}"
     )
     rows = []
@@ -134,20 +142,20 @@ def main(argv=None) -> int:
                 )
             )
             say(
-                f"{nbytes >> 10:>7}K {shown:<22} {t * 1e6:10.1f}µs {pred * 1e6:10.1f}µs "
+                f"{nbytes >> 10:>7}K {shown:<21} {t * 1e6:10.1f}µs {pred * 1e6:10.1f}µs "
                 f"{err * 100:+7.1f}% "
                 f"{native * 1e6:12.1f}µs",
                 flush=True,
             )
     if comm.rank == 0:
         mean_abs = sum(abs(r["error"]) for r in rows) / len(rows)
-        say(f"# mean |error| {mean_abs * 100:.1f}% over {len(rows)} points")
+        note(f"mean |error| {mean_abs * 100:.1f}% over {len(rows)} points")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"probe": pr.to_dict(), "rows": rows}, f, indent=1)
-            say(f"# wrote {args.json}")
+            note(f"wrote {args.json}")
         if args.probe_file:
-            say(f"# wrote {pr.save(args.probe_file)}")
+            note(f"wrote {pr.save(args.probe_file)}")
     comm.close()
     return 0
 

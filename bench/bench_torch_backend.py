@@ -1,4 +1,6 @@
-"""DDP and FSDP2 over the "commrt" torch.distributed backend vs over gloo::
+"""DDP and FSDP2 over the "commrt" torch.distributed backend vs over gloo.
+
+From the repository root, after ``pip install -e '.[dev]'``::
 
     mpiexec -n 2 python -m pytest bench/bench_torch_backend.py --benchmark-only
     mpiexec -n 4 python -m pytest bench/bench_torch_backend.py --benchmark-only
@@ -12,8 +14,21 @@ gloo group of the same ranks, in the same processes.
   bench_gradsync.py (100 MB of fp32 gradients). Goal: commrt ≤ 0.8× gloo at
   2 ranks.
   On a shared machine the two variants, run one after the other, measure
-  the load as much as the backend: bench/ddp_alternating.py alternates them
-  step by step, next to the compute floor (no communication).
+  the load as much as the backend: ``test_ddp_step_alternated`` alternates
+  them.
+* ``test_ddp_step_alternated``: the same step under four variants that
+  take turns step by step in the same processes (an order that flips
+  every round, a gloo barrier before each step), so that the load falls on
+  all alike: ``local`` (the model alone, no DDP: the compute floor),
+  ``ddp_nocomm`` (DDP whose communication hook hands each bucket back
+  untouched: DDP's bucket copies and reducer, the floor for any backend),
+  ``commrt`` and ``gloo``. Per variant: median wall and process CPU time
+  (every thread) per step, and wall time over gloo's. On 2 shared cores a
+  step's wall time follows its CPU time.
+* ``test_all_reduce_alternated``: one 25 MB ``dist.all_reduce`` (DDP's
+  bucket size) on the commrt group and on the gloo group, alternated call
+  by call the same way, with wall and CPU time: what commrt can save
+  inside a DDP step, where a lone call's wall time does not say it.
 * ``test_fsdp_step``: the same MLP under FSDP2 (``fully_shard`` per layer):
   all-gathers in forward and backward, reduce-scatters in backward.
 """
@@ -21,7 +36,7 @@ gloo group of the same ranks, in the same processes.
 import pytest
 import torch
 import torch.distributed as dist
-from bench_gradsync import IN, OUT, _mlp
+from bench_gradsync import IN, OUT, Alternated, _mlp, _no_communication
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -35,6 +50,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ROUNDS, ITERS = 5, 2
+ALTERNATED_ROUNDS = 10
 
 
 def init_commrt_over_mpi():
@@ -87,6 +103,45 @@ def test_ddp_step(benchmark, record_bandwidth, groups, impl):
         opt.zero_grad()
 
     _run(benchmark, record_bandwidth, step, "DDP step", impl)
+
+
+def test_ddp_step_alternated(benchmark, record_bandwidth, groups):
+    x, y = _batch()
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def stepper(variant):
+        model = _mlp()
+        group = groups["gloo"] if variant == "gloo" else None
+        net = model if variant == "local" else DDP(model, process_group=group)
+        if variant == "ddp_nocomm":
+            net.register_comm_hook(None, _no_communication)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step():
+            loss_fn(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return step
+
+    variants = ("local", "ddp_nocomm", "commrt", "gloo")
+    turns = Alternated({v: stepper(v) for v in variants}, lambda: dist.barrier(groups["gloo"]))
+    p = dist.get_world_size()
+    benchmark.group = f"DDP step, alternated, MLP 25M params, {p} ranks"
+    turns.run(benchmark, ALTERNATED_ROUNDS)
+    group = f"DDP step, alternated step by step (MLP 25M, {p} ranks)"
+    turns.record(benchmark, record_bandwidth, group, "100MB", ref="gloo")
+
+
+def test_all_reduce_alternated(benchmark, record_bandwidth, groups):
+    t = torch.zeros(25 * 2**20 // 4)  # zeros: a sum repeated in place stays finite
+    calls = {k: (lambda g=g: dist.all_reduce(t, group=g)) for k, g in groups.items()}
+    turns = Alternated(calls, lambda: dist.barrier(groups["gloo"]))
+    p = dist.get_world_size()
+    benchmark.group = f"all_reduce 25 MB, alternated, {p} ranks"
+    turns.run(benchmark, 3 * ALTERNATED_ROUNDS)
+    group = f"one 25 MB all_reduce, alternated call by call ({p} ranks)"
+    turns.record(benchmark, record_bandwidth, group, "25MB", ref="gloo", what="call")
 
 
 @pytest.mark.parametrize("impl", ["commrt", "gloo"])

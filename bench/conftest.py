@@ -7,11 +7,15 @@ reports: the other ranks' terminal output is dropped and they write no
 JSON. Ranks on one machine get cores / ranks intra-op threads each (unless
 OMP_NUM_THREADS says otherwise), as ``commrt``'s own launcher does.
 
-Benchmarks record throughput with :func:`record_bandwidth`; a table of
-them (GB/s, algbw/busbw) is printed after pytest-benchmark's own.
+Benchmarks record their figures with :func:`record_bandwidth`; a table of
+them (times, GB/s, ratios) is printed at the end, within 80 columns.
+pytest-benchmark's own table (ten statistics a test, some 150 columns) is
+left out unless ``--benchmark-columns`` is given; ``--benchmark-json PATH``
+keeps every statistic either way.
 """
 
 import os
+import textwrap
 
 import pytest
 
@@ -32,6 +36,10 @@ _ROWS_KEY = pytest.StashKey[list]()
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists
 def pytest_configure(config):
     config.stash[_ROWS_KEY] = []
+    session = getattr(config, "_benchmarksession", None)
+    args = config.invocation_params.args
+    if session is not None and not any(str(a).startswith("--benchmark-columns") for a in args):
+        session.quiet = True  # its table is too wide; the summary below has the figures
     if _LOCAL > 1 and "OMP_NUM_THREADS" not in os.environ:
         # ranks share the machine's cores: one intra-op thread pool per rank's share,
         # as commrt's own launcher sets, instead of every rank spawning one per core
@@ -61,18 +69,33 @@ def record_bandwidth(request):
     return record
 
 
+WIDTH = 80
+
+
+def summary_lines(rows: list) -> list[str]:
+    """The summary table, no line wider than :data:`WIDTH`: per group a heading, then a line
+    per row (size, name, its cells); cells that do not fit go on to the next line."""
+    lines, last_group = [], None
+    for group, name, size, cols in rows:
+        if group != last_group:
+            lines += [""] * bool(lines) + textwrap.wrap(group, WIDTH)
+            last_group = group
+        cells = [f"{k} {v:8.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in cols.items()]
+        line = f"  {size:>8}  {name:<18}"
+        indent = " " * 14
+        for cell in cells:
+            if len(line) + 2 + len(cell) > WIDTH and line.strip():
+                lines.append(line)
+                line = indent
+            line += ("  " if line.strip() else "") + cell
+        lines.append(line)
+    return lines
+
+
 def pytest_terminal_summary(terminalreporter, config):
     rows = config.stash.get(_ROWS_KEY, [])
     if not rows:
         return
-    tr = terminalreporter
-    tr.section("throughput (GB/s)")
-    last_group = None
-    for group, name, size, cols in rows:
-        if group != last_group:
-            tr.write_line(f"\n{group}")
-            last_group = group
-        cells = "  ".join(
-            f"{k} {v:8.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in cols.items()
-        )
-        tr.write_line(f"  {size:>8}  {name:<34} {cells}")
+    terminalreporter.section("figures", sep="-")
+    for line in summary_lines(rows):
+        terminalreporter.write_line(line)

@@ -3,13 +3,13 @@
 Run on the GPU machine, from the repository root, after
 ``python3 -m pip install --no-deps -e .``::
 
-    python bench/gpu_check.py            # about 5-10 minutes on one H100
-    python bench/gpu_check.py --quick    # tests and one bucket size only
+    python tools/gpu_check.py            # about 5-10 minutes on one H100
+    python tools/gpu_check.py --quick    # tests and one bucket size only
 
 It runs, each in a child process with ``TRITON_INTERPRET`` removed and a
 time limit (a hung child is killed and reported as such):
 
-1. the tests marked ``gpu`` in tests/test_gpu.py and tests/test_kernels_gpu.py
+1. the tests marked ``gpu`` in tests/gpu/test_gpu.py and tests/gpu/test_kernels_gpu.py
    (plus the sm_90 code-generation check), one row per test: passed,
    failed (first line of the error), skipped (the reason) or killed;
 2. ``bench/bench_kernels.py --benchmark-only`` (its own tables go to
@@ -33,7 +33,7 @@ import xml.etree.ElementTree as ET
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIDTH = 80
-TESTS = ["tests/test_gpu.py", "tests/test_kernels_gpu.py"]
+TESTS = ["tests/gpu/test_gpu.py", "tests/gpu/test_kernels_gpu.py"]
 MB = 1 << 20
 
 

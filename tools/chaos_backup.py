@@ -2,7 +2,7 @@
 at a random moment of a random step; the 3 survivors must finish every global step with
 bit-identical parameters and optimizer state (issue 21)::
 
-    python bench/chaos_backup.py --trials 20          # about 30 s a trial here
+    python tools/chaos_backup.py --trials 20          # about 30 s a trial here
 
 Each trial picks, from its seed, the victim, the global step and a moment inside that step
 (every fifth trial: a moment inside ``close()``). Just before it kills itself, the victim looks at what its threads
@@ -134,7 +134,7 @@ def worker(out: str, seed: int) -> None:
 
 # ----------------------------------------------------------------------------- the trials
 def trial(seed: int, out: str, limit_s: float) -> dict:
-    from commrt.store import STORE_ENV, host_store
+    from commrt.runtime.store import STORE_ENV, host_store
 
     os.makedirs(out, exist_ok=True)
     for name in os.listdir(out):
