@@ -40,6 +40,7 @@ import commrt
 from commrt import sim
 from commrt.algorithms import Torus2D, resolve
 from commrt.cli.bench import iterations_for, time_calls, timing_buffer
+from commrt.tuning.context import Context
 from commrt.tuning.probe import probe
 
 DEFAULT_SIZES = "64K,1M,16M"
@@ -103,9 +104,9 @@ def main(argv=None) -> int:
         "  per rank (α µs, GB/s): "
         + ", ".join(f"({a * 1e6:.0f}, {1 / b / 1e9:.2f})" for a, b in pr.per_rank)
     )
-    # 80 columns: size 8, algorithm 21, measured and predicted 12, error 8, native 14
+    # 80 columns: size 8, algorithm 23 (auto:recursive_doubling), measured and predicted 11, error 8, native 14
     say(
-        f"{'size':>8} {'algorithm':<21} {'measured':>12} {'predicted':>12} {'error':>8} "
+        f"{'size':>8} {'algorithm':<23} {'measured':>11} {'predicted':>11} {'error':>8} "
         f"{native_name:>14}"
     )
     rows = []
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
         )
         for name in args.algorithms.split(","):
             alg = resolve(name)
-            sched = alg.select(p, nbytes, comm)
+            sched = alg.select(p, nbytes, Context(comm))
             shown = sched.name
             if isinstance(alg, Torus2D):
                 shown = "torus2d({}x{})".format(*alg.shape(p, comm.local_size))
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
                 )
             )
             say(
-                f"{nbytes >> 10:>7}K {shown:<21} {t * 1e6:10.1f}µs {pred * 1e6:10.1f}µs "
+                f"{nbytes >> 10:>7}K {shown:<23} {t * 1e6:9.1f}µs {pred * 1e6:9.1f}µs "
                 f"{err * 100:+7.1f}% "
                 f"{native * 1e6:12.1f}µs",
                 flush=True,
