@@ -18,7 +18,7 @@ TRAIN_EXTRA = "pip install 'commrt[train]'"
 
 
 def installed(module: str) -> bool:
-    """Whether ``module`` can be imported (found, not imported: matplotlib takes seconds)."""
+    """Whether ``module`` can be imported: found, not imported (importing matplotlib is slow)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a parent that is missing, a module without a spec
