@@ -101,6 +101,46 @@ def check_list(tensors, device: torch.device, what: str) -> Tuple[list, Tuple[in
     return out, tuple(sizes)
 
 
+def check_overlap(flat: torch.Tensor, tensors: Sequence[torch.Tensor], what: str) -> None:
+    """Refuse a tensor of the list whose memory overlaps the part of ``flat`` the call uses,
+    unless it is exactly its own slot (same address, same dtype as ``flat``).
+
+    In place is allowed in that one form because every element is then read and written
+    by the same program of one pass, before any other element is touched; any other overlap
+    would read elements another program has already overwritten (or, across dtypes, half
+    of one). Costs one address comparison per tensor.
+    """
+    size = flat.element_size()
+    lo = flat.data_ptr()
+    hi = lo + sum(t.numel() for t in tensors) * size
+    off = 0
+    for i, t in enumerate(tensors):
+        n = t.numel()
+        p = t.data_ptr()
+        if n and p < hi and p + n * t.element_size() > lo:
+            if p != lo + off * size or t.dtype != flat.dtype:
+                raise ValueError(
+                    f"tensors[{i}] overlaps {what}, the flat buffer, other than as its own "
+                    f"slot {what}[{off}:{off + n}]: pack and unpack work in place only where "
+                    f"each tensor IS its slot, with the buffer's dtype; copy it first (to "
+                    f"scale a buffer in place, Tensor.mul_)"
+                )
+        off += n
+
+
+def check_alias(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``src`` may be ``dst`` itself (same address and dtype) or apart from it, never
+    overlapping it in part: elements would be read after another program wrote them."""
+    d, s = dst.data_ptr(), src.data_ptr()
+    if d == s and dst.dtype == src.dtype:
+        return
+    if s < d + dst.numel() * dst.element_size() and d < s + src.numel() * src.element_size():
+        raise ValueError(
+            "src overlaps dst in part: reduce_ reads src while it writes dst, so src must be "
+            "dst itself or apart from it; copy src first"
+        )
+
+
 def check_capacity(flat: torch.Tensor, total: int, what: str) -> None:
     if flat.numel() < total:
         raise ValueError(

@@ -27,10 +27,13 @@ Autotuning
 On GPU each kernel is wrapped in ``triton.autotune`` over (BLOCK, num_warps),
 keyed on ``size_key`` (log2 of the element count, so nearby sizes share a
 tuning) and the dtype / mode constexprs. Autotuning runs each config several
-times on the caller's real tensors, so kernels that read what they write must
-be restored between trials (see :mod:`commrt.kernels._triton_kernels`). In
-interpret mode one fixed config is used (autotuning there would only time the
-interpreter) so tests stay fast.
+times on the caller's real tensors, so every tuned kernel restores what it
+reads and writes between trials (see :mod:`commrt.kernels._triton_kernels`):
+an in-place pack, an in-place or accumulating unpack and reduce_ would
+otherwise apply themselves once per trial. In interpret mode one fixed config
+is used (autotuning there would only time the interpreter) so tests stay
+fast; :func:`autotunes` is the one switch, and the tests turn it on in the
+interpreter, with the timing replaced, to run the tuned launches.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import List
 import torch
 import triton
 
-from commrt.kernels._common import DTYPE_CODE, MIXED_CODE
+from commrt.kernels._common import DTYPE_CODE, MIXED_CODE, check_overlap
 from commrt.kernels._triton_kernels import (
     _pack_kernel,
     _pack_kernel_tuned,
@@ -115,10 +118,12 @@ class _Tables:
         "list_code",
         "aligned",
         "streams",
+        "lo",
+        "hi",
     )
 
     def __init__(self, tensors: List[torch.Tensor], chunk: int, device: torch.device):
-        addrs, offs, numels, codes, firsts, counts = [], [], [], [], [], []
+        addrs, offs, numels, codes, firsts, counts, ends = [], [], [], [], [], [], []
         off = 0
         n_chunks = 0
         aligned = True
@@ -126,6 +131,7 @@ class _Tables:
             n = t.numel()
             if n:
                 addrs.append(t.data_ptr())
+                ends.append(t.data_ptr() + n * t.element_size())
                 offs.append(off)
                 numels.append(n)
                 codes.append(DTYPE_CODE[t.dtype])
@@ -150,6 +156,9 @@ class _Tables:
         self.aligned = aligned
         # streams the table was recorded on (see _keep_alive_on_stream)
         self.streams: set[int] = set()
+        # the bytes the tensors span, lowest address to highest end: a flat buffer outside
+        # them cannot overlap any (checked per call in one comparison, _check_overlap)
+        self.lo, self.hi = (min(addrs), max(ends)) if addrs else (0, 0)
 
 
 _TABLE_CACHE: "OrderedDict[tuple, _Tables]" = OrderedDict()
@@ -197,6 +206,21 @@ def _size_key(n: int) -> int:
     return max(int(n), 1).bit_length()
 
 
+def _check_overlap(tab: _Tables, flat: torch.Tensor, tensors, total: int, what: str) -> None:
+    """The list may not overlap ``flat`` except as its own slots (see
+    :func:`commrt.kernels._common.check_overlap`); tensor by tensor only when ``flat`` lies
+    within the bytes the cached table spans."""
+    lo = flat.data_ptr()
+    if lo < tab.hi and tab.lo < lo + total * flat.element_size():
+        check_overlap(flat, tensors, what)
+
+
+def autotunes() -> bool:
+    """Whether launches go through the autotuner: compiled kernels do; the interpreter runs
+    one fixed config (the tests switch this on there to run the tuned path)."""
+    return not interpret_mode()
+
+
 #: (kernel, its autotune key) -> the config the autotuner chose. After the first launch of a
 #: key the kernel is launched with that config directly: the autotuner's per-call bookkeeping
 #: costs more host time per launch than the kernel itself takes on a bucket of a few MB.
@@ -205,7 +229,7 @@ _BEST: dict = {}
 
 def _launch(kernel, tuned, grid, args, kwargs, device):
     """Launch ``kernel`` (interpret mode, fixed config) or, on GPU, with the autotuner's choice."""
-    if interpret_mode():
+    if not autotunes():
         kernel[grid](*args, **kwargs, BLOCK=INTERPRET_BLOCK)
         return
     # the autotuner keys on its key arguments (size_key is every kernel's last argument)
@@ -218,7 +242,7 @@ def _launch(kernel, tuned, grid, args, kwargs, device):
     )
     ctx = (
         contextlib.nullcontext()
-        if device.index in (None, torch.cuda.current_device())
+        if device.type != "cuda" or device.index in (None, torch.cuda.current_device())
         else torch.cuda.device(device)
     )
     # enable_fp_fusion=False: no mul+add -> FMA contraction, so the GPU rounds
@@ -257,6 +281,7 @@ def pack(tensors: List[torch.Tensor], out: torch.Tensor, scale: float, total: in
         return
     chunk = _chunk_for(total, out.device)
     tab = _tables(tensors, chunk, out.device)
+    _check_overlap(tab, out, tensors, total, "out")
     _keep_alive_on_stream(tab, out.device)
     aligned = tab.aligned and out.data_ptr() % 16 == 0
     _launch(
@@ -289,9 +314,13 @@ def unpack(
         return
     chunk = _chunk_for(total, flat.device)
     tab = _tables(tensors, chunk, flat.device)
+    _check_overlap(tab, flat, tensors, total, "flat")
     _keep_alive_on_stream(tab, flat.device)
     aligned = tab.aligned and flat.data_ptr() % 16 == 0
-    _restore.tensors = [t for t in tensors if t.numel()] if accumulate else ()
+    # what autotuning trials restore: the destinations (an accumulating unpack reads them,
+    # an in-place one reads its own slots of flat through them); snapshots are taken only
+    # while the autotuner runs, so naming them costs nothing on later calls
+    _restore.tensors = tensors
     try:
         _launch(
             _unpack_kernel,
@@ -322,7 +351,7 @@ def reduce_(dst: torch.Tensor, src: torch.Tensor, alpha: float, beta: float) -> 
     n = dst.numel()
     if n == 0:
         return
-    if interpret_mode():
+    if not autotunes():
         grid = (triton.cdiv(n, INTERPRET_BLOCK),)
     else:
 

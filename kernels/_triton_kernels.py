@@ -35,13 +35,26 @@ a constexpr and has no branch at all.
 
 Autotune restores
 -----------------
-Autotuning runs each config several times on the caller's real tensors, so
-kernels that read what they write must be restored between trials: reduce_
-names ``dst`` in ``restore_value``; accumulating unpack writes through the
-pointer table, which ``restore_value`` cannot see, so its autotuner gets hooks
-that snapshot and restore the destination tensors named in ``_restore.tensors``
-(set by ``_triton.unpack``; a one-time copy of the bucket, on the first call
-per size only).
+Triton's autotuner runs each config several times on the caller's real
+tensors, then launches the chosen one. A kernel that reads what it writes
+would apply itself once per trial (an in-place pack scaled by ``1/p`` would
+come back scaled by ``(1/p)**k``), so every tuned kernel restores, between
+trials, everything it writes:
+
+* pack names ``out`` in ``restore_value``: the sources it reads are either
+  apart from ``out`` or, in place, its own slots of it (the only overlap the
+  host side lets through);
+* unpack writes through the pointer table, which ``restore_value`` cannot
+  see, so its autotuner gets hooks that snapshot and restore the destination
+  tensors named in ``_restore.tensors`` (set by ``_triton.unpack``): that
+  covers accumulating into them and unpacking in place;
+* reduce_ names ``dst`` in ``restore_value`` (``src`` is ``dst`` itself or
+  apart from it).
+
+The copies are made on the first call per autotune key only (a one-time
+copy of the bucket). ``tests/unit/test_kernel_autotune.py`` runs every tuned
+kernel under the interpreter with the autotuner's timing replaced by plain
+repeated launches, and checks each result equals one launch's.
 """
 
 from __future__ import annotations
@@ -221,7 +234,9 @@ def _pack_kernel(
 
 
 _pack_kernel_tuned = triton.autotune(
-    configs=_GPU_CONFIGS, key=["size_key", "SRC_CODE", "OUT_CODE", "ALIGNED"]
+    configs=_GPU_CONFIGS,
+    key=["size_key", "SRC_CODE", "OUT_CODE", "ALIGNED"],
+    restore_value=["out"],  # an in-place pack reads its own slots of out
 )(_pack_kernel)
 
 
@@ -286,8 +301,8 @@ def _unpack_kernel(
         _unpack_block(flat_t, addr, code, offs, offs < end, scale, DST_CODE, ACCUMULATE, ALIGNED)
 
 
-# Tensors an accumulating unpack writes through its table; autotune trials
-# must not accumulate into them repeatedly (see module docstring).
+# Tensors an unpack writes through its table; autotune trials restore them, so that
+# an accumulating or in-place unpack is applied once (see module docstring).
 _restore = threading.local()
 
 

@@ -10,8 +10,14 @@ Launch count (Triton path): ONE kernel launch per call, whatever the number
 of tensors, their sizes or their dtypes -- a list that mixes dtypes carries a
 per-tensor dtype code in the pointer table (see :mod:`commrt.kernels._triton`).
 
-The tensors may have any shape but must be contiguous; the flat buffer and
-the tensors must not overlap.
+The tensors may have any shape but must be contiguous. In place is allowed in
+one form only: tensor ``i`` may BE its own slot of the flat buffer (same
+address, same dtype), as when a bucket is scaled where it lies
+(``pack([flat], flat, scale=1 / p)``); every element is then read before it
+is written, by the same program. Any other overlap between the flat buffer
+and a tensor is refused with a ValueError (it would read elements already
+overwritten). The Triton path tests this against its cached table of the
+list, so the common case costs one comparison per call.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from commrt.kernels._common import (
     check_capacity,
     check_flat,
     check_list,
+    check_overlap,
     parse_impl,
     triton_backend,
     use_triton,
@@ -65,7 +72,8 @@ def pack(
 
     Raises:
         ValueError: bad ``impl``, unsupported dtype, non-contiguous tensor,
-            device mismatch, or ``out`` too small.
+            device mismatch, ``out`` too small, or a tensor overlapping ``out``
+            other than as its own slot (see the module docs).
 
     Example::
 
@@ -79,8 +87,9 @@ def pack(
     triton, tensors, sizes, total = _checked(impl, out, "out", tensors)
     scale = float(scale)
     if triton:
-        triton_backend().pack(tensors, out, scale, total)
+        triton_backend().pack(tensors, out, scale, total)  # checks overlap on its table
     else:
+        check_overlap(out, tensors, "out")
         _torch.pack(tensors, out, scale, sizes)
     return out
 
@@ -124,4 +133,5 @@ def unpack(
     if triton:
         triton_backend().unpack(flat, tensors, scale, bool(accumulate), total)
     else:
+        check_overlap(flat, tensors, "flat")
         _torch.unpack(flat, tensors, scale, bool(accumulate), sizes)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from commrt.kernels import _torch
-from commrt.kernels._common import check_dtype, parse_impl, triton_backend, use_triton
+from commrt.kernels._common import check_alias, check_dtype, parse_impl, triton_backend, use_triton
 from commrt.kernels.pack import ImplLike
 
 
@@ -41,7 +41,7 @@ def reduce_(
         dst: contiguous fp32/fp16/bf16 tensor, updated in place.
         src: contiguous fp32/fp16/bf16 tensor with the same number of
             elements, on the same device (shapes may differ: both are read as
-            1-D). Must not partially overlap ``dst``.
+            1-D). It may be ``dst`` itself; any other overlap is refused.
         alpha, beta: weights, applied in fp32.
         impl: ``"auto"``, ``"triton"``, ``"torch"`` or an :class:`Impl`.
 
@@ -50,7 +50,7 @@ def reduce_(
 
     Raises:
         ValueError: bad ``impl``, unsupported dtype, non-contiguous input,
-            different element counts or devices.
+            different element counts or devices, ``src`` overlapping ``dst`` in part.
 
     Example::
 
@@ -69,6 +69,7 @@ def reduce_(
         raise ValueError(f"dst has {d.numel()} elements but src has {s.numel()}")
     if d.device != s.device:
         raise ValueError(f"dst is on {d.device} but src is on {s.device}")
+    check_alias(d, s)
     if use_triton(kind, d.device):
         triton_backend().reduce_(d, s, float(alpha), float(beta))
     else:

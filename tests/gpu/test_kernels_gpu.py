@@ -278,6 +278,16 @@ def _cuda_check() -> None:
     launches.clear()
     pack([rand(10, torch.float32), rand(10, torch.bfloat16)], torch.empty(20, device=dev))
     assert launches == [K._pack_kernel], launches
+    # in place on sizes not seen yet: the autotuner's trials run on these very tensors and
+    # must be undone (distributed/ops.py averages with pack([flat], flat, scale=1/p))
+    for n in (777_777, 1_234_567):
+        x = rand(n, torch.float32)
+        flat = x.clone()
+        pack([flat], flat, 0.5)
+        assert torch.equal(flat, x * 0.5), "in-place pack applied more than once"
+        flat = x.clone()
+        unpack(flat, list(flat.split([n // 3, n - n // 3])), 0.5, accumulate=True)
+        assert torch.equal(flat, x + x * 0.5), "in-place unpack applied more than once"
     torch.cuda.synchronize()
     print("cuda ok")
 
