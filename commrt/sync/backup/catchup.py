@@ -225,8 +225,7 @@ class CatchUp:
         self.algorithm, self.tracer = algorithm, tracer
         self.rank, self.p, self.timeout = comm.rank, comm.world_size, comm.timeout
         self.served = 0  # snapshots this rank has served
-        # MPI moves a message only inside MPI calls (MPICH has no progress thread by default): a
-        # server tests its sends when it checks on them; gloo and NCCL progress on their own
+        # MPICH moves a message only inside MPI calls: a server tests its sends as it checks them
         self._host_progress = comm.transport.name == "mpi"
         self._seen = 0  # requests read from the store so far
         self._open: dict[int, tuple[int, int, int]] = {}  # unanswered: req -> (rank, step, inc)
