@@ -18,8 +18,19 @@ import os
 import textwrap
 
 import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # kernels on CPU tensors, as in tests/
+
+def interpret_without_cuda() -> None:
+    """Without a CUDA GPU, Triton runs its kernels in the interpreter on CPU tensors, as in
+    tests/. Where CUDA is present the compiled kernels must run: TRITON_INTERPRET=1 there
+    (read once, when Triton is imported) would make every CUDA case skip, and the
+    benchmark would pass having measured nothing on the GPU."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+interpret_without_cuda()
 
 _RANK = int(
     os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
@@ -43,8 +54,6 @@ def pytest_configure(config):
     if _LOCAL > 1 and "OMP_NUM_THREADS" not in os.environ:
         # ranks share the machine's cores: one intra-op thread pool per rank's share,
         # as commrt's own launcher sets, instead of every rank spawning one per core
-        import torch
-
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _LOCAL))
     if _RANK != 0:
         # Silence the terminal reporter itself: redirecting fd 1 here would be

@@ -1,46 +1,88 @@
-"""One command for the day a GPU is lent: every GPU test and the kernel benchmark, one table.
+"""One command for the day a GPU is lent: import, every GPU test, the kernel benchmark, one table.
 
-Run on the GPU machine, from the repository root, after
-``python3 -m pip install --no-deps -e .``::
+From a copy of the working tree, on the GPU machine, with no network::
 
-    python tools/gpu_check.py            # about 5-10 minutes on one H100
-    python tools/gpu_check.py --quick    # tests and one bucket size only
+    python3 tools/gpu_check.py --out out/gpu_check
 
-It runs, each in a child process with ``TRITON_INTERPRET`` removed and a
-time limit (a hung child is killed and reported as such):
+It downloads nothing: torch, Triton, cupy (the cupy-cudaNNx of torch's
+CUDA), NCCL, pytest and pytest-benchmark must be installed already. It
+finishes within ``--budget`` seconds (450, under 8 minutes): a step still
+running then is killed and reported as such. Each step runs in a child
+process with ``TRITON_INTERPRET`` removed:
 
-1. the tests marked ``gpu`` in tests/gpu/test_gpu.py and tests/gpu/test_kernels_gpu.py
-   (plus the sm_90 code-generation check), one row per test: passed,
-   failed (first line of the error), skipped (the reason) or killed;
-2. ``bench/bench_kernels.py --benchmark-only`` (its own tables go to
-   ``gpu_check_bench.txt``), one row: passed or failed;
-3. pack, unpack (fp32 and bf16 wire) and the receive-reduce at 1 to 64 MB
-   buckets, in GB/s (bytes read + written) against ``Tensor.copy_`` of
-   the same elements (the HBM limit), one row per size.
+1. what is installed: Python, torch and its CUDA, the GPU, Triton, cupy,
+   NCCL, and whether the cupy matches ``torch.version.cuda`` (the extra to
+   install is ``commrt[cudaNN]`` for torch's CUDA major NN, not the
+   driver's);
+2. import commrt from this tree: as it is, if ``commrt``,
+   ``commrt.kernels`` and ``commrt.algorithms`` already import from here;
+   else ``pip install --no-build-isolation --no-deps --no-index -e .``
+   (offline; the build uses the installed setuptools); if that fails, a
+   path-based import that needs nothing installed: a folder of links under
+   ``--out`` that maps ``kernels/`` and ``algorithms/`` to
+   ``commrt.kernels`` and ``commrt.algorithms`` (``package-dir`` does that
+   for an install), first on every child's ``PYTHONPATH``;
+3. every file of tests/gpu/ at once, each in its own pytest (one GPU is
+   plenty for them together), one row per test: passed, FAILED (the first
+   line of the error), skipped (the reason) or killed; among them DDP on
+   backend ``"commrt"`` on one rank with CUDA tensors against NCCL's own
+   backend, and GradientSync with a bf16 wire;
+4. the CUDA cases of ``bench/bench_kernels.py`` (its tables go to
+   ``gpu_check_bench.txt``), alone on the GPU;
+5. pack, unpack (fp32 and bf16 wire) and the receive-reduce at 1 MB to
+   1 GiB buckets, GB/s (bytes read + written) against ``Tensor.copy_`` of
+   the same elements, each timed over many back-to-back launches between
+   two CUDA events.
 
-The table is at most 80 columns wide. Without a GPU it still runs: the
-tests report their skip reasons and the kernel rows say there is no GPU.
+It prints one table, at most 80 columns wide. A step that ran nothing on
+the GPU says NOT RUN and why, never passed: the GPU tests when no test
+marked ``gpu`` ran, the benchmark when not every CUDA case ran (pytest
+exits 0 when they all skip), and each of the checks the GPU run is for
+(listed in :data:`REQUIRED`) when its test skipped or is missing.
+
+Exit status: 0 when every step ran on the GPU and passed; 1 when any step
+failed or was killed; 2 when nothing failed but a step did not run (on a
+machine without a GPU, the steps that need one say "no CUDA GPU" and the
+status is 2).
+
+The module is also the pytest plugin the steps load (``-p gpu_check``): it
+writes each test's outcome, skip reason or error, and ``gpu`` mark to the
+file named by ``COMMRT_GPU_CHECK_RESULTS``.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
+from collections import Counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOLS = os.path.join(ROOT, "tools")
 WIDTH = 80
-TESTS = ["tests/gpu/test_gpu.py", "tests/gpu/test_kernels_gpu.py"]
 MB = 1 << 20
+#: the file the plugin half of this module appends test outcomes to (JSON lines)
+RESULTS_ENV = "COMMRT_GPU_CHECK_RESULTS"
+#: the checks the GPU run is for, each shown by one test; skipped or missing = NOT RUN
+REQUIRED = {
+    "kernels vs torch on CUDA": "test_triton_on_cuda_matches_torch_and_float64",
+    "NCCL world of one": "test_nccl_world_of_one_on_gpu",
+    'DDP on "commrt" vs NCCL': "test_ddp_on_commrt_matches_nccl_on_one_gpu",
+    "GradientSync bf16 wire": "test_bf16_wire_dtype_through_the_compiled_kernels",
+}
+PASSED, FAILED, NOT_RUN, KILLED = "passed", "FAILED", "NOT RUN", "killed"
+#: seconds the steps may take at most (the rest of the budget permitting)
+LIMITS = {"probe": 60, "import": 180, "tests": 300, "bench": 240, "kernels": 120}
+#: seconds kept back for the steps after the GPU tests and after the benchmark
+KEEP_FOR_BENCH, KEEP_FOR_KERNELS = 130, 45
 
 
-def _env() -> dict:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.pop("TRITON_INTERPRET", None)
-    return env
+# ------------------------------------------------------------ the table
 
 
 def _cut(text: str, n: int, squash: bool = True) -> str:
@@ -54,76 +96,414 @@ def row(name: str, result: str, detail: str = "") -> str:
     return _cut(line, WIDTH, squash=False)
 
 
-def run_tests(timeout: float, out_dir: str) -> list[str]:
-    xml = os.path.join(out_dir, "gpu_check_tests.xml")
-    cmd = [sys.executable, "-m", "pytest", *TESTS, "-q", "-rA", f"--junitxml={xml}"]
-    try:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return [row("GPU tests", "killed", f"still running after {timeout:g} s")]
-    if not os.path.exists(xml):
-        return [row("GPU tests", "error", (proc.stdout + proc.stderr)[-60:])]
-    return test_rows(ET.parse(xml).getroot())
+def result_of(line: str) -> str:
+    """The result column of a :func:`row`."""
+    return line[35:44].strip()
 
 
-def test_rows(root) -> list[str]:
-    """One row per test case of a junit XML tree."""
-    rows = []
-    for case in root.iter("testcase"):
-        name = case.get("name", "?")
-        secs = f"{float(case.get('time', 0)):.1f} s"
-        failed = case.find("failure")
-        if failed is None:
-            failed = case.find("error")
-        skipped = case.find("skipped")
-        if failed is not None:
-            rows.append(row(name, "FAILED", failed.get("message", "")))
-        elif skipped is not None:
-            rows.append(row(name, "skipped", skipped.get("message", "")))
+def exit_status(results: list[str]) -> int:
+    """1 if any step failed or was killed, else 2 if any did not run, else 0."""
+    if any(r in (FAILED, KILLED) for r in results):
+        return 1
+    return 2 if NOT_RUN in results else 0
+
+
+# ------------------------------------------------------------ the plugin half (in pytest)
+
+
+def _message(report) -> str:
+    if report.skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        return str(reason).removeprefix("Skipped: ")
+    text = getattr(report, "longreprtext", "") or ""
+    errors = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return (errors or lines or ["(no message)"])[0]
+
+
+#: nodeids of the collected tests marked ``gpu`` (a report's keywords also hold the names
+#: of its folders, tests/gpu/ among them, so the mark is read from the items)
+_GPU_MARKED: set[str] = set()
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """(pytest hook) Note which tests carry the ``gpu`` mark."""
+    _GPU_MARKED.update(i.nodeid for i in items if i.get_closest_marker("gpu") is not None)
+
+
+def _record(report, when: str) -> None:
+    path = os.environ.get(RESULTS_ENV)
+    if not path:
+        return
+    rec = {
+        "nodeid": report.nodeid,
+        "when": when,
+        "outcome": report.outcome,
+        "gpu": report.nodeid in _GPU_MARKED,
+        "seconds": round(getattr(report, "duration", 0.0) or 0.0, 2),
+        "message": "" if report.passed else _message(report),
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def pytest_runtest_logreport(report) -> None:
+    """(pytest hook) The call's outcome, and a setup or teardown that did not pass."""
+    if report.when == "call" or not report.passed:
+        _record(report, report.when)
+
+
+def pytest_collectreport(report) -> None:
+    """(pytest hook) A file that failed to import is a failure, not an empty step."""
+    if report.failed:
+        _record(report, "collect")
+
+
+def read_results(path: str) -> dict[str, dict]:
+    """Per test (nodeid, in order): outcome passed / failed / skipped, gpu mark, seconds,
+    message. A failed setup, call or teardown, or a failed collection, makes it failed."""
+    tests: dict[str, dict] = {}
+    if not os.path.exists(path):
+        return tests
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            t = tests.setdefault(rec["nodeid"], dict(rec, outcome="passed", message=""))
+            t["gpu"] = t["gpu"] or rec["gpu"]
+            if rec["when"] == "call":
+                t["seconds"] = rec["seconds"]
+            if rec["outcome"] != "passed" and t["outcome"] != "failed":
+                t["outcome"], t["message"] = rec["outcome"], rec["message"]
+    return tests
+
+
+def case_rows(tests: dict[str, dict]) -> list[str]:
+    """One row per test: its name, passed (seconds), FAILED, skipped (the reason)."""
+    out = []
+    for nodeid, t in tests.items():
+        name = nodeid.split("::")[-1]
+        if t["outcome"] == "failed":
+            out.append(row(name, FAILED, t["message"]))
+        elif t["outcome"] == "skipped":
+            out.append(row(name, "skipped", t["message"]))
         else:
-            rows.append(row(name, "passed", secs))
-    return rows
+            out.append(row(name, PASSED, f"{t['seconds']:.1f} s"))
+    return out
 
 
-def run_bench(timeout: float, out_dir: str) -> list[str]:
-    log = os.path.join(out_dir, "gpu_check_bench.txt")
-    cmd = [sys.executable, "-m", "pytest", "bench/bench_kernels.py", "--benchmark-only", "-q"]
+def tests_result(tests: dict[str, dict], killed: list[str]) -> tuple[str, str]:
+    """(result, detail) of the GPU tests as a whole."""
+    failed = [t for t in tests.values() if t["outcome"] == "failed"]
+    ran = [t for t in tests.values() if t["gpu"] and t["outcome"] == "passed"]
+    skipped = [t for t in tests.values() if t["outcome"] == "skipped"]
+    if killed:
+        return KILLED, "still running at the time limit: " + ", ".join(killed)
+    if failed:
+        return FAILED, f"{len(failed)} failed, {len(ran)} ran on the GPU"
+    if not ran:
+        reasons = Counter(t["message"] for t in skipped if t["gpu"]).most_common()
+        return NOT_RUN, "; ".join(r for r, _ in reasons) or "no test marked gpu was found"
+    return PASSED, f"{len(ran)} ran on the GPU, {len(skipped)} skipped"
+
+
+def required_rows(tests: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """A row per check of :data:`REQUIRED`: passed or FAILED as its test, NOT RUN when the
+    test skipped or did not run at all. Returns (rows, results)."""
+    by_name = {nodeid.split("::")[-1]: t for nodeid, t in tests.items()}
+    rows, results = [], []
+    for label, name in REQUIRED.items():
+        t = by_name.get(name)
+        if t is None:
+            result, detail = NOT_RUN, f"its test did not run: {name}"
+        elif t["outcome"] == "failed":
+            result, detail = FAILED, t["message"]
+        elif t["outcome"] == "skipped":
+            result, detail = NOT_RUN, t["message"]
+        else:
+            result, detail = PASSED, name
+        rows.append(row(label, result, detail))
+        results.append(result)
+    return rows, results
+
+
+def bench_result(tests: dict[str, dict]) -> tuple[str, str]:
+    """(result, detail) of the kernel benchmark: passed only when every CUDA case ran."""
+    cuda = [t for t in tests.values() if t["gpu"]]
+    ran = [t for t in cuda if t["outcome"] == "passed"]
+    failed = [t for t in tests.values() if t["outcome"] == "failed"]
+    if failed:
+        return FAILED, failed[0]["message"]
+    if not cuda:
+        return NOT_RUN, "no CUDA case was collected"
+    if len(ran) < len(cuda):
+        reasons = sorted({t["message"] for t in cuda if t["outcome"] == "skipped"})
+        return NOT_RUN, "; ".join(reasons + [f"{len(ran)} of {len(cuda)} CUDA cases ran"])
+    return PASSED, f"{len(ran)} CUDA cases; tables in gpu_check_bench.txt"
+
+
+# ------------------------------------------------------------ children
+
+
+class Steps:
+    """The environment every child starts with, and the time left to them."""
+
+    def __init__(self, out: str, budget: float):
+        self.out = out
+        self.deadline = time.monotonic() + budget
+        self.extra: dict[str, str] = {}  # what the import step added (path-based import)
+
+    def env(self, **more) -> dict:
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra, **more)
+        env.pop("TRITON_INTERPRET", None)
+        paths = [p for p in (self.extra.get("PYTHONPATH"), TOOLS) if p]
+        rest = os.environ.get("PYTHONPATH")
+        env["PYTHONPATH"] = os.pathsep.join(paths + ([rest] if rest else []))
+        return env
+
+    def limit(self, step: str, keep: float = 0.0) -> float:
+        """Seconds ``step`` may run: its own limit, within what the budget leaves after
+        ``keep`` seconds for the steps after it."""
+        return min(LIMITS[step], self.deadline - time.monotonic() - keep)
+
+    def run(self, cmd: list[str], step: str, keep: float = 0.0, **env):
+        """(return code or None if killed at its limit, output) of a child in ROOT."""
+        limit = self.limit(step, keep)
+        if limit < 5:
+            return None, f"out of time: {limit:.0f} s of the budget left"
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, env=self.env(**env), capture_output=True,
+                                  text=True, timeout=limit)  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout or b"") + (e.stderr or b"")
+            return None, out.decode(errors="replace") if isinstance(out, bytes) else out
+        return proc.returncode, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------ 1. what is installed
+
+_PROBE = r"""
+import importlib.metadata as md, json, sys
+def ver(name):
     try:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return [row("bench_kernels.py", "killed", f"after {timeout:g} s")]
-    with open(log, "w") as f:
-        f.write(proc.stdout + proc.stderr)
-    result = "passed" if proc.returncode == 0 else "FAILED"
-    return [row("bench_kernels.py", result, f"tables in {os.path.basename(log)}")]
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+out = {"python": sys.version.split()[0], "triton": ver("triton"), "pytest": ver("pytest"),
+       "pytest_benchmark": ver("pytest-benchmark"),
+       "cupy": {d: ver(d) for d in ("cupy-cuda13x", "cupy-cuda12x", "cupy") if ver(d)}}
+try:
+    import torch
+    out["torch"], out["torch_cuda"] = torch.__version__, torch.version.cuda
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+        out["gpus"] = torch.cuda.device_count()
+except Exception as e:
+    out["torch_error"] = repr(e)
+try:
+    from cupy.cuda import nccl
+    v = nccl.get_version()
+    out["nccl"] = f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+except Exception as e:
+    out["nccl_error"] = type(e).__name__
+print(json.dumps(out))
+"""
 
 
-def kernel_rows(sizes_mb, timeout: float) -> list[str]:
-    """GB/s rows from a child process (it imports Triton without TRITON_INTERPRET)."""
+def cuda_extra(torch_cuda: str | None) -> str | None:
+    """The extra for torch's CUDA (``torch.version.cuda``, e.g. "13.0" -> "cuda13"): cupy
+    and NCCL must be built for the CUDA torch was built for, whatever the driver supports
+    (a CUDA 13 driver runs CUDA 12 builds too). None for a CPU build of torch."""
+    if not torch_cuda:
+        return None
+    return f"cuda{str(torch_cuda).split('.')[0]}"
+
+
+def extra_row(info: dict) -> tuple[str, str]:
+    """(result, detail): is the cupy for torch's CUDA the one installed?"""
+    extra = cuda_extra(info.get("torch_cuda"))
+    if extra is None:
+        return "info", "CPU build of torch: no extra"
+    want = f"cupy-{extra}x"
+    have = sorted(info.get("cupy") or {})
+    fix = f"pip install 'commrt[{extra}]'"
+    if want in have:
+        return PASSED, f"commrt[{extra}]: {want} {info['cupy'][want]}"
+    if have:
+        return FAILED, f"torch is CUDA {info['torch_cuda']}, {have[0]} installed: {fix}"
+    return FAILED, f"no cupy: {fix}"
+
+
+def probe(steps: Steps) -> list[str]:
+    code, out = steps.run([sys.executable, "-c", _PROBE], "probe")
+    try:
+        info = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return [row("what is installed", FAILED, out.strip()[-60:])]
+    torch_v = info.get("torch") or f"missing ({info.get('torch_error', '?')})"
+    cupy = ", ".join(f"{k} {v}" for k, v in (info.get("cupy") or {}).items()) or "no cupy"
+    gpu = info.get("gpu")
+    return [
+        row("Python, torch", "info", f"{info['python']}, torch {torch_v}"),
+        row("torch.version.cuda", "info", info.get("torch_cuda") or "none (CPU build)"),
+        row("GPU", "info", f"{gpu} × {info['gpus']}" if gpu else "none: no CUDA GPU"),
+        row("Triton, cupy", "info", f"Triton {info.get('triton') or 'missing'}, {cupy}"),
+        row("NCCL", "info", info.get("nccl") or f"not loaded ({info.get('nccl_error')})"),
+        row("cupy for torch's CUDA", *extra_row(info)),
+    ]
+
+
+# ------------------------------------------------------------ 2. import commrt
+
+_WHERE = r"""
+import json, os, commrt, commrt.kernels, commrt.algorithms
+print(json.dumps([os.path.realpath(m.__file__) for m in (commrt, commrt.kernels, commrt.algorithms)]))
+"""
+#: where each package's __init__.py must come from
+_HOMES = ("commrt", "kernels", "algorithms")
+
+
+def imports_from_here(steps: Steps) -> tuple[bool, str]:
+    """(commrt and its two mapped packages import from this tree, why not)."""
+    code, out = steps.run([sys.executable, "-c", _WHERE], "import")
+    if code != 0:
+        return False, (out.strip().splitlines() or ["?"])[-1]
+    got = json.loads(out.strip().splitlines()[-1])
+    want = [os.path.realpath(os.path.join(ROOT, d, "__init__.py")) for d in _HOMES]
+    if got != want:
+        return False, f"imports from {os.path.dirname(os.path.dirname(got[0]))}"
+    return True, ""
+
+
+def pip_install(steps: Steps) -> tuple[bool, str]:
+    """``pip install -e .`` with nothing downloaded: no index, no build isolation (the
+    build uses the setuptools installed), no dependencies."""
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps"]
+    cmd += ["--no-index", "--disable-pip-version-check", "-q", "-e", ROOT]
+    code, out = steps.run(cmd, "import", PIP_NO_INPUT="1")
+    return code == 0, (out.strip().splitlines() or ["?"])[-1]
+
+
+def link_farm(out: str) -> str:
+    """A folder holding ``commrt/``: links to every entry of this tree's commrt/, plus
+    ``kernels`` and ``algorithms`` linked in as commrt.kernels and commrt.algorithms.
+    Returns the folder to put on PYTHONPATH."""
+    top = os.path.join(os.path.abspath(out), "gpu_check_import")
+    pkg = os.path.join(top, "commrt")
+    os.makedirs(pkg, exist_ok=True)
+    links = {e: os.path.join(ROOT, "commrt", e) for e in os.listdir(os.path.join(ROOT, "commrt"))}
+    links.pop("__pycache__", None)
+    links.update(kernels=os.path.join(ROOT, "kernels"), algorithms=os.path.join(ROOT, "algorithms"))
+    for name, target in links.items():
+        path = os.path.join(pkg, name)
+        if os.path.lexists(path):
+            os.remove(path)
+        os.symlink(target, path)
+    return top
+
+
+def import_step(steps: Steps, how: str) -> str:
+    """Make commrt import from this tree in every child (see the module docs): ``how`` is
+    "auto" (as it is, else pip, else links), "pip" or "path"."""
+    ok, why = imports_from_here(steps) if how == "auto" else (False, f"--import {how}")
+    if ok:
+        return row("import commrt", PASSED, "already imports from this tree")
+    if how in ("auto", "pip"):
+        installed, pip_says = pip_install(steps)
+        ok, why = imports_from_here(steps) if installed else (False, pip_says)
+        if ok:
+            return row("import commrt", PASSED, "pip -e, offline, no build isolation")
+        if how == "pip":
+            return row("import commrt", FAILED, why)
+    # the links: PYTHONSAFEPATH keeps the tree itself (the working directory) off sys.path,
+    # where its commrt/ would come first and lack commrt.kernels
+    steps.extra = {"PYTHONPATH": link_farm(steps.out), "PYTHONSAFEPATH": "1"}
+    ok, why = imports_from_here(steps)
+    if ok:
+        return row("import commrt", PASSED, "path-based (links in --out), nothing installed")
+    return row("import commrt", FAILED, why)
+
+
+# ------------------------------------------------------------ 3. the GPU tests
+
+
+def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], list[str]]:
+    """Every file in its own pytest, all at once; their results, and the files killed at
+    the time limit."""
+    limit = steps.limit("tests", KEEP_FOR_BENCH + KEEP_FOR_KERNELS)
+    procs = []
+    for f in files:
+        stem = os.path.splitext(os.path.basename(f))[0]
+        results = os.path.join(steps.out, f"gpu_check_{stem}.jsonl")
+        if os.path.exists(results):
+            os.remove(results)
+        log = open(os.path.join(steps.out, f"gpu_check_{stem}.txt"), "w")
+        cmd = [sys.executable, "-m", "pytest", f, "-q", "-rA", "-p", "gpu_check"]
+        cmd += ["-p", "no:cacheprovider"]
+        env = steps.env(**{RESULTS_ENV: results})
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        procs.append((f, proc, results, log))
+    tests, killed = {}, []
+    end = time.monotonic() + max(limit, 0)
+    for f, proc, results, log in procs:
+        try:
+            proc.wait(timeout=max(0.1, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # its spawned workers too
+            proc.wait()
+            killed.append(os.path.basename(f))
+        log.close()
+        tests.update(read_results(results))
+    return tests, killed
+
+
+# ------------------------------------------------------------ 4. the kernel benchmark
+
+
+def run_bench(steps: Steps) -> tuple[str, str]:
+    results = os.path.join(steps.out, "gpu_check_bench.jsonl")
+    if os.path.exists(results):
+        os.remove(results)
+    cmd = [sys.executable, "-m", "pytest", "bench/bench_kernels.py", "-m", "gpu"]
+    cmd += ["--benchmark-only", "-q", "-p", "gpu_check", "-p", "no:cacheprovider"]
+    code, out = steps.run(cmd, "bench", KEEP_FOR_KERNELS, **{RESULTS_ENV: results})
+    with open(os.path.join(steps.out, "gpu_check_bench.txt"), "w") as f:
+        f.write(out)
+    if code is None:
+        return KILLED, "at the time limit; log in gpu_check_bench.txt"
+    result, detail = bench_result(read_results(results))
+    if code not in (0, 5) and result != FAILED:  # 5: pytest collected nothing (-m gpu)
+        return FAILED, f"pytest exit {code}: see gpu_check_bench.txt"
+    return result, detail
+
+
+# ------------------------------------------------------------ 5. kernel GB/s
+
+
+def kernel_rows(steps: Steps, sizes_mb) -> tuple[list[str], str, str]:
+    """GB/s rows from a child (it imports Triton without TRITON_INTERPRET); and the step's
+    (result, detail)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--kernels", *map(str, sizes_mb)]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return [row("kernel GB/s", "killed", f"after {timeout:g} s")]
-    if proc.returncode != 0:
-        return [row("kernel GB/s", "FAILED", (proc.stdout + proc.stderr).strip()[-40:])]
-    return [_cut(line, WIDTH, squash=False) for line in proc.stdout.splitlines() if line.strip()]
+    code, out = steps.run(cmd, "kernels")
+    lines = [_cut(ln, WIDTH, squash=False) for ln in out.splitlines() if ln.strip()]
+    if code is None:
+        return [], KILLED, "at the time limit"
+    if code == 3:
+        return [], NOT_RUN, lines[-1] if lines else "no CUDA GPU"
+    if code != 0:
+        return [], FAILED, " ".join(lines)[-60:]
+    return lines, PASSED, f"{', '.join(map(str, sizes_mb))} MB buckets"
 
 
-def measure(sizes_mb) -> None:
+def measure(sizes_mb) -> int:
     """(In the child.) Print GB/s of pack/unpack per wire dtype and of the receive-reduce,
-    each against ``Tensor.copy_`` of the same elements, per bucket size."""
+    each against ``Tensor.copy_`` of the same elements, per bucket size; 3 without a GPU."""
     import torch
 
     if not torch.cuda.is_available():
-        print(row("kernel GB/s", "skipped", "no CUDA GPU on this machine"))
-        return
-    from commrt.cli.bench import measure_kernels
+        print("no CUDA GPU on this machine")
+        return 3
+    from commrt.cli.bench import measure_kernels, seconds_per_call
     from commrt.kernels import reduce_
 
     print(f"{'bucket':>7} {'wire':>5} {'pack':>7} {'unpack':>7} {'copy':>7} GB/s {'pack/copy':>9}")
@@ -137,50 +517,68 @@ def measure(sizes_mb) -> None:
         n = mb * MB // 4
         dst, src = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
         half = src.to(torch.bfloat16)
-        t_red = _timed(lambda: reduce_(dst, half))  # noqa: B023
-        t_copy = _timed(lambda: dst.copy_(src))  # noqa: B023
+        t_red = seconds_per_call(lambda: reduce_(dst, half), "cuda")  # noqa: B023
+        t_copy = seconds_per_call(lambda: dst.copy_(src), "cuda")  # noqa: B023
         red, copy = n * (4 + 2 + 4) / t_red / 1e9, n * 8 / t_copy / 1e9
         print(f"{mb:>4} MB reduce fp32 += bf16 {red:7.0f} GB/s, copy {copy:7.0f} GB/s, "
               f"{red / copy:4.0%}")  # fmt: skip
+    return 0
 
 
-def _timed(fn, repeats: int = 20) -> float:
-    import statistics
+# ------------------------------------------------------------ the command
 
-    import torch
 
-    fn()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def check(a) -> tuple[list[str], int]:
+    """Run every step; the table's lines and the exit status."""
+    start = time.monotonic()
+    os.makedirs(a.out, exist_ok=True)
+    steps = Steps(a.out, a.budget)
+    rule = "-" * WIDTH
+    lines = ["=" * WIDTH, row("commrt GPU check", "result", "detail"), rule]
+    env_rows = probe(steps)
+    imported = import_step(steps, a.imports)
+    lines += env_rows + [imported, rule]
+    results = [result_of(ln) for ln in env_rows + [imported]]
+    summary = []
+    if results[-1] == PASSED:
+        files = sorted(glob.glob(os.path.join(ROOT, "tests", "gpu", "test_*.py")))
+        tests, killed = run_test_files(steps, [os.path.relpath(f, ROOT) for f in files])
+        lines += case_rows(tests) + [row(f, KILLED, "at the time limit") for f in killed]
+        summary.append(row("GPU tests", *tests_result(tests, killed)))
+        required, _ = required_rows(tests)
+        summary += required
+        if a.quick:
+            summary.append(row("kernel benchmark (CUDA cases)", "omitted", "--quick"))
+        else:
+            summary.append(row("kernel benchmark (CUDA cases)", *run_bench(steps)))
+        gbs, result, detail = kernel_rows(steps, [16] if a.quick else [1, 4, 16, 64, 1024])
+        lines += ([rule] + gbs) if gbs else []
+        summary.append(row("kernel GB/s vs copy_", result, detail))
+    else:
+        summary.append(row("GPU tests, benchmark", NOT_RUN, "commrt does not import"))
+    lines += [rule] + summary
+    results += [result_of(ln) for ln in summary]
+    status = exit_status(results)
+    verdict = {0: PASSED, 1: FAILED, 2: NOT_RUN}[status]
+    lines += [rule, row("result", verdict, f"exit {status}, {time.monotonic() - start:.0f} s")]
+    return lines + ["=" * WIDTH], status
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tests and one bucket size only")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per part")
-    ap.add_argument("--out", default=".", help="folder for the logs")
+    ap.add_argument("--out", default=os.path.join("out", "gpu_check"), help="folder for logs")
+    ap.add_argument("--budget", type=float, default=450, help="seconds for the whole check")
+    ap.add_argument("--quick", action="store_true", help="no benchmark; one bucket size")
+    ap.add_argument("--import", dest="imports", choices=("auto", "pip", "path"), default="auto",
+                    help="how commrt is made importable (default: as it is, else pip, else "
+                    "links)")  # fmt: skip
     ap.add_argument("--kernels", type=int, nargs="+", help=argparse.SUPPRESS)  # the child
     a = ap.parse_args(argv)
     if a.kernels:
-        measure(a.kernels)
-        return 0
-    start = time.monotonic()
-    lines = ["=" * WIDTH, row("commrt GPU check", "result", "detail"), "-" * WIDTH]
-    lines += run_tests(a.timeout, a.out)
-    if not a.quick:
-        lines += run_bench(a.timeout, a.out)
-    lines.append("-" * WIDTH)
-    lines += kernel_rows([16] if a.quick else [1, 4, 16, 64], a.timeout)
-    lines.append("-" * WIDTH)
-    lines.append(row("total", f"{time.monotonic() - start:.0f} s"))
+        return measure(a.kernels)
+    lines, status = check(a)
     print("\n".join(lines))
-    return 1 if any(" FAILED " in f" {ln} " or " killed " in ln for ln in lines) else 0
+    return status
 
 
 if __name__ == "__main__":

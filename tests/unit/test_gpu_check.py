@@ -1,0 +1,187 @@
+"""tools/gpu_check.py's verdicts, from fake pytest runs: a step that ran nothing on the GPU
+is NOT RUN, never passed, even where pytest exits 0; and bench/conftest.py leaves Triton
+compiled where CUDA is present (its TRITON_INTERPRET=1 made every CUDA case skip).
+
+The check's run from a copy of the tree, offline, is tests/multiprocess/test_gpu_check_offline.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import gpu_check as G  # tools/ is on sys.path (tests/conftest.py)
+
+REPO = os.path.dirname(G.TOOLS)
+
+#: a stand-in for bench_kernels.py: CPU cases that pass, CUDA cases that skip (as they do
+#: wherever TRITON_INTERPRET=1 or no GPU), and a module pytest exits 0 on
+FAKE_BENCH = """
+import pytest
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(True, reason="{why}")])
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("mb", [1, 4])
+def test_throughput(device, mb):
+    assert {fail} is False
+"""
+
+
+def _run_fake(tmp_path, why="no CUDA GPU on this machine", fail=False, skip_cuda=True):
+    """Run the stand-in under pytest with the check's plugin; (pytest's exit code, results)."""
+    body = FAKE_BENCH.format(why=why, fail=fail)
+    if not skip_cuda:
+        body = body.replace("pytest.mark.skipif(True", "pytest.mark.skipif(False")
+    path = tmp_path / "bench_fake.py"
+    path.write_text(textwrap.dedent(body))
+    results = tmp_path / "results.jsonl"
+    env = dict(os.environ, PYTHONPATH=G.TOOLS, **{G.RESULTS_ENV: str(results)})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(path),
+            "-q",
+            "-p",
+            "gpu_check",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return proc.returncode, G.read_results(str(results))
+
+
+def test_a_benchmark_whose_cuda_cases_all_skipped_is_not_run_though_pytest_passed(tmp_path):
+    code, tests = _run_fake(tmp_path)
+    assert code == 0  # what the check used to call "passed"
+    assert [t["outcome"] for t in tests.values()] == ["passed", "skipped"] * 2
+    assert [t["gpu"] for t in tests.values()] == [False, True] * 2  # the mark, not the name
+    result, detail = G.bench_result(tests)
+    assert result == G.NOT_RUN and detail.startswith("no CUDA GPU on this machine"), detail
+    assert "0 of 2 CUDA cases ran" in detail
+    assert G.exit_status(["info", G.PASSED, result]) == 2
+
+
+def test_the_benchmark_passes_only_when_every_cuda_case_ran(tmp_path):
+    code, tests = _run_fake(tmp_path, skip_cuda=False)
+    assert code == 0 and G.bench_result(tests)[0] == G.PASSED
+    some = dict(tests)
+    first_cuda = next(k for k, t in some.items() if t["gpu"])
+    some[first_cuda] = dict(some[first_cuda], outcome="skipped", message="out of memory")
+    assert G.bench_result(some) == (G.NOT_RUN, "out of memory; 1 of 2 CUDA cases ran")
+    code, tests = _run_fake(tmp_path / "..", fail=True, skip_cuda=False)
+    result, detail = G.bench_result(tests)
+    assert code == 1 and result == G.FAILED and "assert True is False" in detail
+
+
+def test_no_gpu_test_ran_is_not_run_and_a_required_check_that_skipped_too():
+    tests = {
+        "tests/gpu/test_kernels_gpu.py::test_kernels_compile_for_sm90": dict(
+            outcome="passed", gpu=False, seconds=4.0, message=""
+        ),
+        "tests/gpu/test_gpu.py::test_bf16_wire_dtype_through_the_compiled_kernels": dict(
+            outcome="skipped", gpu=True, seconds=0, message="no CUDA GPU on this machine"
+        ),
+    }
+    assert G.tests_result(tests, []) == (G.NOT_RUN, "no CUDA GPU on this machine")
+    rows, results = G.required_rows(tests)
+    assert results == [G.NOT_RUN] * len(G.REQUIRED)
+    (bf16,) = [r for r in rows if r.startswith("GradientSync bf16")]
+    assert "NOT RUN   no CUDA GPU" in bf16
+    (ddp,) = [r for r in rows if r.startswith('DDP on "commrt"')]
+    assert "did not run" in ddp  # missing altogether: not run, not passed
+    tests["tests/gpu/test_gpu.py::test_bf16_wire_dtype_through_the_compiled_kernels"].update(
+        outcome="passed", message=""
+    )
+    assert G.tests_result(tests, []) == (G.PASSED, "1 ran on the GPU, 0 skipped")
+    assert G.tests_result(tests, ["test_gpu.py"])[0] == G.KILLED
+
+
+def test_a_gpu_test_file_that_does_not_import_fails(tmp_path):
+    bad = tmp_path / "test_broken.py"
+    bad.write_text("import no_such_module_here\n")
+    results = tmp_path / "r.jsonl"
+    env = dict(os.environ, PYTHONPATH=G.TOOLS, **{G.RESULTS_ENV: str(results)})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(bad),
+            "-q",
+            "-p",
+            "gpu_check",
+            "-p",
+            "no:cacheprovider",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    tests = G.read_results(str(results))
+    assert [t["outcome"] for t in tests.values()] == ["failed"]
+    assert G.tests_result(tests, [])[0] == G.FAILED
+
+
+def test_rows_fit_80_columns_and_the_status_orders_failed_before_not_run():
+    line = G.row("x" * 50, G.NOT_RUN, "y" * 100)
+    assert len(line) == 80 and G.result_of(line) == G.NOT_RUN
+    assert G.exit_status([G.PASSED, "info"]) == 0
+    assert G.exit_status([G.PASSED, G.NOT_RUN]) == 2
+    assert G.exit_status([G.NOT_RUN, G.KILLED]) == 1
+
+
+def test_the_cuda_extra_follows_torchs_cuda_not_the_drivers():
+    assert G.cuda_extra("13.0") == "cuda13" and G.cuda_extra("12.8") == "cuda12"
+    assert G.cuda_extra(None) is None
+    cu13 = {"torch_cuda": "13.0", "cupy": {"cupy-cuda13x": "14.2.0"}}
+    assert G.extra_row(cu13) == (G.PASSED, "commrt[cuda13]: cupy-cuda13x 14.2.0")
+    result, detail = G.extra_row({"torch_cuda": "13.0", "cupy": {"cupy-cuda12x": "14.0.1"}})
+    assert result == G.FAILED and "pip install 'commrt[cuda13]'" in detail
+    assert G.extra_row({"torch_cuda": None})[0] == "info"
+
+
+def test_bench_conftest_leaves_triton_compiled_where_cuda_is_present():
+    """Run bench/conftest.py with torch.cuda.is_available answering True, then False."""
+    probe = (
+        "import os, runpy, torch; torch.cuda.is_available = lambda: {}; "
+        "runpy.run_path('bench/conftest.py'); print(os.environ.get('TRITON_INTERPRET'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    seen = []
+    for cuda in (True, False):
+        out = subprocess.run(
+            [sys.executable, "-c", probe.format(cuda)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        seen.append(out.stdout.split()[-1])
+    assert seen == ["None", "1"]
+
+
+def test_the_plugin_records_nothing_without_its_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv(G.RESULTS_ENV, raising=False)
+
+    class Report:
+        nodeid, when, outcome, passed, skipped = "t::x", "call", "passed", True, False
+
+    G.pytest_runtest_logreport(Report())
+    monkeypatch.setenv(G.RESULTS_ENV, str(tmp_path / "r.jsonl"))
+    G.pytest_runtest_logreport(Report())
+    (rec,) = [json.loads(ln) for ln in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert rec["outcome"] == "passed" and rec["gpu"] is False
