@@ -4,8 +4,9 @@ From the repository root, after ``pip install -e '.[dev]'``::
 
     pytest bench/bench_kernels.py --benchmark-only
 
-Each benchmark moves one gradient bucket (1, 4, 16, 64, 100 MB; MB = 2**20
-bytes) made of a list of gradient tensors, in one of two layouts:
+Each benchmark moves one gradient bucket (1, 4, 16, 64, 100 MB, and on a GPU
+also 1024 MB = 1 GiB; MB = 2**20 bytes) made of a list of gradient tensors,
+in one of two layouts:
 
 * ``resnet50`` (realistic): consecutive ResNet-50 parameter gradients in
   backward order, as DDP fills buckets (fc first), the last one cut to fit:
@@ -31,15 +32,23 @@ layout and bucket size (the ``small`` layout runs pack, copy and cat_mul):
   it really moves 16N)
 
 On CPU the kernels take the torch reference path (what ``impl="auto"`` picks
-for CPU tensors). On CUDA they take the Triton path; each round queues
-several launches between two ``torch.cuda.synchronize()`` calls and the
-per-launch time is reported. The CUDA variant is skipped with a reason
-where there is no GPU (or where TRITON_INTERPRET=1 makes Triton unusable on
-CUDA tensors).
+for CPU tensors), timed by pytest-benchmark. On CUDA they take the Triton
+path: the first call autotunes, then each round queues many launches back to
+back (no synchronisation between them) and times them with two CUDA events,
+so the GPU runs kernel after kernel and the reported per-launch time is the
+GPU's, not the host's launch and Python time (a single launch timed between
+two synchronisations would measure those on buckets of a few MB). Buckets
+up to a few tens of MB may stay in the GPU's L2 cache between launches; the
+``copy_`` row of the same bytes is timed the same way, so the op / copy
+ratio compares like with like, and the 1 GiB row is far past any cache.
+The CUDA variant is skipped with a reason where there is no GPU (or where
+TRITON_INTERPRET=1 makes Triton unusable on CUDA tensors); tools/gpu_check.py
+reports the benchmark as not run when no CUDA case ran.
 
 After each op's benchmark, the op and a ``copy_`` of the same elements are
-also timed alternately (best of 15 rounds each): other processes' load then
-hits both alike, which makes that ratio the steadier one on a shared machine.
+also timed alternately (best of several rounds each): other processes' load
+then hits both alike, which makes that ratio the steadier one on a shared
+machine.
 
 At the end of the session two tables print: every op's GB/s per layout and
 size with pack / copy, and the paired op / copy ratios. (The speed goals:
@@ -50,6 +59,7 @@ cat_mul.)
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import pytest
@@ -59,6 +69,10 @@ from commrt.kernels import _common, pack, unpack
 
 MB = 1 << 20
 SIZES_MB = [1, 4, 16, 64, 100]
+#: the GPU adds a 1 GiB bucket: far past the L2 cache, the HBM figure
+CUDA_SIZES_MB = SIZES_MB + [1024]
+#: rounds per figure: CUDA events time a round precisely, so fewer are needed there
+ROUNDS = {"cpu": 15, "cuda": 7}
 SCALE = 1.0 / 8
 OPS = ["pack", "pack_bf16", "unpack", "unpack_acc_bf16", "copy", "cat_mul"]
 # bytes per element that each op must read + write
@@ -129,15 +143,13 @@ def _cuda_skip_reason():
     return None
 
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[
-            pytest.mark.gpu,
-            pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason())),
-        ],
-    ),
+_CUDA_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason())),
+]
+#: (device, bucket MB): the CPU rows, then the GPU rows with their 1 GiB bucket
+DEVICE_SIZES = [pytest.param("cpu", mb, id=f"cpu-{mb}MB") for mb in SIZES_MB] + [
+    pytest.param("cuda", mb, marks=_CUDA_MARKS, id=f"cuda-{mb}MB") for mb in CUDA_SIZES_MB
 ]
 
 LAYOUT_OPS = [("resnet50", op) for op in OPS] + [
@@ -148,10 +160,10 @@ _results = {}  # (device, layout, mb, op) -> (median GB/s, best GB/s)
 _paired = {}  # (device, layout, mb, op) -> op GB/s / copy GB/s, timed alternately
 
 
-def summary_line(cells, first: int = 15, width: int = 12) -> str:
+def summary_line(cells, first: int = 15, width: int = 9) -> str:
     """One row of the summary tables: the first cell left-aligned in ``first`` characters,
     the rest right-aligned in ``width``, always a space apart (an op name of 15,
-    "unpack_acc_bf16", ran into its neighbour without one). Five sizes fit 80 columns."""
+    "unpack_acc_bf16", ran into its neighbour without one). Six sizes fit 80 columns."""
     head, *rest = cells
     return " ".join([f"{head:<{first}}", *(f"{c:>{width}}" for c in rest)]).rstrip()
 
@@ -159,7 +171,7 @@ def summary_line(cells, first: int = 15, width: int = 12) -> str:
 def _gbs_rows(dev: str, layout: str) -> list[list[str]]:
     """One row per op (then pack/copy), one column per size: median GB/s (the best round's
     is in --benchmark-json, extra_info gbps_best)."""
-    sizes = [mb for mb in SIZES_MB if any((dev, layout, mb, op) in _results for op in OPS)]
+    sizes = [mb for mb in CUDA_SIZES_MB if any((dev, layout, mb, op) in _results for op in OPS)]
     rows = [["op"] + [f"{mb} MB" for mb in sizes]]
     for op in OPS:
         if any((dev, layout, mb, op) in _results for mb in sizes):
@@ -174,7 +186,7 @@ def _gbs_rows(dev: str, layout: str) -> list[list[str]]:
 
 def _paired_rows(dev: str, layout: str) -> list[list[str]]:
     """One row per op (copy aside), one column per size: op GB/s over copy GB/s."""
-    sizes = [mb for mb in SIZES_MB if any((dev, layout, mb, op) in _paired for op in OPS)]
+    sizes = [mb for mb in CUDA_SIZES_MB if any((dev, layout, mb, op) in _paired for op in OPS)]
     rows = [["op"] + [f"{mb} MB" for mb in sizes]]
     for op in OPS:
         if op != "copy" and any((dev, layout, mb, op) in _paired for mb in sizes):
@@ -199,7 +211,7 @@ class _Summary:
                 tr.write_line(summary_line(row))
         if not _paired:
             return
-        tr.section("op GB/s / copy GB/s, paired: best of 15 rounds alternating with copy_")
+        tr.section("op GB/s / copy GB/s, paired: best round, alternating with copy_")
         tr.write_line(
             "Trust these ratios over pack/copy above: op and copy_ run in turn, so load\n"
             "on the machine slows both alike; above, each op was timed on its own, at\n"
@@ -218,19 +230,29 @@ def _summary_table(request):
     yield
 
 
-def _timed_rounds(fns, reps: int, device: str, rounds: int = 15):
+def _round_seconds(f, reps: int, device: str) -> float:
+    """Seconds per call of ``reps`` calls of ``f`` back to back: on CUDA between two CUDA
+    events with no synchronisation between the calls (the GPU's time), else the clock's."""
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            f()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        f()
+    return (time.perf_counter() - t0) / reps
+
+
+def _timed_rounds(fns, reps: int, device: str):
     """Best time per call of each function, timing them alternately round by round."""
     best = [float("inf")] * len(fns)
-    for _ in range(rounds):
+    for _ in range(ROUNDS[device]):
         for k, f in enumerate(fns):
-            if device == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                f()
-            if device == "cuda":
-                torch.cuda.synchronize()
-            best[k] = min(best[k], (time.perf_counter() - t0) / reps)
+            best[k] = min(best[k], _round_seconds(f, reps, device))
     return best
 
 
@@ -266,8 +288,7 @@ def _make(layout: str, op: str, device: str, mb: int):
 # Order: all ops of one (device, size) run back to back (the top decorator
 # varies fastest), so ops compared in one table row see similar machine load.
 @pytest.mark.parametrize("layout,op", LAYOUT_OPS, ids=[f"{lay}-{op}" for lay, op in LAYOUT_OPS])
-@pytest.mark.parametrize("mb", SIZES_MB, ids=[f"{m}MB" for m in SIZES_MB])
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device,mb", DEVICE_SIZES)
 def test_kernel_throughput(benchmark, layout, op, mb, device):
     n, fn = _make(layout, op, device, mb)
     nbytes = BYTES_PER_ELEM[op] * n
@@ -275,19 +296,18 @@ def test_kernel_throughput(benchmark, layout, op, mb, device):
     benchmark.extra_info.update(
         op=op, layout=layout, device=device, bucket_mb=mb, elements=n, bytes_moved=nbytes
     )
+    gpu_s = []  # CUDA: seconds per launch of each round, from CUDA events
     if device == "cuda":
-        # queue `reps` launches between two synchronizations, so a round
-        # lasts >= ~1 ms of GPU time and launch latency overlaps execution
+        # queue `reps` launches back to back (about 4 GB moved, at most 200 launches), so a
+        # round lasts >= ~1 ms of GPU time and each launch's host time overlaps the kernels
         reps = max(1, min(200, int(4e9 // nbytes)))
 
         def run():
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
+            gpu_s.append(_round_seconds(fn, reps, device))
 
         fn()  # first call autotunes (GPU) / builds tables
         torch.cuda.synchronize()
-        benchmark.pedantic(run, rounds=20, warmup_rounds=2, iterations=1)
+        benchmark.pedantic(run, rounds=ROUNDS[device], warmup_rounds=1, iterations=1)
     else:
         reps = 1
         fn()
@@ -295,8 +315,9 @@ def test_kernel_throughput(benchmark, layout, op, mb, device):
     stats = getattr(benchmark, "stats", None)
     if stats is None:  # --benchmark-disable: timed nothing
         return
-    med = stats.stats.median / reps
-    best = stats.stats.min / reps
+    timed = gpu_s[-ROUNDS[device] :]
+    med = statistics.median(timed) if gpu_s else stats.stats.median / reps
+    best = min(timed) if gpu_s else stats.stats.min / reps
     gbps = nbytes / med / 1e9
     benchmark.extra_info.update(
         launches_per_round=reps, gbps_median=round(gbps, 2), gbps_best=round(nbytes / best / 1e9, 2)

@@ -261,24 +261,55 @@ def gradient_like(
     return out
 
 
+def seconds_per_call(
+    fn: Callable[[], object], device: str = "cpu", rounds: int = 5, round_s: float = 0.02
+) -> float:
+    """Seconds one call of ``fn`` takes: the median over ``rounds`` of a round of many calls
+    made back to back, divided by the calls.
+
+    On CUDA the calls of a round are queued with no synchronisation between them and timed
+    by two CUDA events around them, so the GPU runs kernel after kernel and the figure is
+    the kernels' (the host's launch cost shows only where it exceeds a kernel's run time).
+    Timing each call alone between two synchronisations would measure launch and Python
+    time on buckets of a few MB instead. On the CPU a round is timed by the clock. A round
+    makes as many calls as fit in about ``round_s`` (1 to 1000); the first call, before any
+    round, autotunes and builds tables.
+    """
+    cuda = device != "cpu"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    calls = max(1, min(1000, int(round_s / max(time.perf_counter() - t0, 1e-7))))
+    times = []
+    for _ in range(rounds):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / calls)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
 def measure_kernels(
     sizes: Sequence[int], wire: torch.dtype = torch.float32, device: str = "cpu", repeats: int = 5
 ) -> list[Row]:
-    """GB/s (bytes read + written) of pack, unpack, copy and cat+scale per bucket size."""
+    """GB/s (bytes read + written) of pack, unpack, copy and cat+scale per bucket size, each
+    timed over many back-to-back calls (:func:`seconds_per_call`), median of ``repeats``."""
     from commrt.kernels import pack, unpack
 
     def timed(fn) -> float:
-        fn()
-        best = []
-        for _ in range(repeats):
-            if device != "cpu":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            if device != "cpu":
-                torch.cuda.synchronize()
-            best.append(time.perf_counter() - t0)
-        return statistics.median(best)
+        return seconds_per_call(fn, device, repeats)
 
     rows = []
     wsize = torch.empty((), dtype=wire).element_size()

@@ -185,3 +185,76 @@ def test_the_plugin_records_nothing_without_its_variable(tmp_path, monkeypatch):
     G.pytest_runtest_logreport(Report())
     (rec,) = [json.loads(ln) for ln in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert rec["outcome"] == "passed" and rec["gpu"] is False
+
+
+# ------------------------------------------------------------ kernel timing (issue 41, 9)
+
+
+class _FakeCuda:
+    """torch.cuda's timing calls, logged: events, synchronisations, and the calls timed."""
+
+    def __init__(self, monkeypatch):
+        import torch
+
+        self.log = []
+        log = self.log
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+
+            def record(self):
+                log.append("record")
+
+            def synchronize(self):
+                log.append("wait")
+
+            def elapsed_time(self, other):
+                return 6.0  # ms
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: log.append("sync"))
+
+    def call(self):
+        self.log.append("call")
+
+
+def _rounds(log):
+    """The rounds of a log: what lies between each "record" and the next."""
+    text = " ".join(log)
+    return [r.split() for r in text.split("record")[1::2]]
+
+
+def test_kernel_timing_queues_many_launches_between_two_cuda_events(monkeypatch):
+    """commrt.cli.bench.seconds_per_call (gpu_check's GB/s rows, commrt bench kernels) and
+    bench_kernels.py's rounds: no synchronisation between the calls of a round."""
+    import importlib.util
+
+    from commrt.cli.bench import seconds_per_call
+
+    fake = _FakeCuda(monkeypatch)
+    per_call = seconds_per_call(fake.call, "cuda", rounds=3)
+    rounds = _rounds(fake.log)
+    assert len(rounds) == 3 and all(set(r) == {"call"} and len(r) > 1 for r in rounds), fake.log
+    assert per_call == 6.0 / 1e3 / len(rounds[0])
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_kernels_t", f"{REPO}/bench/bench_kernels.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fake.log.clear()
+    assert mod._round_seconds(fake.call, 50, "cuda") == 6.0 / 1e3 / 50
+    assert fake.log == ["record"] + ["call"] * 50 + ["record", "wait"]
+    assert 1024 in mod.CUDA_SIZES_MB and 1024 not in mod.SIZES_MB  # 1 GiB on the GPU only
+
+
+def test_kernel_timing_on_the_cpu_still_times_rounds_of_calls():
+    from commrt.cli.bench import measure_kernels, seconds_per_call
+
+    calls = []
+    assert seconds_per_call(lambda: calls.append(1), "cpu", rounds=2) > 0
+    assert len(calls) > 4  # warm, estimate, then rounds of many calls
+    (row,) = measure_kernels([1 << 16], device="cpu", repeats=2)
+    assert [r.name for r in row.results] == ["pack", "unpack", "copy", "cat+scale"]
+    assert all(r.time_s > 0 for r in row.results)
