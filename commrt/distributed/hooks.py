@@ -125,16 +125,7 @@ def gossip_hook(state: GossipState, bucket) -> torch.futures.Future[torch.Tensor
         buf.mul_(0.5)
         sched = state.gossip.schedule(p, step=step)
         comm.admit_collective()
-        with comm.lock:
-            comm.executor.run(
-                sched,
-                buf,
-                comm.transport,
-                timeout=comm.timeout,
-                piece_bytes=comm.piece_bytes,
-                bucket=bucket.index(),
-                spin_s=comm.spin_s,
-            )
+        comm.run_schedule(sched, buf, bucket=bucket.index())
     state.mixed[bucket.index()] = (step, state.gossip.peers(comm.rank, step, p)[1])
     if bucket.is_last():
         state.step += 1

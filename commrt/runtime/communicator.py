@@ -56,7 +56,8 @@ class NodeLayout:
 @dataclass
 class CommSlots:
     """What other modules derive once per communicator, one typed field each (not a
-    string-keyed dict: a reader finds every user of a slot by its name)."""
+    string-keyed dict: a reader finds every user of a slot by its name). The caches among
+    them are listed with every other, in one place: :mod:`commrt.collectives`."""
 
     #: commrt.tuning.topology: ranks per node as every rank agreed (collective on first use)
     node_layout: NodeLayout | None = None
@@ -74,7 +75,10 @@ class CommSlots:
     backup_instances: int = 0
     #: commrt.collectives.core: call signatures all ranks agreed on (each checked on first use)
     agreed_calls: set = field(default_factory=set)
-    #: commrt.collectives.memo: (algorithm, average, dtype, shape) -> SettledCall, all-reduce
+    #: commrt.collectives.reductions: the dtypes each op reduces (None: commrt's own; gloo's
+    #: on a torch.distributed group's communicator)
+    dtype_rules: object | None = None
+    #: commrt.collectives.memo: (algorithm, op, dtype, shape) -> SettledCall, all-reduce
     #: signatures whose schedule no longer changes: run without agreeing, selecting or
     #: observing again; and the last call's, which a repeat finds without a lookup
     settled_calls: dict = field(default_factory=dict)
@@ -157,37 +161,33 @@ class Communicator:
                 raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
 
     def run_schedule(
-        self,
-        schedule,
-        buf: torch.Tensor,
-        *,
-        timeout: float | None = None,
-        average: bool = False,
-        bucket: int | None = None,
-        tracer=None,
-        owner: torch.Tensor | None = None,
-        transport: Transport | None = None,
-        spin: bool = True,
-    ) -> int:
-        """Run ``schedule`` in place on the contiguous ``buf`` under this communicator's lock,
-        timeout (unless ``timeout``), piece size and spin; return the bytes this rank sent
-        (:meth:`commrt.schedule.executor.Executor.run`). ``owner``: the tensor whose life bounds the
-        cached binding to ``buf``. ``transport``: one the caller made (its ranks numbered
-        as the schedule numbers them). ``spin=False`` for callers that must not hold a core
-        while they wait (GradientSync's progress thread runs beside backward)."""
+        self, schedule, buf: torch.Tensor, timeout: float | None = None,
+        average: bool = False, reduce=None, tracer=None, owner: torch.Tensor | None = None, *,
+        bucket: int | None = None, transport: Transport | None = None, spin: bool = True,
+    ) -> int:  # fmt: skip
+        """Run ``schedule`` in place on ``buf`` under this communicator's lock, timeout (unless
+        ``timeout``), piece size and spin; return the bytes this rank sent
+        (:meth:`commrt.schedule.executor.Executor.run`). The one place where a schedule
+        meets the executor (:mod:`commrt.collectives`): a repeat on one buffer costs the
+        lock and a comparison with the executor's last binding, no faster way around it
+        needed. A ``buf`` that is not contiguous runs through a contiguous copy, written back.
+        ``average``: divide by the ranks at the end. ``reduce(dst, src)``: what a received
+        piece meets instead of the executor's sum (:mod:`commrt.collectives.reductions`).
+        ``owner``: the tensor whose life bounds the cached binding to ``buf`` (a copy's own,
+        when one is made). ``transport``: one the caller made (its ranks numbered as the
+        schedule numbers them). ``spin=False`` for callers that must not hold a core while
+        they wait (GradientSync's progress thread runs beside backward)."""
+        work = buf if buf.is_contiguous() else buf.contiguous()
         with self.lock:
-            return self.executor.run(
-                schedule,
-                buf,
-                self.transport if transport is None else transport,
-                timeout=self.timeout if timeout is None else check_timeout(timeout),
-                piece_bytes=self.piece_bytes,
-                average=average,
-                bucket=bucket,
-                tracer=tracer,
-                owner=owner,
-                spin_s=self.spin_s if spin else 0.0,
-            )
+            sent = self.executor.run(
+                schedule, work, self.transport if transport is None else transport,
+                self.timeout if timeout is None else check_timeout(timeout),
+                self.piece_bytes, average, reduce, bucket, tracer,
+                owner if work is buf else work, self.spin_s if spin else 0.0,
+            )  # fmt: skip
+        if work is not buf:
+            buf.copy_(work)
+        return sent
 
     # -- what collectives and GradientSync need from each other, through the communicator
 

@@ -221,8 +221,10 @@ def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 class Executor:
-    """Runs schedules; caches compiled plans, bindings and one scratch buffer per dtype/device.
+    """Runs schedules; caches compiled plans, bindings and one scratch buffer per dtype/device
+    (each cache's key, bound and lifetime: :mod:`commrt.collectives`).
 
+    ``reduce``: what a received piece meets unless a run names its own (default: a sum).
     Not thread-safe by itself: the :class:`~commrt.Communicator` lock
     serialises collectives.
     """
@@ -244,8 +246,10 @@ class Executor:
         transport: Transport,
         piece_elems: int,
         owner: torch.Tensor | None = None,
+        reduce: Callable | None = None,
     ) -> Bound:
-        """The cached :class:`Bound` for ``schedule`` on ``buf``, compiled and made on first use.
+        """The cached :class:`Bound` for ``schedule`` on ``buf``, compiled and made on first use;
+        ``reduce``: what a received piece meets (None: this executor's own, ``self.reduce``).
 
         One dictionary lookup when warm. The key holds the buffer's address:
         a binding holds views of ``buf``, so that address cannot be reused
@@ -254,7 +258,15 @@ class Executor:
         falls out of the small LRU, so the cache never keeps much memory
         alive.
         """
-        key = (id(schedule), buf.data_ptr(), buf.numel(), buf.dtype, piece_elems, id(transport))
+        key = (
+            id(schedule),
+            buf.data_ptr(),
+            buf.numel(),
+            buf.dtype,
+            piece_elems,
+            id(transport),
+            reduce,
+        )
         hit = self._bound.get(key)
         if hit is not None and hit.schedule is schedule:
             self._bound.move_to_end(key)
@@ -270,7 +282,8 @@ class Executor:
         old = self._bound.pop(key, None)
         if old is not None:
             old.free()
-        bound = self._bound[key] = Bound(schedule, plan, flat, scratch, transport, self.reduce)
+        reducer = self.reduce if reduce is None else reduce
+        bound = self._bound[key] = Bound(schedule, plan, flat, scratch, transport, reducer)
         if owner is not None:
             weakref.finalize(owner, self._dead.append, key)
         if len(self._bound) > _MAX_BOUND:
@@ -328,10 +341,10 @@ class Executor:
         schedule: Schedule,
         buf: torch.Tensor,
         transport: Transport,
-        *,
         timeout: float,
         piece_bytes: int = 4 << 20,
         average: bool = False,
+        reduce: Callable | None = None,
         bucket: int | None = None,
         tracer=None,
         owner: torch.Tensor | None = None,
@@ -340,7 +353,12 @@ class Executor:
         """Run ``schedule`` in place on the contiguous ``buf`` (taken as flat); return the bytes
         this rank sent.
 
+        The arguments may come by position, in this order
+        (:meth:`commrt.Communicator.run_schedule` passes them so: a repeated small call
+        pays for every keyword argument).
         ``average`` divides by the number of participating ranks at the end.
+        ``reduce(dst, src)``: what a received piece meets in place of this executor's own
+        (``self.reduce``, a sum): a min, a max... (:mod:`commrt.collectives.reductions`).
         Raises :class:`~commrt.CommTimeoutError` if any wait exceeds
         ``timeout`` seconds, naming the rank, peer, algorithm, step and bucket.
         ``spin_s``: how long a wait polls before it yields the core
@@ -355,14 +373,15 @@ class Executor:
             and last[3] is buf.dtype
             and last[4] is transport
             and last[5] == piece_bytes
+            and last[6] is reduce
             and not self._dead
         ):
-            bound = last[6]
+            bound = last[7]
         else:
             piece_elems = _piece_elems(piece_bytes, buf)
-            bound = self.bind(schedule, buf, transport, piece_elems, owner)
+            bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
             last = (schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes)
-            self._last = last + (bound,)
+            self._last = last + (reduce, bound)
         if not bound.member:
             return 0
         if transport.stream_ordered:

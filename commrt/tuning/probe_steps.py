@@ -79,16 +79,14 @@ def time_runs(
 ) -> list[float]:
     """Seconds per step of each of ``repeats`` barrier-aligned runs of ``calls`` back-to-back
     calls of ``sched`` (after one warm-up call)."""
-    run = comm.executor.run
-    # waits as commrt.all_reduce waits, so α is the latency it sees
-    kw = dict(timeout=comm.timeout, piece_bytes=comm.piece_bytes, spin_s=comm.spin_s)
-    run(sched, buf, comm.transport, **kw)  # warm-up: plan, scratch, connections
+    run = comm.run_schedule  # as commrt.all_reduce runs, so α is the latency it sees
+    run(sched, buf)  # warm-up: plan, scratch, connections
     times = []
     for _ in range(repeats):
         comm.barrier()
         t0 = time.perf_counter()
         for _ in range(calls):
-            run(sched, buf, comm.transport, **kw)
+            run(sched, buf)
         times.append((time.perf_counter() - t0) / (calls * sched.num_steps))
     return times
 
