@@ -259,8 +259,10 @@ def _timed_rounds(fns, reps: int, device: str):
 def _make(layout: str, op: str, device: str, mb: int):
     """Inputs for one op on one bucket; returns (elements, function to time)."""
     shapes = bucket_shapes(layout, mb * MB)
-    gen = torch.Generator().manual_seed(mb)
-    grads = [torch.randn(s, generator=gen).to(device) for s in shapes]
+    # drawn where they live: a 1 GiB bucket drawn on the CPU and copied over would take
+    # longer than timing it
+    gen = torch.Generator(device=device).manual_seed(mb)
+    grads = [torch.randn(s, generator=gen, device=device) for s in shapes]
     n = sum(g.numel() for g in grads)
     impl = "torch" if device == "cpu" else "triton"
     if op == "pack":
@@ -270,13 +272,13 @@ def _make(layout: str, op: str, device: str, mb: int):
         bucket = torch.empty(n, device=device, dtype=torch.bfloat16)
         return n, lambda: pack(grads, bucket, SCALE, impl=impl)
     if op == "unpack":
-        bucket = torch.randn(n, generator=gen).to(device)
+        bucket = torch.randn(n, generator=gen, device=device)
         return n, lambda: unpack(bucket, grads, SCALE, impl=impl)
     if op == "unpack_acc_bf16":
-        bucket = torch.randn(n, generator=gen).to(device=device, dtype=torch.bfloat16)
+        bucket = torch.randn(n, generator=gen, device=device).to(torch.bfloat16)
         return n, lambda: unpack(bucket, grads, SCALE, accumulate=True, impl=impl)
     if op == "copy":
-        src = torch.randn(n, generator=gen).to(device)
+        src = torch.randn(n, generator=gen, device=device)
         dst = torch.empty(n, device=device)
         return n, lambda: dst.copy_(src)
     if op == "cat_mul":
