@@ -250,7 +250,7 @@ class Auto(Algorithm):
 
     def settled_watch(self, comm, nbytes: int) -> Tuning | None:
         """What counts the calls of a settled size's kept schedule toward its next recheck
-        (``commrt.collectives.memo.run_settled`` calls its ``settled_call()`` after each; None:
+        (``commrt.collectives.memo.counted`` calls its ``settled_call()`` after each; None:
         nothing)."""
         return comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
 

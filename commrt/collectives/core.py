@@ -20,7 +20,6 @@ for torch.
 
 from __future__ import annotations
 
-import enum
 import math
 import time
 import zlib
@@ -30,66 +29,44 @@ import torch
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.algorithms import broadcast as _bcast
 from commrt.collectives import rows as _rows
-from commrt.collectives.memo import SettledCall, remember, run_settled
+from commrt.collectives.memo import SettledCall, counted, remember
+from commrt.collectives.reductions import (
+    COMMRT,
+    NAMED_DTYPES,
+    REDUCERS,
+    SPELLINGS,
+    SUPPORTED_DTYPES,
+    DtypeRules,
+    ReduceOp,
+)
 from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError
 from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where, engine_error
 from commrt.tuning.context import Context
 
-#: dtypes :func:`all_reduce` accepts (integers with ``op="sum"`` only)
-SUPPORTED_DTYPES = (
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int32,
-    torch.int64,
-)
+__all__ = ["all_reduce", "broadcast", "agree_call", "gather_rows", "check_tensor", "dtype_rules"]
+__all__ += ["ReduceOp", "SUPPORTED_DTYPES"]  # defined in commrt.collectives.reductions
 
-_REDUCIBLE = frozenset(SUPPORTED_DTYPES)
-_FLOATS = frozenset(d for d in SUPPORTED_DTYPES if d.is_floating_point)
-
-
-class ReduceOp(enum.Enum):
-    SUM = "sum"
-    AVG = "avg"
-
-    @classmethod
-    def parse(cls, op: "str | ReduceOp") -> "ReduceOp":
-        if isinstance(op, cls):
-            return op
-        try:
-            return cls(str(op).lower())
-        except ValueError:
-            raise ValueError(f"unknown op {op!r}; choose 'sum' or 'avg'") from None
-
-
-#: ReduceOp.AVG, read without the enum class's attribute lookup (all_reduce's hot path)
-_AVG = ReduceOp.AVG
-
-# the usual spellings, looked up without the enum machinery (all_reduce's hot path)
-_OPS = {
-    "sum": ReduceOp.SUM,
-    "avg": ReduceOp.AVG,
-    ReduceOp.SUM: ReduceOp.SUM,
-    ReduceOp.AVG: ReduceOp.AVG,
-}
+#: per op, the dtypes a plain CPU tensor may have to pass :func:`check_tensor` in a few
+#: attribute reads (commrt's own rules, which every other set of rules widens)
+_QUICK = COMMRT.dtypes
 
 
 def check_tensor(
     tensor: torch.Tensor, comm: Communicator, op: ReduceOp, moves_only: bool = False
 ) -> None:
-    """Raise ValueError/TypeError for tensors commrt cannot reduce, saying why.
-    ``moves_only``: the collective only moves bytes (broadcast, all-gather): any dtype."""
-    # the common case first, in as few attribute reads as possible (all_reduce's hot path):
-    # a plain CPU tensor, on a CPU communicator, of a dtype any collective takes
+    """Raise ValueError/TypeError for tensors commrt cannot reduce with ``op`` on ``comm``
+    (its dtype rules: :func:`dtype_rules`), saying why. ``moves_only``: the collective only
+    moves bytes (broadcast, all-gather): any dtype."""
+    # the common case first, in as few attribute reads as possible: a plain CPU tensor, on
+    # a CPU communicator, of a dtype any collective takes for this op
     if (
         type(tensor) is torch.Tensor
         and tensor.is_cpu
         and comm.device_type == "cpu"
         and not tensor.requires_grad
-        and tensor.dtype in (_FLOATS if op is _AVG else _REDUCIBLE)
+        and tensor.dtype in _QUICK[op]
     ):
         return
     if not isinstance(tensor, torch.Tensor):
@@ -100,21 +77,21 @@ def check_tensor(
             "does not allow on such a tensor; pass tensor.detach() (or call under "
             "torch.no_grad()) to reduce its values"
         )
-    if tensor.dtype not in SUPPORTED_DTYPES and not moves_only:
-        raise ValueError(
-            f"unsupported dtype {tensor.dtype}; commrt reduces "
-            f"{', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)}"
-        )
-    if op is ReduceOp.AVG and not tensor.dtype.is_floating_point:
-        raise ValueError(
-            f"op='avg' needs a floating-point tensor, got {tensor.dtype}; use op='sum'"
-        )
+    if not moves_only:
+        dtype_rules(comm).check(tensor.dtype, op)
     if tensor.device.type != comm.device_type:
         hint = " (move it with .to(comm.device))"
         raise ValueError(
             f"tensor is on {tensor.device} but the {comm.backend.value} communicator "
             f"works on {comm.device}{hint}"
         )
+
+
+def dtype_rules(comm: Communicator) -> DtypeRules:
+    """The dtypes each op reduces on ``comm`` (:mod:`commrt.collectives.reductions`):
+    commrt's own, or those its owner set (a torch.distributed group's: gloo's)."""
+    rules = comm.slots.dtype_rules
+    return COMMRT if rules is None else rules
 
 
 def all_reduce(
@@ -129,21 +106,31 @@ def all_reduce(
     """Reduce ``tensor`` across all ranks of ``comm``, in place; returns it.
 
     ``algorithm`` is a name (``"ring"``, ``"halving_doubling"``, ...) or an
-    instance carrying options. ``op`` is ``"sum"`` or ``"avg"``. Any shape
-    works; a non-contiguous tensor is reduced through a contiguous copy that
-    is written back (so it still works in place, at the cost of two copies).
+    instance carrying options. ``op``: ``"sum"``, ``"avg"``, ``"min"``,
+    ``"max"``, ``"prod"`` or the bitwise ``"band"``, ``"bor"``, ``"bxor"`` (or a
+    :class:`~commrt.collectives.reductions.ReduceOp`); the dtypes each takes are
+    listed in :mod:`commrt.collectives.reductions`. Any shape works; a
+    non-contiguous tensor is reduced through a contiguous copy that is written
+    back (so it still works in place, at the cost of two copies).
 
     Example::
 
         >>> t = torch.full((1000,), float(comm.rank))          # doctest: +SKIP
         >>> commrt.all_reduce(t, comm, algorithm="ring", op="sum")
+        >>> commrt.all_reduce(t, comm, op="max")
     """
+    # One path for every all-reduce, commrt's and the torch.distributed backend's: find the
+    # call's settled schedule, admit the call, run it. A repeat of the last call (same
+    # algorithm and op objects, dtype, shape, device kind; memo.SettledCall) is found by
+    # identity tests alone, its checks having passed on its first call; any other call is
+    # parsed, resolved and checked, then looked up by signature. A signature not settled
+    # yet takes the full way (_first_call): the cross-rank check on first use, select, the
+    # run, observe.
     last = comm.slots.settled_call
     if (
         last is not None
         and last.algorithm is algorithm
         and last.op is op
-        # check_tensor's quick test, given that last's dtype passed it for this op on comm
         and type(tensor) is torch.Tensor
         and tensor.dtype is last.dtype
         and (tensor.is_cpu if last.on_cpu else tensor.is_cuda)
@@ -151,45 +138,55 @@ def all_reduce(
         and tensor.shape == last.shape
         and not comm.debug
     ):
-        # the last call's signature, settled: skip resolving, the call check (agreed
-        # already), select and observe (SettledCall says why each may be skipped)
-        comm.admit_collective()
-        return run_settled(tensor, comm, last, timeout, tracer)
-    return _all_reduce(tensor, comm, algorithm, op, timeout, tracer)
-
-
-def _all_reduce(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
-    """:func:`all_reduce` past the last call's memo: a signature settled earlier (calls that
-    alternate between sizes, as a process group's buckets do), its first call, or one whose
-    algorithm is still learning."""
-    given = op
-    parsed = _OPS.get(op) if isinstance(op, (str, ReduceOp)) else None
-    op = parsed if parsed is not None else ReduceOp.parse(op)
-    alg = resolve(algorithm)
-    check_tensor(tensor, comm, op)
+        settled = last
+    else:
+        parsed = SPELLINGS.get(op) if isinstance(op, (str, ReduceOp)) else None
+        parsed = parsed if parsed is not None else ReduceOp.parse(op)
+        alg = resolve(algorithm)
+        check_tensor(tensor, comm, parsed)
+        known = (alg, parsed, tensor.dtype, tensor.shape)
+        settled = None if comm.debug else comm.slots.settled_calls.get(known)
+        if settled is not None:
+            if settled.algorithm is not algorithm or settled.op is not op:  # another spelling
+                s = settled
+                settled = SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.watch)
+            remember(comm.slots, settled)
     comm.admit_collective()
-    average = op is _AVG
+    if settled is None:
+        return _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer)
+    # by position: a repeated small call pays for every keyword argument
+    comm.run_schedule(
+        settled.schedule, tensor, timeout, settled.average, settled.reduce, tracer, tensor
+    )
+    if settled.watch is not None:
+        counted(comm.slots, settled)
+    return tensor
+
+
+#: an all-reduce op as its ``agreed_calls`` key names it: whether it averages, for sum and
+#: avg; its name for the others, as :func:`agree_call` spells ops
+_AGREED_AS = {op: op.value for op in ReduceOp} | {ReduceOp.SUM: False, ReduceOp.AVG: True}
+
+
+def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer):
+    """:func:`all_reduce` for a signature not settled: agree on it across ranks (once per
+    signature), select, run and observe; remember the schedule once the algorithm has
+    nothing more to learn for this size."""
     slots = comm.slots
-    known = (alg, average, tensor.dtype, tensor.shape)
-    settled = None if comm.debug else slots.settled_calls.get(known)
-    if settled is not None:
-        if settled.algorithm is not algorithm or settled.op is not given:  # another spelling
-            s = settled
-            settled = SettledCall(algorithm, given, average, tensor, s.schedule, known, s.watch)
-        return run_settled(tensor, comm, remember(slots, settled), timeout, tracer)
-    key = ("all_reduce", tensor.shape, tensor.dtype, average, alg.name)
+    key = ("all_reduce", tensor.shape, tensor.dtype, _AGREED_AS[parsed], alg.name)
     if comm.debug or key not in slots.agreed_calls:
-        _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, op.value, alg.name), key)
+        _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, parsed.value, alg.name), key)
     context = Context(comm)  # what select and observe may ask of the communicator
     observe = alg.observe if alg.learns else None
-    ran = _run(tensor, comm, alg.select, average, timeout, tracer, observe, context)
+    average, reduce = parsed is ReduceOp.AVG, REDUCERS.get(parsed)
+    ran = _run(tensor, comm, alg.select, timeout, tracer, observe, context, average, reduce)
     if ran is None or comm.debug or not ran[1]:
         return tensor
     # a fixed algorithm keeps what select chose on this first call; one that learned for
     # this size keeps what it settled on (perhaps not the schedule this call tried)
     kept = ran[0] if observe is None else alg.select(comm.world_size, ran[2], context)
     watch = alg.settled_watch(context, ran[2])
-    remember(slots, SettledCall(algorithm, given, average, tensor, kept, known, watch))
+    remember(slots, SettledCall(algorithm, op, parsed, tensor, kept, known, watch))
     return tensor
 
 
@@ -225,7 +222,7 @@ def broadcast(
             f"{algorithm!r} is not a broadcast algorithm; use commrt.algorithms.BinomialTree() "
             f"or PipelinedChain()"
         )
-    _enter(comm)
+    comm.admit_collective()
     name = algorithm.name if algorithm is not None else "auto"
     key = ("broadcast", tensor.shape, tensor.dtype, root, name)
     if comm.debug or key not in comm.slots.agreed_calls:
@@ -235,7 +232,7 @@ def broadcast(
         alg = algorithm if algorithm is not None else _bcast.choose(world_size, nbytes)
         return alg.schedule(world_size, root=root)
 
-    _run(tensor, comm, pick, False, timeout, tracer)
+    _run(tensor, comm, pick, timeout, tracer)
     return tensor
 
 
@@ -251,48 +248,41 @@ def agree_call(
         _agree(comm, _Call(kind, tuple(shape), dtype, op, algorithm), key)
 
 
-def _enter(comm: Communicator) -> None:
-    """What every collective checks before it touches the wire."""
-    comm.admit_collective()
-
-
 def _run(
     tensor: torch.Tensor,
     comm: Communicator,
     pick,
-    average: bool,
     timeout,
     tracer,
     observe=None,
     context: Context | None = None,
+    average: bool = False,
+    reduce=None,
 ) -> tuple | None:
-    """Run ``pick(world_size, nbytes, context)``'s schedule in place on ``tensor`` (through
-    a contiguous copy if needed); then ``observe(context, nbytes, started)`` (``auto``
-    learns from its own timings: commrt.algorithms.auto_learn). ``context``: the
-    communicator as the algorithm's hooks see it (default: ``comm`` itself). Returns
-    ``(schedule, settled, nbytes)`` (``settled``: what observe returned), or None where
-    nothing was sent."""
-    work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    nbytes = work.nbytes
-    ran = None
-    if comm.world_size > 1 and nbytes:
-        # one lock around both: pick may probe the network (a collective) on first use
-        with comm.lock:
-            context = comm if context is None else context
-            schedule = pick(comm.world_size, nbytes, context)
-            started = time.perf_counter()
-            comm.run_schedule(
-                schedule, work, timeout=timeout, average=average, tracer=tracer, owner=work
-            )
-            settled = observe is None or observe(context, nbytes, started)
-            ran = (schedule, settled, nbytes)
-    if work is not tensor:
-        tensor.copy_(work)
-    return ran
+    """Run ``pick(world_size, nbytes, context)``'s schedule in place on ``tensor``
+    (:meth:`~commrt.Communicator.run_schedule`, reducing as ``average`` and ``reduce`` say);
+    then ``observe(context, nbytes, started)`` (``auto`` learns from its own timings:
+    commrt.algorithms.auto_learn). ``context``: the communicator as the algorithm's hooks
+    see it (default: ``comm`` itself). Returns ``(schedule, settled, nbytes)``
+    (``settled``: what observe returned), or None where nothing was sent."""
+    nbytes = tensor.nbytes
+    if comm.world_size == 1 or not nbytes:
+        return None
+    # one lock around both: pick may probe the network (a collective) on first use
+    with comm.lock:
+        context = comm if context is None else context
+        schedule = pick(comm.world_size, nbytes, context)
+        started = time.perf_counter()
+        comm.run_schedule(
+            schedule, tensor, timeout=timeout, average=average, reduce=reduce, tracer=tracer,
+            owner=tensor,
+        )  # fmt: skip
+        settled = observe is None or observe(context, nbytes, started)
+    return (schedule, settled, nbytes)
 
 
 #: dtypes a call description can name (SUPPORTED_DTYPES first: their codes stay put)
-_DTYPES = SUPPORTED_DTYPES + (torch.int8, torch.uint8, torch.int16, torch.bool)
+_DTYPES = NAMED_DTYPES
 
 
 class _Call:
@@ -450,9 +440,10 @@ def gather_rows(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> 
     raise :class:`~commrt.errors.CollectiveMismatchError` on every rank (checked
     the first time each length is used, as :func:`all_reduce` checks its calls).
     """
-    _enter(comm)
-    row = list(row)
-    key = ("gather_rows", len(row), dtype)
-    if comm.debug or key not in comm.slots.agreed_calls:
-        _agree(comm, _Call("gather_rows", (len(row),), dtype, "", "rows"), key)
-    return _rows.gather(comm, row, dtype)
+
+    def agree(length: int) -> None:
+        key = ("gather_rows", length, dtype)
+        if comm.debug or key not in comm.slots.agreed_calls:
+            _agree(comm, _Call("gather_rows", (length,), dtype, "", "rows"), key)
+
+    return _rows.gather(comm, row, dtype, agree)

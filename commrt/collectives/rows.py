@@ -16,16 +16,22 @@ from commrt.runtime.communicator import Communicator
 _RING = Ring()
 
 
-def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> list[list]:
+def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64, agree=None) -> list[list]:
     """Every rank's ``row`` (same length everywhere), on every rank, in rank order.
 
     One sum all-reduce of a p-row table in which each rank fills only its
     own row: exact (each slot adds one value to zeros), identical on every
     rank, and it cannot deadlock on a mismatch the way differently sized
-    messages could. Collective, with no admission check: callers that may
-    run beside a GradientSync step check first (:func:`commrt.collectives.core.gather_rows`).
+    messages could. Collective, and admitted as every collective is
+    (:meth:`~commrt.Communicator.admit_collective`, then
+    :meth:`~commrt.Communicator.run_schedule`); ``agree(length)``, if given,
+    runs between the two (:func:`commrt.collectives.core.gather_rows` checks
+    there that every rank's row has this length).
     """
+    comm.admit_collective()
     row = list(row)
+    if agree is not None:
+        agree(len(row))
     table = torch.zeros(comm.world_size, len(row), dtype=dtype, device=comm.device)
     table[comm.rank] = torch.tensor(row, dtype=dtype)
     if comm.world_size > 1:

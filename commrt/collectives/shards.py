@@ -83,6 +83,8 @@ def reduce_scatter(
     """Rank r's ``output`` = the sum (``op="avg"``: average) over ranks of shard r of
     ``input``; returns ``output``. ``input`` is left as it was."""
     op = ReduceOp.parse(op)
+    if op is not ReduceOp.SUM and op is not ReduceOp.AVG:
+        raise ValueError(f"commrt.reduce_scatter: op must be 'sum' or 'avg', got {op.value!r}")
     alg = resolve(algorithm)
     check_tensor(input, comm, op)
     check_tensor(output, comm, op)

@@ -1,15 +1,16 @@
 """What each torch.distributed call runs on a commrt communicator.
 
-Plain functions on one device's :class:`DeviceContext` (the communicator, the
-group's all-reduce algorithm, executors for MIN/MAX/PRODUCT); the process
-group (:mod:`commrt.distributed.group`) queues them on its call thread.
+Plain functions on one device's :class:`DeviceContext` (the communicator and
+the group's all-reduce algorithm); the process group
+(:mod:`commrt.distributed.group`) queues them on its call thread.
 
-* all-reduce: SUM through :func:`commrt.all_reduce`; AVG scales by 1/p in
-  the pack kernel (float32/16, bfloat16; float64 divides) and sums; MIN,
-  MAX, PRODUCT, the bitwise BAND, BOR and BXOR, and SUM of the dtypes
-  :func:`commrt.all_reduce` does not reduce (int8, uint8, int16, bool, as
-  gloo and NCCL do) run the same schedule with another reduction in the
-  executor. PREMUL_SUM raises ``NotImplementedError``.
+* all-reduce: every op through :func:`commrt.all_reduce`, on a communicator
+  whose dtype rules are gloo's and NCCL's (SUM of int8, uint8, int16 and bool
+  too, a bool sum being an or; :mod:`commrt.collectives.reductions`); AVG
+  scales by 1/p in the pack kernel (float32/16, bfloat16; float64 divides) and
+  sums; MIN, MAX, PRODUCT and the bitwise BAND, BOR and BXOR run the same
+  schedule with another reduction in the executor. PREMUL_SUM raises
+  ``NotImplementedError``.
 * reduce-scatter and all-gather: :mod:`commrt.collectives.shards` (ring, halving-
   doubling on a power of two, torus2d; the others fall back to ring).
 * broadcast: :func:`commrt.broadcast` (binomial tree or pipelined chain).
@@ -18,7 +19,7 @@ group (:mod:`commrt.distributed.group`) queues them on its call thread.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -26,57 +27,15 @@ import torch.distributed as dist
 from commrt.algorithms import Algorithm, Ring
 from commrt.collectives.core import SUPPORTED_DTYPES, agree_call, all_reduce
 from commrt.collectives.core import broadcast as commrt_broadcast
+from commrt.collectives.reductions import SPELLINGS, TORCH
 from commrt.collectives.shards import all_gather, reduce_scatter
 from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
 from commrt.kernels import pack
 from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where
-from commrt.tuning.context import Context
 
 R = dist.ReduceOp
-
-
-def _minimum(dst: torch.Tensor, src: torch.Tensor) -> None:
-    torch.minimum(dst, src, out=dst)
-
-
-def _maximum(dst: torch.Tensor, src: torch.Tensor) -> None:
-    torch.maximum(dst, src, out=dst)
-
-
-def _product(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.mul_(src)
-
-
-def _sum(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.add_(src)  # bool: logical or, as gloo's and NCCL's sums give
-
-
-def _band(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.bitwise_and_(src)
-
-
-def _bor(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.bitwise_or_(src)
-
-
-def _bxor(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.bitwise_xor_(src)
-
-
-#: reductions the executor runs in place of commrt's own sum, by torch op name
-REDUCERS = {
-    "min": _minimum,
-    "max": _maximum,
-    "product": _product,
-    "sum": _sum,
-    "band": _band,
-    "bor": _bor,
-    "bxor": _bxor,
-}
-#: ops defined on integers and bool only
-BITWISE = frozenset({"band", "bor", "bxor"})
 
 
 def op_name(op) -> str:
@@ -108,15 +67,10 @@ class DeviceContext:
 
     comm: Communicator
     algorithm: Algorithm
-    executors: dict = field(default_factory=dict)
 
-    def executor(self, op: str):
-        ex = self.executors.get(op)
-        if ex is None:
-            from commrt.schedule.executor import Executor
-
-            ex = self.executors[op] = Executor(reduce=REDUCERS[op])
-        return ex
+    def __post_init__(self):
+        # torch.distributed's contract on this communicator: the dtypes gloo and NCCL reduce
+        self.comm.slots.dtype_rules = TORCH
 
     def shard_algorithm(self) -> Algorithm:
         """The group's algorithm where it has reduce-scatter and all-gather schedules
@@ -133,43 +87,11 @@ def allreduce(dc: DeviceContext, t: torch.Tensor, op: str) -> None:
     # require grad); commrt's collectives refuse such tensors, so they get the plain data
     t = t.detach()
     comm = dc.comm
-    if op == "sum" and t.dtype in SUPPORTED_DTYPES:
-        all_reduce(t, comm, dc.algorithm, "sum")
-    elif op == "avg":
-        if t.dtype in PACK_DTYPES and t.is_contiguous():
-            flat = t.view(-1)
-            pack([flat], flat, scale=1.0 / comm.world_size)  # the average is the pack's scale
-            all_reduce(t, comm, dc.algorithm, "sum")
-        else:
-            all_reduce(t, comm, dc.algorithm, "avg")
-    else:
-        _reduce_other(dc, t, op)
-
-
-def _reduce_other(dc: DeviceContext, t: torch.Tensor, op: str) -> None:
-    """The group's all-reduce schedule with another reduction (:data:`REDUCERS`)."""
-    comm = dc.comm
-    if op in BITWISE and (t.is_floating_point() or t.is_complex()):
-        # refused before any message, on every rank alike (they all hold this dtype)
-        raise ValueError(f"reduce op {op.upper()} needs an integer or bool tensor, got {t.dtype}")
-    comm.admit_collective()
-    agree_call(comm, "all_reduce", t.shape, t.dtype, op, dc.algorithm.name)
-    work = t if t.is_contiguous() else t.contiguous()
-    if comm.world_size > 1 and work.numel():
-        with comm.lock:
-            nbytes = work.numel() * work.element_size()
-            sched = dc.algorithm.select(comm.world_size, nbytes, Context(comm))
-            dc.executor(op).run(
-                sched,
-                work,
-                comm.transport,
-                timeout=comm.timeout,
-                piece_bytes=comm.piece_bytes,
-                owner=work,
-                spin_s=comm.spin_s,
-            )
-    if work is not t:
-        t.copy_(work)
+    if op == "avg" and t.dtype in PACK_DTYPES and t.is_contiguous():
+        flat = t.view(-1)
+        pack([flat], flat, scale=1.0 / comm.world_size)  # the average is the pack's scale
+        op = "sum"
+    all_reduce(t, comm, dc.algorithm, SPELLINGS[op])
 
 
 def allreduce_coalesced(dc: DeviceContext, tensors: list[torch.Tensor], op: str) -> None:
@@ -241,7 +163,7 @@ def scatter_reduce(dc: DeviceContext, out: torch.Tensor, inp: torch.Tensor, op: 
             out.copy_(target)
         return
     full = inp.detach().clone().reshape(-1)  # MIN/MAX/PRODUCT: all-reduce, keep my shard
-    _reduce_other(dc, full, op)
+    allreduce(dc, full, op)
     out.copy_(full.chunk(dc.comm.world_size)[dc.comm.rank].view_as(out))
 
 

@@ -31,7 +31,6 @@ def ranks_per_node(comm: Communicator) -> int | None:
     if comm.slots.node_layout is None:
         p, agreed = comm.world_size, None
         if p > 1:
-            comm.admit_collective()
             rows = _rows.gather(comm, [comm.local_size or 0, comm.local_rank])
             L = int(rows[0][0])
             blocks = all((int(a), int(b)) == (L, r % max(L, 1)) for r, (a, b) in enumerate(rows))
