@@ -106,14 +106,17 @@ class SyncContext:
             spin=False,
         )
 
-    def warm(self, schedule, buf: torch.Tensor) -> None:
+    def warm(self, schedule, buf: torch.Tensor, ranks=None) -> None:
         """Launch ``schedule``'s reduce kernel on every piece size it will use on ``buf``,
         where kernels autotune on first launch (CUDA), so that the first backward does not
-        tune them on the progress thread. Nothing happens on the CPU."""
+        tune them on the progress thread. ``ranks``: the ranks of ``schedule`` whose pieces
+        to warm (default: this rank), for a policy whose rank's place in the schedule
+        changes from step to step. Nothing happens on the CPU."""
         if buffers.needs_tuning(buf.device):
             comm = self.comm
             with comm.lock:
-                comm.executor.warm(schedule, comm.rank, buf, comm.piece_bytes)
+                for rank in (comm.rank,) if ranks is None else ranks:
+                    comm.executor.warm(schedule, rank, buf, comm.piece_bytes)
 
 
 class Policy(abc.ABC):

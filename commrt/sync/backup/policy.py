@@ -25,6 +25,7 @@ from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import Liveness
 from commrt.sync.backup.recovery import Reduction
 from commrt.sync.backup.rejoin import announce, check_rejoin, enter
+from commrt.sync.buffers import needs_tuning
 from commrt.sync.policy import Policy, SyncContext
 from commrt.sync.report import render_rows
 from commrt.tuning.context import Context
@@ -135,6 +136,7 @@ class BackupPolicy(Policy):
         self.n = alg.participants(self.p)  # ValueError on every rank when p <= b
         self.timeout, rejoined = comm.timeout, comm.transport.rejoined
         self.inner = inner = _inners(ctx, alg, self.n, rejoined)
+        warm(ctx, inner, self.p, self.n)
         if self.send_when_ready is None:
             self.send_when_ready = bool(comm.transport.stream_ordered)
         space = _key_space(comm)
@@ -355,6 +357,19 @@ def _inners(ctx: SyncContext, alg, n: int, rejoined: bool) -> list:
     for a in dict.fromkeys(inner):
         a.schedule(ctx.comm.world_size, tuple(range(n)))
     return inner
+
+
+def warm(ctx: SyncContext, inner: list, p: int, n: int) -> None:
+    """Launch the reduce kernel on every piece size the participants' all-reduce (``inner``,
+    per bucket) sums into each bucket, where kernels autotune on their first launch (CUDA):
+    at construction, not on the progress thread during the first backward. Which N of the
+    p ranks take part changes from step to step, and with it this rank's place among
+    them, so the pieces of every place are warmed. Nothing happens on the CPU."""
+    if not any(needs_tuning(b.device) for b in ctx.buffers):
+        return
+    participants = tuple(range(n))
+    for a, buf in zip(inner, ctx.buffers):
+        ctx.warm(a.schedule(p, participants), buf, ranks=participants)
 
 
 def inner_for(inner, n: int, nbytes: int, comm):
