@@ -136,7 +136,6 @@ class BackupPolicy(Policy):
         self.n = alg.participants(self.p)  # ValueError on every rank when p <= b
         self.timeout, rejoined = comm.timeout, comm.transport.rejoined
         self.inner = inner = _inners(ctx, alg, self.n, rejoined)
-        warm(ctx, inner, self.p, self.n)
         if self.send_when_ready is None:
             self.send_when_ready = bool(comm.transport.stream_ordered)
         space = _key_space(comm)
@@ -349,13 +348,15 @@ def _key_space(comm) -> str:
 
 def _inners(ctx: SyncContext, alg, n: int, rejoined: bool) -> list:
     """Per bucket: the all-reduce among the N participants (a shape that does not fit N
-    fails here, on every rank). ``rejoined``: for a replacement (no ``auto``)."""
+    fails here, on every rank), its reduce kernel warmed (:func:`warm`). ``rejoined``: for a
+    replacement (no ``auto``)."""
     if rejoined:
         check_rejoin(alg.inner)
     where = Context(ctx.comm)  # what auto's choice may ask of the communicator (a probe)
     inner = [inner_for(alg.inner, n, b.numel * ctx.element_size, where) for b in ctx.buckets]
     for a in dict.fromkeys(inner):
         a.schedule(ctx.comm.world_size, tuple(range(n)))
+    warm(ctx, inner, ctx.comm.world_size, n)
     return inner
 
 
