@@ -26,7 +26,8 @@ import enum
 
 import torch
 
-__all__ = ["ReduceOp", "REDUCERS", "BITWISE", "SUPPORTED_DTYPES", "DtypeRules", "COMMRT", "TORCH"]
+__all__ = ["ReduceOp", "SPELLINGS", "REDUCERS", "BITWISE", "DtypeRules", "COMMRT", "TORCH"]
+__all__ += ["SUPPORTED_DTYPES", "NAMED_DTYPES"]
 
 #: dtypes :func:`commrt.all_reduce` sums (and averages, the floats among them)
 SUPPORTED_DTYPES = (
