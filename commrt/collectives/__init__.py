@@ -5,8 +5,7 @@ which the torch.distributed backend takes too, and ``broadcast``),
 :mod:`commrt.collectives.reductions` (the ops an all-reduce takes and the
 dtypes each reduces),
 :mod:`commrt.collectives.shards` (``reduce_scatter``, ``all_gather``),
-:mod:`commrt.collectives.rows` (every rank's small row of numbers, for
-agreeing), :mod:`commrt.collectives.consensus` (``average_parameters``),
+:mod:`commrt.collectives.consensus` (``average_parameters``),
 :mod:`commrt.collectives.coalesce` (many tensors through one flat buffer) and
 :mod:`commrt.collectives.memo` (the settled-call memo).
 

@@ -28,7 +28,6 @@ import torch
 
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.algorithms import broadcast as _bcast
-from commrt.collectives import rows as _rows
 from commrt.collectives.memo import SettledCall, counted, remember
 from commrt.collectives.reductions import (
     COMMRT,
@@ -40,6 +39,7 @@ from commrt.collectives.reductions import (
     ReduceOp,
 )
 from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError
+from commrt.runtime import rows as _rows
 from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where, engine_error

@@ -33,8 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
+from commrt.runtime import rows
 from commrt.runtime.rendezvous import serve
 
 #: environment variable naming a launcher-hosted store, ``host:port``
@@ -104,18 +103,13 @@ class ControlStore:
         found = launcher_store()
         if found is not None:
             return cls(found[0], found[1], found[2], timeout)
-        from commrt.collectives.core import broadcast
-
         server, host = None, os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        parts = [0.0] * 5
         if comm.rank == 0:
             server = _tcp(host, 0, True, timeout)
-        addr = torch.zeros(5, dtype=torch.float64, device=comm.device)
-        if comm.rank == 0:
             parts = [float(x) for x in _ipv4(host)] + [float(server.port)]
-            addr.copy_(torch.tensor(parts, dtype=torch.float64))
-        if comm.world_size > 1:
-            broadcast(addr, comm, root=0)
-        vals = [int(v) for v in addr.tolist()]
+        # rank 0's row is its address; every other rank's row is zeros
+        vals = [int(v) for v in rows.gather(comm, parts)[0]]
         return cls(".".join(map(str, vals[:4])), vals[4], Host.RANK0, timeout, server)
 
     def client(self, prefix: str):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from commrt.collectives import rows
+from commrt.runtime import rows
 from commrt.runtime.communicator import Communicator
 from commrt.tuning.probe import probe
 from commrt.tuning.topology import ranks_per_node
@@ -59,7 +59,7 @@ class Context:
 
     def gather_rows(self, row) -> list[list]:
         """Every rank's ``row`` on every rank, in rank order (collective:
-        :func:`commrt.collectives.rows.gather`)."""
+        :func:`commrt.runtime.rows.gather`)."""
         return rows.gather(self.comm, row)
 
     def synchronize(self) -> None:

@@ -17,7 +17,7 @@ Noise
 Runs are barrier-aligned, so run i is the same run on every rank: its
 agreed time is the slowest rank's (a synchronous step goes at that pace),
 and a size's step time is the **median** of those over the runs. Every
-rank's runs reach every rank in one gather (:func:`commrt.collectives.rows.gather`:
+rank's runs reach every rank in one gather (:func:`commrt.runtime.rows.gather`:
 an exact sum all-reduce), so every rank computes the same numbers and
 ends with the same model. The median, not the fastest run: where ranks
 share cores with other processes, a schedule meets their bursts as often
@@ -340,7 +340,7 @@ def _gather_runs(comm, plan: dict, names, per_node, repeats: int, gamma: float):
     """Every rank's per-run step times of the tiers ``names``, as ``{name: array (ranks,
     sizes, runs)}`` on every rank, and the largest γ (one gather)."""
     mine = [t for n in names for t in _measure(comm, plan[n], per_node, repeats)]
-    from commrt.collectives.rows import gather
+    from commrt.runtime.rows import gather
 
     table = np.asarray(gather(comm, [*mine, gamma]), dtype=np.float64)
     out, col = {}, 0
@@ -411,7 +411,7 @@ def _measured(comm, sizes, repeats: int, per_node) -> dict:
 def _loaded(comm, path: str, per_node) -> ProbeResult:
     """The calibration at ``path``, checked against this job on every rank (collective: a
     rank that cannot use it, or ranks that read different files, fail every rank)."""
-    from commrt.collectives.rows import gather
+    from commrt.runtime.rows import gather
 
     err, crc = None, 0
     try:

@@ -155,7 +155,7 @@ def fit_overheads(times: dict[str, float], scheds: dict[str, Schedule], net: Net
 def calibration_times(comm, repeats: int) -> tuple[dict[str, Schedule], dict[str, float]]:
     """Time the calibration schedules on ``comm``: ``({kind: schedule}, {kind: seconds per
     call})``, agreed on every rank (collective; module doc)."""
-    from commrt.collectives.rows import gather
+    from commrt.runtime.rows import gather
 
     scheds = calibration_schedules(comm.world_size)
     buf = torch.zeros(CALIBRATION_BYTES // 4, dtype=torch.float32, device=comm.device)

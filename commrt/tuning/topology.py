@@ -1,13 +1,13 @@
 """Where the ranks sit: how many share a node, as every rank agrees.
 
 Kept apart from the communicator because agreeing takes a collective
-(:func:`commrt.collectives.rows.gather`), and collectives build on the communicator,
+(:func:`commrt.runtime.rows.gather`), and collectives build on the communicator,
 never the other way round.
 """
 
 from __future__ import annotations
 
-from commrt.collectives import rows as _rows
+from commrt.runtime import rows as _rows
 from commrt.runtime.communicator import Communicator, NodeLayout
 
 

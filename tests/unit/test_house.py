@@ -154,6 +154,65 @@ def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
 
 
+#: the rooms, bottom to top (docs/ARCHITECTURE.md's diagram): a room imports only rooms on a
+#: lower line, or its own; rooms on one line import neither of each other
+LAYERS = (
+    ("errors",),
+    ("transports", "kernels"),
+    ("schedule",),
+    ("algorithms",),
+    ("sim",),
+    ("runtime",),
+    ("tuning",),
+    ("collectives",),
+    ("training",),
+    ("sync",),
+    ("distributed",),
+    ("data",),  # commrt.data, the public path of GossipShuffle
+    ("commrt",),  # commrt/__init__.py: the public names
+    ("cli",),
+    ("__main__",),
+)
+
+
+def room(module: str) -> str:
+    """The room a module lives in: ``commrt.sync.backup.policy`` -> ``sync``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "commrt"
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    level = {r: i for i, line in enumerate(LAYERS) for r in line}
+    bad = []
+    for name, targets in sorted(graph.items()):
+        here = room(name)
+        for t in sorted(targets):
+            there = room(t)
+            if there != here and level[there] >= level[here]:
+                bad.append(f"{name} ({here}) imports {t} ({there})")
+    return bad
+
+
+def test_every_module_lives_in_a_known_room():
+    levels = {r for line in LAYERS for r in line}
+    assert {room(m) for m in MODULES} <= levels, {room(m) for m in MODULES} - levels
+
+
+def test_rooms_import_one_way_lazy_imports_included():
+    bad = layer_violations(import_graph())
+    assert not bad, "imports against the map (docs/ARCHITECTURE.md):\n" + "\n".join(bad)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {
+        "commrt.runtime.store": {"commrt.collectives.core"},
+        "commrt.sync.x": {"commrt.runtime.a"},
+    }
+    assert layer_violations(graph) == [
+        "commrt.runtime.store (runtime) imports commrt.collectives.core (collectives)"
+    ]
+
+
 def _private_reaches(tree: ast.AST) -> list[ast.Attribute]:
     """``x._field`` where x is a guarded name (``comm``, ``self.comm``, ``ctx.sync``...)."""
     hits = []

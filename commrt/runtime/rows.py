@@ -1,9 +1,10 @@
 """Every rank's small row of numbers, on every rank: how ranks agree on anything.
 
-The primitive under the node layout, the probe's
-agreed timings and consensus reports. It sits below
-:mod:`commrt.collectives.core` so that modules the collectives depend on (the
-node layout that ``Torus2D()`` reads) can use it without a cycle.
+The primitive under the control store's address, the node layout, the
+probe's agreed timings and consensus reports. It sits in the runtime, below
+the tuning and the collectives, so that what they depend on (the node
+layout that ``Torus2D()`` reads, the store that backup workers meet in) can
+use it without a cycle.
 """
 
 from __future__ import annotations
