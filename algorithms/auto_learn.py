@@ -64,7 +64,7 @@ schedule compiles its plan and allocates scratch):
    again. ``Auto(recheck_s=None)`` never rechecks.
 
 Every rank decides from the same numbers: a phase's times reach every
-rank in one small gather (:func:`commrt.collectives.rows.gather`, an exact all-reduce
+rank in one small gather (:func:`commrt.runtime.rows.gather`, an exact all-reduce
 of a p × (timed calls) table) at the end of the phase, never per call, so
 a size costs at most three such gathers (one or two more per recheck), and WINDOW + P ×
 ⌈WINDOW / TRIAL_PASSES⌉ × (k + 1 + 2) timed calls for k tried candidates
@@ -386,6 +386,6 @@ def agree(comm, tuning: Tuning) -> list[list[float]]:
     """This phase's times of every rank, on every rank (collective: every rank, same call).
 
     ``comm`` gathers them: a :class:`commrt.tuning.context.Context`, whose ``gather_rows``
-    is :func:`commrt.collectives.rows.gather`. The decision logic above needs no
+    is :func:`commrt.runtime.rows.gather`. The decision logic above needs no
     communicator, and this module imports none."""
     return comm.gather_rows(tuning.times)
