@@ -334,14 +334,14 @@ class _AbortOnError:
 
     def __init__(self, previous):
         self.previous = previous
-        self.comms: weakref.WeakSet = weakref.WeakSet()
+        self.comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # comm: advice
 
     @classmethod
-    def install(cls, comm: "Communicator") -> None:
+    def install(cls, comm: "Communicator", advice: str) -> None:
         hook = sys.excepthook
         if not isinstance(hook, cls):
             hook = sys.excepthook = cls(hook)
-        hook.comms.add(comm)
+        hook.comms[comm] = advice  # how to keep it running: fits how comm was made
 
     def __call__(self, kind, value, tb) -> None:
         self.previous(kind, value, tb)
@@ -360,7 +360,7 @@ class _AbortOnError:
         what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
         end_job(
             f"commrt: rank {comm.rank}: {what}; ending the whole job "
-            f"(commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0 to keep it running)"
+            f"({self.comms.get(comm, 'COMMRT_ABORT_ON_ERROR=0')} to keep it running)"
         )
 
 
@@ -381,9 +381,9 @@ def end_job(message: str) -> None:
     os._exit(1)
 
 
-def install_abort_hook(comm: "Communicator") -> None:
+def install_abort_hook(comm: "Communicator", advice: str = "COMMRT_ABORT_ON_ERROR=0") -> None:
     """Install the abort-on-error hook (see :class:`_AbortOnError`) for ``comm``."""
-    _AbortOnError.install(comm)
+    _AbortOnError.install(comm, advice)
 
 
 def abort_on_error_wanted() -> bool:
@@ -465,7 +465,7 @@ def init(
         )
     comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
     if abort_on_error is not False and world_size > 1:
-        _AbortOnError.install(comm)
+        _AbortOnError.install(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
     return comm
 
 
