@@ -14,7 +14,9 @@ come from the launch command); see :func:`commrt.runtime.environment.mpi_env_for
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 
 import torch.distributed as dist
 
@@ -72,6 +74,9 @@ def make_group(backend_opts, pg_options=None):
     from commrt.distributed.group import ProcessGroupCommrt
 
     check_algorithm(pg_options)
+    if backend_opts.group_size > 1:  # once a process, whatever the number of groups
+        atexit.unregister(warn_lone_accelerator)
+        atexit.register(warn_lone_accelerator, backend_opts.group_size)
     devices = DeviceComms(
         backend_opts.store,
         backend_opts.group_rank,
@@ -82,6 +87,25 @@ def make_group(backend_opts, pg_options=None):
         list(backend_opts.global_ranks_in_group),
     )
     return ProcessGroupCommrt(devices)
+
+
+def warn_lone_accelerator(world_size: int) -> None:
+    """At exit: warn when Accelerate ran this job as one process although a commrt group of
+    ``world_size`` ranks existed. ``Accelerator()`` on a machine without a GPU keeps
+    ``DistributedType.NO`` unless ``cpu=True``: it never wraps the model, every rank trains
+    alone and the job ends without an error. Reads Accelerate's shared state only."""
+    state = sys.modules.get("accelerate.state")
+    shared = getattr(getattr(state, "PartialState", None), "_shared_state", None) or {}
+    kind = shared.get("distributed_type")
+    if kind is None or str(kind).rsplit(".", 1)[-1] != "NO":
+        return
+    print(
+        f"commrt: warning: a commrt group of {world_size} ranks existed, but Accelerate ran "
+        "this rank alone (DistributedType.NO: the model was not wrapped, nothing was "
+        "all-reduced); on a machine without a GPU pass Accelerator(cpu=True)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def register() -> None:
