@@ -34,6 +34,7 @@ import torch
 from commrt import __version__
 from commrt.cli import extras
 from commrt.cli import launch as launcher
+from commrt.cli.flags import unknown_flags
 from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
 
 __all__ = ["main", "build_parser", "check_train"]
@@ -174,9 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     argv = _negative_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     # errors after parsing belong to the subcommand: "commrt train: error: ..." with its usage
     sub = getattr(args, "parser", parser)
+    if unknown:  # a misspelt flag: the subcommand's usage and the flag it may have meant
+        sub.error(unknown_flags(sub, unknown))
     if getattr(args, "run", None) is None:  # "commrt", "commrt bench": which one?
         sub.error(f"choose one of: {', '.join(args.subcommands)} (then --help for its flags)")
     extras.check(args)  # scikit-learn, matplotlib: one line and status 2 if one is missing

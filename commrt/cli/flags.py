@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 
 from commrt.cli.units import (
     DTYPE_NAMES,
@@ -30,7 +31,7 @@ def rank_flags(p: argparse.ArgumentParser) -> None:
         "--backend",
         choices=["auto", "mpi", "gloo", "nccl"],
         default="auto",
-        help="auto: nccl with a GPU, else mpi if installed, else gloo",
+        help="auto: nccl with a GPU, else mpi if installed, else gloo (default auto)",
     )
     p.add_argument(
         "--timeout",
@@ -62,4 +63,19 @@ def dtype_flag(p: argparse.ArgumentParser, flag: str, what: str) -> None:
         default="float32",
         metavar="DTYPE",
         help=f"{what}: {DTYPE_NAMES} (default float32)",
+    )
+
+
+def unknown_flags(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """The error for arguments ``parser`` does not take, with the nearest flag each
+    misspelt one may have meant (argparse alone prints the top-level usage and no hint)."""
+    flags = [f for a in parser._actions for f in a.option_strings if f.startswith("--")]
+    hints = []
+    for arg in unknown:
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, flags, n=1) if name.startswith("-") else []
+        if close:
+            hints.append(f"{name}: did you mean {close[0]}?")
+    return (
+        f"unrecognized arguments: {' '.join(unknown)}" + ("; " if hints else "") + "; ".join(hints)
     )

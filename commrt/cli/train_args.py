@@ -27,12 +27,20 @@ from commrt.cli.units import (
 
 #: the global batch when neither --batch-size nor --batch-schedule is given
 DEFAULT_BATCH = 64
+#: the names --comm-dtype takes: short and long alike (as bench --dtype takes them)
+COMM_DTYPES = [n for n in DTYPES if DTYPES[n] is not DTYPES["float64"]]
 
 
 def register(sub) -> None:
     """Add ``train`` and its flags to ``commrt``'s sub-commands."""
     tr = sub.add_parser(
-        "train", help="data-parallel training of an MLP on the digits dataset (CPU by default)"
+        "train",
+        help="data-parallel training of an MLP on the digits dataset (CPU by default)",
+        description="Train a small MLP on scikit-learn's digits dataset with --nproc ranks "
+        "on this host (or as the ranks mpiexec or torchrun started), its gradients "
+        "averaged by the chosen all-reduce, backup workers or gossip. It prints a "
+        "progress bar, then a summary table: accuracy, step and communication times, "
+        "the bytes each rank sent.",
     )
     rank_flags(tr)
     tr.add_argument(
@@ -56,9 +64,11 @@ def register(sub) -> None:
         "--torus-shape",
         metavar="ROWSxCOLS",
         type=grid_shape,
-        help="grid for --algorithm torus2d, e.g. 2x2",
+        help="grid for --algorithm torus2d, e.g. 2x2 (default: chosen from --nproc)",
     )
-    tr.add_argument("--epochs", type=positive_int, default=8)
+    tr.add_argument(
+        "--epochs", type=positive_int, default=8, help="passes over the data (default 8)"
+    )
     tr.add_argument(
         "--batch-size",
         type=positive_int,
@@ -69,7 +79,8 @@ def register(sub) -> None:
     tr.add_argument(
         "--batch-schedule",
         metavar="EPOCH:BATCH,...",
-        help="grow the global batch at epochs, e.g. 0:32,3:64,6:128 (lr scales linearly)",
+        help="grow the global batch at epochs, e.g. 0:32,3:64,6:128 (lr scales linearly; "
+        "default: --batch-size throughout)",
     )
     tr.add_argument(
         "--label-smoothing",
@@ -78,7 +89,12 @@ def register(sub) -> None:
         help="for torch.nn.CrossEntropyLoss (default 0.1, as in Mikami et al.)",
     )
     tr.add_argument(
-        "--comm-dtype", choices=["fp32", "bf16", "fp16"], default="fp32", help="wire dtype"
+        "--comm-dtype",
+        choices=COMM_DTYPES,
+        default="fp32",
+        metavar="DTYPE",
+        help="the dtype gradients travel in: fp32, bf16, fp16 or their long names "
+        "float32, bfloat16, float16 (default fp32)",
     )
     tr.add_argument(
         "--backups",
@@ -92,12 +108,20 @@ def register(sub) -> None:
         "--trace",
         metavar="OUT.json",
         type=output_file,
-        help="write a merged Chrome trace of all ranks (for example out/trace.json)",
+        help="write a merged Chrome trace of all ranks (for example out/trace.json; default: none)",
     )
-    tr.add_argument("--lr", type=positive_number, default=0.05)
-    mb_help = "bucket cap (the model is ~85K parameters)"
+    tr.add_argument(
+        "--lr",
+        type=positive_number,
+        default=0.05,
+        help="SGD learning rate, momentum 0.9 (a --batch-schedule scales it with the "
+        "batch; default 0.05)",
+    )
+    mb_help = "bucket cap in MB (the model is ~85K parameters; default 0.1)"
     tr.add_argument("--bucket-mb", type=bucket_mb, default=0.1, help=mb_help)
-    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument(
+        "--seed", type=int, default=0, help="seed of the model, data split and order (default 0)"
+    )
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
     tr.set_defaults(run=cmd_train, parser=tr)
 
@@ -200,6 +224,13 @@ def _train_algorithm(parser: argparse.ArgumentParser, args, nproc: int, batch_fi
         if alg.name != "torus2d":
             parser.error("--torus-shape only applies to --algorithm torus2d")
         rows, cols = args.torus_shape  # (rows, cols): units.grid_shape parsed it
+        if rows * cols != nproc:
+            fits = ", ".join(f"{r}x{nproc // r}" for r in range(1, nproc + 1) if nproc % r == 0)
+            parser.error(
+                f"--torus-shape {rows}x{cols} has {rows * cols} ranks but --nproc is {nproc}; "
+                f"give a shape of {nproc} ranks ({fits}), or leave --torus-shape out to "
+                "choose one"
+            )
         try:
             alg = Torus2D(rows=rows, cols=cols)
             alg.schedule(nproc)
