@@ -15,6 +15,13 @@ schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
 :mod:`commrt.algorithms`, :mod:`commrt.kernels`, :mod:`commrt.training.trace`.
 """
 
+import time as _time
+
+#: when commrt was first imported in this process (``time.time()``): ``commrt train``'s
+#: start-up is measured from here, importing torch included, and not from the process's
+#: start, which a shell that ran something else first and then exec'd commrt shares
+_imported_at = _time.time()
+
 from commrt import data  # commrt.data.GossipShuffle
 from commrt.collectives.consensus import average_parameters
 from commrt.collectives.core import all_reduce, broadcast

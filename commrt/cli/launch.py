@@ -60,21 +60,18 @@ LAUNCHED_AT_ENV = "COMMRT_LAUNCHED_AT"
 
 
 def process_started_at() -> float:
-    """When this process started, in ``time.time()`` seconds (Linux reads /proc: the
-    seconds spent importing torch count; elsewhere, now)."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.time()
+    """When commrt started in this process, in ``time.time()`` seconds: its first import
+    (the seconds spent importing torch count). Not the process's own start: a shell that
+    exec'd commrt after other work (``bash -c "sleep 10 && commrt train"``) shares its
+    process, and that work is none of commrt's start-up."""
+    import commrt
+
+    return commrt._imported_at
 
 
 def launched_at() -> float:
     """When this job was launched: the launcher's start, handed down in the environment,
-    else this process's own start."""
+    else commrt's start in this process."""
     try:
         return float(os.environ[LAUNCHED_AT_ENV])
     except (KeyError, ValueError):
