@@ -10,6 +10,15 @@ or CUDA streams.
 All operations run on one dedicated CUDA stream, ordered after the caller's
 stream by an event (:meth:`NcclTransport.begin`) and before the caller's
 later work by another (:meth:`NcclTransport.end`).
+
+NCCL has a type for most torch dtypes (:data:`NCCL_DTYPE`); a bool moves and
+reduces as uint8 (as ``ProcessGroupNCCL`` does: a sum of bools is their
+maximum, an or), an int16 moves as its raw bytes and cannot be reduced by
+NCCL; any other dtype is refused by name before a group opens.
+
+cupy 13's ``NcclCommunicator`` takes the unique id as a tuple of 128 signed
+chars, cupy 14's as 128 bytes: :func:`new_communicator` hands each what it
+takes.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from typing import Sequence
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
+from commrt.transports import bounded
 from commrt.transports.base import Pair, Pending, Transport, poll_until
 from commrt.transports.watchdog import Watchdog
 
@@ -36,7 +46,10 @@ NCCL_DTYPE = {
     torch.float64: 8,
     torch.bfloat16: 9,
 }
-NCCL_SUM, NCCL_AVG = 0, 4
+#: torch dtypes NCCL has no type for, moved as uint8 (code 1): bool element by element (a
+#: reduction of bools is one of uint8), int16 as its raw bytes (send and receive only)
+AS_UINT8 = {torch.bool: 1, torch.int16: 2}  # dtype -> uint8 elements per element
+NCCL_SUM, NCCL_MAX, NCCL_AVG = 0, 2, 4
 
 
 #: what to install for the nccl backend (pyproject's extras), in every error that asks for it
@@ -72,13 +85,32 @@ def nccl_missing() -> str | None:
     return None
 
 
-def _dtype_code(t: torch.Tensor) -> int:
-    try:
-        return NCCL_DTYPE[t.dtype]
-    except KeyError:
+def wire(t: torch.Tensor) -> tuple[int, int]:
+    """(NCCL dtype code, count) that move ``t``: its own type where NCCL has one, else
+    uint8 (:data:`AS_UINT8`); any other dtype is a ValueError that names it."""
+    code = NCCL_DTYPE.get(t.dtype)
+    if code is not None:
+        return code, t.numel()
+    per = AS_UINT8.get(t.dtype)
+    if per is None:
+        movable = sorted(map(str, [*NCCL_DTYPE, *AS_UINT8]))
+        raise ValueError(f"NCCL cannot move {t.dtype}; supported: {movable}")
+    return NCCL_DTYPE[torch.uint8], t.numel() * per
+
+
+def reduction(t: torch.Tensor, op: str) -> tuple[int, int]:
+    """(NCCL dtype code, NCCL op) of an all-reduce of ``t`` with ``op`` ("sum" or "avg"):
+    bool as uint8, its sum a maximum (an or, as ProcessGroupNCCL has it); a dtype NCCL
+    cannot add (int16, which it has no type for, or an average of bools) names itself."""
+    if t.dtype == torch.bool and op == "sum":
+        return NCCL_DTYPE[torch.uint8], NCCL_MAX
+    code = NCCL_DTYPE.get(t.dtype)
+    if code is None or t.dtype == torch.bool:
         raise ValueError(
-            f"NCCL cannot move {t.dtype}; supported: {sorted(map(str, NCCL_DTYPE))}"
-        ) from None
+            f"NCCL cannot {op} {t.dtype} tensors: it has no {t.dtype} type "
+            f"(it reduces {sorted(map(str, NCCL_DTYPE))}, and bool sums)"
+        )
+    return code, NCCL_AVG if op == "avg" else NCCL_SUM
 
 
 def _checked(pairs: Sequence[Pair]) -> list[tuple[int, int, int, int]]:
@@ -86,11 +118,25 @@ def _checked(pairs: Sequence[Pair]) -> list[tuple[int, int, int, int]]:
     opens: an error inside ``groupStart()``/``groupEnd()`` would leave a partial group."""
     out = []
     for t, peer in pairs:
-        code = _dtype_code(t)
+        code, count = wire(t)
         if not t.is_contiguous():
             raise ValueError(f"NCCL moves contiguous tensors only; got strides {t.stride()}")
-        out.append((t.data_ptr(), t.numel(), code, peer))
+        out.append((t.data_ptr(), count, code, peer))
     return out
+
+
+def new_communicator(nccl, world_size: int, uid: bytes, rank: int):
+    """``nccl.NcclCommunicator(world_size, uid, rank)`` with the unique id as this cupy
+    takes it: 128 bytes (cupy >= 14), or, where that is refused by type (cupy 13 declares
+    ``tuple commId``), the tuple of 128 signed chars cupy 13's ``get_unique_id`` returns.
+    The type is checked before NCCL is called, so the second try is the only one NCCL sees."""
+    try:
+        return nccl.NcclCommunicator(world_size, uid, rank)
+    except TypeError as e:
+        if "commId" not in str(e):
+            raise
+    signed = tuple(b - 256 if b > 127 else b for b in bytes(uid))
+    return nccl.NcclCommunicator(world_size, signed, rank)
 
 
 class _Group(Pending):
@@ -99,7 +145,10 @@ class _Group(Pending):
     On a CUDA stream a receive is complete "in stream order": what the
     executor enqueues next on the same stream runs after it, so the host
     never waits here (``host_wait`` False), only checks NCCL's asynchronous
-    error. On a host stream (the CPU stand-in's) the host waits for the event.
+    error; a caller that must see the data on the host waits in
+    :meth:`NcclTransport.sync`. On a host stream (the CPU stand-ins') the host
+    waits for the event, unless the stand-in models a device stream
+    (:attr:`NcclTransport.host_waits`).
     """
 
     def __init__(self, transport: "NcclTransport", event, host_wait: bool):
@@ -123,12 +172,16 @@ class NcclTransport(Transport):
 
     NCCL cannot cancel an operation: after a timeout or an error the kernel
     may still wait for its peer and write into the buffers later. So any
-    timeout or error **aborts** the communicator (``abort()``, which never
-    waits) and marks the transport unusable (:attr:`broken`); ``close()``
-    then skips ``destroy()``, which would wait for the stuck operation.
-    The calls that block in C code without a bound (creating the
-    communicator, ``groupEnd()`` connecting a new pair) run under a
-    :class:`~commrt.transports.watchdog.Watchdog` of ``timeout`` seconds.
+    timeout or error **aborts** the communicator and marks the transport
+    unusable (:attr:`broken`); ``close()`` then skips ``destroy()``, which
+    would wait for the stuck operation. Abort and destroy can hang too: both
+    are bounded (:mod:`commrt.transports.bounded`), and so is cupy's destroy
+    at garbage collection. The calls that block in C code without a bound
+    (creating the communicator; ``groupEnd()`` connecting a new pair;
+    ``allReduce()``, which since NCCL 2.22 connects a new communicator's
+    peers in its first collective) run under a
+    :class:`~commrt.transports.watchdog.Watchdog` of ``timeout`` seconds (a
+    barrier's own timeout for a barrier).
     """
 
     name = "nccl"
@@ -153,6 +206,12 @@ class NcclTransport(Transport):
         self.timeout = float(timeout)
         #: why the transport can no longer be used (None while it can)
         self.broken: str | None = None
+        #: seconds an abort, and a healthy close's destroy, may take (module bounded)
+        self.abort_s, self.destroy_s = bounded.ABORT_S, bounded.DESTROY_S
+        #: whether a group's waits wait on the host: not on a CUDA stream, nor on a stand-in
+        #: stream that completes as one does (``device_streams``: the caller must host-wait
+        #: in sync() where it reads the data)
+        self.host_waits = device.type != "cuda" and not getattr(self.nccl, "device_streams", 0)
         self.comm = None
         self._stream = None  # a torch.cuda.Stream, or the CPU stand-in's host stream
         if device.type == "cuda":
@@ -163,7 +222,7 @@ class NcclTransport(Transport):
         self.watchdog = Watchdog()
         what = f"rank {rank}: creating the NCCL communicator ({world_size} ranks)"
         with self.watchdog.watch(self.timeout, None, what):  # nothing to abort: ends the process
-            self.comm = self.nccl.NcclCommunicator(world_size, unique_id, rank)
+            self.comm = new_communicator(self.nccl, world_size, unique_id, rank)
 
     def _stream_ptr(self) -> int:
         if self._stream is None:
@@ -182,16 +241,40 @@ class NcclTransport(Transport):
 
     # ---- failures: abort, never wait on a stuck operation
     def abort(self, reason: str) -> None:
-        """Abort the communicator (never waits) and mark the transport unusable."""
+        """Mark the transport unusable and abort the communicator, waiting at most
+        :attr:`abort_s` for the abort (it goes on alone after that)."""
         if self.broken is not None:
             return  # aborted already
         self.broken = reason
         comm = self.comm
-        if comm is not None and hasattr(comm, "abort"):
-            comm.abort()
+        if comm is None or not hasattr(comm, "abort"):
+            return
+        if not bounded.call_bounded(comm.abort, self.abort_s, "nccl-abort"):
+            bounded.keep_forever(comm)  # its __dealloc__ would destroy it: never collect it
+            bounded.warn(
+                f"rank {self.rank}: ncclCommAbort did not return within {self.abort_s:g} s "
+                f"({reason}); going on without it"
+            )
 
-    def _abort_group(self) -> None:
-        self.abort("groupEnd timed out")
+    def _guarded(self, call, name: str, timeout: float, peers: list[int]) -> None:
+        """``call()``, NCCL's ``name`` (``groupEnd``, or an ``allReduce`` that may connect),
+        under the watchdog: at ``timeout`` it aborts and the named CommTimeoutError is
+        raised; NCCL's own error aborts and is raised as a CommError."""
+        what = f"rank {self.rank}: {name} (connecting to ranks {peers})"
+        with self.watchdog.watch(timeout, lambda: self.abort(f"{name} timed out"), what) as dog:
+            try:
+                call()
+            except Exception as e:
+                if not dog.fired:
+                    self.abort(f"{name} failed: {e}")
+                    raise CommError(f"commrt: rank {self.rank}: NCCL failed: {e}") from e
+        if dog.fired:
+            raise CommTimeoutError(
+                rank=self.rank,
+                peer=peers[0] if len(peers) == 1 else None,
+                what=f"NCCL connection setup in {name} (peers {peers})",
+                timeout_s=timeout,
+            )
 
     def check_error(self) -> None:
         """Raise (after aborting) an asynchronous NCCL error: a peer's network failure shows
@@ -235,7 +318,6 @@ class NcclTransport(Transport):
         nccl, comm, s = self.nccl, self.comm, self._stream_ptr()
         send_args, recv_args = _checked(sends), _checked(recvs)
         peers = sorted({a[3] for a in send_args + recv_args})
-        what = f"rank {self.rank}: groupEnd (connecting to ranks {peers})"
         nccl.groupStart()
         try:
             for ptr, count, code, peer in send_args:
@@ -243,21 +325,8 @@ class NcclTransport(Transport):
             for ptr, count, code, peer in recv_args:
                 comm.recv(ptr, count, code, peer, s)
         finally:
-            with self.watchdog.watch(self.timeout, self._abort_group, what) as dog:
-                try:
-                    nccl.groupEnd()
-                except Exception as e:
-                    if not dog.fired:
-                        self.abort(f"groupEnd failed: {e}")
-                        raise CommError(f"commrt: rank {self.rank}: NCCL failed: {e}") from e
-            if dog.fired:
-                raise CommTimeoutError(
-                    rank=self.rank,
-                    peer=peers[0] if len(peers) == 1 else None,
-                    what=f"NCCL connection setup in groupEnd (peers {peers})",
-                    timeout_s=self.timeout,
-                )
-        return _Group(self, self._record(), host_wait=self.device.type != "cuda")
+            self._guarded(nccl.groupEnd, "groupEnd", self.timeout, peers)
+        return _Group(self, self._record(), host_wait=self.host_waits)
 
     def stream(self):
         return (
@@ -280,26 +349,34 @@ class NcclTransport(Transport):
         self._usable()
         return self.wait_event(self._record(), deadline)
 
-    def barrier(self, timeout: float) -> bool:
+    def _all_reduce(self, t: torch.Tensor, op: str, timeout: float) -> None:
+        """Enqueue NCCL's all-reduce of ``t`` in place, under the watchdog: since NCCL 2.22
+        a communicator connects its peers lazily, inside its first collective's call, which
+        then blocks in C code until every rank has come."""
         self._usable()
-        one = torch.ones(1, device=self.device)
-        self.begin(one)
-        self.comm.allReduce(
-            one.data_ptr(), one.data_ptr(), 1, NCCL_DTYPE[one.dtype], NCCL_SUM, self._stream_ptr()
-        )
-        return self.sync(time.monotonic() + timeout)
+        code, nccl_op = reduction(t, op)
+        self.begin(t)
+        ptr, s = t.data_ptr(), self._stream_ptr()
+        others = [r for r in range(self.world_size) if r != self.rank]
+
+        def call():
+            self.comm.allReduce(ptr, ptr, t.numel(), code, nccl_op, s)
+
+        self._guarded(call, "allReduce", timeout, others)
+
+    def barrier(self, timeout: float) -> bool:
+        """An all-reduce of one element, waited for; False (the communicator aborted) if it
+        did not finish, or could not even start, within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        one = torch.ones(1, device=self.device)  # held until the stream has passed it
+        try:
+            self._all_reduce(one, "sum", timeout)
+        except CommTimeoutError:
+            return False
+        return self.sync(deadline)
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
-        self._usable()
-        self.begin(tensor)
-        self.comm.allReduce(
-            tensor.data_ptr(),
-            tensor.data_ptr(),
-            tensor.numel(),
-            _dtype_code(tensor),
-            NCCL_AVG if op == "avg" else NCCL_SUM,
-            self._stream_ptr(),
-        )
+        self._all_reduce(tensor, op, self.timeout)
         if self.device.type != "cuda" and not self.sync(time.monotonic() + self.timeout):
             raise CommTimeoutError(
                 rank=self.rank, peer=None, what="native all-reduce", timeout_s=self.timeout
@@ -307,9 +384,9 @@ class NcclTransport(Transport):
         self.end(tensor)
 
     def close(self) -> None:
-        """Destroy the communicator once its work is done; abort it instead when the
-        transport failed or the work does not finish within the timeout (``destroy()``
-        would wait for it forever)."""
+        """Destroy the communicator once its work is done (waiting :attr:`destroy_s` at
+        most: destroy waits for the other ranks); abort it instead when the transport failed
+        or the work does not finish within the timeout (destroy would wait for it forever)."""
         comm = self.comm
         if comm is None:
             return
@@ -321,4 +398,19 @@ class NcclTransport(Transport):
                 pass  # aborted by check_error
         self.comm = None
         if self.broken is None and hasattr(comm, "destroy"):
-            comm.destroy()
+            if not bounded.call_bounded(comm.destroy, self.destroy_s, "nccl-destroy"):
+                bounded.keep_forever(comm)
+                bounded.warn(
+                    f"rank {self.rank}: ncclCommDestroy did not return within "
+                    f"{self.destroy_s:g} s (another rank has not closed); going on without it"
+                )
+
+    def __del__(self) -> None:
+        """Dropped without close(): destroy the communicator on a thread of its own rather
+        than let cupy's ``__dealloc__`` destroy it, without a bound, in this collection."""
+        comm = getattr(self, "comm", None)
+        if comm is None or self.broken is not None or not hasattr(comm, "destroy"):
+            return  # closed, or aborted (an aborted communicator has nothing left to destroy)
+        self.comm = None
+        bounded.keep_forever(comm)  # the thread may never end: nothing may collect it
+        bounded.call_bounded(comm.destroy, 0.0, "nccl-destroy")

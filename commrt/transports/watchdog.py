@@ -4,11 +4,14 @@ NCCL blocks without a bound in two places: creating a communicator (it
 waits for every rank) and the first send/recv between two ranks (the
 connection is set up inside ``groupEnd()``). A dead or mismatched peer
 hangs the caller there, holding whatever locks it holds. :class:`Watchdog`
-runs such a call with a timer: when the timer fires it calls
-``on_expire`` (the transport aborts its communicator, which makes NCCL
-return from the blocked call), and if the call still has not returned
-``grace_s`` later it ends the process with the named error, so no rank
-outlives its error stuck in C code.
+runs such a call with a timer: when the timer fires it starts the
+grace period and calls ``on_expire`` (the transport aborts its
+communicator, which makes NCCL return from the blocked call) on a thread
+of its own, and if the call still has not returned ``grace_s`` later it
+ends the process with the named error, so no rank outlives its error stuck
+in C code. The abort cannot hold that exit back: ``ncclCommAbort`` itself
+can hang (:mod:`commrt.transports.bounded`), so the grace is counted from
+the timer, not from the abort's return.
 
 One watchdog thread serves every call of a transport: arming and
 disarming it is a lock and a notify (microseconds), so it can guard every
@@ -31,7 +34,8 @@ import threading
 import time
 from typing import Callable
 
-#: seconds a call may stay blocked after ``on_expire`` before the process is ended
+#: seconds a call may stay blocked after its timeout (and the ``on_expire`` started then)
+#: before the process is ended
 GRACE_S = 5.0
 
 
@@ -93,21 +97,28 @@ class Watchdog:
             self._expire(w)
 
     def _expire(self, w: Watch) -> None:
+        end = time.monotonic() + self.grace_s  # counted before the abort, which may hang
         if w.on_expire is not None:
-            try:
-                w.on_expire()
-            except Exception as e:  # noqa: BLE001 (the process ends below if it stays stuck)
-                print(f"commrt: watchdog: abort failed: {e!r}", file=sys.stderr, flush=True)
+            threading.Thread(
+                target=_call_on_expire, args=(w,), name="commrt-watchdog-abort", daemon=True
+            ).start()
         with self._cv:
-            end = time.monotonic() + self.grace_s
             while not w.done and time.monotonic() < end:
                 self._cv.wait(end - time.monotonic())
             if w.done:
                 return
         print(
-            f"commrt: {w.what} blocked past its timeout and did not return "
-            f"{self.grace_s:g} s after the abort; ending the process",
+            f"commrt: {w.what} blocked past its timeout and did not return within "
+            f"{self.grace_s:g} s of it (the abort started then); ending the process",
             file=sys.stderr,
             flush=True,
         )
         self._exit(1)
+
+
+def _call_on_expire(w: Watch) -> None:
+    """``w.on_expire()``, on a thread of its own: the watchdog's exit must not wait for it."""
+    try:
+        w.on_expire()
+    except Exception as e:  # noqa: BLE001 (the process ends if the call stays stuck)
+        print(f"commrt: watchdog: abort failed: {e!r}", file=sys.stderr, flush=True)

@@ -22,6 +22,21 @@ down, as under gloo), and these of NCCL's rules modelled:
 * ``abort()`` unblocks everything at once; ``destroy()`` first waits for the
   pending work (real NCCL's ``ncclCommDestroy`` does, and hangs when a peer
   never comes: here :class:`StandInHang` after ``hang_s``).
+* **Garbage collection destroys.** A communicator collected while neither
+  aborted nor destroyed calls ``destroy()``, as cupy's ``__dealloc__`` does.
+
+Modes (keyword arguments of :class:`StrictNccl`), each one of NCCL's ways
+to block that the default leaves out:
+
+* ``abort_blocks``: ``abort()`` hangs (NVIDIA/nccl#863, #1777) until
+  :attr:`StrictNccl.release` is set, or ``hang_s``;
+* ``collective_destroy``: ``destroy()`` also waits for every rank's
+  ``destroy()`` (a rank whose peers never close hangs in it);
+* ``lazy_connect``: a communicator's first ``allReduce`` blocks inside the
+  call until every rank has made its own (NCCL >= 2.22 connects lazily);
+* ``device_streams``: completion is seen as on a CUDA stream: the transport
+  does not wait on the host for a group (``NcclTransport.host_waits``), so
+  only the caller's own host wait (``sync()``) sees a receive land.
 
 It verifies commrt's adapter and protocols against these rules; it says
 nothing about NCCL, CUDA streams or a GPU.
@@ -38,6 +53,7 @@ import queue
 import struct
 import threading
 import time
+import weakref
 
 import numpy as np
 import torch.distributed as dist
@@ -57,7 +73,7 @@ DTYPES = {
 }
 NAMES = {0: "int8", 1: "uint8", 2: "int32", 4: "int64", 6: "float16", 7: "float32", 9: "bf16"}
 NAMES.update({3: "uint32", 5: "uint64", 8: "float64"})
-NCCL_SUM, NCCL_AVG = 0, 4
+NCCL_SUM, NCCL_MAX, NCCL_AVG = 0, 2, 4
 _HEADER = struct.Struct("<qq")  # count, dtype code
 
 
@@ -123,12 +139,25 @@ class HostEvent:
 class StrictNccl:
     """Module-like object: ``commrt.init("nccl", nccl_module=StrictNccl(), device="cpu")``."""
 
-    def __init__(self, store=None, *, hang_s: float = 30.0):
+    def __init__(
+        self,
+        store=None,
+        *,
+        hang_s: float = 30.0,
+        abort_blocks: bool = False,
+        collective_destroy: bool = False,
+        lazy_connect: bool = False,
+        device_streams: bool = False,
+    ):
         self.store = store if store is not None else _store_from_env()
         self.hang_s = hang_s
+        self.abort_blocks, self.collective_destroy = abort_blocks, collective_destroy
+        self.lazy_connect, self.device_streams = lazy_connect, device_streams
+        #: set to let a blocked ``abort()`` return (``abort_blocks``)
+        self.release = threading.Event()
         self._local = threading.local()
         self.streams: dict[int, HostStream] = {}
-        self.comms: list = []
+        self.comms: weakref.WeakSet = weakref.WeakSet()  # (weak: collecting one is modelled)
         self.calls: list[tuple] = []  # (op, count, dtype code, peer) for tests to inspect
         self.NcclCommunicator = type("NcclCommunicator", (Communicator,), {"nccl": self})
 
@@ -199,13 +228,14 @@ class Communicator:
         self.connected: set[tuple[str, int]] = set()  # ("send", peer) / ("recv", peer)
         self.seq: dict[tuple[str, int], int] = {}
         self.reductions = 0
+        self.lazy_connected = False  # lazy_connect: the first allReduce connected
         self.pending = 0  # groups enqueued and not yet finished
         self.lock = threading.Lock()
         store, deadline = self.nccl.store, time.monotonic() + self.nccl.hang_s
         store.set(f"{self.cid}/init/{rank}", "1")
         for r in range(ndev):  # creation is collective: every rank must come
             self.nccl.wait_key(f"{self.cid}/init/{r}", self, f"rank {r} to create", deadline)
-        self.nccl.comms.append(self)
+        self.nccl.comms.add(self)
 
     # ---- the calls
     def send(self, ptr, count, datatype, peer, stream):
@@ -218,6 +248,9 @@ class Communicator:
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
         self._check_args(sendbuf, count, datatype, -1, stream)
+        if self.nccl.lazy_connect and not self.lazy_connected:
+            self._meet("lazy", "allReduce (connecting lazily, in the call)")
+            self.lazy_connected = True
         self.nccl.add(self, ("allreduce", (sendbuf, recvbuf, op), count, datatype, -1, stream))
 
     def check_async_error(self):
@@ -225,6 +258,8 @@ class Communicator:
             raise self.error
 
     def abort(self):
+        if self.nccl.abort_blocks and not self.nccl.release.wait(self.nccl.hang_s):
+            raise StandInHang(f"rank {self.rank}: abort() hung (real NCCL: forever)")
         self.aborted = True
 
     def destroy(self):
@@ -236,7 +271,21 @@ class Communicator:
                     f"after {self.nccl.hang_s:g} s (real NCCL hangs here; abort() first)"
                 )
             time.sleep(1e-3)
+        if self.nccl.collective_destroy:
+            self._meet("destroy", "destroy()")
         self.destroyed = True
+
+    def __del__(self):
+        # cupy's __dealloc__: a communicator neither aborted nor destroyed is destroyed here
+        if not (getattr(self, "aborted", True) or getattr(self, "destroyed", True)):
+            self.destroy()
+
+    def _meet(self, what: str, call: str) -> None:
+        """Block until every rank has reached ``what`` (collective, inside the call)."""
+        deadline = time.monotonic() + self.nccl.hang_s
+        self.nccl.store.set(f"{self.cid}/{what}/{self.rank}", "1")
+        for r in range(self.size):
+            self.nccl.wait_key(f"{self.cid}/{what}/{r}", self, f"rank {r} in {call}", deadline)
 
     def _check_args(self, ptr, count, datatype, peer, stream):
         if self.aborted or self.destroyed:
@@ -342,11 +391,16 @@ class Communicator:
             raise NcclError("the stand-in cannot reduce bf16")
         store = self.nccl.store
         store.set(f"{self.cid}/ar/{n}/{self.rank}", ctypes.string_at(sendbuf, count * nbytes))
-        total = np.zeros(count, dtype=np.float64 if npdt().dtype.kind == "f" else np.int64)
+        parts = []
         for r in range(self.size):
             key = f"{self.cid}/ar/{n}/{r}"
             self.nccl.wait_key(key, self, f"rank {r}'s all-reduce {n}", deadline)
-            total += np.frombuffer(bytes(store.get(key)), dtype=npdt)
+            parts.append(np.frombuffer(bytes(store.get(key)), dtype=npdt))
+        wide = np.float64 if npdt().dtype.kind == "f" else np.int64
+        if op == NCCL_MAX:
+            total = np.maximum.reduce(parts).astype(wide)
+        else:
+            total = np.sum([p.astype(wide) for p in parts], axis=0)
         if op == NCCL_AVG:
             total /= self.size
         ctypes.memmove(recvbuf, total.astype(npdt).tobytes(), count * nbytes)
@@ -357,3 +411,27 @@ class Communicator:
 
 def _what(count: int, dtype: int) -> str:
     return f"{count} x {NAMES.get(dtype, dtype)}"
+
+
+class MemoryStore:
+    """An in-memory store with the TCPStore calls the stand-in uses, for ranks that are
+    threads of one process."""
+
+    def __init__(self):
+        self.d, self.lock = {}, threading.Lock()
+
+    def set(self, k, v):
+        with self.lock:
+            self.d[k] = v.encode() if isinstance(v, str) else bytes(v)
+
+    def get(self, k):
+        with self.lock:
+            return self.d[k]
+
+    def check(self, keys):
+        with self.lock:
+            return all(k in self.d for k in keys)
+
+    def delete_key(self, k):
+        with self.lock:
+            return self.d.pop(k, None) is not None
