@@ -20,6 +20,12 @@ Each rank writes OUTDIR/<scenario>_rank<r>.json.
 * ``stuck``: rank 1 never comes to rank 0's first exchange: rank 0's
   groupEnd blocks on the new connection until the watchdog aborts it; then
   ``with commrt.init(...)`` must exit (no destroy() hang).
+* ``slowserve-stream``, ``diesinwait-stream``: ``slowserve`` and
+  ``diesinwait`` on a stand-in whose groups complete as on a CUDA stream
+  (``device_streams``): a receive's wait returns at once and only the late
+  rank's host wait sees the snapshot land. No all-reduce runs there (its
+  host reductions would not wait for the data): the server connects to the
+  late rank with one plain message.
 """
 
 import atexit
@@ -43,10 +49,10 @@ from commrt.algorithms import BackupWorkers, Gossip, Ring, Torus2D  # noqa: E402
 SIZES = (1, 7, 1000, 40_003)
 
 
-def strict_comm(timeout=60.0, hang_s=30.0):
+def strict_comm(timeout=60.0, hang_s=30.0, **modes):
     return commrt.init(
         "nccl",
-        nccl_module=StrictNccl(hang_s=hang_s),
+        nccl_module=StrictNccl(hang_s=hang_s, **modes),
         device="cpu",
         timeout=timeout,
         abort_on_error=False,
@@ -157,8 +163,12 @@ def catchup(comm, server=0, connected=False, serve_late_s=0.0, dies=False):
     cu = CatchUp(comm, store, params, BackupWorkers(1))
     late = comm.world_size - 1
     rec, start = {}, time.monotonic()
+    stream = not comm.transport.host_waits  # completes as a device stream: no host reductions
     try:
-        if connected or comm.rank != late:
+        if stream:
+            if connected and comm.rank in (server, late):
+                _connect(comm, server, late)
+        elif connected or comm.rank != late:
             ring = torch.ones(8)
             with comm.lock:  # the ring the inner all-reduce runs (the on-time ranks only)
                 members = range(comm.world_size if connected else late)
@@ -183,6 +193,17 @@ def catchup(comm, server=0, connected=False, serve_late_s=0.0, dies=False):
         opt.state[p].get("momentum_buffer", torch.zeros(0)).flatten().tolist() for p in params
     ]
     return rec
+
+
+def _connect(comm, server, late) -> None:
+    """One message from ``server`` to ``late``: the connection a ring over every rank makes."""
+    from commrt.schedule.p2p import Exchange, Where
+
+    buf = torch.ones(8)
+    peer = late if comm.rank == server else server
+    moves = [(buf, peer)]
+    sends, recvs = (moves, []) if comm.rank == server else ([], moves)
+    Exchange(comm, sends, recvs, 0, Where("connect")).complete()
 
 
 def _serve(cu, store, opt, timeout, serve_late_s, dies) -> None:
@@ -258,7 +279,9 @@ def main(scenario, out):
     if scenario == "stuck":
         return stuck(out)
     timeouts = {"catchup": 5.0, "slowserve": 5.0, "serverdies": 20.0, "diesinwait": 20.0}
-    comm = strict_comm(timeout=timeouts.get(scenario, 60.0))
+    base, _, mode = scenario.partition("-")
+    modes = {"device_streams": True} if mode == "stream" else {}
+    comm = strict_comm(timeout=timeouts.get(base, 60.0), **modes)
     rec = {"rank": comm.rank, "world_size": comm.world_size}
     run = {
         "families": families,
@@ -267,7 +290,7 @@ def main(scenario, out):
         "slowserve": lambda c: catchup(c, 1, connected=True, serve_late_s=1.0),
         "serverdies": lambda c: catchup(c, 1, dies=True),
         "diesinwait": lambda c: catchup(c, 1, connected=True, dies=True),
-    }[scenario]
+    }[base]
     rec.update(run(comm))
     closing = time.monotonic()
     comm.close()

@@ -71,7 +71,7 @@ import torch
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.store import poll
 from commrt.schedule import tags
-from commrt.schedule.p2p import Exchange, Where
+from commrt.schedule.p2p import Exchange, Where, timeout_error
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
 from commrt.sync.backup.watched import MemberRecordedDead, WaiterSlot
@@ -129,7 +129,10 @@ class _ServerWatch:
             raise self.death_error() from None
 
     def take(self, exchange: Exchange, deadline: float) -> None:
-        """Wait for the snapshot's pieces."""
+        """Wait for the snapshot's pieces. On a device stream (NCCL on CUDA) a receive's
+        wait returns at once (it completes in stream order) and the host waits in the
+        transport's ``sync``: that wait runs watched too, or a server dead within a node,
+        which NCCL does not report (NVIDIA/nccl#585), would cost the whole timeout."""
         for i in range(len(exchange.recvs)):
             if self.whole:
                 if not self.run(partial(exchange.pending.wait_recv, i, deadline)):
@@ -140,6 +143,11 @@ class _ServerWatch:
                     exchange.wait_recv(i, deadline)  # raises the named timeout
                 if self.gone():
                     raise self.death_error()
+        tr = exchange.transport
+        if self.whole and tr.stream_ordered:
+            if not self.run(_as_caller(tr.device, partial(tr.sync, deadline))):
+                peer = exchange.recvs[0][1]
+                raise timeout_error(tr.rank, "recv", peer, exchange.comm.timeout, exchange.where)
         exchange.complete(deadline)
 
 
