@@ -35,12 +35,14 @@ process finished well.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Sequence
@@ -57,6 +59,11 @@ _QUIET_CTRL_C = (
 #: when the launcher started (time.time() seconds), so that a rank can say how long
 #: the start-up took from the user's point of view
 LAUNCHED_AT_ENV = "COMMRT_LAUNCHED_AT"
+#: a folder this launcher gives its ranks: a rank that a peer failed under writes what it
+#: was doing there (``<rank>.json``, :func:`commrt.cli.train_faults.peer_failed`) instead of
+#: printing it, and :func:`_what_happened` adds it to the dead rank's line, cause first
+REPORTS_ENV = "COMMRT_PEER_REPORTS"
+_reports: dict[str, str] = {}
 
 
 def process_started_at() -> float:
@@ -170,6 +177,7 @@ def launch(
             WORLD_SIZE=str(nproc),
             LOCAL_WORLD_SIZE=str(nproc),
         )
+        env[REPORTS_ENV] = _reports["dir"] = tempfile.mkdtemp(prefix="commrt-peers-")
         if store is not None:  # the rendezvous too, so that rank 0 is not special
             env.update(MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="true")
 
@@ -182,7 +190,10 @@ def launch(
         procs = [start(r) for r in range(nproc)]
     replace = Replacements(start, restarts) if restarts else None
     linger = Lingering(tolerate, linger_s)
-    return _supervise(procs, timeout, tolerate=tolerate, replace=replace, linger=linger)
+    try:
+        return _supervise(procs, timeout, tolerate=tolerate, replace=replace, linger=linger)
+    finally:
+        shutil.rmtree(_reports.pop("dir", ""), ignore_errors=True)
 
 
 class Lingering:
@@ -399,7 +410,8 @@ def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
             killed.append((rank, c))
         elif c > 0:
             failed.append((rank, c))
-    lines = [f"rank {r} was killed by {_signame(-c)}" for r, c in killed]
+    seen = peer_reports(_reports.get("dir"))
+    lines = [f"rank {r} was killed by {_signame(-c)}{_during(r, seen)}" for r, c in killed]
     lines += [
         f"rank {r} is stopped (SIGSTOP or a debugger), so its peers timed out" for r in stopped
     ]
@@ -410,6 +422,26 @@ def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
     lines.append(f"stopped the other ranks of this {len(procs)}-rank job")
     code = 128 - killed[0][1] if killed else (failed[0][1] if failed else 1)
     return lines, code
+
+
+def peer_reports(folder: str | None) -> list[dict]:
+    """What the ranks that a peer failed under were doing (see :data:`REPORTS_ENV`)."""
+    found = []
+    for name in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
+        try:
+            with open(os.path.join(folder, name)) as f:
+                found.append(json.load(f))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _during(rank: int, reports: list[dict]) -> str:
+    """``rank``'s death in the survivors' terms: training step, algorithm, bucket."""
+    for r in sorted(reports, key=lambda r: rank not in (r.get("peers") or [])):
+        where = f", while rank {r['rank']} ran {r['where']}" if r.get("where") else ""
+        return f" at training step {r['step']}{where}"
+    return ""
 
 
 def _signame(num: int) -> str:

@@ -32,7 +32,7 @@ from commrt.algorithms import Algorithm
 from commrt.cli.launch import launched_at
 from commrt.cli.traces import merge_rank_traces, save_rank_trace
 from commrt.cli.train_data import Digits, Sharding, evaluate, load_digits
-from commrt.cli.train_faults import Stragglers
+from commrt.cli.train_faults import Stragglers, peer_failed
 from commrt.cli.train_output import (
     ProgressBar,
     caught_up_line,
@@ -41,6 +41,7 @@ from commrt.cli.train_output import (
     step_line,
     summary_rows,
 )
+from commrt.errors import CommError
 from commrt.runtime.environment import rejoining
 from commrt.sync.backup import RejoinedTooLate
 from commrt.sync.report import SyncReport
@@ -89,6 +90,8 @@ class TrainOptions:
     # -- output
     trace: str | None = None
     quiet: bool = False
+    #: a peer's failure with its traceback (else one line: train_faults.peer_failed)
+    verbose: bool = False
 
 
 # ----------------------------------------------------------- data, set-up
@@ -252,7 +255,12 @@ def run(opts: TrainOptions) -> int:
         comm.close()
         return 0
     with sync:
-        out = train(s, sync, bar)
+        try:
+            out = train(s, sync, bar)
+        except CommError as e:  # a peer died or stopped: one line, unless --verbose
+            if opts.verbose:
+                raise
+            peer_failed(comm.rank, sync.global_step, e, comm.backend.value)
         save_rank_trace(opts.trace, sync, comm.rank)
         if sync.report().closing:  # say what the pause before the summary is
             bar.line(sync.report().closing)

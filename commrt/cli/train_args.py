@@ -104,6 +104,12 @@ def register(sub) -> None:
         help="with --algorithm backup: drop the last B of N+B gradients each step (default 1)",
     )
     _fault_flags(tr)
+    _output_flags(tr)
+    tr.set_defaults(run=cmd_train, parser=tr)
+
+
+def _output_flags(tr) -> None:
+    """commrt train's trace, optimiser, seed and what it prints."""
     tr.add_argument(
         "--trace",
         metavar="OUT.json",
@@ -123,7 +129,12 @@ def register(sub) -> None:
         "--seed", type=int, default=0, help="seed of the model, data split and order (default 0)"
     )
     tr.add_argument("--quiet", action="store_true", help="no progress bar")
-    tr.set_defaults(run=cmd_train, parser=tr)
+    tr.add_argument(
+        "--verbose",
+        action="store_true",
+        help="when a peer fails, every rank's traceback too (default: one line that names "
+        "the dead rank, its signal, the algorithm, bucket and training step)",
+    )
 
 
 def _fault_flags(tr) -> None:
@@ -208,6 +219,7 @@ def check_train(parser: argparse.ArgumentParser, args):
         max_restarts=args.max_restarts,
         trace=args.trace,
         quiet=args.quiet,
+        verbose=args.verbose,
     )
 
 

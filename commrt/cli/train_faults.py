@@ -4,16 +4,51 @@
 ``pareto:MEAN[:SHAPE]`` and ``lognormal:MEAN[:SIGMA]`` make every rank draw
 a delay each step from a :mod:`commrt.sim` distribution, seeded per (rank,
 step). (``--kill RANK:STEP`` needs no more than its pair of numbers.)
+
+:func:`peer_failed`: what a rank does when a peer died under it, in one line,
+and that line's parts for the launcher, which names the dead rank's signal
+first and adds them (:func:`commrt.cli.launch.peer_reports`).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 
 from commrt import sim
+from commrt.cli.launch import REPORTS_ENV
+from commrt.runtime.communicator import end_job
+
+
+def peer_failed(rank: int, step: int, error: Exception, backend: str) -> None:
+    """End this rank after ``error`` (a :class:`~commrt.errors.CommError`: a peer died or
+    stopped) in training step ``step``, with one line and no traceback (``--verbose`` keeps
+    the traceback). Under commrt's own launcher the line's parts go to it instead (over gloo:
+    MPI ends every rank itself), and it prints them after the dead rank's signal."""
+    where = getattr(error, "where", None)
+    report = {
+        "rank": rank,
+        "step": step,
+        "peers": getattr(error, "peers", None) or [getattr(error, "peer", None)],
+        "where": where.describe() if where is not None else None,
+    }
+    folder = os.environ.get(REPORTS_ENV)
+    if folder and backend != "mpi":
+        with open(os.path.join(folder, f"{rank}.json"), "w") as f:
+            json.dump(report, f)
+        sys.stdout.flush()
+        os._exit(1)
+    said = f" in {report['where']}" if report["where"] else ""
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    end_job(
+        f"commrt: rank {rank}: a peer failed at training step {step}{said}: {first} "
+        "(--verbose for the traceback)"
+    )
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,12 @@ def engine_error(
     left = watch.explain() if watch is not None else None
     if left is not None:
         return left.at(where.describe())
-    step = f" in step {where.step}" if where.step is not None else ""
-    return CommError(
-        f"commrt: rank {transport.rank}: {transport.name} failed{step} "
+    error = CommError(
+        f"commrt: rank {transport.rank}: {transport.name} failed in {where.describe()} "
         f"(peers {sorted(set(peers))}){diagnose(str(err))}: {err}"
     )
+    error.where, error.peers = where, sorted(set(peers))  # for a one-line report (commrt train)
+    return error
 
 
 def diagnose(engine_message: str) -> str:
