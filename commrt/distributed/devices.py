@@ -4,8 +4,13 @@
   mpiexec started the ranks and the group is the whole world (``Options(
   cpu_transport="gloo")`` keeps gloo). Made when the group is made.
 * CUDA: NCCL whose unique id travels through the store (a ``cuda/``
-  prefix), made on the first CUDA call (a collective: every rank of the
-  group reaches it in the same order, on the group's call thread).
+  prefix), on the device of the first CUDA call's tensor, with the group's
+  timeout. It is made on the group's call thread, when that call runs (a
+  collective: every rank of the group reaches it in the same order), so
+  the caller's own current device is never changed and NCCL binds to the
+  thread that drives it. The reduce kernel is warmed then
+  (:func:`warm_kernels`): on CUDA its first launch per size class
+  autotunes, which would otherwise happen in the first training step.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch.distributed as dist
 
 from commrt.algorithms import resolve
 from commrt.distributed.ops import DeviceContext
+from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.runtime.communicator import (
     Backend,
     Communicator,
@@ -44,18 +50,54 @@ class Options:
     ``cpu_transport``: ``"auto"`` (MPI under mpiexec for the world group,
     else gloo), ``"gloo"`` or ``"mpi"``. ``piece_bytes``: pipelining grain.
     ``debug``: check every call across ranks (default: ``COMMRT_DEBUG``).
+    ``warm_dtypes``: the dtypes whose reduce kernel is warmed when the CUDA
+    communicator is made (:func:`warm_kernels`); None: the dtype of the call
+    that made it (float32 if the kernels do not handle that one); ``()``: none.
     """
 
     algorithm: object = None
     cpu_transport: str = "auto"
     piece_bytes: int = 4 << 20
     debug: bool | None = None
+    warm_dtypes: tuple | None = None
 
     def resolved_algorithm(self):
         name = self.algorithm
         if name is None:
             name = os.environ.get(ALGORITHM_ENV, "").strip() or "auto"
         return resolve(name)
+
+
+def warm_kernels(comm: Communicator, dtypes) -> int:
+    """Launch the reduce kernel once per size class it can meet on ``comm``, for each of
+    ``dtypes``, on zeros of its own; return the number of launches.
+
+    On CUDA the first launch of a size class (its bit length) and dtype autotunes:
+    Triton benchmarks every config, synchronising the device and allocating a large
+    flush buffer. The group's calls sum pieces of at most ``piece_bytes``, of any size
+    below, so every class up to a piece's runs here, when the communicator is made
+    (DDP's first call is its parameter broadcast, at construction), not on the call
+    thread in the middle of the first backward. Nothing happens on the CPU, nor in a
+    world of one (no call sums anything). AVG's pack scales whole tensors, of any size:
+    it still tunes on a size's first use."""
+    if comm.device.type != "cuda" or comm.world_size < 2:
+        return 0
+    launches = 0
+    for dtype in dtypes:
+        sizes = warm_sizes(comm.piece_bytes, dtype)
+        dst = torch.zeros(sizes[-1], dtype=dtype, device=comm.device)
+        src = torch.zeros_like(dst)
+        for n in sizes:
+            comm.executor.reduce(dst[:n], src[:n])
+            launches += 1
+    return launches
+
+
+def warm_sizes(piece_bytes: int, dtype: torch.dtype) -> list[int]:
+    """One element count per size class (bit length) a piece of at most ``piece_bytes`` of
+    ``dtype`` can have: 1, 2, 4, ... up to the class of a whole piece."""
+    most = max(1, piece_bytes // torch.empty(0, dtype=dtype).element_size())
+    return [1 << (bits - 1) for bits in range(1, most.bit_length() + 1)]
 
 
 def _mpi_world_size() -> int | None:
@@ -100,9 +142,42 @@ class DeviceComms:
         self.global_ranks = list(global_ranks or range(size))
         self.algorithm = self.options.resolved_algorithm()
         self.lock = threading.Lock()
+        #: the CUDA device the group's NCCL runs on: the first CUDA call's (None before);
+        #: chosen under a lock of its own, since ``lock`` is held while NCCL is made
+        self.cuda_device: torch.device | None = None
+        self.pick_lock = threading.Lock()
         self.by_type: dict[str, DeviceContext] = {"cpu": self._cpu()}
 
-    def get(self, device: torch.device) -> DeviceContext:
+    def check(self, device: torch.device) -> torch.device | None:
+        """On the caller's thread, before a call is queued: the CUDA device a call on
+        ``device`` runs on (None on the CPU). NotImplementedError for other device types,
+        ValueError for a CUDA device other than the group's (one NCCL communicator)."""
+        device = torch.device(device)
+        if device.type == "cpu":
+            return None
+        if device.type != "cuda":
+            raise NotImplementedError(
+                f"commrt process group: no transport for {device.type} tensors (cpu and cuda)"
+            )
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        with self.pick_lock:
+            if self.cuda_device is None:
+                self.cuda_device = device
+        if device != self.cuda_device:
+            raise ValueError(
+                f"commrt process group: a tensor on {device}, but this group's NCCL "
+                f"communicator is on {self.cuda_device}, where its first CUDA call was"
+            )
+        return device
+
+    def ready(self, device: torch.device) -> DeviceContext | None:
+        """The context for ``device``'s type if it is made, else None."""
+        return self.by_type.get(torch.device(device).type)
+
+    def get(self, device: torch.device, dtype: torch.dtype | None = None) -> DeviceContext:
+        """The context for ``device``'s type; a CUDA one is made on first use (on the
+        group's call thread, module docs), its kernels warmed for ``dtype``."""
         kind = torch.device(device).type
         with self.lock:
             dc = self.by_type.get(kind)
@@ -111,7 +186,7 @@ class DeviceComms:
                     raise NotImplementedError(
                         f"commrt process group: no transport for {kind} tensors (cpu and cuda)"
                     )
-                dc = self.by_type[kind] = self._cuda()
+                dc = self.by_type[kind] = self._cuda(dtype)
             return dc
 
     def _launch(self) -> LaunchInfo:
@@ -158,7 +233,7 @@ class DeviceComms:
         store = dist.PrefixStore("cpu/", self.store)
         return self._wrap(GlooTransport(store, self.rank, self.size, self.timeout), Backend.GLOO)
 
-    def _cuda(self) -> DeviceContext:
+    def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:
         from commrt.transports.nccl_bootstrap import init_nccl
 
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -166,10 +241,16 @@ class DeviceComms:
             self.rank,
             self.size,
             local_rank,
-            None,
+            self.cuda_device,  # None (made without check()): LOCAL_RANK's
             make_store=lambda: dist.PrefixStore("cuda/", self.store),
+            timeout=self.timeout,
         )
-        return self._wrap(transport, Backend.NCCL)
+        dc = self._wrap(transport, Backend.NCCL)
+        warm = self.options.warm_dtypes
+        if warm is None:
+            warm = (dtype if dtype in KERNEL_DTYPES else torch.float32,)
+        warm_kernels(dc.comm, warm)
+        return dc
 
     def close(self) -> None:
         with self.lock:

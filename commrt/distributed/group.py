@@ -4,9 +4,10 @@ torch 2.13 lets a registered Python group replace the whole group, so this
 one dispatches by device itself: CPU tensors go over the CPU communicator
 (gloo built on the group's store, or MPI when mpiexec started the job and
 the group is the world), CUDA tensors over NCCL bootstrapped through the
-store (made on the first CUDA call). See :mod:`commrt.distributed.ops`
+store (made on the call thread, by the first CUDA call:
+:mod:`commrt.distributed.devices`). See :mod:`commrt.distributed.ops`
 for what each call runs and :mod:`commrt.distributed.work` for how works,
-futures and errors behave.
+futures, errors and CUDA streams behave.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch.distributed as dist
 
 from commrt.distributed import ops
 from commrt.distributed.devices import DeviceComms
-from commrt.distributed.work import CallQueue, CommrtWork, P2PWork
+from commrt.distributed.work import CallQueue, CommrtWork, P2PWork, caller_event
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
 
@@ -25,6 +26,20 @@ BACKEND_NAME = "commrt"
 
 def _unsupported(method: str, instead: str) -> NotImplementedError:
     return NotImplementedError(f"commrt process group: {method} is not implemented; {instead}")
+
+
+def _context(devices: DeviceComms, calls: CallQueue, device: torch.device, dtype):
+    """``device``'s context for a call made on the caller's thread (send, recv): a CUDA
+    communicator not made yet is made on the call thread all the same, and waited for."""
+    cuda = devices.check(device)
+    dc = devices.ready(device)
+    if dc is not None or cuda is None:
+        return dc if dc is not None else devices.get(device)
+    made: list = []
+    work = CommrtWork("making the CUDA communicator", devices.rank, [], devices.timeout)
+    calls.submit(lambda: made.append(devices.get(device, dtype)), work, cuda)
+    work.wait()
+    return made[0]
 
 
 class ProcessGroupCommrt(dist.ProcessGroup):
@@ -63,20 +78,29 @@ class ProcessGroupCommrt(dist.ProcessGroup):
     # -- the machinery every call goes through
     def _call(self, what: str, tensors: list, run, opts=None, result=None) -> CommrtWork:
         """Queue ``run(device_context)`` on the call thread for the device of
-        ``tensors[0]``; the work's future holds ``result`` (default ``tensors``)."""
+        ``tensors[0]``; the work's future holds ``result`` (default ``tensors``). On CUDA
+        the call thread runs on the group's device, after the caller's current stream as
+        it is now (:mod:`commrt.distributed.work`), and makes the communicator if it is the
+        first CUDA call."""
         device = tensors[0].device if tensors else torch.device("cpu")
-        dc = self.devices.get(device)
-        devs = [device] if device.type == "cuda" else ()
-        what = f"{what} on {device.type}, algorithm {dc.algorithm.name}"
+        devices = self.devices
+        cuda = devices.check(device)  # a bad device is the caller's error, raised here
+        dtype = tensors[0].dtype if tensors else None
+        what = f"{what} on {device.type}, algorithm {devices.algorithm.name}"
         work = CommrtWork(
-            what, self.devices.rank, tensors if result is None else result, dc.comm.timeout, devs
+            what,
+            devices.rank,
+            tensors if result is None else result,
+            devices.timeout,
+            () if cuda is None else [cuda],
         )
         if opts is not None and not getattr(opts, "asyncOp", True):
             # torch waits on a synchronous call's work itself: mark it waited before it
             # runs, so that an error is raised from that wait, never turned into an abort
             with work.lock:
                 work.waited = True
-        return self.calls.submit(lambda: run(dc), work)
+        after = None if cuda is None else caller_event(cuda)
+        return self.calls.submit(lambda: run(devices.get(device, dtype)), work, cuda, after)
 
     # -- all-reduce
     def allreduce(self, tensors, opts=None) -> CommrtWork:
@@ -226,7 +250,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         return self._p2p("recv", tensors[0], src, tag, send=False)
 
     def _p2p(self, what: str, t: torch.Tensor, peer: int, tag: int, send: bool) -> CommrtWork:
-        dc = self.devices.get(t.device)
+        dc = _context(self.devices, self.calls, t.device, t.dtype)
         if not t.is_contiguous():
             raise ValueError(f"commrt process group: {what} needs a contiguous tensor")
         pair = [(t, peer)]

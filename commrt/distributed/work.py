@@ -4,8 +4,18 @@ Every collective of a group runs on that group's call thread
 (:class:`CallQueue`), one at a time in the order the caller issued them (so
 every rank runs them in the same order, whatever waits for what). The
 caller gets a :class:`CommrtWork` at once; the call thread completes its
-future when the collective is done. A synchronous call (``async_op=False``, ``asyncOp=False``) is simply
-waited on before the call returns.
+future when the collective is done. A synchronous call (``async_op=False``,
+``asyncOp=False``) is simply waited on before the call returns.
+
+CUDA calls: current streams and the current device are per thread. So the
+call thread sets the group's device itself (``torch.cuda.set_device``, once:
+without it a stream context left on that thread restores device 0's stream,
+and every rank makes a context on GPU 0), and a call's work waits for an
+event recorded on the *caller's* current stream when the call was made
+(:func:`caller_event`): what the caller enqueued before the call (a side
+stream included) is done before the collective reads its tensors. The other
+way, ``wait()`` and the future order the caller's streams after the call
+thread's stream, as torch's CUDA works do.
 
 Errors: torch 2.13 crashes (segfault) when a Python future that carries an
 exception reaches DDP's C++ all-reduce path, so an error never travels in a
@@ -51,6 +61,9 @@ class CommrtWork(Work):
         super().__init__()
         self.what, self.rank, self.timeout = what, rank, timeout
         self.result = result  # what the future holds: a list of tensors
+        # a CUDA future records the call thread's streams when its result is set, and orders
+        # the streams of whoever waits on it after them
+        self.cuda = bool(devices)
         self.future = torch.futures.Future(devices=list(devices)) if devices else None
         if self.future is None:
             self.future = torch.futures.Future()
@@ -70,6 +83,8 @@ class CommrtWork(Work):
             raise CommTimeoutError(rank=self.rank, peer=None, what=self.what, timeout_s=limit)
         if self.error is not None:
             raise self.error
+        if self.cuda:
+            self.future.wait()  # the caller's current streams wait for the call thread's
         return True
 
     def get_future(self) -> torch.futures.Future:
@@ -106,6 +121,14 @@ class CommrtWork(Work):
         self.future.set_exception(error)
 
 
+def caller_event(device: torch.device):
+    """An event recorded now on the calling thread's current stream of ``device``: the
+    call thread's work waits on it (module docs)."""
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
+
+
 class CallQueue:
     """The group's calls, run one at a time in the order they came on one thread (the
     call thread, started on first use)."""
@@ -116,10 +139,13 @@ class CallQueue:
         self.thread: threading.Thread | None = None
         self.broken: BaseException | None = None
         self.start_lock = threading.Lock()
+        self.device: torch.device | None = None  # the CUDA device the call thread set
 
-    def submit(self, run, work: CommrtWork) -> CommrtWork:
+    def submit(self, run, work: CommrtWork, device=None, after=None) -> CommrtWork:
         """Queue ``run()`` (it does the call); the call thread completes ``work`` after
-        it."""
+        it. ``device``: the CUDA device the call runs on, which the call thread makes its
+        own first; ``after``: an event (:func:`caller_event`) its current stream waits on
+        before ``run()``."""
         if self.broken is not None:
             err = CommError(
                 f"commrt: rank {work.rank}: {work.what} refused: this process group failed "
@@ -128,7 +154,7 @@ class CallQueue:
             work.fail(err)
         else:
             self._ensure_thread()
-            self.queue.put((run, work))
+            self.queue.put((run, work, device, after))
         return work
 
     def _ensure_thread(self) -> None:
@@ -142,11 +168,13 @@ class CallQueue:
             item = self.queue.get()
             if item is None:
                 return
-            run, work = item
+            run, work, device, after = item
             if self.broken is not None:
                 work.fail(CommError(f"commrt: {work.what} refused: the group failed earlier"))
                 continue
             try:
+                if device is not None:
+                    self._enter(device, after)
                 with torch.no_grad():  # torch's groups copy into tensors whatever autograd says
                     run()
             except BaseException as e:  # noqa: BLE001 - every error must reach someone
@@ -155,6 +183,14 @@ class CallQueue:
                 work.fail(e)
                 continue
             work.finish()
+
+    def _enter(self, device: torch.device, after) -> None:
+        """On the call thread: make ``device`` current (once), order after ``after``."""
+        if device != self.device:
+            torch.cuda.set_device(device)
+            self.device = device
+        if after is not None:
+            torch.cuda.current_stream(device).wait_event(after)
 
     def close(self, timeout: float = 5.0) -> None:
         if self.thread is not None and self.thread.is_alive():

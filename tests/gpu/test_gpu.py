@@ -298,3 +298,103 @@ def test_a_communicator_timeout_leaves_the_process_able_to_exit():
     assert proc.returncode != 0 and "returned" not in out, out
     assert "creating the NCCL communicator" in out or "raised" in out, out
     assert elapsed < 5 + 5 + 60, (elapsed, out)  # 60 s for importing torch/cupy and CUDA init
+
+
+# ------------------------------------------------------------ the torch backend's CUDA path
+
+#: GPU cycles the caller's side stream sleeps before it writes a call's input: long enough
+#: that a collective not ordered after that stream runs first and copies the old values
+SIDE_STREAM_SLEEP_CYCLES = 1 << 30
+
+
+def _side_stream_worker(q):
+    """Rank 0 of 1 on backend "commrt" with CUDA tensors, the caller on a side stream that
+    is busy when it writes each call's input: with one rank, all_gather_into_tensor and
+    reduce_scatter_tensor copy the input to the output, so an output that holds the old
+    values means the call ran before the caller's write (or the caller read it before the
+    call's copy). Then the plain calls once each, and what the group was made with."""
+    try:
+        import datetime
+
+        import torch.distributed as dist
+
+        import commrt  # noqa: F401  (registers the "commrt" backend)
+
+        dev = torch.device("cuda", 0)
+        torch.cuda.set_device(dev)
+        dist.init_process_group("commrt", timeout=datetime.timedelta(seconds=77))
+        n, got = 1 << 20, {}
+        side = torch.cuda.Stream(dev)
+        calls = {
+            "all_gather": lambda o, i, a: dist.all_gather_into_tensor(o, i, async_op=a),
+            "reduce_scatter": lambda o, i, a: dist.reduce_scatter_tensor(o, i, async_op=a),
+        }
+        for name, call in calls.items():
+            for async_op in (False, True):
+                inp, out = torch.zeros(n, device=dev), torch.zeros(n, device=dev)
+                torch.cuda.synchronize(dev)
+                with torch.cuda.stream(side):
+                    torch.cuda._sleep(SIDE_STREAM_SLEEP_CYCLES)
+                    inp.fill_(7.0)
+                    work = call(out, inp, async_op)
+                    if async_op:
+                        work.wait()
+                    got[f"{name} async={async_op}"] = out.min().item()  # read on the side stream
+        t = torch.arange(8.0, device=dev)
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            dist.all_reduce(t, op=op)
+        dist.broadcast(t, 0)
+        got["plain"] = torch.equal(t.cpu(), torch.arange(8.0))
+        transport = dist.group.WORLD.devices.ready(dev).comm.transport
+        got["nccl"] = (str(transport.device), transport.timeout)
+        dist.destroy_process_group()
+        q.put(("result", got))
+    except Exception as e:  # reported to the test process
+        q.put(("result", repr(e)))
+
+
+def test_torch_backend_orders_after_the_callers_side_stream():
+    """Issue 41: the call thread orders each call after an event recorded on the caller's
+    current stream when it was made (current streams are per thread), and wait() orders the
+    caller's streams after the call; NCCL is made on the call's device with the group's
+    timeout."""
+    env = dict(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1")
+    got = spawn([(_side_stream_worker, ())], MASTER_PORT=_port(), **env)["result"]
+    assert isinstance(got, dict), got
+    for name in ("all_gather", "reduce_scatter"):
+        for async_op in (False, True):
+            assert got[f"{name} async={async_op}"] == 7.0, got
+    assert got["plain"] and got["nccl"] == ("cuda:0", 77.0), got
+
+
+def _call_thread_device_worker(q):
+    """Rank 0 of 1 whose tensors live on the last GPU while the caller's current device is
+    GPU 0 and has no context yet: the group's calls must make none there either."""
+    try:
+        import torch.distributed as dist
+
+        import commrt  # noqa: F401  (registers the "commrt" backend)
+
+        dev = torch.device("cuda", torch.cuda.device_count() - 1)
+        dist.init_process_group("commrt")
+        t = torch.ones(1000, device=dev)
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            dist.all_reduce(t, op=op)
+        out = torch.empty(1000, device=dev)
+        dist.all_gather_into_tensor(out, t)
+        torch.cuda.synchronize(dev)
+        contexts = _gpus_with_a_context()
+        dist.destroy_process_group()
+        q.put(("result", (torch.equal(out.cpu(), torch.ones(1000)), contexts)))
+    except Exception as e:  # reported to the test process
+        q.put(("result", repr(e)))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a GPU other than GPU 0")
+def test_torch_backend_call_thread_makes_no_context_on_gpu_0():
+    """Issue 41: the call thread sets the group's device itself; without it, leaving a
+    stream context there restored device 0's stream and every rank made a context on GPU 0."""
+    n = torch.cuda.device_count()
+    env = dict(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1")
+    got = spawn([(_call_thread_device_worker, ())], MASTER_PORT=_port(), **env)["result"]
+    assert got == (True, [n - 1]), got

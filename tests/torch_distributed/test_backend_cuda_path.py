@@ -1,0 +1,193 @@
+"""The torch.distributed backend's CUDA path, with torch.cuda's calls replaced (issue 41).
+
+Current streams and the current device are per thread, and the group's
+calls run on its call thread. Checked here with fakes that record which
+thread did what: the call thread sets the group's device itself (once);
+each call records an event on the *caller's* current stream when it is
+made (a side stream included) and the call thread's stream waits on it
+before the call runs; the NCCL communicator is made on the call thread,
+on the first CUDA call's device, with the group's timeout, and the reduce
+kernel is warmed then, on every size class a piece can have. The fakes
+check commrt's logic around these calls, not CUDA; tests/gpu/test_gpu.py
+runs the same path on a GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers.nccl_strict import MemoryStore, StrictNccl
+
+from commrt.algorithms import Ring
+from commrt.distributed import devices as D
+from commrt.distributed import group as G
+from commrt.distributed.devices import DeviceComms, Options
+from commrt.schedule.executor import Executor
+from commrt.transports import nccl_bootstrap
+from commrt.transports.nccl import NcclTransport
+
+CUDA3 = torch.device("cuda", 3)
+
+
+class FakeStream:
+    def __init__(self, name: str):
+        self.name, self.waited = name, []
+
+    def wait_event(self, event) -> None:
+        self.waited.append(event)
+
+
+class FakeEvent:
+    def __init__(self):
+        self.stream = None
+
+    def record(self, stream) -> None:
+        self.stream = stream
+
+
+class Cuda:
+    """torch.cuda's per-thread state, faked: each thread's current stream of each device
+    (a thread's own unless it entered ``on(stream)``), and a log of what ran where."""
+
+    def __init__(self, monkeypatch):
+        self.log: list[tuple] = []
+        self.current: dict[str, FakeStream] = {}
+        monkeypatch.setattr(torch.cuda, "set_device", self.set_device)
+        monkeypatch.setattr(torch.cuda, "current_stream", self.current_stream)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+        monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+        real = torch.futures.Future
+
+        class Future(real):  # a CUDA future needs CUDA: the CPU one, and who waited on it
+            def __init__(inner, devices=None):
+                super().__init__()
+
+            def wait(inner):
+                self.log.append(("future.wait", threading.current_thread().name))
+                return super().wait()
+
+        monkeypatch.setattr(torch.futures, "Future", Future)
+
+    def set_device(self, device) -> None:
+        self.log.append(("set_device", threading.current_thread().name, device))
+
+    def current_stream(self, device=None) -> FakeStream:
+        name = threading.current_thread().name
+        return self.current.setdefault(name, FakeStream(name))
+
+
+class Devices(DeviceComms):
+    """DeviceComms without transports: a CPU context that is never used, and a CUDA one
+    that records the thread it was made on."""
+
+    def __init__(self, log):
+        self.rank, self.size, self.group_id, self.timeout = 0, 1, "fake", 30.0
+        self.options, self.algorithm = Options(), Ring()
+        self.lock, self.pick_lock = threading.Lock(), threading.Lock()
+        self.cuda_device, self.log = None, log
+        self.by_type = {"cpu": types.SimpleNamespace(algorithm=self.algorithm)}
+
+    def _cuda(self, dtype):
+        self.log.append(("make NCCL", threading.current_thread().name, dtype))
+        return types.SimpleNamespace(algorithm=self.algorithm, device=self.cuda_device)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_call_thread_sets_the_device_and_waits_for_the_callers_stream(monkeypatch):
+    cuda = Cuda(monkeypatch)
+    monkeypatch.setattr(
+        G.ops,
+        "allreduce",
+        lambda dc, t, op: cuda.log.append(("run", threading.current_thread().name)),
+    )
+    pg = G.ProcessGroupCommrt(Devices(cuda.log))
+    tensor = types.SimpleNamespace(device=CUDA3, dtype=torch.bfloat16)
+    try:
+        pg.allreduce([tensor]).wait()
+        side = cuda.current["MainThread"] = FakeStream("side")  # torch.cuda.stream(side)
+        pg.allreduce([tensor]).wait()
+    finally:
+        pg.shutdown()
+    call = "commrt-pg-fake"
+    assert [e for e in cuda.log if e[0] != "future.wait"] == [
+        ("set_device", call, CUDA3),  # on the call thread, before anything, and once
+        ("make NCCL", call, torch.bfloat16),
+        ("run", call),
+        ("run", call),
+    ]
+    assert cuda.log.count(("future.wait", "MainThread")) == 2  # the caller's streams wait
+    first, second = cuda.current[call].waited  # the call thread's stream waited, per call,
+    assert first.stream.name == "MainThread" and second.stream is side  # on the caller's
+
+
+def test_send_makes_nccl_on_the_call_thread_too(monkeypatch):
+    cuda = Cuda(monkeypatch)
+    devices, calls = Devices(cuda.log), G.CallQueue("commrt-pg-p2p")
+    made = G._context(devices, calls, CUDA3, torch.float32)
+    calls.close()
+    assert made.device == CUDA3
+    assert cuda.log == [
+        ("set_device", "commrt-pg-p2p", CUDA3),
+        ("make NCCL", "commrt-pg-p2p", torch.float32),
+    ]
+
+
+def test_a_bad_device_is_the_callers_error_at_the_call(monkeypatch):
+    Cuda(monkeypatch)
+    devices = Devices([])
+    assert devices.check(CUDA3) == CUDA3 and devices.check(torch.device("cuda")) == CUDA3
+    with pytest.raises(ValueError, match="on cuda:1, but this group's NCCL .* on cuda:3"):
+        devices.check(torch.device("cuda", 1))
+    with pytest.raises(NotImplementedError, match="no transport for meta tensors"):
+        devices.check(torch.device("meta"))
+    assert devices.check(torch.device("cpu")) is None
+
+
+def test_nccl_gets_the_calls_device_and_the_groups_timeout_and_is_warmed(monkeypatch):
+    got: dict = {}
+
+    def init_nccl(rank, size, local_rank, device, nccl_module=None, **kw):
+        got.update(device=device, timeout=kw["timeout"])
+        nccl = StrictNccl(MemoryStore())
+        return NcclTransport(0, 1, os.urandom(128), torch.device("cpu"), nccl=nccl)
+
+    monkeypatch.setattr(nccl_bootstrap, "init_nccl", init_nccl)
+    monkeypatch.setattr(D, "warm_kernels", lambda comm, dtypes: got.update(warmed=dtypes))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    timeout = datetime.timedelta(seconds=42)
+    for dtype, options, warmed in (
+        (torch.bfloat16, Options(), (torch.bfloat16,)),
+        (torch.int64, Options(), (torch.float32,)),  # the kernels do not sum int64
+        (torch.float16, Options(warm_dtypes=()), ()),
+    ):
+        devices = DeviceComms(dist.HashStore(), 0, 1, timeout, options, "0", [0])
+        assert devices.check(torch.device("cuda")) == torch.device("cuda", 2)
+        dc = devices.get(torch.device("cuda"), dtype)
+        assert got == {"device": torch.device("cuda", 2), "timeout": 42.0, "warmed": warmed}
+        assert dc.comm.timeout == 42.0
+        devices.close()
+
+
+def test_warming_covers_every_piece_size_class():
+    """Every reduce a schedule runs on pieces of at most ``piece_bytes`` falls in a size
+    class (bit length, the autotuner's key) that warming launched; nothing on the CPU."""
+    piece_bytes = 4 * 1000
+    sizes = D.warm_sizes(piece_bytes, torch.float32)
+    assert sizes == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    classes = {n.bit_length() for n in sizes}
+    ex = Executor()
+    for p in (2, 3, 5, 8):
+        for numel in (1, 7, 999, 1000, 1001, 123_457):
+            plan = ex.plan(Ring().schedule(p), 1, numel, piece_bytes // 4)
+            reduced = {x.stop - x.start for st in plan.steps for x in st.recvs if x.reduce}
+            assert {n.bit_length() for n in reduced if n} <= classes, (p, numel, reduced)
+    cpu = types.SimpleNamespace(device=torch.device("cpu"), world_size=4)
+    assert D.warm_kernels(cpu, (torch.float32,)) == 0
