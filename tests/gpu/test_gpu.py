@@ -9,8 +9,9 @@ worker that hangs is killed at the test's timeout and the test fails.
 Two-rank tests need two GPUs (NCCL refuses two ranks on one device); the
 rest run as-is on one GPU (an H100 box): bf16 wire dtype through the
 compiled kernels, a local rank that is not the device index, no second
-CUDA context on GPU 0, and a timeout in communicator creation that leaves
-the process able to exit (the watchdog).
+CUDA context on GPU 0, a timeout in communicator creation that leaves
+the process able to exit (the watchdog), and the torch backend's CUDA path
+with the caller on a side stream (its calls ordered after that stream).
 """
 
 import copy
