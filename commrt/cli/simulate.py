@@ -263,7 +263,8 @@ def run(args, out=print) -> dict:
     setup = StepSetup.from_args(args)
     ps = [1 << k for k in range(1, args.max_p.bit_length())]
     algs = [n for n in names if n != "auto"] or ["ring"]
-    sw = Sweeper(net, progress=out)
+    out = _notes_after_tables(out, held := [])
+    sw = Sweeper(net, progress=held.append)
     t_start = time.perf_counter()
     out(fit(f"# commrt simulate · network {net.describe()}"))
     out("# model: α-β per link class, NICs shared per node, per-rank clocks")
@@ -295,6 +296,20 @@ def run(args, out=print) -> dict:
         write_json(report, args.json)
         out(f"# wrote {os.path.abspath(args.json)}")
     return report
+
+
+def _notes_after_tables(out, held: list[str]):
+    """``out`` that prints the notes put in ``held`` (a slow simulation's time) before the
+    next section's title or the closing line, not between a table's rows."""
+
+    def emit(msg: str) -> None:
+        if msg.startswith("\n") and held:
+            for note in held:
+                out(fit(note))
+            held.clear()
+        out(msg)
+
+    return emit
 
 
 def write_json(report: dict, path: str) -> None:

@@ -8,6 +8,7 @@ the section's part of the report. The figures are in :mod:`commrt.cli.simulate_p
 
 from __future__ import annotations
 
+import re
 import textwrap
 import time
 from dataclasses import dataclass
@@ -96,8 +97,8 @@ class Sweeper:
             self.memo[key] = sim.estimate(alg, p, nbytes, self.net)
             if time.perf_counter() - t0 > 1.0:
                 self.progress(
-                    f"  (simulated {lab} at p={p}, {fmt_bytes(nbytes)}: "
-                    f"{time.perf_counter() - t0:.1f} s)"
+                    f"# simulating {lab} at p={p}, {fmt_bytes(nbytes)} took "
+                    f"{time.perf_counter() - t0:.1f} s"
                 )
         return self.memo[key]
 
@@ -148,7 +149,15 @@ def fit(text: str, width: int = WIDTH) -> str:
         return text
     lead = text[: len(text) - len(body)]
     indent = "#  " if body.startswith("#") else "   "
-    return lead + textwrap.fill(body, width, subsequent_indent=indent, break_on_hyphens=False)
+    # a number keeps its unit on its line ("370 GB/s", not "370" then "GB/s"): the space
+    # between them is a no-break space while wrapping (textwrap breaks on ASCII spaces only)
+    body = _NUMBER_UNIT.sub("\\1\u00a0", body)
+    wrapped = textwrap.fill(body, width, subsequent_indent=indent, break_on_hyphens=False)
+    return lead + wrapped.replace("\u00a0", " ")
+
+
+#: a number and the space before its unit
+_NUMBER_UNIT = re.compile(r"(\d[\d.,]*) (?=(?:[kMGT]?B/s|[KMGT]iB|µs|ms|ns|s|%)(?!\w))")
 
 
 def short(name: str, width: int = 10) -> str:

@@ -128,8 +128,8 @@ class StoreCost:
 
     def describe(self) -> str:
         return (
-            f"rtt {self.rtt_s * 1e6:.0f} us, {self.op_s * 1e6:.0f} us/op, "
-            f"{self.key_s * 1e6:.1f} us/key"
+            f"rtt {self.rtt_s * 1e6:.0f} µs, {self.op_s * 1e6:.0f} µs/op, "
+            f"{self.key_s * 1e6:.1f} µs/key"
         )
 
 

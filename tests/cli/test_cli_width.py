@@ -147,3 +147,62 @@ def test_every_help_fits_80_columns(command, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"usage: commrt {' '.join(command)}".rstrip())
     _fits(out)
+
+
+SIMULATE_OPTIONS = [
+    [],
+    ["--network", "flat:12.5,100"],
+    ["--ranks-per-node", "4", "--nics-per-node", "2", "--algorithms", "ring,hd,auto"],
+    ["--sizes", "1K,64M", "--compute-ms", "250", "--delay-ms", "40", "--seed", "3"],
+    ["--store-cost", "123.4,56.7,8.9", "--only", "control,backup"],
+]
+
+
+@pytest.mark.parametrize("extra", SIMULATE_OPTIONS, ids=lambda a: " ".join(a) or "defaults")
+def test_simulate_speaks_one_unit_and_keeps_units_with_numbers(extra, capsys):
+    """Every section, with every option: 80 columns, µs everywhere (not "us"), no wrapped
+    header that leaves a number's unit for the next line, notes never inside a table."""
+    import re
+
+    argv = ["simulate", "--max-p", "64", "--at-p", "64", "--samples", "5", "--no-plots"]
+    assert main([*argv, *extra]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln for ln in lines if len(ln) > 80] == []
+    assert not [ln for ln in lines if re.search(r"\d us\b|\bus/", ln)], lines
+    for prev, ln in zip(lines, lines[1:]):
+        if ln.startswith("#  "):  # a wrapped title's continuation: never a bare unit first
+            assert not re.match(r"#  (?:[kMGT]?B/s|µs|ms|s)\b", ln), (prev, ln)
+            assert not re.search(r"\d$", prev), (prev, ln)
+    tables = [i for i, ln in enumerate(lines) if ln and ln.split()[0].isdigit()]
+    notes_inside = [
+        lines[i] for i in range(min(tables), max(tables)) if lines[i].startswith("# simulating")
+    ]
+    for ln in notes_inside:  # a note comes after its table (a blank line or title before)
+        assert lines[lines.index(ln) + 1].strip() == "" or lines[lines.index(ln) + 1][0] == "#"
+
+
+def test_a_header_keeps_370_with_gb_per_second():
+    from commrt.cli.simulate_sections import fit
+
+    title = "# commrt simulate · network h100-nvlink-ndr: 8 ranks/node, intra α 3 µs, 370 GB/s"
+    wrapped = fit(title + "; inter α 8 µs, 48 GB/s per NIC")
+    assert "370 GB/s" in wrapped and all(len(ln) <= 80 for ln in wrapped.splitlines())
+
+
+def test_a_slow_simulations_note_waits_for_the_end_of_its_table():
+    from commrt.cli.simulate import _notes_after_tables
+
+    said, held = [], []
+    out = _notes_after_tables(said.append, held)
+    out("\n## a table")
+    out("   2  1 ms")
+    held.append("# simulating ring at p=4096, 256 MiB took 1.2 s")  # mid-table
+    out("   4  2 ms")
+    out("\n# swept in 3.0 s")
+    assert said == [
+        "\n## a table",
+        "   2  1 ms",
+        "   4  2 ms",
+        "# simulating ring at p=4096, 256 MiB took 1.2 s",
+        "\n# swept in 3.0 s",
+    ]

@@ -142,7 +142,7 @@ def test_the_section_runs_alone(capsys):
         32,
         64,
     ]
-    assert all(len(ln) <= 80 for ln in lines) and "rtt 70 us, 70 us/op" in "\n".join(lines)
+    assert all(len(ln) <= 80 for ln in lines) and "rtt 70 µs, 70 µs/op" in "\n".join(lines)
 
 
 def test_the_model_beats_as_often_as_the_runtime():
