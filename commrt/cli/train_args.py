@@ -239,9 +239,9 @@ def _train_algorithm(parser: argparse.ArgumentParser, args, nproc: int, batch_fi
         if rows * cols != nproc:
             fits = ", ".join(f"{r}x{nproc // r}" for r in range(1, nproc + 1) if nproc % r == 0)
             parser.error(
-                f"--torus-shape {rows}x{cols} has {rows * cols} ranks but --nproc is {nproc}; "
-                f"give a shape of {nproc} ranks ({fits}), or leave --torus-shape out to "
-                "choose one"
+                f"--torus-shape {rows}x{cols} has {rows * cols} ranks but --nproc is {nproc} "
+                f"(rows × cols must equal p, the ranks); give a shape of {nproc} ranks "
+                f"({fits}), or leave --torus-shape out to choose one"
             )
         try:
             alg = Torus2D(rows=rows, cols=cols)
