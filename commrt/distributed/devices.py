@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from commrt.algorithms import resolve
+from commrt.algorithms.names import NAMES
 from commrt.distributed.ops import DeviceContext
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.runtime.communicator import (
@@ -37,6 +38,19 @@ from commrt.runtime.rendezvous import check_timeout
 
 #: the environment variable that picks the all-reduce algorithm (Options() default)
 ALGORITHM_ENV = "COMMRT_ALGORITHM"
+#: families that are no all-reduce, so no torch.distributed collective can run them: why, and
+#: where to get them instead
+NOT_ALL_REDUCE = {
+    "gossip": (
+        "gossip mixes each gradient with one peer instead of summing over every rank; "
+        "use it under DDP through the hook (commrt.distributed.hooks.gossip_hook) "
+        "or with commrt.GradientSync(algorithm='gossip')"
+    ),
+    "backup": (
+        "backup workers take the first N of N + b gradients, which needs commrt's "
+        "own step; use commrt.GradientSync(algorithm='backup')"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -62,10 +76,33 @@ class Options:
     warm_dtypes: tuple | None = None
 
     def resolved_algorithm(self):
-        name = self.algorithm
-        if name is None:
-            name = os.environ.get(ALGORITHM_ENV, "").strip() or "auto"
-        return resolve(name)
+        """The group's all-reduce: ``algorithm``, else ``COMMRT_ALGORITHM``, else auto.
+
+        Read when the group is made, so a name the backend cannot run is refused at
+        init, naming where it came from: an unknown name (with the usable ones), or a
+        family that is no all-reduce (:data:`NOT_ALL_REDUCE`: why, and where to get it),
+        which would otherwise pass init and end the job at DDP's first all-reduce."""
+        given, source = self.algorithm, "pg_options algorithm"
+        if given is None:
+            given = os.environ.get(ALGORITHM_ENV, "").strip() or "auto"
+            source = ALGORITHM_ENV
+        try:
+            alg = resolve(given)
+        except ValueError:
+            if not isinstance(given, str):
+                raise
+            usable = ", ".join(n for n in NAMES if n not in NOT_ALL_REDUCE)
+            raise ValueError(
+                f"{source}={given!r} is no algorithm; choose one of {usable}"
+            ) from None
+        if alg.family in NOT_ALL_REDUCE:
+            why = NOT_ALL_REDUCE[alg.family]
+            if isinstance(given, str):
+                raise ValueError(
+                    f"{source}={given} is refused by the torch.distributed backend: {why}"
+                )
+            raise ValueError(f"{source} {alg.family} is refused: {why}")
+        return alg
 
 
 def warm_kernels(comm: Communicator, dtypes) -> int:

@@ -15,7 +15,6 @@ come from the launch command); see :func:`commrt.runtime.environment.mpi_env_for
 from __future__ import annotations
 
 import atexit
-import os
 import sys
 
 import torch.distributed as dist
@@ -23,49 +22,6 @@ import torch.distributed as dist
 from commrt.runtime.environment import mpi_env_for_torch
 
 BACKEND_NAME = "commrt"
-#: the variable that picks the backend's all-reduce (``Options.algorithm`` None reads it)
-ALGORITHM_ENV = "COMMRT_ALGORITHM"
-#: families that are no all-reduce, so no torch.distributed collective can run them: why, and
-#: where to get them instead
-NOT_ALL_REDUCE = {
-    "gossip": (
-        "gossip mixes each gradient with one peer instead of summing over every rank; "
-        "use it under DDP through the hook (commrt.distributed.hooks.gossip_hook) "
-        "or with commrt.GradientSync(algorithm='gossip')"
-    ),
-    "backup": (
-        "backup workers take the first N of N + b gradients, which needs commrt's "
-        "own step; use commrt.GradientSync(algorithm='backup')"
-    ),
-}
-
-
-def check_algorithm(options) -> None:
-    """Refuse, at init and naming the variable, an algorithm the backend cannot run: an
-    unknown name, or a family that is no all-reduce. Without this an unknown name fails with
-    advice that does not name ``COMMRT_ALGORITHM``, and gossip or backup pass init and end
-    the job at DDP's first all-reduce, on every rank."""
-    from commrt.algorithms import BackupWorkers, Gossip
-    from commrt.algorithms.names import NAMES, key
-
-    given = getattr(options, "algorithm", None)
-    source = "pg_options algorithm" if given is not None else ALGORITHM_ENV
-    if given is None:
-        given = os.environ.get(ALGORITHM_ENV, "").strip() or "auto"
-    if isinstance(given, (Gossip, BackupWorkers)):
-        family = "gossip" if isinstance(given, Gossip) else "backup"
-        raise ValueError(f"{source} {family} is refused: {NOT_ALL_REDUCE[family]}")
-    if not isinstance(given, str):
-        return
-    family = key(given)
-    if family in NOT_ALL_REDUCE:
-        raise ValueError(
-            f"{source}={given} is refused by the torch.distributed backend: "
-            f"{NOT_ALL_REDUCE[family]}"
-        )
-    if family not in NAMES:
-        usable = ", ".join(n for n in NAMES if n not in NOT_ALL_REDUCE)
-        raise ValueError(f"{source}={given!r} is no algorithm; choose one of {usable}")
 
 
 def make_group(backend_opts, pg_options=None):
@@ -73,7 +29,6 @@ def make_group(backend_opts, pg_options=None):
     from commrt.distributed.devices import DeviceComms
     from commrt.distributed.group import ProcessGroupCommrt
 
-    check_algorithm(pg_options)
     if backend_opts.group_size > 1:  # once a process, whatever the number of groups
         atexit.unregister(warn_lone_accelerator)
         atexit.register(warn_lone_accelerator, backend_opts.group_size)
