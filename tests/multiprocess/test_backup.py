@@ -10,8 +10,6 @@ the average of that step's on-time gradients (replayed here); dead ranks.
 
 import json
 import os
-import re
-import subprocess
 import sys
 
 import pytest
@@ -26,6 +24,7 @@ from commrt.sync.backup import load_snapshot, pack_snapshot
 sys.path.insert(0, os.path.join(TESTS, "workers"))
 import backup_worker as W  # noqa: E402
 from helpers.backup import N_RANKS, assert_identical, failures, load, participants_by_step
+from helpers.cli import parse_summary, run_commrt
 
 
 # ------------------------------------------------------------------ launch
@@ -227,47 +226,29 @@ def test_all_reduce_refuses_backup_workers():
 # --------------------------------------------------------- command line
 def test_commrt_train_with_backup_workers_survives_a_killed_rank():
     """The launcher hosts the store and keeps the job up when rank 3 dies; the summary names it."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "commrt",
-            "train",
-            "--nproc",
-            "4",
-            "--backend",
-            "gloo",
-            "--algorithm",
-            "backup",
-            "--backups",
-            "1",
-            "--epochs",
-            "1",
-            "--kill",
-            "3:6",
-            "--straggler",
-            "exp:0.005",
-            "--timeout",
-            "4",
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
+    proc = run_commrt(
+        "train",
+        "--nproc",
+        "4",
+        "--backend",
+        "gloo",
+        "--algorithm",
+        "backup",
+        "--backups",
+        "1",
+        "--epochs",
+        "1",
+        "--kill",
+        "3:6",
+        "--straggler",
+        "exp:0.005",
+        "--timeout",
+        "4",
+        "--quiet",
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    rows = {
-        m.group(1): m.group(2)
-        for m in (re.match(r"^(\S.*?)\s{2,}(.+)$", ln) for ln in proc.stdout.splitlines())
-        if m
-    }
+    rows = parse_summary(proc.stdout)
     assert rows["missing ranks"] == "3", out
     assert max(map(len, proc.stdout.splitlines())) <= 80, proc.stdout  # the summary fits a terminal
     assert rows["backup workers"].startswith("first 3 of 4 gradients"), out
