@@ -6,17 +6,22 @@ Example::
     import torch.distributed as dist
     dist.init_process_group("commrt")    # COMMRT_ALGORITHM=auto|ring|torus2d|...
     model = torch.nn.parallel.DistributedDataParallel(model)
+    ...
+    print(commrt.distributed.stats())    # what each call ran, and why
 
 Rooms: :mod:`~commrt.distributed.register` (the backend name and the group
 factory), :mod:`~commrt.distributed.devices` (a communicator per device
 type, :class:`Options`), :mod:`~commrt.distributed.group` (the process
 group), :mod:`~commrt.distributed.ops` (what each call runs),
 :mod:`~commrt.distributed.work` (works, futures, the call thread,
-errors) and :mod:`~commrt.distributed.hooks` (DDP communication hooks:
-commrt all-reduce on any backend, GossipGraD).
+errors), :mod:`~commrt.distributed.observe` (what the calls ran: stats,
+``COMMRT_LOG``, ``COMMRT_TRACE``) and :mod:`~commrt.distributed.hooks` (DDP
+communication hooks: commrt all-reduce on any backend, GossipGraD).
 """
 
 from commrt.distributed.devices import Options
+from commrt.distributed.group import stats
+from commrt.distributed.observe import CallStats, GroupStats
 from commrt.distributed.register import BACKEND_NAME, register
 
-__all__ = ["BACKEND_NAME", "register", "Options"]
+__all__ = ["BACKEND_NAME", "register", "Options", "stats", "GroupStats", "CallStats"]

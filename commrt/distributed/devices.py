@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from commrt.algorithms import resolve
 from commrt.algorithms.names import NAMES
+from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.runtime.communicator import (
@@ -178,6 +179,8 @@ class DeviceComms:
         self.timeout = check_timeout(secs, "the process group's timeout") if secs > 0 else 1800.0
         self.global_ranks = list(global_ranks or range(size))
         self.algorithm = self.options.resolved_algorithm()
+        #: the process's trace (COMMRT_TRACE), which every call of the group records into
+        self.tracer = process_tracer(self.global_ranks[rank])
         self.lock = threading.Lock()
         #: the CUDA device the group's NCCL runs on: the first CUDA call's (None before);
         #: chosen under a lock of its own, since ``lock`` is held while NCCL is made
@@ -250,7 +253,7 @@ class DeviceComms:
         )
         if abort_on_error_wanted() and self.size > 1:
             install_abort_hook(comm)
-        return DeviceContext(comm, self.algorithm)
+        return DeviceContext(comm, self.algorithm, self.tracer)
 
     def _cpu(self) -> DeviceContext:
         want = self.options.cpu_transport

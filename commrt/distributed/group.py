@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from commrt.distributed import ops
 from commrt.distributed.devices import DeviceComms
+from commrt.distributed.observe import GroupStats, Observer, save_traces
 from commrt.distributed.work import CallQueue, CommrtWork, P2PWork, caller_event
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
@@ -50,6 +51,8 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         self.devices = devices
         self.calls = CallQueue(f"commrt-pg-{devices.group_id}")
         self.group_id_text, self.desc = devices.group_id, ""
+        #: what the calls ran (:func:`stats`, the log line, the trace)
+        self.observer = Observer(devices.rank, devices.size, devices.group_id, devices.tracer)
 
     # -- names (init_device_mesh and FSDP2 need them)
     def getBackendName(self) -> str:
@@ -76,9 +79,10 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         return self.desc
 
     # -- the machinery every call goes through
-    def _call(self, what: str, tensors: list, run, opts=None, result=None) -> CommrtWork:
+    def _call(self, op: str, tensors: list, run, opts=None, result=None) -> CommrtWork:
         """Queue ``run(device_context)`` on the call thread for the device of
-        ``tensors[0]``; the work's future holds ``result`` (default ``tensors``). On CUDA
+        ``tensors[0]``, recorded as ``op`` (:mod:`commrt.distributed.observe`); the work's
+        future holds ``result`` (default ``tensors``). On CUDA
         the call thread runs on the group's device, after the caller's current stream as
         it is now (:mod:`commrt.distributed.work`), and makes the communicator if it is the
         first CUDA call."""
@@ -86,7 +90,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         devices = self.devices
         cuda = devices.check(device)  # a bad device is the caller's error, raised here
         dtype = tensors[0].dtype if tensors else None
-        what = f"{what} on {device.type}, algorithm {devices.algorithm.name}"
+        what = f"{op} on {device.type}, algorithm {devices.algorithm.name}"
         work = CommrtWork(
             what,
             devices.rank,
@@ -100,7 +104,9 @@ class ProcessGroupCommrt(dist.ProcessGroup):
             with work.lock:
                 work.waited = True
         after = None if cuda is None else caller_event(cuda)
-        return self.calls.submit(lambda: run(devices.get(device, dtype)), work, cuda, after)
+        observed = self.observer.run
+        call = lambda: observed(op, tensors, run, devices.get(device, dtype))  # noqa: E731
+        return self.calls.submit(call, work, cuda, after)
 
     # -- all-reduce
     def allreduce(self, tensors, opts=None) -> CommrtWork:
@@ -280,6 +286,30 @@ class ProcessGroupCommrt(dist.ProcessGroup):
     def shutdown(self) -> None:
         self.calls.close()
         self.devices.close()
+        save_traces()
 
     def abort(self) -> None:
         self.devices.close()
+
+
+def stats(group=None) -> GroupStats:
+    """What the commrt process group ``group`` (default: the default group) ran: per
+    (op, size, dtype) its calls, bytes, time and algorithm, and why ``auto`` chose it
+    (:class:`~commrt.distributed.observe.GroupStats`; module
+    :mod:`commrt.distributed.observe`).
+
+    Example::
+
+        >>> dist.init_process_group("commrt")            # doctest: +SKIP
+        >>> ...                                          # train with DDP
+        >>> print(commrt.distributed.stats())
+    """
+    pg = group if group is not None else dist.group.WORLD
+    if pg is None:
+        raise ValueError("commrt.distributed.stats: no process group: call init_process_group")
+    if not isinstance(pg, ProcessGroupCommrt):
+        raise ValueError(
+            f"commrt.distributed.stats: this group runs on {dist.get_backend(pg)}, not on commrt "
+            '(dist.init_process_group("commrt"))'
+        )
+    return pg.observer.stats

@@ -63,10 +63,13 @@ def op_name(op) -> str:
 
 @dataclass
 class DeviceContext:
-    """One device type's communicator and what the group's calls need with it."""
+    """One device type's communicator and what the group's calls need with it: the
+    group's all-reduce algorithm, and the tracer its calls record into (None: no trace,
+    :mod:`commrt.distributed.observe`)."""
 
     comm: Communicator
     algorithm: Algorithm
+    tracer: object = None
 
     def __post_init__(self):
         # torch.distributed's contract on this communicator: the dtypes gloo and NCCL reduce
@@ -91,7 +94,10 @@ def allreduce(dc: DeviceContext, t: torch.Tensor, op: str) -> None:
         flat = t.view(-1)
         pack([flat], flat, scale=1.0 / comm.world_size)  # the average is the pack's scale
         op = "sum"
-    all_reduce(t, comm, dc.algorithm, SPELLINGS[op])
+    if dc.tracer is None:  # a repeated small call pays for every keyword argument
+        all_reduce(t, comm, dc.algorithm, SPELLINGS[op])
+    else:
+        all_reduce(t, comm, dc.algorithm, SPELLINGS[op], tracer=dc.tracer)
 
 
 def allreduce_coalesced(dc: DeviceContext, tensors: list[torch.Tensor], op: str) -> None:
@@ -109,7 +115,7 @@ def allreduce_coalesced(dc: DeviceContext, tensors: list[torch.Tensor], op: str)
 
 
 def broadcast(dc: DeviceContext, t: torch.Tensor, root: int) -> None:
-    commrt_broadcast(t.detach(), dc.comm, root)
+    commrt_broadcast(t.detach(), dc.comm, root, tracer=dc.tracer)
 
 
 def check_list(what: str, role: str, tensors: list, like: torch.Tensor, p: int) -> None:

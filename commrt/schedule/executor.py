@@ -239,6 +239,12 @@ class Executor:
         #: one bucket) skips bind()'s key tuple, hashing and LRU update
         self._last: tuple | None = None
 
+    @property
+    def last_schedule(self) -> Schedule | None:
+        """The schedule of the last run (None before any): the algorithm its caller
+        reports (:mod:`commrt.distributed.observe`)."""
+        return None if self._last is None else self._last[0]
+
     def bind(
         self,
         schedule: Schedule,

@@ -37,6 +37,7 @@ class Tracer:
         self._wall0_us = time.time_ns() / 1e3
         self._perf0 = time.perf_counter()
         self._tids: dict[int, int] = {}
+        self._thread_names: dict[int, str] = {}  # tid -> name given by name_thread
         self._nvtx = None
         if nvtx:
             import torch
@@ -54,6 +55,11 @@ class Tracer:
         if tid is None:
             tid = self._tids.setdefault(ident, len(self._tids))
         return tid
+
+    def name_thread(self, name: str) -> None:
+        """Name the calling thread's row in the timeline (default: ``main`` for the first
+        thread that records, ``commrt progress 1`` for the second)."""
+        self._thread_names[self._tid()] = name
 
     def add(self, name: str, start_us: float, end_us: float, cat: str = "commrt", **args) -> None:
         """Record a complete event that was timed elsewhere."""
@@ -121,6 +127,7 @@ class Tracer:
         for tid in self._tids.values():
             if tid:
                 names[tid] = f"commrt progress {tid}" if tid == 1 else f"thread {tid}"
+        names.update(self._thread_names)
         meta += [
             {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": n}}
             for tid, n in names.items()

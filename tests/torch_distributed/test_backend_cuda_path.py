@@ -82,20 +82,24 @@ class Cuda:
         return self.current.setdefault(name, FakeStream(name))
 
 
+#: a communicator as the group's stats read it after a call: a world of one runs nothing
+ALONE = types.SimpleNamespace(world_size=1, executor=types.SimpleNamespace(last_schedule=None))
+
+
 class Devices(DeviceComms):
     """DeviceComms without transports: a CPU context that is never used, and a CUDA one
     that records the thread it was made on."""
 
     def __init__(self, log):
         self.rank, self.size, self.group_id, self.timeout = 0, 1, "fake", 30.0
-        self.options, self.algorithm = Options(), Ring()
+        self.options, self.algorithm, self.tracer = Options(), Ring(), None
         self.lock, self.pick_lock = threading.Lock(), threading.Lock()
         self.cuda_device, self.log = None, log
-        self.by_type = {"cpu": types.SimpleNamespace(algorithm=self.algorithm)}
+        self.by_type = {"cpu": types.SimpleNamespace(algorithm=self.algorithm, comm=ALONE)}
 
     def _cuda(self, dtype):
         self.log.append(("make NCCL", threading.current_thread().name, dtype))
-        return types.SimpleNamespace(algorithm=self.algorithm, device=self.cuda_device)
+        return types.SimpleNamespace(algorithm=self.algorithm, device=self.cuda_device, comm=ALONE)
 
     def close(self) -> None:
         pass
@@ -109,7 +113,7 @@ def test_the_call_thread_sets_the_device_and_waits_for_the_callers_stream(monkey
         lambda dc, t, op: cuda.log.append(("run", threading.current_thread().name)),
     )
     pg = G.ProcessGroupCommrt(Devices(cuda.log))
-    tensor = types.SimpleNamespace(device=CUDA3, dtype=torch.bfloat16)
+    tensor = types.SimpleNamespace(device=CUDA3, dtype=torch.bfloat16, nbytes=2)
     try:
         pg.allreduce([tensor]).wait()
         side = cuda.current["MainThread"] = FakeStream("side")  # torch.cuda.stream(side)

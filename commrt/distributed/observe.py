@@ -1,0 +1,269 @@
+"""What commrt's process group did: stats, a first-sight log line, a trace.
+
+Under DDP the backend's calls are torch's, not the user's, so what each ran
+is shown three ways (``docs/from-ddp.md``, "Seeing what commrt did"):
+
+* **stats**, always kept: :func:`commrt.distributed.stats` gives the
+  group's :class:`GroupStats`, one :class:`CallStats` per (op, size, dtype):
+  calls, bytes, seconds on the call thread, the algorithm each call ran
+  (``auto:ring`` when ``auto`` chose ring) and why ``auto`` chose it.
+* **a log line** the first time each (op, size, dtype) is seen, with
+  ``COMMRT_LOG=info`` (or torch's ``TORCH_DISTRIBUTED_DEBUG=INFO`` or
+  ``DETAIL``): printed by the group's rank 0 only, as every rank runs the
+  same schedule (``auto``'s choices are agreed across ranks);
+  ``COMMRT_LOG=debug`` prints it on every rank.
+* **a trace** with ``COMMRT_TRACE=DIR``: ``DIR/rank<global rank>.json``,
+  the Chrome-trace (Perfetto) format of :class:`commrt.training.trace.Tracer`,
+  as ``commrt train --trace`` writes it, so ``commrt trace merge`` merges
+  the ranks' files. One span a call on the group's call thread, the
+  schedule's steps inside it. Written when the group is destroyed and at
+  exit (not when the job is ended by an error: ``os._exit`` runs no exit
+  handler).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+
+from commrt.algorithms.auto import choices
+from commrt.training.trace import Tracer
+
+#: the variable that turns the first-sight log line on (``info``: rank 0, ``debug``: all)
+LOG_ENV = "COMMRT_LOG"
+#: the directory the per-rank trace files go to
+TRACE_ENV = "COMMRT_TRACE"
+#: torch's own debug variable: INFO and DETAIL turn commrt's log on as ``info`` does
+TORCH_DEBUG_ENV = "TORCH_DISTRIBUTED_DEBUG"
+LEVELS = ("off", "info", "debug")
+#: the calls whose body runs a schedule through the communicator's executor (so its last
+#: schedule is what they ran); the others are point-to-point groups or a barrier
+SCHEDULED = ("allreduce", "reduce", "broadcast", "allgather", "all_gather", "reduce_scatter")
+WIDTH = 80
+
+
+def log_level() -> str:
+    """``off``, ``info`` or ``debug`` from :data:`LOG_ENV` (else torch's debug variable);
+    ValueError naming the variable for any other value."""
+    given = os.environ.get(LOG_ENV, "").strip().lower()
+    if not given:
+        torch_debug = os.environ.get(TORCH_DEBUG_ENV, "").strip().upper()
+        return "info" if torch_debug in ("INFO", "DETAIL") else "off"
+    if given in ("0", "none", "false", "no"):
+        return "off"
+    if given not in LEVELS:
+        raise ValueError(f"{LOG_ENV}={given!r}: choose one of {', '.join(LEVELS)}")
+    return given
+
+
+@dataclass
+class CallStats:
+    """One (op, size, dtype) of a group's calls."""
+
+    op: str  #: torch's call and its reduction, e.g. ``allreduce(sum)``
+    nbytes: int  #: bytes of the call's tensors (a DDP bucket's size)
+    dtype: str
+    calls: int = 0
+    #: seconds the calls took on the group's call thread (the collective itself)
+    seconds: float = 0.0
+    #: calls per schedule that ran (``auto`` tries a runner-up before it settles)
+    ran: dict = field(default_factory=dict)
+    #: what the last call ran, e.g. ``auto:ring`` (``""``: no schedule: a p2p call)
+    algorithm: str = ""
+    #: why: ``auto``'s choice with its predicted time and the runners-up (else ``""``)
+    why: str = ""
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of every call's tensors together."""
+        return self.nbytes * self.calls
+
+
+@dataclass
+class GroupStats:
+    """A commrt process group's calls (:func:`commrt.distributed.stats`).
+
+    Example::
+
+        >>> s = commrt.distributed.stats()               # doctest: +SKIP
+        >>> s.algorithms
+        ('binomial_tree', 'auto:ring')
+        >>> print(s)                                     # a table, 80 columns
+    """
+
+    rank: int
+    world_size: int
+    group: str
+    #: (op, nbytes, dtype) -> CallStats, in the order first seen
+    entries: dict = field(default_factory=dict)
+
+    @property
+    def algorithms(self) -> tuple[str, ...]:
+        """The algorithms the calls ran, each once, in the order first seen."""
+        return tuple(dict.fromkeys(a for e in list(self.entries.values()) for a in e.ran))
+
+    @property
+    def calls(self) -> int:
+        return sum(e.calls for e in list(self.entries.values()))
+
+    @property
+    def bytes(self) -> int:
+        return sum(e.bytes for e in list(self.entries.values()))
+
+    @property
+    def seconds(self) -> float:
+        return sum(e.seconds for e in list(self.entries.values()))
+
+    def find(self, op: str) -> list[CallStats]:
+        """The entries whose op starts with ``op`` (``"allreduce"``: every reduction)."""
+        return [e for e in list(self.entries.values()) if e.op.startswith(op)]
+
+    def summary(self) -> str:
+        head = (
+            f"commrt group {self.group}, rank {self.rank} of {self.world_size}: "
+            f"{self.calls} calls, {_size(self.bytes)}, {self.seconds * 1e3:.1f} ms"
+        )
+        rows = [("op", "size", "dtype", "calls", "ms/call", "algorithm")]
+        for e in list(self.entries.values()):
+            per = e.seconds / e.calls * 1e3 if e.calls else 0.0
+            rows.append((e.op, _size(e.nbytes), e.dtype, str(e.calls), f"{per:.3f}", e.algorithm))
+        widths = [max(len(r[i]) for r in rows) for i in range(6)]
+        lines = [head]
+        for r in rows:
+            cells = [r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2])]
+            cells += [r[3].rjust(widths[3]), r[4].rjust(widths[4]), r[5]]
+            lines.append("  ".join(cells).rstrip())
+        whys = dict.fromkeys(e.why for e in list(self.entries.values()) if e.why)
+        return "\n".join(lines + [_wrap(w, "") for w in whys])
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _wrap(text: str, prefix: str) -> str:
+    return textwrap.fill(
+        text, WIDTH, initial_indent=prefix + "  ", subsequent_indent=prefix + "    "
+    )
+
+
+class _Traces:
+    """The process's tracer for :data:`TRACE_ENV` (every commrt group of a process records
+    into one file, named after the global rank) and its saving at exit."""
+
+    lock = threading.Lock()
+    tracer: Tracer | None = None
+    path: str | None = None
+
+    @classmethod
+    def get(cls, global_rank: int) -> Tracer | None:
+        folder = os.environ.get(TRACE_ENV, "").strip()
+        if not folder:
+            return None
+        with cls.lock:
+            if cls.tracer is None:
+                os.makedirs(folder, exist_ok=True)  # a bad folder is an error at init
+                cls.tracer = Tracer(rank=global_rank)
+                cls.path = os.path.join(folder, f"rank{global_rank}.json")
+                atexit.register(cls.save)
+            return cls.tracer
+
+    @classmethod
+    def save(cls) -> None:
+        with cls.lock:
+            if cls.tracer is not None and cls.path is not None:
+                cls.tracer.save(cls.path)
+
+
+def process_tracer(global_rank: int) -> Tracer | None:
+    """The tracer this process's commrt groups record into (None without
+    :data:`TRACE_ENV`); its file is saved when a group shuts down and at exit."""
+    return _Traces.get(global_rank)
+
+
+def save_traces() -> None:
+    """Write the process's trace file now (nothing without :data:`TRACE_ENV`)."""
+    _Traces.save()
+
+
+class Observer:
+    """Runs a group's calls on its call thread and records what each ran (module docs)."""
+
+    def __init__(self, rank: int, world_size: int, group: str, tracer: Tracer | None):
+        self.stats = GroupStats(rank, world_size, group)
+        self.level = log_level()
+        self.prefix = "commrt: " if self.level != "debug" else f"commrt: rank {rank}: "
+        self.speaks = self.level == "debug" or (self.level == "info" and rank == 0)
+        self.tracer = tracer
+        self.named = False  # the call thread's row in the trace has its name
+
+    def run(self, what: str, tensors: list, run, dc) -> None:
+        """``run(dc)`` (one call), then record it: on the call thread."""
+        comm = dc.comm
+        tracer = self.tracer
+        t0_us = tracer.now_us() if tracer is not None else 0.0
+        t0 = time.perf_counter()
+        run(dc)
+        seconds = time.perf_counter() - t0
+        nbytes = sum(t.nbytes for t in tensors)
+        ran = ""
+        if what.startswith(SCHEDULED) and nbytes and comm.world_size > 1:
+            sched = comm.executor.last_schedule
+            ran = sched.name if sched is not None else ""
+        dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else "-"
+        entry = self._entry(what, nbytes, dtype, ran, comm)
+        entry.calls += 1
+        entry.seconds += seconds
+        if ran:
+            entry.ran[ran] = entry.ran.get(ran, 0) + 1
+            if ran != entry.algorithm:  # first call, a trial, or what auto learned
+                entry.algorithm, entry.why = ran, _why(ran, nbytes, comm)
+        if tracer is not None:
+            if not self.named:
+                tracer.name_thread(f"commrt group {self.stats.group} calls")
+                self.named = True
+            tracer.add(
+                f"commrt/{what}", t0_us, tracer.now_us(), bytes=nbytes, dtype=dtype,
+                algorithm=ran or "-", group=self.stats.group,
+            )  # fmt: skip
+
+    def _entry(self, what: str, nbytes: int, dtype: str, ran: str, comm) -> CallStats:
+        key = (what, nbytes, dtype)
+        entry = self.stats.entries.get(key)
+        if entry is not None:
+            return entry
+        entry = self.stats.entries[key] = CallStats(what, nbytes, dtype)
+        if self.speaks:
+            self._say(entry, ran, _why(ran, nbytes, comm))
+        return entry
+
+    def _say(self, entry: CallStats, ran: str, why: str) -> None:
+        p = self.stats.world_size
+        line = f"{self.prefix}{entry.op} of {entry.nbytes} B {entry.dtype} on {p} ranks"
+        line += f": {ran}" if ran else ""
+        text = line + ("\n" + _wrap(why, "") if why else "")
+        print(text, file=sys.stderr, flush=True)
+
+
+def _why(ran: str, nbytes: int, comm) -> str:
+    """``auto``'s reason for what a call of ``nbytes`` ran (``""`` when auto did not choose)."""
+    if not ran.startswith("auto:"):
+        return ""
+    choice = choices(comm).get(nbytes)
+    if choice is None:
+        return ""
+    why = str(choice)
+    if ran != f"auto:{choice.label}":
+        why += f"; auto is timing {ran[5:]} against it"
+    return why
