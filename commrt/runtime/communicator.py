@@ -354,9 +354,9 @@ class _AbortOnError:
         if not live:
             return
         comm = live[0]
-        # repeated in one line (a launcher that kills the job may drop a traceback's tail, and
-        # this names the failing peer); a Ctrl-C is no error; no ": " without a message
-        what = f"uncaught {kind.__name__}" + (f": {value}" if str(value) else "")
+        # the traceback just printed holds the message: this line names the rank and the
+        # exit without saying it again (each rank prints its error once); a Ctrl-C is no error
+        what = f"the uncaught {kind.__name__} above"
         what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
         end_job(
             f"commrt: rank {comm.rank}: {what}; ending the whole job "
