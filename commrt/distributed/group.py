@@ -25,6 +25,19 @@ from commrt.schedule.p2p import Exchange, Where
 BACKEND_NAME = "commrt"
 
 
+#: a CPU call made inside autograd's backward (DDP's bucket all-reduces) of at most this many
+#: bytes runs on the caller's thread when nothing is queued (CallQueue.submit): a
+#: latency-bound call gains less from overlapping the rest of backward than the hand-off to
+#: the call thread and back costs, and every rank's backward issues its calls in one order
+HERE_BYTES = 64 << 10
+
+
+def _small_in_backward(tensors: list) -> bool:
+    if torch._C._current_graph_task_id() == -1:  # not inside a backward pass
+        return False
+    return sum(t.nbytes for t in tensors) <= HERE_BYTES
+
+
 def _unsupported(method: str, instead: str) -> NotImplementedError:
     return NotImplementedError(f"commrt process group: {method} is not implemented; {instead}")
 
@@ -98,7 +111,8 @@ class ProcessGroupCommrt(dist.ProcessGroup):
             devices.timeout,
             () if cuda is None else [cuda],
         )
-        if opts is not None and not getattr(opts, "asyncOp", True):
+        sync = opts is not None and not getattr(opts, "asyncOp", True)
+        if sync:
             # torch waits on a synchronous call's work itself: mark it waited before it
             # runs, so that an error is raised from that wait, never turned into an abort
             with work.lock:
@@ -106,7 +120,8 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         after = None if cuda is None else caller_event(cuda)
         observed = self.observer.run
         call = lambda: observed(op, tensors, run, devices.get(device, dtype))  # noqa: E731
-        return self.calls.submit(call, work, cuda, after)
+        here = cuda is None and (sync or _small_in_backward(tensors))
+        return self.calls.submit(call, work, cuda, after, here)
 
     # -- all-reduce
     def allreduce(self, tensors, opts=None) -> CommrtWork:

@@ -15,8 +15,10 @@ is shown three ways (``docs/from-ddp.md``, "Seeing what commrt did"):
 * **a trace** with ``COMMRT_TRACE=DIR``: ``DIR/rank<global rank>.json``,
   the Chrome-trace (Perfetto) format of :class:`commrt.training.trace.Tracer`,
   as ``commrt train --trace`` writes it, so ``commrt trace merge`` merges
-  the ranks' files. One span a call on the group's call thread, the
-  schedule's steps inside it. Written when the group is destroyed and at
+  the ranks' files. One span a call on the thread that ran it (the
+  group's call thread ``commrt-pg-<group>``, or the caller's:
+  :meth:`commrt.distributed.work.CallQueue.submit`), the schedule's steps
+  inside it. Written when the group is destroyed and at
   exit (not when the job is ended by an error: ``os._exit`` runs no exit
   handler).
 """
@@ -206,7 +208,7 @@ class Observer:
         self.prefix = "commrt: " if self.level != "debug" else f"commrt: rank {rank}: "
         self.speaks = self.level == "debug" or (self.level == "info" and rank == 0)
         self.tracer = tracer
-        self.named = False  # the call thread's row in the trace has its name
+        self.named: set[int] = set()  # threads whose row in the trace has its name
 
     def run(self, what: str, tensors: list, run, dc) -> None:
         """``run(dc)`` (one call), then record it: on the call thread."""
@@ -230,9 +232,10 @@ class Observer:
             if ran != entry.algorithm:  # first call, a trial, or what auto learned
                 entry.algorithm, entry.why = ran, _why(ran, nbytes, comm)
         if tracer is not None:
-            if not self.named:
-                tracer.name_thread(f"commrt group {self.stats.group} calls")
-                self.named = True
+            here = threading.get_ident()
+            if here not in self.named:  # the call thread, or a caller a call ran on
+                tracer.name_thread(threading.current_thread().name)
+                self.named.add(here)
             tracer.add(
                 f"commrt/{what}", t0_us, tracer.now_us(), bytes=nbytes, dtype=dtype,
                 algorithm=ran or "-", group=self.stats.group,

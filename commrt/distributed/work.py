@@ -5,7 +5,11 @@ Every collective of a group runs on that group's call thread
 every rank runs them in the same order, whatever waits for what). The
 caller gets a :class:`CommrtWork` at once; the call thread completes its
 future when the collective is done. A synchronous call (``async_op=False``,
-``asyncOp=False``) is simply waited on before the call returns.
+``asyncOp=False``) is simply waited on before the call returns. A call its
+caller would only wait for (a synchronous one, a small one inside backward)
+runs on the caller's thread instead when nothing is queued before it
+(:meth:`CallQueue.submit`): the same code, in the same order, without the
+hand-off.
 
 CUDA calls: current streams and the current device are per thread. So the
 call thread sets the group's device itself (``torch.cuda.set_device``, once:
@@ -130,8 +134,9 @@ def caller_event(device: torch.device):
 
 
 class CallQueue:
-    """The group's calls, run one at a time in the order they came on one thread (the
-    call thread, started on first use)."""
+    """The group's calls, run one at a time in the order they came: on one thread (the
+    call thread, started on first use), or on the caller's own when it may wait and
+    nothing is ahead of it (:meth:`submit`)."""
 
     def __init__(self, name: str):
         self.name = name
@@ -140,22 +145,43 @@ class CallQueue:
         self.broken: BaseException | None = None
         self.start_lock = threading.Lock()
         self.device: torch.device | None = None  # the CUDA device the call thread set
+        #: calls submitted and not finished (queued, or running on either thread)
+        self.pending = 0
+        self.count_lock = threading.Lock()
+        #: held while a call runs, so a call queued behind one that runs on its caller's
+        #: thread starts after it
+        self.run_lock = threading.Lock()
 
-    def submit(self, run, work: CommrtWork, device=None, after=None) -> CommrtWork:
+    def submit(self, run, work: CommrtWork, device=None, after=None, here=False) -> CommrtWork:
         """Queue ``run()`` (it does the call); the call thread completes ``work`` after
         it. ``device``: the CUDA device the call runs on, which the call thread makes its
         own first; ``after``: an event (:func:`caller_event`) its current stream waits on
-        before ``run()``."""
+        before ``run()``. ``here``: the caller would only wait for the call (a synchronous
+        call, or a small one inside DDP's backward: ``commrt.distributed.group``), so
+        when nothing is queued or running it runs on the caller's thread, in the same
+        order, without the two thread switches of a hand-off (a small call's latency)."""
         if self.broken is not None:
             err = CommError(
                 f"commrt: rank {work.rank}: {work.what} refused: this process group failed "
                 f"earlier ({type(self.broken).__name__}: {self.broken})"
             )
             work.fail(err)
+            return work
+        with self.count_lock:
+            here = here and self.pending == 0
+            self.pending += 1
+        if here:
+            with self.run_lock:
+                self._run_one(run, work, device, after)
+            self._done()
         else:
             self._ensure_thread()
             self.queue.put((run, work, device, after))
         return work
+
+    def _done(self) -> None:
+        with self.count_lock:
+            self.pending -= 1
 
     def _ensure_thread(self) -> None:
         with self.start_lock:
@@ -168,21 +194,26 @@ class CallQueue:
             item = self.queue.get()
             if item is None:
                 return
-            run, work, device, after = item
-            if self.broken is not None:
-                work.fail(CommError(f"commrt: {work.what} refused: the group failed earlier"))
-                continue
-            try:
-                if device is not None:
-                    self._enter(device, after)
-                with torch.no_grad():  # torch's groups copy into tensors whatever autograd says
-                    run()
-            except BaseException as e:  # noqa: BLE001 - every error must reach someone
-                if not isinstance(e, LOCAL_ERRORS):
-                    self.broken = e
-                work.fail(e)
-                continue
-            work.finish()
+            with self.run_lock:
+                self._run_one(*item)
+            self._done()
+
+    def _run_one(self, run, work: CommrtWork, device, after) -> None:
+        """One call, on whichever thread runs it: ``run()``, then complete ``work``."""
+        if self.broken is not None:
+            work.fail(CommError(f"commrt: {work.what} refused: the group failed earlier"))
+            return
+        try:
+            if device is not None:
+                self._enter(device, after)
+            with torch.no_grad():  # torch's groups copy into tensors whatever autograd says
+                run()
+        except BaseException as e:  # noqa: BLE001 - every error must reach someone
+            if not isinstance(e, LOCAL_ERRORS):
+                self.broken = e
+            work.fail(e)
+            return
+        work.finish()
 
     def _enter(self, device: torch.device, after) -> None:
         """On the call thread: make ``device`` current (once), order after ``after``."""
