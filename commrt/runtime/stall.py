@@ -172,7 +172,7 @@ class StallWatch:
         return {
             "rank": self.rank, "host": self.host, "pid": self.pid, "state": "published",
             "position": self.where(), "idle_s": round(self.idle_s(), 1), "reason": reason,
-            "stack": [[f.filename, f.lineno, f.name, _is_user(f.filename)] for f in stack],
+            "stack": [[_short(f.filename), f.lineno, f.name, _is_user(f.filename)] for f in stack],
         }  # fmt: skip
 
     def _judge(self, store) -> dict:
@@ -251,6 +251,12 @@ def _is_user(filename: str, _dirs: list = []) -> bool:  # noqa: B006 - computed 
     if not _dirs:
         _dirs.append(_library_dirs())
     return not filename.startswith("<") and not os.path.realpath(filename).startswith(_dirs[0])
+
+
+def _short(filename: str) -> str:
+    """``filename`` relative to the working folder where it lies under it."""
+    rel = os.path.relpath(filename) if os.path.isabs(filename) else filename
+    return filename if rel.startswith("..") else rel
 
 
 def _read(store, key: str):

@@ -74,7 +74,7 @@ def judge(views: list[dict], stall_s: float | None = None) -> dict:
         chains[r] = chain
         roots.setdefault(chain[-1], []).append(r)
     blamed = {r: k for r, k in terminal.items() if k not in ("dropped",)}
-    if not blamed and not chains:
+    if not chains and not any(k in KINDS[:3] for k in blamed.values()):  # nobody waits
         return {"kind": "none", "root": None, "lines": ["commrt: no stall: every rank runs."]}
     root = _pick_root(blamed, roots, chains)
     verdict = {
@@ -158,16 +158,18 @@ def _longest(chains: dict, root: int | None) -> list:
 
 
 def ranks_text(ranks) -> str:
-    """``[0, 1, 2, 5]`` -> ``"ranks 0-2,5"``; one rank -> ``"rank 3"``."""
+    """``[0, 1, 2, 5]`` -> ``"ranks 0-2,5"``, ``[0, 1, 3]`` -> ``"ranks 0,1,3"``; one rank ->
+    ``"rank 3"``."""
     ranks = sorted(ranks)
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    parts, start = [], None
-    for i, r in enumerate(ranks):
-        start = r if start is None else start
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            parts.append(str(r) if start == r else f"{start}-{r}")
-            start = None
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and runs[-1][-1] == r - 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    parts = [f"{x[0]}-{x[-1]}" if len(x) > 2 else ",".join(map(str, x)) for x in runs]
     return "ranks " + ",".join(parts)
 
 
@@ -189,11 +191,11 @@ def call_text(position: dict) -> str:
 
 
 def where_text(view: dict, frames: int = 3) -> list[str]:
-    """The innermost user frames of ``view``'s stack, ``function  file:line``, innermost
+    """The innermost user frames of ``view``'s stack, ``file:line in function``, innermost
     first (all frames where none is user code)."""
     stack = view.get("stack") or []
     user = [f for f in stack if len(f) > 3 and f[3]] or stack
-    return [f"{f[2]}  {f[0]}:{f[1]}" for f in reversed(user[-frames:])]
+    return [f"{f[0]}:{f[1]} in {f[2]}" for f in reversed(user[-frames:])]
 
 
 def _who(view: dict) -> str:
@@ -201,28 +203,31 @@ def _who(view: dict) -> str:
 
 
 def _cause(kind: str, view: dict, common: tuple | None, by_rank: dict) -> list[str]:
+    """The root cause's lines: who, what, and where."""
     idle = view.get("idle_s")
     idle_txt = f"{idle:.0f} s" if isinstance(idle, (int, float)) else "a while"
+    who = f"root cause: {_who(view)} is "
     if kind == "dead":
-        return [f"{_who(view)} is DEAD: its process is gone, no heartbeat for {idle_txt}."]
+        return [who + "DEAD:", f"  its process is gone; last heartbeat {idle_txt} ago."]
     if kind == "stopped":
-        return [f"{_who(view)} is STOPPED (SIGSTOP): alive but not scheduled."]
+        return [who + "STOPPED (SIGSTOP):", "  alive but not scheduled."]
     if kind == "silent":
-        return [f"{_who(view)} did not answer: alive, last heartbeat {idle_txt} ago."]
+        return [who + "NOT ANSWERING:", f"  alive; last heartbeat {idle_txt} ago."]
     if kind == "user code":
-        head = f"{_who(view)} is IN USER CODE: in no collective for {idle_txt}; at"
-        return [head] + ["    " + w for w in where_text(view)]
+        head = [who + "IN USER CODE,", f"  in no collective for {idle_txt}, at:"]
+        return head + ["    " + w for w in where_text(view)]
     if kind == "other collective":
-        mine = call_text(view.get("position", {}))
         theirs = next(
             (call_text(v["position"]) for v in by_rank.values() if _in_call(v) and _signature(v) == common),
             "another collective",
         )  # fmt: skip
+        mine = call_text(view.get("position", {}))
         return [
-            f"{_who(view)} is IN ANOTHER COLLECTIVE: {mine},",
-            f"while the others are in {theirs}.",
+            who + "IN ANOTHER COLLECTIVE:",
+            f"  {mine},",
+            f"  while the others are in {theirs}.",
         ]
-    return [f"{_who(view)}: {kind}."]
+    return [who + kind.upper() + "."]
 
 
 def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
@@ -236,12 +241,11 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
         advice = ADVICE["cycle"]
     else:
         view = by_rank[root]
-        lines += ["root cause: " + _cause(verdict["kind"], view, common, by_rank)[0]]
-        lines += _cause(verdict["kind"], view, common, by_rank)[1:]
-        where = where_text(view, 1)
+        lines += _cause(verdict["kind"], view, common, by_rank)
+        user = [f for f in view.get("stack") or [] if len(f) > 3 and f[3]]
         advice = ADVICE[verdict["kind"]].format(
             rank=root, host=view.get("host"), pid=view.get("pid"),
-            where=where[0].split("  ")[0] if where else "that code",
+            where=user[-1][2] if user else "that code",
         )  # fmt: skip
     if verdict["waiting"] and root is not None:
         sample = by_rank[verdict["waiting"][0]].get("position", {})
