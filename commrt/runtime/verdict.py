@@ -261,7 +261,14 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
 
 
 def _wrap(line: str) -> list[str]:
+    """``line`` wrapped at :data:`WIDTH`, never inside a `quoted command`."""
     if len(line) <= WIDTH:
         return [line]
+    parts = line.split("`")
+    keep = "".join(p.replace(" ", NBSP) if i % 2 else p for i, p in enumerate(parts))
     indent = " " * (len(line) - len(line.lstrip()) + 4)
-    return textwrap.wrap(line, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+    out = textwrap.wrap(keep, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+    return [w.replace(NBSP, " ") for w in out]
+
+
+NBSP = "\u00a0"

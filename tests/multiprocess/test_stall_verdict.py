@@ -10,7 +10,8 @@ import signal
 import subprocess
 import sys
 
-from helpers.mp import GlooJob
+import pytest
+from helpers.mp import GlooJob, mpiexec
 
 STALL_S = "2"
 #: seconds the job gets before its ranks are killed (a loaded 2-core machine starts 4 torch
@@ -111,3 +112,28 @@ def test_ranks_merely_slower_than_each_other_are_never_blamed(tmp_path):
     assert not any(VERDICT in o for o in outs)
     assert all("finished" in o for o in outs)
     assert not dump.exists()
+
+
+# -- over MPI: one output stream for the job (mpiexec's); the mpich wheel kills every rank
+# when one dies, so the dead-rank case is gloo's alone (above)
+
+
+@pytest.mark.parametrize(
+    "case, live, named",
+    [
+        ("user", 4, ["rank 3 ", "IN USER CODE", "verdict_worker.py:26 in load_next_batch"]),
+        ("stop", 3, ["rank 3 ", "STOPPED (SIGSTOP)"]),
+        ("other", 4, ["rank 2 ", "IN ANOTHER COLLECTIVE", "broadcast ("]),
+        ("chain", 4, ["rank 3 ", "chain of waits: rank 0 -> rank 1 -> rank 2 -> rank 3"]),
+    ],
+)
+def test_over_mpi_every_live_rank_prints_the_same_verdict(case, live, named):
+    proc = mpiexec(4, "verdict_worker.py", case, "mpi", timeout=BOUND_S, check=False,
+                   env={"COMMRT_STALL_S": STALL_S})  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "finished" not in out, out
+    assert out.count(VERDICT) == live, out
+    causes = {line for line in out.splitlines() if line.startswith("root cause:")}
+    assert len(causes) == 1, causes
+    for text in named:
+        assert text in out, out
