@@ -13,7 +13,9 @@ Each command declares its flags beside its code (a ``register(sub)`` each):
 * ``commrt simulate`` (:mod:`commrt.cli.simulate`): all-reduce at thousands
   of ranks under an α-β model;
 * ``commrt probe`` (:mod:`commrt.cli.probe`): this job's α and β as ``auto``
-  measures them, saved for reuse.
+  measures them, saved for reuse;
+* ``commrt diagnose`` (:mod:`commrt.cli.diagnose`): a stalled job's verdict
+  again, from its ``COMMRT_DUMP`` files.
 
 This module adds them to one parser, checks what several share, and with
 ``--nproc N`` the multi-rank commands start N local ranks (mpiexec for mpi,
@@ -101,9 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     # not required=True: argparse would then say "arguments are required: command"; main
     # names the commands instead
     sub = parser.add_subparsers(dest="command")
-    from commrt.cli import bench_command, probe, simulate, traces, train_args
+    from commrt.cli import bench_command, diagnose, probe, simulate, traces, train_args
 
-    for command in (bench_command, train_args, traces, simulate, probe):
+    for command in (bench_command, train_args, traces, simulate, probe, diagnose):
         command.register(sub)
     parser.set_defaults(parser=parser, subcommands=tuple(sub.choices))
     return parser

@@ -11,11 +11,7 @@ Example::
 from __future__ import annotations
 
 import enum
-import os
-import sys
 import threading
-import time
-import traceback
 import warnings
 import weakref
 from dataclasses import dataclass, field
@@ -23,16 +19,23 @@ from dataclasses import dataclass, field
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
+from commrt.runtime.abort import (  # noqa: F401  (moved to commrt.runtime.abort; still importable)
+    ABORT_GRACE_S,
+    _AbortOnError,
+    _env_flag,
+    abort_on_error_wanted,
+    end_job,
+    install_abort_hook,
+)
 from commrt.runtime.departures import CLOSED, Departures, track
 from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
 from commrt.runtime.rendezvous import MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
 from commrt.runtime.rendezvous import tcp_store as _tcp_store
+from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
 
 DEFAULT_TIMEOUT_S = 300.0
-#: seconds an aborting rank waits for the launcher to forward its last output
-ABORT_GRACE_S = 0.5
 #: how long a blocking collective polls before yielding its core, when every local rank has one
 SPIN_S = 100e-6
 
@@ -149,6 +152,8 @@ class Communicator:
         from commrt.schedule.executor import Executor  # executor imports kernels; keep init light
 
         self.executor = Executor()
+        #: the stall watch (commrt.runtime.stall), started by init(); None when off
+        self.stall = None
 
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""
@@ -265,6 +270,8 @@ class Communicator:
                 sync.close()
         finally:
             self._closed = True
+            if self.stall is not None:
+                self.stall.stop()
             self.watch.announce(CLOSED)
             self.watch.close()
             self.transport.close()
@@ -307,90 +314,6 @@ def _resolve_backend(backend: "str | Backend", launch: LaunchInfo) -> Backend:
         raise ValueError(f"unknown backend {backend!r}; choose auto, nccl, mpi or gloo") from None
 
 
-def _env_flag(name: str) -> bool | None:
-    v = os.environ.get(name, "").strip().lower()
-    if not v:
-        return None
-    if v in ("1", "true", "yes", "on", "detail"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"environment variable {name}={v!r}: use 1 or 0")
-
-
-class _AbortOnError:
-    """A ``sys.excepthook`` that ends the whole job when an exception escapes.
-
-    Without it, a rank that dies of an uncaught error (a CommTimeoutError
-    because a peer stopped, say) leaves the job hanging: MPI's shutdown
-    waits for the stopped peer forever, and gloo peers wait for messages
-    that never come until their own timeout. After the usual traceback,
-    under MPI this calls ``MPI_Abort`` (as ``python -m mpi4py`` does),
-    which makes the launcher kill every rank; otherwise the process exits
-    at once with status 1, without running exit handlers that could block
-    on the dead job. Installed once per process by :func:`init` and active
-    while a multi-rank communicator that asked for it is open.
-    """
-
-    def __init__(self, previous):
-        self.previous = previous
-        self.comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # comm: advice
-
-    @classmethod
-    def install(cls, comm: "Communicator", advice: str) -> None:
-        hook = sys.excepthook
-        if not isinstance(hook, cls):
-            hook = sys.excepthook = cls(hook)
-        hook.comms[comm] = advice  # how to keep it running: fits how comm was made
-
-    def __call__(self, kind, value, tb) -> None:
-        self.previous(kind, value, tb)
-        if sys.stderr is not sys.__stderr__ and sys.__stderr__ is not None:
-            # a hook installed after this one (torch.distributed's prefixes "[rankN]:") may
-            # be capturing stderr to print it after us: we end the process first, so print
-            # the traceback where it is seen
-            traceback.print_exception(kind, value, tb, file=sys.__stderr__)
-        live = [c for c in self.comms if not c.closed]
-        if not live:
-            return
-        comm = live[0]
-        # the traceback just printed holds the message: this line names the rank and the
-        # exit without saying it again (each rank prints its error once); a Ctrl-C is no error
-        what = f"the uncaught {kind.__name__} above"
-        what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
-        end_job(
-            f"commrt: rank {comm.rank}: {what}; ending the whole job "
-            f"({self.comms.get(comm, 'COMMRT_ABORT_ON_ERROR=0')} to keep it running)"
-        )
-
-
-def end_job(message: str) -> None:
-    """Print ``message`` and end the whole job now: ``MPI_Abort`` under MPI (mpiexec then
-    kills every rank), else exit status 1 at once, without exit handlers that could block
-    on a dead peer. The abort-on-error hook's last act, and the process group's answer to
-    an error that has nobody to raise to (:mod:`commrt.distributed.work`)."""
-    print(message, file=sys.__stderr__ or sys.stderr, flush=True)
-    sys.stdout.flush()
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        # MPI_Abort makes mpiexec kill every rank at once, and hydra drops whatever output
-        # its proxy has not forwarded yet (a traceback can be cut in half): give the
-        # forwarder a moment first
-        time.sleep(ABORT_GRACE_S)
-        mpi.COMM_WORLD.Abort(1)
-    os._exit(1)
-
-
-def install_abort_hook(comm: "Communicator", advice: str = "COMMRT_ABORT_ON_ERROR=0") -> None:
-    """Install the abort-on-error hook (see :class:`_AbortOnError`) for ``comm``."""
-    _AbortOnError.install(comm, advice)
-
-
-def abort_on_error_wanted() -> bool:
-    """Whether ``COMMRT_ABORT_ON_ERROR`` leaves the abort-on-error hook on (the default)."""
-    return _env_flag("COMMRT_ABORT_ON_ERROR") is not False
-
-
 def init(
     backend: "str | Backend" = "auto",
     *,
@@ -404,6 +327,7 @@ def init(
     debug: bool | None = None,
     abort_on_error: bool | None = None,
     nccl_module=None,
+    stall_s: float | None = None,
 ) -> Communicator:
     """Create a :class:`Communicator`.
 
@@ -424,6 +348,7 @@ def init(
     ``device`` (nccl only): default, or ``"cuda"`` without an index, is
     ``cuda:<local_rank % device_count>``.
     ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
+    ``stall_s`` (default ``COMMRT_STALL_S``, else 60; 0: off): see :mod:`commrt.runtime.stall`.
 
     Example::
 
@@ -466,6 +391,7 @@ def init(
     comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
     if abort_on_error is not False and world_size > 1:
         _AbortOnError.install(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
+    comm.stall = start_watch(comm, stall_seconds(stall_s, timeout), abort_on_error is not False)
     return comm
 
 

@@ -31,6 +31,7 @@ from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.kernels import reduce_
 from commrt.schedule import OpKind, Schedule, chunk_bounds, tags
 from commrt.schedule.p2p import Where, engine_error, timeout_error
+from commrt.schedule.position import Position
 from commrt.transports.base import Prepared, Transport
 
 _MAX_PLANS = 64
@@ -238,6 +239,8 @@ class Executor:
         #: the last binding run, with what identifies it: a loop on one buffer (a benchmark,
         #: one bucket) skips bind()'s key tuple, hashing and LRU update
         self._last: tuple | None = None
+        #: where this rank is (commrt.schedule.position): what the stall watch samples
+        self.position = Position()
 
     @property
     def last_schedule(self) -> Schedule | None:
@@ -390,38 +393,37 @@ class Executor:
             self._last = last + (reduce, bound)
         if not bound.member:
             return 0
+        pos = self.position  # a few attribute writes: no lock, no clock, no allocation
+        pos.run, pos.bucket, pos.runs = self._last, bucket, pos.runs + 1
         if transport.stream_ordered:
             return self._run_ordered(bound, buf, transport, timeout, average, bucket, tracer)
         run_step = _run_step
         if tracer is None:
             for step in bound.steps:
+                pos.step = step[0]
                 run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
         else:
             for step in bound.steps:
-                sp = step[0]
+                sp = pos.step = step[0]
                 with tracer.span(
                     f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
                 ):
                     run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
+        pos.step = None  # left set by an error: the rank is still where it failed
         if average and bound.divisor > 1:
             buf.div_(bound.divisor)
         return bound.sent_bytes
 
     def _run_ordered(
-        self,
-        bound: Bound,
-        buf: torch.Tensor,
-        transport: Transport,
-        timeout: float,
-        average: bool,
-        bucket,
-        tracer,
-    ) -> int:
+        self, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
+        average: bool, bucket, tracer,
+    ) -> int:  # fmt: skip
         """:meth:`run` on a stream-ordered transport: everything is enqueued on its stream."""
         schedule = bound.schedule
         transport.begin(buf)
         with transport.stream():
             for step in bound.steps:
+                self.position.step = step[0]  # enqueued: the watchdog's wait names the last
                 if tracer is None:
                     _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
                     continue
@@ -442,6 +444,7 @@ class Executor:
                 bucket=bucket,
             )
         transport.end(buf)
+        self.position.step = None
         return bound.sent_bytes
 
 
@@ -482,14 +485,9 @@ def _run_step(
 
 
 def _timeout(
-    prepared: Prepared,
-    what: str,
-    peer: int,
-    sp: StepPlan,
-    schedule: Schedule,
-    timeout: float,
+    prepared: Prepared, what: str, peer: int, sp: StepPlan, schedule: Schedule, timeout: float,
     bucket,
-) -> None:
+) -> None:  # fmt: skip
     raise timeout_error(
         prepared.transport.rank,
         what,

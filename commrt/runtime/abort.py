@@ -1,0 +1,116 @@
+"""Ending the whole job when a rank fails: the abort-on-error hook and :func:`end_job`.
+
+"No process outlives its error": a rank that dies of an uncaught commrt
+error ends every rank (``MPI_Abort`` under MPI, exit status 1 otherwise), so
+a stalled peer never leaves the others stuck in shutdown. Before it does, a
+communicator's stall watch (:mod:`commrt.runtime.stall`) has every rank print
+the one verdict of who is stuck and where. Re-exported by
+:mod:`commrt.runtime.communicator`, where these names were first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+import weakref
+
+from commrt.errors import CollectiveMismatchError, CommError, PeerClosedError
+
+#: seconds an aborting rank waits for the launcher to forward its last output
+ABORT_GRACE_S = 0.5
+
+
+def _env_flag(name: str) -> bool | None:
+    v = os.environ.get(name, "").strip().lower()
+    if not v:
+        return None
+    if v in ("1", "true", "yes", "on", "detail"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"environment variable {name}={v!r}: use 1 or 0")
+
+
+class _AbortOnError:
+    """A ``sys.excepthook`` that ends the whole job when an exception escapes.
+
+    Without it, a rank that dies of an uncaught error (a CommTimeoutError
+    because a peer stopped, say) leaves the job hanging: MPI's shutdown
+    waits for the stopped peer forever, and gloo peers wait for messages
+    that never come until their own timeout. After the usual traceback,
+    under MPI this calls ``MPI_Abort`` (as ``python -m mpi4py`` does),
+    which makes the launcher kill every rank; otherwise the process exits
+    at once with status 1, without running exit handlers that could block
+    on the dead job. Installed once per process by :func:`init` and active
+    while a multi-rank communicator that asked for it is open.
+    """
+
+    def __init__(self, previous):
+        self.previous = previous
+        self.comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # comm: advice
+
+    @classmethod
+    def install(cls, comm, advice: str) -> None:
+        hook = sys.excepthook
+        if not isinstance(hook, cls):
+            hook = sys.excepthook = cls(hook)
+        hook.comms[comm] = advice  # how to keep it running: fits how comm was made
+
+    def __call__(self, kind, value, tb) -> None:
+        self.previous(kind, value, tb)
+        if sys.stderr is not sys.__stderr__ and sys.__stderr__ is not None:
+            # a hook installed after this one (torch.distributed's prefixes "[rankN]:") may
+            # be capturing stderr to print it after us: we end the process first, so print
+            # the traceback where it is seen
+            traceback.print_exception(kind, value, tb, file=sys.__stderr__)
+        live = [c for c in self.comms if not c.closed]
+        if not live:
+            return
+        comm = live[0]
+        # the traceback just printed holds the message: this line names the rank and the
+        # exit without saying it again (each rank prints its error once); a Ctrl-C is no error
+        what = f"the uncaught {kind.__name__} above"
+        what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
+        if comm.stall is not None and stall_worth_a_verdict(value):
+            comm.stall.diagnose(str(value).splitlines()[0] if str(value) else what)
+        end_job(
+            f"commrt: rank {comm.rank}: {what}; ending the whole job "
+            f"({self.comms.get(comm, 'COMMRT_ABORT_ON_ERROR=0')} to keep it running)"
+        )
+
+
+def end_job(message: str) -> None:
+    """Print ``message`` and end the whole job now: ``MPI_Abort`` under MPI (mpiexec then
+    kills every rank), else exit status 1 at once, without exit handlers that could block
+    on a dead peer. The abort-on-error hook's last act, and the process group's answer to
+    an error that has nobody to raise to (:mod:`commrt.distributed.work`)."""
+    print(message, file=sys.__stderr__ or sys.stderr, flush=True)
+    sys.stdout.flush()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        # MPI_Abort makes mpiexec kill every rank at once, and hydra drops whatever output
+        # its proxy has not forwarded yet (a traceback can be cut in half): give the
+        # forwarder a moment first
+        time.sleep(ABORT_GRACE_S)
+        mpi.COMM_WORLD.Abort(1)
+    os._exit(1)
+
+
+def install_abort_hook(comm, advice: str = "COMMRT_ABORT_ON_ERROR=0") -> None:
+    """Install the abort-on-error hook (see :class:`_AbortOnError`) for ``comm``."""
+    _AbortOnError.install(comm, advice)
+
+
+def abort_on_error_wanted() -> bool:
+    """Whether ``COMMRT_ABORT_ON_ERROR`` leaves the abort-on-error hook on (the default)."""
+    return _env_flag("COMMRT_ABORT_ON_ERROR") is not False
+
+
+def stall_worth_a_verdict(error: BaseException) -> bool:
+    """Whether an uncaught ``error`` calls for the stall verdict: a commrt wait that timed
+    out or broke (a peer died), not an error that names its cause on every rank already (a
+    peer that closed, ranks that called different collectives)."""
+    named = (PeerClosedError, CollectiveMismatchError)
+    return isinstance(error, CommError) and not isinstance(error, named)

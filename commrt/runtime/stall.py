@@ -1,0 +1,329 @@
+"""The stall watch: one verdict on every rank, when a job stalls, of who is stuck and where.
+
+Each multi-rank communicator runs a :class:`StallWatch`, a daemon thread
+that every :data:`tick <StallWatch.tick>` seconds
+
+* samples the rank's :class:`~commrt.schedule.position.Position` (what the
+  executor wrote: no cost on the collective's path) and notes when it last
+  changed: the time of the last progress;
+* writes a heartbeat to the job's store, ``beat/<rank>``: a counter, the
+  host, the pid and the last position, as JSON;
+* looks for a stall declared by any rank (``declared``), and declares one
+  itself when this rank has been inside one schedule step for
+  ``stall_s`` seconds (``COMMRT_STALL_S``, default :data:`DEFAULT_STALL_S`;
+  ``0`` turns the watch off; it only runs when shorter than the timeout).
+
+On a stall, and when a rank dies of an uncaught commrt error (the
+abort-on-error hook, :mod:`commrt.runtime.abort`), :meth:`StallWatch.diagnose`
+runs once per process: the rank publishes its *view* (position and its main
+thread's stack, as JSON: nothing received is ever executed or unpickled), the
+first rank to ask becomes the judge, waits up to :data:`GATHER_S` for every
+view, judges the ranks that did not answer from their heartbeats and, on its
+own host, their process state (``/proc/<pid>/stat``: ``T`` stopped, gone or
+``Z`` dead), and publishes the verdict (:mod:`commrt.runtime.verdict`).
+Every rank prints that verdict, writes ``COMMRT_DUMP``'s files if asked, and
+the job ends (unless the abort-on-error hook is off: then waits go on to
+their timeout).
+
+The store: the gloo rendezvous store (a fresh connection to it), or under
+MPI a TCPStore that rank 0 hosts, its port sent over MPI at ``init``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections import deque
+
+from commrt.runtime.abort import end_job
+from commrt.runtime.verdict import judge, render
+
+#: environment variable: seconds without progress inside a collective before a stall is
+#: declared (0 or "off": no watch)
+STALL_ENV = "COMMRT_STALL_S"
+#: environment variable: a folder where each rank writes its last positions and the verdict
+DUMP_ENV = "COMMRT_DUMP"
+DEFAULT_STALL_S = 60.0
+#: how long the judge waits for every rank's view
+GATHER_S = 3.0
+#: how long a rank waits for the others to print the verdict before the job ends
+PRINTED_S = 3.0
+#: positions kept for the post-mortem file
+KEEP = 16
+
+
+def stall_seconds(value=None, timeout: float | None = None) -> float | None:
+    """The stall watch's period from ``value`` or ``COMMRT_STALL_S``; None when off (0, off,
+    or not shorter than ``timeout``: the timeout's own error then leads to the verdict)."""
+    text = os.environ.get(STALL_ENV, "") if value is None else str(value)
+    text = text.strip().lower()
+    if text in ("0", "off", "no", "false"):
+        return None
+    try:
+        s = float(text) if text else DEFAULT_STALL_S
+    except ValueError:
+        raise ValueError(f"{STALL_ENV}={text!r}: give seconds (a number) or 0 for off") from None
+    if not s > 0:
+        raise ValueError(f"{STALL_ENV} must be positive seconds or 0 (off), got {text!r}")
+    return None if timeout is not None and s >= timeout else s
+
+
+class StallWatch:
+    """The watch thread of one communicator (module docs). ``client()`` opens a new
+    connection to the job's store, its keys under this communicator's prefix."""
+
+    def __init__(self, client, rank: int, world_size: int, position, departures, stall_s):
+        self.client, self.rank, self.world_size = client, rank, world_size
+        self.position, self.departures = position, departures
+        self.stall_s = stall_s
+        self.tick = min(1.0, stall_s / 4)
+        self.host, self.pid = socket.gethostname(), os.getpid()
+        #: whether the verdict ends the job (the abort-on-error hook's setting)
+        self.ends_job = True
+        #: ranks that backup workers dropped: reported as dropped, never blamed
+        self.dropped: set[int] = set()
+        self.history: deque = deque(maxlen=KEEP)
+        self.main = threading.main_thread().ident
+        self._since, self._mark = time.monotonic(), None
+        self._stop, self._once = threading.Event(), threading.Lock()
+        self._store = client()
+        self.beats = 0
+        self._thread = threading.Thread(target=self._run, name="commrt-stall-watch", daemon=True)
+
+    def start(self) -> "StallWatch":
+        self._beat()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- the watch
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick):
+            try:
+                if self._beat():
+                    self.diagnose("another rank reported a stall")
+                elif self.position.step is not None and self.idle_s() >= self.stall_s:
+                    self.diagnose(f"no progress inside a collective for {self.idle_s():.0f} s")
+            except Exception:  # the store is gone (the job is ending): nothing to watch
+                return
+
+    def idle_s(self) -> float:
+        return time.monotonic() - self._since
+
+    def _beat(self) -> bool:
+        """Sample the position, write the heartbeat; return whether a stall was declared."""
+        pos = self.position
+        mark = (pos.mark(), self.departures.calls, self.departures.sync_steps)
+        if mark != self._mark:
+            self._mark, self._since = mark, time.monotonic()
+            self.history.append(self.where())
+        self.beats += 1
+        beat = {"beat": self.beats, "time": time.time(), "host": self.host, "pid": self.pid}
+        self._store.set(f"beat/{self.rank}", json.dumps(beat | {"position": self.where()}))
+        return self._store.check(["declared"])
+
+    def where(self) -> dict:
+        """This rank's position as plain data, with its call count and GradientSync step."""
+        d = self.departures
+        return self.position.describe() | {
+            "seq": d.calls,
+            "sync_step": d.sync_steps + 1 if d.in_sync else None,
+        }
+
+    # -- the verdict
+    def diagnose(self, reason: str) -> None:
+        """Publish this rank's view, get the verdict, print it, dump it, end the job.
+        Once per process; a second caller waits for the first (which ends the job)."""
+        if not self._once.acquire(blocking=False):
+            time.sleep(GATHER_S + 2 * PRINTED_S + 5)
+            return
+        self._stop.set()
+        try:
+            store = self.client()
+            store.add("declared", 1)
+            store.set(f"view/{self.rank}", json.dumps(self.view(reason)))
+            if store.add("judge", 1) == 1:
+                verdict = self._judge(store)
+                store.set("verdict", json.dumps(verdict))
+            else:
+                verdict = self._wait_verdict(store)
+            print(render(verdict), file=sys.__stderr__ or sys.stderr, flush=True)
+            self._dump(verdict)
+            store.add("printed", 1)
+            answered = sum(v["state"] == "published" for v in verdict.get("views", []))
+            _poll(lambda: int(store.add("printed", 0)) >= answered, PRINTED_S)
+        except Exception as e:  # the store died under us: say so, and end as we would have
+            print(f"commrt: rank {self.rank}: no stall verdict ({e})", file=sys.__stderr__)
+        if self.ends_job:
+            end_job(f"commrt: rank {self.rank}: ending the job after the stall verdict")
+
+    def view(self, reason: str) -> dict:
+        """What this rank says of itself (:mod:`commrt.runtime.verdict`'s view)."""
+        frame = sys._current_frames().get(self.main)
+        stack = traceback.extract_stack(frame) if frame is not None else []
+        return {
+            "rank": self.rank, "host": self.host, "pid": self.pid, "state": "published",
+            "position": self.where(), "idle_s": round(self.idle_s(), 1), "reason": reason,
+            "stack": [[_short(f.filename), f.lineno, f.name, _is_user(f.filename)] for f in stack],
+        }  # fmt: skip
+
+    def _judge(self, store) -> dict:
+        ranks = range(self.world_size)
+        before = {r: _read(store, f"beat/{r}") for r in ranks}
+        _poll(lambda: store.check([f"view/{r}" for r in ranks]), GATHER_S)
+        views = []
+        for r in ranks:
+            view = _read(store, f"view/{r}")
+            if view is None:
+                view = self._absent(r, before[r], _read(store, f"beat/{r}"))
+            views.append(view)
+        verdict = judge(views, self.stall_s)
+        return verdict | {"views": views}
+
+    def _absent(self, rank: int, before: dict | None, after: dict | None) -> dict:
+        """The view of a rank that did not answer, from its heartbeats and process state."""
+        beat = after or before or {}
+        view = {"rank": rank, "host": beat.get("host"), "pid": beat.get("pid"), "stack": []}
+        view["position"] = beat.get("position", {})
+        view["idle_s"] = round(time.time() - beat["time"], 1) if "time" in beat else None
+        alive = before is not None and after is not None and after["beat"] != before["beat"]
+        if rank in self.dropped:
+            state = "dropped"
+        elif beat.get("host") == self.host and beat.get("pid"):
+            state = {"T": "stopped", "t": "stopped", None: "dead", "Z": "dead", "X": "dead"}
+            state = state.get(process_state(beat["pid"]), "silent")
+        else:
+            state = "silent" if alive else "dead"
+        return view | {"state": state}
+
+    def _wait_verdict(self, store) -> dict:
+        if _poll(lambda: store.check(["verdict"]), GATHER_S + 2 * PRINTED_S):
+            return _read(store, "verdict")
+        return self._judge(store)  # the judge died on the way: judge here
+
+    def _dump(self, verdict: dict) -> None:
+        folder = os.environ.get(DUMP_ENV)
+        if not folder:
+            return
+        os.makedirs(folder, exist_ok=True)
+        data = {"rank": self.rank, "positions": list(self.history), "verdict": verdict}
+        path = os.path.join(folder, f"rank{self.rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of process ``pid`` on this host (``/proc/<pid>/stat``: R, S, D, T,
+    Z...), or None if there is no such process."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """Folders whose frames are not the user's: commrt (with its algorithms and kernels),
+    torch and the standard library."""
+    import torch
+
+    import commrt.algorithms
+    import commrt.kernels
+
+    mods = (commrt.algorithms, commrt.kernels, torch)
+    dirs = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    dirs |= {os.path.dirname(os.path.abspath(m.__file__)) for m in mods}
+    dirs |= {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
+    return tuple(os.path.realpath(d) + os.sep for d in dirs)
+
+
+def _is_user(filename: str, _dirs: list = []) -> bool:  # noqa: B006 - computed once
+    """Whether a frame in ``filename`` is the user's (see :func:`_library_dirs`)."""
+    if not _dirs:
+        _dirs.append(_library_dirs())
+    return not filename.startswith("<") and not os.path.realpath(filename).startswith(_dirs[0])
+
+
+def _short(filename: str) -> str:
+    """``filename`` relative to the working folder where it lies under it."""
+    rel = os.path.relpath(filename) if os.path.isabs(filename) else filename
+    return filename if rel.startswith("..") else rel
+
+
+def _read(store, key: str):
+    try:
+        return json.loads(bytes(store.get(key)).decode()) if store.check([key]) else None
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _poll(done, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | None:
+    """Start ``comm``'s stall watch (module docs), or None: one rank, the watch off, or no
+    store to meet in (NCCL bootstrapped without one: its timeouts still name this rank).
+    Collective under MPI (rank 0 hosts the store and sends its port to the others)."""
+    if comm.world_size == 1 or stall_s is None:
+        return None
+    where = _store_address(comm)
+    if where is None:
+        return None
+    host, port, server = where
+    gen = _client(host, port, comm.timeout).add(f"stall_generation/{comm.rank}", 1)
+    prefix = f"commrt/stall/{gen}/"
+
+    def client():
+        import torch.distributed as dist
+
+        return dist.PrefixStore(prefix, _client(host, port, comm.timeout))
+
+    watch = StallWatch(
+        client, comm.rank, comm.world_size, comm.executor.position, comm.watch, stall_s
+    )
+    watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it
+    return watch.start()
+
+
+def _store_address(comm):
+    """(host, port, server) of the store the watch meets in: the gloo rendezvous store's,
+    or one rank 0 hosts under MPI (the server on rank 0, else None)."""
+    from commrt.runtime.rendezvous import _bcast_text, _mpi_world, serve
+
+    store = getattr(comm.transport, "store", None)
+    under = getattr(store, "underlying_store", None)
+    if under is not None and getattr(under, "port", None):
+        return under.host, under.port, None
+    if str(comm.backend) != "mpi":
+        return None
+    world = _mpi_world()
+    host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    server = serve(host, 0, comm.timeout) if comm.rank == 0 else None
+    port = int(_bcast_text(world, str(server.port) if server is not None else ""))
+    return _bcast_text(world, host), port, server
+
+
+def _client(host: str, port: int, timeout: float):
+    import datetime
+
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        host, port, is_master=False, wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=min(timeout, 30.0)),
+    )  # fmt: skip

@@ -1,0 +1,56 @@
+"""Where this rank is: the executor's record of the collective it runs, kept for stalls.
+
+A :class:`Position` is preallocated once per communicator (the executor holds
+it); the hot path only writes a few attributes on it: the run it began (the
+executor's key of the call: schedule, buffer size and dtype), the bucket, the
+schedule step it is in (None between calls), and, on torch.distributed's
+call thread, the op. No lock, no allocation, no clock read: the stall watch
+(:mod:`commrt.runtime.stall`) samples it from another thread and notices
+when it stops changing. :meth:`Position.describe` turns it into plain data
+(JSON) when someone asks.
+"""
+
+from __future__ import annotations
+
+
+class Position:
+    """One rank's place in its collectives (module docs). Written by one thread at a time
+    (whoever runs the schedule); read by the stall watch, which tolerates a torn read."""
+
+    __slots__ = ("run", "step", "bucket", "torch_op", "runs")
+
+    def __init__(self):
+        #: the executor's key of the run begun last: (schedule, data_ptr, numel, dtype, ...)
+        self.run: tuple | None = None
+        #: the plan step (a StepPlan) this rank is in now; None between calls
+        self.step = None
+        #: the GradientSync bucket the run belongs to (None outside GradientSync)
+        self.bucket: int | None = None
+        #: the torch.distributed op the process group's call thread runs (None outside it)
+        self.torch_op: str | None = None
+        #: runs begun (a counter the watch compares; wraps never in practice)
+        self.runs = 0
+
+    def mark(self) -> tuple:
+        """What changes whenever this rank makes progress: the run count and the step."""
+        return (self.runs, id(self.step))
+
+    def describe(self) -> dict:
+        """The position as plain data: the call (kind, algorithm, numel, dtype), the step
+        and the peer it waits on (its first receive's, else its first send's), the bucket
+        and torch op; ``in_call`` says whether a schedule is running now."""
+        run, step = self.run, self.step
+        out: dict = {"in_call": step is not None, "runs": self.runs, "bucket": self.bucket}
+        out["torch_op"] = self.torch_op
+        if run is not None:
+            schedule = run[0]
+            out["kind"] = schedule.collective.value
+            out["algorithm"] = schedule.name
+            out["num_steps"] = schedule.num_steps
+            out["numel"], out["dtype"] = int(run[2]), str(run[3]).replace("torch.", "")
+        if step is not None:
+            xfers = tuple(step.recvs) + tuple(step.sends)
+            out["step"] = step.index
+            out["peer"] = xfers[0].peer if xfers else None
+            out["waits_for"] = "recv" if step.recvs else "send"
+        return out

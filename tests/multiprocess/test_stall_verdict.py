@@ -1,0 +1,139 @@
+"""Issue 43: when a 4-rank gloo job stalls, every live rank prints the same verdict naming
+the root cause, and every process ends (tests/workers/verdict_worker.py).
+
+The stall watch is 2 s here (COMMRT_STALL_S). No timing is asserted: each job gets a
+generous bound, and a rank that had to be killed at that bound fails the test.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from helpers.mp import GlooJob, mpiexec
+
+STALL_S = "2"
+#: seconds the job gets before its ranks are killed (a loaded 2-core machine starts 4 torch
+#: processes slowly); a verdict needs the stall watch plus about 5 s
+BOUND_S = 120
+VERDICT = "commrt stall verdict (the same on every rank):"
+
+
+def run(case: str, tmp_path, culprit_stops: bool = False):
+    """Run the case; return (exit codes, outputs, dump folder). A rank that stopped itself
+    is killed once the others ended (as a launcher would)."""
+    dump = tmp_path / f"dump-{case}"
+    job = GlooJob(
+        "verdict_worker.py", [case], 4, env={"COMMRT_STALL_S": STALL_S, "COMMRT_DUMP": str(dump)}
+    )
+    for r in range(4):
+        job.start(r)
+    live = job.procs[:3] if culprit_stops else job.procs
+    outs, killed = [], []
+    try:
+        for p in live:
+            try:
+                outs.append(p.communicate(timeout=BOUND_S)[0])
+            except subprocess.TimeoutExpired:
+                killed.append(job.procs.index(p))
+                p.kill()
+                outs.append(p.communicate()[0])
+    finally:
+        for p in job.procs:
+            if p.poll() is None:
+                p.kill()
+        if culprit_stops:
+            job.procs[3].communicate()
+    assert not killed, f"ranks {killed} outlived the stall:\n" + "\n".join(outs)
+    return [p.returncode for p in live], outs, dump
+
+
+def verdict_of(out: str) -> str:
+    assert VERDICT in out, out
+    text = out[out.index(VERDICT) :]
+    return text[: text.index("commrt: rank")]  # up to the line that ends the job
+
+
+def one_verdict(outs) -> str:
+    verdicts = {verdict_of(o) for o in outs}
+    assert len(verdicts) == 1, "\n----\n".join(verdicts)
+    return verdicts.pop()
+
+
+def test_a_rank_in_user_code_is_named_with_load_next_batch_and_its_line(tmp_path):
+    codes, outs, dump = run("user", tmp_path)
+    assert codes == [1, 1, 1, 1]
+    v = one_verdict(outs)
+    assert "rank 3 " in v and "IN USER CODE" in v
+    assert "verdict_worker.py:26 in load_next_batch" in v, v
+    assert "waiting for it: ranks 0-2" in v
+    # the post-mortem: commrt diagnose prints the same verdict from the files alone
+    cmd = [sys.executable, "-m", "commrt", "diagnose", str(dump)]
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(v), again.stdout
+    assert sorted(os.listdir(dump)) == [f"rank{r}.json" for r in range(4)]
+
+
+def test_a_stopped_rank_is_named_stopped(tmp_path):
+    codes, outs, _ = run("stop", tmp_path, culprit_stops=True)
+    assert codes == [1, 1, 1]
+    v = one_verdict(outs)
+    assert "rank 3 " in v and "STOPPED (SIGSTOP)" in v and "ranks 0-2" in v
+
+
+def test_a_killed_rank_is_named_dead(tmp_path):
+    codes, outs, _ = run("kill", tmp_path)
+    assert codes[:3] == [1, 1, 1] and codes[3] == -signal.SIGKILL
+    v = one_verdict(outs[:3])
+    assert "rank 3 " in v and "DEAD" in v and "ranks 0-2" in v
+
+
+def test_a_rank_in_another_collective_is_named_beside_the_others_call(tmp_path):
+    codes, outs, _ = run("other", tmp_path)
+    assert codes == [1, 1, 1, 1]
+    v = one_verdict(outs)
+    assert "rank 2 " in v and "IN ANOTHER COLLECTIVE" in v
+    assert "broadcast (" in v and "others are in all_reduce (ring" in v
+
+
+def test_a_chain_of_waits_is_followed_to_its_root(tmp_path):
+    codes, outs, _ = run("chain", tmp_path)
+    assert codes == [1, 1, 1, 1]
+    v = one_verdict(outs)
+    assert "rank 3 " in v and "IN USER CODE" in v and "load_next_batch" in v
+    assert "chain of waits: rank 0 -> rank 1 -> rank 2 -> rank 3" in v
+
+
+def test_ranks_merely_slower_than_each_other_are_never_blamed(tmp_path):
+    codes, outs, dump = run("slow", tmp_path)
+    assert codes == [0, 0, 0, 0], "\n".join(outs)
+    assert not any(VERDICT in o for o in outs)
+    assert all("finished" in o for o in outs)
+    assert not dump.exists()
+
+
+# -- over MPI: one output stream for the job (mpiexec's); the mpich wheel kills every rank
+# when one dies, so the dead-rank case is gloo's alone (above)
+
+
+@pytest.mark.parametrize(
+    "case, live, named",
+    [
+        ("user", 4, ["rank 3 ", "IN USER CODE", "verdict_worker.py:26 in load_next_batch"]),
+        ("stop", 3, ["rank 3 ", "STOPPED (SIGSTOP)"]),
+        ("other", 4, ["rank 2 ", "IN ANOTHER COLLECTIVE", "broadcast ("]),
+        ("chain", 4, ["rank 3 ", "chain of waits: rank 0 -> rank 1 -> rank 2 -> rank 3"]),
+    ],
+)
+def test_over_mpi_every_live_rank_prints_the_same_verdict(case, live, named):
+    proc = mpiexec(4, "verdict_worker.py", case, "mpi", timeout=BOUND_S, check=False,
+                   env={"COMMRT_STALL_S": STALL_S})  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "finished" not in out, out
+    assert out.count(VERDICT) == live, out
+    causes = {line for line in out.splitlines() if line.startswith("root cause:")}
+    assert len(causes) == 1, causes
+    for text in named:
+        assert text in out, out

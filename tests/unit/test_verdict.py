@@ -1,0 +1,108 @@
+"""The stall verdict as a pure function: views in, one verdict out (commrt.runtime.verdict)."""
+
+from commrt.runtime.verdict import WIDTH, judge, ranks_text, render
+
+CALL = {"kind": "all_reduce", "algorithm": "ring", "numel": 2, "dtype": "float32", "seq": 7}
+USER_STACK = [
+    ["train.py", 90, "<module>", True],
+    ["train.py", 40, "main", True],
+    ["train.py", 12, "load_next_batch", True],
+    ["/usr/lib/python3.12/threading.py", 300, "wait", False],
+]
+
+
+def waiting(rank, peer, **call):
+    pos = dict(CALL, in_call=True, step=0, peer=peer, **call)
+    return {"rank": rank, "host": "h", "pid": 100 + rank, "state": "published",
+            "position": pos, "idle_s": 9.0, "stack": []}  # fmt: skip
+
+
+def idle(rank, stack=USER_STACK):
+    pos = dict(CALL, in_call=False, seq=6)
+    return {"rank": rank, "host": "h", "pid": 100 + rank, "state": "published",
+            "position": pos, "idle_s": 12.0, "stack": stack}  # fmt: skip
+
+
+def absent(rank, state):
+    return {"rank": rank, "host": "h", "pid": 100 + rank, "state": state,
+            "position": dict(CALL, in_call=True, step=0, peer=0), "idle_s": 5.0, "stack": []}  # fmt: skip
+
+
+def text(verdict):
+    out = render(verdict)
+    assert all(len(line) <= WIDTH for line in out.splitlines()), out
+    return out
+
+
+def test_a_rank_in_user_code_is_named_with_its_innermost_user_frame():
+    v = judge([waiting(0, 3), waiting(1, 3), waiting(2, 3), idle(3)])
+    assert (v["kind"], v["root"], v["waiting"]) == ("user code", 3, [0, 1, 2])
+    out = text(v)
+    assert "rank 3" in out and "IN USER CODE" in out
+    assert out.index("train.py:12 in load_next_batch") < out.index("train.py:40 in main")
+    assert "threading.py" not in out and "ranks 0-2" in out
+
+
+def test_a_chain_of_waits_is_followed_to_its_root():
+    v = judge([waiting(0, 1), waiting(1, 2), waiting(2, 3), idle(3)])
+    assert (v["kind"], v["root"], v["chain"]) == ("user code", 3, [0, 1, 2, 3])
+    assert "rank 0 -> rank 1 -> rank 2 -> rank 3" in text(v)
+
+
+def test_stopped_and_dead_ranks_are_judged_from_what_the_others_saw():
+    for state, word in (("stopped", "STOPPED"), ("dead", "DEAD")):
+        v = judge([waiting(0, 2), waiting(1, 0), absent(2, state), waiting(3, 2)])
+        assert (v["kind"], v["root"], v["waiting"]) == (state, 2, [0, 1, 3])
+        assert word in text(v)
+
+
+def test_a_rank_in_another_collective_is_named_beside_the_others_call():
+    other = waiting(2, 0, kind="broadcast", algorithm="binomial_tree")
+    v = judge([waiting(0, 3), waiting(1, 0), other, waiting(3, 2)])
+    assert (v["kind"], v["root"]) == ("other collective", 2)
+    out = text(v)
+    assert "broadcast (binomial_tree" in out and "others are in all_reduce (ring" in out
+
+
+def test_a_later_call_of_the_same_collective_is_another_collective():
+    v = judge([waiting(0, 1), waiting(1, 2, seq=8), waiting(2, 0), waiting(3, 0)])
+    assert (v["kind"], v["root"]) == ("other collective", 1)
+
+
+def test_the_root_most_ranks_wait_on_wins_and_the_others_are_listed():
+    v = judge([waiting(0, 1), idle(1), waiting(2, 1), idle(3)])
+    assert v["root"] == 1 and v["others"] == {"3": "user code"}
+    assert "also: rank 3 is user code" in text(v)
+
+
+def test_a_dead_rank_beats_a_rank_in_user_code_on_a_tie():
+    v = judge([waiting(0, 1), idle(1), waiting(2, 3), absent(3, "dead")])
+    assert (v["kind"], v["root"]) == ("dead", 3)
+
+
+def test_a_dropped_rank_is_never_blamed():
+    v = judge([waiting(0, 1), idle(1), waiting(2, 1), absent(3, "dropped")])
+    assert v["root"] == 1 and v["dropped"] == [3]
+    assert "dropped by backup workers (not a hang): rank 3" in text(v)
+
+
+def test_ranks_that_wait_on_each_other_have_no_single_root():
+    v = judge([waiting(0, 1), waiting(1, 0), waiting(2, 1), waiting(3, 2)])
+    assert v["root"] is None and v["kind"] == "cycle"
+    assert "no single root" in text(v)
+
+
+def test_no_stall_when_every_rank_runs():
+    assert judge([idle(0), idle(1)])["kind"] == "none"  # nobody waits: nobody to blame
+    assert judge([idle(0), absent(1, "dead")])["root"] == 1
+
+
+def test_the_verdict_is_a_function_of_the_views_alone():
+    views = [waiting(0, 1), waiting(1, 2), waiting(2, 3), idle(3)]
+    assert judge(views) == judge([dict(v) for v in views])
+
+
+def test_ranks_text():
+    assert ranks_text([3]) == "rank 3"
+    assert ranks_text([0, 1, 2, 5]) == "ranks 0-2,5"
+    assert ranks_text([0, 1, 3]) == "ranks 0,1,3"

@@ -1,0 +1,62 @@
+"""A 4-rank job that stalls one way (argv[1]), for the stall verdict's tests.
+
+Cases (rank 3 is the culprit unless said): ``user`` sleeps in
+``load_next_batch``; ``stop`` stops itself (SIGSTOP); ``kill`` kills itself
+(SIGKILL); ``other``: rank 2 calls broadcast while the others all-reduce;
+``chain``: rank 3 in user code while the others run a ring in reverse order
+(rank r receives from r+1: 2 waits on 3, 1 on 2, 0 on 1); ``slow``: 20
+iterations with random compute delays shorter than the stall watch, no
+stall. Backend argv[2] (gloo or mpi). Every rank that gets past the stall
+prints "finished" (none should, but ``slow``).
+"""
+
+import os
+import random
+import signal
+import sys
+import time
+
+import torch
+
+import commrt
+from commrt.algorithms import Ring
+
+
+def load_next_batch(seconds: float) -> None:
+    time.sleep(seconds)  # a data loader that hangs
+
+
+def main(case: str, backend: str) -> None:
+    comm = commrt.init(backend, timeout=120)
+    rank, culprit = comm.rank, comm.world_size - 1
+    t = torch.ones(8)
+    for _ in range(2):  # every call signature agreed before the stall
+        commrt.all_reduce(t, comm, algorithm="ring")
+        commrt.broadcast(t, comm, root=0)
+    if case == "slow":
+        stall_s = float(os.environ["COMMRT_STALL_S"])
+        rng = random.Random(rank)
+        for _ in range(20):
+            time.sleep(rng.uniform(0, stall_s / 2))
+            commrt.all_reduce(t, comm, algorithm="ring")
+    elif case == "user" and rank == culprit:
+        load_next_batch(300)
+    elif case == "stop" and rank == culprit:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif case == "kill" and rank == culprit:
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif case == "other" and rank == 2:
+        commrt.broadcast(t, comm, root=0)
+    elif case == "chain":
+        if rank == culprit:
+            load_next_batch(300)
+        reverse = Ring().schedule(comm.world_size, ranks=tuple(reversed(range(comm.world_size))))
+        comm.run_schedule(reverse, t)
+    else:
+        commrt.all_reduce(t, comm, algorithm="ring")
+    print(f"rank {rank}: finished", flush=True)
+    comm.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "gloo")
