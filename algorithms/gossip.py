@@ -67,7 +67,29 @@ import numpy as np
 from commrt.algorithms.base import Algorithm, participants
 from commrt.schedule import RECV_REDUCE, SEND, Collective, Schedule, Step
 
-__all__ = ["Gossip", "Topology"]
+__all__ = ["Gossip", "Topology", "auto_deadline"]
+
+#: ``deadline_s="auto"``: letters waited for in full (as plain gossip) before the first
+#: measured deadline
+AUTO_WARMUP = 8
+#: ``deadline_s="auto"``: the deadline is this multiple of the median exchange time ...
+AUTO_FACTOR = 4.0
+#: ... over this many of the latest exchanges ...
+AUTO_WINDOW = 64
+#: ... and never less than this many seconds (the engine's own jitter)
+AUTO_MIN_S = 2e-3
+
+
+def auto_deadline(latencies) -> float:
+    """The deadline ``"auto"`` picks from measured exchange times (seconds from posting a
+    message to its partner's landing): :data:`AUTO_FACTOR` × their median, at least
+    :data:`AUTO_MIN_S`. The median ignores a straggler met in fewer than half the steps.
+
+    >>> auto_deadline([0.001, 0.002, 0.003, 5.0])
+    0.01
+    """
+    return max(AUTO_MIN_S, AUTO_FACTOR * float(np.median(np.asarray(latencies, dtype=float))))
+
 
 _PAIR = np.array([1, 0], dtype=np.int64)
 _PAIR.setflags(write=False)

@@ -10,20 +10,12 @@ partner's message: a fixed number of seconds, or ``"auto"``.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import torch
 
-#: "auto": letters waited for in full (as plain gossip) before the first measured deadline
-AUTO_WARMUP = 8
-#: "auto": the deadline is this multiple of the median measured exchange time ...
-AUTO_FACTOR = 4.0
-#: ... over this many of the latest letters ...
-AUTO_WINDOW = 64
-#: ... and never less than this many seconds (the engine's own jitter)
-AUTO_MIN_S = 2e-3
+from commrt.algorithms.gossip import AUTO_WARMUP, AUTO_WINDOW, auto_deadline
 
 
 @dataclass
@@ -76,11 +68,10 @@ class GossipLedger:
 class DeadlineClock:
     """Seconds a step waits for its partner's message: fixed, or ``"auto"``.
 
-    ``"auto"``: the first :data:`AUTO_WARMUP` letters are waited for in full
-    (``timeout_s``), then the deadline is :data:`AUTO_FACTOR` × the median
-    exchange time (posting to landing) of the latest :data:`AUTO_WINDOW`
-    letters, at least :data:`AUTO_MIN_S`. The median ignores a straggler that
-    is the partner of fewer than half the steps.
+    ``"auto"``: the first ``AUTO_WARMUP`` letters are waited for in full
+    (``timeout_s``), then the deadline is
+    :func:`~commrt.algorithms.gossip.auto_deadline` of the exchange times
+    (posting to landing) of the latest ``AUTO_WINDOW`` letters.
     """
 
     def __init__(self, setting: float | str, timeout_s: float):
@@ -101,4 +92,4 @@ class DeadlineClock:
             return self.fixed
         if self._seen < AUTO_WARMUP:
             return self.timeout_s
-        return max(AUTO_MIN_S, AUTO_FACTOR * statistics.median(self._window))
+        return auto_deadline(self._window)

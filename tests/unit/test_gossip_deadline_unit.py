@@ -1,12 +1,15 @@
 """Gossip's deadline options, the live set in its schedule, and the deadline's clock."""
 
+import numpy as np
 import pytest
 
+from commrt import sim
 from commrt.algorithms import Gossip
+from commrt.algorithms.gossip import AUTO_FACTOR, AUTO_MIN_S, AUTO_WARMUP
 from commrt.schedule import tags
 from commrt.sync.families import FAMILIES
 from commrt.sync.gossip_deadline import DeadlineGossipPolicy
-from commrt.sync.gossip_ledger import AUTO_FACTOR, AUTO_MIN_S, AUTO_WARMUP, DeadlineClock
+from commrt.sync.gossip_ledger import DeadlineClock
 
 
 def test_deadline_off_by_default_keeps_the_plain_policy():
@@ -58,3 +61,30 @@ def test_auto_deadline_waits_in_full_then_takes_a_multiple_of_the_median():
         fast.observe(1e-6)
     assert fast.seconds() == AUTO_MIN_S
     assert DeadlineClock(0.25, timeout_s=60.0).seconds() == 0.25
+
+
+class _OneSlowRank:
+    """Rank 3 is late by ``late_s`` every step; the others never."""
+
+    def __init__(self, late_s):
+        self.late_s = late_s
+
+    def sample(self, rng, size):
+        d = np.zeros(size)
+        d[3] = self.late_s
+        return d
+
+
+def test_simulated_deadline_keeps_the_others_at_their_pace_and_counts_staleness():
+    kw = dict(compute_s=0.1, delay=_OneSlowRank(1.0), steps=60)
+    plain = sim.simulate_gossip_deadline(Gossip(), 16, 1 << 20, deadline_s=None, **kw)
+    late = sim.simulate_gossip_deadline(Gossip(), 16, 1 << 20, deadline_s=0.05, **kw)
+    others = np.delete(np.arange(16), 3)
+    # plain gossip: the slow rank sets everyone's pace (1.1 s a step) within log2 p steps
+    assert plain.step_s[20:, others].mean(axis=0).min() > 1.0
+    assert plain.stale_share(0) == 1.0
+    # with a deadline the others wait at most 50 ms beyond their own step
+    assert late.step_s[:, others].max() <= 0.1 + 0.05 + 0.01
+    assert late.stale_share(1, at_least=True) > 0  # rank 3's messages land steps late
+    auto = sim.simulate_gossip_deadline(Gossip(), 16, 1 << 20, **kw)
+    assert auto.step_s[:, others].mean() < 0.2 and auto.deadline_s < 0.1
