@@ -30,6 +30,18 @@ fixed cube mixes exactly; across periods ranks also meet partners the
 fixed cube never gives them. ``p = 1``: no exchange (``peers`` returns the
 rank itself and the schedule has no steps).
 
+**Deadline** (``deadline_s``): off (None) by default, which is the
+exchange above, bit for bit. With a number of seconds (or ``"auto"``)
+GradientSync never waits past the deadline for a partner's message: a
+late message is applied when it arrives, at a later step, with push-sum
+weights so every gradient reaches the model exactly once in total
+(:mod:`commrt.sync.gossip_deadline`).
+
+**Dead ranks** (``live=``): a partner outside the live set is replaced by
+the rank itself (no exchange that step), so the schedule stays a pure
+function of (rank, step, seed, live set) and the pairs among survivors
+never change when a rank dies: survivors agree without a message.
+
 Example::
 
     >>> from commrt.algorithms import Gossip
@@ -39,6 +51,8 @@ Example::
     >>> s = g.schedule(8, step=2)
     >>> s.num_steps, s.messages(), s.check().ok
     (1, 8, True)
+    >>> [g.peers(0, t, 8, live={0, 2, 3, 4, 5, 6, 7}) for t in range(3)]  # rank 1 died
+    [(0, 0), (2, 2), (4, 4)]
 """
 
 from __future__ import annotations
@@ -53,7 +67,29 @@ import numpy as np
 from commrt.algorithms.base import Algorithm, participants
 from commrt.schedule import RECV_REDUCE, SEND, Collective, Schedule, Step
 
-__all__ = ["Gossip", "Topology"]
+__all__ = ["Gossip", "Topology", "auto_deadline"]
+
+#: ``deadline_s="auto"``: letters waited for in full (as plain gossip) before the first
+#: measured deadline
+AUTO_WARMUP = 8
+#: ``deadline_s="auto"``: the deadline is this multiple of the median exchange time ...
+AUTO_FACTOR = 4.0
+#: ... over this many of the latest exchanges ...
+AUTO_WINDOW = 64
+#: ... and never less than this many seconds (the engine's own jitter)
+AUTO_MIN_S = 2e-3
+
+
+def auto_deadline(latencies) -> float:
+    """The deadline ``"auto"`` picks from measured exchange times (seconds from posting a
+    message to its partner's landing): :data:`AUTO_FACTOR` × their median, at least
+    :data:`AUTO_MIN_S`. The median ignores a straggler met in fewer than half the steps.
+
+    >>> auto_deadline([0.001, 0.002, 0.003, 5.0])
+    0.01
+    """
+    return max(AUTO_MIN_S, AUTO_FACTOR * float(np.median(np.asarray(latencies, dtype=float))))
+
 
 _PAIR = np.array([1, 0], dtype=np.int64)
 _PAIR.setflags(write=False)
@@ -76,14 +112,23 @@ class Gossip(Algorithm):
         asynchronous: in GradientSync, run step t's exchange while step t+1
             computes and apply its result at step t+1 (one step stale; see
             :mod:`commrt.sync.gossip`).
+        deadline_s: None (off: wait for every partner, today's exchange), seconds
+            (> 0), or ``"auto"`` (a multiple of the median measured exchange time):
+            never wait longer for a partner's message; a late one is applied when it
+            arrives (see :mod:`commrt.sync.gossip_deadline`).
     """
 
     topology: Topology | str = Topology.HYPERCUBE
     rotate: bool = True
     seed: int = 0
     asynchronous: bool = False
+    deadline_s: float | str | None = None
     name = "gossip"
-    family = "gossip"
+
+    @property
+    def family(self) -> str:
+        """``"gossip"``; ``"gossip-deadline"`` with a deadline (its own GradientSync policy)."""
+        return "gossip" if self.deadline_s is None else "gossip-deadline"
 
     def __post_init__(self):
         try:
@@ -106,6 +151,12 @@ class Gossip(Algorithm):
             or self.seed < 0
         ):
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        d = self.deadline_s
+        if d is not None and d != "auto":
+            if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 < d < float("inf"):
+                raise ValueError(
+                    f"deadline_s must be None, 'auto' or a positive number of seconds, got {d!r}"
+                )
 
     def supports(self, collective: Collective) -> bool:
         return collective is Collective.GOSSIP
@@ -156,14 +207,20 @@ class Gossip(Algorithm):
             real[(virt - (1 << k)) % world_size].astype(np.int64, copy=False),
         )
 
-    def peers(self, rank: int, step: int, world_size: int) -> tuple[int, int]:
+    def peers(self, rank: int, step: int, world_size: int, live=None) -> tuple[int, int]:
         """``(send_to, recv_from)`` of ``rank`` at ``step``: pure, no messages.
 
-        ``(rank, rank)`` when ``world_size == 1`` (no exchange)."""
+        ``(rank, rank)`` when ``world_size == 1`` (no exchange). ``live``: the ranks
+        still alive (None: all); a partner outside it is replaced by ``rank`` itself,
+        meaning no send or no receive that step."""
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside 0..{world_size - 1}")
         send, recv = self.peer_arrays(step, world_size)
-        return int(send[rank]), int(recv[rank])
+        send, recv = int(send[rank]), int(recv[rank])
+        if live is not None:
+            send = send if send in live else rank
+            recv = recv if recv in live else rank
+        return send, recv
 
     # -------------------------------------------------------------- schedule
     def schedule(
@@ -228,5 +285,6 @@ class Gossip(Algorithm):
             [self.topology.value]
             + (["rotate"] if self.rotate else [])
             + (["async"] if self.asynchronous else [])
+            + ([f"deadline={self.deadline_s}"] if self.deadline_s is not None else [])
         )
         return f"gossip({','.join(opts)})"

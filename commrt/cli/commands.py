@@ -114,9 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     """Start the ranks, or be one of them (``options``: commrt train's checked options)."""
     backups = getattr(getattr(options, "algorithm", None), "backups", None)
+    may_die = options.ranks_may_die(args.nproc) if options is not None else 0
     kill = getattr(options, "kill", None) is not None
     restarts = getattr(options, "max_restarts", 0)
-    backend = check_backend(parser, args.backend, backups=backups is not None, kill=kill)
+    survives = backups is not None or (may_die > 0 and kill)  # must run where a rank may die
+    backend = check_backend(parser, args.backend, backups=survives, kill=kill)
     if restarts and backend != "gloo":
         parser.error(
             f"--max-restarts with --backend {backend}: only gloo lets a replacement rejoin "
@@ -133,8 +135,8 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
             child,
             args.nproc,
             use_mpiexec=backend == "mpi",
-            host_store=backups is not None,
-            tolerate=backups or 0,
+            host_store=backups is not None or may_die > 0,
+            tolerate=may_die,
             restarts=restarts,
             # a backup worker the others left behind gets as long as any wait may take
             linger_s=getattr(args, "timeout", None),

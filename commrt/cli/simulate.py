@@ -43,6 +43,7 @@ from commrt import sim
 from commrt.algorithms import resolve
 from commrt.cli import simulate_control
 from commrt.cli.extras import require
+from commrt.cli.simulate_deadline import deadline_section
 from commrt.cli.simulate_plots import FILES, plot_all
 from commrt.cli.simulate_sections import (
     StepSetup,
@@ -88,7 +89,7 @@ __all__ = [
 
 DEFAULT_ALGORITHMS = "ring,halving_doubling,torus2d,auto"
 #: the sections, in the order they run (all but control draw a figure)
-SECTIONS = ("vs-p", "vs-size", "stragglers", "backup", "control", "gossip")
+SECTIONS = ("vs-p", "vs-size", "stragglers", "backup", "control", "gossip", "gossip-deadline")
 
 
 # ------------------------------------------------------------------ parsing
@@ -285,6 +286,8 @@ def run(args, out=print) -> dict:
         )
     if "gossip" in only:
         report["gossip"] = gossip_section(sw, ps, args.sizes, out)
+    if "gossip-deadline" in only:
+        report["gossip_deadline"] = deadline_section(sw, algs, ps, setup, out)
     out(f"\n# swept in {time.perf_counter() - t_start:.1f} s")
     if figures_wanted(args):
         os.makedirs(args.out_dir, exist_ok=True)

@@ -93,6 +93,21 @@ class TrainOptions:
     #: a peer's failure with its traceback (else one line: train_faults.peer_failed)
     verbose: bool = False
 
+    def ranks_may_die(self, nproc: int) -> int:
+        """How many of ``nproc`` ranks may die while the others carry on: b for backup
+        workers, all but one for gossip with a deadline (its survivors never wait on the
+        dead), none otherwise."""
+        alg = self.algorithm
+        if alg.family == "backup":
+            return alg.backups
+        return nproc - 1 if alg.family == "gossip-deadline" else 0
+
+    @property
+    def averages_each_epoch(self) -> bool:
+        """Models that drift are averaged exactly at each epoch's end, unless --kill will
+        leave a dead rank that such a collective would wait on (gossip with a deadline)."""
+        return self.kill is None or self.algorithm.family != "gossip-deadline"
+
 
 # ----------------------------------------------------------- data, set-up
 
@@ -122,7 +137,7 @@ def set_up(opts: TrainOptions, comm) -> Setup:
     model = make_model(opts.seed).to(comm.device)
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=opts.label_smoothing)
     optimizer = torch.optim.SGD(model.parameters(), lr=opts.lr, momentum=0.9)
-    sharding = Sharding(opts.algorithm, data, comm, opts.seed)
+    sharding = Sharding(opts.algorithm, data, comm, opts.seed, swap=opts.averages_each_epoch)
     total = sum(sharding.steps(opts.batch_schedule.batch_size(e)) for e in range(opts.epochs))
     return Setup(opts, comm, data, sharding, model, optimizer, loss_fn, total)
 
@@ -216,7 +231,7 @@ def train(s: Setup, sync: commrt.GradientSync, bar: ProgressBar) -> Outcome:
             group["lr"] = opts.batch_schedule.lr(epoch, opts.lr)
         t_epoch = time.perf_counter()
         losses = _epoch(s, sync, traits, out, epoch, bar, t_start)
-        if traits.models_drift:
+        if traits.models_drift and opts.averages_each_epoch:
             out.disagreements.append(commrt.average_parameters(s.model, comm, s.optimizer))
         out.accuracy = evaluate(s.model, s.data, comm, local=traits.ranks_may_fail)
         epoch_rate = len(losses) * gb / max(time.perf_counter() - t_epoch, 1e-9)
@@ -265,7 +280,10 @@ def run(opts: TrainOptions) -> int:
         if sync.report().closing:  # say what the pause before the summary is
             bar.line(sync.report().closing)
     report = sync.report()
-    if report.ranks_may_fail:  # close() drained: every live rank holds the final state
+    if report.ranks_may_fail and report.models_drift:  # gossip with a deadline
+        out.accuracy = evaluate(s.model, s.data, comm, local=True)
+        bar.line(f"closed: this rank's own model; test accuracy {out.accuracy:.4f}")
+    elif report.ranks_may_fail:  # close() drained: every live rank holds the final state
         out.accuracy = evaluate(s.model, s.data, comm, local=True)
         bar.line(
             f"closed: every live rank holds global step {report.global_step}; "

@@ -49,17 +49,7 @@ def register(sub) -> None:
         help="ring, halving_doubling, torus2d, auto, gossip, or backup (backup "
         "workers, see --backups; default ring)",
     )
-    tr.add_argument(
-        "--gossip-topology",
-        choices=["hypercube", "dissemination"],
-        default=None,
-        help="for --algorithm gossip (default hypercube; dissemination handles any --nproc)",
-    )
-    tr.add_argument(
-        "--gossip-async",
-        action="store_true",
-        help="for --algorithm gossip: apply each step's mix one step later, overlapped",
-    )
+    _gossip_flags(tr)
     tr.add_argument(
         "--torus-shape",
         metavar="ROWSxCOLS",
@@ -261,10 +251,17 @@ def _train_algorithm(parser: argparse.ArgumentParser, args, nproc: int, batch_fi
             alg.participants(nproc)
         except ValueError as e:
             parser.error(f"--backups with --nproc {nproc}: {e}")
-    if args.gossip_topology or args.gossip_async:
+    if args.gossip_topology or args.gossip_async or args.gossip_deadline is not None:
         if alg.name != "gossip":
-            parser.error("--gossip-topology and --gossip-async only apply to --algorithm gossip")
-        alg = Gossip(args.gossip_topology or "hypercube", asynchronous=args.gossip_async)
+            parser.error(
+                "--gossip-topology, --gossip-async and --gossip-deadline only apply to "
+                "--algorithm gossip"
+            )
+        alg = Gossip(
+            args.gossip_topology or "hypercube",
+            asynchronous=args.gossip_async,
+            deadline_s=args.gossip_deadline,
+        )
     if alg.name == "gossip":
         try:
             alg.period_length(nproc)
@@ -383,6 +380,45 @@ def _check_restarts(parser: argparse.ArgumentParser, n: int, alg) -> None:
             f"--max-restarts needs --algorithm backup: a replacement rejoins only backup "
             f"workers, whose other ranks carry on while a rank is dead (not {alg.name})"
         )
+
+
+def _gossip_flags(tr: argparse.ArgumentParser) -> None:
+    """The flags of --algorithm gossip."""
+    tr.add_argument(
+        "--gossip-topology",
+        choices=["hypercube", "dissemination"],
+        default=None,
+        help="for --algorithm gossip (default hypercube; dissemination handles any --nproc)",
+    )
+    tr.add_argument(
+        "--gossip-async",
+        action="store_true",
+        help="for --algorithm gossip: apply each step's mix one step later, overlapped",
+    )
+    tr.add_argument(
+        "--gossip-deadline",
+        metavar="{off,auto,SECONDS}",
+        type=deadline,
+        default=None,
+        help="for --algorithm gossip: never wait longer for a partner's message; a late "
+        "one is applied when it lands (auto: 4x the median measured exchange time; "
+        "default off)",
+    )
+
+
+def deadline(text: str) -> float | str | None:
+    """--gossip-deadline: ``off`` (None), ``auto``, or a positive number of seconds."""
+    if text in ("off", "auto"):
+        return None if text == "off" else "auto"
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(
+            f"expected off, auto or a positive number of seconds, got {text!r}"
+        )
+    return seconds
 
 
 def _kill(parser: argparse.ArgumentParser, text: str, nproc: int) -> tuple[int, int]:

@@ -89,14 +89,16 @@ def _gossip_shard(data: Digits, seed: int, rank: int, world: int):
 class Sharding:
     """Where a rank's batches come from each epoch: slices of one global shuffle, or,
     for gossip (GossipGraD), the rank's own shard, half of it swapped with a gossip
-    peer every epoch (the data choice follows the algorithm the user asked for)."""
+    peer every epoch (the data choice follows the algorithm the user asked for).
+    ``swap=False``: the gossip shards stay put (a swap would wait on a dead peer)."""
 
-    def __init__(self, algorithm: Algorithm, data: Digits, comm, seed: int):
+    def __init__(self, algorithm: Algorithm, data: Digits, comm, seed: int, swap: bool = True):
         self.data, self.comm, self.seed = data, comm, seed
         self.shuffle = None
         if isinstance(algorithm, Gossip):
             shard = _gossip_shard(data, seed, comm.rank, comm.world_size)
-            self.shuffle = commrt.data.GossipShuffle(shard, comm, fraction=0.5, seed=seed)
+            fraction = 0.5 if swap else 0.0
+            self.shuffle = commrt.data.GossipShuffle(shard, comm, fraction=fraction, seed=seed)
 
     def steps(self, global_batch: int) -> int:
         """Steps one epoch of ``global_batch`` takes on each rank."""

@@ -10,6 +10,7 @@ executor              schedule step × 1024 + piece, below 2**28
 gossip shuffle        2**28 + epoch mod 2**20
 torch p2p             2**29 + the user's tag mod 2**24
 torch collectives     one tag, after torch p2p's (gather, scatter, alltoall)
+gossip with deadline  2**29 + 2**25 + (step mod 2**18) × 1024 + bucket
 backup catch-up       one tag, above both
 call check            one tag, after catch-up's
 farewell              one tag, after the call check's
@@ -32,6 +33,12 @@ TORCH_P2P_BASE = 1 << 29
 TORCH_P2P_TAGS = 1 << 24
 #: the process group's gather, scatter and all-to-all
 TORCH_COLLECTIVE = TORCH_P2P_BASE + TORCH_P2P_TAGS
+#: first tag of gossip's messages with a deadline (commrt.sync.gossip_deadline)
+GOSSIP_BASE = TORCH_P2P_BASE + (1 << 25)
+#: buckets per gossip step (a GradientSync with more is refused a deadline)
+GOSSIP_BUCKETS = 1024
+#: gossip steps before the tags repeat (a message later than this would be mismatched)
+GOSSIP_STEPS = 1 << 18
 #: the backup workers' catch-up snapshots
 CATCHUP = 0x3FFFFF00
 #: the collectives' cross-rank check of a call signature (commrt.collectives.core)
@@ -45,6 +52,7 @@ RANGES = {
     "shuffle": (SHUFFLE_BASE, SHUFFLE_BASE + SHUFFLE_EPOCHS),
     "torch p2p": (TORCH_P2P_BASE, TORCH_P2P_BASE + TORCH_P2P_TAGS),
     "torch collectives": (TORCH_COLLECTIVE, TORCH_COLLECTIVE + 1),
+    "gossip deadline": (GOSSIP_BASE, GOSSIP_BASE + GOSSIP_STEPS * GOSSIP_BUCKETS),
     "catch-up": (CATCHUP, CATCHUP + 1),
     "call check": (CALL_CHECK, CALL_CHECK + 1),
     "farewell": (FAREWELL, FAREWELL + 1),
@@ -64,3 +72,8 @@ def shuffle(epoch: int) -> int:
 def torch_p2p(tag: int) -> int:
     """The tag of a torch.distributed send/recv with the user's ``tag``."""
     return TORCH_P2P_BASE + int(tag) % TORCH_P2P_TAGS
+
+
+def gossip(step: int, bucket: int) -> int:
+    """The tag of bucket ``bucket``'s message in gossip step ``step`` (with a deadline)."""
+    return GOSSIP_BASE + (step % GOSSIP_STEPS) * GOSSIP_BUCKETS + bucket

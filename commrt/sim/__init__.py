@@ -103,7 +103,7 @@ Example::
 
 from __future__ import annotations
 
-from commrt.sim.gossip import GossipSim, simulate_gossip
+from commrt.sim.gossip import DeadlineSim, GossipSim, simulate_gossip, simulate_gossip_deadline
 from commrt.sim.network import GB, Link, Network, Overhead, fmt_bytes
 from commrt.sim.pricing import (
     closed_form,
@@ -158,6 +158,8 @@ __all__ = [
     "recursive_doubling_time",
     "torus_time",
     "simulate_gossip",
+    "DeadlineSim",
+    "simulate_gossip_deadline",
     "GossipSim",
     "GB",
     "fmt_bytes",

@@ -13,12 +13,14 @@ from commrt.algorithms import Algorithm
 from commrt.sync.allreduce import AllReducePolicy
 from commrt.sync.backup import BackupPolicy
 from commrt.sync.gossip import GossipPolicy
+from commrt.sync.gossip_deadline import DeadlineGossipPolicy
 from commrt.sync.policy import Policy
 
 #: an algorithm's ``family`` -> the policy class that serves it
 FAMILIES: dict[str, type[Policy]] = {
     "allreduce": AllReducePolicy,
     "gossip": GossipPolicy,
+    "gossip-deadline": DeadlineGossipPolicy,
     "backup": BackupPolicy,
 }
 

@@ -46,7 +46,7 @@ from commrt.sync.policy import Policy, SyncContext
 SWAP_ELEMS = 1 << 20
 
 
-def _swap(a: torch.Tensor, b: torch.Tensor, tmp: torch.Tensor) -> None:
+def swap(a: torch.Tensor, b: torch.Tensor, tmp: torch.Tensor) -> None:
     """Exchange the contents of ``a`` and ``b`` through ``tmp``, a piece at a time."""
     n = tmp.numel()
     for i in range(0, a.numel(), n):
@@ -105,7 +105,7 @@ class GossipPolicy(Policy):
     def communicate(self, step: int, bucket: int, buf: torch.Tensor) -> int:
         if not self.algorithm.asynchronous:
             return self._exchange(step, bucket, buf)
-        _swap(buf, self._wire[bucket], self._tmp)
+        swap(buf, self._wire[bucket], self._tmp)
         return 0
 
     def join(self):

@@ -1,0 +1,252 @@
+"""Gossip with a deadline: never wait past it for a partner, lose no gradient on the way.
+
+``Gossip(deadline_s=...)`` (seconds, or ``"auto"``: :class:`DeadlineClock`).
+At step ``t`` the pack pass scales a bucket by ½, as plain gossip does.
+Then, per bucket ``b``:
+
+* **send**: a copy of the bucket (½ own gradient) goes to ``send_to``, and
+  the receive of ``recv_from``'s ½ is posted, both tagged with (t, b)
+  (:func:`commrt.schedule.tags.gossip`), so a message that arrives late is
+  still matched to its step. Neither is waited on here.
+* **wait**: for the message *due* at this step (step t's; step t−1's when
+  asynchronous) until the step's deadline, counted from its first bucket,
+  never longer.
+* **apply**: the bucket keeps its own ½ and adds *every* message that has
+  landed and is due (this step's, and any late ones of earlier steps),
+  each exactly once. A message still on the wire is applied at the first
+  step after it lands. That is push-sum (Kempe et al.; Assran et al.'s SGP)
+  with weights ½ kept, ½ pushed: over all ranks the weights of each
+  gradient sum to exactly 1, so every gradient reaches the model exactly
+  once in total, whatever arrives late.
+
+**What a late message does to the step it lands in**: that step applies
+its own ½ gradient plus the late ½ (plus its on-time message, if any): a
+larger update, built from gradients ``staleness`` steps old (the step that
+applied it minus the step that computed it; 0 when on time, 1 when on time
+in asynchronous mode). The step that missed it applied only its own ½ (and
+what else landed). Ranks run at their own pace: nothing waits on all ranks.
+
+**Asynchronous** (``asynchronous=True``): the bucket's own ½ of step t is
+kept by the policy and applied at step t+1 together with the partner's
+message of step t; step 0 applies nothing (as plain asynchronous gossip).
+
+**A partner that died** (its connection broke) leaves this rank's schedule:
+``Gossip.peers(..., live=...)`` gives the rank itself instead, and a step
+without a partner to send to keeps its whole gradient (no ½ leaves).
+
+**At close()** every message still travelling is waited for (bounded by the
+communicator's timeout; a dead sender's fail at once): what lands is counted
+in the ledger as ``unapplied``, with the asynchronous mode's last own ½.
+:class:`~commrt.sync.gossip_ledger.GossipLedger` (``sync.policy.ledger``)
+then satisfies, summed over ranks, ``computed == applied + unapplied``
+exactly when ``lost == 0``.
+
+**Memory**: one send and one receive buffer per bucket per message in
+flight (a straggler's partners hold their messages to it until it takes
+them), reused once free.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from commrt.schedule import tags
+from commrt.sync.gossip import SWAP_ELEMS, swap
+from commrt.sync.gossip_ledger import DeadlineClock, GossipLedger
+from commrt.sync.gossip_mail import ARRIVED, FAILED, WAITING, Letter, Postbox
+from commrt.sync.policy import Policy, SyncContext
+
+
+class DeadlineGossipPolicy(Policy):
+    """Gossip whose waits end at a deadline; late messages applied on landing (module docs)."""
+
+    models_drift = True
+    ranks_may_fail = True
+    closing = "waiting for the gossip messages still on the wire"
+
+    def setup(self, ctx: SyncContext) -> tuple[str, ...]:
+        self.ctx = ctx
+        comm = ctx.comm
+        alg = self.algorithm
+        self.world_size, self.rank = comm.world_size, comm.rank
+        alg.period_length(self.world_size)  # a hypercube on a bad p raises on every rank
+        if comm.transport.stream_ordered:
+            raise ValueError(
+                f"Gossip(deadline_s=...) needs a transport that can leave a message "
+                f"travelling (gloo, mpi), not {comm.transport.name}: NCCL cannot poll or "
+                f"cancel a transfer; use Gossip() without a deadline there"
+            )
+        if len(ctx.buffers) > tags.GOSSIP_BUCKETS:
+            raise ValueError(
+                f"Gossip(deadline_s=...) takes at most {tags.GOSSIP_BUCKETS} buckets per "
+                f"step, got {len(ctx.buffers)}: raise bucket_mb"
+            )
+        self._scale = 0.5 if self.world_size > 1 else 1.0
+        self._lag = 1 if alg.asynchronous else 0
+        self.clock = DeadlineClock(alg.deadline_s, comm.timeout)
+        self.ledger = GossipLedger(
+            unapplied_buckets=[torch.zeros(b.numel(), dtype=torch.float64) for b in ctx.buffers]
+        )
+        self.postbox = Postbox(comm, comm.timeout)
+        self._inbox: list[list[Letter]] = [[] for _ in ctx.buffers]
+        self._outbox: list[Letter] = []
+        self._spares: list[list[torch.Tensor]] = [[] for _ in ctx.buffers]
+        self._kept = self._tmp = None
+        if alg.asynchronous:
+            self._kept = [torch.zeros_like(b) for b in ctx.buffers]
+            largest = max(b.numel() for b in ctx.buffers)
+            self._tmp = torch.empty(min(largest, SWAP_ELEMS), dtype=ctx.comm_dtype)
+        self._step = -1
+        self._due_at = 0.0
+        self._live: set[int] | None = None
+        self._late_now = 0
+        self._peers = (self.rank, self.rank)
+        return tuple(str(alg) for _ in ctx.buckets)
+
+    # -- per step
+
+    def begin_step(self, step: int) -> None:
+        self._step = step
+        self._late_now = 0
+        broken = self.postbox.broken
+        if broken:
+            self._live = set(range(self.world_size)) - broken
+        self._peers = self.algorithm.peers(self.rank, step, self.world_size, self._live)
+
+    def scale(self, step: int) -> float:
+        return self._scale
+
+    def communicate(self, step: int, bucket: int, buf: torch.Tensor) -> int:
+        if bucket == 0:
+            self._due_at = time.monotonic() + self.clock.seconds()
+        self.ledger.computed += float(buf.sum(dtype=torch.float64)) / self._scale
+        sent = self._post(step, bucket, buf) if self.world_size > 1 else 0
+        if self._kept is not None:
+            swap(buf, self._kept[bucket], self._tmp)
+        self._apply_mail(step, bucket, buf)
+        self.ledger.applied += float(buf.sum(dtype=torch.float64))
+        self._reclaim_sends()
+        return sent
+
+    def _post(self, step: int, bucket: int, buf: torch.Tensor) -> int:
+        """Post this bucket's send and receive of ``step``; the bytes sent."""
+        send_to, recv_from = self._peers
+        send = recv = None
+        if send_to != self.rank:
+            send = Letter(step, bucket, send_to, self._spare(bucket, buf))
+            send.buf.copy_(buf)
+        else:  # nobody to push half to: this rank keeps its whole gradient
+            buf.mul_(1 / self._scale)
+        if recv_from != self.rank:
+            recv = Letter(step, bucket, recv_from, self._spare(bucket, buf))
+            self._inbox[bucket].append(recv)
+        self.postbox.post(tags.gossip(step, bucket), send, recv)
+        if send is None:
+            return 0
+        self._outbox.append(send)
+        self.ledger.sent += 1
+        return buf.numel() * buf.element_size()
+
+    def _apply_mail(self, step: int, bucket: int, buf: torch.Tensor) -> None:
+        """Wait for the message due now until the deadline, then add every landed one."""
+        inbox = self._inbox[bucket]
+        for letter in inbox:
+            if letter.step + self._lag == step:
+                self.postbox.wait(letter, self._due_at)
+        keep = []
+        for letter in inbox:
+            if letter.state == ARRIVED and letter.step + self._lag <= step:
+                buf.add_(letter.buf)
+                self._count_applied(step, letter)
+                self._spares[bucket].append(letter.buf)
+            elif letter.state == FAILED:
+                self.ledger.lost += 1
+            else:
+                keep.append(letter)
+                if letter.step + self._lag <= step:
+                    self._late_now += 1
+        self._inbox[bucket] = keep
+
+    def _count_applied(self, step: int, letter: Letter) -> None:
+        ledger = self.ledger
+        ledger.received += 1
+        staleness = step - letter.step
+        ledger.staleness[staleness] += 1
+        if staleness > self._lag:
+            ledger.late += 1
+        self.clock.observe(letter.latency)
+
+    def _spare(self, bucket: int, like: torch.Tensor) -> torch.Tensor:
+        spares = self._spares[bucket]
+        return spares.pop() if spares else torch.empty_like(like)
+
+    def _reclaim_sends(self) -> None:
+        """Free the buffers of sends that finished; count those whose peer died."""
+        still = []
+        for letter in self._outbox:
+            if letter.state == WAITING:
+                still.append(letter)
+                continue
+            if letter.state == FAILED:
+                self.ledger.lost_sends += 1
+            self._spares[letter.bucket].append(letter.buf)
+        self._outbox = still
+
+    def apply(self, optimizer: torch.optim.Optimizer) -> int:
+        if self._kept is not None and self._step == 0:
+            return 0  # nothing mixed yet: step 0's own half is applied at step 1
+        optimizer.step()
+        return 1
+
+    def step_stats(self) -> dict:
+        send, recv = self._peers
+        return {
+            "gossip_step": self._step,
+            "send_to": send,
+            "recv_from": recv,
+            "deadline_s": self.clock.seconds(),
+            "late": self._late_now,
+        }
+
+    def summary(self) -> list[tuple[str, str]]:
+        led = self.ledger
+        stale = ", ".join(f"{k}:{v}" for k, v in sorted(led.staleness.items())) or "-"
+        return [
+            ("gossip messages", f"{led.sent} sent, {led.received} applied, {led.late} late"),
+            ("gossip staleness", f"{stale} (steps:messages)"),
+            ("gossip lost", f"{led.lost} received, {led.lost_sends} sent"),
+        ]
+
+    @property
+    def missing_ranks(self) -> tuple[int, ...]:
+        return tuple(sorted(self.postbox.broken))
+
+    @property
+    def extra_bytes(self) -> int:
+        held = [s for spares in self._spares for s in spares]
+        held += [x.buf for x in self._outbox] + [x.buf for box in self._inbox for x in box]
+        held += list(self._kept or []) + ([self._tmp] if self._tmp is not None else [])
+        return sum(t.numel() * t.element_size() for t in held)
+
+    def close(self) -> None:
+        """Wait (bounded) for every message still travelling; hold what lands as unapplied."""
+        deadline = time.monotonic() + self.ctx.comm.timeout
+        letters = [x for box in self._inbox for x in box]
+        self.postbox.wait_all(letters + self._outbox, deadline)
+        for bucket, box in enumerate(self._inbox):
+            for letter in box:
+                if letter.state == ARRIVED:
+                    self.ledger.received += 1
+                    self.ledger.hold(bucket, letter.buf)
+                else:
+                    self.ledger.lost += 1
+            box.clear()
+        if self._kept is not None and self._step >= 0:
+            for bucket, kept in enumerate(self._kept):
+                self.ledger.hold(bucket, kept)
+        self._reclaim_sends()
+        self.ledger.lost_sends += len(self._outbox)
+        self._outbox = []
+        self.postbox.close()

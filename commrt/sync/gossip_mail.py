@@ -1,0 +1,167 @@
+"""Gossip's messages with a deadline: posted at once, noticed when they land, never waited on.
+
+gloo's send and receive works cannot be polled (``is_completed()`` stays
+False after the bytes landed) and a wait that times out closes the
+connection, so a rank cannot look at a message and go on. A
+:class:`Postbox` therefore gives every (peer, direction) one waiter thread
+that waits, in posting order, on that peer's works with the
+communicator's full timeout; messages between one pair of ranks complete
+in the order they were sent (one connection each), so waiting in order
+costs nothing. The thread marks each :class:`Letter` arrived (or failed,
+when the peer's connection broke: it died) and wakes whoever waits on the
+postbox's condition. The caller waits for a letter until *its* deadline and
+goes on whatever the answer.
+
+On MPI (``transport.pollable``) the waiter polls under the communicator's
+lock instead, a test every half millisecond. NCCL cannot cancel or poll a
+transfer and is refused by the policy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import torch
+
+#: a letter still travelling
+WAITING = "waiting"
+#: a letter whose bytes landed (a receive) or whose buffer is free again (a send)
+ARRIVED = "arrived"
+#: a letter whose peer's connection broke, or that timed out: it will never land
+FAILED = "failed"
+
+#: seconds between two polls of a pollable (MPI) transport
+POLL_S = 5e-4
+
+
+class Letter:
+    """One message of gossip step ``step``, bucket ``bucket``, to or from ``peer``."""
+
+    __slots__ = ("step", "bucket", "peer", "buf", "state", "posted_at", "landed_at", "error")
+
+    def __init__(self, step: int, bucket: int, peer: int, buf: torch.Tensor):
+        self.step, self.bucket, self.peer, self.buf = step, bucket, peer, buf
+        self.state = WAITING
+        self.posted_at = time.monotonic()
+        self.landed_at: float | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def latency(self) -> float | None:
+        """Seconds from posting to landing (None while travelling or failed)."""
+        return None if self.landed_at is None else self.landed_at - self.posted_at
+
+
+class Postbox:
+    """Non-blocking sends and receives, each watched by its peer's waiter thread."""
+
+    def __init__(self, comm, timeout_s: float):
+        self.comm, self.timeout_s = comm, timeout_s
+        self.transport = comm.transport
+        #: guards every letter's state and the queues; notified when a letter resolves
+        self.cv = threading.Condition()
+        #: peers whose connection broke (dead, as far as this rank can tell)
+        self.broken: set[int] = set()
+        self._queues: dict[tuple[int, str], deque] = {}
+        self._threads: list[threading.Thread] = []
+        self._closing = False
+
+    def post(self, tag: int, send: Letter | None, recv: Letter | None) -> None:
+        """Start ``send`` and ``recv`` (either may be None) as one group, under ``tag``."""
+        sends = [(send.buf, send.peer)] if send is not None else []
+        recvs = [(recv.buf, recv.peer)] if recv is not None else []
+        try:
+            with self.comm.lock:
+                pending = self.transport.exchange(sends, recvs, tag)
+        except Exception as e:  # a peer's connection already broke: neither will land
+            for letter in (send, recv):
+                if letter is not None:
+                    self._resolve(letter, False, e)
+            return
+        if recv is not None:
+            self._enqueue(recv.peer, "recv", (pending, 0, recv))
+        if send is not None:
+            self._enqueue(send.peer, "send", (pending, 0, send))
+
+    def wait(self, letter: Letter, deadline: float) -> bool:
+        """Wait until ``letter`` resolved or ``time.monotonic()`` reaches ``deadline``;
+        True when it resolved."""
+        with self.cv:
+            while letter.state == WAITING:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cv.wait(left)
+        return True
+
+    def wait_all(self, letters, deadline: float) -> None:
+        """Wait until every letter resolved or the deadline passed."""
+        for letter in letters:
+            self.wait(letter, deadline)
+
+    def close(self) -> None:
+        """Stop the waiter threads once their current wait ends (they are daemons: one still
+        waiting on a letter that will never land ends at the timeout, or with the process)."""
+        with self.cv:
+            self._closing = True
+            self.cv.notify_all()
+
+    # -- the waiter threads
+
+    def _enqueue(self, peer: int, kind: str, item) -> None:
+        with self.cv:
+            key = (peer, kind)
+            queue = self._queues.get(key)
+            if queue is None:
+                queue = self._queues[key] = deque()
+                thread = threading.Thread(
+                    target=self._waiter,
+                    args=(queue, kind),
+                    name=f"commrt-gossip-{kind}-{peer}",
+                    daemon=True,
+                )
+                self._threads.append(thread)
+                thread.start()
+            queue.append(item)
+            self.cv.notify_all()
+
+    def _waiter(self, queue: deque, kind: str) -> None:
+        while True:
+            with self.cv:
+                while not queue and not self._closing:
+                    self.cv.wait()
+                if not queue:
+                    return
+                pending, i, letter = queue[0]
+            ok, error = self._wait_one(pending, i, kind)
+            with self.cv:
+                queue.popleft()
+            self._resolve(letter, ok, error)
+
+    def _wait_one(self, pending, i: int, kind: str) -> tuple[bool, BaseException | None]:
+        deadline = time.monotonic() + self.timeout_s
+        wait = pending.wait_recv if kind == "recv" else pending.wait_send
+        try:
+            if not self.transport.pollable:
+                return wait(i, deadline), None
+            while True:
+                with self.comm.lock:
+                    if wait(i, 0.0):
+                        return True, None
+                if time.monotonic() > deadline or self._closing:
+                    return False, None
+                time.sleep(POLL_S)
+        except Exception as e:  # the peer's connection broke (it died): never lands
+            return False, e
+
+    def _resolve(self, letter: Letter, ok: bool, error: BaseException | None) -> None:
+        with self.cv:
+            if ok:
+                letter.state, letter.landed_at = ARRIVED, time.monotonic()
+            else:
+                letter.state, letter.error = FAILED, error
+                if error is not None:
+                    self.broken.add(letter.peer)
+            self.cv.notify_all()

@@ -1,0 +1,38 @@
+"""``commrt train --algorithm gossip --gossip-deadline``: the flag, and a killed rank."""
+
+import pytest
+from helpers.cli import parse_error, parse_summary, run_commrt
+
+from commrt.cli.commands import build_parser, check_train
+
+
+def _algorithm(argv):
+    args = build_parser().parse_args(argv)
+    return check_train(args.parser, args).algorithm
+
+
+@pytest.mark.parametrize("value, want", [("off", None), ("auto", "auto"), ("0.25", 0.25)])
+def test_the_deadline_flag_reaches_gossip(value, want):
+    alg = _algorithm(["train", "--algorithm", "gossip", "--gossip-deadline", value])
+    assert alg.deadline_s == want and alg.family == (
+        "gossip" if want is None else "gossip-deadline"
+    )
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "inf"])
+def test_a_bad_deadline_says_what_it_takes(value, capsys):
+    line = parse_error(["train", "--algorithm", "gossip", "--gossip-deadline", value], capsys)
+    assert "expected off, auto or a positive number of seconds" in line, line
+
+
+def test_gossip_with_a_deadline_carries_on_without_a_killed_rank():
+    proc = run_commrt(
+        "train", "--nproc", "4", "--algorithm", "gossip", "--gossip-deadline", "auto",
+        "--kill", "1:5", "--epochs", "2", "--quiet", timeout=300,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "rank 1 was killed by SIGKILL; the other ranks carried on" in out, out[-4000:]
+    rows = parse_summary(proc.stdout)
+    assert float(rows["final test accuracy"]) > 0.5, rows
+    assert "gossip lost" in rows and "Traceback" not in out, out[-4000:]
