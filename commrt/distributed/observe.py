@@ -71,8 +71,11 @@ class CallStats:
     nbytes: int  #: bytes of the call's tensors (a DDP bucket's size)
     dtype: str
     calls: int = 0
-    #: seconds the calls took on the group's call thread (the collective itself)
+    #: seconds the calls took (the collective itself, on the thread that ran it)
     seconds: float = 0.0
+    #: seconds of the first call, which also agrees the call across ranks and, under
+    #: ``auto``, probes the network: :attr:`per_call_s` leaves it out
+    first_seconds: float = 0.0
     #: calls per schedule that ran (``auto`` tries a runner-up before it settles)
     ran: dict = field(default_factory=dict)
     #: what the last call ran, e.g. ``auto:ring`` (``""``: no schedule: a p2p call)
@@ -84,6 +87,13 @@ class CallStats:
     def bytes(self) -> int:
         """Bytes of every call's tensors together."""
         return self.nbytes * self.calls
+
+    @property
+    def per_call_s(self) -> float:
+        """Mean seconds a call after the first (the first alone if it is the only one)."""
+        if self.calls > 1:
+            return (self.seconds - self.first_seconds) / (self.calls - 1)
+        return self.seconds
 
 
 @dataclass
@@ -132,7 +142,7 @@ class GroupStats:
         )
         rows = [("op", "size", "dtype", "calls", "ms/call", "algorithm")]
         for e in list(self.entries.values()):
-            per = e.seconds / e.calls * 1e3 if e.calls else 0.0
+            per = e.per_call_s * 1e3
             rows.append((e.op, _size(e.nbytes), e.dtype, str(e.calls), f"{per:.3f}", e.algorithm))
         widths = [max(len(r[i]) for r in rows) for i in range(6)]
         lines = [head]
@@ -227,6 +237,8 @@ class Observer:
         entry = self._entry(what, nbytes, dtype, ran, comm)
         entry.calls += 1
         entry.seconds += seconds
+        if entry.calls == 1:
+            entry.first_seconds = seconds
         if ran:
             entry.ran[ran] = entry.ran.get(ran, 0) + 1
             if ran != entry.algorithm:  # first call, a trial, or what auto learned
