@@ -4,8 +4,9 @@ Under DDP the backend's calls are torch's, not the user's, so what each ran
 is shown three ways (``docs/from-ddp.md``, "Seeing what commrt did"):
 
 * **stats**, always kept: :func:`commrt.distributed.stats` gives the
-  group's :class:`GroupStats`, one :class:`CallStats` per (op, size, dtype):
-  calls, bytes, seconds on the call thread, the algorithm each call ran
+  group's :class:`GroupStats`, one :class:`CallStats` per (op, size, dtype)
+  of its collectives (point-to-point ``send``/``recv`` are not counted):
+  calls, bytes, seconds the calls took, the algorithm each call ran
   (``auto:ring`` when ``auto`` chose ring) and why ``auto`` chose it.
 * **a log line** the first time each (op, size, dtype) is seen, with
   ``COMMRT_LOG=info`` (or torch's ``TORCH_DISTRIBUTED_DEBUG=INFO`` or
@@ -185,7 +186,10 @@ class _Traces:
             return None
         with cls.lock:
             if cls.tracer is None:
-                os.makedirs(folder, exist_ok=True)  # a bad folder is an error at init
+                try:  # a folder it cannot write is refused when the group is made
+                    os.makedirs(folder, exist_ok=True)
+                except OSError as e:
+                    raise ValueError(f"{TRACE_ENV}={folder}: {e.strerror or e}") from None
                 cls.tracer = Tracer(rank=global_rank)
                 cls.path = os.path.join(folder, f"rank{global_rank}.json")
                 atexit.register(cls.save)
