@@ -214,7 +214,7 @@ def save_traces() -> None:
 
 
 class Observer:
-    """Runs a group's calls on its call thread and records what each ran (module docs)."""
+    """Runs each of a group's calls and records what it ran (module docs)."""
 
     def __init__(self, rank: int, world_size: int, group: str, tracer: Tracer | None):
         self.stats = GroupStats(rank, world_size, group)
@@ -225,7 +225,8 @@ class Observer:
         self.named: set[int] = set()  # threads whose row in the trace has its name
 
     def run(self, what: str, tensors: list, run, dc) -> None:
-        """``run(dc)`` (one call), then record it: on the call thread."""
+        """``run(dc)`` (one call), then record it, on the thread that runs the call (calls
+        run one at a time: :class:`commrt.distributed.work.CallQueue`)."""
         comm = dc.comm
         tracer = self.tracer
         t0_us = tracer.now_us() if tracer is not None else 0.0
