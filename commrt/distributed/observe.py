@@ -4,8 +4,9 @@ Under DDP the backend's calls are torch's, not the user's, so what each ran
 is shown three ways (``docs/from-ddp.md``, "Seeing what commrt did"):
 
 * **stats**, always kept: :func:`commrt.distributed.stats` gives the
-  group's :class:`GroupStats`, one :class:`CallStats` per (op, size, dtype):
-  calls, bytes, seconds on the call thread, the algorithm each call ran
+  group's :class:`GroupStats`, one :class:`CallStats` per (op, size, dtype)
+  of its collectives (point-to-point ``send``/``recv`` are not counted):
+  calls, bytes, seconds the calls took, the algorithm each call ran
   (``auto:ring`` when ``auto`` chose ring) and why ``auto`` chose it.
 * **a log line** the first time each (op, size, dtype) is seen, with
   ``COMMRT_LOG=info`` (or torch's ``TORCH_DISTRIBUTED_DEBUG=INFO`` or
@@ -71,8 +72,11 @@ class CallStats:
     nbytes: int  #: bytes of the call's tensors (a DDP bucket's size)
     dtype: str
     calls: int = 0
-    #: seconds the calls took on the group's call thread (the collective itself)
+    #: seconds the calls took (the collective itself, on the thread that ran it)
     seconds: float = 0.0
+    #: seconds of the first call, which also agrees the call across ranks and, under
+    #: ``auto``, probes the network: :attr:`per_call_s` leaves it out
+    first_seconds: float = 0.0
     #: calls per schedule that ran (``auto`` tries a runner-up before it settles)
     ran: dict = field(default_factory=dict)
     #: what the last call ran, e.g. ``auto:ring`` (``""``: no schedule: a p2p call)
@@ -84,6 +88,13 @@ class CallStats:
     def bytes(self) -> int:
         """Bytes of every call's tensors together."""
         return self.nbytes * self.calls
+
+    @property
+    def per_call_s(self) -> float:
+        """Mean seconds a call after the first (the first alone if it is the only one)."""
+        if self.calls > 1:
+            return (self.seconds - self.first_seconds) / (self.calls - 1)
+        return self.seconds
 
 
 @dataclass
@@ -132,7 +143,7 @@ class GroupStats:
         )
         rows = [("op", "size", "dtype", "calls", "ms/call", "algorithm")]
         for e in list(self.entries.values()):
-            per = e.seconds / e.calls * 1e3 if e.calls else 0.0
+            per = e.per_call_s * 1e3
             rows.append((e.op, _size(e.nbytes), e.dtype, str(e.calls), f"{per:.3f}", e.algorithm))
         widths = [max(len(r[i]) for r in rows) for i in range(6)]
         lines = [head]
@@ -175,7 +186,10 @@ class _Traces:
             return None
         with cls.lock:
             if cls.tracer is None:
-                os.makedirs(folder, exist_ok=True)  # a bad folder is an error at init
+                try:  # a folder it cannot write is refused when the group is made
+                    os.makedirs(folder, exist_ok=True)
+                except OSError as e:
+                    raise ValueError(f"{TRACE_ENV}={folder}: {e.strerror or e}") from None
                 cls.tracer = Tracer(rank=global_rank)
                 cls.path = os.path.join(folder, f"rank{global_rank}.json")
                 atexit.register(cls.save)
@@ -200,7 +214,7 @@ def save_traces() -> None:
 
 
 class Observer:
-    """Runs a group's calls on its call thread and records what each ran (module docs)."""
+    """Runs each of a group's calls and records what it ran (module docs)."""
 
     def __init__(self, rank: int, world_size: int, group: str, tracer: Tracer | None):
         self.stats = GroupStats(rank, world_size, group)
@@ -211,7 +225,8 @@ class Observer:
         self.named: set[int] = set()  # threads whose row in the trace has its name
 
     def run(self, what: str, tensors: list, run, dc) -> None:
-        """``run(dc)`` (one call), then record it: on the call thread."""
+        """``run(dc)`` (one call), then record it, on the thread that runs the call (calls
+        run one at a time: :class:`commrt.distributed.work.CallQueue`)."""
         comm = dc.comm
         tracer = self.tracer
         t0_us = tracer.now_us() if tracer is not None else 0.0
@@ -227,6 +242,8 @@ class Observer:
         entry = self._entry(what, nbytes, dtype, ran, comm)
         entry.calls += 1
         entry.seconds += seconds
+        if entry.calls == 1:
+            entry.first_seconds = seconds
         if ran:
             entry.ran[ran] = entry.ran.get(ran, 0) + 1
             if ran != entry.algorithm:  # first call, a trial, or what auto learned

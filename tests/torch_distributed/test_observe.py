@@ -198,3 +198,18 @@ def test_stats_of_the_default_group_and_refusal_of_another_backend(tmp_path, mon
         dist.destroy_process_group()
     with pytest.raises(ValueError, match="init_process_group"):
         commrt.distributed.stats()
+
+
+def test_the_time_a_call_leaves_out_the_first_call():
+    e = observe.CallStats("allreduce(sum)", 8, "float32", calls=3, seconds=1.3, first_seconds=1.0)
+    assert abs(e.per_call_s - 0.15) < 1e-12 and e.bytes == 24
+    alone = observe.CallStats("barrier", 0, "-", calls=1, seconds=0.2, first_seconds=0.2)
+    assert alone.per_call_s == 0.2
+
+
+def test_a_trace_folder_it_cannot_make_is_refused_at_init_naming_it(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("COMMRT_TRACE", str(blocker / "traces"))
+    with pytest.raises(ValueError, match="COMMRT_TRACE="):
+        _world_of_one(tmp_path)
