@@ -85,3 +85,6 @@ def test_a_rank_killed_at_a_random_moment_leaves_the_survivors_training(tmp_path
     start = torch.cat([p.detach().reshape(-1).double() for p in gossip_model().parameters()])
     alone = _disagreement([start - LR * r["computed"] for r in survivors])
     assert apart <= 3 * plain and apart < 0.8 * alone, (kill_ms, apart, plain, alone)
+    # every survivor dropped rank 1 from its schedule (through a broken connection, or the
+    # store's log of deaths, read once per period), and nobody else
+    assert all(set(r["deaths"]) == {1} for r in survivors), [r["deaths"] for r in survivors]

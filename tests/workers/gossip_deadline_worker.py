@@ -92,6 +92,7 @@ def main(out_dir: str, mode: str, steps: int, kill_after_ms: int = -1) -> None:
             "unapplied": unapplied(sync, model) if ledger else None,
             "ledger": ledger,
             "params": flat(p.detach() for p in model.parameters()),
+            "deaths": dict(sync.policy.deaths.learned) if ledger else {},
         },
         os.path.join(out_dir, f"rank{comm.rank}.pt"),
     )
