@@ -11,13 +11,16 @@ import sys
 
 import pytest
 import torch
-from helpers.mp import TESTS, gloo_ranks
+from helpers.mp import TESTS, gloo_ranks, mpiexec
 
 sys.path.insert(0, os.path.join(TESTS, "workers"))
 from gossip_deadline_worker import LR, delay  # noqa: E402
 
 
 def _run(tmp_path, n, mode, steps, *more):
+    if mode == "mpi":
+        proc = mpiexec(n, "gossip_deadline_worker.py", tmp_path, mode, steps, timeout=300)
+        return [proc.returncode] * n, [proc.stdout + proc.stderr]
     codes, outs = gloo_ranks(
         n, "gossip_deadline_worker.py", tmp_path, mode, steps, *more, timeout=300
     )
@@ -28,7 +31,16 @@ def _load(tmp_path, ranks):
     return [torch.load(tmp_path / f"rank{r}.pt") for r in ranks]
 
 
-@pytest.mark.parametrize("n, mode", [(4, "sync"), (4, "dissemination"), (8, "sync"), (8, "async")])
+@pytest.mark.parametrize(
+    "n, mode",
+    [
+        (4, "sync"),
+        (4, "dissemination"),
+        pytest.param(4, "mpi", marks=pytest.mark.mpi),
+        (8, "sync"),
+        (8, "async"),
+    ],
+)
 def test_every_gradient_is_applied_exactly_once_in_total(tmp_path, n, mode):
     steps = 10
     assert any(delay(r, s) > 0.05 for r in range(n) for s in range(steps))  # some are late
