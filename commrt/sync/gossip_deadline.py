@@ -152,6 +152,8 @@ class DeadlineGossipPolicy(Policy):
         if recv_from != self.rank:
             recv = Letter(step, bucket, recv_from, self._spare(bucket, buf))
             self._inbox[bucket].append(recv)
+        if send is None and recv is None:  # no live partner this step
+            return 0
         self.postbox.post(tags.gossip(step, bucket), send, recv)
         if send is None:
             return 0
