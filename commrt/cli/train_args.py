@@ -141,7 +141,7 @@ def _fault_flags(tr) -> None:
         "--kill",
         metavar="RANK:STEP",
         help="fault injection: rank RANK kills itself (SIGKILL) before step STEP; with "
-        "--algorithm backup the others carry on",
+        "--algorithm backup, or gossip with --gossip-deadline, the others carry on",
     )
     tr.add_argument(
         "--max-restarts",

@@ -113,6 +113,12 @@ class GossipState:
                 "gossip_hook runs synchronous gossip only: DDP applies a hook's result as "
                 "this iteration's gradient; use commrt.GradientSync for Gossip(asynchronous=True)"
             )
+        if self.gossip.deadline_s is not None:
+            raise ValueError(
+                "gossip_hook waits for every partner: DDP applies a hook's result as this "
+                "iteration's gradient, so a late message has no later step to land in; use "
+                "commrt.GradientSync for Gossip(deadline_s=...)"
+            )
         # a hypercube on a p that is not a power of two raises here, on every rank alike
         self.gossip.period_length(self.comm.world_size)
 

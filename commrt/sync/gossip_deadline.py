@@ -32,7 +32,10 @@ message of step t; step 0 applies nothing (as plain asynchronous gossip).
 
 **A partner that died** (its connection broke) leaves this rank's schedule:
 ``Gossip.peers(..., live=...)`` gives the rank itself instead, and a step
-without a partner to send to keeps its whole gradient (no ½ leaves).
+without a partner to send to keeps its whole gradient (no ½ leaves). The
+rank that learns of a death writes it in the job's store, where every rank
+reads it once per rotation period (:mod:`commrt.sync.gossip_deaths`), so a
+dead rank leaves every survivor's schedule within one period.
 
 **At close()** every message still travelling is waited for (bounded by the
 communicator's timeout; a dead sender's fail at once): what lands is counted
@@ -54,6 +57,7 @@ import torch
 
 from commrt.schedule import tags
 from commrt.sync.gossip import SWAP_ELEMS, swap
+from commrt.sync.gossip_deaths import DeathBoard
 from commrt.sync.gossip_ledger import DeadlineClock, GossipLedger
 from commrt.sync.gossip_mail import ARRIVED, FAILED, WAITING, Letter, Postbox
 from commrt.sync.policy import Policy, SyncContext
@@ -90,6 +94,8 @@ class DeadlineGossipPolicy(Policy):
             unapplied_buckets=[torch.zeros(b.numel(), dtype=torch.float64) for b in ctx.buffers]
         )
         self.postbox = Postbox(comm, comm.timeout)
+        self._period = alg.period_length(self.world_size)
+        self.deaths = DeathBoard(comm) if self.world_size > 2 else None
         self._inbox: list[list[Letter]] = [[] for _ in ctx.buffers]
         self._outbox: list[Letter] = []
         self._spares: list[list[torch.Tensor]] = [[] for _ in ctx.buffers]
@@ -110,8 +116,12 @@ class DeadlineGossipPolicy(Policy):
     def begin_step(self, step: int) -> None:
         self._step = step
         self._late_now = 0
-        broken = self.postbox.broken
-        if broken:
+        broken = self.postbox.broken_now()
+        if self.deaths is not None:
+            read = step % self._period == 0
+            if self.deaths.note(broken, step, read):
+                self._live = set(range(self.world_size)) - self.deaths.dead
+        elif broken:
             self._live = set(range(self.world_size)) - broken
         self._peers = self.algorithm.peers(self.rank, step, self.world_size, self._live)
 
@@ -142,6 +152,8 @@ class DeadlineGossipPolicy(Policy):
         if recv_from != self.rank:
             recv = Letter(step, bucket, recv_from, self._spare(bucket, buf))
             self._inbox[bucket].append(recv)
+        if send is None and recv is None:  # no live partner this step
+            return 0
         self.postbox.post(tags.gossip(step, bucket), send, recv)
         if send is None:
             return 0
@@ -221,7 +233,8 @@ class DeadlineGossipPolicy(Policy):
 
     @property
     def missing_ranks(self) -> tuple[int, ...]:
-        return tuple(sorted(self.postbox.broken))
+        dead = self.deaths.dead if self.deaths is not None else set()
+        return tuple(sorted(dead | self.postbox.broken_now()))
 
     @property
     def extra_bytes(self) -> int:

@@ -68,6 +68,11 @@ class Postbox:
         self._threads: list[threading.Thread] = []
         self._closing = False
 
+    def broken_now(self) -> set[int]:
+        """A copy of :attr:`broken` (the waiter threads add to it)."""
+        with self.cv:
+            return set(self.broken)
+
     def post(self, tag: int, send: Letter | None, recv: Letter | None) -> None:
         """Start ``send`` and ``recv`` (either may be None) as one group, under ``tag``."""
         sends = [(send.buf, send.peer)] if send is not None else []

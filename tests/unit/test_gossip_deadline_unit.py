@@ -88,3 +88,12 @@ def test_simulated_deadline_keeps_the_others_at_their_pace_and_counts_staleness(
     assert late.stale_share(1, at_least=True) > 0  # rank 3's messages land steps late
     auto = sim.simulate_gossip_deadline(Gossip(), 16, 1 << 20, **kw)
     assert auto.step_s[:, others].mean() < 0.2 and auto.deadline_s < 0.1
+
+
+def test_the_ddp_gossip_hook_refuses_a_deadline_it_would_not_keep():
+    from types import SimpleNamespace
+
+    from commrt.distributed.hooks import GossipState
+
+    with pytest.raises(ValueError, match="GradientSync for Gossip.deadline_s"):
+        GossipState(SimpleNamespace(world_size=4, rank=0), Gossip(deadline_s=0.1))

@@ -5,8 +5,8 @@
 Every rank computes integer-valued gradients (distinct per rank, step and
 element) on a model whose learning rate is 0, so the gradients stay exact.
 Before each step a rank sleeps a random delay drawn per (rank, step): mostly
-none, sometimes several deadlines long. ``MODE``: ``sync``, ``async``
-(asynchronous gossip), ``dissemination``, ``kill`` (training steps with lr > 0;
+none, sometimes several deadlines long. ``MODE``: ``sync``, ``mpi`` (sync, over
+MPI: run under mpiexec), ``async`` (asynchronous gossip), ``dissemination``, ``kill`` (training steps with lr > 0;
 rank 1 kills itself with SIGKILL KILL_AFTER_MS after it started its first step,
 wherever it is then) or ``plain`` (the same training with plain gossip: no
 deadline, no delays, no death, the reference for the disagreement).
@@ -57,7 +57,7 @@ def delay(rank: int, step: int) -> float:
 
 
 def main(out_dir: str, mode: str, steps: int, kill_after_ms: int = -1) -> None:
-    comm = commrt.init("gloo", timeout=120)
+    comm = commrt.init("mpi" if mode == "mpi" else "gloo", timeout=120)
     alg = Gossip(
         topology="dissemination" if mode == "dissemination" else "hypercube",
         rotate=True,
@@ -92,6 +92,7 @@ def main(out_dir: str, mode: str, steps: int, kill_after_ms: int = -1) -> None:
             "unapplied": unapplied(sync, model) if ledger else None,
             "ledger": ledger,
             "params": flat(p.detach() for p in model.parameters()),
+            "deaths": dict(sync.policy.deaths.learned) if ledger else {},
         },
         os.path.join(out_dir, f"rank{comm.rank}.pt"),
     )

@@ -1,0 +1,77 @@
+"""Who died, as gossip with a deadline learns it: locally, then from the job's store.
+
+A rank learns that a partner died when their connection breaks (the
+:class:`~commrt.sync.gossip_mail.Postbox`'s ``broken``): at once, but only
+when it next exchanges with it. So that every survivor drops a dead rank
+from its schedule within one rotation period, whoever learns of a death
+first writes it in the job's control store
+(:class:`~commrt.runtime.store.ControlStore`), a log ``gossip/dead/{i}``
+under a counter ``gossip/ndead``; every rank reads the counter once per
+period (one store operation) and the new entries only when it moved.
+Without a store that answers (its host died), ranks fall back to learning
+deaths locally.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from commrt.runtime.store import ControlStore
+
+log = logging.getLogger(__name__)
+
+#: the keys' prefix in the control store
+PREFIX = "commrt/gossip/"
+
+
+class DeathBoard:
+    """The deaths this rank knows of, and when it learned each (its step)."""
+
+    def __init__(self, comm):
+        #: {dead rank: the step at which this rank learned of it}
+        self.learned: dict[int, int] = {}
+        self._reported: set[int] = set()
+        self._seen = 0
+        try:  # collective when rank 0 hosts the store: called from setup, on every rank
+            self._store = ControlStore.open(comm).client(PREFIX)
+        except Exception as e:  # no store: local knowledge only
+            log.warning("commrt: gossip deaths stay local (no control store: %s)", e)
+            self._store = None
+
+    @property
+    def dead(self) -> set[int]:
+        return set(self.learned)
+
+    def note(self, broken: set[int], step: int, read: bool) -> bool:
+        """Record the ranks whose connection broke here (and tell the store); ``read``: also
+        read the deaths others wrote. True when the set of the dead grew."""
+        before = len(self.learned)
+        for rank in broken - self._reported:
+            self._reported.add(rank)
+            self.learned.setdefault(rank, step)
+            self._call(self._tell, rank)
+        if read:
+            self._call(self._read, step)
+        return len(self.learned) > before
+
+    def _tell(self, rank: int) -> None:
+        n = self._store.add("ndead", 1)
+        self._store.set(f"dead/{n}", str(rank))
+
+    def _read(self, step: int) -> None:
+        n = self._store.add("ndead", 0)
+        while self._seen < n:
+            key = f"dead/{self._seen + 1}"
+            if not self._store.check([key]):  # counted, not written yet: next period
+                return
+            self._seen += 1
+            self.learned.setdefault(int(self._store.get(key)), step)
+
+    def _call(self, what, arg) -> None:
+        if self._store is None:
+            return
+        try:
+            what(arg)
+        except Exception as e:  # the store's host died: local knowledge from now on
+            log.warning("commrt: gossip deaths stay local from now on (store: %s)", e)
+            self._store = None
