@@ -58,22 +58,27 @@ MPI_KILLS_ALL = "MPI ends every rank when one dies"
 
 
 def check_backend(
-    parser: argparse.ArgumentParser, backend: str, *, backups: bool = False, kill: bool = False
+    parser: argparse.ArgumentParser,
+    backend: str,
+    *,
+    backups: bool = False,
+    kill: bool = False,
+    who: str = "backup workers run",
 ) -> str:
-    """The backend to run on. ``backups``: train with backup workers, which must survive a
-    dead rank; ``kill``: --kill will kill one. The mpich wheel ends the whole job when one
-    rank dies, whatever the flags, so auto picks gloo for them, and mpi with --kill is
-    refused."""
+    """The backend to run on. ``backups``: train with an algorithm that must survive a dead
+    rank (``who`` names it and its verb: "backup workers run"); ``kill``: --kill will kill
+    one. The mpich wheel ends the whole job when one rank dies, whatever the flags, so auto
+    picks gloo for them, and mpi with --kill is refused."""
     if backend == "auto":
         chosen = default_backend()
         if backups and chosen == "mpi":
-            print(f"backup workers run over gloo: {MPI_KILLS_ALL}", flush=True)
+            print(f"{who} over gloo: {MPI_KILLS_ALL}", flush=True)
             return "gloo"
         return chosen
     if backend == "mpi" and backups and kill:
         parser.error(
             f"--kill with --backend mpi: {MPI_KILLS_ALL}, so the whole job would end; "
-            f"pass --backend gloo (or leave --backend out) for backup workers that carry on"
+            f"pass --backend gloo (or leave --backend out) to carry on past a dead rank"
         )
     if backend == "nccl" and not torch.cuda.is_available():
         parser.error(
@@ -118,7 +123,8 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     kill = getattr(options, "kill", None) is not None
     restarts = getattr(options, "max_restarts", 0)
     survives = backups is not None or (may_die > 0 and kill)  # must run where a rank may die
-    backend = check_backend(parser, args.backend, backups=survives, kill=kill)
+    who = "backup workers run" if backups is not None else "gossip with a deadline runs"
+    backend = check_backend(parser, args.backend, backups=survives, kill=kill, who=who)
     if restarts and backend != "gloo":
         parser.error(
             f"--max-restarts with --backend {backend}: only gloo lets a replacement rejoin "

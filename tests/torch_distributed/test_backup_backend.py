@@ -57,3 +57,14 @@ def test_explicit_gloo_with_kill_is_accepted(launched, capsys):
     assert main([*BACKUP, "--kill", "3:20", "--backend", "gloo"]) == 0
     assert "over gloo:" not in capsys.readouterr().out  # asked for, nothing to explain
     assert launched[0][0][-2:] == ["--backend", "gloo"]
+
+
+def test_auto_backend_runs_gossip_with_a_deadline_and_a_kill_over_gloo_and_says_so(
+    launched, capsys
+):
+    gossip = ["train", "--nproc", "4", "--algorithm", "gossip", "--gossip-deadline", "auto"]
+    assert main([*gossip, "--kill", "3:20"]) == 0
+    out = capsys.readouterr().out
+    assert "gossip with a deadline runs over gloo: MPI ends every rank when one dies" in out
+    ((argv, nproc, kw),) = launched
+    assert argv[-2:] == ["--backend", "gloo"] and kw["tolerate"] >= 1
