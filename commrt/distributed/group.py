@@ -42,6 +42,12 @@ def _context(devices: DeviceComms, calls: CallQueue, device: torch.device, dtype
     return made[0]
 
 
+def _noted(dc, op: str):
+    """``dc``, its communicator's position noting the torch.distributed ``op`` it runs."""
+    dc.comm.executor.position.torch_op = op
+    return dc
+
+
 class ProcessGroupCommrt(dist.ProcessGroup):
     """A torch.distributed group whose calls run commrt schedules (module docs)."""
 
@@ -86,6 +92,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         devices = self.devices
         cuda = devices.check(device)  # a bad device is the caller's error, raised here
         dtype = tensors[0].dtype if tensors else None
+        op = what  # the stall verdict names it (commrt.schedule.position)
         what = f"{what} on {device.type}, algorithm {devices.algorithm.name}"
         work = CommrtWork(
             what,
@@ -100,7 +107,9 @@ class ProcessGroupCommrt(dist.ProcessGroup):
             with work.lock:
                 work.waited = True
         after = None if cuda is None else caller_event(cuda)
-        return self.calls.submit(lambda: run(devices.get(device, dtype)), work, cuda, after)
+        return self.calls.submit(
+            lambda: run(_noted(devices.get(device, dtype), op)), work, cuda, after
+        )
 
     # -- all-reduce
     def allreduce(self, tensors, opts=None) -> CommrtWork:

@@ -86,8 +86,8 @@ class StallWatch:
         self.host, self.pid = socket.gethostname(), os.getpid()
         #: whether the verdict ends the job (the abort-on-error hook's setting)
         self.ends_job = True
-        #: ranks that backup workers dropped: reported as dropped, never blamed
-        self.dropped: set[int] = set()
+        #: callables that name ranks backup workers dropped: reported so, never blamed
+        self._drops: list = []
         self.history: deque = deque(maxlen=KEEP)
         self.main = threading.main_thread().ident
         self._since, self._mark = time.monotonic(), None
@@ -103,6 +103,18 @@ class StallWatch:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def drops(self, source) -> None:
+        """Register ``source()``: the ranks a protocol dropped (backup workers' dead)."""
+        self._drops.append(source)
+
+    @property
+    def judging(self) -> bool:
+        """Whether this process is giving its stall verdict (which ends the job)."""
+        return self._once.locked()
+
+    def dropped(self) -> set[int]:
+        return {r for source in self._drops for r in source()}
 
     # -- the watch
     def _run(self) -> None:
@@ -130,18 +142,20 @@ class StallWatch:
         self._store.set(f"beat/{self.rank}", json.dumps(beat | {"position": self.where()}))
         return self._store.check(["declared"])
 
-    def where(self) -> dict:
-        """This rank's position as plain data, with its call count and GradientSync step."""
+    def where(self, failed: bool = False) -> dict:
+        """This rank's position as plain data, with its call count and GradientSync step
+        (``failed``: where the last collective raised, if it did)."""
         d = self.departures
-        return self.position.describe() | {
+        return self.position.describe(failed) | {
             "seq": d.calls,
             "sync_step": d.sync_steps + 1 if d.in_sync else None,
         }
 
     # -- the verdict
-    def diagnose(self, reason: str) -> None:
+    def diagnose(self, reason: str, failed: bool = False) -> None:
         """Publish this rank's view, get the verdict, print it, dump it, end the job.
-        Once per process; a second caller waits for the first (which ends the job)."""
+        Once per process; a second caller waits for the first (which ends the job).
+        ``failed``: called for an error this rank dies of (its last collective raised)."""
         if not self._once.acquire(blocking=False):
             time.sleep(GATHER_S + 2 * PRINTED_S + 5)
             return
@@ -149,7 +163,7 @@ class StallWatch:
         try:
             store = self.client()
             store.add("declared", 1)
-            store.set(f"view/{self.rank}", json.dumps(self.view(reason)))
+            store.set(f"view/{self.rank}", json.dumps(self.view(reason, failed)))
             if store.add("judge", 1) == 1:
                 verdict = self._judge(store)
                 store.set("verdict", json.dumps(verdict))
@@ -165,13 +179,13 @@ class StallWatch:
         if self.ends_job:
             end_job(f"commrt: rank {self.rank}: ending the job after the stall verdict")
 
-    def view(self, reason: str) -> dict:
+    def view(self, reason: str, failed: bool = False) -> dict:
         """What this rank says of itself (:mod:`commrt.runtime.verdict`'s view)."""
         frame = sys._current_frames().get(self.main)
         stack = traceback.extract_stack(frame) if frame is not None else []
         return {
             "rank": self.rank, "host": self.host, "pid": self.pid, "state": "published",
-            "position": self.where(), "idle_s": round(self.idle_s(), 1), "reason": reason,
+            "position": self.where(failed), "idle_s": round(self.idle_s(), 1), "reason": reason,
             "stack": [[_short(f.filename), f.lineno, f.name, _is_user(f.filename)] for f in stack],
         }  # fmt: skip
 
@@ -179,12 +193,12 @@ class StallWatch:
         ranks = range(self.world_size)
         before = {r: _read(store, f"beat/{r}") for r in ranks}
         _poll(lambda: store.check([f"view/{r}" for r in ranks]), GATHER_S)
-        views = []
+        views, dropped = [], self.dropped()
         for r in ranks:
             view = _read(store, f"view/{r}")
             if view is None:
                 view = self._absent(r, before[r], _read(store, f"beat/{r}"))
-            views.append(view)
+            views.append(view | ({"state": "dropped"} if r in dropped else {}))
         verdict = judge(views, self.stall_s)
         return verdict | {"views": views}
 
@@ -195,9 +209,7 @@ class StallWatch:
         view["position"] = beat.get("position", {})
         view["idle_s"] = round(time.time() - beat["time"], 1) if "time" in beat else None
         alive = before is not None and after is not None and after["beat"] != before["beat"]
-        if rank in self.dropped:
-            state = "dropped"
-        elif beat.get("host") == self.host and beat.get("pid"):
+        if beat.get("host") == self.host and beat.get("pid"):
             state = {"T": "stopped", "t": "stopped", None: "dead", "Z": "dead", "X": "dead"}
             state = state.get(process_state(beat["pid"]), "silent")
         else:
@@ -306,9 +318,10 @@ def _store_address(comm):
     from commrt.runtime.rendezvous import _bcast_text, _mpi_world, serve
 
     store = getattr(comm.transport, "store", None)
-    under = getattr(store, "underlying_store", None)
-    if under is not None and getattr(under, "port", None):
-        return under.host, under.port, None
+    while hasattr(store, "underlying_store"):  # PrefixStores, one in another
+        store = store.underlying_store
+    if getattr(store, "port", None):  # a TCPStore (a HashStore has no port)
+        return store.host, store.port, None
     if str(comm.backend) != "mpi":
         return None
     world = _mpi_world()

@@ -249,7 +249,8 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
         )  # fmt: skip
     if verdict["waiting"] and root is not None:
         sample = by_rank[verdict["waiting"][0]].get("position", {})
-        lines.append(f"waiting for it: {ranks_text(verdict['waiting'])}, in {call_text(sample)}")
+        lines.append(f"waiting for it: {ranks_text(verdict['waiting'])}, in")
+        lines.append(f"  {call_text(sample)}")
         if len(verdict["chain"]) > 2:
             lines.append("chain of waits: " + " -> ".join(f"rank {r}" for r in verdict["chain"]))
     for r, kind in verdict["others"].items():

@@ -17,7 +17,7 @@ class Position:
     """One rank's place in its collectives (module docs). Written by one thread at a time
     (whoever runs the schedule); read by the stall watch, which tolerates a torn read."""
 
-    __slots__ = ("run", "step", "bucket", "torch_op", "runs")
+    __slots__ = ("run", "step", "bucket", "torch_op", "runs", "failed")
 
     def __init__(self):
         #: the executor's key of the run begun last: (schedule, data_ptr, numel, dtype, ...)
@@ -30,16 +30,21 @@ class Position:
         self.torch_op: str | None = None
         #: runs begun (a counter the watch compares; wraps never in practice)
         self.runs = 0
+        #: (run count, plan step) where the last run that raised was
+        self.failed: tuple | None = None
 
     def mark(self) -> tuple:
         """What changes whenever this rank makes progress: the run count and the step."""
         return (self.runs, id(self.step))
 
-    def describe(self) -> dict:
+    def describe(self, failed: bool = False) -> dict:
         """The position as plain data: the call (kind, algorithm, numel, dtype), the step
         and the peer it waits on (its first receive's, else its first send's), the bucket
-        and torch op; ``in_call`` says whether a schedule is running now."""
+        and torch op; ``in_call`` says whether a schedule is running now, or, ``failed``,
+        whether the last run raised (the rank dies of that error: it is where it failed)."""
         run, step = self.run, self.step
+        if step is None and failed and self.failed is not None and self.failed[0] == self.runs:
+            step = self.failed[1]
         out: dict = {"in_call": step is not None, "runs": self.runs, "bucket": self.bucket}
         out["torch_op"] = self.torch_op
         if run is not None:

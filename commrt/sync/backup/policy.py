@@ -151,6 +151,8 @@ class BackupPolicy(Policy):
             self.cs, space, store, self.rank, self.p, alg.dead_after_s, self.timeout, inc
         )
         self.liveness.start()
+        if comm.stall is not None:  # a stall verdict reports a dropped rank as dropped
+            comm.stall.drops(lambda: self.liveness.missing)
         if rejoined:
             announce(store, self.rank, inc, self.p)
             self.role = Role.JOINING
