@@ -150,9 +150,7 @@ class BackupPolicy(Policy):
         self.liveness = Liveness(
             self.cs, space, store, self.rank, self.p, alg.dead_after_s, self.timeout, inc
         )
-        self.liveness.start()
-        if comm.stall is not None:  # a stall verdict reports a dropped rank as dropped
-            comm.stall.drops(lambda: self.liveness.missing)
+        self.liveness.start(comm.stall)
         if rejoined:
             announce(store, self.rank, inc, self.p)
             self.role = Role.JOINING
