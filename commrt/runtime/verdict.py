@@ -258,13 +258,14 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
     if verdict["dropped"]:
         lines.append(f"dropped by backup workers (not a hang): {ranks_text(verdict['dropped'])}.")
     lines.append("next: " + advice)
-    return [w for line in lines for w in _wrap(line)]
+    return [w for line in lines for w in wrap(line)]
 
 
-def _wrap(line: str) -> list[str]:
-    """``line`` wrapped at :data:`WIDTH`, never inside a `quoted command`."""
-    if len(line) <= WIDTH:
-        return [line]
+def wrap(line: str) -> list[str]:
+    """``line`` wrapped at :data:`WIDTH`, never inside a `quoted command` (printed without
+    its quotes)."""
+    if len(line.replace("`", "")) <= WIDTH:
+        return [line.replace("`", "")]
     parts = line.split("`")
     keep = "".join(p.replace(" ", NBSP) if i % 2 else p for i, p in enumerate(parts))
     indent = " " * (len(line) - len(line.lstrip()) + 4)
