@@ -14,7 +14,14 @@ no slower. Under mpiexec, on 2 ranks::
   ``bare``: the watch off (``stall_s=0``) and an executor whose ``run`` is
   this module's copy of it without the position writes (the code before
   issue 43). ``ratio`` is kept's median per-call time over bare's,
-  ``min_ratio`` its fastest round's over bare's fastest.
+  ``min_ratio`` its fastest round's over bare's fastest. On a loaded
+  machine both swing with the scheduler, far more than the writes cost.
+* ``test_run_cost_kept_or_not`` (one process, no mpiexec needed): what the
+  position writes add to ``Executor.run`` itself, the executor's whole path
+  for a call on a one-rank gloo communicator (a schedule of no steps, so
+  only the per-call writes), the shipped ``run`` against the bare one,
+  alternated, the fastest of many repeats (what load disturbs least).
+  ``delta_ns`` is the difference per call.
 """
 
 import statistics
@@ -27,7 +34,7 @@ from commrt.cli.bench import timing_buffer
 from commrt.cli.launch import already_launched
 from commrt.schedule.executor import Executor, _piece_elems, _run_step
 
-pytestmark = pytest.mark.skipif(
+multi_rank = pytest.mark.skipif(
     not already_launched(), reason="multi-rank benchmark: run under mpiexec -n 2 python -m pytest"
 )
 
@@ -63,7 +70,7 @@ class BareExecutor(Executor):
 
 
 @pytest.fixture(scope="module")
-def pair():
+def pair():  # the two communicators of test_positions_kept_or_not
     kept = commrt.init("mpi", timeout=120)
     bare = commrt.init("mpi", timeout=120, stall_s=0)
     bare.executor = BareExecutor()
@@ -73,6 +80,7 @@ def pair():
     bare.close()
 
 
+@multi_rank
 def test_positions_kept_or_not(benchmark, record_bandwidth, pair):
     kept, bare = pair
     x, y = timing_buffer(2), timing_buffer(2)  # 8 bytes each
@@ -102,3 +110,30 @@ def test_positions_kept_or_not(benchmark, record_bandwidth, pair):
     benchmark.extra_info.update(cols, rounds_kept_us=[t * 1e6 for t in times["kept"]],
                                 rounds_bare_us=[t * 1e6 for t in times["bare"]])  # fmt: skip
     record_bandwidth(benchmark.group, "kept/bare", "8B", **cols)
+
+
+def test_run_cost_kept_or_not(benchmark, record_bandwidth):
+    import timeit
+
+    from commrt.algorithms import Ring
+
+    comm = commrt.init("gloo", rank=0, world_size=1)
+    buf, schedule = timing_buffer(2), Ring().schedule(1)
+    kept, bare = Executor(), BareExecutor()
+    runs = {
+        name: (lambda ex=ex: ex.run(schedule, buf, comm.transport, 60.0))
+        for name, ex in (("kept", kept), ("bare", bare))
+    }
+    number, best = 20000, {"kept": [], "bare": []}
+
+    def one_round():
+        for name, fn in runs.items():
+            best[name].append(timeit.timeit(fn, number=number) / number)
+
+    benchmark.group = "stall verdict's cost, Executor.run per call, one rank"
+    benchmark.pedantic(one_round, rounds=30, iterations=1, warmup_rounds=2)
+    cols = {"kept_ns": min(best["kept"]) * 1e9, "bare_ns": min(best["bare"]) * 1e9}
+    cols["delta_ns"] = cols["kept_ns"] - cols["bare_ns"]
+    benchmark.extra_info.update(cols)
+    record_bandwidth(benchmark.group, "kept-bare", "8B", **cols)
+    comm.close()
