@@ -326,7 +326,8 @@ def _store_address(comm):
         return None
     world = _mpi_world()
     host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    server = serve(host, 0, comm.timeout) if comm.rank == 0 else None
+    # MPI's rank 0 hosts it (a torch.distributed group may number the ranks otherwise)
+    server = serve(host, 0, comm.timeout) if world.Get_rank() == 0 else None
     port = int(_bcast_text(world, str(server.port) if server is not None else ""))
     return _bcast_text(world, host), port, server
 
