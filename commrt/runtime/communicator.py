@@ -162,8 +162,10 @@ class Communicator:
         self.watch.begin_call()
         t = self.timeout if timeout is None else check_timeout(timeout)
         with self.lock:
+            self.executor.position.barrier()  # the stall watch sees a rank in a barrier
             if not self.transport.barrier(t):
                 raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
+            self.executor.position.step = None
 
     def run_schedule(
         self, schedule, buf: torch.Tensor, timeout: float | None = None,

@@ -82,7 +82,10 @@ def judge(views: list[dict], stall_s: float | None = None) -> dict:
         "root": root,
         "host": by_rank[root]["host"] if root is not None else None,
         "pid": by_rank[root].get("pid") if root is not None else None,
-        "waiting": sorted(roots.get(root, [])) if root is not None else sorted(chains),
+        # a rank that waits on all (a barrier) waits on the root too
+        "waiting": sorted(roots.get(root, []) + _on_all(roots, by_rank))
+        if root is not None
+        else sorted(chains),
         "chain": _longest(chains, root),
         "others": {str(r): k for r, k in sorted(blamed.items()) if r != root},
         "dropped": sorted(r for r, k in terminal.items() if k == "dropped"),
@@ -140,6 +143,11 @@ def _follow(rank: int, by_rank: dict, terminal: dict) -> list[int]:
     return chain
 
 
+def _on_all(roots: dict, by_rank: dict) -> list[int]:
+    """The ranks whose chain ends in no peer: they wait on every rank (a barrier)."""
+    return [r for r in roots.get(None, []) if by_rank[r]["position"].get("peer") is None]
+
+
 def _pick_root(blamed: dict, roots: dict, chains: dict) -> int | None:
     """The root with the most waiters; a tie goes to the most decisive kind, then the
     lowest rank. None where every chain loops (no rank holds the others)."""
@@ -180,6 +188,7 @@ def call_text(position: dict) -> str:
     if p.get("kind") is None:
         return "no collective yet"
     extra = [f"{p.get('algorithm')}", f"{p.get('numel')} × {p.get('dtype')}"]
+    extra = [] if p["kind"] == "barrier" else extra
     if p.get("sync_step") is not None:
         extra.append(f"GradientSync step {p['sync_step']}")
     if p.get("bucket") is not None:

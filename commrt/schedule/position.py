@@ -13,6 +13,15 @@ when it stops changing. :meth:`Position.describe` turns it into plain data
 from __future__ import annotations
 
 
+class _Barrier:
+    """The one "step" of a barrier: every rank waits on all, so no single peer is named."""
+
+    index, recvs, sends = 0, (), ()
+
+
+BARRIER = _Barrier()
+
+
 class Position:
     """One rank's place in its collectives (module docs). Written by one thread at a time
     (whoever runs the schedule); read by the stall watch, which tolerates a torn read."""
@@ -33,6 +42,10 @@ class Position:
         #: (run count, plan step) where the last run that raised was
         self.failed: tuple | None = None
 
+    def barrier(self) -> None:
+        """A barrier begins (the transport's own: no schedule); ``step = None`` ends it."""
+        self.run, self.bucket, self.runs, self.step = None, None, self.runs + 1, BARRIER
+
     def mark(self) -> tuple:
         """What changes whenever this rank makes progress: the run count and the step."""
         return (self.runs, id(self.step))
@@ -47,7 +60,9 @@ class Position:
             step = self.failed[1]
         out: dict = {"in_call": step is not None, "runs": self.runs, "bucket": self.bucket}
         out["torch_op"] = self.torch_op
-        if run is not None:
+        if step is BARRIER:
+            out.update(kind="barrier", algorithm="transport", numel=0, dtype="-")
+        elif run is not None:
             schedule = run[0]
             out["kind"] = schedule.collective.value
             out["algorithm"] = schedule.name

@@ -11,13 +11,23 @@ import subprocess
 import sys
 
 import pytest
-from helpers.mp import GlooJob, mpiexec
+from helpers.mp import TESTS, GlooJob, mpiexec
 
 STALL_S = "2"
 #: seconds the job gets before its ranks are killed (a loaded 2-core machine starts 4 torch
 #: processes slowly); a verdict needs the stall watch plus about 5 s
 BOUND_S = 120
 VERDICT = "commrt stall verdict (the same on every rank):"
+
+
+def line_of(script: str, text: str) -> int:
+    """The line of ``tests/workers/<script>`` that holds ``text``."""
+    with open(os.path.join(TESTS, "workers", script)) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line)
+
+
+#: where load_next_batch hangs in the gloo/MPI worker
+HANG = f"verdict_worker.py:{line_of('verdict_worker.py', 'a data loader that hangs')} in load_next_batch"
 
 
 def run(case: str, tmp_path, culprit_stops: bool = False, script: str = "verdict_worker.py"):
@@ -71,7 +81,7 @@ def test_a_rank_in_user_code_is_named_with_load_next_batch_and_its_line(tmp_path
     assert codes == [1, 1, 1, 1]
     v = one_verdict(outs)
     assert "rank 3 " in v and "IN USER CODE" in v
-    assert "verdict_worker.py:26 in load_next_batch" in v, v
+    assert HANG in v, v
     assert "waiting for it: ranks 0-2, in all_reduce" in v
     # the post-mortem: commrt diagnose prints the same verdict from the files alone
     cmd = [sys.executable, "-m", "commrt", "diagnose", str(dump)]
@@ -79,6 +89,14 @@ def test_a_rank_in_user_code_is_named_with_load_next_batch_and_its_line(tmp_path
     assert again.returncode == 0, again.stderr
     assert " ".join(again.stdout.split()).startswith(v), again.stdout
     assert sorted(os.listdir(dump)) == [f"rank{r}.json" for r in range(4)]
+
+
+def test_ranks_in_a_barrier_wait_on_the_rank_in_user_code(tmp_path):
+    codes, outs, _ = run("barrier", tmp_path)
+    assert codes == [1, 1, 1, 1]
+    v = one_verdict(outs)
+    assert "rank 3 " in v and "IN USER CODE" in v and HANG in v, v
+    assert "waiting for it: ranks 0-2, in barrier" in v
 
 
 def test_a_stopped_rank_is_named_stopped(tmp_path):
@@ -123,7 +141,8 @@ def test_under_ddp_on_backend_commrt_the_rank_in_its_data_loader_is_named(tmp_pa
     codes, outs, _ = run("ddp", tmp_path, script="verdict_ddp_worker.py")
     assert codes == [1, 1, 1, 1]
     v = one_verdict(outs)
-    assert "rank 3 " in v and "verdict_ddp_worker.py:16 in load_next_batch" in v, v
+    hang = line_of("verdict_ddp_worker.py", "a data loader that hangs")
+    assert "rank 3 " in v and f"verdict_ddp_worker.py:{hang} in load_next_batch" in v, v
     assert "torch allreduce(sum)" in v and "waiting for it: ranks 0-2" in v
 
 
@@ -150,7 +169,7 @@ def test_under_backup_workers_a_late_or_dead_rank_is_dropped_not_blamed(case, tm
 @pytest.mark.parametrize(
     "case, live, named",
     [
-        ("user", 4, ["rank 3 ", "IN USER CODE", "verdict_worker.py:26 in load_next_batch"]),
+        ("user", 4, ["rank 3 ", "IN USER CODE", HANG]),
         ("stop", 3, ["rank 3 ", "STOPPED (SIGSTOP)"]),
         ("other", 4, ["rank 2 ", "IN ANOTHER COLLECTIVE", "broadcast ("]),
         ("chain", 4, ["rank 3 ", "chain of waits: rank 0 -> rank 1 -> rank 2 -> rank 3"]),
