@@ -97,7 +97,7 @@ class StallWatch:
         self._thread = threading.Thread(target=self._run, name="commrt-stall-watch", daemon=True)
 
     def start(self) -> "StallWatch":
-        self._beat()
+        self.beat()
         self._thread.start()
         return self
 
@@ -120,7 +120,7 @@ class StallWatch:
     def _run(self) -> None:
         while not self._stop.wait(self.tick):
             try:
-                if self._beat():
+                if self.beat():
                     self.diagnose("another rank reported a stall")
                 elif self.position.step is not None and self.idle_s() >= self.stall_s:
                     self.diagnose(f"no progress inside a collective for {self.idle_s():.0f} s")
@@ -130,7 +130,7 @@ class StallWatch:
     def idle_s(self) -> float:
         return time.monotonic() - self._since
 
-    def _beat(self) -> bool:
+    def beat(self) -> bool:
         """Sample the position, write the heartbeat; return whether a stall was declared."""
         pos = self.position
         mark = (pos.mark(), self.departures.calls, self.departures.sync_steps)
@@ -165,7 +165,7 @@ class StallWatch:
             store.add("declared", 1)
             store.set(f"view/{self.rank}", json.dumps(self.view(reason, failed)))
             if store.add("judge", 1) == 1:
-                verdict = self._judge(store)
+                verdict = self.judge_views(store)
                 store.set("verdict", json.dumps(verdict))
             else:
                 verdict = self._wait_verdict(store)
@@ -186,10 +186,12 @@ class StallWatch:
         return {
             "rank": self.rank, "host": self.host, "pid": self.pid, "state": "published",
             "position": self.where(failed), "idle_s": round(self.idle_s(), 1), "reason": reason,
-            "stack": [[_short(f.filename), f.lineno, f.name, _is_user(f.filename)] for f in stack],
+            "stack": [[_short(f.filename), f.lineno, f.name, is_user(f.filename)] for f in stack],
         }  # fmt: skip
 
-    def _judge(self, store) -> dict:
+    def judge_views(self, store) -> dict:
+        """As the judge: wait for every rank's view (at most :data:`GATHER_S`), make up
+        the missing ones (:meth:`_absent`), and return the verdict with the views."""
         ranks = range(self.world_size)
         before = {r: _read(store, f"beat/{r}") for r in ranks}
         _poll(lambda: store.check([f"view/{r}" for r in ranks]), GATHER_S)
@@ -219,7 +221,7 @@ class StallWatch:
     def _wait_verdict(self, store) -> dict:
         if _poll(lambda: store.check(["verdict"]), GATHER_S + 2 * PRINTED_S):
             return _read(store, "verdict")
-        return self._judge(store)  # the judge died on the way: judge here
+        return self.judge_views(store)  # the judge died on the way: judge here
 
     def _dump(self, verdict: dict) -> None:
         folder = os.environ.get(DUMP_ENV)
@@ -258,7 +260,7 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(os.path.realpath(d) + os.sep for d in dirs)
 
 
-def _is_user(filename: str, _dirs: list = []) -> bool:  # noqa: B006 - computed once
+def is_user(filename: str, _dirs: list = []) -> bool:  # noqa: B006 - computed once
     """Whether a frame in ``filename`` is the user's (see :func:`_library_dirs`)."""
     if not _dirs:
         _dirs.append(_library_dirs())
