@@ -162,10 +162,14 @@ class Communicator:
         self.watch.begin_call()
         t = self.timeout if timeout is None else check_timeout(timeout)
         with self.lock:
-            self.executor.position.barrier()  # the stall watch sees a rank in a barrier
-            if not self.transport.barrier(t):
+            pos, done = self.executor.position, False
+            pos.barrier()  # the stall watch sees a rank in a barrier
+            try:
+                done = self.transport.barrier(t)
+            finally:  # out of it; where it failed, kept for the verdict
+                pos.failed, pos.step = (None if done else (pos.runs, pos.step)), None
+            if not done:
                 raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
-            self.executor.position.step = None
 
     def run_schedule(
         self, schedule, buf: torch.Tensor, timeout: float | None = None,
