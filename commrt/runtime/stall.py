@@ -215,7 +215,7 @@ class StallWatch:
             state = {"T": "stopped", "t": "stopped", None: "dead", "Z": "dead", "X": "dead"}
             state = state.get(process_state(beat["pid"]), "silent")
         else:
-            state = "silent" if alive else "dead"
+            state = "silent" if alive else "lost"  # another host: dead or stopped, unknown
         return view | {"state": state}
 
     def _wait_verdict(self, store) -> dict:

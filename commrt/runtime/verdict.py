@@ -11,7 +11,8 @@ A view is a dict:
 
 * ``rank``, ``host``, ``pid``;
 * ``state``: ``"published"`` (it answered), ``"dead"`` (process gone, no
-  heartbeat), ``"stopped"`` (SIGSTOP: alive, not scheduled), ``"silent"``
+  heartbeat), ``"stopped"`` (SIGSTOP: alive, not scheduled), ``"lost"`` (no
+  heartbeat, on another host: dead or stopped, unknown), ``"silent"``
   (alive, did not answer), ``"dropped"`` (backup workers dropped it: not a
   hang);
 * ``position``: :meth:`commrt.schedule.position.Position.describe` plus
@@ -23,7 +24,7 @@ A view is a dict:
   standard library);
 * ``error``: the error it died of, if any (first line).
 
-Root causes, in the order a tie is broken: dead, stopped, silent, in
+Root causes, in the order a tie is broken: dead, stopped, lost, silent, in
 another collective, in user code. A rank in the collective most ranks are
 in waits on a peer; the chain of waits is followed to a rank that is not
 waiting in that collective: that rank is a root, and the ranks whose chains
@@ -37,7 +38,7 @@ from collections import Counter
 
 WIDTH = 80
 #: root-cause kinds, most decisive first (a tie between roots goes to the first)
-KINDS = ("dead", "stopped", "silent", "other collective", "user code")
+KINDS = ("dead", "stopped", "lost", "silent", "other collective", "user code")
 #: what to do next, per kind
 ADVICE = {
     "dead": "read rank {rank}'s own output for why it died (and the kernel log on "
@@ -45,6 +46,8 @@ ADVICE = {
     "backup workers to survive a lost rank.",
     "stopped": "rank {rank} was stopped (a debugger, Ctrl-Z, a scheduler's suspend): "
     "`kill -CONT {pid}` on {host} resumes it.",
+    "lost": "on {host}, `ps -o stat= -p {pid}` tells stopped (T) from dead (nothing); "
+    "rank {rank}'s own output says why.",
     "silent": "rank {rank} is alive but did not answer (a C call holding the GIL, or "
     "swapping): `py-spy dump --pid {pid}` on {host} shows where it is.",
     "other collective": "make every rank call the same collectives in the same order; "
@@ -74,7 +77,7 @@ def judge(views: list[dict], stall_s: float | None = None) -> dict:
         chains[r] = chain
         roots.setdefault(chain[-1], []).append(r)
     blamed = {r: k for r, k in terminal.items() if k not in ("dropped",)}
-    if not chains and not any(k in KINDS[:3] for k in blamed.values()):  # nobody waits
+    if not chains and not any(k in KINDS[:4] for k in blamed.values()):  # nobody waits
         return {"kind": "none", "root": None, "lines": ["commrt: no stall: every rank runs."]}
     root = _pick_root(blamed, roots, chains)
     verdict = {
@@ -220,6 +223,8 @@ def _cause(kind: str, view: dict, common: tuple | None, by_rank: dict) -> list[s
         return [who + "DEAD:", f"  its process is gone; last heartbeat {idle_txt} ago."]
     if kind == "stopped":
         return [who + "STOPPED (SIGSTOP):", "  alive but not scheduled."]
+    if kind == "lost":
+        return [who + "LOST: no heartbeat", f"  for {idle_txt} (dead or stopped, on another host)."]
     if kind == "silent":
         return [who + "NOT ANSWERING:", f"  alive; last heartbeat {idle_txt} ago."]
     if kind == "user code":

@@ -50,7 +50,7 @@ def test_a_chain_of_waits_is_followed_to_its_root():
 
 
 def test_stopped_and_dead_ranks_are_judged_from_what_the_others_saw():
-    for state, word in (("stopped", "STOPPED"), ("dead", "DEAD")):
+    for state, word in (("stopped", "STOPPED"), ("dead", "DEAD"), ("lost", "LOST")):
         v = judge([waiting(0, 2), waiting(1, 0), absent(2, state), waiting(3, 2)])
         assert (v["kind"], v["root"], v["waiting"]) == (state, 2, [0, 1, 3])
         assert word in text(v)
