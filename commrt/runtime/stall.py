@@ -86,6 +86,8 @@ class StallWatch:
         self.host, self.pid = socket.gethostname(), os.getpid()
         #: whether the verdict ends the job (the abort-on-error hook's setting)
         self.ends_job = True
+        #: whether the store may live in this process (rank 0's rendezvous, MPI's rank 0's)
+        self.hosting = rank == 0
         #: callables that name ranks backup workers dropped: reported so, never blamed
         self._drops: list = []
         self.history: deque = deque(maxlen=KEEP)
@@ -102,7 +104,21 @@ class StallWatch:
         return self
 
     def stop(self) -> None:
+        """Stop watching (the communicator closes). The rank that may host the store
+        (:attr:`hosting`) first waits (at most two ticks) until every other rank has closed or stopped
+        beating: a heartbeat to a store that is gone makes torch print a C++ trace."""
+        if self._stop.is_set():
+            return
         self._stop.set()
+        try:
+            store = self._store  # no new connection: the store may be gone
+            store.add("closed", 1)
+            if self.hosting:
+                store.set("host_leaving", "1")
+                done = lambda: int(store.add("closed", 0)) + int(store.add("acked", 0))  # noqa: E731
+                _poll(lambda: done() >= self.world_size, 2 * self.tick)
+        except Exception:  # the store is gone already: nobody left to tell
+            pass
 
     def drops(self, source) -> None:
         """Register ``source()``: the ranks a protocol dropped (backup workers' dead)."""
@@ -120,11 +136,16 @@ class StallWatch:
     def _run(self) -> None:
         while not self._stop.wait(self.tick):
             try:
+                if self._store.check(["host_leaving"]):  # rank 0 closes: stop beating first
+                    self._stop.set()
+                    self._store.add("acked", 1)
+                    return
                 if self.beat():
                     self.diagnose("another rank reported a stall")
                 elif self.position.step is not None and self.idle_s() >= self.stall_s:
                     self.diagnose(f"no progress inside a collective for {self.idle_s():.0f} s")
             except Exception:  # the store is gone (the job is ending): nothing to watch
+                self._stop.set()
                 return
 
     def idle_s(self) -> float:
@@ -311,6 +332,7 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
         client, comm.rank, comm.world_size, comm.executor.position, comm.watch, stall_s
     )
     watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it
+    watch.hosting = server is not None if str(comm.backend) == "mpi" else comm.rank == 0
     return watch.start()
 
 
