@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from commrt.runtime.verdict import call_text, judge, render
+from commrt.runtime.verdict import call_text, judge, render, wrap
 
 
 def register(sub) -> None:
@@ -61,7 +61,8 @@ def cmd_diagnose(args) -> int:
         print(f"\nlast positions ({len(files)} files):")
         for data in files:
             for pos in data.get("positions", [])[-args.positions :]:
-                print(f"  rank {data.get('rank')}: {position_text(pos)}")
+                for line in wrap(f"  rank {data.get('rank')}: {position_text(pos)}"):
+                    print(line)
     return 0
 
 

@@ -36,6 +36,7 @@ from commrt.runtime.communicator import (
 )
 from commrt.runtime.environment import LaunchInfo, detect_launch
 from commrt.runtime.rendezvous import check_timeout
+from commrt.runtime.stall import stall_seconds, start_watch
 
 #: the environment variable that picks the all-reduce algorithm (Options() default)
 ALGORITHM_ENV = "COMMRT_ALGORITHM"
@@ -253,6 +254,10 @@ class DeviceComms:
         )
         if abort_on_error_wanted() and self.size > 1:
             install_abort_hook(comm)
+        if self.global_ranks == list(range(self.size)):  # the whole job's group: the stall watch
+            comm.stall = start_watch(
+                comm, stall_seconds(None, self.timeout), abort_on_error_wanted()
+            )
         return DeviceContext(comm, self.algorithm, self.tracer)
 
     def _cpu(self) -> DeviceContext:

@@ -56,6 +56,12 @@ def _context(devices: DeviceComms, calls: CallQueue, device: torch.device, dtype
     return made[0]
 
 
+def _noted(dc, op: str):
+    """``dc``, its communicator's position noting the torch.distributed ``op`` it runs."""
+    dc.comm.executor.position.torch_op = op
+    return dc
+
+
 class ProcessGroupCommrt(dist.ProcessGroup):
     """A torch.distributed group whose calls run commrt schedules (module docs)."""
 
@@ -119,7 +125,8 @@ class ProcessGroupCommrt(dist.ProcessGroup):
                 work.waited = True
         after = None if cuda is None else caller_event(cuda)
         observed = self.observer.run
-        call = lambda: observed(op, tensors, run, devices.get(device, dtype))  # noqa: E731
+        # the stall verdict names the op (commrt.schedule.position)
+        call = lambda: observed(op, tensors, run, _noted(devices.get(device, dtype), op))  # noqa: E731
         here = cuda is None and (sync or _small_in_backward(tensors))
         return self.calls.submit(call, work, cuda, after, here)
 

@@ -59,6 +59,10 @@ class _AbortOnError:
         hook.comms[comm] = advice  # how to keep it running: fits how comm was made
 
     def __call__(self, kind, value, tb) -> None:
+        judging = [c.stall for c in self.comms if c.stall is not None and c.stall.judging]
+        if judging:  # an error of the verdict's own ending (a peer left): the verdict ends it
+            judging[0].diagnose("", failed=True)
+            os._exit(1)
         self.previous(kind, value, tb)
         if sys.stderr is not sys.__stderr__ and sys.__stderr__ is not None:
             # a hook installed after this one (torch.distributed's prefixes "[rankN]:") may
@@ -74,7 +78,7 @@ class _AbortOnError:
         what = f"the uncaught {kind.__name__} above"
         what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
         if comm.stall is not None and stall_worth_a_verdict(value):
-            comm.stall.diagnose(str(value).splitlines()[0] if str(value) else what)
+            comm.stall.diagnose(str(value).splitlines()[0] if str(value) else what, failed=True)
         end_job(
             f"commrt: rank {comm.rank}: {what}; ending the whole job "
             f"({self.comms.get(comm, 'COMMRT_ABORT_ON_ERROR=0')} to keep it running)"

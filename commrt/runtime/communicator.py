@@ -162,7 +162,13 @@ class Communicator:
         self.watch.begin_call()
         t = self.timeout if timeout is None else check_timeout(timeout)
         with self.lock:
-            if not self.transport.barrier(t):
+            pos, done = self.executor.position, False
+            pos.barrier()  # the stall watch sees a rank in a barrier
+            try:
+                done = self.transport.barrier(t)
+            finally:  # out of it; where it failed, kept for the verdict
+                pos.failed, pos.step = (None if done else (pos.runs, pos.step)), None
+            if not done:
                 raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
 
     def run_schedule(

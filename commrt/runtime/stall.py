@@ -86,8 +86,10 @@ class StallWatch:
         self.host, self.pid = socket.gethostname(), os.getpid()
         #: whether the verdict ends the job (the abort-on-error hook's setting)
         self.ends_job = True
-        #: ranks that backup workers dropped: reported as dropped, never blamed
-        self.dropped: set[int] = set()
+        #: whether the store may live in this process (rank 0's rendezvous, MPI's rank 0's)
+        self.hosting = rank == 0
+        #: callables that name ranks backup workers dropped: reported so, never blamed
+        self._drops: list = []
         self.history: deque = deque(maxlen=KEEP)
         self.main = threading.main_thread().ident
         self._since, self._mark = time.monotonic(), None
@@ -97,28 +99,59 @@ class StallWatch:
         self._thread = threading.Thread(target=self._run, name="commrt-stall-watch", daemon=True)
 
     def start(self) -> "StallWatch":
-        self._beat()
+        self.beat()
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop watching (the communicator closes). The rank that may host the store
+        (:attr:`hosting`) first waits (at most two ticks) until every other rank has closed or stopped
+        beating: a heartbeat to a store that is gone makes torch print a C++ trace."""
+        if self._stop.is_set():
+            return
         self._stop.set()
+        try:
+            store = self._store  # no new connection: the store may be gone
+            store.add("closed", 1)
+            if self.hosting:
+                store.set("host_leaving", "1")
+                done = lambda: int(store.add("closed", 0)) + int(store.add("acked", 0))  # noqa: E731
+                _poll(lambda: done() >= self.world_size, 2 * self.tick)
+        except Exception:  # the store is gone already: nobody left to tell
+            pass
+
+    def drops(self, source) -> None:
+        """Register ``source()``: the ranks a protocol dropped (backup workers' dead)."""
+        self._drops.append(source)
+
+    @property
+    def judging(self) -> bool:
+        """Whether this process is giving its stall verdict (which ends the job)."""
+        return self._once.locked()
+
+    def dropped(self) -> set[int]:
+        return {r for source in self._drops for r in source()}
 
     # -- the watch
     def _run(self) -> None:
         while not self._stop.wait(self.tick):
             try:
-                if self._beat():
+                if self._store.check(["host_leaving"]):  # rank 0 closes: stop beating first
+                    self._stop.set()
+                    self._store.add("acked", 1)
+                    return
+                if self.beat():
                     self.diagnose("another rank reported a stall")
                 elif self.position.step is not None and self.idle_s() >= self.stall_s:
                     self.diagnose(f"no progress inside a collective for {self.idle_s():.0f} s")
             except Exception:  # the store is gone (the job is ending): nothing to watch
+                self._stop.set()
                 return
 
     def idle_s(self) -> float:
         return time.monotonic() - self._since
 
-    def _beat(self) -> bool:
+    def beat(self) -> bool:
         """Sample the position, write the heartbeat; return whether a stall was declared."""
         pos = self.position
         mark = (pos.mark(), self.departures.calls, self.departures.sync_steps)
@@ -130,18 +163,20 @@ class StallWatch:
         self._store.set(f"beat/{self.rank}", json.dumps(beat | {"position": self.where()}))
         return self._store.check(["declared"])
 
-    def where(self) -> dict:
-        """This rank's position as plain data, with its call count and GradientSync step."""
+    def where(self, failed: bool = False) -> dict:
+        """This rank's position as plain data, with its call count and GradientSync step
+        (``failed``: where the last collective raised, if it did)."""
         d = self.departures
-        return self.position.describe() | {
+        return self.position.describe(failed) | {
             "seq": d.calls,
             "sync_step": d.sync_steps + 1 if d.in_sync else None,
         }
 
     # -- the verdict
-    def diagnose(self, reason: str) -> None:
+    def diagnose(self, reason: str, failed: bool = False) -> None:
         """Publish this rank's view, get the verdict, print it, dump it, end the job.
-        Once per process; a second caller waits for the first (which ends the job)."""
+        Once per process; a second caller waits for the first (which ends the job).
+        ``failed``: called for an error this rank dies of (its last collective raised)."""
         if not self._once.acquire(blocking=False):
             time.sleep(GATHER_S + 2 * PRINTED_S + 5)
             return
@@ -149,9 +184,9 @@ class StallWatch:
         try:
             store = self.client()
             store.add("declared", 1)
-            store.set(f"view/{self.rank}", json.dumps(self.view(reason)))
+            store.set(f"view/{self.rank}", json.dumps(self.view(reason, failed)))
             if store.add("judge", 1) == 1:
-                verdict = self._judge(store)
+                verdict = self.judge_views(store)
                 store.set("verdict", json.dumps(verdict))
             else:
                 verdict = self._wait_verdict(store)
@@ -165,26 +200,28 @@ class StallWatch:
         if self.ends_job:
             end_job(f"commrt: rank {self.rank}: ending the job after the stall verdict")
 
-    def view(self, reason: str) -> dict:
+    def view(self, reason: str, failed: bool = False) -> dict:
         """What this rank says of itself (:mod:`commrt.runtime.verdict`'s view)."""
         frame = sys._current_frames().get(self.main)
         stack = traceback.extract_stack(frame) if frame is not None else []
         return {
             "rank": self.rank, "host": self.host, "pid": self.pid, "state": "published",
-            "position": self.where(), "idle_s": round(self.idle_s(), 1), "reason": reason,
-            "stack": [[_short(f.filename), f.lineno, f.name, _is_user(f.filename)] for f in stack],
+            "position": self.where(failed), "idle_s": round(self.idle_s(), 1), "reason": reason,
+            "stack": [[_short(f.filename), f.lineno, f.name, is_user(f.filename)] for f in stack],
         }  # fmt: skip
 
-    def _judge(self, store) -> dict:
+    def judge_views(self, store) -> dict:
+        """As the judge: wait for every rank's view (at most :data:`GATHER_S`), make up
+        the missing ones (:meth:`_absent`), and return the verdict with the views."""
         ranks = range(self.world_size)
         before = {r: _read(store, f"beat/{r}") for r in ranks}
         _poll(lambda: store.check([f"view/{r}" for r in ranks]), GATHER_S)
-        views = []
+        views, dropped = [], self.dropped()
         for r in ranks:
             view = _read(store, f"view/{r}")
             if view is None:
                 view = self._absent(r, before[r], _read(store, f"beat/{r}"))
-            views.append(view)
+            views.append(view | ({"state": "dropped"} if r in dropped else {}))
         verdict = judge(views, self.stall_s)
         return verdict | {"views": views}
 
@@ -195,19 +232,17 @@ class StallWatch:
         view["position"] = beat.get("position", {})
         view["idle_s"] = round(time.time() - beat["time"], 1) if "time" in beat else None
         alive = before is not None and after is not None and after["beat"] != before["beat"]
-        if rank in self.dropped:
-            state = "dropped"
-        elif beat.get("host") == self.host and beat.get("pid"):
+        if beat.get("host") == self.host and beat.get("pid"):
             state = {"T": "stopped", "t": "stopped", None: "dead", "Z": "dead", "X": "dead"}
             state = state.get(process_state(beat["pid"]), "silent")
         else:
-            state = "silent" if alive else "dead"
+            state = "silent" if alive else "lost"  # another host: dead or stopped, unknown
         return view | {"state": state}
 
     def _wait_verdict(self, store) -> dict:
         if _poll(lambda: store.check(["verdict"]), GATHER_S + 2 * PRINTED_S):
             return _read(store, "verdict")
-        return self._judge(store)  # the judge died on the way: judge here
+        return self.judge_views(store)  # the judge died on the way: judge here
 
     def _dump(self, verdict: dict) -> None:
         folder = os.environ.get(DUMP_ENV)
@@ -246,7 +281,7 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(os.path.realpath(d) + os.sep for d in dirs)
 
 
-def _is_user(filename: str, _dirs: list = []) -> bool:  # noqa: B006 - computed once
+def is_user(filename: str, _dirs: list = []) -> bool:  # noqa: B006 - computed once
     """Whether a frame in ``filename`` is the user's (see :func:`_library_dirs`)."""
     if not _dirs:
         _dirs.append(_library_dirs())
@@ -297,6 +332,7 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
         client, comm.rank, comm.world_size, comm.executor.position, comm.watch, stall_s
     )
     watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it
+    watch.hosting = server is not None if str(comm.backend) == "mpi" else comm.rank == 0
     return watch.start()
 
 
@@ -306,14 +342,16 @@ def _store_address(comm):
     from commrt.runtime.rendezvous import _bcast_text, _mpi_world, serve
 
     store = getattr(comm.transport, "store", None)
-    under = getattr(store, "underlying_store", None)
-    if under is not None and getattr(under, "port", None):
-        return under.host, under.port, None
+    while hasattr(store, "underlying_store"):  # PrefixStores, one in another
+        store = store.underlying_store
+    if getattr(store, "port", None):  # a TCPStore (a HashStore has no port)
+        return store.host, store.port, None
     if str(comm.backend) != "mpi":
         return None
     world = _mpi_world()
     host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    server = serve(host, 0, comm.timeout) if comm.rank == 0 else None
+    # MPI's rank 0 hosts it (a torch.distributed group may number the ranks otherwise)
+    server = serve(host, 0, comm.timeout) if world.Get_rank() == 0 else None
     port = int(_bcast_text(world, str(server.port) if server is not None else ""))
     return _bcast_text(world, host), port, server
 

@@ -11,7 +11,8 @@ A view is a dict:
 
 * ``rank``, ``host``, ``pid``;
 * ``state``: ``"published"`` (it answered), ``"dead"`` (process gone, no
-  heartbeat), ``"stopped"`` (SIGSTOP: alive, not scheduled), ``"silent"``
+  heartbeat), ``"stopped"`` (SIGSTOP: alive, not scheduled), ``"lost"`` (no
+  heartbeat, on another host: dead or stopped, unknown), ``"silent"``
   (alive, did not answer), ``"dropped"`` (backup workers dropped it: not a
   hang);
 * ``position``: :meth:`commrt.schedule.position.Position.describe` plus
@@ -23,7 +24,7 @@ A view is a dict:
   standard library);
 * ``error``: the error it died of, if any (first line).
 
-Root causes, in the order a tie is broken: dead, stopped, silent, in
+Root causes, in the order a tie is broken: dead, stopped, lost, silent, in
 another collective, in user code. A rank in the collective most ranks are
 in waits on a peer; the chain of waits is followed to a rank that is not
 waiting in that collective: that rank is a root, and the ranks whose chains
@@ -37,7 +38,7 @@ from collections import Counter
 
 WIDTH = 80
 #: root-cause kinds, most decisive first (a tie between roots goes to the first)
-KINDS = ("dead", "stopped", "silent", "other collective", "user code")
+KINDS = ("dead", "stopped", "lost", "silent", "other collective", "user code")
 #: what to do next, per kind
 ADVICE = {
     "dead": "read rank {rank}'s own output for why it died (and the kernel log on "
@@ -45,6 +46,8 @@ ADVICE = {
     "backup workers to survive a lost rank.",
     "stopped": "rank {rank} was stopped (a debugger, Ctrl-Z, a scheduler's suspend): "
     "`kill -CONT {pid}` on {host} resumes it.",
+    "lost": "on {host}, `ps -o stat= -p {pid}` tells stopped (T) from dead (nothing); "
+    "rank {rank}'s own output says why.",
     "silent": "rank {rank} is alive but did not answer (a C call holding the GIL, or "
     "swapping): `py-spy dump --pid {pid}` on {host} shows where it is.",
     "other collective": "make every rank call the same collectives in the same order; "
@@ -74,7 +77,7 @@ def judge(views: list[dict], stall_s: float | None = None) -> dict:
         chains[r] = chain
         roots.setdefault(chain[-1], []).append(r)
     blamed = {r: k for r, k in terminal.items() if k not in ("dropped",)}
-    if not chains and not any(k in KINDS[:3] for k in blamed.values()):  # nobody waits
+    if not chains and not any(k in KINDS[:4] for k in blamed.values()):  # nobody waits
         return {"kind": "none", "root": None, "lines": ["commrt: no stall: every rank runs."]}
     root = _pick_root(blamed, roots, chains)
     verdict = {
@@ -82,7 +85,10 @@ def judge(views: list[dict], stall_s: float | None = None) -> dict:
         "root": root,
         "host": by_rank[root]["host"] if root is not None else None,
         "pid": by_rank[root].get("pid") if root is not None else None,
-        "waiting": sorted(roots.get(root, [])) if root is not None else sorted(chains),
+        # a rank that waits on all (a barrier) waits on the root too
+        "waiting": sorted(roots.get(root, []) + _on_all(roots, by_rank))
+        if root is not None
+        else sorted(chains),
         "chain": _longest(chains, root),
         "others": {str(r): k for r, k in sorted(blamed.items()) if r != root},
         "dropped": sorted(r for r, k in terminal.items() if k == "dropped"),
@@ -140,6 +146,11 @@ def _follow(rank: int, by_rank: dict, terminal: dict) -> list[int]:
     return chain
 
 
+def _on_all(roots: dict, by_rank: dict) -> list[int]:
+    """The ranks whose chain ends in no peer: they wait on every rank (a barrier)."""
+    return [r for r in roots.get(None, []) if by_rank[r]["position"].get("peer") is None]
+
+
 def _pick_root(blamed: dict, roots: dict, chains: dict) -> int | None:
     """The root with the most waiters; a tie goes to the most decisive kind, then the
     lowest rank. None where every chain loops (no rank holds the others)."""
@@ -180,6 +191,7 @@ def call_text(position: dict) -> str:
     if p.get("kind") is None:
         return "no collective yet"
     extra = [f"{p.get('algorithm')}", f"{p.get('numel')} × {p.get('dtype')}"]
+    extra = [] if p["kind"] == "barrier" else extra
     if p.get("sync_step") is not None:
         extra.append(f"GradientSync step {p['sync_step']}")
     if p.get("bucket") is not None:
@@ -211,6 +223,8 @@ def _cause(kind: str, view: dict, common: tuple | None, by_rank: dict) -> list[s
         return [who + "DEAD:", f"  its process is gone; last heartbeat {idle_txt} ago."]
     if kind == "stopped":
         return [who + "STOPPED (SIGSTOP):", "  alive but not scheduled."]
+    if kind == "lost":
+        return [who + "LOST: no heartbeat", f"  for {idle_txt} (dead or stopped, on another host)."]
     if kind == "silent":
         return [who + "NOT ANSWERING:", f"  alive; last heartbeat {idle_txt} ago."]
     if kind == "user code":
@@ -249,7 +263,8 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
         )  # fmt: skip
     if verdict["waiting"] and root is not None:
         sample = by_rank[verdict["waiting"][0]].get("position", {})
-        lines.append(f"waiting for it: {ranks_text(verdict['waiting'])}, in {call_text(sample)}")
+        lines.append(f"waiting for it: {ranks_text(verdict['waiting'])}, in")
+        lines.append(f"  {call_text(sample)}")
         if len(verdict["chain"]) > 2:
             lines.append("chain of waits: " + " -> ".join(f"rank {r}" for r in verdict["chain"]))
     for r, kind in verdict["others"].items():
@@ -257,13 +272,14 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
     if verdict["dropped"]:
         lines.append(f"dropped by backup workers (not a hang): {ranks_text(verdict['dropped'])}.")
     lines.append("next: " + advice)
-    return [w for line in lines for w in _wrap(line)]
+    return [w for line in lines for w in wrap(line)]
 
 
-def _wrap(line: str) -> list[str]:
-    """``line`` wrapped at :data:`WIDTH`, never inside a `quoted command`."""
-    if len(line) <= WIDTH:
-        return [line]
+def wrap(line: str) -> list[str]:
+    """``line`` wrapped at :data:`WIDTH`, never inside a `quoted command` (printed without
+    its quotes)."""
+    if len(line.replace("`", "")) <= WIDTH:
+        return [line.replace("`", "")]
     parts = line.split("`")
     keep = "".join(p.replace(" ", NBSP) if i % 2 else p for i, p in enumerate(parts))
     indent = " " * (len(line) - len(line.lstrip()) + 4)

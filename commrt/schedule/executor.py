@@ -398,18 +398,24 @@ class Executor:
         if transport.stream_ordered:
             return self._run_ordered(bound, buf, transport, timeout, average, bucket, tracer)
         run_step = _run_step
-        if tracer is None:
-            for step in bound.steps:
-                pos.step = step[0]
-                run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
-        else:
-            for step in bound.steps:
-                sp = pos.step = step[0]
-                with tracer.span(
-                    f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
-                ):
+        try:
+            if tracer is None:
+                for step in bound.steps:
+                    pos.step = step[0]
                     run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
-        pos.step = None  # left set by an error: the rank is still where it failed
+            else:
+                for step in bound.steps:
+                    sp = pos.step = step[0]
+                    with tracer.span(
+                        f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
+                    ):
+                        run_step(
+                            step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s
+                        )
+            pos.step = None
+        finally:
+            if pos.step is not None:  # an error: kept for the verdict, out of the call now
+                pos.failed, pos.step = (pos.runs, pos.step), None
         if average and bound.divisor > 1:
             buf.div_(bound.divisor)
         return bound.sent_bytes

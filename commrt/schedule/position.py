@@ -13,11 +13,20 @@ when it stops changing. :meth:`Position.describe` turns it into plain data
 from __future__ import annotations
 
 
+class _Barrier:
+    """The one "step" of a barrier: every rank waits on all, so no single peer is named."""
+
+    index, recvs, sends = 0, (), ()
+
+
+BARRIER = _Barrier()
+
+
 class Position:
     """One rank's place in its collectives (module docs). Written by one thread at a time
     (whoever runs the schedule); read by the stall watch, which tolerates a torn read."""
 
-    __slots__ = ("run", "step", "bucket", "torch_op", "runs")
+    __slots__ = ("run", "step", "bucket", "torch_op", "runs", "failed")
 
     def __init__(self):
         #: the executor's key of the run begun last: (schedule, data_ptr, numel, dtype, ...)
@@ -30,19 +39,30 @@ class Position:
         self.torch_op: str | None = None
         #: runs begun (a counter the watch compares; wraps never in practice)
         self.runs = 0
+        #: (run count, plan step) where the last run that raised was
+        self.failed: tuple | None = None
+
+    def barrier(self) -> None:
+        """A barrier begins (the transport's own: no schedule); ``step = None`` ends it."""
+        self.run, self.bucket, self.runs, self.step = None, None, self.runs + 1, BARRIER
 
     def mark(self) -> tuple:
         """What changes whenever this rank makes progress: the run count and the step."""
         return (self.runs, id(self.step))
 
-    def describe(self) -> dict:
+    def describe(self, failed: bool = False) -> dict:
         """The position as plain data: the call (kind, algorithm, numel, dtype), the step
         and the peer it waits on (its first receive's, else its first send's), the bucket
-        and torch op; ``in_call`` says whether a schedule is running now."""
+        and torch op; ``in_call`` says whether a schedule is running now, or, ``failed``,
+        whether the last run raised (the rank dies of that error: it is where it failed)."""
         run, step = self.run, self.step
+        if step is None and failed and self.failed is not None and self.failed[0] == self.runs:
+            step = self.failed[1]
         out: dict = {"in_call": step is not None, "runs": self.runs, "bucket": self.bucket}
         out["torch_op"] = self.torch_op
-        if run is not None:
+        if step is BARRIER:
+            out.update(kind="barrier", algorithm="transport", numel=0, dtype="-")
+        elif run is not None:
             schedule = run[0]
             out["kind"] = schedule.collective.value
             out["algorithm"] = schedule.name

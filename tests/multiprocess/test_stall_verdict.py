@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers.mp import GlooJob, mpiexec
+from helpers.mp import TESTS, GlooJob, mpiexec
 
 STALL_S = "2"
 #: seconds the job gets before its ranks are killed (a loaded 2-core machine starts 4 torch
@@ -20,13 +20,22 @@ BOUND_S = 120
 VERDICT = "commrt stall verdict (the same on every rank):"
 
 
-def run(case: str, tmp_path, culprit_stops: bool = False):
+def line_of(script: str, text: str) -> int:
+    """The line of ``tests/workers/<script>`` that holds ``text``."""
+    with open(os.path.join(TESTS, "workers", script)) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line)
+
+
+#: where load_next_batch hangs in the gloo/MPI worker
+HANG = f"verdict_worker.py:{line_of('verdict_worker.py', 'a data loader that hangs')} in load_next_batch"
+
+
+def run(case: str, tmp_path, culprit_stops: bool = False, script: str = "verdict_worker.py"):
     """Run the case; return (exit codes, outputs, dump folder). A rank that stopped itself
     is killed once the others ended (as a launcher would)."""
     dump = tmp_path / f"dump-{case}"
-    job = GlooJob(
-        "verdict_worker.py", [case], 4, env={"COMMRT_STALL_S": STALL_S, "COMMRT_DUMP": str(dump)}
-    )
+    env = {"COMMRT_STALL_S": STALL_S, "COMMRT_DUMP": str(dump)}
+    job = GlooJob(script, [case], 4, env=env)
     for r in range(4):
         job.start(r)
     live = job.procs[:3] if culprit_stops else job.procs
@@ -50,15 +59,21 @@ def run(case: str, tmp_path, culprit_stops: bool = False):
 
 
 def verdict_of(out: str) -> str:
+    """The verdict's lines in ``out``: from its head to its "next:" paragraph's end."""
     assert VERDICT in out, out
-    text = out[out.index(VERDICT) :]
-    return text[: text.index("commrt: rank")]  # up to the line that ends the job
+    lines = out[out.index(VERDICT) :].splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("next:"))
+    while end + 1 < len(lines) and lines[end + 1].startswith("    "):
+        end += 1
+    return "\n".join(lines[: end + 1])
 
 
 def one_verdict(outs) -> str:
+    """The verdict every output holds, the same everywhere, its lines joined by spaces (the
+    text wraps at 80 columns)."""
     verdicts = {verdict_of(o) for o in outs}
     assert len(verdicts) == 1, "\n----\n".join(verdicts)
-    return verdicts.pop()
+    return " ".join(verdicts.pop().split())
 
 
 def test_a_rank_in_user_code_is_named_with_load_next_batch_and_its_line(tmp_path):
@@ -66,14 +81,22 @@ def test_a_rank_in_user_code_is_named_with_load_next_batch_and_its_line(tmp_path
     assert codes == [1, 1, 1, 1]
     v = one_verdict(outs)
     assert "rank 3 " in v and "IN USER CODE" in v
-    assert "verdict_worker.py:26 in load_next_batch" in v, v
-    assert "waiting for it: ranks 0-2" in v
+    assert HANG in v, v
+    assert "waiting for it: ranks 0-2, in all_reduce" in v
     # the post-mortem: commrt diagnose prints the same verdict from the files alone
     cmd = [sys.executable, "-m", "commrt", "diagnose", str(dump)]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
-    assert again.stdout.startswith(v), again.stdout
+    assert " ".join(again.stdout.split()).startswith(v), again.stdout
     assert sorted(os.listdir(dump)) == [f"rank{r}.json" for r in range(4)]
+
+
+def test_ranks_in_a_barrier_wait_on_the_rank_in_user_code(tmp_path):
+    codes, outs, _ = run("barrier", tmp_path)
+    assert codes == [1, 1, 1, 1]
+    v = one_verdict(outs)
+    assert "rank 3 " in v and "IN USER CODE" in v and HANG in v, v
+    assert "waiting for it: ranks 0-2, in barrier" in v
 
 
 def test_a_stopped_rank_is_named_stopped(tmp_path):
@@ -114,6 +137,31 @@ def test_ranks_merely_slower_than_each_other_are_never_blamed(tmp_path):
     assert not dump.exists()
 
 
+def test_under_ddp_on_backend_commrt_the_rank_in_its_data_loader_is_named(tmp_path):
+    codes, outs, _ = run("ddp", tmp_path, script="verdict_ddp_worker.py")
+    assert codes == [1, 1, 1, 1]
+    v = one_verdict(outs)
+    hang = line_of("verdict_ddp_worker.py", "a data loader that hangs")
+    assert "rank 3 " in v and f"verdict_ddp_worker.py:{hang} in load_next_batch" in v, v
+    assert "torch allreduce(sum)" in v and "waiting for it: ranks 0-2" in v
+
+
+def test_under_gradientsync_the_verdict_names_the_step_and_the_culprit(tmp_path):
+    codes, outs, _ = run("ring", tmp_path, script="verdict_sync_worker.py")
+    assert codes == [1, 1, 1, 1]
+    v = one_verdict(outs)
+    assert "rank 3 " in v and "in load_next_batch" in v and "GradientSync step 3" in v, v
+
+
+@pytest.mark.parametrize("case", ["late", "dead"])
+def test_under_backup_workers_a_late_or_dead_rank_is_dropped_not_blamed(case, tmp_path):
+    codes, outs, dump = run(case, tmp_path, script="verdict_sync_worker.py")
+    assert codes[:3] == [0, 0, 0], "\n".join(outs)
+    assert codes[3] == (0 if case == "late" else -signal.SIGKILL)
+    assert not any(VERDICT in o for o in outs) and not dump.exists()
+    assert all("finished" in o for o in outs[:3])
+
+
 # -- over MPI: one output stream for the job (mpiexec's); the mpich wheel kills every rank
 # when one dies, so the dead-rank case is gloo's alone (above)
 
@@ -121,7 +169,7 @@ def test_ranks_merely_slower_than_each_other_are_never_blamed(tmp_path):
 @pytest.mark.parametrize(
     "case, live, named",
     [
-        ("user", 4, ["rank 3 ", "IN USER CODE", "verdict_worker.py:26 in load_next_batch"]),
+        ("user", 4, ["rank 3 ", "IN USER CODE", HANG]),
         ("stop", 3, ["rank 3 ", "STOPPED (SIGSTOP)"]),
         ("other", 4, ["rank 2 ", "IN ANOTHER COLLECTIVE", "broadcast ("]),
         ("chain", 4, ["rank 3 ", "chain of waits: rank 0 -> rank 1 -> rank 2 -> rank 3"]),
@@ -135,5 +183,6 @@ def test_over_mpi_every_live_rank_prints_the_same_verdict(case, live, named):
     assert out.count(VERDICT) == live, out
     causes = {line for line in out.splitlines() if line.startswith("root cause:")}
     assert len(causes) == 1, causes
+    flat = " ".join(out.split())
     for text in named:
-        assert text in out, out
+        assert text in flat, out

@@ -50,7 +50,7 @@ def test_a_chain_of_waits_is_followed_to_its_root():
 
 
 def test_stopped_and_dead_ranks_are_judged_from_what_the_others_saw():
-    for state, word in (("stopped", "STOPPED"), ("dead", "DEAD")):
+    for state, word in (("stopped", "STOPPED"), ("dead", "DEAD"), ("lost", "LOST")):
         v = judge([waiting(0, 2), waiting(1, 0), absent(2, state), waiting(3, 2)])
         assert (v["kind"], v["root"], v["waiting"]) == (state, 2, [0, 1, 3])
         assert word in text(v)
@@ -106,3 +106,10 @@ def test_ranks_text():
     assert ranks_text([3]) == "rank 3"
     assert ranks_text([0, 1, 2, 5]) == "ranks 0-2,5"
     assert ranks_text([0, 1, 3]) == "ranks 0,1,3"
+
+
+def test_ranks_in_a_barrier_wait_on_the_rank_that_is_not_there():
+    views = [waiting(r, None, kind="barrier", algorithm="transport") for r in range(3)]
+    v = judge(views + [idle(3)])
+    assert (v["kind"], v["root"], v["waiting"]) == ("user code", 3, [0, 1, 2])
+    assert "in barrier (call 7)" in " ".join(text(v).split())

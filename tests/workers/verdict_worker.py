@@ -3,6 +3,7 @@
 Cases (rank 3 is the culprit unless said): ``user`` sleeps in
 ``load_next_batch``; ``stop`` stops itself (SIGSTOP); ``kill`` kills itself
 (SIGKILL); ``other``: rank 2 calls broadcast while the others all-reduce;
+``barrier``: like ``user``, the others in a barrier;
 ``chain``: rank 3 in user code while the others run a ring in reverse order
 (rank r receives from r+1: 2 waits on 3, 1 on 2, 0 on 1); ``slow``: 20
 iterations with random compute delays shorter than the stall watch, no
@@ -39,8 +40,10 @@ def main(case: str, backend: str) -> None:
         for _ in range(20):
             time.sleep(rng.uniform(0, stall_s / 2))
             commrt.all_reduce(t, comm, algorithm="ring")
-    elif case == "user" and rank == culprit:
+    elif case in ("user", "barrier") and rank == culprit:
         load_next_batch(300)
+    elif case == "barrier":
+        comm.barrier()
     elif case == "stop" and rank == culprit:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif case == "kill" and rank == culprit:

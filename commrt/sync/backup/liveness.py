@@ -157,9 +157,13 @@ class Liveness:
             target=self._run, name=f"commrt-backup-hb-r{rank}", daemon=True
         )
 
-    def start(self) -> None:
-        """Beat once now (a rank that finished setting up has beaten), then in the thread."""
+    def start(self, stall=None) -> None:
+        """Beat once now (a rank that finished setting up has beaten), then in the thread.
+        ``stall``: the communicator's stall watch (commrt.runtime.stall), told which ranks
+        are dropped, so that a stall verdict reports them as dropped, never as hung."""
         self.store.add(Keys.heartbeat(self.rank, self.incarnation), 1)
+        if stall is not None:
+            stall.drops(lambda: self.missing)
         self._thread.start()
 
     def stop(self) -> None:

@@ -150,7 +150,7 @@ class BackupPolicy(Policy):
         self.liveness = Liveness(
             self.cs, space, store, self.rank, self.p, alg.dead_after_s, self.timeout, inc
         )
-        self.liveness.start()
+        self.liveness.start(comm.stall)
         if rejoined:
             announce(store, self.rank, inc, self.p)
             self.role = Role.JOINING

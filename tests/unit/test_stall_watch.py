@@ -1,0 +1,95 @@
+"""The stall watch's pieces without a job: its setting, process states, which frames are
+the user's, and the judge on one store where a rank never answered (commrt.runtime.stall)."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from commrt.runtime import stall
+from commrt.runtime.stall import StallWatch, process_state, stall_seconds
+from commrt.schedule.position import Position
+
+
+def test_the_stall_setting(monkeypatch):
+    monkeypatch.delenv(stall.STALL_ENV, raising=False)
+    assert stall_seconds() == stall.DEFAULT_STALL_S
+    assert stall_seconds(timeout=30.0) is None  # not shorter than the timeout: off
+    for off in ("0", "off"):
+        assert stall_seconds(off) is None
+    monkeypatch.setenv(stall.STALL_ENV, "2.5")
+    assert stall_seconds() == 2.5 and stall_seconds(7) == 7.0
+    with pytest.raises(ValueError, match="COMMRT_STALL_S"):
+        stall_seconds("soon")
+    with pytest.raises(ValueError, match="positive"):
+        stall_seconds("-3")
+
+
+def stop(child) -> str:
+    """SIGSTOP ``child``; its state once the kernel has stopped it (or after 20 s)."""
+    os.kill(child.pid, signal.SIGSTOP)
+    for _ in range(400):  # a loaded machine may take a moment to deliver it
+        if process_state(child.pid) == "T":
+            break
+        time.sleep(0.05)
+    return process_state(child.pid)
+
+
+def test_process_states_tell_stopped_from_running_and_dead():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert process_state(child.pid) in ("R", "S")
+        assert stop(child) == "T"
+    finally:
+        child.kill()
+        child.wait()
+    assert process_state(child.pid) is None
+
+
+def test_user_frames_are_neither_commrt_nor_torch_nor_the_standard_library():
+    assert stall.is_user(__file__)
+    assert not stall.is_user(stall.__file__)
+    assert not stall.is_user(torch.__file__)
+    assert not stall.is_user(json.__file__)
+    assert not stall.is_user("<frozen importlib._bootstrap>")
+
+
+def _watch(store, rank, world_size=2):
+    dep = types.SimpleNamespace(calls=3, sync_steps=0, in_sync=False)
+    return StallWatch(lambda: store, rank, world_size, Position(), dep, 2.0)
+
+
+def test_the_judge_names_a_stopped_rank_from_its_heartbeat_and_its_process():
+    store = dist.HashStore()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert stop(child) == "T"
+        judge = _watch(store, 0)
+        judge.beat()
+        # rank 1's last heartbeat, from a process that is now stopped on this host
+        beat = {"beat": 1, "time": 0.0, "host": judge.host, "pid": child.pid, "position": {}}
+        store.set("beat/1", json.dumps(beat))
+        store.set("view/0", json.dumps(judge.view("test")))
+        verdict = judge.judge_views(store)
+    finally:
+        child.kill()
+        child.wait()
+    assert verdict["root"] == 1 and verdict["kind"] == "stopped"
+    assert [v["state"] for v in verdict["views"]] == ["published", "stopped"]
+    assert verdict["views"][0]["stack"][-1][2] == "view"  # the main thread's own stack
+
+
+def test_a_dropped_rank_is_reported_dropped():
+    store = dist.HashStore()
+    judge = _watch(store, 0)
+    judge.drops(lambda: {1})
+    judge.beat()
+    store.set("view/0", json.dumps(judge.view("test")))
+    verdict = judge.judge_views(store)
+    assert verdict["views"][1]["state"] == "dropped" and verdict["kind"] == "none"
