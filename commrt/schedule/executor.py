@@ -244,8 +244,7 @@ class Executor:
 
     @property
     def last_schedule(self) -> Schedule | None:
-        """The schedule of the last run (None before any): the algorithm its caller
-        reports (:mod:`commrt.distributed.observe`)."""
+        """The last run's schedule (None before any): what its caller reports ran."""
         return None if self._last is None else self._last[0]
 
     def bind(
@@ -476,9 +475,7 @@ def _run_step(
             if not pend.wait_send(j, deadline):
                 _timeout(prepared, "send", sp.sends[j].peer, sp, schedule, timeout, bucket)
         pend.finish()
-    except (
-        PeerClosedError
-    ) as e:  # a peer that left (commrt.runtime.departures): say where we waited
+    except PeerClosedError as e:  # a peer that left (commrt.runtime.departures): say where
         where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
         raise e.at(where.describe()) from None
     except CommError:
@@ -494,10 +491,5 @@ def _timeout(
     prepared: Prepared, what: str, peer: int, sp: StepPlan, schedule: Schedule, timeout: float,
     bucket,
 ) -> None:  # fmt: skip
-    raise timeout_error(
-        prepared.transport.rank,
-        what,
-        peer,
-        timeout,
-        Where(schedule.name, sp.index, schedule.num_steps, bucket),
-    )
+    where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
+    raise timeout_error(prepared.transport.rank, what, peer, timeout, where)
