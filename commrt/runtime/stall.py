@@ -350,10 +350,35 @@ def _store_address(comm):
         return None
     world = _mpi_world()
     host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    if not _reachable(world, bool(os.environ.get("MASTER_ADDR"))):
+        return None
     # MPI's rank 0 hosts it (a torch.distributed group may number the ranks otherwise)
     server = serve(host, 0, comm.timeout) if world.Get_rank() == 0 else None
     port = int(_bcast_text(world, str(server.port) if server is not None else ""))
     return _bcast_text(world, host), port, server
+
+
+def _reachable(world, addressed: bool) -> bool:
+    """Whether every rank can reach the store rank 0 hosts (agreed by all): not when ranks
+    span hosts and ``MASTER_ADDR`` is unset (``addressed`` False: the loopback address
+    would be another machine's). Rank 0 then says once that the job runs without a watch."""
+    import numpy as np
+
+    from commrt.runtime.rendezvous import _bcast_text
+    from commrt.transports.mpi import _mpi
+
+    same_host = _bcast_text(world, socket.gethostname()) == socket.gethostname()
+    here = addressed or same_host
+    ok = np.array([int(here)], dtype=np.int32)
+    world.Allreduce(_mpi().IN_PLACE, [ok, _mpi().INT], op=_mpi().MIN)
+    if not ok[0] and world.Get_rank() == 0:
+        print(
+            "commrt: no stall watch: the ranks span hosts and MASTER_ADDR is unset; set it "
+            "to rank 0's address for the verdict (docs/stalls.md)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return bool(ok[0])
 
 
 def _client(host: str, port: int, timeout: float):
