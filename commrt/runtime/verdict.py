@@ -193,12 +193,12 @@ def call_text(position: dict) -> str:
     extra = [f"{p.get('algorithm')}", f"{p.get('numel')} × {p.get('dtype')}"]
     extra = [] if p["kind"] == "barrier" else extra
     if p.get("sync_step") is not None:
-        extra.append(f"GradientSync step {p['sync_step']}")
+        extra.append(f"GradientSync step{NBSP}{p['sync_step']}")
     if p.get("bucket") is not None:
-        extra.append(f"bucket {p['bucket']}")
+        extra.append(f"bucket{NBSP}{p['bucket']}")
     if p.get("torch_op"):
         extra.append(f"torch {p['torch_op']}")
-    extra.append(f"call {p.get('seq')}")
+    extra.append(f"call{NBSP}{p.get('seq')}")  # a number stays with its word (wrap)
     return f"{p['kind']} ({', '.join(extra)})"
 
 
@@ -277,9 +277,9 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
 
 def wrap(line: str) -> list[str]:
     """``line`` wrapped at :data:`WIDTH`, never inside a `quoted command` (printed without
-    its quotes)."""
+    its quotes) nor at a no-break space (printed as a space)."""
     if len(line.replace("`", "")) <= WIDTH:
-        return [line.replace("`", "")]
+        return [line.replace("`", "").replace(NBSP, " ")]
     parts = line.split("`")
     keep = "".join(p.replace(" ", NBSP) if i % 2 else p for i, p in enumerate(parts))
     indent = " " * (len(line) - len(line.lstrip()) + 4)

@@ -113,3 +113,15 @@ def test_ranks_in_a_barrier_wait_on_the_rank_that_is_not_there():
     v = judge(views + [idle(3)])
     assert (v["kind"], v["root"], v["waiting"]) == ("user code", 3, [0, 1, 2])
     assert "in barrier (call 7)" in " ".join(text(v).split())
+
+
+def test_a_call_number_stays_with_its_word_when_a_line_wraps():
+    from commrt.runtime.verdict import wrap
+
+    long = (
+        "  all_reduce (auto:recursive_doubling, 650 × float32, torch allreduce(sum), call\u00a027)"
+    )
+    lines = wrap(long)
+    assert len(lines) == 2 and lines[1].strip() == "call 27)", lines
+    assert all(len(x) <= 80 and "\u00a0" not in x for x in lines), lines
+    assert wrap("in barrier (call\u00a07)") == ["in barrier (call 7)"]
