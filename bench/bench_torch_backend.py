@@ -28,6 +28,12 @@ in the same processes.
   (every thread) per step, and wall time over gloo's. On 2 shared cores a
   step's wall time follows its CPU time. ``communication``: commrt's step
   minus DDP without communication, over gloo's (goal ≤ 0.4 at 2 ranks).
+  It measures the steady state: before the alternated rounds the commrt
+  variant steps on its own until ``auto`` has settled every bucket size
+  (:func:`settle`; while it learns, ``auto`` times runners-up such as
+  recursive doubling, which sends the whole bucket at 2 ranks), at most
+  ``SETTLE_STEPS`` steps. ``COMMRT_ALGORITHM=ring`` measures without
+  learning at all.
 * ``test_small_mlp_alternated``: 300 DDP steps of a 32-64-10 MLP (one
   11 kB bucket a step: latency-bound) a turn, commrt and gloo alternated
   turn by turn. Goal: commrt ≤ 1.0× gloo at 2 ranks.
@@ -49,7 +55,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import commrt  # noqa: F401  (registers the backend)
+import commrt  # registers the backend
+import commrt.distributed
 from commrt.cli.launch import already_launched, free_port
 
 pytestmark = pytest.mark.skipif(
@@ -59,6 +66,10 @@ pytestmark = pytest.mark.skipif(
 
 ROUNDS, ITERS = 5, 2
 ALTERNATED_ROUNDS = 10
+#: at most this many warm-up steps for ``auto`` to settle (:func:`settle`)
+SETTLE_STEPS = 48
+#: steps in a row in which every all-reduce size ran one schedule: settled
+SETTLED_RUN = 6
 
 
 def init_commrt():
@@ -92,6 +103,38 @@ def init_commrt_over_mpi():
 def groups():
     yield {"commrt": None, "gloo": init_commrt()}
     dist.destroy_process_group()
+
+
+def _schedules_ran() -> dict:
+    """Per all-reduce (op, size, dtype) of the default commrt group: calls per schedule."""
+    return {k: dict(e.ran) for k, e in commrt.distributed.stats().entries.items()
+            if e.op.startswith("allreduce")}  # fmt: skip
+
+
+def settle(step, reference) -> int:
+    """Run ``step`` (a DDP step on the default commrt group) until ``auto`` has settled:
+    two blocks of ``SETTLED_RUN`` steps in a row in which each all-reduce size ran one
+    schedule, the same in both (a trial may run one candidate for a whole block), at most
+    ``SETTLE_STEPS`` steps. Every rank agrees through ``reference`` (a gloo group) when
+    to stop. Returns the steps run."""
+    done, last = 0, None
+    while done < SETTLE_STEPS:
+        before = _schedules_ran()
+        for _ in range(SETTLED_RUN):
+            step()
+        done += SETTLED_RUN
+        block = {
+            key: {name for name, n in ran.items() if n != before.get(key, {}).get(name, 0)}
+            for key, ran in _schedules_ran().items()
+        }
+        steady = last is not None and all(len(ran) <= 1 for ran in block.values())
+        steady = steady and all(ran <= last.get(key, ran) for key, ran in block.items())
+        last = block
+        flag = torch.tensor([int(not steady)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=reference)
+        if not flag.item():
+            break
+    return done
 
 
 def _batch():
@@ -144,10 +187,13 @@ def test_ddp_step_alternated(benchmark, record_bandwidth, groups):
         return step
 
     variants = ("local", "ddp_nocomm", "commrt", "gloo")
-    turns = Alternated({v: stepper(v) for v in variants}, lambda: dist.barrier(groups["gloo"]))
+    steps = {v: stepper(v) for v in variants}
+    benchmark.extra_info["settle_steps"] = settle(steps["commrt"], groups["gloo"])
+    turns = Alternated(steps, lambda: dist.barrier(groups["gloo"]))
     p = dist.get_world_size()
     benchmark.group = f"DDP step, alternated, MLP 25M params, {p} ranks"
     turns.run(benchmark, ALTERNATED_ROUNDS)
+    benchmark.extra_info["schedules_ran"] = {str(k): v for k, v in _schedules_ran().items()}
     group = f"DDP step, alternated step by step (MLP 25M, {p} ranks)"
     turns.record(benchmark, record_bandwidth, group, "100MB", ref="gloo")
     # what each backend's communication costs: its step beyond DDP without communication
