@@ -41,6 +41,10 @@ in the same processes.
   bucket size) on the commrt group and on the gloo group, alternated call
   by call the same way, with wall and CPU time: what commrt can save
   inside a DDP step, where a lone call's wall time does not say it.
+* ``test_all_reduce_floor``: the floor under those figures, MPI only (under
+  mpiexec): one 25 MB and one 100 MB all-reduce by mpi4py's ``Allreduce``,
+  by gloo, and by ``commrt.all_reduce`` with ring, recursive doubling and
+  halving-doubling forced, alternated call by call, wall and CPU time.
 * ``test_fsdp_step``: the same MLP under FSDP2 (``fully_shard`` per layer):
   all-gathers in forward and backward, reduce-scatters in backward.
 """
@@ -247,6 +251,42 @@ def test_all_reduce_alternated(benchmark, record_bandwidth, groups):
     turns.run(benchmark, 3 * ALTERNATED_ROUNDS)
     group = f"one 25 MB all_reduce, alternated call by call ({p} ranks)"
     turns.record(benchmark, record_bandwidth, group, "25MB", ref="gloo", what="call")
+
+
+FLOOR_IMPLS = ("mpi_allreduce", "gloo", "ring", "recursive_doubling", "halving_doubling")
+
+
+@pytest.mark.parametrize("mb", [25, 100])
+def test_all_reduce_floor(benchmark, record_bandwidth, groups, mb):
+    """What a large all-reduce costs at the least on these ranks: mpi4py's ``Allreduce``
+    (numpy), gloo's ``dist.all_reduce`` and ``commrt.all_reduce`` with each algorithm forced,
+    on one buffer, alternated call by call (issue 42's floor: one DDP bucket, and the MLP's
+    100 MB of gradients in one call)."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        pytest.skip("the floor compares MPI_Allreduce: run under mpiexec")
+    if MPI.COMM_WORLD.Get_size() != dist.get_world_size():
+        pytest.skip("the floor compares MPI_Allreduce: run under mpiexec")
+    t = torch.zeros(mb * 2**20 // 4)  # zeros: a sum repeated in place stays finite
+    comm = commrt.init(backend="mpi")
+    world, a = MPI.COMM_WORLD, t.numpy()
+
+    def forced(alg):
+        return lambda: commrt.all_reduce(t, comm, algorithm=alg, op="sum")
+
+    calls = {
+        "mpi_allreduce": lambda: world.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM),
+        "gloo": lambda: dist.all_reduce(t, group=groups["gloo"]),
+        **{alg: forced(alg) for alg in FLOOR_IMPLS[2:]},
+    }
+    turns = Alternated(calls, world.Barrier)
+    p = dist.get_world_size()
+    benchmark.group = f"all_reduce {mb} MB floor, alternated, {p} ranks"
+    turns.run(benchmark, 3 * ALTERNATED_ROUNDS)
+    group = f"one {mb} MB all_reduce: the floor, alternated call by call ({p} ranks)"
+    turns.record(benchmark, record_bandwidth, group, f"{mb}MB", ref="gloo", what="call")
+    comm.close()
 
 
 @pytest.mark.parametrize("impl", ["commrt", "gloo"])
