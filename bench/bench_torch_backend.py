@@ -28,6 +28,12 @@ in the same processes.
   (every thread) per step, and wall time over gloo's. On 2 shared cores a
   step's wall time follows its CPU time. ``communication``: commrt's step
   minus DDP without communication, over gloo's (goal ≤ 0.4 at 2 ranks).
+  It measures the steady state: before the alternated rounds the commrt
+  variant steps on its own until ``auto`` has settled every bucket size
+  (:func:`settle`; while it learns, ``auto`` times runners-up such as
+  recursive doubling, which sends the whole bucket at 2 ranks), at most
+  ``SETTLE_STEPS`` steps. ``COMMRT_ALGORITHM=ring`` measures without
+  learning at all.
 * ``test_small_mlp_alternated``: 300 DDP steps of a 32-64-10 MLP (one
   11 kB bucket a step: latency-bound) a turn, commrt and gloo alternated
   turn by turn. Goal: commrt ≤ 1.0× gloo at 2 ranks.
@@ -35,10 +41,15 @@ in the same processes.
   bucket size) on the commrt group and on the gloo group, alternated call
   by call the same way, with wall and CPU time: what commrt can save
   inside a DDP step, where a lone call's wall time does not say it.
+* ``test_all_reduce_floor``: the floor under those figures, MPI only (under
+  mpiexec): one 25 MB and one 100 MB all-reduce by mpi4py's ``Allreduce``,
+  by gloo, and by ``commrt.all_reduce`` with ring, recursive doubling and
+  halving-doubling forced, alternated call by call, wall and CPU time.
 * ``test_fsdp_step``: the same MLP under FSDP2 (``fully_shard`` per layer):
   all-gathers in forward and backward, reduce-scatters in backward.
 """
 
+import os
 import statistics
 
 import pytest
@@ -49,7 +60,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import commrt  # noqa: F401  (registers the backend)
+import commrt  # registers the backend
+import commrt.distributed
 from commrt.cli.launch import already_launched, free_port
 
 pytestmark = pytest.mark.skipif(
@@ -59,6 +71,10 @@ pytestmark = pytest.mark.skipif(
 
 ROUNDS, ITERS = 5, 2
 ALTERNATED_ROUNDS = 10
+#: at most this many warm-up steps for ``auto`` to settle (:func:`settle`)
+SETTLE_STEPS = 48
+#: steps in a row in which every all-reduce size ran one schedule: settled
+SETTLED_RUN = 6
 
 
 def init_commrt():
@@ -92,6 +108,38 @@ def init_commrt_over_mpi():
 def groups():
     yield {"commrt": None, "gloo": init_commrt()}
     dist.destroy_process_group()
+
+
+def _schedules_ran() -> dict:
+    """Per all-reduce (op, size, dtype) of the default commrt group: calls per schedule."""
+    return {k: dict(e.ran) for k, e in commrt.distributed.stats().entries.items()
+            if e.op.startswith("allreduce")}  # fmt: skip
+
+
+def settle(step, reference) -> int:
+    """Run ``step`` (a DDP step on the default commrt group) until ``auto`` has settled:
+    two blocks of ``SETTLED_RUN`` steps in a row in which each all-reduce size ran one
+    schedule, the same in both (a trial may run one candidate for a whole block), at most
+    ``SETTLE_STEPS`` steps. Every rank agrees through ``reference`` (a gloo group) when
+    to stop. Returns the steps run."""
+    done, last = 0, None
+    while done < SETTLE_STEPS:
+        before = _schedules_ran()
+        for _ in range(SETTLED_RUN):
+            step()
+        done += SETTLED_RUN
+        block = {
+            key: {name for name, n in ran.items() if n != before.get(key, {}).get(name, 0)}
+            for key, ran in _schedules_ran().items()
+        }
+        steady = last is not None and all(len(ran) <= 1 for ran in block.values())
+        steady = steady and all(ran <= last.get(key, ran) for key, ran in block.items())
+        last = block
+        flag = torch.tensor([int(not steady)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=reference)
+        if not flag.item():
+            break
+    return done
 
 
 def _batch():
@@ -144,10 +192,13 @@ def test_ddp_step_alternated(benchmark, record_bandwidth, groups):
         return step
 
     variants = ("local", "ddp_nocomm", "commrt", "gloo")
-    turns = Alternated({v: stepper(v) for v in variants}, lambda: dist.barrier(groups["gloo"]))
+    steps = {v: stepper(v) for v in variants}
+    benchmark.extra_info["settle_steps"] = settle(steps["commrt"], groups["gloo"])
+    turns = Alternated(steps, lambda: dist.barrier(groups["gloo"]))
     p = dist.get_world_size()
     benchmark.group = f"DDP step, alternated, MLP 25M params, {p} ranks"
     turns.run(benchmark, ALTERNATED_ROUNDS)
+    benchmark.extra_info["schedules_ran"] = {str(k): v for k, v in _schedules_ran().items()}
     group = f"DDP step, alternated step by step (MLP 25M, {p} ranks)"
     turns.record(benchmark, record_bandwidth, group, "100MB", ref="gloo")
     # what each backend's communication costs: its step beyond DDP without communication
@@ -201,6 +252,42 @@ def test_all_reduce_alternated(benchmark, record_bandwidth, groups):
     turns.run(benchmark, 3 * ALTERNATED_ROUNDS)
     group = f"one 25 MB all_reduce, alternated call by call ({p} ranks)"
     turns.record(benchmark, record_bandwidth, group, "25MB", ref="gloo", what="call")
+
+
+FLOOR_IMPLS = ("mpi_allreduce", "gloo", "ring", "recursive_doubling", "halving_doubling")
+
+
+@pytest.mark.parametrize("mb", [25, 100])
+def test_all_reduce_floor(benchmark, record_bandwidth, groups, mb):
+    """What a large all-reduce costs at the least on these ranks: mpi4py's ``Allreduce``
+    (numpy), gloo's ``dist.all_reduce`` and ``commrt.all_reduce`` with each algorithm forced,
+    on one buffer, alternated call by call (issue 42's floor: one DDP bucket, and the MLP's
+    100 MB of gradients in one call)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        pytest.skip("the floor compares MPI_Allreduce: run under mpiexec")
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.Get_size() != dist.get_world_size():
+        pytest.skip("the floor compares MPI_Allreduce: run under mpiexec")
+    t = torch.zeros(mb * 2**20 // 4)  # zeros: a sum repeated in place stays finite
+    comm = commrt.init(backend="mpi")
+    world, a = MPI.COMM_WORLD, t.numpy()
+
+    def forced(alg):
+        return lambda: commrt.all_reduce(t, comm, algorithm=alg, op="sum")
+
+    calls = {
+        "mpi_allreduce": lambda: world.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM),
+        "gloo": lambda: dist.all_reduce(t, group=groups["gloo"]),
+        **{alg: forced(alg) for alg in FLOOR_IMPLS[2:]},
+    }
+    turns = Alternated(calls, world.Barrier)
+    p = dist.get_world_size()
+    benchmark.group = f"all_reduce {mb} MB floor, alternated, {p} ranks"
+    turns.run(benchmark, 3 * ALTERNATED_ROUNDS)
+    group = f"one {mb} MB all_reduce: the floor, alternated call by call ({p} ranks)"
+    turns.record(benchmark, record_bandwidth, group, f"{mb}MB", ref="gloo", what="call")
+    comm.close()
 
 
 @pytest.mark.parametrize("impl", ["commrt", "gloo"])
