@@ -1,14 +1,18 @@
 """Issue 43: when a 4-rank gloo job stalls, every live rank prints the same verdict naming
 the root cause, and every process ends (tests/workers/verdict_worker.py).
 
-The stall watch is 2 s here (COMMRT_STALL_S). No timing is asserted: each job gets a
-generous bound, and a rank that had to be killed at that bound fails the test.
+The stall watch is 2 s here (COMMRT_STALL_S). Where a verdict is printed, every process
+must have ended within the stall watch plus :data:`VERDICT_WITHIN_S` of the moment the
+culprit stalled (it prints "stall from <time>"), the issue's promise; each job also gets
+a generous bound, and a rank that had to be killed at that bound fails the test.
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers.mp import TESTS, GlooJob, mpiexec
@@ -18,6 +22,8 @@ STALL_S = "2"
 #: processes slowly); a verdict needs the stall watch plus about 5 s
 BOUND_S = 120
 VERDICT = "commrt stall verdict (the same on every rank):"
+#: seconds past the stall watch by which every process of a stalled job has ended
+VERDICT_WITHIN_S = 10
 
 
 def line_of(script: str, text: str) -> int:
@@ -39,7 +45,7 @@ def run(case: str, tmp_path, culprit_stops: bool = False, script: str = "verdict
     for r in range(4):
         job.start(r)
     live = job.procs[:3] if culprit_stops else job.procs
-    outs, killed = [], []
+    outs, killed, culprit_out = [], [], ""
     try:
         for p in live:
             try:
@@ -48,13 +54,21 @@ def run(case: str, tmp_path, culprit_stops: bool = False, script: str = "verdict
                 killed.append(job.procs.index(p))
                 p.kill()
                 outs.append(p.communicate()[0])
+        ended = time.time()
     finally:
         for p in job.procs:
             if p.poll() is None:
                 p.kill()
         if culprit_stops:
-            job.procs[3].communicate()
+            culprit_out = job.procs[3].communicate()[0]
     assert not killed, f"ranks {killed} outlived the stall:\n" + "\n".join(outs)
+    if any(VERDICT in o for o in outs):
+        began = [float(x) for x in re.findall(r"stall from ([\d.]+)", "".join(outs) + culprit_out)]
+        assert began, "the culprit never said when it stalled:\n" + "\n".join(outs)
+        took = ended - min(began)
+        assert took <= float(STALL_S) + VERDICT_WITHIN_S, (
+            f"every rank ended {took:.1f} s after the stall"
+        )
     return [p.returncode for p in live], outs, dump
 
 
@@ -178,9 +192,11 @@ def test_under_backup_workers_a_late_or_dead_rank_is_dropped_not_blamed(case, tm
 def test_over_mpi_every_live_rank_prints_the_same_verdict(case, live, named):
     proc = mpiexec(4, "verdict_worker.py", case, "mpi", timeout=BOUND_S, check=False,
                    env={"COMMRT_STALL_S": STALL_S})  # fmt: skip
-    out = proc.stdout + proc.stderr
+    ended, out = time.time(), proc.stdout + proc.stderr
     assert proc.returncode != 0 and "finished" not in out, out
     assert out.count(VERDICT) == live, out
+    took = ended - float(re.search(r"stall from ([\d.]+)", out).group(1))
+    assert took <= float(STALL_S) + VERDICT_WITHIN_S, f"the job ended {took:.1f} s after the stall"
     causes = {line for line in out.splitlines() if line.startswith("root cause:")}
     assert len(causes) == 1, causes
     flat = " ".join(out.split())

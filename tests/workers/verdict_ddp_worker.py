@@ -13,6 +13,7 @@ import commrt  # noqa: F401  (registers the backend)
 
 def load_next_batch(step: int, rank: int, hang: bool) -> torch.Tensor:
     if hang:
+        print(f"stall from {time.time():.3f}", flush=True)  # the test's bound starts here
         time.sleep(300)  # a data loader that hangs
     return torch.randn(8, 16, generator=torch.Generator().manual_seed(step * 10 + rank))
 

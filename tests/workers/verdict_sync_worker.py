@@ -38,6 +38,8 @@ def main(case: str) -> None:
         if culprit and case == "dead":
             os.kill(os.getpid(), signal.SIGKILL)
         hang_s = 300 if case == "ring" else 3 * stall_s
+        if culprit and case == "ring":
+            print(f"stall from {time.time():.3f}", flush=True)  # the test's bound starts here
         x = load_next_batch(rank, step, hang_s if culprit else 0.1)
         model(x).square().mean().backward()
         sync.step(opt)

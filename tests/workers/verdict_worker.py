@@ -24,7 +24,13 @@ from commrt.algorithms import Ring
 
 
 def load_next_batch(seconds: float) -> None:
+    stall_from()
     time.sleep(seconds)  # a data loader that hangs
+
+
+def stall_from() -> None:
+    """Say when the stall begins: the test bounds the time to the verdict from here."""
+    print(f"stall from {time.time():.3f}", flush=True)
 
 
 def main(case: str, backend: str) -> None:
@@ -45,10 +51,13 @@ def main(case: str, backend: str) -> None:
     elif case == "barrier":
         comm.barrier()
     elif case == "stop" and rank == culprit:
+        stall_from()
         os.kill(os.getpid(), signal.SIGSTOP)
     elif case == "kill" and rank == culprit:
+        stall_from()
         os.kill(os.getpid(), signal.SIGKILL)
     elif case == "other" and rank == 2:
+        stall_from()
         commrt.broadcast(t, comm, root=0)
     elif case == "chain":
         if rank == culprit:
