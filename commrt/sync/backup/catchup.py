@@ -7,7 +7,7 @@
 after the optimizer step (so the state is the freshest there is), and
 while a rank waits for a step's arrivals: the first on-time rank to see a
 request claims it (atomic ``add``), copies its state into a send buffer
-(:func:`~commrt.sync.backup.snapshot.pack_snapshot`), publishes the
+(:func:`~commrt.sync.snapshot.pack_snapshot`), publishes the
 layout and starts non-blocking sends; later calls only check, through the
 store, whether the late rank has received it. On MPI and gloo the sends
 start at once (the engine holds them until the late rank posts its
@@ -73,9 +73,9 @@ from commrt.runtime.store import poll
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where, timeout_error
 from commrt.sync.backup.keys import Keys
-from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
 from commrt.sync.backup.watched import MemberRecordedDead, WaiterSlot
 from commrt.sync.backup.wire import Wire
+from commrt.sync.snapshot import load_snapshot, pack_snapshot
 
 #: bytes per catch-up message
 PIECE_BYTES = 64 << 20
