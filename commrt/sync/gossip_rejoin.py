@@ -53,11 +53,11 @@ is gone with it: the replacement starts from its server's.
 
 **Not covered.** A store hosted by rank 0 (no launcher) cannot be found by
 a new process; MPI and NCCL cannot add a process. Two replacements coming
-back at the same moment, and asynchronous mode, are not tested. A rank
-that dies unrecorded while a replacement waits for its ``ack`` costs the
-replacement the timeout; a replacement that dies while a rank makes their
-pair group costs that rank up to the timeout, in its step (the group's
-rendezvous cannot be left early), and it then records the replacement dead.
+back at the same moment are not tested. A rank that dies unrecorded while
+a replacement waits for its ``ack`` costs the replacement the timeout; a
+replacement that dies while a rank makes their pair group costs that rank
+up to the timeout, in its step (the group's rendezvous cannot be left
+early), and it then records the replacement dead.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 
+import pytest
 from helpers.mp import TESTS, GlooJob
 
 sys.path.insert(0, os.path.join(TESTS, "workers"))
@@ -30,8 +31,9 @@ def _wait_exit(proc, timeout: float):
     return proc.poll()
 
 
-def test_a_replacement_is_in_the_rotation_within_one_period(tmp_path):
-    job = GlooJob("gossip_rejoin_worker.py", (tmp_path,), N)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_replacement_is_in_the_rotation_within_one_period(tmp_path, mode):
+    job = GlooJob("gossip_rejoin_worker.py", (tmp_path, mode), N)
     for r in range(N):
         job.start(r)
     assert _wait_exit(job.procs[1], 300) == -9, job.procs[1].communicate()[0][-3000:]

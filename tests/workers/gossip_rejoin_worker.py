@@ -1,10 +1,10 @@
 """A gloo rank of gossip with a deadline whose rank 1 dies and is replaced.
 
-    gossip_rejoin_worker.py OUT_DIR
+    gossip_rejoin_worker.py OUT_DIR [async]
 
 Started by tests/multiprocess/test_gossip_rejoin.py with a store hosted by
 the test (so that a replacement finds it). Rank 1 SIGKILLs itself before
-step KILL_AT. The survivors hold before step HOLD_AT until a replacement has
+step KILL_AT. The survivors hold before step HOLD_AT (mid-period) until a replacement has
 taken its incarnation (``inc/1`` in the store: a process start takes
 seconds), then train to step STEPS. The replacement (``COMMRT_REJOIN=1``)
 runs from the step it is given to STEPS too.
@@ -34,7 +34,7 @@ from commrt.runtime.environment import rejoining  # noqa: E402
 from commrt.runtime.store import ControlStore  # noqa: E402
 from commrt.sync.gossip_deaths import PREFIX  # noqa: E402
 
-KILL_AT, HOLD_AT, STEPS = 4, 8, 30
+KILL_AT, HOLD_AT, STEPS = 4, 9, 30
 DEADLINE_S = 0.05
 
 
@@ -44,10 +44,16 @@ def back_in_log(store) -> bool:
     return any(store.check([k]) and b"back" in store.get(k) for k in keys)
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, mode: str = "sync") -> None:
     comm = commrt.init("gloo", timeout=120)
     replacement = rejoining()
-    alg = Gossip(topology="hypercube", rotate=True, seed=5, deadline_s=DEADLINE_S)
+    alg = Gossip(
+        topology="hypercube",
+        rotate=True,
+        seed=5,
+        deadline_s=DEADLINE_S,
+        asynchronous=mode == "async",
+    )
     model = gossip_model()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, momentum=0.9)
     sync = commrt.GradientSync(model, comm, algorithm=alg, bucket_mb=0.02, first_bucket_mb=0.005)
@@ -84,4 +90,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
