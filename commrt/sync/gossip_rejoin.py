@@ -71,10 +71,10 @@ import torch
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.store import STORE_ENV, ControlStore, launcher_store, poll
 from commrt.schedule import tags
-from commrt.sync.backup.catchup import pieces
 from commrt.sync.backup.rejoin import RejoinedTooLate
 from commrt.sync.backup.wire import Wire
 from commrt.sync.gossip_deaths import PREFIX, DeathBoard
+from commrt.sync.snapshot import pieces
 
 log = logging.getLogger(__name__)
 

@@ -114,12 +114,12 @@ The package, one module per job (imports go down this list, never up):
 from __future__ import annotations
 
 from commrt.sync.backup.arrival import Arrival, Role
-from commrt.sync.backup.catchup import PIECE_BYTES, CatchUp
+from commrt.sync.backup.catchup import CatchUp
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import HEARTBEAT_S, Liveness, RankDeclaredDeadError
 from commrt.sync.backup.policy import BackupPolicy, BackupReport
 from commrt.sync.backup.rejoin import RejoinedTooLate
-from commrt.sync.snapshot import load_snapshot, pack_snapshot, snapshot_layout
+from commrt.sync.snapshot import PIECE_BYTES, load_snapshot, pack_snapshot, snapshot_layout
 
 __all__ = [
     "Arrival",
