@@ -148,9 +148,10 @@ def _fault_flags(tr) -> None:
         type=int,
         default=0,
         metavar="N",
-        help="with --algorithm backup (gloo): start a replacement with the same RANK when "
-        "a worker dies, up to N times in all; it rejoins the running job, catches up "
-        "from a snapshot and takes part again, nobody else restarts (default 0)",
+        help="with --algorithm backup, or gossip with --gossip-deadline (gloo): start a "
+        "replacement with the same RANK when a worker dies, up to N times in all; it "
+        "rejoins the running job, takes the parameters, optimizer state and step from a "
+        "snapshot and takes part again, nobody else restarts (default 0)",
     )
 
 
@@ -372,13 +373,15 @@ def _straggler(parser: argparse.ArgumentParser, args, nproc: int):
 
 
 def _check_restarts(parser: argparse.ArgumentParser, n: int, alg) -> None:
-    """--max-restarts N: a count, for backup workers only (the others cannot lose a rank)."""
+    """--max-restarts N: a count, for backup workers and gossip with a deadline (the others
+    cannot lose a rank)."""
     if n < 0:
         parser.error(f"--max-restarts must be 0 or more, got {n}")
-    if n and alg.name != "backup":
+    if n and alg.family not in ("backup", "gossip-deadline"):
         parser.error(
-            f"--max-restarts needs --algorithm backup: a replacement rejoins only backup "
-            f"workers, whose other ranks carry on while a rank is dead (not {alg.name})"
+            f"--max-restarts needs --algorithm backup, or gossip with --gossip-deadline: a "
+            f"replacement rejoins only those, whose other ranks carry on while a rank is "
+            f"dead (not {alg.name} without a deadline)"
         )
 
 

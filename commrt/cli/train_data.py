@@ -86,24 +86,37 @@ def _gossip_shard(data: Digits, seed: int, rank: int, world: int):
     return data.x_train[mine].clone(), data.y_train[mine].clone()
 
 
+def _local_batches(shard, batch: int, epoch: int, seed: int):
+    """``shard``'s full batches of ``batch`` samples, in an order drawn from (seed, epoch)."""
+    x, y = shard
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed * 1009 + epoch))
+    order = order.to(x.device)
+    for i in range(0, len(x) - batch + 1, batch):
+        idx = order[i : i + batch]
+        yield x[idx], y[idx]
+
+
 class Sharding:
     """Where a rank's batches come from each epoch: slices of one global shuffle, or,
     for gossip (GossipGraD), the rank's own shard, half of it swapped with a gossip
     peer every epoch (the data choice follows the algorithm the user asked for).
-    ``swap=False``: the gossip shards stay put (a swap would wait on a dead peer)."""
+    ``swap=False``: the gossip shards stay put, each reshuffled locally every epoch (a
+    swap, or the shuffle's set-up, would wait on a dead peer or a replacement)."""
 
     def __init__(self, algorithm: Algorithm, data: Digits, comm, seed: int, swap: bool = True):
         self.data, self.comm, self.seed = data, comm, seed
-        self.shuffle = None
+        self.shuffle = self.shard = None
         if isinstance(algorithm, Gossip):
             shard = _gossip_shard(data, seed, comm.rank, comm.world_size)
-            fraction = 0.5 if swap else 0.0
-            self.shuffle = commrt.data.GossipShuffle(shard, comm, fraction=fraction, seed=seed)
+            if swap:
+                self.shuffle = commrt.data.GossipShuffle(shard, comm, fraction=0.5, seed=seed)
+            else:
+                self.shard = shard
 
     def steps(self, global_batch: int) -> int:
         """Steps one epoch of ``global_batch`` takes on each rank."""
         n, world = len(self.data.x_train), self.comm.world_size
-        if self.shuffle is not None:
+        if self.shuffle is not None or self.shard is not None:
             return (n // world) // (global_batch // world)
         return n // global_batch
 
@@ -111,6 +124,8 @@ class Sharding:
         comm = self.comm
         if self.shuffle is not None:
             return self.shuffle.batches(global_batch // comm.world_size, epoch, drop_last=True)
+        if self.shard is not None:
+            return _local_batches(self.shard, global_batch // comm.world_size, epoch, self.seed)
         d = self.data
         idxs = (
             i.to(comm.device)

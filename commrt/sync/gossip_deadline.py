@@ -57,10 +57,11 @@ import torch
 
 from commrt.schedule import tags
 from commrt.sync.gossip import SWAP_ELEMS, swap
-from commrt.sync.gossip_deaths import DeathBoard
 from commrt.sync.gossip_ledger import DeadlineClock, GossipLedger
 from commrt.sync.gossip_mail import ARRIVED, FAILED, WAITING, Letter, Postbox
+from commrt.sync.gossip_rejoin import Members
 from commrt.sync.policy import Policy, SyncContext
+from commrt.sync.snapshot import load_snapshot, pack_snapshot
 
 
 class DeadlineGossipPolicy(Policy):
@@ -69,6 +70,7 @@ class DeadlineGossipPolicy(Policy):
     models_drift = True
     ranks_may_fail = True
     closing = "waiting for the gossip messages still on the wire"
+    can_rejoin = True  # a replacement of a dead rank comes back (commrt.sync.gossip_rejoin)
 
     def setup(self, ctx: SyncContext) -> tuple[str, ...]:
         self.ctx = ctx
@@ -95,7 +97,16 @@ class DeadlineGossipPolicy(Policy):
         )
         self.postbox = Postbox(comm, comm.timeout)
         self._period = alg.period_length(self.world_size)
-        self.deaths = DeathBoard(comm) if self.world_size > 2 else None
+        self._params = [p for b in ctx.buckets for p in b.params]
+        self._optimizer = None  # the one apply() steps: its state is in a snapshot
+        self.members = Members(comm, self.postbox, self._period, self._snapshot)
+        #: the step this rank started from (a replacement's: its server's), and the
+        #: snapshot it loads at its first apply (optimizer state)
+        self._offset, self._pending_state, self._updates = 0, None, 0
+        if comm.transport.rejoined:
+            self._offset, flat, layout = self.members.rejoin()
+            load_snapshot(flat, layout, self._params, None)  # its first gradient's weights
+            self._pending_state = (flat, layout)
         self._inbox: list[list[Letter]] = [[] for _ in ctx.buffers]
         self._outbox: list[Letter] = []
         self._spares: list[list[torch.Tensor]] = [[] for _ in ctx.buffers]
@@ -106,7 +117,6 @@ class DeadlineGossipPolicy(Policy):
             self._tmp = torch.empty(min(largest, SWAP_ELEMS), dtype=ctx.comm_dtype)
         self._step = -1
         self._due_at = 0.0
-        self._live: set[int] | None = None
         self._late_now = 0
         self._peers = (self.rank, self.rank)
         return tuple(str(alg) for _ in ctx.buckets)
@@ -114,21 +124,21 @@ class DeadlineGossipPolicy(Policy):
     # -- per step
 
     def begin_step(self, step: int) -> None:
+        step += self._offset  # the job's step (a replacement starts at its server's)
         self._step = step
         self._late_now = 0
-        broken = self.postbox.broken_now()
-        if self.deaths is not None:
-            read = step % self._period == 0
-            if self.deaths.note(broken, step, read):
-                self._live = set(range(self.world_size)) - self.deaths.dead
-        elif broken:
-            self._live = set(range(self.world_size)) - broken
-        self._peers = self.algorithm.peers(self.rank, step, self.world_size, self._live)
+        live = self.members.live(step)
+        self._peers = self.algorithm.peers(self.rank, step, self.world_size, live)
+
+    def _snapshot(self):
+        """This rank's parameters and optimizer state now (served to a replacement)."""
+        return pack_snapshot(self._params, self._optimizer)
 
     def scale(self, step: int) -> float:
         return self._scale
 
     def communicate(self, step: int, bucket: int, buf: torch.Tensor) -> int:
+        step = self._step
         if bucket == 0:
             self._due_at = time.monotonic() + self.clock.seconds()
         self.ledger.computed += float(buf.sum(dtype=torch.float64)) / self._scale
@@ -207,10 +217,20 @@ class DeadlineGossipPolicy(Policy):
         self._outbox = still
 
     def apply(self, optimizer: torch.optim.Optimizer) -> int:
-        if self._kept is not None and self._step == 0:
+        self._optimizer = optimizer
+        if self._pending_state is not None:  # a replacement's first step: its server's state
+            load_snapshot(*self._pending_state, self._params, optimizer)
+            self._pending_state = None
+        if self._kept is not None and self._step == self._offset:
             return 0  # nothing mixed yet: step 0's own half is applied at step 1
         optimizer.step()
+        self._updates += 1
         return 1
+
+    @property
+    def global_step(self) -> int | None:
+        """A replacement's: the step it started from plus its updates (None: count them)."""
+        return self._offset + self._updates if self._offset else None
 
     def step_stats(self) -> dict:
         send, recv = self._peers
@@ -229,12 +249,25 @@ class DeadlineGossipPolicy(Policy):
             ("gossip messages", f"{led.sent} sent, {led.received} applied, {led.late} late"),
             ("gossip staleness", f"{stale} (steps:messages)"),
             ("gossip lost", f"{led.lost} received, {led.lost_sends} sent"),
-        ]
+        ] + self._rejoin_rows()
+
+    def _rejoin_rows(self) -> list[tuple[str, str]]:
+        m = self.members
+        rows = []
+        if m.admitted:
+            rows.append(("gossip rejoined", f"{m.admitted} admitted, {m.served} served a snapshot"))
+        if self._offset:
+            rows.append(("gossip rejoined at", f"step {self._offset} (this rank: a replacement)"))
+        return rows
+
+    @property
+    def deaths(self):
+        """The :class:`~commrt.sync.gossip_deaths.DeathBoard` (None on 2 ranks)."""
+        return self.members.deaths
 
     @property
     def missing_ranks(self) -> tuple[int, ...]:
-        dead = self.deaths.dead if self.deaths is not None else set()
-        return tuple(sorted(dead | self.postbox.broken_now()))
+        return tuple(sorted(self.members.dead))
 
     @property
     def extra_bytes(self) -> int:
@@ -263,3 +296,4 @@ class DeadlineGossipPolicy(Policy):
         self.ledger.lost_sends += len(self._outbox)
         self._outbox = []
         self.postbox.close()
+        self.members.close()

@@ -10,6 +10,11 @@ under a counter ``gossip/ndead``; every rank reads the counter once per
 period (one store operation) and the new entries only when it moved.
 Without a store that answers (its host died), ranks fall back to learning
 deaths locally.
+
+The same log carries returns: a replacement of a dead rank appends
+``"{rank} back {incarnation}"`` (:mod:`commrt.sync.gossip_rejoin`); a reader
+takes the rank off its dead and hands the return to the caller
+(:meth:`DeathBoard.take_returns`), which admits it to the rotation.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: the keys' prefix in the control store
 PREFIX = "commrt/gossip/"
+#: the word of a return in the log: ``"{rank} back {incarnation}"``
+BACK = "back"
 
 
 class DeathBoard:
@@ -32,6 +39,8 @@ class DeathBoard:
         self.learned: dict[int, int] = {}
         self._reported: set[int] = set()
         self._seen = 0
+        self._returns: list[tuple[int, int]] = []
+        self.rank = comm.rank
         try:  # collective when rank 0 hosts the store: called from setup, on every rank
             self._store = ControlStore.open(comm).client(PREFIX)
         except Exception as e:  # no store: local knowledge only
@@ -54,9 +63,39 @@ class DeathBoard:
             self._call(self._read, step)
         return len(self.learned) > before
 
+    @property
+    def store(self):
+        """The store client (None: deaths stay local)."""
+        return self._store
+
+    def take_returns(self) -> list[tuple[int, int]]:
+        """(rank, incarnation) of the replacements read since the last call (not this rank)."""
+        out, self._returns = self._returns, []
+        return out
+
+    def readmit(self, rank: int) -> None:
+        """``rank`` is alive again (a replacement): a later break of it is news again."""
+        self.learned.pop(rank, None)
+        self._reported.discard(rank)
+
+    def mark_dead(self, rank: int, step: int) -> None:
+        """``rank`` is dead as far as this rank is concerned (its return failed here)."""
+        self.learned.setdefault(rank, step)
+
+    def announce(self, rank: int, incarnation: int) -> None:
+        """Append ``rank``'s return as ``incarnation`` to the log."""
+        self._log(f"{rank} {BACK} {incarnation}")
+
+    def read_all(self, step: int) -> None:
+        """Read the log to its end now (a replacement, before it comes back)."""
+        self._read(step)
+
     def _tell(self, rank: int) -> None:
+        self._log(str(rank))
+
+    def _log(self, entry: str) -> None:
         n = self._store.add("ndead", 1)
-        self._store.set(f"dead/{n}", str(rank))
+        self._store.set(f"dead/{n}", entry)
 
     def _read(self, step: int) -> None:
         n = self._store.add("ndead", 0)
@@ -65,7 +104,13 @@ class DeathBoard:
             if not self._store.check([key]):  # counted, not written yet: next period
                 return
             self._seen += 1
-            self.learned.setdefault(int(self._store.get(key)), step)
+            rank, *back = self._store.get(key).decode().split()
+            if not back:
+                self.learned.setdefault(int(rank), step)
+            else:  # a replacement came back: alive, admitted by the caller
+                self.readmit(int(rank))
+                if int(rank) != self.rank:
+                    self._returns.append((int(rank), int(back[1])))
 
     def _call(self, what, arg) -> None:
         if self._store is None:

@@ -12,6 +12,12 @@ when the peer's connection broke: it died) and wakes whoever waits on the
 postbox's condition. The caller waits for a letter until *its* deadline and
 goes on whatever the answer.
 
+**Routes.** A replacement of a dead rank (:mod:`commrt.sync.gossip_rejoin`)
+has no connection on the job's gloo group: the messages between it and any
+other rank travel on a two-rank group made for that pair. :meth:`Postbox.route`
+sends one peer's letters over such a group (by its number there); the
+others keep the communicator's transport.
+
 On MPI (``transport.pollable``) the waiter polls under the communicator's
 lock instead, a test every half millisecond. NCCL cannot cancel or poll a
 transfer and is refused by the policy.
@@ -65,6 +71,8 @@ class Postbox:
         #: peers whose connection broke (dead, as far as this rank can tell)
         self.broken: set[int] = set()
         self._queues: dict[tuple[int, str], deque] = {}
+        #: peer -> (transport, the peer's number on it) where not the communicator's
+        self._routes: dict[int, tuple[object, int]] = {}
         self._threads: list[threading.Thread] = []
         self._closing = False
 
@@ -73,13 +81,34 @@ class Postbox:
         with self.cv:
             return set(self.broken)
 
+    def route(self, peer: int, transport, at: int) -> None:
+        """From now on, ``peer``'s letters travel on ``transport``, where it is rank ``at``;
+        its connection counts as whole again (a replacement, alive)."""
+        with self.cv:
+            self._routes[peer] = (transport, at)
+            self.broken.discard(peer)
+
     def post(self, tag: int, send: Letter | None, recv: Letter | None) -> None:
-        """Start ``send`` and ``recv`` (either may be None) as one group, under ``tag``."""
-        sends = [(send.buf, send.peer)] if send is not None else []
-        recvs = [(recv.buf, recv.peer)] if recv is not None else []
+        """Start ``send`` and ``recv`` (either may be None) under ``tag``: one group where
+        both travel on one transport."""
+        way = {
+            x.peer: self._routes.get(x.peer, (self.transport, x.peer))
+            for x in (send, recv)
+            if x is not None
+        }
+        if send is not None and recv is not None and way[send.peer][0] is not way[recv.peer][0]:
+            self._post(tag, send, None, way)
+            self._post(tag, None, recv, way)
+        else:
+            self._post(tag, send, recv, way)
+
+    def _post(self, tag: int, send: Letter | None, recv: Letter | None, way: dict) -> None:
+        transport = way[(send or recv).peer][0]
+        sends = [(send.buf, way[send.peer][1])] if send is not None else []
+        recvs = [(recv.buf, way[recv.peer][1])] if recv is not None else []
         try:
             with self.comm.lock:
-                pending = self.transport.exchange(sends, recvs, tag)
+                pending = transport.exchange(sends, recvs, tag)
         except Exception as e:  # a peer's connection already broke: neither will land
             for letter in (send, recv):
                 if letter is not None:

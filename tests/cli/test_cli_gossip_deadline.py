@@ -56,3 +56,22 @@ def test_deadline_composes_with_async_the_shuffle_and_the_epoch_average():
     sent, applied, late = (int(w) for w in re.findall(r"\d+", rows["gossip messages"]))
     assert late > 0 and applied <= sent, rows["gossip messages"]
     assert float(rows["final test accuracy"]) > 0.5, rows
+
+
+def test_a_killed_rank_is_replaced_and_rejoins_the_rotation():
+    """--max-restarts 1: the launcher starts a replacement of the killed rank, which takes
+    its state and step from a survivor and trains to the end with the others (they are
+    slowed, 0.25 s a step, so that training lasts while it starts)."""
+    proc = run_commrt(
+        "train", "--nproc", "4", "--algorithm", "gossip", "--gossip-deadline", "auto",
+        "--kill", "1:3", "--max-restarts", "1", "--epochs", "4", "--timeout", "60",
+        "--straggler", "0:0.25,2:0.25,3:0.25", "--quiet", timeout=500,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "rank 1 was killed by SIGKILL; started a replacement (1 of 1)" in out, out[-4000:]
+    assert "Traceback" not in out and "exited with status" not in out, out[-4000:]
+    assert "nothing left to join" not in out, out[-4000:]
+    rows = parse_summary(proc.stdout)
+    assert rows.get("gossip rejoined", "").startswith("1 admitted"), rows
+    assert float(rows["final test accuracy"]) > 0.5, rows

@@ -104,7 +104,7 @@ The package, one module per job (imports go down this list, never up):
 :mod:`~commrt.sync.backup.catchup`          snapshot requests, serving, receiving
 :mod:`~commrt.sync.backup.rejoin`           a replacement of a dead rank comes back
 :mod:`~commrt.sync.backup.liveness`         heartbeats, recorded deaths, the end handshake
-:mod:`~commrt.sync.backup.snapshot`         parameters + optimizer state in one buffer
+:mod:`~commrt.sync.snapshot`                parameters + optimizer state (shared)
 :mod:`~commrt.sync.backup.wire`             the gloo groups reductions run on; the test hook
 :mod:`~commrt.sync.backup.watched`          gloo waits given up once a member is recorded dead
 :mod:`~commrt.sync.backup.keys`             every control-store key, in one place
@@ -114,12 +114,12 @@ The package, one module per job (imports go down this list, never up):
 from __future__ import annotations
 
 from commrt.sync.backup.arrival import Arrival, Role
-from commrt.sync.backup.catchup import PIECE_BYTES, CatchUp
+from commrt.sync.backup.catchup import CatchUp
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import HEARTBEAT_S, Liveness, RankDeclaredDeadError
 from commrt.sync.backup.policy import BackupPolicy, BackupReport
 from commrt.sync.backup.rejoin import RejoinedTooLate
-from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot, snapshot_layout
+from commrt.sync.snapshot import PIECE_BYTES, load_snapshot, pack_snapshot, snapshot_layout
 
 __all__ = [
     "Arrival",

@@ -7,7 +7,7 @@
 after the optimizer step (so the state is the freshest there is), and
 while a rank waits for a step's arrivals: the first on-time rank to see a
 request claims it (atomic ``add``), copies its state into a send buffer
-(:func:`~commrt.sync.backup.snapshot.pack_snapshot`), publishes the
+(:func:`~commrt.sync.snapshot.pack_snapshot`), publishes the
 layout and starts non-blocking sends; later calls only check, through the
 store, whether the late rank has received it. On MPI and gloo the sends
 start at once (the engine holds them until the late rank posts its
@@ -47,7 +47,8 @@ and another on-time rank answers them, or the late rank waits (up to the
 timeout). A late rank keeps one receive buffer.
 
 Both sides move the snapshot as one :class:`~commrt.schedule.p2p.Exchange` of
-:data:`PIECE_BYTES` pieces under the tag :data:`commrt.schedule.tags.CATCHUP`.
+:data:`~commrt.sync.snapshot.PIECE_BYTES` pieces under the tag
+:data:`commrt.schedule.tags.CATCHUP`.
 
 **A rejoined end** (:mod:`commrt.sync.backup.rejoin`). The communicator's
 gloo group cannot reach a replacement process, so when either end is an
@@ -73,12 +74,10 @@ from commrt.runtime.store import poll
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where, timeout_error
 from commrt.sync.backup.keys import Keys
-from commrt.sync.backup.snapshot import load_snapshot, pack_snapshot
 from commrt.sync.backup.watched import MemberRecordedDead, WaiterSlot
 from commrt.sync.backup.wire import Wire
+from commrt.sync.snapshot import load_snapshot, pack_snapshot, pieces
 
-#: bytes per catch-up message
-PIECE_BYTES = 64 << 20
 #: how often a late rank waiting for a snapshot asks whether its server was recorded dead
 CHECK_S = 0.25
 
@@ -86,11 +85,6 @@ CHECK_S = 0.25
 class ServerDied(RuntimeError):
     """The rank serving this late rank's snapshot was recorded dead (the request goes out
     again, as after an engine error)."""
-
-
-def pieces(flat: torch.Tensor) -> list[torch.Tensor]:
-    """``flat`` cut into messages of at most :data:`PIECE_BYTES`."""
-    return [flat[i : i + PIECE_BYTES] for i in range(0, flat.numel(), PIECE_BYTES)] or [flat]
 
 
 def span(tracer, name: str, **args):

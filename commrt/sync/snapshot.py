@@ -24,6 +24,13 @@ from commrt.errors import CommError
 
 #: every tensor of a snapshot starts at a multiple of this many bytes
 ALIGN = 8
+#: bytes per message when a snapshot travels (:func:`pieces`)
+PIECE_BYTES = 64 << 20
+
+
+def pieces(flat: torch.Tensor) -> list[torch.Tensor]:
+    """``flat`` cut into messages of at most :data:`PIECE_BYTES`."""
+    return [flat[i : i + PIECE_BYTES] for i in range(0, flat.numel(), PIECE_BYTES)] or [flat]
 
 
 def _dtype(name: str) -> torch.dtype:
