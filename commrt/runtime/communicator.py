@@ -354,7 +354,8 @@ def init(
     ``device`` (nccl only): default, or ``"cuda"`` without an index, is
     ``cuda:<local_rank % device_count>``.
     ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
-    ``stall_s`` (default ``COMMRT_STALL_S``, else 60; 0: off): see :mod:`commrt.runtime.stall`.
+    ``stall_s`` (default ``COMMRT_STALL_S``, else half the timeout, between 60 s and 5 minutes;
+    0: off): see :mod:`commrt.runtime.stall`.
 
     Example::
 

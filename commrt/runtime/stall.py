@@ -10,8 +10,9 @@ that every :data:`tick <StallWatch.tick>` seconds
   host, the pid and the last position, as JSON;
 * looks for a stall declared by any rank (``declared``), and declares one
   itself when this rank has been inside one schedule step for
-  ``stall_s`` seconds (``COMMRT_STALL_S``, default :data:`DEFAULT_STALL_S`;
-  ``0`` turns the watch off; it only runs when shorter than the timeout).
+  ``stall_s`` seconds (``COMMRT_STALL_S``, default :func:`default_stall_s`:
+  half the timeout, between 60 s and 5 minutes; ``0`` turns the watch off;
+  it only runs when shorter than the timeout).
 
 On a stall, and when a rank dies of an uncaught commrt error (the
 abort-on-error hook, :mod:`commrt.runtime.abort`), :meth:`StallWatch.diagnose`
@@ -49,13 +50,24 @@ from commrt.runtime.verdict import judge, render
 STALL_ENV = "COMMRT_STALL_S"
 #: environment variable: a folder where each rank writes its last positions and the verdict
 DUMP_ENV = "COMMRT_DUMP"
-DEFAULT_STALL_S = 60.0
+#: the default stall watch lies between these (seconds): :func:`default_stall_s`
+DEFAULT_STALL_S, MAX_DEFAULT_STALL_S = 60.0, 300.0
 #: how long the judge waits for every rank's view
 GATHER_S = 3.0
 #: how long a rank waits for the others to print the verdict before the job ends
 PRINTED_S = 3.0
 #: positions kept for the post-mortem file
 KEEP = 16
+
+
+def default_stall_s(timeout: float | None) -> float:
+    """Half the timeout, at least :data:`DEFAULT_STALL_S` and at most
+    :data:`MAX_DEFAULT_STALL_S`: the verdict comes well before the timeout, and a rank
+    that pauses a minute or two on purpose (a checkpoint, an evaluation) while the others
+    wait in a collective is not taken for a stall (the verdict ends the job)."""
+    if timeout is None:
+        return DEFAULT_STALL_S
+    return max(DEFAULT_STALL_S, min(MAX_DEFAULT_STALL_S, timeout / 2))
 
 
 def stall_seconds(value=None, timeout: float | None = None) -> float | None:
@@ -66,7 +78,7 @@ def stall_seconds(value=None, timeout: float | None = None) -> float | None:
     if text in ("0", "off", "no", "false"):
         return None
     try:
-        s = float(text) if text else DEFAULT_STALL_S
+        s = float(text) if text else default_stall_s(timeout)
     except ValueError:
         raise ValueError(f"{STALL_ENV}={text!r}: give seconds (a number) or 0 for off") from None
     if not s > 0:

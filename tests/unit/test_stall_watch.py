@@ -20,6 +20,8 @@ from commrt.schedule.position import Position
 def test_the_stall_setting(monkeypatch):
     monkeypatch.delenv(stall.STALL_ENV, raising=False)
     assert stall_seconds() == stall.DEFAULT_STALL_S
+    # half the timeout, from a minute to five: commrt.init's 300 s, torch's 30 minutes
+    assert stall_seconds(timeout=300.0) == 150.0 and stall_seconds(timeout=1800.0) == 300.0
     assert stall_seconds(timeout=30.0) is None  # not shorter than the timeout: off
     for off in ("0", "off"):
         assert stall_seconds(off) is None
