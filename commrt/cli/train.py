@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
 
@@ -256,7 +257,8 @@ def open_sync(s: Setup):
     try:
         return gradient_sync(s)
     except RejoinedTooLate as e:
-        print(f"{e}; this replacement leaves", file=sys.stderr, flush=True)
+        line = textwrap.fill(f"{e}; this replacement leaves", 80, subsequent_indent="  ")
+        print(line, file=sys.stderr, flush=True)
         return None
 
 

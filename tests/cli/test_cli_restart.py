@@ -84,18 +84,24 @@ def test_train_restarts_a_killed_worker_which_rejoins_and_ends_with_the_others()
 
 def test_a_replacement_that_comes_after_the_job_leaves_with_one_line(monkeypatch, capsys):
     """The README's own restart command on a loaded machine: the replacement started after
-    the short job had ended. It has nothing to join and nothing is lost, so one line and
-    exit 0, not a traceback; any other error still propagates."""
+    the short job had ended. It has nothing to join and nothing is lost, so one message
+    within 80 columns and exit 0, not a traceback; any other error still propagates."""
     from commrt.cli import train
     from commrt.sync.backup import RejoinedTooLate
 
-    def late(s):
-        raise RejoinedTooLate("commrt: rank 1 came back (incarnation 1) after every other rank")
+    def late(s):  # gossip's words, which ran past 80 columns in one line
+        raise RejoinedTooLate(
+            "commrt: rank 2 came back (2.1) after every other rank had finished or died: "
+            "there is nothing left to join"
+        )
 
     monkeypatch.setattr(train, "gradient_sync", late)
     assert train.open_sync(None) is None
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.rstrip().endswith("this replacement leaves")
+    lines = err.rstrip("\n").split("\n")
+    assert len(lines) == 2 and all(len(x) <= 80 for x in lines), lines
+    assert lines[0].startswith("commrt: rank 2 came back") and lines[1].startswith("  ")
+    assert err.rstrip().endswith("this replacement leaves") and "Traceback" not in err
 
     def broken(s):
         raise ValueError("something else")
