@@ -29,6 +29,7 @@ from commrt.distributed import devices as D
 from commrt.distributed import group as G
 from commrt.distributed.devices import DeviceComms, Options
 from commrt.schedule.executor import Executor
+from commrt.schedule.position import Position
 from commrt.transports import nccl_bootstrap
 from commrt.transports.nccl import NcclTransport
 
@@ -83,7 +84,9 @@ class Cuda:
 
 
 #: a communicator as the group's stats read it after a call: a world of one runs nothing
-ALONE = types.SimpleNamespace(world_size=1, executor=types.SimpleNamespace(last_schedule=None))
+ALONE = types.SimpleNamespace(
+    world_size=1, executor=types.SimpleNamespace(last_schedule=None, position=Position())
+)
 
 
 class Devices(DeviceComms):
