@@ -249,8 +249,10 @@ class Replacements:
             self.left -= 1
             how = f"was killed by {_signame(-code)}" if code < 0 else f"exited with status {code}"
             used = self.limit - self.left
+            # on a terminal rank 0's progress bar holds the cursor mid-line: start a new one
+            fresh = "\n" if sys.stderr.isatty() else ""
             print(
-                f"commrt: rank {rank} {how}; started a replacement ({used} of {self.limit})",
+                f"{fresh}commrt: rank {rank} {how}; started a replacement ({used} of {self.limit})",
                 file=sys.stderr,
                 flush=True,
             )

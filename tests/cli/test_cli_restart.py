@@ -58,6 +58,23 @@ def test_the_launcher_replaces_a_dead_rank_while_others_run_within_its_budget(ca
     assert len(started) == 1
 
 
+def test_on_a_terminal_the_replacement_note_leaves_the_progress_bar_its_line(monkeypatch):
+    """Rank 0's bar holds the terminal's cursor mid-line while training runs: the
+    launcher's note starts a line of its own there (and none in a pipe)."""
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream, before in ((Terminal(), "\n"), (io.StringIO(), "")):
+        stream.write("44/264 epoch 2/12 loss 1.217")  # the bar, mid-line
+        monkeypatch.setattr(sys, "stderr", stream)
+        Replacements(lambda rank, **env: _Proc(None), 1)([_Proc(None), _Proc(-9)])
+        note = "commrt: rank 1 was killed by SIGKILL; started a replacement (1 of 1)\n"
+        assert stream.getvalue() == f"44/264 epoch 2/12 loss 1.217{before}{note}"
+
+
 def test_train_restarts_a_killed_worker_which_rejoins_and_ends_with_the_others():
     """4 gloo ranks, b = 1, rank 1 SIGKILLed before its step 3; the others are slowed
     (0.25 s a step) so that training lasts while the replacement starts. The job succeeds,
