@@ -32,6 +32,7 @@ MPI a TCPStore that rank 0 hosts, its port sent over MPI at ``init``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -278,6 +279,7 @@ def process_state(pid: int) -> str | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
     """Folders whose frames are not the user's: commrt (with its algorithms and kernels),
     torch and the standard library."""
@@ -293,11 +295,11 @@ def _library_dirs() -> tuple[str, ...]:
     return tuple(os.path.realpath(d) + os.sep for d in dirs)
 
 
-def is_user(filename: str, _dirs: list = []) -> bool:  # noqa: B006 - computed once
+def is_user(filename: str) -> bool:
     """Whether a frame in ``filename`` is the user's (see :func:`_library_dirs`)."""
-    if not _dirs:
-        _dirs.append(_library_dirs())
-    return not filename.startswith("<") and not os.path.realpath(filename).startswith(_dirs[0])
+    return not filename.startswith("<") and not os.path.realpath(filename).startswith(
+        _library_dirs()
+    )
 
 
 def _short(filename: str) -> str:
