@@ -22,7 +22,7 @@ import numpy as np
 
 from commrt import sim
 from commrt.cli.launch import REPORTS_ENV
-from commrt.runtime.communicator import end_job
+from commrt.runtime.abort import end_job
 
 
 def peer_failed(rank: int, step: int, error: Exception, backend: str) -> None:

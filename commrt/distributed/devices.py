@@ -28,12 +28,8 @@ from commrt.algorithms.names import NAMES
 from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
-from commrt.runtime.communicator import (
-    Backend,
-    Communicator,
-    abort_on_error_wanted,
-    install_abort_hook,
-)
+from commrt.runtime.abort import abort_on_error_wanted, install_abort_hook
+from commrt.runtime.communicator import Backend, Communicator
 from commrt.runtime.environment import LaunchInfo, detect_launch
 from commrt.runtime.rendezvous import check_timeout
 from commrt.runtime.stall import stall_seconds, start_watch

@@ -22,7 +22,7 @@ from commrt.errors import CollectiveMismatchError, CommError, PeerClosedError
 ABORT_GRACE_S = 0.5
 
 
-def _env_flag(name: str) -> bool | None:
+def env_flag(name: str) -> bool | None:
     v = os.environ.get(name, "").strip().lower()
     if not v:
         return None
@@ -109,7 +109,7 @@ def install_abort_hook(comm, advice: str = "COMMRT_ABORT_ON_ERROR=0") -> None:
 
 def abort_on_error_wanted() -> bool:
     """Whether ``COMMRT_ABORT_ON_ERROR`` leaves the abort-on-error hook on (the default)."""
-    return _env_flag("COMMRT_ABORT_ON_ERROR") is not False
+    return env_flag("COMMRT_ABORT_ON_ERROR") is not False
 
 
 def stall_worth_a_verdict(error: BaseException) -> bool:

@@ -19,14 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.abort import (  # noqa: F401  (moved to commrt.runtime.abort; still importable)
-    ABORT_GRACE_S,
-    _AbortOnError,
-    _env_flag,
-    abort_on_error_wanted,
-    end_job,
-    install_abort_hook,
-)
+from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
 from commrt.runtime.departures import CLOSED, Departures, track
 from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
 from commrt.runtime.rendezvous import MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
@@ -364,7 +357,7 @@ def init(
     timeout = check_timeout(timeout)
     if piece_bytes < 1024:
         raise ValueError(f"piece_bytes must be at least 1024, got {piece_bytes}")
-    debug = _env_flag("COMMRT_DEBUG") if debug is None else debug
+    debug = env_flag("COMMRT_DEBUG") if debug is None else debug
     abort_on_error = abort_on_error_wanted() if abort_on_error is None else abort_on_error
     launch = detect_launch()
     rank = launch.rank if rank is None else int(rank)
@@ -397,7 +390,7 @@ def init(
         )
     comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
     if abort_on_error is not False and world_size > 1:
-        _AbortOnError.install(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
+        install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
     comm.stall = start_watch(comm, stall_seconds(stall_s, timeout), abort_on_error is not False)
     return comm
 
