@@ -1,8 +1,11 @@
 """One commrt communicator per device type, for one torch.distributed group.
 
-* CPU: gloo over the group's store (a ``cpu/`` prefix of it), or MPI when
-  mpiexec started the ranks and the group is the whole world (``Options(
-  cpu_transport="gloo")`` keeps gloo). Made when the group is made.
+* CPU: MPI when mpiexec started the ranks and the group is the whole
+  world; else shared-memory rings (:mod:`commrt.transports.shm`) when
+  every rank of the group is on this host and can map the others' memory;
+  else gloo. Both of the last meet through the group's store (a ``cpu/``
+  prefix of it). ``Options(cpu_transport=...)`` picks one. Made when the
+  group is made.
 * CUDA: NCCL whose unique id travels through the store (a ``cuda/``
   prefix), on the device of the first CUDA call's tensor, with the group's
   timeout. It is made on the group's call thread, when that call runs (a
@@ -29,13 +32,17 @@ from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.runtime.abort import abort_on_error_wanted, install_abort_hook
-from commrt.runtime.communicator import Backend, Communicator
+from commrt.runtime.communicator import Backend, Communicator, shm_transport
 from commrt.runtime.environment import LaunchInfo, detect_launch
 from commrt.runtime.rendezvous import check_timeout
 from commrt.runtime.stall import stall_seconds, start_watch
 
 #: the environment variable that picks the all-reduce algorithm (Options() default)
 ALGORITHM_ENV = "COMMRT_ALGORITHM"
+#: the environment variable that picks the CPU transport where Options() says "auto"
+CPU_TRANSPORT_ENV = "COMMRT_CPU_TRANSPORT"
+#: the CPU transports a group can ask for
+CPU_TRANSPORTS = ("auto", "shm", "gloo", "mpi")
 #: families that are no all-reduce, so no torch.distributed collective can run them: why, and
 #: where to get them instead
 NOT_ALL_REDUCE = {
@@ -60,7 +67,8 @@ class Options:
     ``COMMRT_ALGORITHM`` (default ``auto``). Reduce-scatter and all-gather run
     it where it has those schedules, else ring.
     ``cpu_transport``: ``"auto"`` (MPI under mpiexec for the world group,
-    else gloo), ``"gloo"`` or ``"mpi"``. ``piece_bytes``: pipelining grain.
+    else shared memory where every rank is on one host, else gloo), ``"shm"``,
+    ``"gloo"`` or ``"mpi"``; ``COMMRT_CPU_TRANSPORT`` sets it for ``"auto"``. ``piece_bytes``: pipelining grain.
     ``debug``: check every call across ranks (default: ``COMMRT_DEBUG``).
     ``warm_dtypes``: the dtypes whose reduce kernel is warmed when the CUDA
     communicator is made (:func:`warm_kernels`); None: the dtype of the call
@@ -258,6 +266,13 @@ class DeviceComms:
 
     def _cpu(self) -> DeviceContext:
         want = self.options.cpu_transport
+        if want == "auto":
+            want = os.environ.get(CPU_TRANSPORT_ENV, "").strip().lower() or "auto"
+        if want not in CPU_TRANSPORTS:
+            raise ValueError(
+                f"commrt process group: cpu transport {want!r} is none of "
+                f"{', '.join(CPU_TRANSPORTS)} (pg_options cpu_transport or {CPU_TRANSPORT_ENV})"
+            )
         # the world is MPI's whole world: compared with MPI's size, not WORLD_SIZE, which
         # init_process_group(init_method=..., rank=, world_size=) leaves unset (the DDP
         # benchmark ran over gloo that way)
@@ -269,9 +284,18 @@ class DeviceComms:
             )
         if want == "mpi" or (want == "auto" and world):
             return self._wrap(_mpi_in_torch_order(self.rank), Backend.MPI)
+        store = dist.PrefixStore("cpu/", self.store)
+        if want == "shm":
+            made = shm_transport(store, self.rank, self.size, self.timeout, "cpu_transport 'shm'")
+            return self._wrap(made, Backend.SHM)
+        if want == "auto" and self.size > 1:
+            from commrt.transports.shm_connect import connect
+
+            made = connect(store, self.rank, self.size, self.timeout)
+            if not isinstance(made, str):
+                return self._wrap(made, Backend.SHM)
         from commrt.transports.gloo import GlooTransport
 
-        store = dist.PrefixStore("cpu/", self.store)
         return self._wrap(GlooTransport(store, self.rank, self.size, self.timeout), Backend.GLOO)
 
     def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:

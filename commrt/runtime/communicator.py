@@ -37,6 +37,7 @@ class Backend(enum.Enum):
     NCCL = "nccl"
     MPI = "mpi"
     GLOO = "gloo"
+    SHM = "shm"
 
     def __str__(self) -> str:
         return self.value
@@ -310,7 +311,9 @@ def _resolve_backend(backend: "str | Backend", launch: LaunchInfo) -> Backend:
     try:
         return Backend(name)
     except ValueError:
-        raise ValueError(f"unknown backend {backend!r}; choose auto, nccl, mpi or gloo") from None
+        raise ValueError(
+            f"unknown backend {backend!r}; choose auto, nccl, mpi, gloo or shm"
+        ) from None
 
 
 def init(
@@ -333,7 +336,9 @@ def init(
     ``backend``: ``"auto"`` (nccl where CUDA and CuPy with NCCL are
     available, mpi under mpiexec, gloo otherwise; a CUDA machine without
     CuPy/NCCL falls back with a warning that says what to install),
-    ``"nccl"``, ``"mpi"`` or ``"gloo"``. Rank and
+    ``"nccl"``, ``"mpi"``, ``"gloo"`` or ``"shm"`` (ranks of one host through
+    shared-memory rings, :mod:`commrt.transports.shm`; refused with the reason
+    where the ranks cannot share memory). Rank and
     world size come from the launcher (mpiexec or torchrun); explicit
     arguments override them. ``timeout`` bounds every wait (seconds, at most
     :data:`MAX_TIMEOUT_S`, about 3 years; the reason is beside it in :mod:`commrt.runtime.rendezvous`).
@@ -384,6 +389,9 @@ def init(
 
         store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
         transport = GlooTransport(store, rank, world_size, timeout)
+    elif be is Backend.SHM:
+        store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
+        transport = shm_transport(store, rank, world_size, timeout, "backend='shm'")
     else:
         transport = _nccl_transport(
             launch, rank, world_size, master_addr, master_port, timeout, device, nccl_module
@@ -393,6 +401,17 @@ def init(
         install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
     comm.stall = start_watch(comm, stall_seconds(stall_s, timeout), abort_on_error is not False)
     return comm
+
+
+def shm_transport(store, rank: int, world_size: int, timeout: float, asked: str) -> Transport:
+    """The shared-memory transport over ``store`` (every rank together), or a ValueError
+    that says why these ranks cannot share memory and what to use instead."""
+    from commrt.transports.shm_connect import connect
+
+    made = connect(store, rank, world_size, timeout)
+    if isinstance(made, str):
+        raise ValueError(f"commrt: {asked}: the ranks cannot share memory ({made}); use gloo")
+    return made
 
 
 def _rejoined(be: Backend, rank: int, world_size: int) -> Transport:

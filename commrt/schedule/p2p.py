@@ -92,6 +92,8 @@ def diagnose(engine_message: str) -> str:
         )
     if "connection reset" in text or "connection closed" in text or "broken pipe" in text:
         return " — a peer closed its connection: it probably died; look at its output"
+    if "process" in text and "is gone" in text:
+        return " — a peer's process ended without a farewell: it died; look at its output"
     return ""
 
 

@@ -1,6 +1,6 @@
 """commrt.all_reduce across real processes (mpiexec), against the engines' own collectives.
 
-Each launch covers the mpi and gloo transports and the NCCL adapter (with
+Each launch covers the mpi, gloo and shm transports and the NCCL adapter (with
 an MPI stand-in for cupy.cuda.nccl), ring, halving-doubling and recursive
 doubling (p = 3: with fold-in/out), sizes 1, 7,
 1000 and 1 000 003, float32/float64/bfloat16, sum and avg, and compares with
@@ -25,8 +25,8 @@ def test_all_reduce_matches_mpi_and_torch_distributed(nranks, tmp_path):
     mpiexec(nranks, "allreduce_worker.py", out)
     report = json.loads(out.read_text())
     assert report["world_size"] == nranks
-    # 4 transports x 3 algorithms x 2 ops x 4 sizes x 3 dtypes, on every rank
-    assert report["cases"] == 4 * 3 * 2 * 4 * 3 * nranks
+    # 5 transports x 3 algorithms x 2 ops x 4 sizes x 3 dtypes, on every rank
+    assert report["cases"] == 5 * 3 * 2 * 4 * 3 * nranks
     assert report["failures"] == [], json.dumps(report["failures"][:5], indent=1)
 
 

@@ -7,6 +7,7 @@ in the same processes on a gloo group of the same ranks.
 """
 
 import json
+import re
 import socket
 
 import pytest
@@ -34,15 +35,18 @@ def _check_ddp(report, n, algorithms, transport):
     assert report["ranks_agree"]
 
 
-def test_ddp_over_commrt_equals_ddp_over_gloo_torchrun_style(tmp_path):
+@pytest.mark.parametrize("transport", ["shm", "gloo"])
+def test_ddp_over_commrt_equals_ddp_over_gloo_torchrun_style(tmp_path, transport):
     """COMMRT_ALGORITHM=ring for the default group, then torus2d and auto for groups made
-    with the variable set to them: one launch of 4 ranks."""
+    with the variable set to them: one launch of 4 ranks. On one host the CPU transport is
+    shared memory unless COMMRT_CPU_TRANSPORT asks for gloo."""
     out = tmp_path / "report.json"
-    codes, outs = gloo_ranks(
-        4, "td_ddp_worker.py", out, "torus2d,auto", timeout=400, env={"COMMRT_ALGORITHM": "ring"}
-    )
+    env = {"COMMRT_ALGORITHM": "ring"}
+    if transport == "gloo":
+        env["COMMRT_CPU_TRANSPORT"] = "gloo"
+    codes, outs = gloo_ranks(4, "td_ddp_worker.py", out, "torus2d,auto", timeout=400, env=env)
     _ok(codes, outs)
-    _check_ddp(json.loads(out.read_text()), 4, ["ring", "torus2d", "auto"], "gloo")
+    _check_ddp(json.loads(out.read_text()), 4, ["ring", "torus2d", "auto"], transport)
 
 
 @pytest.mark.mpi
@@ -137,7 +141,9 @@ def test_a_rank_killed_mid_ddp_step_ends_the_job_naming_it(tmp_path):
         assert f"commrt: rank {r}: allreduce(sum) on cpu, algorithm auto failed" in outs[r]
     named = [r for r in survivors if "peers [2]" in outs[r]]
     assert named, "no survivor named rank 2:\n" + "\n".join(outs[r][-1500:] for r in survivors)
-    assert any("a peer closed its connection: it probably died" in outs[r] for r in named)
+    # gloo's closed connection, or shared memory's look at the peer's process
+    died = re.compile(r"a peer closed its connection: it probably died|rank 2's process .* is gone")
+    assert any(died.search(outs[r]) for r in named)
 
 
 def test_readme_section_code_fits_80_columns():

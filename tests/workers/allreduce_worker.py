@@ -1,7 +1,7 @@
 """Run under mpiexec: commrt.all_reduce vs MPI Allreduce, torch.distributed and float64.
 
-One launch checks the mpi transport, the gloo transport (rendezvous over
-MPI) and the NCCL adapter with the MPI stand-in, for every algorithm, size,
+One launch checks the mpi transport, the gloo and shm transports (rendezvous
+over MPI) and the NCCL adapter with the MPI stand-in, for every algorithm, size,
 dtype and op. Rank 0 writes a JSON report to argv[1].
 """
 
@@ -49,6 +49,7 @@ def main(out_path):
     comms = {
         "mpi": commrt.init("mpi", timeout=60),
         "gloo": commrt.init("gloo", timeout=60),
+        "shm": commrt.init("shm", timeout=60),
         "nccl-standin": commrt.init("nccl", nccl_module=standin, device="cpu", timeout=60),
         # second NCCL rendezvous path: the unique id through a TCPStore
         "nccl-standin-store": commrt.init(

@@ -1,0 +1,393 @@
+"""Shared-memory transport: ranks on one host exchange bytes through ``/dev/shm`` rings.
+
+gloo moves every message through a TCP socket and a thread of its own, even
+between two processes on the same machine: an 11 kB send and receive costs
+tens of microseconds of system calls on each side. Here every ordered pair
+of ranks has a ring buffer in a shared-memory file, and a message is one
+copy into the ring and one copy out, with no system call in between.
+
+Layout. Rank ``r`` owns one file, ``/dev/shm/commrt-<token>-<r>``, holding
+one *inbound* ring per peer. A ring is a 128-byte head (the writer's
+``tail`` counter at byte 0, the reader's ``head`` counter at byte 64, on
+separate cache lines) and ``ring_bytes`` of data. Counters only grow; a
+position is ``counter % ring_bytes``. A message is a 16-byte header (tag,
+length) and its bytes, padded to 16, so a header never wraps. The writer
+copies bytes in and then advances ``tail``; the reader copies out and then
+advances ``head``. x86-64 keeps stores in order (and loads in order), so a
+reader that sees ``tail`` move also sees the bytes before it; other
+architectures are refused by name, since Python has no memory fence.
+
+Progress. Nothing runs in the background: every call into the transport
+(an exchange, a wait, a test) pushes whatever fits of the queued sends and
+pulls whatever arrived, under one lock. A message longer than its ring
+therefore flows as the two ranks wait on each other, which they do in every
+schedule. A message that arrives before its receive is posted is kept
+aside (MPI's "unexpected" queue) and matched when the receive comes, by
+(peer, tag), first in first out, as MPI and gloo match.
+
+Failure. A process that dies leaves no error behind in shared memory, so a
+wait longer than a few milliseconds asks, every
+:data:`commrt.transports.base.CHECK_EVERY_S`, whether the peer it waits on
+still runs (its pid, not a zombie, with the start time it published). A
+closing rank's farewell travels as a message, like MPI's
+(:mod:`commrt.runtime.departures`). The files are unlinked as soon as every
+rank has mapped them, so a crash leaves nothing in ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import threading
+import time
+from collections import deque
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from commrt.transports.base import Pair, Pending, Transport, poll_until
+
+#: where the ring files live
+SHM_DIR = "/dev/shm"
+#: a ring's data bytes, unless /dev/shm is too small for every rank's rings
+RING_BYTES = 1 << 20
+#: the smallest ring worth having (a header and a little data)
+MIN_RING_BYTES = 64 << 10
+#: the bytes before a ring's data: the writer's counter, then the reader's, a cache line apart
+RING_HEAD = 128
+#: tags the transport keeps for itself (the job's tags are never negative)
+BARRIER_TAG, NATIVE_TAG = -1, -2
+#: architectures whose stores and loads keep their program order (see the module docs)
+ORDERED_ARCHES = ("x86_64", "amd64")
+
+
+def _pad(n: int) -> int:
+    return (n + 15) & ~15
+
+
+def _bytes_of(t: torch.Tensor) -> np.ndarray:
+    """The tensor's memory as a flat uint8 array (no copy): any dtype, bf16 and bool included."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("the shm transport moves contiguous CPU tensors only")
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None
+    if it is gone or a zombie (dead, not yet reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+class _Ring:
+    """One direction between two ranks: the counters and the data, as numpy views."""
+
+    __slots__ = ("tail", "head", "data", "words", "size")
+
+    def __init__(self, mm: mmap.mmap, offset: int, size: int):
+        self.tail = np.frombuffer(mm, np.uint64, 1, offset)
+        self.head = np.frombuffer(mm, np.uint64, 1, offset + 64)
+        self.data = np.frombuffer(mm, np.uint8, size, offset + RING_HEAD)
+        self.words = self.data.view(np.int64)
+        self.size = size
+
+    def put(self, pos: int, src: np.ndarray) -> None:
+        at, n = pos % self.size, len(src)
+        first = min(n, self.size - at)
+        self.data[at : at + first] = src[:first]
+        if first < n:
+            self.data[: n - first] = src[first:]
+
+    def get(self, pos: int, dst: np.ndarray) -> None:
+        at, n = pos % self.size, len(dst)
+        first = min(n, self.size - at)
+        dst[:first] = self.data[at : at + first]
+        if first < n:
+            dst[first:] = self.data[: n - first]
+
+
+class _Op:
+    """One send or receive: its bytes, how far it got, and whether it is done."""
+
+    __slots__ = ("buf", "peer", "tag", "off", "done")
+
+    def __init__(self, buf: np.ndarray, peer: int, tag: int):
+        self.buf, self.peer, self.tag = buf, peer, tag
+        self.off = -1  # a send: -1 until its header is in the ring; a receive: unused
+        self.done = False
+
+
+class _Inbound:
+    """What one peer sends this rank: its ring, the message being read, what waits."""
+
+    __slots__ = ("ring", "head", "cur", "cur_off", "cur_len", "cur_tag", "posted", "unexpected")
+
+    def __init__(self, ring: _Ring):
+        self.ring = ring
+        self.head = int(ring.head[0])
+        self.cur: np.ndarray | None = None  # where the message being read goes
+        self.cur_off = self.cur_len = self.cur_tag = 0
+        self.posted: dict[int, deque] = {}  # tag -> receives not yet matched, in order
+        self.unexpected: dict[int, deque] = {}  # tag -> messages nobody had asked for yet
+
+
+class _ShmPending(Pending):
+    __slots__ = ("transport", "sends", "recvs", "spin_s")
+
+    def __init__(self, transport: "ShmTransport", sends, recvs, spin_s: float = 0.0):
+        self.transport, self.sends, self.recvs, self.spin_s = transport, sends, recvs, spin_s
+
+    def wait_recv(self, i: int, deadline: float) -> bool:
+        return self.transport.wait(self.recvs[i], deadline, self.spin_s)
+
+    def wait_send(self, i: int, deadline: float) -> bool:
+        return self.transport.wait(self.sends[i], deadline, self.spin_s)
+
+    def cancel(self) -> None:
+        self.transport.withdraw(self.recvs)
+
+
+class ShmTransport(Transport):
+    """Point-to-point through shared-memory rings between ranks of one host. Made by
+    :func:`connect`, which every rank calls together."""
+
+    name = "shm"
+    pollable = True
+    #: the store the ranks met through (the stall watch meets there too); set by connect()
+    store = None
+
+    def __init__(self, rank: int, world_size: int, maps: dict, ring_bytes: int, pids: dict):
+        super().__init__(rank, world_size, torch.device("cpu"))
+        self.ring_bytes = ring_bytes
+        self._maps = maps  # rank -> its file's mmap (this rank's own included)
+        self._pids = pids  # peer -> (pid, start time)
+        self._lock = threading.RLock()
+        self._out: dict[int, _Ring] = {}
+        self._tail: dict[int, int] = {}
+        self._queued: dict[int, deque] = {}
+        self._in: dict[int, _Inbound] = {}
+        for peer in range(world_size):
+            if peer == rank:
+                continue
+            out = _Ring(maps[peer], _ring_offset(rank, peer, ring_bytes), ring_bytes)
+            self._out[peer], self._tail[peer] = out, int(out.tail[0])
+            self._queued[peer] = deque()
+            ring = _Ring(maps[rank], _ring_offset(peer, rank, ring_bytes), ring_bytes)
+            self._in[peer] = _Inbound(ring)
+        self._broken: str | None = None
+
+    # -- the interface
+    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
+        rops = [_Op(_bytes_of(t), peer, tag) for t, peer in recvs]
+        sops = [_Op(_bytes_of(t), peer, tag) for t, peer in sends]
+        with self._lock:
+            self._raise_if_broken()
+            for op in rops:
+                self._post(op)
+            for op in sops:
+                self._queued[op.peer].append(op)
+            self._progress()
+        return _ShmPending(self, sops, rops)
+
+    def barrier(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        empty = torch.empty(0, dtype=torch.uint8)
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        pend = self.exchange([(empty, r) for r in peers], [(empty, r) for r in peers], BARRIER_TAG)
+        return all(pend.wait_recv(i, deadline) for i in range(len(peers))) and all(
+            pend.wait_send(i, deadline) for i in range(len(peers))
+        )
+
+    def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        """Every rank sends its tensor to every other and sums all of them in rank order, so
+        each rank's result is the same to the bit (the oracle the schedules are tested on)."""
+        if self.world_size > 1:
+            deadline = time.monotonic() + 300.0
+            peers = [r for r in range(self.world_size) if r != self.rank]
+            theirs = {r: torch.empty_like(tensor) for r in peers}
+            mine = tensor.clone()
+            pend = self.exchange(
+                [(mine, r) for r in peers], [(theirs[r], r) for r in peers], NATIVE_TAG
+            )
+            for i in range(len(peers)):
+                if not (pend.wait_recv(i, deadline) and pend.wait_send(i, deadline)):
+                    raise RuntimeError("shm: the native all-reduce timed out after 300 s")
+            theirs[self.rank] = mine
+            tensor.copy_(theirs[0])
+            for r in range(1, self.world_size):
+                tensor.add_(theirs[r])
+        if op == "avg":
+            tensor.div_(self.world_size)
+
+    def close(self) -> None:
+        with self._lock:
+            self._broken = self._broken or "the transport is closed"
+            self._out.clear()
+            self._in.clear()
+            maps, self._maps = self._maps, {}
+        for mm in maps.values():
+            try:
+                mm.close()
+            except BufferError:  # a numpy view still exported: the mapping goes with it
+                pass
+
+    # -- waiting
+    def wait(self, op: _Op, deadline: float, spin_s: float = 0.0) -> bool:
+        """Progress everything until ``op`` is done; False at the deadline. Every
+        CHECK_EVERY_S of a long wait, a dead peer (or a farewell) ends it with an error."""
+        if op.done:
+            return True
+
+        def done() -> bool:
+            with self._lock:
+                self._progress()
+            return op.done
+
+        def check() -> None:
+            if self.watch is not None:
+                self.watch.check()
+            if not self._peer_alive(op.peer):
+                if done():  # its last bytes landed before it went
+                    return
+                raise RuntimeError(
+                    f"shm: rank {op.peer}'s process (pid {self._pids[op.peer][0]}) is gone "
+                    f"while rank {self.rank} waits on it"
+                )
+
+        return poll_until(done, deadline, spin_s, check)
+
+    def withdraw(self, recvs: Sequence[_Op]) -> None:
+        """Forget receives that are still posted (a cancelled exchange)."""
+        with self._lock:
+            for op in recvs:
+                if op.done:
+                    continue
+                inbound = self._in.get(op.peer)
+                queue = inbound.posted.get(op.tag) if inbound is not None else None
+                if queue is not None and op in queue:
+                    queue.remove(op)
+                if inbound is not None and inbound.cur is op.buf:  # being read: read it aside
+                    inbound.cur = op.buf.copy()
+
+    def _peer_alive(self, peer: int) -> bool:
+        pid, started = self._pids[peer]
+        return start_time(pid) == started
+
+    # -- progress (under the lock)
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            raise RuntimeError(f"shm: rank {self.rank}: {self._broken}")
+
+    def _post(self, op: _Op) -> None:
+        inbound = self._in[op.peer]
+        waiting = inbound.unexpected.get(op.tag)
+        if waiting:
+            self._deliver(op, waiting.popleft())
+            return
+        inbound.posted.setdefault(op.tag, deque()).append(op)
+
+    def _deliver(self, op: _Op, message: np.ndarray) -> None:
+        if len(message) != len(op.buf):
+            self._truncated(op.peer, op.tag, len(message), len(op.buf))
+        op.buf[:] = message
+        op.done = True
+
+    def _truncated(self, peer: int, tag: int, sent: int, posted: int) -> None:
+        self._broken = (
+            f"message truncated: rank {peer} sent {sent} bytes with tag {tag} where "
+            f"{posted} were posted for it"
+        )
+        self._raise_if_broken()
+
+    def _progress(self) -> None:
+        self._raise_if_broken()
+        for peer, queue in self._queued.items():
+            if queue:
+                self._push(peer, queue)
+        for inbound in self._in.values():
+            self._pull(inbound)
+
+    def _push(self, peer: int, queue: deque) -> None:
+        ring, tail = self._out[peer], self._tail[peer]
+        space = ring.size - (tail - int(ring.head[0]))
+        while queue and space > 0:
+            op = queue[0]
+            n = len(op.buf)
+            if op.off < 0:
+                if space < 16:
+                    break
+                at = (tail % ring.size) // 8
+                ring.words[at], ring.words[at + 1] = op.tag, n
+                tail, space, op.off = tail + 16, space - 16, 0
+            chunk = min(_pad(n) - op.off, space)
+            real = max(0, min(n - op.off, chunk))
+            if real:
+                ring.put(tail, op.buf[op.off : op.off + real])
+            tail, space, op.off = tail + chunk, space - chunk, op.off + chunk
+            if op.off < _pad(n):
+                break
+            op.done = True
+            queue.popleft()
+        self._tail[peer] = tail
+        ring.tail[0] = tail
+
+    def _pull(self, inbound: _Inbound) -> None:
+        ring, head = inbound.ring, inbound.head
+        avail = int(ring.tail[0]) - head
+        while avail > 0:
+            if inbound.cur is None:
+                if avail < 16:
+                    break
+                at = (head % ring.size) // 8
+                tag, n = int(ring.words[at]), int(ring.words[at + 1])
+                head, avail = head + 16, avail - 16
+                inbound.cur, inbound.cur_tag, inbound.cur_len, inbound.cur_off = (
+                    self._target(inbound, tag, n),
+                    tag,
+                    n,
+                    0,
+                )
+            off, n = inbound.cur_off, inbound.cur_len
+            chunk = min(_pad(n) - off, avail)
+            real = max(0, min(n - off, chunk))
+            if real:
+                ring.get(head, inbound.cur[off : off + real])
+            head, avail, inbound.cur_off = head + chunk, avail - chunk, off + chunk
+            if inbound.cur_off < _pad(n):
+                break
+            self._landed(inbound)
+        inbound.head = head
+        ring.head[0] = head
+
+    def _target(self, inbound: _Inbound, tag: int, n: int) -> np.ndarray:
+        queue = inbound.posted.get(tag)
+        if queue:
+            op = queue[0]
+            if len(op.buf) != n:
+                self._truncated(op.peer, tag, n, len(op.buf))
+            return op.buf
+        return np.empty(n, np.uint8)
+
+    def _landed(self, inbound: _Inbound) -> None:
+        queue = inbound.posted.get(inbound.cur_tag)
+        if queue and queue[0].buf is inbound.cur:
+            queue.popleft().done = True
+        else:  # nobody asked yet, or a receive was posted while it was being read aside
+            if queue:
+                self._deliver(queue.popleft(), inbound.cur)
+            else:
+                inbound.unexpected.setdefault(inbound.cur_tag, deque()).append(inbound.cur)
+        inbound.cur = None
+
+
+def _ring_offset(src: int, dst: int, ring_bytes: int) -> int:
+    """Where the ring that carries ``src``'s messages to ``dst`` starts in ``dst``'s file."""
+    slot = src if src < dst else src - 1
+    return slot * (RING_HEAD + ring_bytes)

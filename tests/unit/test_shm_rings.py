@@ -1,0 +1,197 @@
+"""The shared-memory transport's rings, matching and refusals, in one process.
+
+Ranks are threads here, each with its own ShmTransport over the same files
+(as processes would map them); the multi-process tests in
+``tests/multiprocess/test_shm_transport.py`` add real processes, deaths and
+collectives.
+"""
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from commrt.transports import shm, shm_connect
+from commrt.transports.shm_connect import connect
+
+
+def _ranks(n, fn, ring_bytes=None, monkeypatch=None):
+    """Run ``fn(transport)`` on ``n`` connected transports, one thread each; return results."""
+    if ring_bytes is not None:
+        monkeypatch.setattr(shm_connect, "RING_BYTES", ring_bytes)
+        monkeypatch.setattr(shm_connect, "MIN_RING_BYTES", min(ring_bytes, 1024))
+    store = dist.HashStore()
+    out, errors = [None] * n, []
+
+    def run(rank):
+        try:
+            t = connect(store, rank, n, 30)
+            try:
+                out[rank] = fn(t) if not isinstance(t, str) else t
+            finally:
+                if not isinstance(t, str):
+                    t.close()
+        except BaseException as e:  # reported below
+            errors.append((rank, e))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(60)
+    assert not errors, errors
+    return out
+
+
+def _pattern(src, dst, n):
+    g = torch.Generator().manual_seed(1000 * src + 10 * dst + n)
+    return torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+
+
+def _all_pairs(sizes):
+    def fn(t):
+        deadline = time.monotonic() + 20
+        peers = [r for r in range(t.world_size) if r != t.rank]
+        for n in sizes:
+            got = {p: torch.empty(n, dtype=torch.uint8) for p in peers}
+            sends = [(_pattern(t.rank, p, n), p) for p in peers]
+            pend = t.exchange(sends, [(got[p], p) for p in peers], tag=n % 97)
+            for i in range(len(peers)):
+                assert pend.wait_recv(i, deadline) and pend.wait_send(i, deadline)
+            for p in peers:
+                assert torch.equal(got[p], _pattern(p, t.rank, n)), (t.rank, p, n)
+        return True
+
+    return fn
+
+
+@pytest.mark.parametrize("ring_bytes", [1 << 20, 4096])
+def test_every_size_arrives_whole_between_every_pair(ring_bytes, monkeypatch):
+    # sizes around the 16-byte padding, a header at the ring's end, and messages many
+    # times the ring (4 KiB rings: every message but the smallest wraps)
+    sizes = [0, 1, 15, 16, 17, 4095, 4096, 4097, 11048, 3 << 20]
+    assert _ranks(3, _all_pairs(sizes), ring_bytes, monkeypatch) == [True] * 3
+
+
+def test_messages_are_matched_by_tag_in_order_when_received_out_of_order(monkeypatch):
+    # rank 0 sends tag 7 twice, then tag 8 (larger than the ring); rank 1 asks for tag 8
+    # first: the tag-7 messages are read aside and matched later, first in first out
+    def fn(t):
+        deadline = time.monotonic() + 20
+        if t.rank == 0:
+            msgs = [(torch.full((10,), 1.0), 7), (torch.full((10,), 2.0), 7)]
+            msgs.append((torch.full((5000,), 3.0), 8))
+            pends = [t.exchange([(x, 1)], [], tag) for x, tag in msgs]
+            return all(p.wait_send(0, deadline) for p in pends)
+        big, a, b = torch.empty(5000), torch.empty(10), torch.empty(10)
+        assert t.exchange([], [(big, 0)], 8).wait_recv(0, deadline)
+        pa, pb = t.exchange([], [(a, 0)], 7), t.exchange([], [(b, 0)], 7)
+        assert pa.wait_recv(0, deadline) and pb.wait_recv(0, deadline)
+        return (big == 3).all().item() and (a == 1).all().item() and (b == 2).all().item()
+
+    assert _ranks(2, fn, 4096, monkeypatch) == [True, True]
+
+
+def test_native_all_reduce_is_the_same_to_the_bit_everywhere():
+    def fn(t):
+        x = torch.randn(1000, generator=torch.Generator().manual_seed(t.rank))
+        t.native_all_reduce(x)
+        return x
+
+    out = _ranks(3, fn)
+    want = sum(torch.randn(1000, generator=torch.Generator().manual_seed(r)) for r in range(3))
+    for x in out:
+        assert torch.equal(x, out[0])
+    torch.testing.assert_close(out[0], want)
+
+
+def test_bfloat16_and_bool_travel_as_bytes():
+    def fn(t):
+        peer, deadline = 1 - t.rank, time.monotonic() + 20
+        bf, flags = (
+            torch.full((7,), 1.5 + t.rank, dtype=torch.bfloat16),
+            torch.tensor([t.rank == 0]),
+        )
+        gbf, gflags = torch.empty(7, dtype=torch.bfloat16), torch.empty(1, dtype=torch.bool)
+        pend = t.exchange([(bf, peer), (flags, peer)], [(gbf, peer), (gflags, peer)], 3)
+        assert pend.wait_recv(0, deadline) and pend.wait_recv(1, deadline)
+        return gbf[0].item(), gflags.item()
+
+    assert _ranks(2, fn) == [(2.5, False), (1.5, True)]
+
+
+def test_a_larger_message_than_posted_is_named_as_truncated():
+    def fn(t):
+        deadline = time.monotonic() + 5
+        if t.rank == 0:
+            t.exchange([(torch.zeros(100, dtype=torch.uint8), 1)], [], 4).wait_send(0, deadline)
+            return None
+        with pytest.raises(RuntimeError, match="truncated: rank 0 sent 100 bytes .* 50 were"):
+            t.exchange([], [(torch.empty(50, dtype=torch.uint8), 0)], 4).wait_recv(0, deadline)
+        with pytest.raises(RuntimeError, match="truncated"):  # the stream is broken now
+            t.barrier(1)
+        return "refused"
+
+    assert _ranks(2, fn)[1] == "refused"
+
+
+def test_a_wait_ends_false_at_its_deadline_and_a_withdrawn_receive_is_never_filled():
+    def fn(t):
+        if t.rank == 1:
+            early = torch.zeros(4)
+            pend = t.exchange([], [(early, 0)], 9)
+            t0 = time.monotonic()
+            assert pend.wait_recv(0, t0 + 0.2) is False
+            assert 0.15 < time.monotonic() - t0 < 5
+            pend.cancel()
+        t.barrier(10)
+        if t.rank == 0:
+            t.exchange([(torch.ones(4), 1)], [], 9).wait_send(0, time.monotonic() + 10)
+            return True
+        late = torch.zeros(4)
+        assert t.exchange([], [(late, 0)], 9).wait_recv(0, time.monotonic() + 10)
+        return bool((late == 1).all()) and bool((early == 0).all())
+
+    assert _ranks(2, fn) == [True, True]
+
+
+def test_the_files_are_gone_once_every_rank_mapped_them():
+    names = _ranks(2, lambda t: sorted(os.listdir(shm.SHM_DIR)))
+    mine = [n for n in names[0] if n.startswith("commrt-")]
+    time.sleep(0.1)
+    assert not set(mine) & set(os.listdir(shm.SHM_DIR))
+
+
+def test_every_rank_gets_the_same_reason_when_one_cannot_share_memory(monkeypatch):
+    real, calls = shm_connect.unusable, []
+
+    def unusable():
+        calls.append(threading.get_ident())
+        return "pretend: this rank is elsewhere" if len(calls) == 2 else real()
+
+    monkeypatch.setattr(shm_connect, "unusable", unusable)
+    out = _ranks(3, lambda t: "connected")
+    assert len(set(out)) == 1 and out[0].startswith("rank "), out
+    assert "pretend: this rank is elsewhere" in out[0] or "not in this" in out[0], out
+
+
+def test_other_architectures_are_refused_by_name(monkeypatch):
+    monkeypatch.setattr(shm_connect.platform, "machine", lambda: "aarch64")
+    why = shm_connect.unusable()
+    assert "x86-64" in why and "aarch64" in why
+
+
+def test_no_room_in_dev_shm_shrinks_the_rings_then_refuses(monkeypatch):
+    class Stat:
+        f_frsize = 4096
+
+        def __init__(self, free):
+            self.f_bavail = free // 4096
+
+    monkeypatch.setattr(shm_connect.os, "statvfs", lambda _: Stat(64 << 20))
+    assert shm_connect.ring_size(8, 8) == 512 << 10  # 56 rings in half of 64 MiB
+    monkeypatch.setattr(shm_connect.os, "statvfs", lambda _: Stat(1 << 20))
+    assert shm_connect.ring_size(8, 8) == 0
