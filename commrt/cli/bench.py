@@ -50,7 +50,12 @@ class DelayBackward(torch.autograd.Function):
         return grad, None
 
 
-NATIVE_NAMES = {"mpi": "MPI_Allreduce", "gloo": "gloo allreduce", "nccl": "ncclAllReduce"}
+NATIVE_NAMES = {
+    "mpi": "MPI_Allreduce",
+    "gloo": "gloo allreduce",
+    "shm": "shm rank-order sum",
+    "nccl": "ncclAllReduce",
+}
 
 
 def busbw_factor(world_size: int) -> float:

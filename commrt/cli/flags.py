@@ -29,9 +29,10 @@ def rank_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=["auto", "mpi", "gloo", "nccl"],
+        choices=["auto", "mpi", "gloo", "shm", "nccl"],
         default="auto",
-        help="auto: nccl with a GPU, else mpi if installed, else gloo (default auto)",
+        help="auto: nccl with a GPU, else mpi if installed, else gloo; shm: this host's "
+        "ranks through shared memory (default auto)",
     )
     p.add_argument(
         "--timeout",

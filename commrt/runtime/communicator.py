@@ -371,9 +371,22 @@ def init(
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     be = _resolve_backend(backend, launch)
 
+    transport = _transport(
+        be, launch, rank, world_size, timeout, (master_addr, master_port), device, nccl_module
+    )
+    comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
+    if abort_on_error is not False and world_size > 1:
+        install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
+    comm.stall = start_watch(comm, stall_seconds(stall_s, timeout), abort_on_error is not False)
+    return comm
+
+
+def _transport(be, launch, rank, world_size, timeout, address, device, nccl) -> Transport:
+    """The transport :func:`init` asked for; ``address``: (master_addr, master_port)."""
+    master_addr, master_port = address
     if rejoining():
-        transport = _rejoined(be, rank, world_size)
-    elif be is Backend.MPI:
+        return _rejoined(be, rank, world_size)
+    if be is Backend.MPI:
         from commrt.transports.mpi import MpiTransport
 
         world = _mpi_world()
@@ -383,24 +396,17 @@ def init(
                 f"of {world.Get_size()}), not rank {rank} of {world_size}; launch with "
                 f"mpiexec -n {world_size}"
             )
-        transport: Transport = MpiTransport(world)
-    elif be is Backend.GLOO:
-        from commrt.transports.gloo import GlooTransport
-
-        store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
-        transport = GlooTransport(store, rank, world_size, timeout)
-    elif be is Backend.SHM:
-        store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
-        transport = shm_transport(store, rank, world_size, timeout, "backend='shm'")
-    else:
-        transport = _nccl_transport(
-            launch, rank, world_size, master_addr, master_port, timeout, device, nccl_module
+        return MpiTransport(world)
+    if be is Backend.NCCL:
+        return _nccl_transport(
+            launch, rank, world_size, master_addr, master_port, timeout, device, nccl
         )
-    comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
-    if abort_on_error is not False and world_size > 1:
-        install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
-    comm.stall = start_watch(comm, stall_seconds(stall_s, timeout), abort_on_error is not False)
-    return comm
+    store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
+    if be is Backend.SHM:
+        return shm_transport(store, rank, world_size, timeout, "backend='shm'")
+    from commrt.transports.gloo import GlooTransport
+
+    return GlooTransport(store, rank, world_size, timeout)
 
 
 def shm_transport(store, rank: int, world_size: int, timeout: float, asked: str) -> Transport:

@@ -29,6 +29,7 @@ def poll_until(
     deadline: float,
     spin_s: float = 0.0,
     check: Callable[[], None] | None = None,
+    moving: Callable[[], bool] | None = None,
 ) -> bool:
     """Call ``done()`` until it returns True or ``time.monotonic()`` passes ``deadline``.
 
@@ -47,6 +48,10 @@ def poll_until(
     slow peer, a straggler) costs no CPU. From then on ``check()`` (if given)
     is called every :data:`CHECK_EVERY_S`; it raises to end a wait that can
     never finish (a peer closed, see :mod:`commrt.runtime.departures`).
+    ``moving()`` (if given) says, after a miss, whether the wait's transfer moved
+    since the last call; if it did, the wait goes back to yielding instead of
+    sleeping. A transport whose waiter moves the bytes itself (shared memory)
+    would otherwise sleep between the pieces of a long message it is copying.
     """
     if done():
         return True
@@ -66,6 +71,8 @@ def poll_until(
         now = time.monotonic()
         if now > deadline:
             return done()
+        if moving is not None and moving():
+            start = now
         waited = now - start
         if waited < 5e-3:
             os.sched_yield()

@@ -207,22 +207,23 @@ class ShmTransport(Transport):
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
         """Every rank sends its tensor to every other and sums all of them in rank order, so
-        each rank's result is the same to the bit (the oracle the schedules are tested on)."""
+        each rank's result is the same to the bit: a direct exchange, the oracle the
+        schedules are tested against, not a tuned algorithm."""
         if self.world_size > 1:
             deadline = time.monotonic() + 300.0
             peers = [r for r in range(self.world_size) if r != self.rank]
             theirs = {r: torch.empty_like(tensor) for r in peers}
-            mine = tensor.clone()
             pend = self.exchange(
-                [(mine, r) for r in peers], [(theirs[r], r) for r in peers], NATIVE_TAG
+                [(tensor, r) for r in peers], [(theirs[r], r) for r in peers], NATIVE_TAG
             )
-            for i in range(len(peers)):
+            for i in range(len(peers)):  # every send done before ``tensor`` changes
                 if not (pend.wait_recv(i, deadline) and pend.wait_send(i, deadline)):
                     raise RuntimeError("shm: the native all-reduce timed out after 300 s")
-            theirs[self.rank] = mine
-            tensor.copy_(theirs[0])
+            acc = tensor if self.rank == 0 else theirs[0]
             for r in range(1, self.world_size):
-                tensor.add_(theirs[r])
+                acc.add_(tensor if r == self.rank else theirs[r])
+            if acc is not tensor:
+                tensor.copy_(acc)
         if op == "avg":
             tensor.div_(self.world_size)
 
@@ -245,10 +246,16 @@ class ShmTransport(Transport):
         if op.done:
             return True
 
+        moved = [False]
+
         def done() -> bool:
             with self._lock:
-                self._progress()
+                moved[0] = self._progress() or moved[0]
             return op.done
+
+        def moving() -> bool:
+            was, moved[0] = moved[0], False
+            return was
 
         def check() -> None:
             if self.watch is not None:
@@ -261,7 +268,7 @@ class ShmTransport(Transport):
                     f"while rank {self.rank} waits on it"
                 )
 
-        return poll_until(done, deadline, spin_s, check)
+        return poll_until(done, deadline, spin_s, check, moving)
 
     def withdraw(self, recvs: Sequence[_Op]) -> None:
         """Forget receives that are still posted (a cancelled exchange)."""
@@ -306,16 +313,20 @@ class ShmTransport(Transport):
         )
         self._raise_if_broken()
 
-    def _progress(self) -> None:
+    def _progress(self) -> bool:
+        """Push and pull what fits; whether anything moved."""
         self._raise_if_broken()
+        moved = False
         for peer, queue in self._queued.items():
             if queue:
-                self._push(peer, queue)
+                moved = self._push(peer, queue) or moved
         for inbound in self._in.values():
-            self._pull(inbound)
+            moved = self._pull(inbound) or moved
+        return moved
 
-    def _push(self, peer: int, queue: deque) -> None:
+    def _push(self, peer: int, queue: deque) -> bool:
         ring, tail = self._out[peer], self._tail[peer]
+        was = tail
         space = ring.size - (tail - int(ring.head[0]))
         while queue and space > 0:
             op = queue[0]
@@ -337,9 +348,11 @@ class ShmTransport(Transport):
             queue.popleft()
         self._tail[peer] = tail
         ring.tail[0] = tail
+        return tail != was
 
-    def _pull(self, inbound: _Inbound) -> None:
+    def _pull(self, inbound: _Inbound) -> bool:
         ring, head = inbound.ring, inbound.head
+        was = head
         avail = int(ring.tail[0]) - head
         while avail > 0:
             if inbound.cur is None:
@@ -365,6 +378,7 @@ class ShmTransport(Transport):
             self._landed(inbound)
         inbound.head = head
         ring.head[0] = head
+        return head != was
 
     def _target(self, inbound: _Inbound, tag: int, n: int) -> np.ndarray:
         queue = inbound.posted.get(tag)
