@@ -83,6 +83,8 @@ class CallStats:
     algorithm: str = ""
     #: why: ``auto``'s choice with its predicted time and the runners-up (else ``""``)
     why: str = ""
+    #: the transport the calls went over: ``shm``, ``gloo``, ``mpi`` or ``nccl``
+    transport: str = ""
 
     @property
     def bytes(self) -> int:
@@ -121,6 +123,11 @@ class GroupStats:
         return tuple(dict.fromkeys(a for e in list(self.entries.values()) for a in e.ran))
 
     @property
+    def transports(self) -> tuple[str, ...]:
+        """The transports the calls went over, each once, in the order first seen."""
+        return tuple(dict.fromkeys(e.transport for e in list(self.entries.values())))
+
+    @property
     def calls(self) -> int:
         return sum(e.calls for e in list(self.entries.values()))
 
@@ -141,6 +148,8 @@ class GroupStats:
             f"commrt group {self.group}, rank {self.rank} of {self.world_size}: "
             f"{self.calls} calls, {_size(self.bytes)}, {self.seconds * 1e3:.1f} ms"
         )
+        if self.transports:
+            head += f" over {', '.join(self.transports)}"
         rows = [("op", "size", "dtype", "calls", "ms/call", "algorithm")]
         for e in list(self.entries.values()):
             per = e.per_call_s * 1e3
@@ -264,6 +273,7 @@ class Observer:
         if entry is not None:
             return entry
         entry = self.stats.entries[key] = CallStats(what, nbytes, dtype)
+        entry.transport = comm.transport.name
         if self.speaks:
             self._say(entry, ran, _why(ran, nbytes, comm))
         return entry

@@ -20,7 +20,6 @@ import functools
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -29,8 +28,9 @@ import torch
 from commrt.errors import CommError, CommTimeoutError, PeerClosedError
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.kernels import reduce_
-from commrt.schedule import OpKind, Schedule, chunk_bounds, tags
+from commrt.schedule import Schedule, tags
 from commrt.schedule.p2p import Where, engine_error, timeout_error
+from commrt.schedule.plan import Plan, StepPlan, compile_plan, overlaps
 from commrt.schedule.position import Position
 from commrt.transports.base import Prepared, Transport
 
@@ -41,97 +41,6 @@ _NUMPY_ADD = frozenset((torch.float32, torch.float64, torch.int32, torch.int64))
 #: elements up to which a piece is added by numpy: torch's grain size, below which its add_
 #: runs on one thread as numpy's does (above it torch splits the add across its threads)
 _NUMPY_MAX = 32768
-
-
-@dataclass(frozen=True)
-class Xfer:
-    """One message of one step: elements ``[start, stop)`` of the buffer."""
-
-    peer: int
-    start: int
-    stop: int
-    piece: int
-    reduce: bool = False
-    scratch: int = -1  # offset in the scratch buffer, -1 = straight into the buffer
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    index: int
-    phase: str
-    sends: tuple[Xfer, ...]
-    recvs: tuple[Xfer, ...]
-    #: per receive: how many of this step's sends (in order) must have left before its data
-    #: is written back into the buffer (a sum, or a copy via scratch, where a send reads)
-    after_sends: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A schedule compiled for one rank and one buffer shape."""
-
-    steps: tuple[StepPlan, ...]
-    scratch_numel: int
-    group_size: int
-    num_steps: int
-    send_elems: int  # elements this rank sends over the whole schedule
-
-
-def _pieces(start: int, stop: int, piece: int):
-    a = start
-    k = 0
-    while a < stop:
-        b = min(stop, a + piece)
-        yield k, a, b
-        a, k = b, k + 1
-
-
-def _overlaps(a0: int, a1: int, ranges) -> bool:
-    return any(a0 < b1 and b0 < a1 for b0, b1 in ranges)
-
-
-def _last_overlap(a0: int, a1: int, xfers) -> int:
-    """1 + the index of the last transfer overlapping ``[a0, a1)``, 0 if none does."""
-    return max((j + 1 for j, x in enumerate(xfers) if a0 < x.stop and x.start < a1), default=0)
-
-
-def compile_plan(schedule: Schedule, rank: int, numel: int, piece_elems: int) -> Plan:
-    """This rank's messages for a buffer of ``numel`` elements (see module doc)."""
-    bounds = chunk_bounds(numel, schedule.num_chunks)
-    steps = []
-    scratch_max = 0
-    for index, ((sends, recvs), step) in enumerate(zip(schedule.program(rank), schedule.steps)):
-        send_x, recv_x = [], []
-        send_ranges = [(bounds[o.lo], bounds[o.hi]) for o in sends]
-        recv_ranges = [(bounds[o.lo], bounds[o.hi]) for o in recvs]
-        for o in sends:
-            for k, a, b in _pieces(bounds[o.lo], bounds[o.hi], piece_elems):
-                send_x.append(Xfer(o.peer, a, b, k))
-        scratch = 0
-        after = []
-        for j, o in enumerate(recvs):
-            a0, a1 = recv_ranges[j]
-            reduce = o.kind is OpKind.RECV_REDUCE
-            clash = _overlaps(a0, a1, send_ranges) or _overlaps(
-                a0, a1, recv_ranges[:j] + recv_ranges[j + 1 :]
-            )
-            via_scratch = reduce or clash
-            for k, a, b in _pieces(a0, a1, piece_elems):
-                recv_x.append(Xfer(o.peer, a, b, k, reduce, scratch if via_scratch else -1))
-                # writing back into the buffer must not race a send of this step still
-                # reading there; only the overlapping pieces are waited for, so piece k is
-                # reduced while pieces k+1.. are still on the wire
-                after.append(_last_overlap(a, b, send_x) if via_scratch else 0)
-                if via_scratch:
-                    scratch += b - a
-        # sends are waited for in order: keep the counts non-decreasing
-        for i in range(1, len(after)):
-            after[i] = max(after[i], after[i - 1])
-        scratch_max = max(scratch_max, scratch)
-        if send_x or recv_x:
-            steps.append(StepPlan(index, step.phase, tuple(send_x), tuple(recv_x), tuple(after)))
-    sent = sum(x.stop - x.start for st in steps for x in st.sends)
-    return Plan(tuple(steps), scratch_max, len(schedule.ranks), schedule.num_steps, sent)
 
 
 def _applier(dst: torch.Tensor | None, got: torch.Tensor, reduce: bool, reducer) -> Callable | None:
@@ -160,7 +69,9 @@ class Bound:
     does no slicing, builds no requests and makes no decisions: per step
     ``(plan step, prepared ops, ((receive index, sends to wait for first, apply), ...),
     the sends still to wait for after the last receive)``, where ``apply()`` adds or
-    copies the received data into place (None: it was received in place). ``sent_bytes``
+    copies the received data into place (None: it was received in place, or added in as
+    it arrived, on a transport that :attr:`~commrt.transports.base.Transport.adds_on_receive`
+    where no send or other receive of the step touches that range). ``sent_bytes``
     and ``divisor`` (the ranks an average divides by, 1 for none) are the run's constants.
     """
 
@@ -180,20 +91,27 @@ class Bound:
         self.sent_bytes = plan.send_elems * buf.element_size()
         self.divisor = plan.group_size
         reducer = reducer or default_reduce
+        adding = transport.adds_on_receive and reducer is default_reduce
+        adding = adding and buf.device.type == "cpu" and buf.dtype in _NUMPY_ADD
         self.steps = []
         for sp in plan.steps:
             sends = [(buf[x.start : x.stop], x.peer) for x in sp.sends]
-            recvs, post = [], []
+            recvs, post, adds = [], [], []
             for i, (x, after) in enumerate(zip(sp.recvs, sp.after_sends)):
+                adds.append(adding and x.reduce and _alone(x, sp))
                 into = (
                     buf[x.start : x.stop]
-                    if x.scratch < 0
+                    if x.scratch < 0 or adds[-1]
                     else scratch[x.scratch : x.scratch + x.stop - x.start]
                 )
                 recvs.append((into, x.peer))
-                dst = buf[x.start : x.stop] if x.scratch >= 0 else None
-                post.append((i, after, _applier(dst, into, x.reduce, reducer)))
-            prepared = transport.prepare(sends, recvs, tags.executor(sp.index))
+                dst = buf[x.start : x.stop] if x.scratch >= 0 and not adds[-1] else None
+                post.append((i, after, _applier(dst, into, x.reduce and not adds[-1], reducer)))
+            tag = tags.executor(sp.index)
+            if any(adds):
+                prepared = transport.prepare_adding(sends, recvs, tuple(adds), tag)
+            else:
+                prepared = transport.prepare(sends, recvs, tag)
             # after_sends never decreases: the receives' waits leave the sends from the
             # last one's count on
             tail = tuple(range(post[-1][1] if post else 0, len(sends)))
@@ -203,6 +121,15 @@ class Bound:
         for step in self.steps:
             step[1].free()
         self.steps = []
+
+
+def _alone(x, sp: StepPlan) -> bool:
+    """Whether receive ``x`` may be added into the buffer as its bytes arrive: no send of
+    its step reads that range, and no other receive of the step writes it (their adds
+    would land in either order, and ranks would round differently)."""
+    sends = [(s.start, s.stop) for s in sp.sends]
+    others = [(r.start, r.stop) for r in sp.recvs if r is not x]
+    return not overlaps(x.start, x.stop, sends) and not overlaps(x.start, x.stop, others)
 
 
 def _piece_elems(piece_bytes: int, buf: torch.Tensor) -> int:

@@ -144,6 +144,9 @@ class Transport(abc.ABC):
     #: aborts the communicator), so a wait must never be cut into short ones to look at
     #: something else in between
     waits_break_on_timeout: bool = False
+    #: True where a receive can add its data into the destination as it arrives (shm):
+    #: the executor then skips the scratch buffer and its add (:meth:`prepare_adding`)
+    adds_on_receive: bool = False
     #: the communicator's watch on peers that left (commrt.runtime.departures.Departures), or None;
     #: bounded waits call its ``check()`` and engine errors its ``explain()``
     watch = None
@@ -158,6 +161,14 @@ class Transport(abc.ABC):
     def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
         """Bind a step's sends and receives to their buffers for repeated starts."""
         return Prepared(self, sends, recvs, tag)
+
+    def prepare_adding(
+        self, sends: Sequence[Pair], recvs: Sequence[Pair], adds: tuple, tag: int
+    ) -> Prepared:
+        """:meth:`prepare`, where receive ``i`` with ``adds[i]`` True adds its data into its
+        tensor (elementwise, in the tensor's dtype) instead of overwriting it. Only
+        transports with :attr:`adds_on_receive` implement it."""
+        raise NotImplementedError(f"the {self.name} transport cannot add on receive")
 
     @abc.abstractmethod
     def barrier(self, timeout: float) -> bool:

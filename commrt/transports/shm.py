@@ -45,7 +45,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from commrt.transports.base import Pair, Pending, Transport, poll_until
+from commrt.transports.base import Pair, Pending, Prepared, Transport, poll_until
 
 #: where the ring files live
 SHM_DIR = "/dev/shm"
@@ -112,27 +112,42 @@ class _Ring:
         if first < n:
             dst[first:] = self.data[: n - first]
 
+    def add(self, pos: int, dst: np.ndarray) -> None:
+        """dst += the ring's bytes at ``pos`` read as dst's dtype (positions are 16-aligned,
+        so an element never straddles the ring's end)."""
+        at, size = pos % self.size, dst.itemsize
+        n = min(len(dst), (self.size - at) // size)
+        np.add(dst[:n], self.data[at : at + n * size].view(dst.dtype), out=dst[:n])
+        if n < len(dst):
+            rest = dst[n:]
+            np.add(rest, self.data[: len(rest) * size].view(dst.dtype), out=rest)
+
 
 class _Op:
     """One send or receive: its bytes, how far it got, and whether it is done."""
 
-    __slots__ = ("buf", "peer", "tag", "off", "done")
+    __slots__ = ("buf", "peer", "tag", "off", "done", "elems")
 
-    def __init__(self, buf: np.ndarray, peer: int, tag: int):
+    def __init__(self, buf: np.ndarray, peer: int, tag: int, elems: np.ndarray | None = None):
         self.buf, self.peer, self.tag = buf, peer, tag
         self.off = -1  # a send: -1 until its header is in the ring; a receive: unused
         self.done = False
+        #: a receive that adds: its tensor as elements of its dtype (None: it overwrites)
+        self.elems = elems
 
 
 class _Inbound:
     """What one peer sends this rank: its ring, the message being read, what waits."""
 
-    __slots__ = ("ring", "head", "cur", "cur_off", "cur_len", "cur_tag", "posted", "unexpected")
+    __slots__ = (
+        "ring", "head", "cur", "cur_add", "cur_off", "cur_len", "cur_tag", "posted", "unexpected"
+    )  # fmt: skip
 
     def __init__(self, ring: _Ring):
         self.ring = ring
         self.head = int(ring.head[0])
         self.cur: np.ndarray | None = None  # where the message being read goes
+        self.cur_add: np.ndarray | None = None  # or the elements it is added into
         self.cur_off = self.cur_len = self.cur_tag = 0
         self.posted: dict[int, deque] = {}  # tag -> receives not yet matched, in order
         self.unexpected: dict[int, deque] = {}  # tag -> messages nobody had asked for yet
@@ -154,12 +169,29 @@ class _ShmPending(Pending):
         self.transport.withdraw(self.recvs)
 
 
+class _AddingPrepared(Prepared):
+    """A step whose receives marked in ``adds`` add into their tensors (none: a plain
+    step, whose waits spin for ``spin_s`` as the executor asks)."""
+
+    __slots__ = ("adds",)
+
+    def __init__(self, transport, sends, recvs, tag, adds):
+        super().__init__(transport, sends, recvs, tag)
+        self.adds = adds
+
+    def start(self, spin_s: float = 0.0) -> Pending:
+        pending = self.transport.exchange(self.sends, self.recvs, self.tag, self.adds)
+        pending.spin_s = spin_s
+        return pending
+
+
 class ShmTransport(Transport):
     """Point-to-point through shared-memory rings between ranks of one host. Made by
     :func:`connect`, which every rank calls together."""
 
     name = "shm"
     pollable = True
+    adds_on_receive = True
     #: the store the ranks met through (the stall watch meets there too); set by connect()
     store = None
 
@@ -184,8 +216,20 @@ class ShmTransport(Transport):
         self._broken: str | None = None
 
     # -- the interface
-    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
-        rops = [_Op(_bytes_of(t), peer, tag) for t, peer in recvs]
+    def exchange(
+        self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int, adds: tuple = ()
+    ) -> Pending:
+        """Start ``sends`` and ``recvs``; receive ``i`` with ``adds[i]`` adds into its
+        tensor as the bytes arrive (:meth:`prepare_adding`)."""
+        rops = [
+            _Op(
+                _bytes_of(t),
+                peer,
+                tag,
+                t.reshape(-1).numpy() if i < len(adds) and adds[i] else None,
+            )
+            for i, (t, peer) in enumerate(recvs)
+        ]
         sops = [_Op(_bytes_of(t), peer, tag) for t, peer in sends]
         with self._lock:
             self._raise_if_broken()
@@ -195,6 +239,14 @@ class ShmTransport(Transport):
                 self._queued[op.peer].append(op)
             self._progress()
         return _ShmPending(self, sops, rops)
+
+    def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
+        return _AddingPrepared(self, sends, recvs, tag, ())
+
+    def prepare_adding(
+        self, sends: Sequence[Pair], recvs: Sequence[Pair], adds: tuple, tag: int
+    ) -> Prepared:
+        return _AddingPrepared(self, sends, recvs, tag, adds)
 
     def barrier(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -281,7 +333,9 @@ class ShmTransport(Transport):
                 if queue is not None and op in queue:
                     queue.remove(op)
                 if inbound is not None and inbound.cur is op.buf:  # being read: read it aside
-                    inbound.cur = op.buf.copy()
+                    if inbound.cur_add is not None:  # half added in: nothing left to match
+                        self._broken = "a receive was withdrawn while its data was added in"
+                    inbound.cur, inbound.cur_add = op.buf.copy(), None
 
     def _peer_alive(self, peer: int) -> bool:
         pid, started = self._pids[peer]
@@ -303,7 +357,10 @@ class ShmTransport(Transport):
     def _deliver(self, op: _Op, message: np.ndarray) -> None:
         if len(message) != len(op.buf):
             self._truncated(op.peer, op.tag, len(message), len(op.buf))
-        op.buf[:] = message
+        if op.elems is not None:
+            np.add(op.elems, message.view(op.elems.dtype), out=op.elems)
+        else:
+            op.buf[:] = message
         op.done = True
 
     def _truncated(self, peer: int, tag: int, sent: int, posted: int) -> None:
@@ -370,7 +427,10 @@ class ShmTransport(Transport):
             off, n = inbound.cur_off, inbound.cur_len
             chunk = min(_pad(n) - off, avail)
             real = max(0, min(n - off, chunk))
-            if real:
+            if real and inbound.cur_add is not None:
+                size = inbound.cur_add.itemsize
+                ring.add(head, inbound.cur_add[off // size : (off + real) // size])
+            elif real:
                 ring.get(head, inbound.cur[off : off + real])
             head, avail, inbound.cur_off = head + chunk, avail - chunk, off + chunk
             if inbound.cur_off < _pad(n):
@@ -386,6 +446,7 @@ class ShmTransport(Transport):
             op = queue[0]
             if len(op.buf) != n:
                 self._truncated(op.peer, tag, n, len(op.buf))
+            inbound.cur_add = op.elems
             return op.buf
         return np.empty(n, np.uint8)
 
@@ -398,7 +459,7 @@ class ShmTransport(Transport):
                 self._deliver(queue.popleft(), inbound.cur)
             else:
                 inbound.unexpected.setdefault(inbound.cur_tag, deque()).append(inbound.cur)
-        inbound.cur = None
+        inbound.cur = inbound.cur_add = None
 
 
 def _ring_offset(src: int, dst: int, ring_bytes: int) -> int:

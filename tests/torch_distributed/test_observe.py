@@ -42,7 +42,7 @@ for _ in range(int(sys.argv[2])):
 s = commrt.distributed.stats()
 rows = [dict(op=e.op, nbytes=e.nbytes, calls=e.calls, algorithm=e.algorithm,
              ran=e.ran, why=e.why, seconds=e.seconds) for e in s.entries.values()]
-out = dict(rows=rows, algorithms=s.algorithms, text=str(s))
+out = dict(rows=rows, algorithms=s.algorithms, transports=s.transports, text=str(s))
 with open(os.path.join(sys.argv[1], os.environ["RANK"] + ".json"), "w") as f:
     json.dump(out, f)
 dist.destroy_process_group()
@@ -95,6 +95,8 @@ def test_stats_name_autos_choice_and_why_for_every_bucket(job):
         )
         # the printed table names every bucket's choice and fits a terminal
         assert "auto:" in stats["text"] and max(map(len, stats["text"].splitlines())) <= 80
+        # torchrun on one host: the CPU calls went through shared memory, and say so
+        assert stats["transports"] == ["shm"] and " over shm\n" in stats["text"]
     # auto's choices are agreed: both ranks ran the same schedules
     ran = [[_allreduces(r["rows"])[n]["ran"] for n in BUCKETS] for r in ranks]
     assert ran[0] == ran[1]

@@ -195,3 +195,59 @@ def test_no_room_in_dev_shm_shrinks_the_rings_then_refuses(monkeypatch):
     assert shm_connect.ring_size(8, 8) == 512 << 10  # 56 rings in half of 64 MiB
     monkeypatch.setattr(shm_connect.os, "statvfs", lambda _: Stat(1 << 20))
     assert shm_connect.ring_size(8, 8) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+def test_a_receive_that_adds_sums_in_its_dtype_across_the_ring_end_and_aside(dtype, monkeypatch):
+    # 4 KiB rings: 3000 elements wrap many times; the second message arrives before its
+    # receive is posted (read aside), and is added in when it is
+    n = 3000
+
+    def values(rank, k):
+        g = torch.Generator().manual_seed(10 * rank + k)
+        return (torch.randn(n, generator=g) * 1000).to(dtype)
+
+    def fn(t):
+        peer, deadline = 1 - t.rank, time.monotonic() + 20
+        mine, late = values(t.rank, 0), values(t.rank, 1)
+        acc, acc_late = values(t.rank, 2), values(t.rank, 3)
+        pend = t.exchange([(mine, peer), (late, peer)], [(acc, peer)], 5, adds=(True,))
+        assert pend.wait_recv(0, deadline) and pend.wait_send(1, deadline)
+        t.barrier(10)  # the peer's late message is in this rank's ring or aside by now
+        aside = t.exchange([], [(acc_late, peer)], 5, adds=(True,))
+        assert aside.wait_recv(0, deadline)
+        return (
+            torch.equal(acc, values(t.rank, 2) + values(peer, 0)),
+            torch.equal(acc_late, values(t.rank, 3) + values(peer, 1)),
+        )
+
+    assert _ranks(2, fn, 4096, monkeypatch) == [(True, True)] * 2
+
+
+def test_the_executor_adds_on_receive_and_rounds_as_with_a_scratch_buffer():
+    # the same schedules on shared memory (receives add in place) and on the same ranks
+    # with adding turned off (scratch + add): equal to the bit, and adding was used
+    import commrt.algorithms as algs
+    from commrt.schedule.executor import Executor
+
+    def fn(t):
+        used = []
+        real = t.prepare_adding
+        t.prepare_adding = lambda *a: used.append(a[2]) or real(*a)
+        out = []
+        for adding in (True, False):
+            t.adds_on_receive = adding
+            ex = Executor()
+            for alg in (algs.Ring(), algs.HalvingDoubling(), algs.Torus2D(rows=2, cols=2)):
+                x = torch.randn(10_001, generator=torch.Generator().manual_seed(t.rank))
+                ex.run(alg.schedule(4), x, t, timeout=30, piece_bytes=4096)
+                out.append(x)
+        return used, out
+
+    results = _ranks(4, fn)
+    for used, out in results:
+        assert used and all(any(a) for a in used)
+        for a, b in zip(out[:3], out[3:]):
+            assert torch.equal(a, b)
+    want = sum(torch.randn(10_001, generator=torch.Generator().manual_seed(r)) for r in range(4))
+    torch.testing.assert_close(results[0][1][0], want, rtol=1e-5, atol=1e-5)
