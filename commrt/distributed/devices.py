@@ -1,11 +1,11 @@
 """One commrt communicator per device type, for one torch.distributed group.
 
-* CPU: MPI when mpiexec started the ranks and the group is the whole
-  world; else shared-memory rings (:mod:`commrt.transports.shm`) when
-  every rank of the group is on this host and can map the others' memory;
-  else gloo. Both of the last meet through the group's store (a ``cpu/``
-  prefix of it). ``Options(cpu_transport=...)`` picks one. Made when the
-  group is made.
+* CPU: shared-memory rings (:mod:`commrt.transports.shm`) when every rank
+  of the group is on this host and can map the others' memory; else MPI
+  when mpiexec started the ranks and the group is the whole world; else
+  gloo. Shared memory and gloo meet through the group's store (a ``cpu/``
+  prefix of it). ``Options(cpu_transport=...)`` or ``COMMRT_CPU_TRANSPORT``
+  picks one. Made when the group is made.
 * CUDA: NCCL whose unique id travels through the store (a ``cuda/``
   prefix), on the device of the first CUDA call's tensor, with the group's
   timeout. It is made on the group's call thread, when that call runs (a
@@ -66,8 +66,8 @@ class Options:
     ``torus2d``, ``halving_doubling``, ...) or instance; None reads
     ``COMMRT_ALGORITHM`` (default ``auto``). Reduce-scatter and all-gather run
     it where it has those schedules, else ring.
-    ``cpu_transport``: ``"auto"`` (MPI under mpiexec for the world group,
-    else shared memory where every rank is on one host, else gloo), ``"shm"``,
+    ``cpu_transport``: ``"auto"`` (shared memory where every rank is on one
+    host, else MPI under mpiexec for the world group, else gloo), ``"shm"``,
     ``"gloo"`` or ``"mpi"``; ``COMMRT_CPU_TRANSPORT`` sets it for ``"auto"``. ``piece_bytes``: pipelining grain.
     ``debug``: check every call across ranks (default: ``COMMRT_DEBUG``).
     ``warm_dtypes``: the dtypes whose reduce kernel is warmed when the CUDA
@@ -282,18 +282,18 @@ class DeviceComms:
                 "commrt process group: cpu_transport='mpi' needs the group to be mpiexec's "
                 f"whole world (this one is ranks {self.global_ranks}); use 'gloo' or 'auto'"
             )
-        if want == "mpi" or (want == "auto" and world):
-            return self._wrap(_mpi_in_torch_order(self.rank), Backend.MPI)
         store = dist.PrefixStore("cpu/", self.store)
         if want == "shm":
             made = shm_transport(store, self.rank, self.size, self.timeout, "cpu_transport 'shm'")
             return self._wrap(made, Backend.SHM)
-        if want == "auto" and self.size > 1:
+        if want == "auto" and self.size > 1:  # one host: shared memory beats MPI and gloo
             from commrt.transports.shm_connect import connect
 
             made = connect(store, self.rank, self.size, self.timeout)
             if not isinstance(made, str):
                 return self._wrap(made, Backend.SHM)
+        if want == "mpi" or (want == "auto" and world):
+            return self._wrap(_mpi_in_torch_order(self.rank), Backend.MPI)
         from commrt.transports.gloo import GlooTransport
 
         return self._wrap(GlooTransport(store, self.rank, self.size, self.timeout), Backend.GLOO)

@@ -50,18 +50,24 @@ def test_ddp_over_commrt_equals_ddp_over_gloo_torchrun_style(tmp_path, transport
 
 
 @pytest.mark.mpi
-def test_ddp_over_commrt_equals_ddp_over_gloo_under_mpiexec(tmp_path):
+@pytest.mark.parametrize("transport", ["shm", "mpi"])
+def test_ddp_over_commrt_equals_ddp_over_gloo_under_mpiexec(tmp_path, transport):
+    """On one host the world group goes through shared memory; COMMRT_CPU_TRANSPORT=mpi
+    keeps MPI's path tested."""
     out = tmp_path / "report.json"
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    mpiexec(4, "td_ddp_worker.py", out, timeout=400, env=dict(env, COMMRT_ALGORITHM="torus2d"))
-    _check_ddp(json.loads(out.read_text()), 4, ["torus2d"], "mpi")
+    env["COMMRT_ALGORITHM"] = "torus2d"
+    if transport == "mpi":
+        env["COMMRT_CPU_TRANSPORT"] = "mpi"
+    mpiexec(4, "td_ddp_worker.py", out, timeout=400, env=env)
+    _check_ddp(json.loads(out.read_text()), 4, ["torus2d"], transport)
 
 
 @pytest.mark.mpi
 def test_world_group_under_mpiexec_runs_over_mpi_in_torch_rank_order(tmp_path):
     """init_method= with explicit ranks (reversed against MPI's): still MPI, torch's order."""
     out = tmp_path / "report.json"
-    mpiexec(3, "td_mpi_order_worker.py", out, timeout=200)
+    mpiexec(3, "td_mpi_order_worker.py", out, timeout=200, env={"COMMRT_CPU_TRANSPORT": "mpi"})
     assert json.loads(out.read_text()) == {"cpu_transport": "mpi", "results_right": [True] * 3}
 
 

@@ -251,3 +251,24 @@ def test_the_executor_adds_on_receive_and_rounds_as_with_a_scratch_buffer():
             assert torch.equal(a, b)
     want = sum(torch.randn(10_001, generator=torch.Generator().manual_seed(r)) for r in range(4))
     torch.testing.assert_close(results[0][1][0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_wait_whose_transfer_moves_keeps_yielding_instead_of_sleeping(monkeypatch):
+    # the clock advances 1 ms a poll: without moving() the wait would sleep after 5 ms
+    from commrt.transports import base
+
+    clock, slept, polls = [0.0], [], [0]
+    monkeypatch.setattr(base.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(base.time, "sleep", lambda s: slept.append(s))
+    monkeypatch.setattr(base.os, "sched_yield", lambda: None)
+
+    def done():
+        clock[0] += 1e-3
+        polls[0] += 1
+        return polls[0] > 50
+
+    assert base.poll_until(done, 100.0, moving=lambda: True)
+    assert slept == []
+    polls[0] = 0
+    assert base.poll_until(done, 100.0, moving=lambda: False)
+    assert len(slept) > 40
