@@ -55,6 +55,10 @@ def connect(store, rank: int, world_size: int, timeout: float) -> "ShmTransport 
     its file of inbound rings, maps every peer's, and checks that it sees every peer's
     process. Returns the transport, or, on every rank alike, why the ranks cannot share
     memory (another host, another /dev/shm or pid namespace, no room)."""
+    if world_size == 1:  # nobody to share with: no files
+        alone = ShmTransport(rank, 1, {}, RING_BYTES, {})
+        alone.store = store
+        return alone
     gen = store.add(f"shm_generation/{rank}", 1)
     key = f"shm/{gen}/"
     reason = unusable()

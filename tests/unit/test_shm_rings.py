@@ -272,3 +272,11 @@ def test_a_wait_whose_transfer_moves_keeps_yielding_instead_of_sleeping(monkeypa
     polls[0] = 0
     assert base.poll_until(done, 100.0, moving=lambda: False)
     assert len(slept) > 40
+
+
+def test_a_world_of_one_needs_no_files_and_reduces_to_itself():
+    t = connect(dist.HashStore(), 0, 1, 30)
+    x = torch.arange(5.0)
+    t.native_all_reduce(x, op="avg")
+    assert torch.equal(x, torch.arange(5.0)) and t.barrier(1)
+    t.close()
