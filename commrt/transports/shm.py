@@ -136,8 +136,19 @@ class _Op:
         self.elems = elems
 
 
+class _Truncated(RuntimeError):
+    """A message longer or shorter than the receive posted for it: the stream is broken."""
+
+    def __init__(self, peer: int, tag: int, sent: int, posted: int):
+        super().__init__(
+            f"message truncated: rank {peer} sent {sent} bytes with tag {tag} where "
+            f"{posted} were posted for it"
+        )
+
+
 class _Inbound:
-    """What one peer sends this rank: its ring, the message being read, what waits."""
+    """What one peer sends this rank: its ring, the message being read, the receives
+    posted for it and the messages that came before their receive."""
 
     __slots__ = (
         "ring", "head", "cur", "cur_add", "cur_off", "cur_len", "cur_tag", "posted", "unexpected"
@@ -151,6 +162,84 @@ class _Inbound:
         self.cur_off = self.cur_len = self.cur_tag = 0
         self.posted: dict[int, deque] = {}  # tag -> receives not yet matched, in order
         self.unexpected: dict[int, deque] = {}  # tag -> messages nobody had asked for yet
+
+    def post(self, op: _Op) -> None:
+        waiting = self.unexpected.get(op.tag)
+        if waiting:
+            _deliver(op, waiting.popleft())
+            return
+        self.posted.setdefault(op.tag, deque()).append(op)
+
+    def withdraw(self, op: _Op) -> bool:
+        """Forget a posted receive; False if half its data was already added in."""
+        queue = self.posted.get(op.tag)
+        if queue is not None and op in queue:
+            queue.remove(op)
+        if self.cur is not op.buf:
+            return True
+        half_added = self.cur_add is not None
+        self.cur, self.cur_add = op.buf.copy(), None  # being read: read it aside
+        return not half_added
+
+    def pull(self) -> bool:
+        """Read what arrived into the receives it is for (or aside); whether any moved."""
+        ring, head = self.ring, self.head
+        was = head
+        avail = int(ring.tail[0]) - head
+        while avail > 0:
+            if self.cur is None:
+                if avail < 16:
+                    break
+                at = (head % ring.size) // 8
+                tag, n = int(ring.words[at]), int(ring.words[at + 1])
+                head, avail = head + 16, avail - 16
+                self.cur, self.cur_tag, self.cur_len, self.cur_off = self._target(tag, n), tag, n, 0
+            off, n = self.cur_off, self.cur_len
+            chunk = min(_pad(n) - off, avail)
+            real = max(0, min(n - off, chunk))
+            if real and self.cur_add is not None:
+                size = self.cur_add.itemsize
+                ring.add(head, self.cur_add[off // size : (off + real) // size])
+            elif real:
+                ring.get(head, self.cur[off : off + real])
+            head, avail, self.cur_off = head + chunk, avail - chunk, off + chunk
+            if self.cur_off < _pad(n):
+                break
+            self._landed()
+        self.head = head
+        ring.head[0] = head
+        return head != was
+
+    def _target(self, tag: int, n: int) -> np.ndarray:
+        queue = self.posted.get(tag)
+        if queue:
+            op = queue[0]
+            if len(op.buf) != n:
+                raise _Truncated(op.peer, tag, n, len(op.buf))
+            self.cur_add = op.elems
+            return op.buf
+        return np.empty(n, np.uint8)
+
+    def _landed(self) -> None:
+        queue = self.posted.get(self.cur_tag)
+        if queue and queue[0].buf is self.cur:
+            queue.popleft().done = True
+        elif queue:  # a receive was posted while the message was being read aside
+            _deliver(queue.popleft(), self.cur)
+        else:  # nobody asked yet
+            self.unexpected.setdefault(self.cur_tag, deque()).append(self.cur)
+        self.cur = self.cur_add = None
+
+
+def _deliver(op: _Op, message: np.ndarray) -> None:
+    """Hand a message that was read aside to its receive."""
+    if len(message) != len(op.buf):
+        raise _Truncated(op.peer, op.tag, len(message), len(op.buf))
+    if op.elems is not None:
+        np.add(op.elems, message.view(op.elems.dtype), out=op.elems)
+    else:
+        op.buf[:] = message
+    op.done = True
 
 
 class _ShmPending(Pending):
@@ -233,8 +322,12 @@ class ShmTransport(Transport):
         sops = [_Op(_bytes_of(t), peer, tag) for t, peer in sends]
         with self._lock:
             self._raise_if_broken()
-            for op in rops:
-                self._post(op)
+            try:
+                for op in rops:
+                    self._in[op.peer].post(op)
+            except _Truncated as e:
+                self._broken = str(e)
+                self._raise_if_broken()
             for op in sops:
                 self._queued[op.peer].append(op)
             self._progress()
@@ -326,16 +419,10 @@ class ShmTransport(Transport):
         """Forget receives that are still posted (a cancelled exchange)."""
         with self._lock:
             for op in recvs:
-                if op.done:
-                    continue
                 inbound = self._in.get(op.peer)
-                queue = inbound.posted.get(op.tag) if inbound is not None else None
-                if queue is not None and op in queue:
-                    queue.remove(op)
-                if inbound is not None and inbound.cur is op.buf:  # being read: read it aside
-                    if inbound.cur_add is not None:  # half added in: nothing left to match
-                        self._broken = "a receive was withdrawn while its data was added in"
-                    inbound.cur, inbound.cur_add = op.buf.copy(), None
+                if op.done or inbound is None or inbound.withdraw(op):
+                    continue
+                self._broken = "a receive was withdrawn while its data was added in"
 
     def _peer_alive(self, peer: int) -> bool:
         pid, started = self._pids[peer]
@@ -346,30 +433,6 @@ class ShmTransport(Transport):
         if self._broken is not None:
             raise RuntimeError(f"shm: rank {self.rank}: {self._broken}")
 
-    def _post(self, op: _Op) -> None:
-        inbound = self._in[op.peer]
-        waiting = inbound.unexpected.get(op.tag)
-        if waiting:
-            self._deliver(op, waiting.popleft())
-            return
-        inbound.posted.setdefault(op.tag, deque()).append(op)
-
-    def _deliver(self, op: _Op, message: np.ndarray) -> None:
-        if len(message) != len(op.buf):
-            self._truncated(op.peer, op.tag, len(message), len(op.buf))
-        if op.elems is not None:
-            np.add(op.elems, message.view(op.elems.dtype), out=op.elems)
-        else:
-            op.buf[:] = message
-        op.done = True
-
-    def _truncated(self, peer: int, tag: int, sent: int, posted: int) -> None:
-        self._broken = (
-            f"message truncated: rank {peer} sent {sent} bytes with tag {tag} where "
-            f"{posted} were posted for it"
-        )
-        self._raise_if_broken()
-
     def _progress(self) -> bool:
         """Push and pull what fits; whether anything moved."""
         self._raise_if_broken()
@@ -377,8 +440,12 @@ class ShmTransport(Transport):
         for peer, queue in self._queued.items():
             if queue:
                 moved = self._push(peer, queue) or moved
-        for inbound in self._in.values():
-            moved = self._pull(inbound) or moved
+        try:
+            for inbound in self._in.values():
+                moved = inbound.pull() or moved
+        except _Truncated as e:
+            self._broken = str(e)
+            self._raise_if_broken()
         return moved
 
     def _push(self, peer: int, queue: deque) -> bool:
@@ -406,60 +473,6 @@ class ShmTransport(Transport):
         self._tail[peer] = tail
         ring.tail[0] = tail
         return tail != was
-
-    def _pull(self, inbound: _Inbound) -> bool:
-        ring, head = inbound.ring, inbound.head
-        was = head
-        avail = int(ring.tail[0]) - head
-        while avail > 0:
-            if inbound.cur is None:
-                if avail < 16:
-                    break
-                at = (head % ring.size) // 8
-                tag, n = int(ring.words[at]), int(ring.words[at + 1])
-                head, avail = head + 16, avail - 16
-                inbound.cur, inbound.cur_tag, inbound.cur_len, inbound.cur_off = (
-                    self._target(inbound, tag, n),
-                    tag,
-                    n,
-                    0,
-                )
-            off, n = inbound.cur_off, inbound.cur_len
-            chunk = min(_pad(n) - off, avail)
-            real = max(0, min(n - off, chunk))
-            if real and inbound.cur_add is not None:
-                size = inbound.cur_add.itemsize
-                ring.add(head, inbound.cur_add[off // size : (off + real) // size])
-            elif real:
-                ring.get(head, inbound.cur[off : off + real])
-            head, avail, inbound.cur_off = head + chunk, avail - chunk, off + chunk
-            if inbound.cur_off < _pad(n):
-                break
-            self._landed(inbound)
-        inbound.head = head
-        ring.head[0] = head
-        return head != was
-
-    def _target(self, inbound: _Inbound, tag: int, n: int) -> np.ndarray:
-        queue = inbound.posted.get(tag)
-        if queue:
-            op = queue[0]
-            if len(op.buf) != n:
-                self._truncated(op.peer, tag, n, len(op.buf))
-            inbound.cur_add = op.elems
-            return op.buf
-        return np.empty(n, np.uint8)
-
-    def _landed(self, inbound: _Inbound) -> None:
-        queue = inbound.posted.get(inbound.cur_tag)
-        if queue and queue[0].buf is inbound.cur:
-            queue.popleft().done = True
-        else:  # nobody asked yet, or a receive was posted while it was being read aside
-            if queue:
-                self._deliver(queue.popleft(), inbound.cur)
-            else:
-                inbound.unexpected.setdefault(inbound.cur_tag, deque()).append(inbound.cur)
-        inbound.cur = inbound.cur_add = None
 
 
 def _ring_offset(src: int, dst: int, ring_bytes: int) -> int:

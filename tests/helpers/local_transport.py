@@ -74,15 +74,21 @@ class LocalTransport(Transport):
 def run_ranks(world_size, fn):
     """Run ``fn(transport)`` on ``world_size`` threads; return their results in rank order."""
     box = Mailbox()
+    return on_threads(world_size, lambda r: fn(LocalTransport(box, r, world_size)))
+
+
+def on_threads(world_size, body):
+    """Run ``body(rank)`` on ``world_size`` threads; return their results in rank order and
+    raise the first rank's error, in the caller's thread."""
     results, errors = [None] * world_size, []
 
-    def body(r):
+    def run(r):
         try:
-            results[r] = fn(LocalTransport(box, r, world_size))
+            results[r] = body(r)
         except BaseException as e:  # surfaced below, in the test thread
             errors.append((r, e))
 
-    threads = [threading.Thread(target=body, args=(r,)) for r in range(world_size)]
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world_size)]
     for t in threads:
         t.start()
     for t in threads:

@@ -85,7 +85,9 @@ class Cuda:
 
 #: a communicator as the group's stats read it after a call: a world of one runs nothing
 ALONE = types.SimpleNamespace(
-    world_size=1, executor=types.SimpleNamespace(last_schedule=None, position=Position())
+    world_size=1,
+    transport=types.SimpleNamespace(name="stand-in"),
+    executor=types.SimpleNamespace(last_schedule=None, position=Position()),
 )
 
 

@@ -13,6 +13,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.local_transport import on_threads
 
 from commrt.transports import shm, shm_connect
 from commrt.transports.shm_connect import connect
@@ -24,26 +25,17 @@ def _ranks(n, fn, ring_bytes=None, monkeypatch=None):
         monkeypatch.setattr(shm_connect, "RING_BYTES", ring_bytes)
         monkeypatch.setattr(shm_connect, "MIN_RING_BYTES", min(ring_bytes, 1024))
     store = dist.HashStore()
-    out, errors = [None] * n, []
 
     def run(rank):
+        t = connect(store, rank, n, 30)
+        if isinstance(t, str):
+            return t
         try:
-            t = connect(store, rank, n, 30)
-            try:
-                out[rank] = fn(t) if not isinstance(t, str) else t
-            finally:
-                if not isinstance(t, str):
-                    t.close()
-        except BaseException as e:  # reported below
-            errors.append((rank, e))
+            return fn(t)
+        finally:
+            t.close()
 
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(60)
-    assert not errors, errors
-    return out
+    return on_threads(n, run)
 
 
 def _pattern(src, dst, n):
