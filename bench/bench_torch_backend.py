@@ -255,14 +255,16 @@ def test_all_reduce_alternated(benchmark, record_bandwidth, groups):
 
 
 FLOOR_IMPLS = ("mpi_allreduce", "gloo", "ring", "recursive_doubling", "halving_doubling")
+#: commrt's algorithms through shared memory in the floor (names as they print)
+FLOOR_SHM = ("shm:ring", "shm:halving_doubling")
 
 
 @pytest.mark.parametrize("mb", [25, 100])
 def test_all_reduce_floor(benchmark, record_bandwidth, groups, mb):
     """What a large all-reduce costs at the least on these ranks: mpi4py's ``Allreduce``
     (numpy), gloo's ``dist.all_reduce`` and ``commrt.all_reduce`` with each algorithm forced,
-    on one buffer, alternated call by call (issue 42's floor: one DDP bucket, and the MLP's
-    100 MB of gradients in one call)."""
+    over MPI and (``shm:``) through shared memory, on one buffer, alternated call by call
+    (issue 42's floor: one DDP bucket, and the MLP's 100 MB of gradients in one call)."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         pytest.skip("the floor compares MPI_Allreduce: run under mpiexec")
     from mpi4py import MPI
@@ -271,15 +273,17 @@ def test_all_reduce_floor(benchmark, record_bandwidth, groups, mb):
         pytest.skip("the floor compares MPI_Allreduce: run under mpiexec")
     t = torch.zeros(mb * 2**20 // 4)  # zeros: a sum repeated in place stays finite
     comm = commrt.init(backend="mpi")
+    shm = commrt.init(backend="shm")
     world, a = MPI.COMM_WORLD, t.numpy()
 
-    def forced(alg):
-        return lambda: commrt.all_reduce(t, comm, algorithm=alg, op="sum")
+    def forced(alg, over=comm):
+        return lambda: commrt.all_reduce(t, over, algorithm=alg, op="sum")
 
     calls = {
         "mpi_allreduce": lambda: world.Allreduce(MPI.IN_PLACE, a, op=MPI.SUM),
         "gloo": lambda: dist.all_reduce(t, group=groups["gloo"]),
         **{alg: forced(alg) for alg in FLOOR_IMPLS[2:]},
+        **{name: forced(name[4:], shm) for name in FLOOR_SHM},
     }
     turns = Alternated(calls, world.Barrier)
     p = dist.get_world_size()
@@ -288,6 +292,7 @@ def test_all_reduce_floor(benchmark, record_bandwidth, groups, mb):
     group = f"one {mb} MB all_reduce: the floor, alternated call by call ({p} ranks)"
     turns.record(benchmark, record_bandwidth, group, f"{mb}MB", ref="gloo", what="call")
     comm.close()
+    shm.close()
 
 
 @pytest.mark.parametrize("impl", ["commrt", "gloo"])

@@ -53,6 +53,18 @@ def default_backend() -> str:
     return "mpi" if launcher.mpiexec_path() else "gloo"
 
 
+def _on_this_host(backend: str) -> str:
+    """commrt train's own ranks all run on this host: where ``auto`` fell back to gloo
+    (no GPU, no MPI), shared memory serves them better, where it can be used here
+    (:func:`commrt.transports.shm_connect.unusable`). Not for jobs whose ranks may die:
+    their recovery runs over gloo."""
+    if backend != "gloo" or launcher.already_launched():
+        return backend
+    from commrt.transports.shm_connect import unusable
+
+    return "shm" if unusable() is None else backend
+
+
 #: why backup workers (``commrt train --algorithm backup``) do not run over MPI
 MPI_KILLS_ALL = "MPI ends every rank when one dies"
 
@@ -125,6 +137,8 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     survives = backups is not None or (may_die > 0 and kill)  # must run where a rank may die
     who = "backup workers run" if backups is not None else "gossip with a deadline runs"
     backend = check_backend(parser, args.backend, backups=survives, kill=kill, who=who)
+    if args.backend == "auto" and options is not None and not survives and not restarts:
+        backend = _on_this_host(backend)
     if restarts and backend != "gloo":
         parser.error(
             f"--max-restarts with --backend {backend}: only gloo lets a replacement rejoin "

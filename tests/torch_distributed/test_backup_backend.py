@@ -68,3 +68,18 @@ def test_auto_backend_runs_gossip_with_a_deadline_and_a_kill_over_gloo_and_says_
     assert "gossip with a deadline runs over gloo: MPI ends every rank when one dies" in out
     ((argv, nproc, kw),) = launched
     assert argv[-2:] == ["--backend", "gloo"] and kw["tolerate"] >= 1
+
+
+def test_auto_backend_without_mpi_runs_commrt_trains_own_ranks_through_shared_memory(
+    launched, monkeypatch, capsys
+):
+    monkeypatch.setattr(commands, "default_backend", lambda: "gloo")
+    assert main(["train", "--nproc", "2"]) == 0
+    assert "starting 2 ranks (shm)" in capsys.readouterr().out
+    assert launched[0][0][-2:] == ["--backend", "shm"]
+
+
+def test_auto_backend_without_mpi_keeps_gloo_where_ranks_may_die(launched, monkeypatch, capsys):
+    monkeypatch.setattr(commands, "default_backend", lambda: "gloo")
+    assert main([*BACKUP, "--kill", "3:20"]) == 0
+    assert "starting 4 ranks (gloo)" in capsys.readouterr().out
