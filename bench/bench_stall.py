@@ -32,7 +32,7 @@ import pytest
 import commrt
 from commrt.cli.bench import timing_buffer
 from commrt.cli.launch import already_launched
-from commrt.schedule.executor import Executor, _piece_elems, _run_step
+from commrt.schedule.executor import Executor, _run_step
 
 multi_rank = pytest.mark.skipif(
     not already_launched(), reason="multi-rank benchmark: run under mpiexec -n 2 python -m pytest"
@@ -45,18 +45,7 @@ class BareExecutor(Executor):
 
     def run(self, schedule, buf, transport, timeout, piece_bytes=4 << 20, average=False,
             reduce=None, bucket=None, tracer=None, owner=None, spin_s=0.0):  # fmt: skip
-        last = self._last
-        if (
-            last is not None and last[0] is schedule and last[1] == buf.data_ptr()
-            and last[2] == buf.numel() and last[3] is buf.dtype and last[4] is transport
-            and last[5] == piece_bytes and last[6] is reduce and not self._dead
-        ):  # fmt: skip
-            bound = last[7]
-        else:
-            piece_elems = _piece_elems(piece_bytes, buf)
-            bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
-            last = (schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes)
-            self._last = last + (reduce, bound)
+        bound = self._bound_for(schedule, buf, transport, piece_bytes, reduce, owner)
         if not bound.member:
             return 0
         if transport.stream_ordered or tracer is not None:

@@ -271,6 +271,29 @@ class Executor:
         self._last = None
         self._scratch.clear()
 
+    def _bound_for(self, schedule, buf, transport, piece_bytes, reduce, owner) -> Bound:
+        """The bound plan for this call: the last call's when it had the same schedule,
+        buffer, transport, piece size and reducer (one comparison per field, the hot path
+        of a repeated collective), else a new binding, remembered as the last."""
+        last = self._last
+        if (
+            last is not None
+            and last[0] is schedule
+            and last[1] == buf.data_ptr()
+            and last[2] == buf.numel()
+            and last[3] is buf.dtype
+            and last[4] is transport
+            and last[5] == piece_bytes
+            and last[6] is reduce
+            and not self._dead
+        ):
+            return last[7]
+        piece_elems = _piece_elems(piece_bytes, buf)
+        bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
+        last = (schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes)
+        self._last = last + (reduce, bound)
+        return bound
+
     def run(
         self,
         schedule: Schedule,
@@ -299,24 +322,7 @@ class Executor:
         ``spin_s``: how long a wait polls before it yields the core
         (:func:`~commrt.transports.base.poll_until`); for callers that block.
         """
-        last = self._last
-        if (
-            last is not None
-            and last[0] is schedule
-            and last[1] == buf.data_ptr()
-            and last[2] == buf.numel()
-            and last[3] is buf.dtype
-            and last[4] is transport
-            and last[5] == piece_bytes
-            and last[6] is reduce
-            and not self._dead
-        ):
-            bound = last[7]
-        else:
-            piece_elems = _piece_elems(piece_bytes, buf)
-            bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
-            last = (schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes)
-            self._last = last + (reduce, bound)
+        bound = self._bound_for(schedule, buf, transport, piece_bytes, reduce, owner)
         if not bound.member:
             return 0
         pos = self.position  # a few attribute writes: no lock, no clock, no allocation
