@@ -68,7 +68,8 @@ class Options:
     it where it has those schedules, else ring.
     ``cpu_transport``: ``"auto"`` (shared memory where every rank is on one
     host, else MPI under mpiexec for the world group, else gloo), ``"shm"``,
-    ``"gloo"`` or ``"mpi"``; ``COMMRT_CPU_TRANSPORT`` sets it for ``"auto"``. ``piece_bytes``: pipelining grain.
+    ``"gloo"`` or ``"mpi"``; ``COMMRT_CPU_TRANSPORT`` sets it for ``"auto"``.
+    ``piece_bytes``: pipelining grain.
     ``debug``: check every call across ranks (default: ``COMMRT_DEBUG``).
     ``warm_dtypes``: the dtypes whose reduce kernel is warmed when the CUDA
     communicator is made (:func:`warm_kernels`); None: the dtype of the call

@@ -38,16 +38,22 @@ def unusable() -> str | None:
     return None
 
 
-def ring_size(world_size: int, local_ranks: int) -> int:
-    """A ring's data bytes: :data:`RING_BYTES`, halved until every rank's rings take at most
-    half of /dev/shm's free space; 0 if even :data:`MIN_RING_BYTES` does not fit."""
+def ring_size(world_size: int) -> int:
+    """A ring's data bytes: :data:`RING_BYTES`, halved until the rings of all ``world_size``
+    ranks (all on this host) take at most half of /dev/shm's free space; 0 if even
+    :data:`MIN_RING_BYTES` does not fit."""
     st = os.statvfs(SHM_DIR)
     free = st.f_bavail * st.f_frsize
-    rings = max(1, local_ranks * (world_size - 1))
+    rings = max(1, world_size * (world_size - 1))
     size = RING_BYTES
     while size >= MIN_RING_BYTES and rings * (size + RING_HEAD) > free // 2:
         size //= 2
     return size if size >= MIN_RING_BYTES else 0
+
+
+def _file_bytes(world_size: int, ring_bytes: int) -> int:
+    """A rank's file: one inbound ring per peer."""
+    return (world_size - 1) * (RING_HEAD + ring_bytes)
 
 
 def connect(store, rank: int, world_size: int, timeout: float) -> "ShmTransport | str":
@@ -63,7 +69,7 @@ def connect(store, rank: int, world_size: int, timeout: float) -> "ShmTransport 
     key = f"shm/{gen}/"
     reason = unusable()
     if rank == 0:
-        size = 0 if reason else ring_size(world_size, world_size)
+        size = 0 if reason else ring_size(world_size)
         store.set(key + "plan", f"{secrets.token_hex(8)},{size}")
     store.wait([key + "plan"], timedelta(seconds=timeout))
     token, ring_bytes = bytes(store.get(key + "plan")).decode().split(",")
@@ -120,7 +126,7 @@ def _gather(store, prefix: str, rank: int, world_size: int, timeout: float, mine
 def _make(path: str, world_size: int, ring_bytes: int, maps: dict, rank: int) -> str | None:
     """Create this rank's file of inbound rings, zeroed and with its memory reserved (a
     write to tmpfs that has run out of room is a SIGBUS, not an error)."""
-    size = (world_size - 1) * (RING_HEAD + ring_bytes)
+    size = _file_bytes(world_size, ring_bytes)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except OSError as e:
@@ -138,7 +144,7 @@ def _make(path: str, world_size: int, ring_bytes: int, maps: dict, rank: int) ->
 def _map_peers(
     path: str, rank: int, world_size: int, ring_bytes: int, maps: dict, pids: dict
 ) -> str | None:
-    size = (world_size - 1) * (RING_HEAD + ring_bytes)
+    size = _file_bytes(world_size, ring_bytes)
     for r in range(world_size):
         if r == rank:
             continue

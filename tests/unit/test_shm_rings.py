@@ -184,9 +184,9 @@ def test_no_room_in_dev_shm_shrinks_the_rings_then_refuses(monkeypatch):
             self.f_bavail = free // 4096
 
     monkeypatch.setattr(shm_connect.os, "statvfs", lambda _: Stat(64 << 20))
-    assert shm_connect.ring_size(8, 8) == 512 << 10  # 56 rings in half of 64 MiB
+    assert shm_connect.ring_size(8) == 512 << 10  # 56 rings in half of 64 MiB
     monkeypatch.setattr(shm_connect.os, "statvfs", lambda _: Stat(1 << 20))
-    assert shm_connect.ring_size(8, 8) == 0
+    assert shm_connect.ring_size(8) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
