@@ -389,11 +389,9 @@ def tolerated_lines(codes: list[int | None], tolerate: int) -> list[str]:
 def _stopped(pid: int) -> bool:
     """Whether the process is stopped (SIGSTOP, a debugger): its state letter in /proc is
     T or t (False where unknown)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
+    from commrt.transports.processes import state
+
+    return state(pid) in ("T", "t")
 
 
 def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:

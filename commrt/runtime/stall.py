@@ -45,6 +45,7 @@ from collections import deque
 
 from commrt.runtime.abort import end_job
 from commrt.runtime.verdict import judge, render
+from commrt.transports.processes import state as process_state
 
 #: environment variable: seconds without progress inside a collective before a stall is
 #: declared (0 or "off": no watch)
@@ -267,16 +268,6 @@ class StallWatch:
         with open(path + ".tmp", "w") as f:
             json.dump(data, f, indent=1)
         os.replace(path + ".tmp", path)
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of process ``pid`` on this host (``/proc/<pid>/stat``: R, S, D, T,
-    Z...), or None if there is no such process."""
-    try:
-        with open(f"/proc/{int(pid)}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from commrt.transports.base import Pair, Pending, Prepared, Transport, poll_until
+from commrt.transports.processes import start_time
 
 #: where the ring files live
 SHM_DIR = "/dev/shm"
@@ -70,20 +71,6 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     if not t.is_contiguous() or t.device.type != "cpu":
         raise ValueError("the shm transport moves contiguous CPU tensors only")
     return t.reshape(-1).view(torch.uint8).numpy()
-
-
-def start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None
-    if it is gone or a zombie (dead, not yet reaped)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
 
 
 class _Ring:

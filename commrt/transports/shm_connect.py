@@ -13,6 +13,7 @@ import platform
 import secrets
 from datetime import timedelta
 
+from commrt.transports.processes import start_time
 from commrt.transports.shm import (
     MIN_RING_BYTES,
     ORDERED_ARCHES,
@@ -20,7 +21,6 @@ from commrt.transports.shm import (
     RING_HEAD,
     SHM_DIR,
     ShmTransport,
-    start_time,
 )
 
 
