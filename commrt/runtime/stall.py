@@ -44,6 +44,7 @@ import traceback
 from collections import deque
 
 from commrt.runtime.abort import end_job
+from commrt.runtime.polling import poll
 from commrt.runtime.verdict import judge, render
 from commrt.transports.processes import state as process_state
 
@@ -307,12 +308,8 @@ def _read(store, key: str):
 
 
 def _poll(done, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
+    # a verdict's waits ask the store at most every 50 ms: every rank asks at once
+    return poll(done, timeout, most_pause_s=0.05)
 
 
 def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | None:

@@ -29,8 +29,6 @@ from __future__ import annotations
 import datetime
 import enum
 import os
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from commrt.runtime import rows
@@ -121,30 +119,6 @@ class ControlStore:
     @property
     def hosted_here(self) -> bool:
         return self.server is not None
-
-
-def poll(
-    done: Callable[[], bool],
-    timeout: float,
-    idle: Callable[[], None] | None = None,
-    idle_every_s: float = 0.005,
-) -> bool:
-    """Call ``done()`` (a store query) with growing pauses until it is true (True) or
-    ``timeout`` seconds pass (False). Meanwhile ``idle()``, if given, runs at most every
-    ``idle_every_s``: a rank may have work to do for the very ranks it waits for."""
-    deadline = time.monotonic() + timeout
-    pause, next_idle = 0.0, 0.0
-    while not done():
-        now = time.monotonic()
-        if now > deadline:
-            return False
-        if idle is not None and now >= next_idle:
-            idle()
-            next_idle = now + idle_every_s
-        # a short first pause answers fast on one machine; a growing one spares the store
-        time.sleep(pause)
-        pause = min(2e-3, 2 * pause + 1e-4)
-    return True
 
 
 def _tcp(host: str, port: int, master: bool, timeout: float):

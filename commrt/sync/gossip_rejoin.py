@@ -69,7 +69,8 @@ import time
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.store import STORE_ENV, ControlStore, launcher_store, poll
+from commrt.runtime.polling import poll
+from commrt.runtime.store import STORE_ENV, ControlStore, launcher_store
 from commrt.schedule import tags
 from commrt.sync.backup.rejoin import RejoinedTooLate
 from commrt.sync.backup.wire import Wire

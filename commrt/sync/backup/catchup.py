@@ -70,7 +70,7 @@ from functools import partial
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.store import poll
+from commrt.runtime.polling import poll
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where, timeout_error
 from commrt.sync.backup.keys import Keys

@@ -70,7 +70,8 @@ from __future__ import annotations
 
 from commrt.algorithms.auto import Auto
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.store import STORE_ENV, launcher_store, poll
+from commrt.runtime.polling import poll
+from commrt.runtime.store import STORE_ENV, launcher_store
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import BACK, log
 
