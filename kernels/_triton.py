@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import threading
 from collections import OrderedDict
 from typing import List
@@ -57,7 +58,7 @@ from commrt.kernels._triton_kernels import (
     _unpack_kernel,
     _unpack_kernel_tuned,
 )
-from commrt.kernels.lifetime import keep_alive
+from commrt.kernels.lifetime import hold_until
 
 # ----------------------------------------------------------------------------
 # configuration
@@ -120,6 +121,7 @@ class _Tables:
         "streams",
         "lo",
         "hi",
+        "clear_of",
     )
 
     def __init__(self, tensors: List[torch.Tensor], chunk: int, device: torch.device):
@@ -154,11 +156,15 @@ class _Tables:
         distinct = set(codes)
         self.list_code = distinct.pop() if len(distinct) == 1 else MIXED_CODE
         self.aligned = aligned
-        # streams the table was recorded on (see _keep_alive_on_stream)
+        # streams the table was recorded on (see _before_launch)
         self.streams: set[int] = set()
         # the bytes the tensors span, lowest address to highest end: a flat buffer outside
         # them cannot overlap any (checked per call in one comparison, _check_overlap)
         self.lo, self.hi = (min(addrs), max(ends)) if addrs else (0, 0)
+        # flat buffers (address, dtype) that lie within those bytes and passed the
+        # tensor-by-tensor overlap check: a list packed into the same buffer every step
+        # pays for that check once
+        self.clear_of: set = set()
 
 
 _TABLE_CACHE: "OrderedDict[tuple, _Tables]" = OrderedDict()
@@ -166,15 +172,20 @@ _TABLE_CACHE_SIZE = 256
 _lock = threading.Lock()
 
 
-def _tables(tensors: List[torch.Tensor], chunk: int, device: torch.device) -> _Tables:
-    """Tables for ``tensors``, cached on (addresses, sizes, dtypes, chunk, device).
+_DATA_PTR = torch.Tensor.data_ptr
+_DTYPE = operator.attrgetter("dtype")
+
+
+def _tables(tensors: List[torch.Tensor], sizes, chunk: int, device: torch.device) -> _Tables:
+    """Tables for ``tensors`` (element counts ``sizes``), cached on (addresses, sizes,
+    dtypes, chunk, device).
 
     GradientSync packs the same gradient tensors every step, so after the
     first step a launch costs no host-to-device copy. A cached table depends
     only on its key (addresses, not contents), so reusing it after an address
     was freed and handed to a new tensor of the same size is still correct.
     """
-    key = (device, chunk, tuple((t.data_ptr(), t.numel(), t.dtype) for t in tensors))
+    key = (device, chunk, sizes, tuple(map(_DATA_PTR, tensors)), tuple(map(_DTYPE, tensors)))
     with _lock:
         tab = _TABLE_CACHE.get(key)
         if tab is not None:
@@ -206,13 +217,22 @@ def _size_key(n: int) -> int:
     return max(int(n), 1).bit_length()
 
 
+#: flat buffers remembered per table as checked (see _Tables.clear_of), at most
+_CLEAR_OF_SIZE = 16
+
+
 def _check_overlap(tab: _Tables, flat: torch.Tensor, tensors, total: int, what: str) -> None:
     """The list may not overlap ``flat`` except as its own slots (see
     :func:`commrt.kernels._common.check_overlap`); tensor by tensor only when ``flat`` lies
-    within the bytes the cached table spans."""
+    within the bytes the cached table spans, and once per table and buffer."""
     lo = flat.data_ptr()
     if lo < tab.hi and tab.lo < lo + total * flat.element_size():
-        check_overlap(flat, tensors, what)
+        seen = (lo, flat.dtype)
+        if seen not in tab.clear_of:
+            check_overlap(flat, tensors, what)
+            if len(tab.clear_of) >= _CLEAR_OF_SIZE:
+                tab.clear_of.clear()
+            tab.clear_of.add(seen)
 
 
 def autotunes() -> bool:
@@ -227,19 +247,17 @@ def autotunes() -> bool:
 _BEST: dict = {}
 
 
-def _launch(kernel, tuned, grid, args, kwargs, device):
-    """Launch ``kernel`` (interpret mode, fixed config) or, on GPU, with the autotuner's choice."""
+def _launch(kernel, tuned, grid, args, kwargs, dtypes, device):
+    """Launch ``kernel`` (interpret mode, fixed config) or, on GPU, with the autotuner's choice.
+
+    ``dtypes``: the dtypes of the data tensors among ``args`` (the tables are int64): with
+    ``size_key`` (every kernel's last argument) and the constexprs in ``kwargs`` they make
+    the autotuner's key.
+    """
     if not autotunes():
         kernel[grid](*args, **kwargs, BLOCK=INTERPRET_BLOCK)
         return
-    # the autotuner keys on its key arguments (size_key is every kernel's last argument)
-    # plus the dtype of every tensor argument
-    key = (
-        kernel,
-        args[-1],
-        *kwargs.values(),
-        *(a.dtype for a in args if isinstance(a, torch.Tensor)),
-    )
+    key = (kernel, args[-1], *kwargs.values(), *dtypes)
     ctx = (
         contextlib.nullcontext()
         if device.type != "cuda" or device.index in (None, torch.cuda.current_device())
@@ -263,26 +281,51 @@ def _launch(kernel, tuned, grid, args, kwargs, device):
             )
 
 
-def _keep_alive_on_stream(tab: _Tables, device: torch.device) -> None:
+#: CUDA device index -> the handle of its default stream
+_DEFAULT_STREAM: dict = {}
+
+
+def _current_stream(device: torch.device):
+    """(the current stream of CUDA ``device``, whether it is the device's default stream);
+    (None, True) for other devices. One stream query per launch: it costs more host time
+    than the rest of a launch's bookkeeping."""
+    if device.type != "cuda":
+        return None, True
+    stream = torch.cuda.current_stream(device)
+    default = _DEFAULT_STREAM.get(device.index)
+    if default is None:
+        default = _DEFAULT_STREAM[device.index] = torch.cuda.default_stream(device).cuda_stream
+    return stream, stream.cuda_stream == default
+
+
+def _before_launch(tab: _Tables, stream) -> None:
     # A cached table may be used from several streams; tell the caching allocator so it is
     # not reused while a kernel may still read it. Once per stream is enough: the allocator
-    # waits for every recorded stream when the
-    # (cached) table is freed. Recording on every launch would add host time to each launch.
-    if device.type == "cuda":
-        stream = torch.cuda.current_stream(device)
-        if stream.cuda_stream not in tab.streams:
-            tab.chunk_owner.record_stream(stream)
-            tab.streams.add(stream.cuda_stream)
+    # waits for every recorded stream when the (cached) table is freed. Recording on every
+    # launch would add host time to each launch.
+    if stream is not None and stream.cuda_stream not in tab.streams:
+        tab.chunk_owner.record_stream(stream)
+        tab.streams.add(stream.cuda_stream)
 
 
-def pack(tensors: List[torch.Tensor], out: torch.Tensor, scale: float, total: int) -> None:
-    """Launch the pack kernel (inputs already validated). One launch for the whole list."""
+def _after_launch(tensors, stream, default: bool) -> None:
+    # The kernel reads the tensors through the table, which the allocator cannot see: on a
+    # side stream they are held until it passes this launch (lifetime.keep_alive); on the
+    # default stream, where they were made, the allocator orders their reuse already.
+    if not default:
+        hold_until(stream.record_event(), tensors)
+
+
+def pack(tensors: List[torch.Tensor], sizes, out: torch.Tensor, scale: float, total: int) -> None:
+    """Launch the pack kernel (inputs already validated; ``sizes``: their element counts).
+    One launch for the whole list."""
     if total == 0:
         return
     chunk = _chunk_for(total, out.device)
-    tab = _tables(tensors, chunk, out.device)
+    tab = _tables(tensors, sizes, chunk, out.device)
     _check_overlap(tab, out, tensors, total, "out")
-    _keep_alive_on_stream(tab, out.device)
+    stream, default = _current_stream(out.device)
+    _before_launch(tab, stream)
     aligned = tab.aligned and out.data_ptr() % 16 == 0
     _launch(
         _pack_kernel,
@@ -301,21 +344,29 @@ def pack(tensors: List[torch.Tensor], out: torch.Tensor, scale: float, total: in
             _size_key(total),
         ),
         dict(SRC_CODE=tab.list_code, OUT_CODE=DTYPE_CODE[out.dtype], ALIGNED=aligned),
+        (out.dtype,),
         out.device,
     )
-    keep_alive(tensors)  # the kernel reads them through the table: the allocator cannot see it
+    _after_launch(tensors, stream, default)
 
 
 def unpack(
-    flat: torch.Tensor, tensors: List[torch.Tensor], scale: float, accumulate: bool, total: int
+    flat: torch.Tensor,
+    tensors: List[torch.Tensor],
+    sizes,
+    scale: float,
+    accumulate: bool,
+    total: int,
 ) -> None:
-    """Launch the unpack kernel (inputs already validated). One launch for the whole list."""
+    """Launch the unpack kernel (inputs already validated; ``sizes``: their element counts).
+    One launch for the whole list."""
     if total == 0:
         return
     chunk = _chunk_for(total, flat.device)
-    tab = _tables(tensors, chunk, flat.device)
+    tab = _tables(tensors, sizes, chunk, flat.device)
     _check_overlap(tab, flat, tensors, total, "flat")
-    _keep_alive_on_stream(tab, flat.device)
+    stream, default = _current_stream(flat.device)
+    _before_launch(tab, stream)
     aligned = tab.aligned and flat.data_ptr() % 16 == 0
     # what autotuning trials restore: the destinations (an accumulating unpack reads them,
     # an in-place one reads its own slots of flat through them); snapshots are taken only
@@ -339,11 +390,12 @@ def unpack(
                 _size_key(total),
             ),
             dict(DST_CODE=tab.list_code, ACCUMULATE=bool(accumulate), ALIGNED=aligned),
+            (flat.dtype,),
             flat.device,
         )
     finally:
         _restore.tensors = ()
-    keep_alive(tensors)
+    _after_launch(tensors, stream, default)
 
 
 def reduce_(dst: torch.Tensor, src: torch.Tensor, alpha: float, beta: float) -> None:
@@ -364,5 +416,6 @@ def reduce_(dst: torch.Tensor, src: torch.Tensor, alpha: float, beta: float) -> 
         grid,
         (dst, src, n, float(alpha), float(beta), _size_key(n)),
         dict(DST_CODE=DTYPE_CODE[dst.dtype]),
+        (dst.dtype, src.dtype),
         dst.device,
     )

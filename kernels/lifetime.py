@@ -59,10 +59,16 @@ def keep_alive(tensors, stream=None) -> None:
         stream = torch.cuda.current_stream(dev)
         if stream == torch.cuda.default_stream(dev):
             return  # the tensors' own stream: the allocator orders it already
-        ev = torch.cuda.Event()
-        ev.record(stream)
+        ev = stream.record_event()
     else:
         ev = stream.record()
+    hold_until(ev, tensors)
+
+
+def hold_until(event, tensors) -> None:
+    """Hold ``tensors`` until ``event.query()`` is true: :func:`keep_alive` for a caller
+    that already knows its stream is not the default one and has recorded the event
+    (the Triton launches, which look up the current stream once per call)."""
     with _lock:
         _prune()
-        _held.append((ev, tensors))
+        _held.append((event, list(tensors)))

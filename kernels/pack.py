@@ -87,7 +87,7 @@ def pack(
     triton, tensors, sizes, total = _checked(impl, out, "out", tensors)
     scale = float(scale)
     if triton:
-        triton_backend().pack(tensors, out, scale, total)  # checks overlap on its table
+        triton_backend().pack(tensors, sizes, out, scale, total)  # checks overlap on its table
     else:
         check_overlap(out, tensors, "out")
         _torch.pack(tensors, out, scale, sizes)
@@ -131,7 +131,7 @@ def unpack(
     triton, tensors, sizes, total = _checked(impl, flat, "flat", tensors)
     scale = float(scale)
     if triton:
-        triton_backend().unpack(flat, tensors, scale, bool(accumulate), total)
+        triton_backend().unpack(flat, tensors, sizes, scale, bool(accumulate), total)
     else:
         check_overlap(flat, tensors, "flat")
         _torch.unpack(flat, tensors, scale, bool(accumulate), sizes)

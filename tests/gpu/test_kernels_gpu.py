@@ -88,7 +88,7 @@ def test_gpu_launch_reuses_the_autotuned_config(monkeypatch):
     kernel, tuned, dev = Fn("kernel"), Fn("tuned"), torch.device("cuda", 0)
     x32, x16 = torch.empty(4), torch.empty(4, dtype=torch.bfloat16)
     for args in [(x32, 1.0, 12), (x32, 2.0, 12), (x16, 1.0, 12), (x32, 1.0, 13), (x16, 3.0, 12)]:
-        K._launch(kernel, tuned, (7,), args, {"OUT_CODE": 0}, dev)
+        K._launch(kernel, tuned, (7,), args, {"OUT_CODE": 0}, (args[0].dtype,), dev)
     assert [c[0] for c in calls] == ["tuned", "kernel", "tuned", "tuned", "kernel"]
     assert calls[1][3] == {
         "OUT_CODE": 0,
@@ -288,8 +288,39 @@ def _cuda_check() -> None:
         flat = x.clone()
         unpack(flat, list(flat.split([n // 3, n - n // 3])), 0.5, accumulate=True)
         assert torch.equal(flat, x + x * 0.5), "in-place unpack applied more than once"
+    _side_stream_holds_sources(rand)
     torch.cuda.synchronize()
     print("cuda ok")
+
+
+def _side_stream_holds_sources(rand):
+    """On a side stream a launch holds its sources until the stream passes it (the kernel
+    reads them through its table, which the allocator cannot see); on the default stream,
+    where they were made, nothing is held."""
+    import gc
+    import weakref
+
+    from commrt.kernels import lifetime, pack
+
+    torch.cuda.synchronize()
+    assert lifetime.held() == 0
+    src = rand(1 << 20, torch.float32)
+    out = torch.empty_like(src)
+    pack([src], out, 0.5)
+    assert lifetime.held() == 0, "a pack on the default stream held its sources"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1 << 30)  # keeps the side stream busy while the host looks
+        pack([src], out, 0.5)
+    ref = weakref.ref(src)
+    del src
+    gc.collect()
+    assert lifetime.held() == 1 and ref() is not None, "a side-stream pack let its source go"
+    side.synchronize()
+    assert lifetime.held() == 0, "the hold outlived the stream's pass"
+    gc.collect()
+    assert ref() is None, "the source was kept after the stream passed the pack"
 
 
 if __name__ == "__main__":

@@ -136,6 +136,26 @@ def test_a_tensor_overlapping_the_flat_buffer_elsewhere_is_refused(impl):
     assert torch.equal(flat, _rand(100))  # refused before anything was written
 
 
+def test_the_overlap_check_runs_once_per_list_and_buffer_and_refuses_every_time(monkeypatch):
+    """GradientSync packs a bucket's own views into its buffer every step: the tensor-by-tensor
+    check runs on the first call only, for that buffer; a refused list is refused again."""
+    calls = []
+    check = K.check_overlap
+    monkeypatch.setattr(K, "check_overlap", lambda *a: (calls.append(a[2]), check(*a)))
+    flat = _rand(10_000)
+    views = list(flat.split([3000, 7000]))
+    for _ in range(3):
+        pack(views, flat, scale=1.0, impl="triton")
+    assert calls == ["out"]
+    other = torch.zeros(20_000)
+    unpack(other[5000:15000], list(other.split([5000, 3000, 12000]))[1:2], impl="triton")
+    assert calls == ["out", "flat"]  # another buffer inside the list's bytes: checked
+    for _ in range(2):
+        with pytest.raises(ValueError, match="overlaps out"):
+            pack([flat[10:60]], flat, impl="triton")
+    assert calls == ["out", "flat", "out", "out"]
+
+
 @pytest.mark.parametrize("impl", ["triton", "torch"])
 def test_reduce_refuses_a_src_overlapping_dst_in_part(impl):
     d = _rand(100)
