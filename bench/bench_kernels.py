@@ -35,9 +35,12 @@ On CPU the kernels take the torch reference path (what ``impl="auto"`` picks
 for CPU tensors), timed by pytest-benchmark. On CUDA they take the Triton
 path: the first call autotunes, then each round queues many launches back to
 back (no synchronisation between them) and times them with two CUDA events,
-so the GPU runs kernel after kernel and the reported per-launch time is the
-GPU's, not the host's launch and Python time (a single launch timed between
-two synchronisations would measure those on buckets of a few MB). Buckets
+so the GPU runs kernel after kernel as long as the host enqueues them faster
+than they run. Where one call's host time (checks, table lookup, Triton's
+launch) is longer than its kernel, as for buckets of a few MB or lists of
+thousands of tensors, the GPU waits and the figure is the host's pace per
+call, not the kernel's bandwidth; docs/benchmarks.md gives both on an H200
+("The first GPU run"). Buckets
 up to a few tens of MB may stay in the GPU's L2 cache between launches; the
 ``copy_`` row of the same bytes is timed the same way, so the op / copy
 ratio compares like with like, and the 1 GiB row is far past any cache.
