@@ -7,8 +7,9 @@ From a copy of the working tree, on the GPU machine, with no network::
 It downloads nothing: torch, Triton, cupy (the cupy-cudaNNx of torch's
 CUDA), NCCL, pytest and pytest-benchmark must be installed already. It
 finishes within ``--budget`` seconds (450, under 8 minutes): a step still
-running then is killed and reported as such. Each step runs in a child
-process with ``TRITON_INTERPRET`` removed:
+running then is killed and reported as such. The GPU tests come first: a
+short budget leaves the benchmark steps what the tests do not use. Each
+step runs in a child process with ``TRITON_INTERPRET`` removed:
 
 1. what is installed: Python, torch and its CUDA, the GPU, Triton, cupy,
    NCCL, and whether the cupy matches ``torch.version.cuda`` (the extra to
@@ -426,10 +427,24 @@ def import_step(steps: Steps, how: str) -> str:
 # ------------------------------------------------------------ 3. the GPU tests
 
 
-def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], list[str]]:
-    """Every file in its own pytest, all at once; their results, and the files killed at
-    the time limit."""
-    limit = steps.limit("tests", KEEP_FOR_BENCH + KEEP_FOR_KERNELS)
+def tests_limit(steps: Steps) -> float:
+    """Seconds the GPU tests may run. They are what the check is for, so they come first:
+    they get their own limit where the budget has it, and the benchmark steps after them
+    keep their share only out of what is left over."""
+    left = steps.deadline - time.monotonic()
+    keep = min(KEEP_FOR_BENCH + KEEP_FOR_KERNELS, max(0.0, left - LIMITS["tests"]))
+    return steps.limit("tests", keep)
+
+
+def killed_rows(killed: list[str], limit: float) -> list[str]:
+    """A row per test file killed at ``limit`` seconds, saying how to give it more."""
+    return [row(f, KILLED, f"after {limit:.0f} s: raise --budget") for f in killed]
+
+
+def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], list[str], float]:
+    """Every file in its own pytest, all at once; their results, the files killed at the
+    time limit, and that limit in seconds."""
+    limit = tests_limit(steps)
     procs = []
     for f in files:
         stem = os.path.splitext(os.path.basename(f))[0]
@@ -454,7 +469,7 @@ def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], lis
             killed.append(os.path.basename(f))
         log.close()
         tests.update(read_results(results))
-    return tests, killed
+    return tests, killed, limit
 
 
 # ------------------------------------------------------------ 4. the kernel benchmark
@@ -542,8 +557,8 @@ def check(a) -> tuple[list[str], int]:
     summary = []
     if results[-1] == PASSED:
         files = sorted(glob.glob(os.path.join(ROOT, "tests", "gpu", "test_*.py")))
-        tests, killed = run_test_files(steps, [os.path.relpath(f, ROOT) for f in files])
-        lines += case_rows(tests) + [row(f, KILLED, "at the time limit") for f in killed]
+        tests, killed, limit = run_test_files(steps, [os.path.relpath(f, ROOT) for f in files])
+        lines += case_rows(tests) + killed_rows(killed, limit)
         summary.append(row("GPU tests", *tests_result(tests, killed)))
         required, _ = required_rows(tests)
         summary += required

@@ -258,3 +258,26 @@ def test_kernel_timing_on_the_cpu_still_times_rounds_of_calls():
     (row,) = measure_kernels([1 << 16], device="cpu", repeats=2)
     assert [r.name for r in row.results] == ["pack", "unpack", "copy", "cat+scale"]
     assert all(r.time_s > 0 for r in row.results)
+
+
+def test_the_gpu_tests_come_first_in_a_short_budget(tmp_path):
+    """The benchmark steps keep their share only out of what the tests' own limit leaves:
+    a --budget of 250 once killed the tests while the benchmark, after them, had time."""
+    tests = G.LIMITS["tests"]
+    for budget, want in [
+        (250, 250),  # all of it: the benchmark steps get what the tests leave
+        (tests + 50, tests),
+        (tests + 1000, tests),
+    ]:
+        got = G.tests_limit(G.Steps(str(tmp_path), budget))
+        assert want - 2 < got <= want, (budget, got)
+
+
+def test_a_test_file_killed_at_its_limit_says_how_to_give_it_more(tmp_path):
+    slow = tmp_path / "test_slow.py"
+    slow.write_text("import time\n\ndef test_slow():\n    time.sleep(60)\n")
+    steps = G.Steps(str(tmp_path), 3)
+    tests, killed, limit = G.run_test_files(steps, [str(slow)])
+    assert killed == ["test_slow.py"] and limit <= 3 and tests == {}
+    (line,) = G.killed_rows(killed, limit)
+    assert G.result_of(line) == G.KILLED and "raise --budget" in line and len(line) <= 80

@@ -46,7 +46,8 @@ def stop(child) -> str:
 def test_process_states_tell_stopped_from_running_and_dead():
     child = subprocess.Popen(["sleep", "30"])
     try:
-        assert process_state(child.pid) in ("R", "S")
+        # "D": a process just started can be paging its program in; anything but stopped
+        assert process_state(child.pid) in ("R", "S", "D")
         assert stop(child) == "T"
     finally:
         child.kill()
