@@ -77,10 +77,11 @@ REQUIRED = {
     "GradientSync bf16 wire": "test_bf16_wire_dtype_through_the_compiled_kernels",
 }
 PASSED, FAILED, NOT_RUN, KILLED = "passed", "FAILED", "NOT RUN", "killed"
-#: seconds the steps may take at most (the rest of the budget permitting)
+#: seconds the steps may take at most (the rest of the budget permitting), in the order they
+#: run, which is their order of importance
 LIMITS = {"probe": 60, "import": 180, "tests": 300, "bench": 240, "kernels": 120}
-#: seconds kept back for the steps after the GPU tests and after the benchmark
-KEEP_FOR_BENCH, KEEP_FOR_KERNELS = 130, 45
+#: a step left fewer seconds than this is not started
+MIN_STEP = 5
 
 
 # ------------------------------------------------------------ the table
@@ -192,13 +193,11 @@ def case_rows(tests: dict[str, dict]) -> list[str]:
     return out
 
 
-def tests_result(tests: dict[str, dict], killed: list[str]) -> tuple[str, str]:
-    """(result, detail) of the GPU tests as a whole."""
+def tests_result(tests: dict[str, dict]) -> tuple[str, str]:
+    """(result, detail) of the GPU tests as a whole, none of them cut by the budget."""
     failed = [t for t in tests.values() if t["outcome"] == "failed"]
     ran = [t for t in tests.values() if t["gpu"] and t["outcome"] == "passed"]
     skipped = [t for t in tests.values() if t["outcome"] == "skipped"]
-    if killed:
-        return KILLED, "still running at the time limit: " + ", ".join(killed)
     if failed:
         return FAILED, f"{len(failed)} failed, {len(ran)} ran on the GPU"
     if not ran:
@@ -252,6 +251,7 @@ class Steps:
         self.out = out
         self.deadline = time.monotonic() + budget
         self.extra: dict[str, str] = {}  # what the import step added (path-based import)
+        self.given: dict[str, float] = {}  # seconds each step was given
 
     def env(self, **more) -> dict:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra, **more)
@@ -261,15 +261,24 @@ class Steps:
         env["PYTHONPATH"] = os.pathsep.join(paths + ([rest] if rest else []))
         return env
 
-    def limit(self, step: str, keep: float = 0.0) -> float:
-        """Seconds ``step`` may run: its own limit, within what the budget leaves after
-        ``keep`` seconds for the steps after it."""
-        return min(LIMITS[step], self.deadline - time.monotonic() - keep)
+    def limit(self, step: str) -> float:
+        """Seconds ``step`` may run: its own limit, or what is left of the budget if less.
+        The steps run in order of importance (the GPU tests before the benchmark), so a
+        short budget goes to the first ones."""
+        self.given[step] = min(LIMITS[step], self.deadline - time.monotonic())
+        return self.given[step]
 
-    def run(self, cmd: list[str], step: str, keep: float = 0.0, **env):
+    def cut(self, step: str) -> tuple[str, str]:
+        """(result, detail) of ``step`` stopped by the budget: killed at its limit, or not
+        run at all when the steps before it left it less than :data:`MIN_STEP` seconds."""
+        if self.given[step] < MIN_STEP:
+            return NOT_RUN, "no time left: raise --budget"
+        return KILLED, f"after {self.given[step]:.0f} s: raise --budget"
+
+    def run(self, cmd: list[str], step: str, **env):
         """(return code or None if killed at its limit, output) of a child in ROOT."""
-        limit = self.limit(step, keep)
-        if limit < 5:
+        limit = self.limit(step)
+        if limit < MIN_STEP:
             return None, f"out of time: {limit:.0f} s of the budget left"
         try:
             proc = subprocess.run(cmd, cwd=ROOT, env=self.env(**env), capture_output=True,
@@ -427,24 +436,17 @@ def import_step(steps: Steps, how: str) -> str:
 # ------------------------------------------------------------ 3. the GPU tests
 
 
-def tests_limit(steps: Steps) -> float:
-    """Seconds the GPU tests may run. They are what the check is for, so they come first:
-    they get their own limit where the budget has it, and the benchmark steps after them
-    keep their share only out of what is left over."""
-    left = steps.deadline - time.monotonic()
-    keep = min(KEEP_FOR_BENCH + KEEP_FOR_KERNELS, max(0.0, left - LIMITS["tests"]))
-    return steps.limit("tests", keep)
+def killed_rows(killed: list[str], cut: tuple[str, str]) -> list[str]:
+    """A row per test file stopped at the time limit (``cut``: see :meth:`Steps.cut`)."""
+    return [row(f, *cut) for f in killed]
 
 
-def killed_rows(killed: list[str], limit: float) -> list[str]:
-    """A row per test file killed at ``limit`` seconds, saying how to give it more."""
-    return [row(f, KILLED, f"after {limit:.0f} s: raise --budget") for f in killed]
-
-
-def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], list[str], float]:
-    """Every file in its own pytest, all at once; their results, the files killed at the
-    time limit, and that limit in seconds."""
-    limit = tests_limit(steps)
+def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], list[str]]:
+    """Every file in its own pytest, all at once; their results, and the files killed at
+    the time limit."""
+    limit = steps.limit("tests")
+    if limit < MIN_STEP:
+        return {}, [os.path.basename(f) for f in files]
     procs = []
     for f in files:
         stem = os.path.splitext(os.path.basename(f))[0]
@@ -469,7 +471,7 @@ def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], lis
             killed.append(os.path.basename(f))
         log.close()
         tests.update(read_results(results))
-    return tests, killed, limit
+    return tests, killed
 
 
 # ------------------------------------------------------------ 4. the kernel benchmark
@@ -481,11 +483,12 @@ def run_bench(steps: Steps) -> tuple[str, str]:
         os.remove(results)
     cmd = [sys.executable, "-m", "pytest", "bench/bench_kernels.py", "-m", "gpu"]
     cmd += ["--benchmark-only", "-q", "-p", "gpu_check", "-p", "no:cacheprovider"]
-    code, out = steps.run(cmd, "bench", KEEP_FOR_KERNELS, **{RESULTS_ENV: results})
+    code, out = steps.run(cmd, "bench", **{RESULTS_ENV: results})
     with open(os.path.join(steps.out, "gpu_check_bench.txt"), "w") as f:
         f.write(out)
     if code is None:
-        return KILLED, "at the time limit; log in gpu_check_bench.txt"
+        result, detail = steps.cut("bench")
+        return result, detail + "; log in gpu_check_bench.txt"
     result, detail = bench_result(read_results(results))
     if code not in (0, 5) and result != FAILED:  # 5: pytest collected nothing (-m gpu)
         return FAILED, f"pytest exit {code}: see gpu_check_bench.txt"
@@ -502,7 +505,7 @@ def kernel_rows(steps: Steps, sizes_mb) -> tuple[list[str], str, str]:
     code, out = steps.run(cmd, "kernels")
     lines = [_cut(ln, WIDTH, squash=False) for ln in out.splitlines() if ln.strip()]
     if code is None:
-        return [], KILLED, "at the time limit"
+        return [], *steps.cut("kernels")
     if code == 3:
         return [], NOT_RUN, lines[-1] if lines else "no CUDA GPU"
     if code != 0:
@@ -557,9 +560,9 @@ def check(a) -> tuple[list[str], int]:
     summary = []
     if results[-1] == PASSED:
         files = sorted(glob.glob(os.path.join(ROOT, "tests", "gpu", "test_*.py")))
-        tests, killed, limit = run_test_files(steps, [os.path.relpath(f, ROOT) for f in files])
-        lines += case_rows(tests) + killed_rows(killed, limit)
-        summary.append(row("GPU tests", *tests_result(tests, killed)))
+        tests, killed = run_test_files(steps, [os.path.relpath(f, ROOT) for f in files])
+        lines += case_rows(tests) + killed_rows(killed, steps.cut("tests"))
+        summary.append(row("GPU tests", *(steps.cut("tests") if killed else tests_result(tests))))
         required, _ = required_rows(tests)
         summary += required
         if a.quick:

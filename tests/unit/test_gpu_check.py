@@ -93,7 +93,7 @@ def test_no_gpu_test_ran_is_not_run_and_a_required_check_that_skipped_too():
             outcome="skipped", gpu=True, seconds=0, message="no CUDA GPU on this machine"
         ),
     }
-    assert G.tests_result(tests, []) == (G.NOT_RUN, "no CUDA GPU on this machine")
+    assert G.tests_result(tests) == (G.NOT_RUN, "no CUDA GPU on this machine")
     rows, results = G.required_rows(tests)
     assert results == [G.NOT_RUN] * len(G.REQUIRED)
     (bf16,) = [r for r in rows if r.startswith("GradientSync bf16")]
@@ -103,8 +103,7 @@ def test_no_gpu_test_ran_is_not_run_and_a_required_check_that_skipped_too():
     tests["tests/gpu/test_gpu.py::test_bf16_wire_dtype_through_the_compiled_kernels"].update(
         outcome="passed", message=""
     )
-    assert G.tests_result(tests, []) == (G.PASSED, "1 ran on the GPU, 0 skipped")
-    assert G.tests_result(tests, ["test_gpu.py"])[0] == G.KILLED
+    assert G.tests_result(tests) == (G.PASSED, "1 ran on the GPU, 0 skipped")
 
 
 def test_a_gpu_test_file_that_does_not_import_fails(tmp_path):
@@ -131,7 +130,7 @@ def test_a_gpu_test_file_that_does_not_import_fails(tmp_path):
     )
     tests = G.read_results(str(results))
     assert [t["outcome"] for t in tests.values()] == ["failed"]
-    assert G.tests_result(tests, [])[0] == G.FAILED
+    assert G.tests_result(tests)[0] == G.FAILED
 
 
 def test_rows_fit_80_columns_and_the_status_orders_failed_before_not_run():
@@ -261,23 +260,27 @@ def test_kernel_timing_on_the_cpu_still_times_rounds_of_calls():
 
 
 def test_the_gpu_tests_come_first_in_a_short_budget(tmp_path):
-    """The benchmark steps keep their share only out of what the tests' own limit leaves:
-    a --budget of 250 once killed the tests while the benchmark, after them, had time."""
+    """Each step gets its own limit where the budget has it, and later steps what is left:
+    a --budget of 250 once killed the GPU tests because 175 s were kept back for the
+    benchmark after them, which then finished with time to spare."""
     tests = G.LIMITS["tests"]
-    for budget, want in [
-        (250, 250),  # all of it: the benchmark steps get what the tests leave
-        (tests + 50, tests),
-        (tests + 1000, tests),
-    ]:
-        got = G.tests_limit(G.Steps(str(tmp_path), budget))
+    for budget, want in [(250, 250), (tests + 50, tests), (tests + 1000, tests)]:
+        got = G.Steps(str(tmp_path), budget).limit("tests")
         assert want - 2 < got <= want, (budget, got)
 
 
 def test_a_test_file_killed_at_its_limit_says_how_to_give_it_more(tmp_path):
     slow = tmp_path / "test_slow.py"
     slow.write_text("import time\n\ndef test_slow():\n    time.sleep(60)\n")
-    steps = G.Steps(str(tmp_path), 3)
-    tests, killed, limit = G.run_test_files(steps, [str(slow)])
-    assert killed == ["test_slow.py"] and limit <= 3 and tests == {}
-    (line,) = G.killed_rows(killed, limit)
-    assert G.result_of(line) == G.KILLED and "raise --budget" in line and len(line) <= 80
+    steps = G.Steps(str(tmp_path), G.MIN_STEP + 1)
+    tests, killed = G.run_test_files(steps, [str(slow)])
+    assert killed == ["test_slow.py"] and tests == {}
+    (line,) = G.killed_rows(killed, steps.cut("tests"))
+    assert G.result_of(line) == G.KILLED and len(line) <= 80
+    assert line.endswith(f"after {G.MIN_STEP + 1} s: raise --budget")
+    # a step the budget leaves no time is not started, and says so
+    spent = G.Steps(str(tmp_path), 0)
+    assert spent.run(["true"], "bench")[0] is None
+    assert spent.cut("bench") == (G.NOT_RUN, "no time left: raise --budget")
+    assert G.run_test_files(spent, [str(slow)]) == ({}, ["test_slow.py"])
+    assert spent.cut("tests")[0] == G.NOT_RUN
