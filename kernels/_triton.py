@@ -287,8 +287,8 @@ _DEFAULT_STREAM: dict = {}
 
 def _current_stream(device: torch.device):
     """(the current stream of CUDA ``device``, whether it is the device's default stream);
-    (None, True) for other devices. One stream query per launch: it costs more host time
-    than the rest of a launch's bookkeeping."""
+    (None, True) for other devices. Asked once per launch and passed on: the query is
+    one of the costlier parts of a launch's host time."""
     if device.type != "cuda":
         return None, True
     stream = torch.cuda.current_stream(device)
