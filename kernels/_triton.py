@@ -156,7 +156,7 @@ class _Tables:
         distinct = set(codes)
         self.list_code = distinct.pop() if len(distinct) == 1 else MIXED_CODE
         self.aligned = aligned
-        # streams the table was recorded on (see _before_launch)
+        # streams the table was recorded on (see _side_stream)
         self.streams: set[int] = set()
         # the bytes the tensors span, lowest address to highest end: a flat buffer outside
         # them cannot overlap any (checked per call in one comparison, _check_overlap)
@@ -285,35 +285,44 @@ def _launch(kernel, tuned, grid, args, kwargs, dtypes, device):
 _DEFAULT_STREAM: dict = {}
 
 
-def _current_stream(device: torch.device):
-    """(the current stream of CUDA ``device``, whether it is the device's default stream);
-    (None, True) for other devices. Asked once per launch and passed on: the query is
-    one of the costlier parts of a launch's host time."""
+def _side_stream(tab: _Tables, device: torch.device):
+    """The current stream of CUDA ``device`` if it is not the device's default stream, else
+    None (and None for other devices). The stream is asked for once per launch: the query
+    is one of the costlier parts of a launch's host time.
+
+    A cached table may be used from several streams, so the caching allocator is told of
+    each (``record_stream``) lest it reuse the table while a kernel may still read it.
+    Once per stream is enough: the allocator waits for every recorded stream when the
+    (cached) table is freed; recording on every launch would add host time to each."""
     if device.type != "cuda":
-        return None, True
+        return None
     stream = torch.cuda.current_stream(device)
+    if stream.cuda_stream not in tab.streams:
+        tab.chunk_owner.record_stream(stream)
+        tab.streams.add(stream.cuda_stream)
     default = _DEFAULT_STREAM.get(device.index)
     if default is None:
         default = _DEFAULT_STREAM[device.index] = torch.cuda.default_stream(device).cuda_stream
-    return stream, stream.cuda_stream == default
+    return None if stream.cuda_stream == default else stream
 
 
-def _before_launch(tab: _Tables, stream) -> None:
-    # A cached table may be used from several streams; tell the caching allocator so it is
-    # not reused while a kernel may still read it. Once per stream is enough: the allocator
-    # waits for every recorded stream when the (cached) table is freed. Recording on every
-    # launch would add host time to each launch.
-    if stream is not None and stream.cuda_stream not in tab.streams:
-        tab.chunk_owner.record_stream(stream)
-        tab.streams.add(stream.cuda_stream)
+def _prepare(tensors, sizes, flat: torch.Tensor, total: int, what: str):
+    """The host side pack and unpack share before their launch: (the cached table, the
+    chunk, whether every address is 16-byte aligned, the side stream or None). Refuses
+    an overlap of ``flat`` (named ``what``) with the list."""
+    chunk = _chunk_for(total, flat.device)
+    tab = _tables(tensors, sizes, chunk, flat.device)
+    _check_overlap(tab, flat, tensors, total, what)
+    aligned = tab.aligned and flat.data_ptr() % 16 == 0
+    return tab, chunk, aligned, _side_stream(tab, flat.device)
 
 
-def _after_launch(tensors, stream, default: bool) -> None:
+def _after_launch(tensors, side) -> None:
     # The kernel reads the tensors through the table, which the allocator cannot see: on a
     # side stream they are held until it passes this launch (lifetime.keep_alive); on the
     # default stream, where they were made, the allocator orders their reuse already.
-    if not default:
-        hold_until(stream.record_event(), tensors)
+    if side is not None:
+        hold_until(side.record_event(), tensors)
 
 
 def pack(tensors: List[torch.Tensor], sizes, out: torch.Tensor, scale: float, total: int) -> None:
@@ -321,12 +330,7 @@ def pack(tensors: List[torch.Tensor], sizes, out: torch.Tensor, scale: float, to
     One launch for the whole list."""
     if total == 0:
         return
-    chunk = _chunk_for(total, out.device)
-    tab = _tables(tensors, sizes, chunk, out.device)
-    _check_overlap(tab, out, tensors, total, "out")
-    stream, default = _current_stream(out.device)
-    _before_launch(tab, stream)
-    aligned = tab.aligned and out.data_ptr() % 16 == 0
+    tab, chunk, aligned, side = _prepare(tensors, sizes, out, total, "out")
     _launch(
         _pack_kernel,
         _pack_kernel_tuned,
@@ -347,7 +351,7 @@ def pack(tensors: List[torch.Tensor], sizes, out: torch.Tensor, scale: float, to
         (out.dtype,),
         out.device,
     )
-    _after_launch(tensors, stream, default)
+    _after_launch(tensors, side)
 
 
 def unpack(
@@ -362,12 +366,7 @@ def unpack(
     One launch for the whole list."""
     if total == 0:
         return
-    chunk = _chunk_for(total, flat.device)
-    tab = _tables(tensors, sizes, chunk, flat.device)
-    _check_overlap(tab, flat, tensors, total, "flat")
-    stream, default = _current_stream(flat.device)
-    _before_launch(tab, stream)
-    aligned = tab.aligned and flat.data_ptr() % 16 == 0
+    tab, chunk, aligned, side = _prepare(tensors, sizes, flat, total, "flat")
     # what autotuning trials restore: the destinations (an accumulating unpack reads them,
     # an in-place one reads its own slots of flat through them); snapshots are taken only
     # while the autotuner runs, so naming them costs nothing on later calls
@@ -395,7 +394,7 @@ def unpack(
         )
     finally:
         _restore.tensors = ()
-    _after_launch(tensors, stream, default)
+    _after_launch(tensors, side)
 
 
 def reduce_(dst: torch.Tensor, src: torch.Tensor, alpha: float, beta: float) -> None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import types
 
 import pytest
 import torch
@@ -600,3 +601,37 @@ def test_docstring_examples():
             sys.modules[name]
         )  # sys.modules: commrt.kernels.pack is also a function name
         assert result.failed == 0 and result.attempted > 0, (name, result)
+
+
+def test_a_launch_records_its_table_once_per_stream_and_holds_only_on_a_side_stream(monkeypatch):
+    """The CUDA stream bookkeeping of a list launch, with stand-in streams: the table is
+    recorded on each stream it is used from, once; the side stream comes back (its
+    launches hold their tensors), the default stream does not."""
+    if _triton is None:
+        pytest.skip("triton is not installed")
+
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
+    class Owner:
+        recorded: list = []
+
+        def record_stream(self, stream):
+            self.recorded.append(stream.cuda_stream)
+
+    default, side = Stream(0), Stream(7)
+    current = [default]
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: current[0])
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device: default)
+    monkeypatch.setattr(_triton, "_DEFAULT_STREAM", {})
+    tab = types.SimpleNamespace(streams=set(), chunk_owner=Owner())
+    dev = torch.device("cuda", 0)
+    assert _triton._side_stream(tab, dev) is None
+    current[0] = side
+    assert _triton._side_stream(tab, dev) is side
+    assert _triton._side_stream(tab, dev) is side
+    current[0] = default
+    assert _triton._side_stream(tab, dev) is None
+    assert Owner.recorded == [0, 7]
+    assert _triton._side_stream(tab, torch.device("cpu")) is None
