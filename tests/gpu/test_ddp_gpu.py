@@ -5,11 +5,22 @@ AVG), all_gather_into_tensor and all_gather in fp32 and bf16, then three
 steps of DDP (several buckets). The same program runs once on backend
 "commrt" and once on "nccl", each in a fresh spawned process (a process
 has one default group); results must be equal. With one rank every
-collective hands back its input, which is checked too. Skipped where there
-is no CUDA GPU; tools/gpu_check.py then reports this check as not run.
+collective hands back its input, which is checked too.
+
+Then what a DDP user sees of commrt on CUDA tensors: its stats, the
+``COMMRT_LOG`` lines and the ``COMMRT_TRACE`` files, under torchrun, one rank
+per GPU on up to two GPUs (two ranks cannot share a GPU under NCCL). With two,
+each bucket also names the schedule ``auto`` chose; a world of one runs none.
+
+Skipped where there is no CUDA GPU; tools/gpu_check.py then reports these
+checks as not run.
 """
 
+import json
+import os
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -118,3 +129,65 @@ def test_ddp_on_commrt_matches_nccl_on_one_gpu():
         assert np.array_equal(mine[k], mine[f"input {k.split()[-1]}"]), k
     err = max(float(np.abs(a - b).max()) for a, b in zip(mine["ddp"], ref["ddp"]))
     assert err <= 1e-6, f"DDP over commrt differs from DDP over NCCL by {err}"
+
+
+#: DDP on CUDA tensors with every way of seeing commrt switched on; the rank's stats
+#: go to <folder>/<rank>.json
+OBSERVED = """
+import json, os, sys, torch, torch.distributed as dist
+import commrt
+rank = int(os.environ["RANK"])
+dev = torch.device("cuda", rank)
+torch.cuda.set_device(dev)
+dist.init_process_group("commrt")
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)
+).to(dev)
+ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank], bucket_cap_mb=0.002)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for _ in range(4):
+    ddp(torch.randn(8, 32, device=dev)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+torch.cuda.synchronize(dev)
+s = commrt.distributed.stats()
+rows = [dict(op=e.op, nbytes=e.nbytes, calls=e.calls, algorithm=e.algorithm)
+        for e in s.entries.values()]
+with open(os.path.join(sys.argv[1], f"{rank}.json"), "w") as f:
+    json.dump(dict(rows=rows, transports=s.transports, text=str(s)), f)
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_on_cuda_shows_in_stats_log_and_trace(tmp_path):
+    world = min(2, torch.cuda.device_count())
+    script = tmp_path / "train.py"
+    script.write_text(OBSERVED)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world)]
+    cmd += ["--master-port", str(_port()), str(script), str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMRT_", "TRITON_"))}
+    env.update(COMMRT_LOG="info", COMMRT_TRACE=str(tmp_path / "trace"))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    buckets = (2600, 8448)  # DDP's buckets after its first step (tests/torch_distributed)
+    for rank in range(world):
+        stats = json.loads((tmp_path / f"{rank}.json").read_text())
+        assert stats["transports"] == ["nccl"], stats["text"]
+        seen = {r["nbytes"]: r for r in stats["rows"] if r["op"] == "allreduce(sum)"}
+        assert set(buckets) <= set(seen), stats["text"]
+        assert all(seen[n]["calls"] == 3 for n in buckets), stats["text"]
+        if world > 1:
+            assert all(seen[n]["algorithm"].startswith("auto:") for n in buckets)
+        events = json.loads((tmp_path / "trace" / f"rank{rank}.json").read_text())
+        sizes = {
+            e["args"]["bytes"]
+            for e in events["traceEvents"]
+            if e["name"] == "commrt/allreduce(sum)"
+        }
+        assert set(buckets) <= sizes
+    for nbytes in buckets:
+        head = f"commrt: allreduce(sum) of {nbytes} B float32 on {world} ranks"
+        said = [line for line in proc.stderr.splitlines() if line.startswith(head)]
+        assert len(said) == 1, proc.stderr[-3000:]
+        assert (": auto:" in said[0]) == (world > 1), said[0]
