@@ -70,7 +70,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 ROUNDS, ITERS = 5, 2
-ALTERNATED_ROUNDS = 10
+ALTERNATED_ROUNDS = 40
 #: at most this many warm-up steps for ``auto`` to settle (:func:`settle`)
 SETTLE_STEPS = 48
 #: steps in a row in which every all-reduce size ran one schedule: settled
