@@ -21,7 +21,8 @@ Progress. Nothing runs in the background: every call into the transport
 (an exchange, a wait, a test) pushes whatever fits of the queued sends and
 pulls whatever arrived, under one lock. A message longer than its ring
 therefore flows as the two ranks wait on each other, which they do in every
-schedule. A message that arrives before its receive is posted is kept
+schedule. A wait's poll first reads the counters without the lock, and does
+that work only when something can move. A message that arrives before its receive is posted is kept
 aside (MPI's "unexpected" queue) and matched when the receive comes, by
 (peer, tag), first in first out, as MPI and gloo match.
 
@@ -289,6 +290,11 @@ class ShmTransport(Transport):
             self._queued[peer] = deque()
             ring = _Ring(maps[rank], _ring_offset(peer, rank, ring_bytes), ring_bytes)
             self._in[peer] = _Inbound(ring)
+        #: each peer's ring head as the last push saw it (see :meth:`_quiet`)
+        self._head_seen = dict.fromkeys(self._out, -1)
+        #: what :meth:`_quiet` reads without the lock; fixed, so close() cannot change it
+        self._inbounds = tuple(self._in.values())
+        self._outbound = tuple((p, self._queued[p], self._out[p]) for p in self._out)
         self._broken: str | None = None
 
     # -- the interface
@@ -381,6 +387,8 @@ class ShmTransport(Transport):
         moved = [False]
 
         def done() -> bool:
+            if op.done or self._quiet():
+                return op.done
             with self._lock:
                 moved[0] = self._progress() or moved[0]
             return op.done
@@ -411,6 +419,21 @@ class ShmTransport(Transport):
                     continue
                 self._broken = "a receive was withdrawn while its data was added in"
 
+    def _quiet(self) -> bool:
+        """Whether a progress would find nothing to move: no inbound ring holds bytes not yet
+        read, and every peer with sends queued has the same ring head as when its last push
+        filled the ring. Read without the lock (plain loads of counters), so that the polls of
+        a long wait, most of which find nothing, cost a few loads instead of a progress."""
+        if self._broken is not None:
+            return False
+        for inbound in self._inbounds:
+            if int(inbound.ring.tail[0]) != inbound.head:
+                return False
+        for peer, queue, ring in self._outbound:
+            if queue and int(ring.head[0]) != self._head_seen[peer]:
+                return False
+        return True
+
     def _peer_alive(self, peer: int) -> bool:
         pid, started = self._pids[peer]
         return start_time(pid) == started
@@ -437,8 +460,9 @@ class ShmTransport(Transport):
 
     def _push(self, peer: int, queue: deque) -> bool:
         ring, tail = self._out[peer], self._tail[peer]
-        was = tail
-        space = ring.size - (tail - int(ring.head[0]))
+        was, head = tail, int(ring.head[0])
+        self._head_seen[peer] = head
+        space = ring.size - (tail - head)
         while queue and space > 0:
             op = queue[0]
             n = len(op.buf)

@@ -272,3 +272,56 @@ def test_a_world_of_one_needs_no_files_and_reduces_to_itself():
     t.native_all_reduce(x, op="avg")
     assert torch.equal(x, torch.arange(5.0)) and t.barrier(1)
     t.close()
+
+
+def _connected_pair(ring_bytes, monkeypatch):
+    """Two connected transports, ranks 0 and 1, for one thread to drive in turn."""
+    monkeypatch.setattr(shm_connect, "RING_BYTES", ring_bytes)
+    monkeypatch.setattr(shm_connect, "MIN_RING_BYTES", min(ring_bytes, 1024))
+    store = dist.HashStore()
+    return on_threads(2, lambda rank: connect(store, rank, 2, 30))
+
+
+def test_a_poll_takes_the_lock_only_when_something_can_move(monkeypatch):
+    a, b = _connected_pair(4096, monkeypatch)
+    try:
+        assert a._quiet() and b._quiet()  # nothing sent, nothing queued
+        data, got = _pattern(0, 1, 10_000), torch.empty(10_000, dtype=torch.uint8)
+        send = a.exchange([(data, 1)], [], tag=3)  # fills a's ring to b; the rest stays queued
+        assert a._quiet()  # b has read nothing yet: no room, nothing to push
+        assert not b._quiet()  # bytes wait in b's ring
+        recv = b.exchange([], [(got, 0)], tag=3)  # b reads what is there: room for a
+        assert b._quiet() and not a._quiet()
+        deadline = time.monotonic() + 10
+        while True:  # one thread drives both ranks: each wait returns at once
+            sent, landed = send.wait_send(0, 0.0), recv.wait_recv(0, 0.0)
+            if sent and landed:
+                break
+            assert time.monotonic() < deadline
+        assert torch.equal(got, data) and a._quiet() and b._quiet()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_long_wait_polls_without_progressing(monkeypatch):
+    # rank 1 waits 0.2 s for a message that never comes: its polls read counters, and only
+    # the first looks (the exchange's own progress aside) go through a progress
+    a, b = _connected_pair(4096, monkeypatch)
+    progressed = [0]
+    real = type(b)._progress
+
+    def counting(self):
+        progressed[0] += 1
+        return real(self)
+
+    monkeypatch.setattr(type(b), "_progress", counting)
+    try:
+        pend = b.exchange([], [(torch.empty(4), 0)], tag=5)
+        progressed[0] = 0
+        assert pend.wait_recv(0, time.monotonic() + 0.2) is False
+        assert progressed[0] <= 2, progressed[0]
+        pend.cancel()
+    finally:
+        a.close()
+        b.close()
