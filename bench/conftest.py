@@ -65,6 +65,19 @@ def pytest_configure(config):
             reporter._tw = TerminalWriter(open(os.devnull, "w"))
         if hasattr(config.option, "benchmark_json"):
             config.option.benchmark_json = None
+        if session is not None:
+            _write_nothing(session)
+
+
+def _write_nothing(session) -> None:
+    """Keep a rank other than 0 from writing pytest-benchmark's files. Every rank parsed
+    ``--benchmark-json``, which opened the file (and emptied it, at start-up, before any
+    rank wrote); the session holds that handle and would write through it at the end,
+    over rank 0's report. Saved runs and histograms would collide the same way."""
+    if session.json is not None:
+        session.json.close()
+        session.json = None
+    session.save = session.autosave = session.histogram = False
 
 
 @pytest.fixture

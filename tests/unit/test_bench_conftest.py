@@ -1,0 +1,34 @@
+"""bench/conftest.py under several ranks: only rank 0 reports, in the terminal and in files.
+
+Each rank here is a plain pytest process told its rank by RANK (as torchrun
+tells it), running one single-process case of the kernel benchmark, so
+nothing needs to line up between them.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CASE = "cpu-1MB-resnet50-copy"
+
+
+def _bench_as(rank: int, out) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "bench/bench_kernels.py", "-k", CASE, "-q"]
+    cmd += ["-p", "no:cacheprovider", "--benchmark-only", "--benchmark-json", str(out)]
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2")
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_only_rank_0_writes_the_json_report(tmp_path):
+    out = tmp_path / "report.json"
+    # a rank other than 0 opens the file, as every rank's pytest does, and writes nothing
+    other = _bench_as(1, out)
+    assert other.returncode == 0, other.stdout[-2000:] + other.stderr[-2000:]
+    assert out.exists() and out.read_text() == ""
+    assert "Wrote benchmark data" not in other.stdout
+    first = _bench_as(0, out)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert [b["name"] for b in report["benchmarks"]] == [f"test_kernel_throughput[{CASE}]"]
