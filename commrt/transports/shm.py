@@ -22,9 +22,10 @@ Progress. Nothing runs in the background: every call into the transport
 pulls whatever arrived, under one lock. A message longer than its ring
 therefore flows as the two ranks wait on each other, which they do in every
 schedule. A wait's poll first reads the counters without the lock, and does
-that work only when something can move. A message that arrives before its receive is posted is kept
-aside (MPI's "unexpected" queue) and matched when the receive comes, by
-(peer, tag), first in first out, as MPI and gloo match.
+that work only when something can move. A message that arrives before its
+receive is posted is kept aside (MPI's "unexpected" queue) and matched when
+the receive comes, by (peer, tag), first in first out, as MPI and gloo
+match.
 
 Failure. A process that dies leaves no error behind in shared memory, so a
 wait longer than a few milliseconds asks, every
