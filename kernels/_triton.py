@@ -58,7 +58,7 @@ from commrt.kernels._triton_kernels import (
     _unpack_kernel,
     _unpack_kernel_tuned,
 )
-from commrt.kernels.lifetime import hold_until
+from commrt.kernels.lifetime import hold_until, is_default
 
 # ----------------------------------------------------------------------------
 # configuration
@@ -281,10 +281,6 @@ def _launch(kernel, tuned, grid, args, kwargs, dtypes, device):
             )
 
 
-#: CUDA device index -> the handle of its default stream
-_DEFAULT_STREAM: dict = {}
-
-
 def _side_stream(tab: _Tables, device: torch.device):
     """The current stream of CUDA ``device`` if it is not the device's default stream, else
     None (and None for other devices). The stream is asked for once per launch: the query
@@ -300,10 +296,7 @@ def _side_stream(tab: _Tables, device: torch.device):
     if stream.cuda_stream not in tab.streams:
         tab.chunk_owner.record_stream(stream)
         tab.streams.add(stream.cuda_stream)
-    default = _DEFAULT_STREAM.get(device.index)
-    if default is None:
-        default = _DEFAULT_STREAM[device.index] = torch.cuda.default_stream(device).cuda_stream
-    return None if stream.cuda_stream == default else stream
+    return None if is_default(stream, device) else stream
 
 
 def _prepare(tensors, sizes, flat: torch.Tensor, total: int, what: str):
@@ -319,7 +312,7 @@ def _prepare(tensors, sizes, flat: torch.Tensor, total: int, what: str):
 
 def _after_launch(tensors, side) -> None:
     # The kernel reads the tensors through the table, which the allocator cannot see: on a
-    # side stream they are held until it passes this launch (lifetime.keep_alive); on the
+    # side stream they are held until it passes this launch (lifetime.hold_until); on the
     # default stream, where they were made, the allocator orders their reuse already.
     if side is not None:
         hold_until(side.record_event(), tensors)

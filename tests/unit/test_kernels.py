@@ -43,7 +43,7 @@ import types
 import pytest
 import torch
 
-from commrt.kernels import SUPPORTED_DTYPES, Impl, _common, _torch, pack, reduce_, unpack
+from commrt.kernels import SUPPORTED_DTYPES, Impl, _common, _torch, lifetime, pack, reduce_, unpack
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 DTYPES = [F32, F16, BF16]
@@ -624,7 +624,7 @@ def test_a_launch_records_its_table_once_per_stream_and_holds_only_on_a_side_str
     current = [default]
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device: current[0])
     monkeypatch.setattr(torch.cuda, "default_stream", lambda device: default)
-    monkeypatch.setattr(_triton, "_DEFAULT_STREAM", {})
+    monkeypatch.setattr(lifetime, "_DEFAULT_STREAM", {})
     tab = types.SimpleNamespace(streams=set(), chunk_owner=Owner())
     dev = torch.device("cuda", 0)
     assert _triton._side_stream(tab, dev) is None
