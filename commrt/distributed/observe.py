@@ -198,7 +198,12 @@ class _Traces:
                 try:  # a folder it cannot write is refused when the group is made
                     os.makedirs(folder, exist_ok=True)
                 except OSError as e:
-                    raise ValueError(f"{TRACE_ENV}={folder}: {e.strerror or e}") from None
+                    why = e.strerror or e
+                    raise ValueError(
+                        f"{TRACE_ENV}={folder}: cannot make that folder ({why})"
+                    ) from None
+                if not os.access(folder, os.W_OK | os.X_OK):
+                    raise ValueError(f"{TRACE_ENV}={folder}: this process cannot write there")
                 cls.tracer = Tracer(rank=global_rank)
                 cls.path = os.path.join(folder, f"rank{global_rank}.json")
                 atexit.register(cls.save)

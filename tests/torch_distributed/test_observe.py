@@ -213,5 +213,17 @@ def test_a_trace_folder_it_cannot_make_is_refused_at_init_naming_it(tmp_path, mo
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     monkeypatch.setenv("COMMRT_TRACE", str(blocker / "traces"))
-    with pytest.raises(ValueError, match="COMMRT_TRACE="):
+    with pytest.raises(ValueError, match="COMMRT_TRACE=.*: cannot make that folder"):
+        _world_of_one(tmp_path)
+
+
+def test_a_trace_folder_it_cannot_write_is_refused_at_init_naming_it(tmp_path, monkeypatch):
+    # root may write anywhere, so the permission is denied by hand, for that folder only
+    folder = tmp_path / "traces"
+    monkeypatch.setenv("COMMRT_TRACE", str(folder))
+    real = observe.os.access
+    monkeypatch.setattr(
+        observe.os, "access", lambda p, mode: False if str(p) == str(folder) else real(p, mode)
+    )
+    with pytest.raises(ValueError, match="COMMRT_TRACE=.*: this process cannot write there"):
         _world_of_one(tmp_path)
