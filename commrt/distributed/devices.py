@@ -36,6 +36,7 @@ from commrt.runtime.communicator import Backend, Communicator, shm_transport
 from commrt.runtime.environment import LaunchInfo, detect_launch
 from commrt.runtime.rendezvous import check_timeout
 from commrt.runtime.stall import stall_seconds, start_watch
+from commrt.runtime.threads import one_core_each
 
 #: the environment variable that picks the all-reduce algorithm (Options() default)
 ALGORITHM_ENV = "COMMRT_ALGORITHM"
@@ -187,6 +188,8 @@ class DeviceComms:
         self.algorithm = self.options.resolved_algorithm()
         #: the process's trace (COMMRT_TRACE), which every call of the group records into
         self.tracer = process_tracer(self.global_ranks[rank])
+        #: whether this node's ranks have one core each or less (commrt.distributed.group)
+        self.one_core_each = one_core_each(self._launch().local_size)
         self.lock = threading.Lock()
         #: the CUDA device the group's NCCL runs on: the first CUDA call's (None before);
         #: chosen under a lock of its own, since ``lock`` is held while NCCL is made

@@ -28,14 +28,19 @@ BACKEND_NAME = "commrt"
 #: a CPU call made inside autograd's backward (DDP's bucket all-reduces) of at most this many
 #: bytes runs on the caller's thread when nothing is queued (CallQueue.submit): a
 #: latency-bound call gains less from overlapping the rest of backward than the hand-off to
-#: the call thread and back costs, and every rank's backward issues its calls in one order
+#: the call thread and back costs, and every rank's backward issues its calls in one order.
+#: Where each rank has one core or less (:func:`commrt.runtime.threads.one_core_each`),
+#: calls of every size do: the call thread could not overlap the backward, only take turns
+#: with it on that core, paying the hand-offs and its waits' polls on top.
 HERE_BYTES = 64 << 10
 
 
-def _small_in_backward(tensors: list) -> bool:
+def _in_backward(tensors: list, most: int | None) -> bool:
+    """Whether a call is made inside autograd's backward and has at most ``most`` bytes
+    (None: any number)."""
     if torch._C._current_graph_task_id() == -1:  # not inside a backward pass
         return False
-    return sum(t.nbytes for t in tensors) <= HERE_BYTES
+    return most is None or sum(t.nbytes for t in tensors) <= most
 
 
 def _unsupported(method: str, instead: str) -> NotImplementedError:
@@ -72,6 +77,8 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         self.group_id_text, self.desc = devices.group_id, ""
         #: what the calls ran (:func:`stats`, the log line, the trace)
         self.observer = Observer(devices.rank, devices.size, devices.group_id, devices.tracer)
+        #: the largest call inside backward that runs on the caller's thread (None: any)
+        self.here_bytes = None if devices.one_core_each else HERE_BYTES
 
     # -- names (init_device_mesh and FSDP2 need them)
     def getBackendName(self) -> str:
@@ -127,7 +134,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         observed = self.observer.run
         # the stall verdict names the op (commrt.schedule.position)
         call = lambda: observed(op, tensors, run, _noted(devices.get(device, dtype), op))  # noqa: E731
-        here = cuda is None and (sync or _small_in_backward(tensors))
+        here = cuda is None and (sync or _in_backward(tensors, self.here_bytes))
         return self.calls.submit(call, work, cuda, after, here)
 
     # -- all-reduce

@@ -31,7 +31,7 @@ from typing import Mapping
 
 import torch
 
-__all__ = ["threads_for", "usable_cores", "fit_torch_threads"]
+__all__ = ["threads_for", "usable_cores", "fit_torch_threads", "one_core_each"]
 
 
 def threads_for(local_size: int | None, threads: int, cores: int) -> int | None:
@@ -49,6 +49,13 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def one_core_each(local_size: int | None) -> bool:
+    """Whether the ``local_size`` ranks on this node have one of this process's cores each,
+    or less: then a thread of a rank can only take turns with the rank's other threads.
+    False where the launcher does not say how many ranks share the node."""
+    return local_size is not None and usable_cores() <= local_size
 
 
 def fit_torch_threads(local_size: int | None, env: Mapping[str, str] | None = None) -> int | None:

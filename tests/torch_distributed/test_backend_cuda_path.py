@@ -99,7 +99,7 @@ class Devices(DeviceComms):
         self.rank, self.size, self.group_id, self.timeout = 0, 1, "fake", 30.0
         self.options, self.algorithm, self.tracer = Options(), Ring(), None
         self.lock, self.pick_lock = threading.Lock(), threading.Lock()
-        self.cuda_device, self.log = None, log
+        self.cuda_device, self.log, self.one_core_each = None, log, False
         self.by_type = {"cpu": types.SimpleNamespace(algorithm=self.algorithm, comm=ALONE)}
 
     def _cuda(self, dtype):

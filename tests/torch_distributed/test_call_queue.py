@@ -4,10 +4,13 @@ call, or one behind a queued call, runs on the call thread, in the order submitt
 
 import threading
 
+import pytest
 import torch
+import torch.distributed as dist
 
 from commrt.distributed import group as G
 from commrt.distributed.work import CallQueue, CommrtWork
+from commrt.runtime import threads
 
 
 def _work(name: str) -> CommrtWork:
@@ -65,9 +68,62 @@ def test_an_error_of_a_call_run_here_reaches_its_waiter_and_keeps_the_queue_goin
 
 def test_only_small_calls_inside_backward_count_as_waited_for():
     small, big = [torch.zeros(16)], [torch.zeros(G.HERE_BYTES // 4 + 1)]
-    assert not G._small_in_backward(small)  # outside backward: DDP may overlap it
+    assert not G._in_backward(small, G.HERE_BYTES)  # outside backward: DDP may overlap it
+    assert not G._in_backward(big, None)
     seen = []
     x = torch.ones(2, requires_grad=True)
-    x.register_hook(lambda g: seen.append((G._small_in_backward(small), G._small_in_backward(big))))
+    x.register_hook(
+        lambda g: seen.append(
+            (
+                G._in_backward(small, G.HERE_BYTES),
+                G._in_backward(big, G.HERE_BYTES),
+                G._in_backward(big, None),
+            )
+        )
+    )
     (x * 2).sum().backward()
-    assert seen == [(True, False)]
+    assert seen == [(True, False, True)]
+
+
+@pytest.mark.parametrize(
+    "cores, local, one_each",
+    [
+        (2, "2", True),
+        (1, "1", True),
+        (4, "2", False),
+        (3, "2", False),
+        (16, "2", False),
+        (1, None, False),
+    ],
+)
+def test_one_core_a_rank_runs_calls_of_any_size_in_backward_on_the_caller(
+    tmp_path, monkeypatch, cores, local, one_each
+):
+    # 2 ranks on 2 cores: the call thread could only take turns with the backward
+    monkeypatch.setattr(threads, "usable_cores", lambda: cores)
+    if local is None:  # the launcher does not say how many ranks share the node
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert threads.one_core_each(None if local is None else int(local)) is one_each
+    dist.init_process_group(
+        "commrt", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        pg = dist.group.WORLD  # the commrt group itself (an extended-API backend)
+        assert pg.here_bytes == (None if one_each else G.HERE_BYTES)
+        ran = []
+        x = torch.ones(2, requires_grad=True)
+        big = torch.ones(G.HERE_BYTES // 4 + 1)
+
+        def in_backward(g):
+            work = dist.all_reduce(big, async_op=True)
+            ran.append(work.is_completed())  # run here: done before all_reduce returned
+            work.wait()
+
+        x.register_hook(in_backward)
+        (x * 2).sum().backward()
+        assert ran == [one_each]
+    finally:
+        dist.destroy_process_group()
