@@ -35,12 +35,12 @@ BACKEND_NAME = "commrt"
 HERE_BYTES = 64 << 10
 
 
-def _in_backward(tensors: list, most: int | None) -> bool:
-    """Whether a call is made inside autograd's backward and has at most ``most`` bytes
-    (None: any number)."""
+def _here_in_backward(tensors: list, devices: DeviceComms) -> bool:
+    """Whether a call is made inside autograd's backward and may run on the caller's
+    thread: at most :data:`HERE_BYTES`, or any size where each rank has one core."""
     if torch._C._current_graph_task_id() == -1:  # not inside a backward pass
         return False
-    return most is None or sum(t.nbytes for t in tensors) <= most
+    return devices.one_core_each or sum(t.nbytes for t in tensors) <= HERE_BYTES
 
 
 def _unsupported(method: str, instead: str) -> NotImplementedError:
@@ -77,8 +77,6 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         self.group_id_text, self.desc = devices.group_id, ""
         #: what the calls ran (:func:`stats`, the log line, the trace)
         self.observer = Observer(devices.rank, devices.size, devices.group_id, devices.tracer)
-        #: the largest call inside backward that runs on the caller's thread (None: any)
-        self.here_bytes = None if devices.one_core_each else HERE_BYTES
 
     # -- names (init_device_mesh and FSDP2 need them)
     def getBackendName(self) -> str:
@@ -134,7 +132,7 @@ class ProcessGroupCommrt(dist.ProcessGroup):
         observed = self.observer.run
         # the stall verdict names the op (commrt.schedule.position)
         call = lambda: observed(op, tensors, run, _noted(devices.get(device, dtype), op))  # noqa: E731
-        here = cuda is None and (sync or _in_backward(tensors, self.here_bytes))
+        here = cuda is None and (sync or _here_in_backward(tensors, devices))
         return self.calls.submit(call, work, cuda, after, here)
 
     # -- all-reduce

@@ -3,6 +3,7 @@ inside DDP's backward) runs on the caller's thread when nothing is ahead of it; 
 call, or one behind a queued call, runs on the call thread, in the order submitted."""
 
 import threading
+import types
 
 import pytest
 import torch
@@ -68,16 +69,20 @@ def test_an_error_of_a_call_run_here_reaches_its_waiter_and_keeps_the_queue_goin
 
 def test_only_small_calls_inside_backward_count_as_waited_for():
     small, big = [torch.zeros(16)], [torch.zeros(G.HERE_BYTES // 4 + 1)]
-    assert not G._in_backward(small, G.HERE_BYTES)  # outside backward: DDP may overlap it
-    assert not G._in_backward(big, None)
+    spare, one = (
+        types.SimpleNamespace(one_core_each=False),
+        types.SimpleNamespace(one_core_each=True),
+    )
+    assert not G._here_in_backward(small, spare)  # outside backward: DDP may overlap it
+    assert not G._here_in_backward(big, one)
     seen = []
     x = torch.ones(2, requires_grad=True)
     x.register_hook(
         lambda g: seen.append(
             (
-                G._in_backward(small, G.HERE_BYTES),
-                G._in_backward(big, G.HERE_BYTES),
-                G._in_backward(big, None),
+                G._here_in_backward(small, spare),
+                G._here_in_backward(big, spare),
+                G._here_in_backward(big, one),  # a rank with one core: any size
             )
         )
     )
@@ -112,7 +117,7 @@ def test_one_core_a_rank_runs_calls_of_any_size_in_backward_on_the_caller(
     )
     try:
         pg = dist.group.WORLD  # the commrt group itself (an extended-API backend)
-        assert pg.here_bytes == (None if one_each else G.HERE_BYTES)
+        assert pg.devices.one_core_each is one_each
         ran = []
         x = torch.ones(2, requires_grad=True)
         big = torch.ones(G.HERE_BYTES // 4 + 1)
