@@ -62,8 +62,8 @@ class GlooJob:
             TORCHELASTIC_USE_AGENT_STORE="true",
             PYTHONUNBUFFERED="1",
             OMP_NUM_THREADS="1",
-            **(env or {}),
         )
+        self.env.update(env or {})  # the caller's variables win over torchrun's
         for name in (STORE_ENV, *drop_env):
             self.env.pop(name, None)
         self.cmd = [sys.executable, os.path.join(TESTS, "workers", script), *map(str, args)]

@@ -49,6 +49,29 @@ def test_ddp_over_commrt_equals_ddp_over_gloo_torchrun_style(tmp_path, transport
     _check_ddp(json.loads(out.read_text()), 4, ["ring", "torus2d", "auto"], transport)
 
 
+@pytest.mark.parametrize("one_core_each", [True, False])
+def test_ddp_large_buckets_run_where_the_cores_say_and_equal_gloo(tmp_path, one_core_each):
+    """The model's 155 kB weight is a bucket of its own, above the 64 KiB of a small call.
+    Where each rank has one core (LOCAL_WORLD_SIZE above any machine's cores) it runs on
+    the caller's thread inside backward; where the launcher does not say, on the call
+    thread. Either way the parameters equal gloo's."""
+    out = tmp_path / "report.json"
+    env = {"COMMRT_ALGORITHM": "ring"}
+    if one_core_each:
+        env["LOCAL_WORLD_SIZE"] = "4096"
+    drop = () if one_core_each else ("LOCAL_WORLD_SIZE",)
+    codes, outs = gloo_ranks(2, "td_ddp_worker.py", out, timeout=300, env=env, drop_env=drop)
+    _ok(codes, outs)
+    report = json.loads(out.read_text())
+    _check_ddp(report, 2, ["ring"], "shm")
+    assert report["one_core_each"] is one_core_each
+    if one_core_each:
+        assert report["large_call_threads"] == ["MainThread"]
+    else:
+        assert report["large_call_threads"], "no large bucket ran"
+        assert all(t.startswith("commrt-pg-") for t in report["large_call_threads"])
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("transport", ["shm", "mpi"])
 def test_ddp_over_commrt_equals_ddp_over_gloo_under_mpiexec(tmp_path, transport):

@@ -13,6 +13,7 @@ the largest relative parameter difference per algorithm and mode to argv[1]
 import json
 import os
 import sys
+import threading
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ddp_reference import batch, fresh, rel_err  # noqa: E402
 
 import commrt  # noqa: E402,F401  (registers the backend)
+from commrt.distributed import group as commrt_group  # noqa: E402
+from commrt.distributed import ops  # noqa: E402
 
 STEPS = 10
 MODES = ("plain", "unused", "static")
@@ -41,7 +44,24 @@ def train(group, rank, mode):
     return model
 
 
+#: the threads that ran the default group's all-reduces above commrt_group.HERE_BYTES
+LARGE_CALL_THREADS: set = set()
+
+
+def _record_large_calls():
+    """Note which thread runs each large all-reduce (the caller's, or the call thread)."""
+    run = ops.allreduce
+
+    def recorded(dc, t, op):
+        if t.nbytes > commrt_group.HERE_BYTES:
+            LARGE_CALL_THREADS.add(threading.current_thread().name)
+        return run(dc, t, op)
+
+    ops.allreduce = recorded
+
+
 def main(out, more):
+    _record_large_calls()
     dist.init_process_group("commrt")
     rank = dist.get_rank()
     gloo = dist.new_group(backend="gloo")
@@ -68,6 +88,8 @@ def main(out, more):
     dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=gloo)
     dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=gloo)
     report["ranks_agree"] = bool(torch.equal(lo, hi))
+    report["one_core_each"] = dist.group.WORLD.devices.one_core_each
+    report["large_call_threads"] = sorted(LARGE_CALL_THREADS)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(report, f)
