@@ -44,40 +44,45 @@ _LOCAL = int(
 _ROWS_KEY = pytest.StashKey[list]()
 
 
+# pytest-benchmark's options that write files; a rank other than 0 turns each off
+_WRITERS = {
+    "benchmark_json": None,
+    "benchmark_save": None,
+    "benchmark_autosave": False,
+    "benchmark_histogram": None,
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+    """Set pytest-benchmark's own options before its session reads them (in its
+    ``pytest_configure``). Its wide table (ten statistics a test, some 150 columns) is
+    left out unless ``--benchmark-columns`` is given: the summary below has the figures.
+    A rank other than 0 writes no JSON, saved run or histogram: every rank parsed the same
+    ``--benchmark-json PATH`` and would write over rank 0's report at the end."""
+    args = config.invocation_params.args
+    if not any(str(a).startswith("--benchmark-columns") for a in args):
+        config.option.benchmark_quiet = True
+    if _RANK != 0:
+        for name, off in _WRITERS.items():
+            if hasattr(config.option, name):
+                setattr(config.option, name, off)
+
+
 @pytest.hookimpl(trylast=True)  # after the terminal reporter exists
 def pytest_configure(config):
     config.stash[_ROWS_KEY] = []
-    session = getattr(config, "_benchmarksession", None)
-    args = config.invocation_params.args
-    if session is not None and not any(str(a).startswith("--benchmark-columns") for a in args):
-        session.quiet = True  # its table is too wide; the summary below has the figures
     if _LOCAL > 1 and "OMP_NUM_THREADS" not in os.environ:
         # ranks share the machine's cores: one intra-op thread pool per rank's share,
         # as commrt's own launcher sets, instead of every rank spawning one per core
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _LOCAL))
     if _RANK != 0:
-        # Silence the terminal reporter itself: redirecting fd 1 here would be
-        # undone by pytest's output capture, which is active at this point.
-        from _pytest._io import TerminalWriter
-
-        reporter = config.pluginmanager.getplugin("terminalreporter")
+        # A rank other than 0 prints nothing: pytest runs without its terminal reporter
+        # as it does under ``-p no:terminal`` (redirecting fd 1 here would be undone by
+        # pytest's output capture, which is active at this point).
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter._tw = TerminalWriter(open(os.devnull, "w"))
-        if hasattr(config.option, "benchmark_json"):
-            config.option.benchmark_json = None
-        if session is not None:
-            _write_nothing(session)
-
-
-def _write_nothing(session) -> None:
-    """Keep a rank other than 0 from writing pytest-benchmark's files. Every rank parsed
-    ``--benchmark-json``, which opened the file (and emptied it, at start-up, before any
-    rank wrote); the session holds that handle and would write through it at the end,
-    over rank 0's report. Saved runs and histograms would collide the same way."""
-    if session.json is not None:
-        session.json.close()
-        session.json = None
-    session.save = session.autosave = session.histogram = False
+            config.pluginmanager.unregister(reporter)
 
 
 @pytest.fixture

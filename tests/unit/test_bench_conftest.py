@@ -23,11 +23,12 @@ def _bench_as(rank: int, out) -> subprocess.CompletedProcess:
 
 def test_only_rank_0_writes_the_json_report(tmp_path):
     out = tmp_path / "report.json"
-    # a rank other than 0 opens the file, as every rank's pytest does, and writes nothing
+    # a rank other than 0 writes nothing and prints nothing (pytest-benchmark before 5.3
+    # opens the file when it parses the option, so an empty file may be left)
     other = _bench_as(1, out)
     assert other.returncode == 0, other.stdout[-2000:] + other.stderr[-2000:]
-    assert out.exists() and out.read_text() == ""
-    assert "Wrote benchmark data" not in other.stdout
+    assert not out.exists() or out.read_text() == ""
+    assert other.stdout == ""
     first = _bench_as(0, out)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
     report = json.loads(out.read_text())
