@@ -78,28 +78,34 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
 class _Ring:
     """One direction between two ranks: the counters and the data, as numpy views."""
 
-    __slots__ = ("tail", "head", "data", "words", "size")
+    __slots__ = ("tail", "head", "data", "bytes", "words", "size")
 
     def __init__(self, mm: mmap.mmap, offset: int, size: int):
-        self.tail = np.frombuffer(mm, np.uint64, 1, offset)
-        self.head = np.frombuffer(mm, np.uint64, 1, offset + 64)
+        # counters, headers and copies through memoryviews: an index reads or writes one
+        # aligned 8-byte word as a Python int, and a slice copies without making numpy
+        # views, several times cheaper than numpy for the few bytes of a small message;
+        # numpy's view of the data is for adding into a receive
+        mem = memoryview(mm)
+        self.tail = mem[offset : offset + 8].cast("Q")
+        self.head = mem[offset + 64 : offset + 72].cast("Q")
+        self.bytes = mem[offset + RING_HEAD : offset + RING_HEAD + size]
+        self.words = self.bytes.cast("q")
         self.data = np.frombuffer(mm, np.uint8, size, offset + RING_HEAD)
-        self.words = self.data.view(np.int64)
         self.size = size
 
-    def put(self, pos: int, src: np.ndarray) -> None:
+    def put(self, pos: int, src: memoryview) -> None:
         at, n = pos % self.size, len(src)
         first = min(n, self.size - at)
-        self.data[at : at + first] = src[:first]
+        self.bytes[at : at + first] = src[:first]
         if first < n:
-            self.data[: n - first] = src[first:]
+            self.bytes[: n - first] = src[first:]
 
-    def get(self, pos: int, dst: np.ndarray) -> None:
+    def get(self, pos: int, dst: memoryview) -> None:
         at, n = pos % self.size, len(dst)
         first = min(n, self.size - at)
-        dst[:first] = self.data[at : at + first]
+        dst[:first] = self.bytes[at : at + first]
         if first < n:
-            dst[first:] = self.data[: n - first]
+            dst[first:] = self.bytes[: n - first]
 
     def add(self, pos: int, dst: np.ndarray) -> None:
         """dst += the ring's bytes at ``pos`` read as dst's dtype (positions are 16-aligned,
@@ -115,10 +121,11 @@ class _Ring:
 class _Op:
     """One send or receive: its bytes, how far it got, and whether it is done."""
 
-    __slots__ = ("buf", "peer", "tag", "off", "done", "elems")
+    __slots__ = ("buf", "mem", "peer", "tag", "off", "done", "elems")
 
     def __init__(self, buf: np.ndarray, peer: int, tag: int, elems: np.ndarray | None = None):
         self.buf, self.peer, self.tag = buf, peer, tag
+        self.mem = memoryview(buf)  # the same bytes, for the rings' copies
         self.off = -1  # a send: -1 until its header is in the ring; a receive: unused
         self.done = False
         #: a receive that adds: its tensor as elements of its dtype (None: it overwrites)
@@ -190,7 +197,7 @@ class _Inbound:
                 size = self.cur_add.itemsize
                 ring.add(head, self.cur_add[off // size : (off + real) // size])
             elif real:
-                ring.get(head, self.cur[off : off + real])
+                ring.get(head, memoryview(self.cur)[off : off + real])
             head, avail, self.cur_off = head + chunk, avail - chunk, off + chunk
             if self.cur_off < _pad(n):
                 break
@@ -249,18 +256,28 @@ class _ShmPending(Pending):
 
 class _AddingPrepared(Prepared):
     """A step whose receives marked in ``adds`` add into their tensors (none: a plain
-    step, whose waits spin for ``spin_s`` as the executor asks)."""
+    step, whose waits spin for ``spin_s`` as the executor asks). Its operations (the
+    tensors' bytes as numpy views) are made once and started again and again; a start
+    whose last operations did not all finish (a wait that timed out) makes new ones."""
 
-    __slots__ = ("adds",)
+    __slots__ = ("adds", "sops", "rops")
 
     def __init__(self, transport, sends, recvs, tag, adds):
         super().__init__(transport, sends, recvs, tag)
         self.adds = adds
+        self.sops, self.rops = transport.operations(sends, recvs, tag, adds)
 
     def start(self, spin_s: float = 0.0) -> Pending:
-        pending = self.transport.exchange(self.sends, self.recvs, self.tag, self.adds)
-        pending.spin_s = spin_s
-        return pending
+        sops, rops = self.sops, self.rops
+        if all(op.done for op in sops) and all(op.done for op in rops):
+            for op in sops:
+                op.off, op.done = -1, False
+            for op in rops:
+                op.done = False
+        else:
+            sops, rops = self.transport.operations(self.sends, self.recvs, self.tag, self.adds)
+            self.sops, self.rops = sops, rops
+        return self.transport.start(sops, rops, spin_s)
 
 
 class ShmTransport(Transport):
@@ -304,6 +321,11 @@ class ShmTransport(Transport):
     ) -> Pending:
         """Start ``sends`` and ``recvs``; receive ``i`` with ``adds[i]`` adds into its
         tensor as the bytes arrive (:meth:`prepare_adding`)."""
+        return self.start(*self.operations(sends, recvs, tag, adds))
+
+    @staticmethod
+    def operations(sends: Sequence[Pair], recvs: Sequence[Pair], tag: int, adds: tuple = ()):
+        """The send and receive operations of an exchange, not started: (sends, receives)."""
         rops = [
             _Op(
                 _bytes_of(t),
@@ -313,7 +335,11 @@ class ShmTransport(Transport):
             )
             for i, (t, peer) in enumerate(recvs)
         ]
-        sops = [_Op(_bytes_of(t), peer, tag) for t, peer in sends]
+        return [_Op(_bytes_of(t), peer, tag) for t, peer in sends], rops
+
+    def start(self, sops: list, rops: list, spin_s: float = 0.0) -> Pending:
+        """Post ``rops``, queue ``sops`` and move what can move; the exchange's Pending,
+        whose waits spin for ``spin_s`` first."""
         with self._lock:
             self._raise_if_broken()
             try:
@@ -325,7 +351,7 @@ class ShmTransport(Transport):
             for op in sops:
                 self._queued[op.peer].append(op)
             self._progress()
-        return _ShmPending(self, sops, rops)
+        return _ShmPending(self, sops, rops, spin_s)
 
     def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
         return _AddingPrepared(self, sends, recvs, tag, ())
@@ -384,8 +410,13 @@ class ShmTransport(Transport):
         CHECK_EVERY_S of a long wait, a dead peer (or a farewell) ends it with an error."""
         if op.done:
             return True
-
-        moved = [False]
+        if not self._quiet():  # what already arrived, before a wait is set up at all
+            with self._lock:
+                moved = [self._progress()]
+            if op.done:
+                return True
+        else:
+            moved = [False]
 
         def done() -> bool:
             if op.done or self._quiet():
@@ -476,7 +507,7 @@ class ShmTransport(Transport):
             chunk = min(_pad(n) - op.off, space)
             real = max(0, min(n - op.off, chunk))
             if real:
-                ring.put(tail, op.buf[op.off : op.off + real])
+                ring.put(tail, op.mem[op.off : op.off + real])
             tail, space, op.off = tail + chunk, space - chunk, op.off + chunk
             if op.off < _pad(n):
                 break
