@@ -39,6 +39,7 @@ from commrt.cli import launch as launcher
 from commrt.cli.flags import unknown_flags
 from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
 from commrt.runtime.choice import LOCAL, ONLY_GLOO_SURVIVES, Situation, choose
+from commrt.transports.shm_connect import unusable
 
 __all__ = ["main", "build_parser", "check_train"]
 
@@ -53,6 +54,7 @@ def auto_backend(nproc: int, ranks_may_die: bool = False, who: str = "") -> str:
         return "auto"
     device = "cuda" if torch.cuda.is_available() else "cpu"
     s = Situation.here(device, LOCAL, nproc, nproc, _mpi_installed(), ranks_may_die)
+    s = dataclasses.replace(s, shm_unusable=unusable())  # every rank will be here
     chosen = choose(s)[0]
     if device == "cuda" and s.nccl_missing is not None:
         print(f"--backend auto runs {chosen}, not nccl: {s.nccl_missing}", flush=True)

@@ -303,12 +303,9 @@ class DeviceComms:
         from commrt.transports.nccl_bootstrap import init_nccl
 
         launch = self._launch()
-        s = Situation.here("cuda", launch.launcher, self.size, launch.local_size, False)
-        backend = choose(s)[0]
-        if backend not in CUDA_BACKENDS:
-            raise RuntimeError(
-                f"commrt process group: no transport for CUDA tensors: {s.nccl_missing}"
-            )
+        # NCCL's bootstrap says itself what it lacks, where it does
+        s = Situation("cuda", launch.launcher, self.size, launch.local_size)
+        backend = next(b for b in choose(s) if b in CUDA_BACKENDS)
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         transport = init_nccl(
             self.rank,

@@ -76,9 +76,13 @@ class Situation:
     mpi4py and mpiexec are installed, so the command line can start them so).
     ``ranks_may_die``: the job carries on past a dead rank (backup workers,
     ``--kill``, ``--max-restarts``): :data:`ONLY_GLOO_SURVIVES`.
-    ``nccl_missing`` and ``shm_unusable``: what this process found it lacks
-    (:func:`commrt.transports.nccl.nccl_missing`,
-    :func:`commrt.transports.shm_connect.unusable`; None: nothing).
+    ``nccl_missing``: what this process lacks for NCCL
+    (:func:`commrt.transports.nccl.nccl_missing`; None: nothing).
+    ``shm_unusable``: why this process cannot map shared memory
+    (:func:`commrt.transports.shm_connect.unusable`), for a process that chooses
+    for ranks it starts itself (the command line). Ranks that choose each for
+    itself leave it None: what one rank lacks, the others would not see, so
+    :func:`~commrt.transports.shm_connect.connect` finds it, for all together.
     """
 
     device: str = "cpu"
@@ -93,17 +97,14 @@ class Situation:
     @classmethod
     def here(cls, device: str, launcher: str, world_size: int, local_size: int | None,
              mpi_world: bool, ranks_may_die: bool = False) -> "Situation":  # fmt: skip
-        """The situation with this process's own checks filled in (NCCL's only for CUDA:
+        """The situation with this process's check for NCCL filled in (only for CUDA:
         importing CuPy takes a while)."""
-        from commrt.transports.shm_connect import unusable
-
         missing = None
         if device == "cuda":
             from commrt.transports.nccl import nccl_missing
 
             missing = nccl_missing()
-        return cls(device, launcher, world_size, local_size, mpi_world, ranks_may_die,
-                   missing, unusable())  # fmt: skip
+        return cls(device, launcher, world_size, local_size, mpi_world, ranks_may_die, missing)
 
     @property
     def one_host(self) -> bool:
