@@ -324,9 +324,34 @@ class NcclTransport(Transport):
                 comm.send(ptr, count, code, peer, s)
             for ptr, count, code, peer in recv_args:
                 comm.recv(ptr, count, code, peer, s)
-        finally:
-            self._guarded(nccl.groupEnd, "groupEnd", self.timeout, peers)
+        except BaseException as e:
+            self._drop_group(e)
+            if not isinstance(e, Exception):  # an interrupt stays what it is
+                raise
+            raise CommError(f"commrt: rank {self.rank}: NCCL refused a group's call: {e}") from e
+        self._guarded(nccl.groupEnd, "groupEnd", self.timeout, peers)
         return _Group(self, self._record(), host_wait=self.host_waits)
+
+    def _drop_group(self, error: BaseException) -> None:
+        """A call inside an open group failed, so the group is incomplete: launching it
+        would send what the peers' groups do not expect. NCCL launches nothing of a group
+        in which a call failed (``ncclGroupEnd`` returns that call's error and frees the
+        group), but a call that failed before NCCL saw it (cupy's argument conversion)
+        left no error there: an invalid send (peer -1) records one. Then ``groupEnd``
+        closes the group (the thread's group depth must not stay open for its next NCCL
+        call), its error dropped, and the communicator is aborted, never before: an
+        aborted communicator is freed, and the open group still refers to it. What the
+        caller sees is the first error."""
+        nccl = self.nccl
+        try:
+            self.comm.send(0, 0, NCCL_DTYPE[torch.uint8], -1, self._stream_ptr())
+        except Exception:  # noqa: BLE001, S110 - the refusal is the point
+            pass
+        try:
+            nccl.groupEnd()
+        except Exception:  # noqa: BLE001, S110 - the first error is the one to report
+            pass
+        self.abort(f"a call of a group failed: {type(error).__name__}: {error}")
 
     def stream(self):
         return (
