@@ -137,18 +137,6 @@ def test_the_call_thread_sets_the_device_and_waits_for_the_callers_stream(monkey
     assert first.stream.name == "MainThread" and second.stream is side  # on the caller's
 
 
-def test_send_makes_nccl_on_the_call_thread_too(monkeypatch):
-    cuda = Cuda(monkeypatch)
-    devices, calls = Devices(cuda.log), G.CallQueue("commrt-pg-p2p")
-    made = G._context(devices, calls, CUDA3, torch.float32)
-    calls.close()
-    assert made.device == CUDA3
-    assert cuda.log == [
-        ("set_device", "commrt-pg-p2p", CUDA3),
-        ("make NCCL", "commrt-pg-p2p", torch.float32),
-    ]
-
-
 def test_a_bad_device_is_the_callers_error_at_the_call(monkeypatch):
     Cuda(monkeypatch)
     devices = Devices([])
