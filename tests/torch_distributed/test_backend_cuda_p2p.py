@@ -68,6 +68,8 @@ def cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device", lambda device: _Nothing())
     monkeypatch.setattr(torch.cuda, "Event", _Nothing)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Nothing())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _Nothing())
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: None)
     monkeypatch.setattr(torch.futures, "Future", _CpuFuture)
     real, shared = nccl_bootstrap.init_nccl, MemoryStore()
     made: list = []
