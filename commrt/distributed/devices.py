@@ -1,12 +1,14 @@
 """One commrt communicator per device type, for one torch.distributed group.
 
-* CPU: shared-memory rings (:mod:`commrt.transports.shm`) when every rank
-  of the group is on this host and can map the others' memory; else MPI
-  when mpiexec started the ranks and the group is the whole world; else
+* CPU: auto's order (:mod:`commrt.runtime.choice`, as ``commrt.init``
+  takes it): shared-memory rings (:mod:`commrt.transports.shm`) when every
+  rank of the group is on this host and can map the others' memory; else
+  MPI when mpiexec started the ranks and the group is the whole world; else
   gloo. Shared memory and gloo meet through the group's store (a ``cpu/``
   prefix of it). ``Options(cpu_transport=...)`` or ``COMMRT_CPU_TRANSPORT``
   picks one. Made when the group is made.
-* CUDA: NCCL whose unique id travels through the store (a ``cuda/``
+* CUDA: the first CUDA transport of the same order, NCCL, whose unique id
+  travels through the store (a ``cuda/``
   prefix), on the device of the first CUDA call's tensor, with the group's
   timeout. It is made on the group's call thread, when that call runs (a
   collective: every rank of the group reaches it in the same order), so
@@ -31,10 +33,11 @@ from commrt.algorithms.names import NAMES
 from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
-from commrt.runtime.abort import abort_on_error_wanted, install_abort_hook
-from commrt.runtime.communicator import Backend, Communicator, shm_transport
+from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
+from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose
+from commrt.runtime.communicator import Communicator, cpu_transport
 from commrt.runtime.environment import LaunchInfo, detect_launch
-from commrt.runtime.rendezvous import check_timeout
+from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, check_timeout
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import one_core_each
 
@@ -183,7 +186,9 @@ class DeviceComms:
         self.group_id = group_id
         self.options = options if isinstance(options, Options) else Options()
         secs = timeout.total_seconds() if timeout is not None else 0
-        self.timeout = check_timeout(secs, "the process group's timeout") if secs > 0 else 1800.0
+        self.timeout = (
+            check_timeout(secs, "the process group's timeout") if secs > 0 else DEFAULT_TIMEOUT_S
+        )
         self.global_ranks = list(global_ranks or range(size))
         self.algorithm = self.options.resolved_algorithm()
         #: the process's trace (COMMRT_TRACE), which every call of the group records into
@@ -248,15 +253,7 @@ class DeviceComms:
 
     def _wrap(self, transport, backend: Backend) -> DeviceContext:
         o = self.options
-        debug = o.debug
-        if debug is None:
-            debug = os.environ.get("COMMRT_DEBUG", "").strip().lower() in (
-                "1",
-                "true",
-                "yes",
-                "on",
-                "detail",
-            )
+        debug = bool(env_flag("COMMRT_DEBUG")) if o.debug is None else o.debug
         comm = Communicator(
             transport, backend, self._launch(), self.timeout, o.piece_bytes, debug=debug
         )
@@ -286,25 +283,29 @@ class DeviceComms:
                 "commrt process group: cpu_transport='mpi' needs the group to be mpiexec's "
                 f"whole world (this one is ranks {self.global_ranks}); use 'gloo' or 'auto'"
             )
-        store = dist.PrefixStore("cpu/", self.store)
-        if want == "shm":
-            made = shm_transport(store, self.rank, self.size, self.timeout, "cpu_transport 'shm'")
-            return self._wrap(made, Backend.SHM)
-        if want == "auto" and self.size > 1:  # one host: shared memory beats MPI and gloo
-            from commrt.transports.shm_connect import connect
-
-            made = connect(store, self.rank, self.size, self.timeout)
-            if not isinstance(made, str):
-                return self._wrap(made, Backend.SHM)
-        if want == "mpi" or (want == "auto" and world):
-            return self._wrap(_mpi_in_torch_order(self.rank), Backend.MPI)
-        from commrt.transports.gloo import GlooTransport
-
-        return self._wrap(GlooTransport(store, self.rank, self.size, self.timeout), Backend.GLOO)
+        launch = self._launch()
+        order = (  # auto: the one order (commrt.runtime.choice), shared memory first
+            choose(Situation.here("cpu", launch.launcher, self.size, launch.local_size, world))
+            if want == "auto"
+            else (Backend(want),)
+        )
+        made = cpu_transport(
+            order,
+            lambda: dist.PrefixStore("cpu/", self.store),
+            lambda: _mpi_in_torch_order(self.rank),
+            self.rank, self.size, self.timeout, "cpu_transport 'shm'",
+        )  # fmt: skip
+        return self._wrap(made[1], made[0])
 
     def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:
+        """The CUDA communicator: the first CUDA transport of auto's order
+        (:func:`commrt.runtime.choice.choose`; NCCL, the one there is), or why none fits."""
         from commrt.transports.nccl_bootstrap import init_nccl
 
+        launch = self._launch()
+        # NCCL's bootstrap says itself what it lacks, where it does
+        s = Situation("cuda", launch.launcher, self.size, launch.local_size)
+        backend = next(b for b in choose(s) if b in CUDA_BACKENDS)
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         transport = init_nccl(
             self.rank,
@@ -314,7 +315,7 @@ class DeviceComms:
             make_store=lambda: dist.PrefixStore("cuda/", self.store),
             timeout=self.timeout,
         )
-        dc = self._wrap(transport, Backend.NCCL)
+        dc = self._wrap(transport, backend)
         warm = self.options.warm_dtypes
         if warm is None:
             warm = (dtype if dtype in KERNEL_DTYPES else torch.float32,)
