@@ -16,6 +16,15 @@
   thread that drives it. The reduce kernel is warmed then
   (:func:`warm_kernels`): on CUDA its first launch per size class
   autotunes, which would otherwise happen in the first training step.
+* CUDA point-to-point (``send``, ``recv``): a 2-rank NCCL communicator per
+  pair of ranks, as ProcessGroupNCCL makes (:meth:`DeviceComms.pair`), made
+  on the caller's thread by just the two peers (the group's communicator
+  is collective: only two ranks reach a send and its receive), its unique
+  id under a ``cuda/p2p/<low>:<high>/`` prefix. NCCL has no tags: it
+  matches messages per peer in the order they were issued, so a send on
+  the caller's thread on the group's communicator could land in the
+  receive of a collective the call thread issues; on a communicator of
+  its own it never can.
 """
 
 from __future__ import annotations
@@ -200,6 +209,9 @@ class DeviceComms:
         #: chosen under a lock of its own, since ``lock`` is held while NCCL is made
         self.cuda_device: torch.device | None = None
         self.pick_lock = threading.Lock()
+        #: point-to-point's communicators by peer (:meth:`pair`), each made under its lock
+        self.pairs: dict[int, Communicator] = {}
+        self.pair_locks: dict[int, threading.Lock] = {}
         self.by_type: dict[str, DeviceContext] = {"cpu": self._cpu()}
 
     def check(self, device: torch.device) -> torch.device | None:
@@ -242,6 +254,38 @@ class DeviceComms:
                     )
                 dc = self.by_type[kind] = self._cuda(dtype)
             return dc
+
+    def pair(self, peer: int, device: torch.device) -> Communicator:
+        """The 2-rank NCCL communicator that CUDA sends to and receives from ``peer`` run on
+        (module docs): rank 0 of it is the lower of the two group ranks. Made on the
+        caller's thread at the first send or receive between the two, collectively by
+        just those two (it waits up to the group's timeout for the peer's), on ``device``
+        (from :meth:`check`), the caller's current device left as it was. ValueError for a
+        peer that is no other rank of the group."""
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(
+                f"commrt process group: rank {self.rank} cannot send to or receive from "
+                f"rank {peer} (the group has ranks 0 to {self.size - 1})"
+            )
+        with self.pick_lock:
+            lock = self.pair_locks.setdefault(peer, threading.Lock())
+        with lock:
+            comm = self.pairs.get(peer)
+            if comm is None:
+                comm = self.pairs[peer] = self._pair(peer, device)
+            return comm
+
+    def _pair(self, peer: int, device: torch.device) -> Communicator:
+        from commrt.transports.nccl_bootstrap import init_nccl
+
+        low, high = sorted((self.rank, peer))
+        store = dist.PrefixStore(f"cuda/p2p/{low}:{high}/", self.store)
+        with torch.cuda.device(device):  # the transport sets its device: not the caller's
+            transport = init_nccl(
+                int(self.rank == high), 2, 0, device, make_store=lambda: store, timeout=self.timeout
+            )
+        launch = LaunchInfo("torch.distributed", transport.rank, 2, 0, None)
+        return Communicator(transport, Backend.NCCL, launch, self.timeout, self.options.piece_bytes)
 
     def _launch(self) -> LaunchInfo:
         whole = self.size == int(os.environ.get("WORLD_SIZE", self.size))
@@ -327,3 +371,7 @@ class DeviceComms:
             for dc in self.by_type.values():
                 dc.comm.close()
             self.by_type.clear()
+        with self.pick_lock:
+            pairs, self.pairs = list(self.pairs.values()), {}
+        for comm in pairs:
+            comm.close()

@@ -150,9 +150,11 @@ class Communicator:
             try:
                 done = self.transport.barrier(t)
             finally:  # out of it; where it failed, kept for the verdict
-                pos.failed, pos.step = (None if done else (pos.runs, pos.step)), None
+                pos.end(done)
             if not done:
-                raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
+                error = CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
+                self.verdict_at_timeout(error)
+                raise error
 
     def run_schedule(
         self, schedule, buf: torch.Tensor, timeout: float | None = None,
@@ -173,15 +175,28 @@ class Communicator:
         they wait (GradientSync's progress thread runs beside backward)."""
         work = buf if buf.is_contiguous() else buf.contiguous()
         with self.lock:
-            sent = self.executor.run(
-                schedule, work, self.transport if transport is None else transport,
-                self.timeout if timeout is None else check_timeout(timeout),
-                self.piece_bytes, average, reduce, bucket, tracer,
-                owner if work is buf else None, self.spin_s if spin else 0.0,
-            )  # fmt: skip
+            try:
+                sent = self.executor.run(
+                    schedule, work, self.transport if transport is None else transport,
+                    self.timeout if timeout is None else check_timeout(timeout),
+                    self.piece_bytes, average, reduce, bucket, tracer,
+                    owner if work is buf else None, self.spin_s if spin else 0.0,
+                )  # fmt: skip
+            except CommTimeoutError as e:
+                if transport is None:  # not a group the caller made (and handles)
+                    self.verdict_at_timeout(e)
+                raise
         if work is not buf:
             buf.copy_(work)
         return sent
+
+    def verdict_at_timeout(self, error: CommTimeoutError) -> None:
+        """Before ``error`` (a wait on this communicator's ranks timed out) is raised: the
+        stall verdict, formed now on every rank, joins its message
+        (:meth:`commrt.runtime.stall.StallWatch.at_timeout`). Not inside a GradientSync
+        step whose family goes on without ranks that fail (backup workers handle it)."""
+        if self.stall is not None and (not self.watch.in_sync or self.watch.sync_waits_on_all):
+            self.stall.at_timeout(error)
 
     # -- what collectives and GradientSync need from each other, through the communicator
 
@@ -354,7 +369,8 @@ def init(
     ``cuda:<local_rank % device_count>``.
     ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
     ``stall_s`` (default ``COMMRT_STALL_S``, else half the timeout, between 60 s and 5 minutes;
-    0: off): see :mod:`commrt.runtime.stall`.
+    0: off; not shorter than the timeout: the verdict forms at the timeout, in the error):
+    see :mod:`commrt.runtime.stall`.
 
     Example::
 
