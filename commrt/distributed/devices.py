@@ -288,12 +288,10 @@ class DeviceComms:
         return Communicator(transport, Backend.NCCL, launch, self.timeout, self.options.piece_bytes)
 
     def _launch(self) -> LaunchInfo:
-        whole = self.size == int(os.environ.get("WORLD_SIZE", self.size))
-        local = os.environ.get("LOCAL_WORLD_SIZE") if whole else None
-        local_rank = int(os.environ.get("LOCAL_RANK", 0)) if whole else 0
-        return LaunchInfo(
-            "torch.distributed", self.rank, self.size, local_rank, int(local) if local else None
-        )
+        info = detect_launch()  # the launcher's variables, read where init reads them
+        whole = self.size == info.world_size
+        local_rank, local = (info.local_rank, info.local_size) if whole else (0, None)
+        return LaunchInfo("torch.distributed", self.rank, self.size, local_rank, local)
 
     def _wrap(self, transport, backend: Backend) -> DeviceContext:
         o = self.options
@@ -350,7 +348,7 @@ class DeviceComms:
         # NCCL's bootstrap says itself what it lacks, where it does
         s = Situation("cuda", launch.launcher, self.size, launch.local_size)
         backend = next(b for b in choose(s) if b in CUDA_BACKENDS)
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank = detect_launch().local_rank
         transport = init_nccl(
             self.rank,
             self.size,
