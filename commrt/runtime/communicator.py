@@ -153,7 +153,8 @@ class Communicator:
                 pos.end(done)
             if not done:
                 error = CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
-                self.verdict_at_timeout(error)
+                if timeout is None:
+                    self.verdict_at_timeout(error)
                 raise error
 
     def run_schedule(
@@ -183,7 +184,7 @@ class Communicator:
                     owner if work is buf else None, self.spin_s if spin else 0.0,
                 )  # fmt: skip
             except CommTimeoutError as e:
-                if transport is None:  # not a group the caller made (and handles)
+                if transport is None and timeout is None:  # not a wait the caller bounded
                     self.verdict_at_timeout(e)
                 raise
         if work is not buf:
@@ -191,10 +192,12 @@ class Communicator:
         return sent
 
     def verdict_at_timeout(self, error: CommTimeoutError) -> None:
-        """Before ``error`` (a wait on this communicator's ranks timed out) is raised: the
-        stall verdict, formed now on every rank, joins its message
-        (:meth:`commrt.runtime.stall.StallWatch.at_timeout`). Not inside a GradientSync
-        step whose family goes on without ranks that fail (backup workers handle it)."""
+        """Before ``error`` (a wait on this communicator's ranks ran out of the
+        communicator's own timeout) is raised: the stall verdict, formed now on every rank,
+        joins its message (:meth:`commrt.runtime.stall.StallWatch.at_timeout`). Not for a
+        wait the caller bounded itself (a call's ``timeout=``: it expects to handle that),
+        a group the caller made, nor inside a GradientSync step whose family goes on
+        without ranks that fail (backup workers handle it)."""
         if self.stall is not None and (not self.watch.in_sync or self.watch.sync_waits_on_all):
             self.stall.at_timeout(error)
 
