@@ -126,7 +126,7 @@ class CommrtWork(Work):
                 error,
                 f"commrt: rank {self.rank}: {self.what} failed and nothing waits for it "
                 f"(DDP holds only its future): {type(error).__name__}: {error}; ending the "
-                "whole job (COMMRT_ABORT_ON_ERROR=0 hands the error to the future instead)"
+                "whole job (COMMRT_ABORT_ON_ERROR=0 hands the error to the future instead)",
             )
         self.future.set_exception(error)
 
