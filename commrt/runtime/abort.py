@@ -27,6 +27,8 @@ from commrt.runtime.departures import FAILED
 
 #: seconds an aborting rank waits for the launcher to forward its last output
 ABORT_GRACE_S = 0.5
+#: where mpich keeps its shared-memory segment for the ranks of a node
+MPICH_SHM = "/dev/shm/mpich_shm_"
 
 
 def env_flag(name: str) -> bool | None:
@@ -126,8 +128,27 @@ def end_job(message: str) -> None:
         # its proxy has not forwarded yet (a traceback can be cut in half): give the
         # forwarder a moment first
         time.sleep(ABORT_GRACE_S)
+        unlink_mpich_segments()
         mpi.COMM_WORLD.Abort(1)
     os._exit(1)
+
+
+def unlink_mpich_segments() -> None:
+    """Unlink the ``/dev/shm/mpich_shm_*`` files this process maps: mpich's segment for
+    the ranks of a node, which ``MPI_Abort`` would leave behind (a few MB per job). The
+    other ranks of the node map the same file; their mappings outlive its name. Only
+    files this process maps are touched, never another job's."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if MPICH_SHM in line}
+    except OSError:  # no /proc here: nothing to clean that we can find
+        return
+    for path in paths:
+        if path.startswith(MPICH_SHM) and not path.endswith("(deleted)"):
+            try:
+                os.unlink(path)
+            except OSError:  # another rank of the node was first
+                pass
 
 
 def end_job_after(error: BaseException, message: str) -> None:
