@@ -35,6 +35,7 @@ SPIN_S = 100e-6
 
 class Backend(enum.Enum):
     NCCL = "nccl"
+    CUDA_IPC = "cuda_ipc"
     MPI = "mpi"
     GLOO = "gloo"
     SHM = "shm"
@@ -312,7 +313,7 @@ def _resolve_backend(backend: "str | Backend", launch: LaunchInfo) -> Backend:
         return Backend(name)
     except ValueError:
         raise ValueError(
-            f"unknown backend {backend!r}; choose auto, nccl, mpi, gloo or shm"
+            f"unknown backend {backend!r}; choose auto, nccl, cuda_ipc, mpi, gloo or shm"
         ) from None
 
 
@@ -330,6 +331,7 @@ def init(
     abort_on_error: bool | None = None,
     nccl_module=None,
     stall_s: float | None = None,
+    ipc_device=None,
 ) -> Communicator:
     """Create a :class:`Communicator`.
 
@@ -352,6 +354,10 @@ def init(
     ``device`` (nccl only): default, or ``"cuda"`` without an index, is
     ``cuda:<local_rank % device_count>``.
     ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
+    ``"cuda_ipc"``: the ranks of one host (several may share one GPU) through CUDA IPC,
+    :mod:`commrt.transports.cuda_ipc`; refused, naming CUDA, without a CUDA GPU, and on
+    every rank alike across hosts or without peer access. ``ipc_device`` replaces its
+    CUDA device (an :class:`~commrt.transports.cuda_ipc_device.IpcDevice`; for tests).
     ``stall_s`` (default ``COMMRT_STALL_S``, else half the timeout, between 60 s and 5 minutes;
     0: off): see :mod:`commrt.runtime.stall`.
 
@@ -372,8 +378,9 @@ def init(
     be = _resolve_backend(backend, launch)
 
     transport = _transport(
-        be, launch, rank, world_size, timeout, (master_addr, master_port), device, nccl_module
-    )
+        be, launch, rank, world_size, timeout, (master_addr, master_port), device,
+        ipc_device if be is Backend.CUDA_IPC else nccl_module,
+    )  # fmt: skip
     comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
     if abort_on_error is not False and world_size > 1:
         install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
@@ -382,7 +389,8 @@ def init(
 
 
 def _transport(be, launch, rank, world_size, timeout, address, device, nccl) -> Transport:
-    """The transport :func:`init` asked for; ``address``: (master_addr, master_port)."""
+    """The transport :func:`init` asked for; ``address``: (master_addr, master_port);
+    ``nccl``: the NCCL module, or for cuda_ipc its device (None: the real ones)."""
     master_addr, master_port = address
     if rejoining():
         return _rejoined(be, rank, world_size)
@@ -401,6 +409,12 @@ def _transport(be, launch, rank, world_size, timeout, address, device, nccl) -> 
         return _nccl_transport(
             launch, rank, world_size, master_addr, master_port, timeout, device, nccl
         )
+    if be is Backend.CUDA_IPC:
+        from commrt.transports.cuda_ipc_connect import cuda_device, make_transport
+
+        dev = nccl if nccl is not None else cuda_device(device, launch.local_rank)
+        store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
+        return make_transport(store, rank, world_size, dev, timeout)
     store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
     if be is Backend.SHM:
         return shm_transport(store, rank, world_size, timeout, "backend='shm'")
