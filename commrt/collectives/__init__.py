@@ -46,16 +46,23 @@ dropped, and its bound.
     each call that runs a settled schedule; dropped with its table entry. One.
 ``Executor._last`` (:mod:`commrt.schedule.executor`, ``comm.executor``)
     Keyed on the schedule object, buffer address, element count, dtype,
-    transport, piece size and reduction. Holds the binding run last, so a loop
-    on one buffer skips the binding cache's key and lookup. Replaced by each
-    run on another binding; dropped whenever a binding is made (one may be
-    freed) and by ``release()``. One.
+    transport, piece size and reduction. Holds the cached binding run last (a
+    ``Run`` record), so a loop on one buffer skips the binding cache's key and
+    lookup. Replaced by each run on another cached binding; dropped whenever a
+    dead owner's binding is freed, whenever a binding is made, and by
+    ``release()``. One.
 ``Executor`` bindings (``comm.executor``)
     Keyed on (schedule id, buffer address, element count, dtype, piece
     elements, transport id, reduction). Holds a ``Bound``: the buffer's views
     per step and the transport's prepared requests (MPI persistent requests).
-    Dropped when the buffer's owner tensor is collected (at the next binding),
-    by ``release()``, or as the least recently used past 32.
+    Its views keep the buffer's memory alive, which is what makes the address
+    in its key safe to reuse it by; so only a call that names the tensor
+    bounding the buffer's life (``owner``: a GradientSync bucket, the tensor
+    of an all-reduce) is cached. Dropped when that owner is collected (at the
+    executor's next run), by ``release()``, or as the least recently used
+    past 32. A call without an owner (the shards' fresh work buffers, a
+    contiguous copy of the caller's tensor) is bound for its run alone and
+    freed at its end: no binding outlives a buffer its caller dropped.
 ``Executor`` plans (``comm.executor``)
     Keyed on (schedule id, rank, element count, piece elements). Holds the
     schedule compiled for this rank and buffer length. Dropped as the least

@@ -179,8 +179,8 @@ class Communicator:
         needed. A ``buf`` that is not contiguous runs through a contiguous copy, written back.
         ``average``: divide by the ranks at the end. ``reduce(dst, src)``: what a received
         piece meets instead of the executor's sum (:mod:`commrt.collectives.reductions`).
-        ``owner``: the tensor whose life bounds the cached binding to ``buf`` (a copy's own,
-        when one is made). ``transport``: one the caller made (its ranks numbered as the
+        ``owner``: the tensor whose life bounds the cached binding to ``buf``; None (or a
+        copy made here) binds for this run alone, so nothing outlives a transient buffer. ``transport``: one the caller made (its ranks numbered as the
         schedule numbers them). ``spin=False`` for callers that must not hold a core while
         they wait (GradientSync's progress thread runs beside backward)."""
         work = buf if buf.is_contiguous() else buf.contiguous()
@@ -189,7 +189,7 @@ class Communicator:
                 schedule, work, self.transport if transport is None else transport,
                 self.timeout if timeout is None else check_timeout(timeout),
                 self.piece_bytes, average, reduce, bucket, tracer,
-                owner if work is buf else work, self.spin_s if spin else 0.0,
+                owner if work is buf else None, self.spin_s if spin else 0.0,
             )  # fmt: skip
         if work is not buf:
             buf.copy_(work)

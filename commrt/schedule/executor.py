@@ -16,6 +16,7 @@ travel in the buffer's dtype.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 import weakref
@@ -123,6 +124,24 @@ class Bound:
         self.steps = []
 
 
+@dataclasses.dataclass(slots=True, eq=False)
+class Run:
+    """One run's binding and what identifies it: the executor's memo of its last cached
+    binding, and the :class:`~commrt.schedule.position.Position` record of the run begun
+    last (the stall watch reads ``schedule``, ``numel`` and ``dtype``). ``kept``: the
+    binding is cached (its owner bounds its life); else it lives for this run alone."""
+
+    schedule: Schedule
+    data_ptr: int
+    numel: int
+    dtype: torch.dtype
+    transport: Transport
+    piece_bytes: int
+    reduce: Callable | None
+    bound: Bound
+    kept: bool
+
+
 def _alone(x, sp: StepPlan) -> bool:
     """Whether receive ``x`` may be added into the buffer as its bytes arrive: no send of
     its step reads that range, and no other receive of the step writes it (their adds
@@ -163,16 +182,17 @@ class Executor:
         self._scratch: dict[tuple, torch.Tensor] = {}
         self._bound: OrderedDict = OrderedDict()
         self._dead: list = []  # keys whose owner tensor died (filled by weakref finalizers)
-        #: the last binding run, with what identifies it: a loop on one buffer (a benchmark,
-        #: one bucket) skips bind()'s key tuple, hashing and LRU update
-        self._last: tuple | None = None
+        #: the last cached binding run, with what identifies it: a loop on one buffer (a
+        #: benchmark, one bucket) skips bind()'s key tuple, hashing and LRU update
+        self._last: Run | None = None
+        self._ran: Schedule | None = None  # the last run's schedule, cached or not
         #: where this rank is (commrt.schedule.position): what the stall watch samples
         self.position = Position()
 
     @property
     def last_schedule(self) -> Schedule | None:
         """The last run's schedule (None before any): what its caller reports ran."""
-        return None if self._last is None else self._last[0]
+        return self._ran
 
     def bind(
         self,
@@ -206,24 +226,32 @@ class Executor:
         if hit is not None and hit.schedule is schedule:
             self._bound.move_to_end(key)
             return hit
-        self._last = None  # a binding freed below must never be run from the memo
-        while self._dead:
-            dead = self._bound.pop(self._dead.pop(), None)
-            if dead is not None:
-                dead.free()
-        flat = buf.view(-1)
-        plan = self.plan(schedule, transport.rank, flat.numel(), piece_elems)
-        scratch = self.scratch(plan.scratch_numel, flat.dtype, flat.device)
+        self._drop_dead()
         old = self._bound.pop(key, None)
         if old is not None:
             old.free()
-        reducer = self.reduce if reduce is None else reduce
-        bound = self._bound[key] = Bound(schedule, plan, flat, scratch, transport, reducer)
+        flat = buf.view(-1)
+        bound = self._bound[key] = self._make(schedule, flat, transport, piece_elems, reduce)
         if owner is not None:
             weakref.finalize(owner, self._dead.append, key)
         if len(self._bound) > _MAX_BOUND:
             self._bound.popitem(last=False)[1].free()
         return bound
+
+    def _make(self, schedule, flat: torch.Tensor, transport, piece_elems: int, reduce) -> Bound:
+        plan = self.plan(schedule, transport.rank, flat.numel(), piece_elems)
+        scratch = self.scratch(plan.scratch_numel, flat.dtype, flat.device)
+        reducer = self.reduce if reduce is None else reduce
+        return Bound(schedule, plan, flat, scratch, transport, reducer)
+
+    def _drop_dead(self) -> None:
+        """Free the bindings whose owner died (their views are all that keeps the owner's
+        memory alive), and forget the memo, which may be one of them."""
+        self._last = None
+        while self._dead:
+            dead = self._bound.pop(self._dead.pop(), None)
+            if dead is not None:
+                dead.free()
 
     def plan(self, schedule: Schedule, rank: int, numel: int, piece_elems: int) -> Plan:
         # Keyed on the schedule object itself: algorithms cache their
@@ -271,28 +299,37 @@ class Executor:
         self._last = None
         self._scratch.clear()
 
-    def _bound_for(self, schedule, buf, transport, piece_bytes, reduce, owner) -> Bound:
-        """The bound plan for this call: the last call's when it had the same schedule,
-        buffer, transport, piece size and reducer (one comparison per field, the hot path
-        of a repeated collective), else a new binding, remembered as the last."""
+    def _bound_for(self, schedule, buf, transport, piece_bytes, reduce, owner) -> Run:
+        """The binding for this call, as a :class:`Run`: the last call's when it had the same
+        schedule, buffer, transport, piece size and reducer (one comparison per field, the
+        hot path of a repeated collective); else a cached one, remembered as the last, when
+        ``owner`` bounds its life; else (no owner) one made for this run alone, which the
+        run frees, so that no binding outlives a buffer its caller is done with."""
         last = self._last
         if (
             last is not None
-            and last[0] is schedule
-            and last[1] == buf.data_ptr()
-            and last[2] == buf.numel()
-            and last[3] is buf.dtype
-            and last[4] is transport
-            and last[5] == piece_bytes
-            and last[6] is reduce
+            and last.schedule is schedule
+            and last.data_ptr == buf.data_ptr()
+            and last.numel == buf.numel()
+            and last.dtype is buf.dtype
+            and last.transport is transport
+            and last.piece_bytes == piece_bytes
+            and last.reduce is reduce
             and not self._dead
         ):
-            return last[7]
+            return last
         piece_elems = _piece_elems(piece_bytes, buf)
-        bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
-        last = (schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes)
-        self._last = last + (reduce, bound)
-        return bound
+        if owner is None:
+            bound = self._make(schedule, buf.view(-1), transport, piece_elems, reduce)
+        else:
+            bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
+        run = Run(
+            schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes, reduce,
+            bound, owner is not None,
+        )  # fmt: skip
+        if run.kept:
+            self._last = run
+        return run
 
     def run(
         self,
@@ -322,13 +359,24 @@ class Executor:
         ``spin_s``: how long a wait polls before it yields the core
         (:func:`~commrt.transports.base.poll_until`); for callers that block.
         """
-        bound = self._bound_for(schedule, buf, transport, piece_bytes, reduce, owner)
+        run = self._bound_for(schedule, buf, transport, piece_bytes, reduce, owner)
+        self._ran = schedule
+        if run.kept:
+            return self._run(run, buf, transport, timeout, average, bucket, tracer, spin_s)
+        try:
+            return self._run(run, buf, transport, timeout, average, bucket, tracer, spin_s)
+        finally:
+            run.bound.free()
+
+    def _run(self, run: Run, buf, transport, timeout, average, bucket, tracer, spin_s) -> int:
+        """:meth:`run` on its binding."""
+        bound, schedule = run.bound, run.schedule
         if not bound.member:
             return 0
         pos = self.position  # a few attribute writes: no lock, no clock, no allocation
-        pos.run, pos.bucket, pos.runs = self._last, bucket, pos.runs + 1
+        pos.run, pos.bucket, pos.runs = run, bucket, pos.runs + 1
         if transport.stream_ordered:
-            return self._run_ordered(bound, buf, transport, timeout, average, bucket, tracer)
+            return _run_ordered(pos, bound, buf, transport, timeout, average, bucket, tracer)
         run_step = _run_step
         try:
             if tracer is None:
@@ -350,39 +398,6 @@ class Executor:
                 pos.failed, pos.step = (pos.runs, pos.step), None
         if average and bound.divisor > 1:
             buf.div_(bound.divisor)
-        return bound.sent_bytes
-
-    def _run_ordered(
-        self, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
-        average: bool, bucket, tracer,
-    ) -> int:  # fmt: skip
-        """:meth:`run` on a stream-ordered transport: everything is enqueued on its stream."""
-        schedule = bound.schedule
-        transport.begin(buf)
-        with transport.stream():
-            for step in bound.steps:
-                self.position.step = step[0]  # enqueued: the watchdog's wait names the last
-                if tracer is None:
-                    _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
-                    continue
-                sp = step[0]
-                with tracer.span(
-                    f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
-                ):
-                    _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
-            if average and bound.divisor > 1:
-                buf.div_(bound.divisor)
-        if not transport.sync(time.monotonic() + timeout):
-            raise CommTimeoutError(
-                rank=transport.rank,
-                peer=None,
-                what="device stream",
-                timeout_s=timeout,
-                algorithm=schedule.name,
-                bucket=bucket,
-            )
-        transport.end(buf)
-        self.position.step = None
         return bound.sent_bytes
 
 
@@ -426,3 +441,37 @@ def _timeout(
 ) -> None:  # fmt: skip
     where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
     raise timeout_error(prepared.transport.rank, what, peer, timeout, where)
+
+
+def _run_ordered(
+    pos: Position, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
+    average: bool, bucket, tracer,
+) -> int:  # fmt: skip
+    """:meth:`Executor.run` on a stream-ordered transport: everything is enqueued on its stream."""
+    schedule = bound.schedule
+    transport.begin(buf)
+    with transport.stream():
+        for step in bound.steps:
+            pos.step = step[0]  # enqueued: the watchdog's wait names the last
+            if tracer is None:
+                _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
+                continue
+            sp = step[0]
+            with tracer.span(
+                f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
+            ):
+                _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
+        if average and bound.divisor > 1:
+            buf.div_(bound.divisor)
+    if not transport.sync(time.monotonic() + timeout):
+        raise CommTimeoutError(
+            rank=transport.rank,
+            peer=None,
+            what="device stream",
+            timeout_s=timeout,
+            algorithm=schedule.name,
+            bucket=bucket,
+        )
+    transport.end(buf)
+    pos.step = None
+    return bound.sent_bytes

@@ -2,7 +2,7 @@
 
 A :class:`Position` is preallocated once per communicator (the executor holds
 it); the hot path only writes a few attributes on it: the run it began (the
-executor's key of the call: schedule, buffer size and dtype), the bucket, the
+executor's record of the call: schedule, buffer size and dtype), the bucket, the
 schedule step it is in (None between calls), and, on torch.distributed's
 call thread, the op. No lock, no allocation, no clock read: the stall watch
 (:mod:`commrt.runtime.stall`) samples it from another thread and notices
@@ -29,8 +29,8 @@ class Position:
     __slots__ = ("run", "step", "bucket", "torch_op", "runs", "failed")
 
     def __init__(self):
-        #: the executor's key of the run begun last: (schedule, data_ptr, numel, dtype, ...)
-        self.run: tuple | None = None
+        #: the run begun last (the executor's Run: schedule, numel, dtype, ...)
+        self.run = None
         #: the plan step (a StepPlan) this rank is in now; None between calls
         self.step = None
         #: the GradientSync bucket the run belongs to (None outside GradientSync)
@@ -63,11 +63,11 @@ class Position:
         if step is BARRIER:
             out.update(kind="barrier", algorithm="transport", numel=0, dtype="-")
         elif run is not None:
-            schedule = run[0]
+            schedule = run.schedule
             out["kind"] = schedule.collective.value
             out["algorithm"] = schedule.name
             out["num_steps"] = schedule.num_steps
-            out["numel"], out["dtype"] = int(run[2]), str(run[3]).replace("torch.", "")
+            out["numel"], out["dtype"] = int(run.numel), str(run.dtype).replace("torch.", "")
         if step is not None:
             xfers = tuple(step.recvs) + tuple(step.sends)
             out["step"] = step.index
