@@ -58,10 +58,11 @@ def _map(path: str, size: int | None = None, create: bool = False) -> mmap.mmap:
 
 
 class Stream:
-    """A thread that runs work items in order, each ``latency`` after its issue at least."""
+    """A thread that runs work items in order, each at least half its device's
+    ``latency_s`` (as it is at the issue) after its issue."""
 
-    def __init__(self, latency_s: float, rng: random.Random):
-        self.latency_s, self.rng = latency_s, rng
+    def __init__(self, device: "StandInDevice", rng: random.Random):
+        self.device, self.rng = device, rng
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.closed = False
         self.last_due = 0.0
@@ -69,7 +70,7 @@ class Stream:
         self.thread.start()
 
     def enqueue(self, work) -> None:
-        due = time.monotonic() + self.latency_s * (0.5 + self.rng.random())
+        due = time.monotonic() + self.device.latency_s * (0.5 + self.rng.random())
         self.last_due = max(self.last_due, due)
         self.q.put((self.last_due, work))
 
@@ -151,7 +152,7 @@ class StandInDevice(IpcDevice):
 
     # -- streams
     def new_stream(self) -> Stream:
-        s = Stream(self.latency_s, self.rng)
+        s = Stream(self, self.rng)
         self.streams.append(s)
         return s
 
