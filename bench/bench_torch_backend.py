@@ -6,8 +6,8 @@ From the repository root, after ``pip install -e '.[dev]'``::
     mpiexec -n 4 python -m pytest bench/bench_torch_backend.py --benchmark-only
     torchrun --nproc-per-node 2 -m pytest bench/bench_torch_backend.py --benchmark-only
 
-The default group is commrt's (under mpiexec its CPU traffic goes over MPI,
-under torchrun over commrt's gloo transport; COMMRT_ALGORITHM picks the
+The default group is commrt's (its CPU traffic goes through shared memory on
+one host, as auto takes it: commrt.runtime.choice; COMMRT_ALGORITHM picks the
 all-reduce, default auto); the reference is a gloo group of the same ranks,
 in the same processes.
 

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 
 class CommError(RuntimeError):
-    """Base class for communication failures raised by commrt."""
+    """Base class for communication failures raised by commrt.
+
+    ``verdict``: the stall verdict's text where one was formed before the error was
+    raised (:mod:`commrt.runtime.stall`); it is part of the message too.
+    """
+
+    verdict: str | None = None
+
+    def add_verdict(self, text: str) -> None:
+        """Append the stall verdict ``text`` to this error's message (once)."""
+        if self.verdict is None and self.args:
+            self.verdict = text
+            self.args = (f"{self.args[0]}\n{text}",) + self.args[1:]
 
 
 class CommTimeoutError(CommError, TimeoutError):

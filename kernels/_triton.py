@@ -18,6 +18,13 @@ and launch mostly empty programs. The flattened table launches exactly the
 work there is, every program does the same amount of it (load balance), and a
 chunk never straddles two tensors, so a program needs no search.
 
+A new table goes to the GPU from pinned memory, without a host wait (torch's
+pinned allocator keeps the block until the copy has run). A copy from pageable
+memory waits on the host for the current stream; on the torch backend's call
+thread that is a CUDA call waiting for the device between NCCL launches while
+another thread drives another communicator (a send's pair communicator): the
+deadlock NCCL's "Using multiple NCCL communicators concurrently" warns of.
+
 The kernels themselves live in :mod:`commrt.kernels._triton_kernels` (how a
 table entry becomes a typed pointer, dtypes and rounding, mixed-dtype lists);
 this module is the host side and the one the rest of the project imports.
@@ -148,7 +155,9 @@ class _Tables:
         owner = torch.repeat_interleave(
             torch.arange(k, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64)
         )
-        table = torch.cat([per_tensor, owner]).to(device)  # one host-to-device copy
+        table = torch.cat([per_tensor, owner])
+        if device.type == "cuda":  # one host-to-device copy, from pinned memory: no host wait
+            table = table.pin_memory().to(device, non_blocking=True)
         per = table[: 5 * k].view(5, k)
         self.addr, self.flat_off, self.numel, self.code, self.chunk_first = per
         self.chunk_owner = table[5 * k :]

@@ -38,31 +38,39 @@ from commrt.cli import extras
 from commrt.cli import launch as launcher
 from commrt.cli.flags import unknown_flags
 from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
+from commrt.runtime.choice import LOCAL, ONLY_GLOO_SURVIVES, Situation, choose
+from commrt.transports.shm_connect import unusable
 
 __all__ = ["main", "build_parser", "check_train"]
 
 
-def default_backend() -> str:
-    """auto on the command line: nccl with a GPU, mpi when mpi4py and mpiexec exist, else gloo."""
-    if torch.cuda.is_available():
-        return "nccl"
+def auto_backend(nproc: int, ranks_may_die: bool = False, who: str = "") -> str:
+    """What ``--backend auto`` runs on: the first transport of auto's one order
+    (:func:`commrt.runtime.choice.choose`) for the ``nproc`` ranks this command starts on
+    this host, saying why where it passes a better one over (``who``: what makes ranks
+    that may die, and its verb: "backup workers run"). Ranks that mpiexec or torchrun
+    started get ``auto`` itself: ``commrt.init`` chooses, every rank together."""
+    if launcher.already_launched() and not ranks_may_die:
+        return "auto"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    s = Situation.here(device, LOCAL, nproc, nproc, _mpi_installed(), ranks_may_die)
+    s = dataclasses.replace(s, shm_unusable=unusable())  # every rank will be here
+    chosen = choose(s)[0]
+    if device == "cuda" and s.nccl_missing is not None:
+        print(f"--backend auto runs {chosen}, not nccl: {s.nccl_missing}", flush=True)
+    best = choose(dataclasses.replace(s, ranks_may_die=False))[0]
+    if chosen is not best:
+        print(f"{who} over {chosen}, not {best}: {ONLY_GLOO_SURVIVES}", flush=True)
+    return str(chosen)
+
+
+def _mpi_installed() -> bool:
+    """Whether this command can start its ranks with mpiexec (mpi4py and mpiexec exist)."""
     try:
         import mpi4py  # noqa: F401
     except ImportError:
-        return "gloo"
-    return "mpi" if launcher.mpiexec_path() else "gloo"
-
-
-def _on_this_host(backend: str) -> str:
-    """commrt train's own ranks all run on this host: where ``auto`` fell back to gloo
-    (no GPU, no MPI), shared memory serves them better, where it can be used here
-    (:func:`commrt.transports.shm_connect.unusable`). Not for jobs whose ranks may die:
-    their recovery runs over gloo."""
-    if backend != "gloo" or launcher.already_launched():
-        return backend
-    from commrt.transports.shm_connect import unusable
-
-    return "shm" if unusable() is None else backend
+        return False
+    return launcher.mpiexec_path() is not None
 
 
 #: why backup workers (``commrt train --algorithm backup``) do not run over MPI
@@ -71,30 +79,29 @@ MPI_KILLS_ALL = "MPI ends every rank when one dies"
 
 def check_backend(
     parser: argparse.ArgumentParser,
-    backend: str,
+    args: argparse.Namespace,
     *,
-    backups: bool = False,
+    survives: bool = False,
     kill: bool = False,
     who: str = "backup workers run",
 ) -> str:
-    """The backend to run on. ``backups``: train with an algorithm that must survive a dead
-    rank (``who`` names it and its verb: "backup workers run"); ``kill``: --kill will kill
-    one. The mpich wheel ends the whole job when one rank dies, whatever the flags, so auto
-    picks gloo for them, and mpi with --kill is refused."""
+    """The backend to run on. ``survives``: the job must carry on past a dead rank (``who``
+    names what asks for it, and its verb: "backup workers run"), so auto picks gloo
+    (:data:`commrt.runtime.choice.ONLY_GLOO_SURVIVES`); ``kill``: --kill will kill one.
+    The mpich wheel ends the whole job when one rank dies, whatever the flags, so mpi with
+    --kill is refused."""
+    backend = args.backend
     if backend == "auto":
-        chosen = default_backend()
-        if backups and chosen == "mpi":
-            print(f"{who} over gloo: {MPI_KILLS_ALL}", flush=True)
-            return "gloo"
-        return chosen
-    if backend == "mpi" and backups and kill:
+        return auto_backend(args.nproc, survives, who)
+    if backend == "mpi" and survives and kill:
         parser.error(
             f"--kill with --backend mpi: {MPI_KILLS_ALL}, so the whole job would end; "
             f"pass --backend gloo (or leave --backend out) to carry on past a dead rank"
         )
-    if backend == "nccl" and not torch.cuda.is_available():
+    if backend in ("nccl", "cuda_ipc") and not torch.cuda.is_available():
         parser.error(
-            "--backend nccl needs a CUDA GPU and none is available here; use --backend mpi or gloo"
+            f"--backend {backend} needs a CUDA GPU and none is available here; use --backend "
+            "mpi or gloo"
         )
     if backend == "mpi":
         try:
@@ -134,11 +141,11 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     may_die = options.ranks_may_die(args.nproc) if options is not None else 0
     kill = getattr(options, "kill", None) is not None
     restarts = getattr(options, "max_restarts", 0)
-    survives = backups is not None or (may_die > 0 and kill)  # must run where a rank may die
+    # must run where a rank may die (and, with restarts, a replacement rejoin)
+    survives = backups is not None or (may_die > 0 and kill) or restarts > 0
     who = "backup workers run" if backups is not None else "gossip with a deadline runs"
-    backend = check_backend(parser, args.backend, backups=survives, kill=kill, who=who)
-    if args.backend == "auto" and options is not None and not survives and not restarts:
-        backend = _on_this_host(backend)
+    who = who if backups is not None or not restarts else "a job with --max-restarts runs"
+    backend = check_backend(parser, args, survives=survives, kill=kill, who=who)
     if restarts and backend != "gloo":
         parser.error(
             f"--max-restarts with --backend {backend}: only gloo lets a replacement rejoin "

@@ -20,6 +20,8 @@ from commrt.cli.units import (
     positive_int,
     timeout_seconds,
 )
+from commrt.runtime.choice import Backend, describe
+from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S
 
 
 def rank_flags(p: argparse.ArgumentParser) -> None:
@@ -29,16 +31,15 @@ def rank_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=["auto", "mpi", "gloo", "shm", "nccl"],
+        choices=["auto", *(str(b) for b in Backend)],
         default="auto",
-        help="auto: nccl with a GPU, else mpi if installed, else gloo; shm: this host's "
-        "ranks through shared memory (default auto)",
+        help=f"{describe()} (default auto)",
     )
     p.add_argument(
         "--timeout",
         type=timeout_seconds,
-        default=300.0,
-        help="seconds any wait may take (default 300, at most 1e8)",
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds any wait may take (default {DEFAULT_TIMEOUT_S:g}, at most 1e8)",
     )
 
 

@@ -43,6 +43,7 @@ from commrt.runtime import rows as _rows
 from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where, engine_error
+from commrt.schedule.position import CallCheck
 from commrt.tuning.context import Context
 
 __all__ = ["all_reduce", "broadcast", "agree_call", "gather_rows", "check_tensor", "dtype_rules"]
@@ -358,7 +359,13 @@ def _untext(codes) -> str:
 def _agree(comm: Communicator, call: _Call, key) -> None:
     """Raise on every rank unless every rank makes the same ``call``; else remember
     ``key`` (the caller's cheap form of ``call``) as agreed on ``comm``."""
-    rows = _exchange_rows(comm, call.row(), call.algorithm)
+    pos, done = comm.executor.position, False
+    pos.check(CallCheck(call.kind, call.algorithm, call.numel, str(call.dtype)))
+    try:  # the stall watch sees this rank in the call, waiting on every rank
+        rows = _exchange_rows(comm, call.row(), call.algorithm)
+        done = True
+    finally:
+        pos.end(done)
     if all(r == rows[0] for r in rows):
         comm.slots.agreed_calls.add(key)
         return
@@ -422,6 +429,7 @@ def _exchange_rows(comm: Communicator, row: list[int], algorithm: str) -> list[l
         ).complete()
     except CommTimeoutError as e:
         e.add_note(CHECK_NOTE)
+        comm.verdict_at_timeout(e)
         raise
     except CommError:
         raise

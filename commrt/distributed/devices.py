@@ -1,12 +1,14 @@
 """One commrt communicator per device type, for one torch.distributed group.
 
-* CPU: shared-memory rings (:mod:`commrt.transports.shm`) when every rank
-  of the group is on this host and can map the others' memory; else MPI
-  when mpiexec started the ranks and the group is the whole world; else
+* CPU: auto's order (:mod:`commrt.runtime.choice`, as ``commrt.init``
+  takes it): shared-memory rings (:mod:`commrt.transports.shm`) when every
+  rank of the group is on this host and can map the others' memory; else
+  MPI when mpiexec started the ranks and the group is the whole world; else
   gloo. Shared memory and gloo meet through the group's store (a ``cpu/``
   prefix of it). ``Options(cpu_transport=...)`` or ``COMMRT_CPU_TRANSPORT``
   picks one. Made when the group is made.
-* CUDA: NCCL whose unique id travels through the store (a ``cuda/``
+* CUDA: the first CUDA transport of the same order, NCCL, whose unique id
+  travels through the store (a ``cuda/``
   prefix), on the device of the first CUDA call's tensor, with the group's
   timeout. It is made on the group's call thread, when that call runs (a
   collective: every rank of the group reaches it in the same order), so
@@ -14,6 +16,15 @@
   thread that drives it. The reduce kernel is warmed then
   (:func:`warm_kernels`): on CUDA its first launch per size class
   autotunes, which would otherwise happen in the first training step.
+* CUDA point-to-point (``send``, ``recv``): a 2-rank NCCL communicator per
+  pair of ranks, as ProcessGroupNCCL makes (:meth:`DeviceComms.pair`), made
+  on the caller's thread by just the two peers (the group's communicator
+  is collective: only two ranks reach a send and its receive), its unique
+  id under a ``cuda/p2p/<low>:<high>/`` prefix. NCCL has no tags: it
+  matches messages per peer in the order they were issued, so a send on
+  the caller's thread on the group's communicator could land in the
+  receive of a collective the call thread issues; on a communicator of
+  its own it never can.
 """
 
 from __future__ import annotations
@@ -31,10 +42,18 @@ from commrt.algorithms.names import NAMES
 from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
-from commrt.runtime.abort import abort_on_error_wanted, install_abort_hook
-from commrt.runtime.communicator import Backend, Communicator, shm_transport
+from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
+from commrt.runtime.choice import (
+    CUDA_BACKENDS,
+    Backend,
+    Situation,
+    choose,
+    cuda_transport_wanted,
+    gpu_shared,
+)
+from commrt.runtime.communicator import Communicator, cpu_transport
 from commrt.runtime.environment import LaunchInfo, detect_launch
-from commrt.runtime.rendezvous import check_timeout
+from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, check_timeout
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import one_core_each
 
@@ -145,6 +164,19 @@ def warm_sizes(piece_bytes: int, dtype: torch.dtype) -> list[int]:
     return [1 << (bits - 1) for bits in range(1, most.bit_length() + 1)]
 
 
+def cuda_transport(backend: Backend, rank: int, size: int, local_rank: int, device, store,
+                   timeout: float):  # fmt: skip
+    """A CUDA transport of ``backend`` (nccl or cuda_ipc) for ``rank`` of ``size``, meeting
+    the others through ``store``; ``device`` None: ``cuda:<local_rank % GPUs>``."""
+    if backend is Backend.CUDA_IPC:
+        from commrt.transports.cuda_ipc_connect import cuda_device, make_transport
+
+        return make_transport(store, rank, size, cuda_device(device, local_rank), timeout)
+    from commrt.transports.nccl_bootstrap import init_nccl
+
+    return init_nccl(rank, size, local_rank, device, make_store=lambda: store, timeout=timeout)
+
+
 def _mpi_world_size() -> int | None:
     """The MPI world's size when mpiexec started this process, else None."""
     info = detect_launch()
@@ -183,7 +215,9 @@ class DeviceComms:
         self.group_id = group_id
         self.options = options if isinstance(options, Options) else Options()
         secs = timeout.total_seconds() if timeout is not None else 0
-        self.timeout = check_timeout(secs, "the process group's timeout") if secs > 0 else 1800.0
+        self.timeout = (
+            check_timeout(secs, "the process group's timeout") if secs > 0 else DEFAULT_TIMEOUT_S
+        )
         self.global_ranks = list(global_ranks or range(size))
         self.algorithm = self.options.resolved_algorithm()
         #: the process's trace (COMMRT_TRACE), which every call of the group records into
@@ -195,6 +229,9 @@ class DeviceComms:
         #: chosen under a lock of its own, since ``lock`` is held while NCCL is made
         self.cuda_device: torch.device | None = None
         self.pick_lock = threading.Lock()
+        #: point-to-point's communicators by peer (:meth:`pair`), each made under its lock
+        self.pairs: dict[int, Communicator] = {}
+        self.pair_locks: dict[int, threading.Lock] = {}
         self.by_type: dict[str, DeviceContext] = {"cpu": self._cpu()}
 
     def check(self, device: torch.device) -> torch.device | None:
@@ -238,6 +275,37 @@ class DeviceComms:
                 dc = self.by_type[kind] = self._cuda(dtype)
             return dc
 
+    def pair(self, peer: int, device: torch.device) -> Communicator:
+        """The 2-rank NCCL communicator that CUDA sends to and receives from ``peer`` run on
+        (module docs): rank 0 of it is the lower of the two group ranks. Made on the
+        caller's thread at the first send or receive between the two, collectively by
+        just those two (it waits up to the group's timeout for the peer's), on ``device``
+        (from :meth:`check`), the caller's current device left as it was. ValueError for a
+        peer that is no other rank of the group."""
+        if not 0 <= peer < self.size or peer == self.rank:
+            raise ValueError(
+                f"commrt process group: rank {self.rank} cannot send to or receive from "
+                f"rank {peer} (the group has ranks 0 to {self.size - 1})"
+            )
+        with self.pick_lock:
+            lock = self.pair_locks.setdefault(peer, threading.Lock())
+        with lock:
+            comm = self.pairs.get(peer)
+            if comm is None:
+                comm = self.pairs[peer] = self._pair(peer, device)
+            return comm
+
+    def _pair(self, peer: int, device: torch.device) -> Communicator:
+        low, high = sorted((self.rank, peer))
+        store = dist.PrefixStore(f"cuda/p2p/{low}:{high}/", self.store)
+        backend = self.cuda_backend()
+        with torch.cuda.device(device):  # the transport sets its device: not the caller's
+            transport = cuda_transport(
+                backend, int(self.rank == high), 2, 0, device, store, self.timeout
+            )
+        launch = LaunchInfo("torch.distributed", transport.rank, 2, 0, None)
+        return Communicator(transport, backend, launch, self.timeout, self.options.piece_bytes)
+
     def _launch(self) -> LaunchInfo:
         whole = self.size == int(os.environ.get("WORLD_SIZE", self.size))
         local = os.environ.get("LOCAL_WORLD_SIZE") if whole else None
@@ -248,15 +316,7 @@ class DeviceComms:
 
     def _wrap(self, transport, backend: Backend) -> DeviceContext:
         o = self.options
-        debug = o.debug
-        if debug is None:
-            debug = os.environ.get("COMMRT_DEBUG", "").strip().lower() in (
-                "1",
-                "true",
-                "yes",
-                "on",
-                "detail",
-            )
+        debug = bool(env_flag("COMMRT_DEBUG")) if o.debug is None else o.debug
         comm = Communicator(
             transport, backend, self._launch(), self.timeout, o.piece_bytes, debug=debug
         )
@@ -286,35 +346,40 @@ class DeviceComms:
                 "commrt process group: cpu_transport='mpi' needs the group to be mpiexec's "
                 f"whole world (this one is ranks {self.global_ranks}); use 'gloo' or 'auto'"
             )
-        store = dist.PrefixStore("cpu/", self.store)
-        if want == "shm":
-            made = shm_transport(store, self.rank, self.size, self.timeout, "cpu_transport 'shm'")
-            return self._wrap(made, Backend.SHM)
-        if want == "auto" and self.size > 1:  # one host: shared memory beats MPI and gloo
-            from commrt.transports.shm_connect import connect
+        launch = self._launch()
+        order = (  # auto: the one order (commrt.runtime.choice), shared memory first
+            choose(Situation.here("cpu", launch.launcher, self.size, launch.local_size, world))
+            if want == "auto"
+            else (Backend(want),)
+        )
+        made = cpu_transport(
+            order,
+            lambda: dist.PrefixStore("cpu/", self.store),
+            lambda: _mpi_in_torch_order(self.rank),
+            self.rank, self.size, self.timeout, "cpu_transport 'shm'",
+        )  # fmt: skip
+        return self._wrap(made[1], made[0])
 
-            made = connect(store, self.rank, self.size, self.timeout)
-            if not isinstance(made, str):
-                return self._wrap(made, Backend.SHM)
-        if want == "mpi" or (want == "auto" and world):
-            return self._wrap(_mpi_in_torch_order(self.rank), Backend.MPI)
-        from commrt.transports.gloo import GlooTransport
-
-        return self._wrap(GlooTransport(store, self.rank, self.size, self.timeout), Backend.GLOO)
+    def cuda_backend(self) -> Backend:
+        """The CUDA transport of auto's order (:func:`commrt.runtime.choice.choose`):
+        NCCL, or cuda_ipc where ranks of this host share a GPU (NCCL refuses them) or
+        ``COMMRT_CUDA_TRANSPORT`` says so. NCCL's bootstrap says itself what it lacks."""
+        launch = self._launch()
+        s = Situation("cuda", launch.launcher, self.size, launch.local_size,
+                      gpu_shared=gpu_shared(launch.local_size, self.size),
+                      cuda_transport=cuda_transport_wanted())  # fmt: skip
+        return next(b for b in choose(s) if b in CUDA_BACKENDS)
 
     def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:
-        from commrt.transports.nccl_bootstrap import init_nccl
-
+        """The CUDA communicator on :meth:`cuda_backend`."""
+        backend = self.cuda_backend()
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        transport = init_nccl(
-            self.rank,
-            self.size,
-            local_rank,
+        transport = cuda_transport(
+            backend, self.rank, self.size, local_rank,
             self.cuda_device,  # None (made without check()): LOCAL_RANK's
-            make_store=lambda: dist.PrefixStore("cuda/", self.store),
-            timeout=self.timeout,
-        )
-        dc = self._wrap(transport, Backend.NCCL)
+            dist.PrefixStore("cuda/", self.store), self.timeout,
+        )  # fmt: skip
+        dc = self._wrap(transport, backend)
         warm = self.options.warm_dtypes
         if warm is None:
             warm = (dtype if dtype in KERNEL_DTYPES else torch.float32,)
@@ -326,3 +391,7 @@ class DeviceComms:
             for dc in self.by_type.values():
                 dc.comm.close()
             self.by_type.clear()
+        with self.pick_lock:
+            pairs, self.pairs = list(self.pairs.values()), {}
+        for comm in pairs:
+            comm.close()

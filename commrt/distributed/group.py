@@ -47,20 +47,6 @@ def _unsupported(method: str, instead: str) -> NotImplementedError:
     return NotImplementedError(f"commrt process group: {method} is not implemented; {instead}")
 
 
-def _context(devices: DeviceComms, calls: CallQueue, device: torch.device, dtype):
-    """``device``'s context for a call made on the caller's thread (send, recv): a CUDA
-    communicator not made yet is made on the call thread all the same, and waited for."""
-    cuda = devices.check(device)
-    dc = devices.ready(device)
-    if dc is not None or cuda is None:
-        return dc if dc is not None else devices.get(device)
-    made: list = []
-    work = CommrtWork("making the CUDA communicator", devices.rank, [], devices.timeout)
-    calls.submit(lambda: made.append(devices.get(device, dtype)), work, cuda)
-    work.wait()
-    return made[0]
-
-
 def _noted(dc, op: str):
     """``dc``, its communicator's position noting the torch.distributed ``op`` it runs."""
     dc.comm.executor.position.torch_op = op
@@ -277,26 +263,10 @@ class ProcessGroupCommrt(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def send(self, tensors, dst: int, tag: int = 0) -> CommrtWork:
-        return self._p2p("send", tensors[0], dst, tag, send=True)
+        return start_p2p(self.devices, "send", tensors[0], dst, tag, send=True)
 
     def recv(self, tensors, src: int, tag: int = 0) -> CommrtWork:
-        return self._p2p("recv", tensors[0], src, tag, send=False)
-
-    def _p2p(self, what: str, t: torch.Tensor, peer: int, tag: int, send: bool) -> CommrtWork:
-        dc = _context(self.devices, self.calls, t.device, t.dtype)
-        if not t.is_contiguous():
-            raise ValueError(f"commrt process group: {what} needs a contiguous tensor")
-        pair = [(t, peer)]
-        ex = Exchange(
-            dc.comm,
-            pair if send else [],
-            [] if send else pair,
-            tags.torch_p2p(tag),
-            Where(f"torch {what}"),
-        )
-        return P2PWork(
-            f"{what} {'to' if send else 'from'} rank {peer}", dc.comm.rank, [t], dc.comm.timeout, ex
-        )
+        return start_p2p(self.devices, "recv", tensors[0], src, tag, send=False)
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise _unsupported("recv_anysource (recv without src)", "pass src= to dist.recv")
@@ -317,6 +287,33 @@ class ProcessGroupCommrt(dist.ProcessGroup):
 
     def abort(self) -> None:
         self.devices.close()
+
+
+def start_p2p(
+    devices: DeviceComms, what: str, t: torch.Tensor, peer: int, tag: int, send: bool
+) -> P2PWork:
+    """A send or receive, started on the caller's thread: over the CPU communicator
+    (tagged), or on CUDA over the pair's own NCCL communicator
+    (:meth:`~commrt.distributed.devices.DeviceComms.pair`), never the group's: NCCL
+    matches per peer in issue order, so a send issued here between two collectives the
+    call thread issues could land in one's receive."""
+    cuda = devices.check(t.device)
+    if not t.is_contiguous():
+        raise ValueError(f"commrt process group: {what} needs a contiguous tensor")
+    if cuda is None:
+        comm, their, where = devices.get(t.device).comm, peer, f"torch {what}"
+    else:
+        comm = devices.pair(peer, cuda)
+        their = 1 - comm.rank
+        low, high = sorted((devices.rank, peer))
+        where = f"torch {what} (pair communicator {low}:{high})"
+    pair = [(t, their)]
+    ex = Exchange(
+        comm, pair if send else [], [] if send else pair, tags.torch_p2p(tag), Where(where)
+    )
+    return P2PWork(
+        f"{what} {'to' if send else 'from'} rank {peer}", devices.rank, [t], comm.timeout, ex
+    )
 
 
 def stats(group=None) -> GroupStats:

@@ -15,12 +15,16 @@ hand-off.
 CUDA calls: current streams and the current device are per thread. So the
 call thread sets the group's device itself (``torch.cuda.set_device``, once:
 without it a stream context left on that thread restores device 0's stream,
-and every rank makes a context on GPU 0), and a call's work waits for an
-event recorded on the *caller's* current stream when the call was made
+and every rank makes a context on GPU 0) and makes a stream of the group's
+own its current stream. A call's work waits on that stream for an event
+recorded on the *caller's* current stream when the call was made
 (:func:`caller_event`): what the caller enqueued before the call (a side
-stream included) is done before the collective reads its tensors. The other
-way, ``wait()`` and the future order the caller's streams after the call
-thread's stream, as torch's CUDA works do.
+stream included) is done before the collective reads its tensors, and
+nothing the caller enqueued after it. (On the default stream, which every
+thread shares, the call would also wait for all the compute queued between
+the call and the moment the call thread ran it: the backward it should
+overlap.) The other way, ``wait()`` and the future order the caller's streams
+after the group's stream, as torch's CUDA works do.
 
 Errors: torch 2.13 crashes (segfault) when a Python future that carries an
 exception reaches DDP's C++ all-reduce path, so an error never travels in a
@@ -146,6 +150,8 @@ class CallQueue:
         self.broken: BaseException | None = None
         self.start_lock = threading.Lock()
         self.device: torch.device | None = None  # the CUDA device the call thread set
+        #: the group's own stream on that device, the call thread's current stream
+        self.stream = None
         #: calls submitted and not finished (queued, or running on either thread)
         self.pending = 0
         self.count_lock = threading.Lock()
@@ -217,12 +223,15 @@ class CallQueue:
         work.finish()
 
     def _enter(self, device: torch.device, after) -> None:
-        """On the call thread: make ``device`` current (once), order after ``after``."""
+        """On the call thread: make ``device`` and a stream of the group's own on it current
+        (once), and order that stream after ``after`` (module docs)."""
         if device != self.device:
             torch.cuda.set_device(device)
+            self.stream = torch.cuda.Stream(device)
+            torch.cuda.set_stream(self.stream)
             self.device = device
         if after is not None:
-            torch.cuda.current_stream(device).wait_event(after)
+            self.stream.wait_event(after)
 
     def close(self, timeout: float = 5.0) -> None:
         if self.thread is not None and self.thread.is_alive():

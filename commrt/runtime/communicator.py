@@ -10,7 +10,6 @@ Example::
 
 from __future__ import annotations
 
-import enum
 import threading
 import warnings
 import weakref
@@ -20,28 +19,19 @@ import torch
 
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
+from commrt.runtime.choice import Backend, Situation, choose
 from commrt.runtime.departures import CLOSED, Departures, track
 from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
-from commrt.runtime.rendezvous import MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
+from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
 from commrt.runtime.rendezvous import tcp_store as _tcp_store
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
+from commrt.transports.cuda_ipc_connect import init_cuda_ipc
+from commrt.transports.shm_connect import shm_transport
 
-DEFAULT_TIMEOUT_S = 300.0
 #: how long a blocking collective polls before yielding its core, when every local rank has one
 SPIN_S = 100e-6
-
-
-class Backend(enum.Enum):
-    NCCL = "nccl"
-    CUDA_IPC = "cuda_ipc"
-    MPI = "mpi"
-    GLOO = "gloo"
-    SHM = "shm"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -162,9 +152,11 @@ class Communicator:
             try:
                 done = self.transport.barrier(t)
             finally:  # out of it; where it failed, kept for the verdict
-                pos.failed, pos.step = (None if done else (pos.runs, pos.step)), None
+                pos.end(done)
             if not done:
-                raise CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
+                error = CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
+                self.verdict_at_timeout(error)
+                raise error
 
     def run_schedule(
         self, schedule, buf: torch.Tensor, timeout: float | None = None,
@@ -185,15 +177,28 @@ class Communicator:
         they wait (GradientSync's progress thread runs beside backward)."""
         work = buf if buf.is_contiguous() else buf.contiguous()
         with self.lock:
-            sent = self.executor.run(
-                schedule, work, self.transport if transport is None else transport,
-                self.timeout if timeout is None else check_timeout(timeout),
-                self.piece_bytes, average, reduce, bucket, tracer,
-                owner if work is buf else None, self.spin_s if spin else 0.0,
-            )  # fmt: skip
+            try:
+                sent = self.executor.run(
+                    schedule, work, self.transport if transport is None else transport,
+                    self.timeout if timeout is None else check_timeout(timeout),
+                    self.piece_bytes, average, reduce, bucket, tracer,
+                    owner if work is buf else None, self.spin_s if spin else 0.0,
+                )  # fmt: skip
+            except CommTimeoutError as e:
+                if transport is None:  # not a group the caller made (and handles)
+                    self.verdict_at_timeout(e)
+                raise
         if work is not buf:
             buf.copy_(work)
         return sent
+
+    def verdict_at_timeout(self, error: CommTimeoutError) -> None:
+        """Before ``error`` (a wait on this communicator's ranks timed out) is raised: the
+        stall verdict, formed now on every rank, joins its message
+        (:meth:`commrt.runtime.stall.StallWatch.at_timeout`). Not inside a GradientSync
+        step whose family goes on without ranks that fail (backup workers handle it)."""
+        if self.stall is not None and (not self.watch.in_sync or self.watch.sync_waits_on_all):
+            self.stall.at_timeout(error)
 
     # -- what collectives and GradientSync need from each other, through the communicator
 
@@ -296,25 +301,34 @@ def _spin_s(local_size: int | None) -> float:
     return SPIN_S if local_size is not None and local_size <= usable_cores() else 0.0
 
 
-def _resolve_backend(backend: "str | Backend", launch: LaunchInfo) -> Backend:
+def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size: int):
+    """The transports to try, best first: ``backend`` alone, or auto's order
+    (:func:`commrt.runtime.choice.choose`), with a warning where a CUDA machine lacks
+    CuPy/NCCL (what to install)."""
     if isinstance(backend, Backend):
-        return backend
+        return (backend,)
     name = str(backend).lower()
-    if name == "auto":
-        if torch.cuda.is_available():
-            from commrt.transports.nccl import nccl_missing
-
-            missing = nccl_missing()
-            if missing is None:
-                return Backend.NCCL
-            warnings.warn(f"commrt: backend='auto' falls back to mpi/gloo: {missing}", stacklevel=3)
-        return Backend.MPI if launch.launcher == "mpiexec" else Backend.GLOO
-    try:
-        return Backend(name)
-    except ValueError:
-        raise ValueError(
-            f"unknown backend {backend!r}; choose auto, nccl, cuda_ipc, mpi, gloo or shm"
-        ) from None
+    if name != "auto":
+        try:
+            return (Backend(name),)
+        except ValueError:
+            raise ValueError(
+                f"unknown backend {backend!r}; choose auto, " + ", ".join(str(b) for b in Backend)
+            ) from None
+    kind = torch.device(device).type if device is not None else None
+    if kind is None:
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    launched = world_size == launch.world_size  # the launcher's world, not one of init's args
+    local_size = launch.local_size if launched else None
+    mpi_world = launched and launch.launcher == "mpiexec"
+    # a replacement that rejoins a running job is in one whose ranks may die
+    s = Situation.here(kind, launch.launcher, world_size, local_size, mpi_world, rejoining())
+    if kind == "cuda" and s.nccl_missing is not None:
+        warnings.warn(
+            f"commrt: backend='auto' falls back to the CPU transports: {s.nccl_missing}",
+            stacklevel=3,
+        )
+    return choose(s)
 
 
 def init(
@@ -335,12 +349,16 @@ def init(
 ) -> Communicator:
     """Create a :class:`Communicator`.
 
-    ``backend``: ``"auto"`` (nccl where CUDA and CuPy with NCCL are
-    available, mpi under mpiexec, gloo otherwise; a CUDA machine without
-    CuPy/NCCL falls back with a warning that says what to install),
-    ``"nccl"``, ``"mpi"``, ``"gloo"`` or ``"shm"`` (ranks of one host through
-    shared-memory rings, :mod:`commrt.transports.shm`; refused with the reason
-    where the ranks cannot share memory). Rank and
+    ``backend``: ``"auto"``, the one order of :mod:`commrt.runtime.choice`
+    (auto: nccl for CUDA tensors where CuPy with NCCL is installed and no two
+    ranks share a GPU, else cuda_ipc for CUDA tensors where CuPy is installed
+    and every rank is on one host, else shm where every rank is on one host, else mpi under mpiexec, else gloo; only
+    gloo where the job must outlive a dead rank; a CUDA machine without
+    CuPy/NCCL falls back with a warning that says what to install; shared
+    memory that the ranks turn out not to share falls back on every rank
+    alike), ``"nccl"``, ``"cuda_ipc"``, ``"mpi"``, ``"gloo"`` or ``"shm"`` (ranks of one host
+    through shared-memory rings, :mod:`commrt.transports.shm`; refused with
+    the reason where the ranks cannot share memory). Rank and
     world size come from the launcher (mpiexec or torchrun); explicit
     arguments override them. ``timeout`` bounds every wait (seconds, at most
     :data:`MAX_TIMEOUT_S`, about 3 years; the reason is beside it in :mod:`commrt.runtime.rendezvous`).
@@ -354,12 +372,11 @@ def init(
     ``device`` (nccl only): default, or ``"cuda"`` without an index, is
     ``cuda:<local_rank % device_count>``.
     ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
-    ``"cuda_ipc"``: the ranks of one host (several may share one GPU) through CUDA IPC,
-    :mod:`commrt.transports.cuda_ipc`; refused, naming CUDA, without a CUDA GPU, and on
-    every rank alike across hosts or without peer access. ``ipc_device`` replaces its
-    CUDA device (an :class:`~commrt.transports.cuda_ipc_device.IpcDevice`; for tests).
+    ``"cuda_ipc"``: ranks of one host, several per GPU if need be (:mod:`commrt.transports.cuda_ipc`);
+    ``ipc_device`` replaces its CUDA device (an ``IpcDevice``, for tests).
     ``stall_s`` (default ``COMMRT_STALL_S``, else half the timeout, between 60 s and 5 minutes;
-    0: off): see :mod:`commrt.runtime.stall`.
+    0: off; not shorter than the timeout: the verdict forms at the timeout, in the error):
+    see :mod:`commrt.runtime.stall`.
 
     Example::
 
@@ -375,12 +392,10 @@ def init(
     world_size = launch.world_size if world_size is None else int(world_size)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
-    be = _resolve_backend(backend, launch)
-
-    transport = _transport(
-        be, launch, rank, world_size, timeout, (master_addr, master_port), device,
-        ipc_device if be is Backend.CUDA_IPC else nccl_module,
-    )  # fmt: skip
+    order = _candidates(backend, launch, device, world_size)
+    address = (master_addr, master_port)
+    engine = ipc_device if order[0] is Backend.CUDA_IPC else nccl_module
+    be, transport = _transport(order, launch, rank, world_size, timeout, address, device, engine)
     comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
     if abort_on_error is not False and world_size > 1:
         install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
@@ -388,50 +403,69 @@ def init(
     return comm
 
 
-def _transport(be, launch, rank, world_size, timeout, address, device, nccl) -> Transport:
-    """The transport :func:`init` asked for; ``address``: (master_addr, master_port);
-    ``nccl``: the NCCL module, or for cuda_ipc its device (None: the real ones)."""
+def _transport(order, launch, rank, world_size, timeout, address, device, nccl):
+    """(backend, transport): the first of ``order`` that can be made;
+    ``address``: (master_addr, master_port); ``nccl``: the NCCL module, or for cuda_ipc
+    its device (None: the real ones)."""
     master_addr, master_port = address
     if rejoining():
-        return _rejoined(be, rank, world_size)
-    if be is Backend.MPI:
-        from commrt.transports.mpi import MpiTransport
-
-        world = _mpi_world()
-        if world.Get_size() != world_size or world.Get_rank() != rank:
-            raise ValueError(
-                f"the mpi backend takes rank and size from MPI (rank {world.Get_rank()} "
-                f"of {world.Get_size()}), not rank {rank} of {world_size}; launch with "
-                f"mpiexec -n {world_size}"
-            )
-        return MpiTransport(world)
-    if be is Backend.NCCL:
-        return _nccl_transport(
+        return order[0], _rejoined(order[0], rank, world_size)
+    if order[0] is Backend.NCCL:
+        made = _nccl_transport(
             launch, rank, world_size, master_addr, master_port, timeout, device, nccl
         )
-    if be is Backend.CUDA_IPC:
-        from commrt.transports.cuda_ipc_connect import cuda_device, make_transport
-
-        dev = nccl if nccl is not None else cuda_device(device, launch.local_rank)
+        return Backend.NCCL, made
+    if order[0] is Backend.CUDA_IPC:
         store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
-        return make_transport(store, rank, world_size, dev, timeout)
-    store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
-    if be is Backend.SHM:
-        return shm_transport(store, rank, world_size, timeout, "backend='shm'")
-    from commrt.transports.gloo import GlooTransport
+        return order[0], init_cuda_ipc(
+            store, rank, world_size, device, launch.local_rank, timeout, nccl
+        )
+    return cpu_transport(
+        order,
+        lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
+        lambda: _mpi_transport(rank, world_size),
+        rank, world_size, timeout, "backend='shm'",
+    )  # fmt: skip
 
-    return GlooTransport(store, rank, world_size, timeout)
+
+def cpu_transport(order, store, mpi, rank: int, world_size: int, timeout: float, asked: str):
+    """(backend, transport): the first CPU transport of ``order`` that can be made.
+    ``store()`` gives the store shared memory and gloo meet through (asked for once, and
+    only by them), ``mpi()`` MPI's transport. Shared memory in a longer order may find,
+    on every rank alike, that the ranks cannot share it: then the next is made; asked for
+    alone (``asked`` says how), that is a ValueError."""
+    if tuple(order) == (Backend.SHM,):
+        return Backend.SHM, shm_transport(store(), rank, world_size, timeout, asked)
+    made_store = None
+    for be in order:
+        if be is Backend.MPI:
+            return be, mpi()
+        made_store = store() if made_store is None else made_store
+        if be is Backend.SHM:
+            from commrt.transports.shm_connect import connect
+
+            made = connect(made_store, rank, world_size, timeout)
+            if not isinstance(made, str):
+                return be, made
+        elif be is Backend.GLOO:
+            from commrt.transports.gloo import GlooTransport
+
+            return be, GlooTransport(made_store, rank, world_size, timeout)
+    raise ValueError(f"commrt: none of {', '.join(map(str, order))} moves CPU tensors")
 
 
-def shm_transport(store, rank: int, world_size: int, timeout: float, asked: str) -> Transport:
-    """The shared-memory transport over ``store`` (every rank together), or a ValueError
-    that says why these ranks cannot share memory and what to use instead."""
-    from commrt.transports.shm_connect import connect
+def _mpi_transport(rank: int, world_size: int) -> Transport:
+    """The MPI transport over MPI's world, which must number the ranks as init does."""
+    from commrt.transports.mpi import MpiTransport
 
-    made = connect(store, rank, world_size, timeout)
-    if isinstance(made, str):
-        raise ValueError(f"commrt: {asked}: the ranks cannot share memory ({made}); use gloo")
-    return made
+    world = _mpi_world()
+    if world.Get_size() != world_size or world.Get_rank() != rank:
+        raise ValueError(
+            f"the mpi backend takes rank and size from MPI (rank {world.Get_rank()} "
+            f"of {world.Get_size()}), not rank {rank} of {world_size}; launch with "
+            f"mpiexec -n {world_size}"
+        )
+    return MpiTransport(world)
 
 
 def _rejoined(be: Backend, rank: int, world_size: int) -> Transport:

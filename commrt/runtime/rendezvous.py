@@ -19,6 +19,10 @@ import os
 #: overflow), a timedelta cannot hold 1e30 s, and a thread's wait overflows time_t past
 #: threading.TIMEOUT_MAX (9.2e9 s).
 MAX_TIMEOUT_S = 1e8
+#: the timeout, in seconds, of every wait where none is given: ``commrt.init``'s, the
+#: command line's ``--timeout``, and a torch.distributed process group made without one
+#: (torch itself passes its own default, 30 minutes, to a group it makes)
+DEFAULT_TIMEOUT_S = 300.0
 
 
 def check_timeout(timeout, what: str = "timeout") -> float:

@@ -11,20 +11,26 @@ that every :data:`tick <StallWatch.tick>` seconds
 * looks for a stall declared by any rank (``declared``), and declares one
   itself when this rank has been inside one schedule step for
   ``stall_s`` seconds (``COMMRT_STALL_S``, default :func:`default_stall_s`:
-  half the timeout, between 60 s and 5 minutes; ``0`` turns the watch off;
-  it only runs when shorter than the timeout).
+  half the timeout, between 60 s and 5 minutes; ``0`` turns the watch off).
+  Where that is not shorter than the timeout, the watch still beats and
+  answers, but declares nothing itself: the timeout declares the stall.
 
-On a stall, and when a rank dies of an uncaught commrt error (the
+When a wait of the communicator times out, :meth:`StallWatch.at_timeout`
+forms the verdict *before* the error is raised and appends its text to the
+error's message, so that a program which catches the error and exits still
+has it. On a stall, and when a rank dies of an uncaught commrt error (the
 abort-on-error hook, :mod:`commrt.runtime.abort`), :meth:`StallWatch.diagnose`
-runs once per process: the rank publishes its *view* (position and its main
-thread's stack, as JSON: nothing received is ever executed or unpickled), the
-first rank to ask becomes the judge, waits up to :data:`GATHER_S` for every
-view, judges the ranks that did not answer from their heartbeats and, on its
-own host, their process state (``/proc/<pid>/stat``: ``T`` stopped, gone or
-``Z`` dead), and publishes the verdict (:mod:`commrt.runtime.verdict`).
-Every rank prints that verdict, writes ``COMMRT_DUMP``'s files if asked, and
-the job ends (unless the abort-on-error hook is off: then waits go on to
-their timeout).
+runs once per process. Either way the verdict is formed once per process
+(:meth:`StallWatch.form`): the rank publishes its *view* (position and its
+main thread's stack, as JSON: nothing received is ever executed or
+unpickled), the first rank to ask becomes the judge, waits up to
+:data:`GATHER_S` for every view, judges the ranks that did not answer from
+their heartbeats and, on its own host, their process state
+(``/proc/<pid>/stat``: ``T`` stopped, gone or ``Z`` dead), and publishes the
+verdict (:mod:`commrt.runtime.verdict`). Every rank prints that verdict
+(unless an error's message carries it already), writes ``COMMRT_DUMP``'s
+files if asked, and the job ends (unless the abort-on-error hook is off:
+then waits go on to their timeout).
 
 The store: the gloo rendezvous store (a fresh connection to it), or under
 MPI a TCPStore that rank 0 hosts, its port sent over MPI at ``init``.
@@ -74,8 +80,8 @@ def default_stall_s(timeout: float | None) -> float:
 
 
 def stall_seconds(value=None, timeout: float | None = None) -> float | None:
-    """The stall watch's period from ``value`` or ``COMMRT_STALL_S``; None when off (0, off,
-    or not shorter than ``timeout``: the timeout's own error then leads to the verdict)."""
+    """The stall watch's period from ``value`` or ``COMMRT_STALL_S``; None when off (0 or
+    off). A period not shorter than ``timeout`` still runs the watch (:func:`declares`)."""
     text = os.environ.get(STALL_ENV, "") if value is None else str(value)
     text = text.strip().lower()
     if text in ("0", "off", "no", "false"):
@@ -86,7 +92,15 @@ def stall_seconds(value=None, timeout: float | None = None) -> float | None:
         raise ValueError(f"{STALL_ENV}={text!r}: give seconds (a number) or 0 for off") from None
     if not s > 0:
         raise ValueError(f"{STALL_ENV} must be positive seconds or 0 (off), got {text!r}")
-    return None if timeout is not None and s >= timeout else s
+    return s
+
+
+def declares(stall_s: float, timeout: float | None) -> float | None:
+    """The seconds without progress after which the watch declares a stall itself: ``stall_s``
+    where it is shorter than ``timeout``; else None, and the timeout declares it
+    (:meth:`StallWatch.at_timeout`): a rank that pauses on purpose for less than the
+    timeout is never ended by a watch the user did not ask to be shorter."""
+    return stall_s if timeout is None or stall_s < timeout else None
 
 
 class StallWatch:
@@ -96,8 +110,9 @@ class StallWatch:
     def __init__(self, client, rank: int, world_size: int, position, departures, stall_s):
         self.client, self.rank, self.world_size = client, rank, world_size
         self.position, self.departures = position, departures
+        #: seconds in one step that declare a stall; None: only a timeout declares one
         self.stall_s = stall_s
-        self.tick = min(1.0, stall_s / 4)
+        self.tick = min(1.0, stall_s / 4) if stall_s is not None else 1.0
         self.host, self.pid = socket.gethostname(), os.getpid()
         #: whether the verdict ends the job (the abort-on-error hook's setting)
         self.ends_job = True
@@ -109,6 +124,11 @@ class StallWatch:
         self.main = threading.main_thread().ident
         self._since, self._mark = time.monotonic(), None
         self._stop, self._once = threading.Event(), threading.Lock()
+        #: the verdict, once formed (:meth:`form`), and whether an error's message carries it
+        self.verdict: dict | None = None
+        self.told = False
+        self._forming = threading.Lock()
+        self._board = None  # the store connection the verdict was formed through
         self._store = client()
         self.beats = 0
         self._thread = threading.Thread(target=self._run, name="commrt-stall-watch", daemon=True)
@@ -155,9 +175,13 @@ class StallWatch:
                     self._stop.set()
                     self._store.add("acked", 1)
                     return
-                if self.beat():
+                if self.beat() and not self._stop.is_set():  # not this rank's own verdict
                     self.diagnose("another rank reported a stall")
-                elif self.position.step is not None and self.idle_s() >= self.stall_s:
+                elif (
+                    self.stall_s is not None
+                    and self.position.step is not None
+                    and self.idle_s() >= self.stall_s
+                ):
                     self.diagnose(f"no progress inside a collective for {self.idle_s():.0f} s")
             except Exception:  # the store is gone (the job is ending): nothing to watch
                 self._stop.set()
@@ -188,32 +212,67 @@ class StallWatch:
         }
 
     # -- the verdict
+    def form(self, reason: str, failed: bool = False, told: bool = False) -> dict | None:
+        """The verdict: publish this rank's view, then judge (the first rank to ask) or wait
+        for the judge's. Once per process: a second caller waits for the first and gets
+        the same verdict. None where the store failed (said on stderr). ``failed``: for an
+        error this rank dies of (its position is where its last collective raised);
+        ``told``: an error's message will carry the verdict (:meth:`at_timeout`)."""
+        with self._forming:
+            self.told = self.told or told
+            if self.verdict is None:
+                self._stop.set()
+                try:
+                    store = self.client()
+                    store.add("declared", 1)
+                    store.set(f"view/{self.rank}", json.dumps(self.view(reason, failed)))
+                    if store.add("judge", 1) == 1:
+                        verdict = self.judge_views(store)
+                        store.set("verdict", json.dumps(verdict))
+                    else:
+                        verdict = self._wait_verdict(store)
+                    self.verdict, self._board = verdict, store
+                except Exception as e:  # the store died under us: say so
+                    print(f"commrt: rank {self.rank}: no stall verdict ({e})", file=_err())
+                    return None
+            return self.verdict
+
+    def at_timeout(self, error) -> None:
+        """Form the verdict before ``error`` (a :class:`~commrt.errors.CommTimeoutError`
+        of this communicator's) is raised, and append its text to the error's message:
+        whoever catches the error has it, even a program that then exits at once."""
+        verdict = self.form(str(error).splitlines()[0], failed=True, told=True)
+        if verdict is not None:
+            error.add_verdict(render(verdict))
+
     def diagnose(self, reason: str, failed: bool = False) -> None:
-        """Publish this rank's view, get the verdict, print it, dump it, end the job.
-        Once per process; a second caller waits for the first (which ends the job).
-        ``failed``: called for an error this rank dies of (its last collective raised)."""
+        """Form the verdict (:meth:`form`), print it (unless an error's message carried it),
+        dump it, end the job. Once per process; a second caller waits for the first (which
+        ends the job)."""
         if not self._once.acquire(blocking=False):
             time.sleep(GATHER_S + 2 * PRINTED_S + 5)
             return
-        self._stop.set()
+        verdict = self.form(reason, failed)
+        if self.told and not failed:  # an error carries the verdict: whoever raised it ends
+            self._once.release()
+            return
+        if verdict is not None:
+            self._tell(verdict)
+        if self.ends_job:
+            end_job(f"commrt: rank {self.rank}: ending the job after the stall verdict")
+
+    def _tell(self, verdict: dict) -> None:
+        """Print the verdict, dump it, and give the others a moment to print theirs."""
+        store = self._board
         try:
-            store = self.client()
-            store.add("declared", 1)
-            store.set(f"view/{self.rank}", json.dumps(self.view(reason, failed)))
-            if store.add("judge", 1) == 1:
-                verdict = self.judge_views(store)
-                store.set("verdict", json.dumps(verdict))
-            else:
-                verdict = self._wait_verdict(store)
-            print(render(verdict), file=sys.__stderr__ or sys.stderr, flush=True)
+            if not self.told:
+                print(render(verdict), file=_err(), flush=True)
             self._dump(verdict)
             store.add("printed", 1)
             answered = sum(v["state"] == "published" for v in verdict.get("views", []))
             _poll(lambda: int(store.add("printed", 0)) >= answered, PRINTED_S)
-        except Exception as e:  # the store died under us: say so, and end as we would have
-            print(f"commrt: rank {self.rank}: no stall verdict ({e})", file=sys.__stderr__)
-        if self.ends_job:
-            end_job(f"commrt: rank {self.rank}: ending the job after the stall verdict")
+        except Exception:  # the store is gone: the others have ended already
+            pass
 
     def view(self, reason: str, failed: bool = False) -> dict:
         """What this rank says of itself (:mod:`commrt.runtime.verdict`'s view)."""
@@ -272,32 +331,49 @@ class StallWatch:
 
 
 @functools.lru_cache(maxsize=1)
-def _library_dirs() -> tuple[str, ...]:
-    """Folders whose frames are not the user's: commrt (with its algorithms and kernels),
-    torch and the standard library."""
+def _library_dirs() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(packages, standard library, site folders): the folders of commrt (with its
+    algorithms and kernels) and torch; the standard library's; and the folders packages
+    install into, which lie inside the standard library's but hold the user's code too
+    (a training script in an installed package, run through ``runpy``)."""
+    import site
+
     import torch
 
     import commrt.algorithms
     import commrt.kernels
 
     mods = (commrt.algorithms, commrt.kernels, torch)
-    dirs = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    dirs |= {os.path.dirname(os.path.abspath(m.__file__)) for m in mods}
-    dirs |= {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib")}
-    return tuple(os.path.realpath(d) + os.sep for d in dirs)
+    packages = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    packages |= {os.path.dirname(os.path.abspath(m.__file__)) for m in mods}
+    paths = sysconfig.get_paths()
+    stdlib = {paths[k] for k in ("stdlib", "platstdlib")}
+    sites = {paths[k] for k in ("purelib", "platlib")} | set(site.getsitepackages())
+    sites |= {site.getusersitepackages()}
+    sites |= {p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")}
+    return tuple(tuple(os.path.realpath(d) + os.sep for d in x) for x in (packages, stdlib, sites))
 
 
 def is_user(filename: str) -> bool:
-    """Whether a frame in ``filename`` is the user's (see :func:`_library_dirs`)."""
-    return not filename.startswith("<") and not os.path.realpath(filename).startswith(
-        _library_dirs()
-    )
+    """Whether a frame in ``filename`` is the user's: outside commrt, torch and the standard
+    library (whose site-packages folders hold user code too; see :func:`_library_dirs`)."""
+    if filename.startswith("<"):
+        return False
+    path = os.path.realpath(filename)
+    packages, stdlib, sites = _library_dirs()
+    if path.startswith(packages):
+        return False
+    return not path.startswith(stdlib) or path.startswith(sites)
 
 
 def _short(filename: str) -> str:
     """``filename`` relative to the working folder where it lies under it."""
     rel = os.path.relpath(filename) if os.path.isabs(filename) else filename
     return filename if rel.startswith("..") else rel
+
+
+def _err():
+    return sys.__stderr__ or sys.stderr
 
 
 def _read(store, key: str):
@@ -331,8 +407,9 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
         return dist.PrefixStore(prefix, _client(host, port, comm.timeout))
 
     watch = StallWatch(
-        client, comm.rank, comm.world_size, comm.executor.position, comm.watch, stall_s
-    )
+        client, comm.rank, comm.world_size, comm.executor.position, comm.watch,
+        declares(stall_s, comm.timeout),
+    )  # fmt: skip
     watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it
     watch.hosting = server is not None if str(comm.backend) == "mpi" else comm.rank == 0
     return watch.start()

@@ -32,7 +32,7 @@ import os
 from dataclasses import dataclass
 
 from commrt.runtime import rows
-from commrt.runtime.rendezvous import serve
+from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, serve
 
 #: environment variable naming a launcher-hosted store, ``host:port``
 STORE_ENV = "COMMRT_STORE"
@@ -69,7 +69,7 @@ def host_store(host: str = "127.0.0.1"):
     """A TCPStore server on a free port (for launchers); returns it (``.port`` says where).
 
     It listens on ``host`` only (loopback by default), not on every interface."""
-    return serve(host, 0, 300.0)
+    return serve(host, 0, DEFAULT_TIMEOUT_S)
 
 
 @dataclass(eq=False)

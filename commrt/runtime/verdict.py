@@ -204,10 +204,15 @@ def call_text(position: dict) -> str:
 
 def where_text(view: dict, frames: int = 3) -> list[str]:
     """The innermost user frames of ``view``'s stack, ``file:line in function``, innermost
-    first (all frames where none is user code)."""
+    first (all frames where none is user code); then the stack's innermost frame, where
+    it is not one of those (where the thread is stuck: a lock, a socket, a sleep)."""
     stack = view.get("stack") or []
     user = [f for f in stack if len(f) > 3 and f[3]] or stack
-    return [f"{f[0]}:{f[1]} in {f[2]}" for f in reversed(user[-frames:])]
+    shown = [f"{f[0]}:{f[1]} in {f[2]}" for f in reversed(user[-frames:])]
+    if stack and stack[-1] not in user[-frames:]:
+        inner = stack[-1]
+        shown.append(f"innermost: {inner[0]}:{inner[1]} in {inner[2]}")
+    return shown
 
 
 def _who(view: dict) -> str:
@@ -231,16 +236,17 @@ def _cause(kind: str, view: dict, common: tuple | None, by_rank: dict) -> list[s
         head = [who + "IN USER CODE,", f"  in no collective for {idle_txt}, at:"]
         return head + ["    " + w for w in where_text(view)]
     if kind == "other collective":
-        theirs = next(
-            (call_text(v["position"]) for v in by_rank.values() if _in_call(v) and _signature(v) == common),
-            "another collective",
-        )  # fmt: skip
+        in_common = [
+            r for r, v in sorted(by_rank.items()) if _in_call(v) and _signature(v) == common
+        ]
+        theirs = call_text(by_rank[in_common[0]]["position"]) if in_common else "another collective"
         mine = call_text(view.get("position", {}))
+        others = ranks_text(in_common) if in_common else "the others"
         return [
             who + "IN ANOTHER COLLECTIVE:",
-            f"  {mine},",
-            f"  while the others are in {theirs}.",
-        ]
+            f"  {mine} on rank {view['rank']},",
+            f"  while {others} {'is' if len(in_common) == 1 else 'are'} in {theirs}.",
+        ]  # fmt: skip
     return [who + kind.upper() + "."]
 
 

@@ -22,6 +22,17 @@ class _Barrier:
 BARRIER = _Barrier()
 
 
+class CallCheck:
+    """The one "step" of a call signature's first-use check (:mod:`commrt.collectives.core`):
+    every rank waits on all to compare calls. Carries the call, which no schedule names."""
+
+    index, recvs, sends = 0, (), ()
+
+    def __init__(self, kind: str, algorithm: str, numel: int, dtype: str):
+        self.call = {"kind": kind, "algorithm": f"{algorithm}, first call", "numel": numel}
+        self.call["dtype"] = dtype.replace("torch.", "")
+
+
 class Position:
     """One rank's place in its collectives (module docs). Written by one thread at a time
     (whoever runs the schedule); read by the stall watch, which tolerates a torn read."""
@@ -46,6 +57,14 @@ class Position:
         """A barrier begins (the transport's own: no schedule); ``step = None`` ends it."""
         self.run, self.bucket, self.runs, self.step = None, None, self.runs + 1, BARRIER
 
+    def check(self, step: CallCheck) -> None:
+        """A call check begins; :meth:`end` ends it."""
+        self.run, self.bucket, self.runs, self.step = None, None, self.runs + 1, step
+
+    def end(self, done: bool) -> None:
+        """A barrier or call check ends; where it failed (not ``done``) is kept for the verdict."""
+        self.failed, self.step = (None if done else (self.runs, self.step)), None
+
     def mark(self) -> tuple:
         """What changes whenever this rank makes progress: the run count and the step."""
         return (self.runs, id(self.step))
@@ -62,6 +81,8 @@ class Position:
         out["torch_op"] = self.torch_op
         if step is BARRIER:
             out.update(kind="barrier", algorithm="transport", numel=0, dtype="-")
+        elif isinstance(step, CallCheck):
+            out.update(step.call)
         elif run is not None:
             schedule = run.schedule
             out["kind"] = schedule.collective.value

@@ -279,3 +279,11 @@ def make_transport(store, rank: int, world_size: int, dev: IpcDevice, timeout: f
             "use backend='nccl' (one GPU per rank) or a CPU backend"
         )
     return made
+
+
+def init_cuda_ipc(store, rank: int, world_size: int, device, local_rank: int, timeout: float,
+                  dev: IpcDevice | None = None):  # fmt: skip
+    """The transport :func:`commrt.init` makes for ``backend="cuda_ipc"``: on ``dev``, else on
+    :func:`cuda_device` (which names CUDA where there is none), through ``store``."""
+    dev = dev if dev is not None else cuda_device(device, local_rank)
+    return make_transport(store, rank, world_size, dev, timeout)

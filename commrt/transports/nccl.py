@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
+from functools import partial
 from typing import Sequence
 
 import torch
@@ -137,6 +138,27 @@ def new_communicator(nccl, world_size: int, uid: bytes, rank: int):
             raise
     signed = tuple(b - 256 if b > 127 else b for b in bytes(uid))
     return nccl.NcclCommunicator(world_size, signed, rank)
+
+
+def _drop_group(nccl, comm, stream: int, abort) -> None:
+    """Close a group in which a call failed, launching nothing of it: launching the calls
+    before the failed one would send what the peers' groups do not expect. NCCL launches
+    nothing of a group in which a call failed (``ncclGroupEnd`` returns that call's error
+    and frees the group), but a call that failed before NCCL saw it (cupy's argument
+    conversion) left no error there: an invalid send (peer -1) records one. ``groupEnd``
+    then closes the group (the thread's group depth must not stay open for its next NCCL
+    call), its error dropped: the caller reports the first one. Then ``abort()`` aborts
+    the communicator, never before: an aborted communicator is freed, and the open
+    group still refers to it."""
+    try:
+        comm.send(0, 0, NCCL_DTYPE[torch.uint8], -1, stream)
+    except Exception:  # noqa: BLE001, S110 - the refusal is the point
+        pass
+    try:
+        nccl.groupEnd()
+    except Exception:  # noqa: BLE001, S110 - the first error is the one to report
+        pass
+    abort()
 
 
 class _Group(Pending):
@@ -324,16 +346,17 @@ class NcclTransport(Transport):
                 comm.send(ptr, count, code, peer, s)
             for ptr, count, code, peer in recv_args:
                 comm.recv(ptr, count, code, peer, s)
-        finally:
-            self._guarded(nccl.groupEnd, "groupEnd", self.timeout, peers)
+        except BaseException as e:
+            _drop_group(nccl, comm, s, partial(self.abort, f"a call of a group failed: {e!r}"))
+            if isinstance(e, Exception):  # an interrupt stays what it is
+                raise CommError(f"commrt: rank {self.rank}: NCCL refused a call: {e}") from e
+            raise
+        self._guarded(nccl.groupEnd, "groupEnd", self.timeout, peers)
         return _Group(self, self._record(), host_wait=self.host_waits)
 
     def stream(self):
-        return (
-            torch.cuda.stream(self._stream)
-            if self.device.type == "cuda"
-            else contextlib.nullcontext()
-        )
+        on_cuda = self.device.type == "cuda"
+        return torch.cuda.stream(self._stream) if on_cuda else contextlib.nullcontext()
 
     def begin(self, tensor: torch.Tensor) -> None:
         if self.device.type == "cuda":

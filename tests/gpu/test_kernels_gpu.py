@@ -289,8 +289,31 @@ def _cuda_check() -> None:
         unpack(flat, list(flat.split([n // 3, n - n // 3])), 0.5, accumulate=True)
         assert torch.equal(flat, x + x * 0.5), "in-place unpack applied more than once"
     _side_stream_holds_sources(rand)
+    _a_new_table_never_waits_on_the_host(rand)
     torch.cuda.synchronize()
     print("cuda ok")
+
+
+def _a_new_table_never_waits_on_the_host(rand):
+    """A pack of a list not seen before copies a new pointer table to the GPU: from pinned
+    memory, with no host wait for the stream (a pageable copy waits, and on the torch
+    backend's call thread that is a CUDA call waiting for the device between NCCL launches
+    while another thread drives a pair communicator). torch raises on a synchronising
+    call in sync-debug mode "error"."""
+    from commrt.kernels import pack
+
+    sizes = [1000, 3000]
+    out = torch.empty(sum(sizes), device="cuda")
+    warm = [rand(n, torch.float32) for n in sizes]  # alive: fresh gets other addresses
+    pack(warm, out)  # tunes these sizes (that syncs)
+    fresh = [rand(n, torch.float32) for n in sizes]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pack(fresh, out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out, torch.cat(fresh)), "a pack through a new table packed wrong"
 
 
 def _side_stream_holds_sources(rand):

@@ -4,6 +4,20 @@ Same call signatures as cupy >= 14 (see tests/helpers/nccl_standin.py), bytes mo
 through the job's TCPStore (so a rank may die without taking the others
 down, as under gloo), and these of NCCL's rules modelled:
 
+* **Messages match as NCCL's do**: per peer and direction, in the order the
+  calls were issued (at ``groupEnd``), without tags, whatever call issued
+  them: an ``allReduce`` sends one message to and receives one from every
+  peer in that same order. So a send issued on one thread between two
+  collectives issued on another lands where NCCL would land it.
+* **Creation is collective**: ``NcclCommunicator`` returns once every rank
+  of it has called it; a subset hangs, and :class:`StandInHang` names the
+  ranks that never came.
+* **A refused call poisons its group**, as NCCL's group error does: inside
+  a group, a call NCCL refuses (a bad peer or dtype, an aborted
+  communicator) raises, and ``groupEnd`` raises it again and launches
+  nothing of the group (:attr:`StrictNccl.launched` lists what launched).
+  A call refused before NCCL sees it (cupy's argument conversion, a
+  TypeError) leaves no such mark.
 * **Connections block.** The first send from A to B (a *direction*) sets up
   a connection inside ``groupEnd()``: A's ``groupEnd`` does not return
   until B has reached a ``groupEnd`` of a group holding the matching
@@ -159,6 +173,8 @@ class StrictNccl:
         self.streams: dict[int, HostStream] = {}
         self.comms: weakref.WeakSet = weakref.WeakSet()  # (weak: collecting one is modelled)
         self.calls: list[tuple] = []  # (op, count, dtype code, peer) for tests to inspect
+        #: what groupEnd (or a call outside a group) launched: (op, count, dtype code, peer)
+        self.launched: list[tuple] = []
         self.NcclCommunicator = type("NcclCommunicator", (Communicator,), {"nccl": self})
 
     # ---- cupy.cuda.nccl's module functions
@@ -178,7 +194,7 @@ class StrictNccl:
     def groupStart(self):  # noqa: N802
         self._local.depth = self.depth + 1
         if self._local.depth == 1:
-            self._local.ops = []
+            self._local.ops, self._local.error = [], None
 
     def groupEnd(self):  # noqa: N802
         if self.depth == 0:
@@ -186,8 +202,18 @@ class StrictNccl:
         self._local.depth -= 1
         if self._local.depth == 0:
             ops, self._local.ops = self._local.ops, []
+            error, self._local.error = self._local.error, None
+            if error is not None:  # NCCL launches nothing of a group in which a call failed
+                raise error
             for comm in dict.fromkeys(op[0] for op in ops):
                 comm._launch([op[1:] for op in ops if op[0] is comm])
+
+    def refuse(self, error: NcclError) -> None:
+        """Raise ``error`` for a call NCCL refuses; inside a group NCCL also keeps it, and
+        ``groupEnd`` then returns it and launches nothing."""
+        if self.depth and self._local.error is None:
+            self._local.error = error
+        raise error
 
     def add(self, comm, op: tuple) -> None:
         self.calls.append((op[0], op[2], op[3], op[4]))
@@ -226,16 +252,30 @@ class Communicator:
         self.aborted = self.destroyed = False
         self.error: NcclError | None = None
         self.connected: set[tuple[str, int]] = set()  # ("send", peer) / ("recv", peer)
+        #: the next message number per direction and peer: ("send", peer) / ("recv", peer)
         self.seq: dict[tuple[str, int], int] = {}
-        self.reductions = 0
         self.lazy_connected = False  # lazy_connect: the first allReduce connected
         self.pending = 0  # groups enqueued and not yet finished
         self.lock = threading.Lock()
         store, deadline = self.nccl.store, time.monotonic() + self.nccl.hang_s
         store.set(f"{self.cid}/init/{rank}", "1")
-        for r in range(ndev):  # creation is collective: every rank must come
-            self.nccl.wait_key(f"{self.cid}/init/{r}", self, f"rank {r} to create", deadline)
+        self._all_created(deadline)
         self.nccl.comms.add(self)
+
+    def _all_created(self, deadline: float) -> None:
+        """Creation is collective: wait until every rank of the communicator has called it;
+        a subset hangs (real NCCL: forever), and the stand-in names every rank missing."""
+        keys = [f"{self.cid}/init/{r}" for r in range(self.size)]
+        try:
+            for key in keys:
+                self.nccl.wait_key(key, self, "every rank to create", deadline)
+        except StandInHang:
+            missing = [r for r, key in enumerate(keys) if not self.nccl.store.check([key])]
+            raise StandInHang(
+                f"rank {self.rank}: creating a communicator of {self.size} ranks waits for "
+                f"ranks {missing}, which never called it, after {self.nccl.hang_s:g} s "
+                "(real NCCL waits forever here)"
+            ) from None
 
     # ---- the calls
     def send(self, ptr, count, datatype, peer, stream):
@@ -247,7 +287,7 @@ class Communicator:
         self.nccl.add(self, ("recv", ptr, count, datatype, peer, stream))
 
     def allReduce(self, sendbuf, recvbuf, count, datatype, op, stream):  # noqa: N802
-        self._check_args(sendbuf, count, datatype, -1, stream)
+        self._check_args(sendbuf, count, datatype, None, stream)
         if self.nccl.lazy_connect and not self.lazy_connected:
             self._meet("lazy", "allReduce (connecting lazily, in the call)")
             self.lazy_connected = True
@@ -288,18 +328,20 @@ class Communicator:
             self.nccl.wait_key(f"{self.cid}/{what}/{r}", self, f"rank {r} in {call}", deadline)
 
     def _check_args(self, ptr, count, datatype, peer, stream):
-        if self.aborted or self.destroyed:
-            raise NcclError(f"rank {self.rank}: communicator used after abort/destroy")
+        """What cupy refuses before NCCL sees the call (a TypeError, nothing recorded), and
+        what NCCL refuses (invalid usage or argument, recorded in an open group)."""
         if not all(isinstance(x, int) for x in (ptr, count, stream)):
             raise TypeError("pointer, count and stream must be integers")
+        if self.aborted or self.destroyed:
+            self.nccl.refuse(NcclError(f"rank {self.rank}: communicator used after abort"))
         if datatype not in DTYPES:
-            raise ValueError(f"bad datatype code {datatype}")
+            self.nccl.refuse(NcclError(f"invalid argument: bad datatype code {datatype}"))
         if peer == self.rank:
-            raise ValueError("NCCL send/recv to self")
-        if peer >= self.size:
-            raise ValueError(f"peer {peer} out of range for {self.size} ranks")
+            self.nccl.refuse(NcclError("invalid argument: NCCL send/recv to self"))
+        if peer is not None and not 0 <= peer < self.size:
+            self.nccl.refuse(NcclError(f"invalid argument: peer {peer} of {self.size} ranks"))
         if stream not in self.nccl.streams:
-            raise ValueError(f"stream {stream:#x} is not a stream of this stand-in")
+            self.nccl.refuse(NcclError(f"stream {stream:#x} is not a stream of this stand-in"))
 
     # ---- groupEnd: connect (blocking, on the host), then enqueue on the stream
     def _launch(self, ops: list[tuple]) -> None:
@@ -309,11 +351,11 @@ class Communicator:
         self._connect(ops)
         numbered = []
         for kind, ptr, count, dtype, peer, _ in ops:
-            if kind == "allreduce":
-                n, self.reductions = self.reductions, self.reductions + 1
+            self.nccl.launched.append((kind, count, dtype, peer))
+            if kind == "allreduce":  # one message each way with every peer, in their order
+                n = {r: (self._next("send", r), self._next("recv", r)) for r in self._others()}
             else:
-                n = self.seq.get((kind, peer), 0)
-                self.seq[(kind, peer)] = n + 1
+                n = self._next(kind, peer)
             numbered.append((kind, ptr, count, dtype, peer, n))
         with self.lock:
             self.pending += 1
@@ -347,27 +389,53 @@ class Communicator:
             with self.lock:
                 self.pending -= 1
 
+    def _next(self, kind: str, peer: int) -> int:
+        n = self.seq.get((kind, peer), 0)
+        self.seq[(kind, peer)] = n + 1
+        return n
+
+    def _others(self) -> list[int]:
+        return [r for r in range(self.size) if r != self.rank]
+
     def _move(self, ops) -> None:
-        store, deadline = self.nccl.store, time.monotonic() + self.nccl.hang_s
+        """Sends (an all-reduce's contribution to each peer among them), then receives, then
+        each send's acknowledgement: messages match per peer in the order they were issued,
+        whatever call issued them, as NCCL's do (no tags)."""
+        deadline = time.monotonic() + self.nccl.hang_s
+        sends, recvs = [], []  # (ptr, count, dtype, peer, n); a receive's ptr None: kept
+        reduced = []  # (recvbuf, op, count, dtype, [own contribution + each peer's])
         for kind, ptr, count, dtype, peer, n in ops:
             if kind == "send":
-                data = ctypes.string_at(ptr, count * DTYPES[dtype][0]) if count else b""
-                store.set(self._msg(self.rank, peer, n), _HEADER.pack(count, dtype) + data)
-            elif kind == "allreduce":
-                self._all_reduce(ptr, count, dtype, n, deadline)
-        for kind, ptr, count, dtype, peer, n in ops:
-            if kind == "recv":
-                self._receive(ptr, count, dtype, peer, n, deadline)
-        for kind, _, count, dtype, peer, n in ops:
-            if kind == "send":  # the send holds the stream until its receiver took the data
-                ack = self._msg(self.rank, peer, n) + "/ack"
-                self.nccl.wait_key(ack, self, f"rank {peer} to receive message {n}", deadline)
-                verdict = bytes(store.get(ack)).decode()
-                store.delete_key(ack)
-                if verdict != "ok":
-                    raise NcclMismatch(f"rank {self.rank} sends {_what(count, dtype)} to {verdict}")
+                sends.append((ptr, count, dtype, peer, n))
+            elif kind == "recv":
+                recvs.append((ptr, count, dtype, peer, n))
+            else:
+                sendbuf, recvbuf, op = ptr
+                if DTYPES[dtype][1] is None:
+                    raise NcclError("the stand-in cannot reduce bf16")
+                parts = [ctypes.string_at(sendbuf, count * DTYPES[dtype][0])]
+                reduced.append((recvbuf, op, count, dtype, parts))
+                for r, (out, into) in n.items():
+                    sends.append((sendbuf, count, dtype, r, out))
+                    recvs.append((parts, count, dtype, r, into))
+        for ptr, count, dtype, peer, n in sends:
+            data = ctypes.string_at(ptr, count * DTYPES[dtype][0]) if count else b""
+            self.nccl.store.set(self._msg(self.rank, peer, n), _HEADER.pack(count, dtype) + data)
+        for ptr, count, dtype, peer, n in recvs:
+            self._receive(ptr, count, dtype, peer, n, deadline)
+        for recvbuf, op, count, dtype, parts in reduced:
+            _reduce(recvbuf, op, count, dtype, parts, self.size)
+        for _, count, dtype, peer, n in sends:  # a send holds the stream until it is taken
+            ack = self._msg(self.rank, peer, n) + "/ack"
+            self.nccl.wait_key(ack, self, f"rank {peer} to receive message {n}", deadline)
+            verdict = bytes(self.nccl.store.get(ack)).decode()
+            self.nccl.store.delete_key(ack)
+            if verdict != "ok":
+                raise NcclMismatch(f"rank {self.rank} sends {_what(count, dtype)} to {verdict}")
 
-    def _receive(self, ptr, count, dtype, peer, n, deadline) -> None:
+    def _receive(self, into, count, dtype, peer, n, deadline) -> None:
+        """Message ``n`` from ``peer`` into the pointer ``into``, or appended to the list
+        ``into`` (an all-reduce's part)."""
         store, key = self.nccl.store, self._msg(peer, self.rank, n)
         self.nccl.wait_key(key, self, f"message {n} from rank {peer}", deadline)
         raw = bytes(store.get(key))
@@ -380,33 +448,28 @@ class Communicator:
                 f"rank {peer} sends {_what(got_count, got_dtype)} to rank {self.rank}, "
                 f"which receives {_what(count, dtype)}"
             )
-        if count:
-            ctypes.memmove(ptr, raw[_HEADER.size :], count * DTYPES[dtype][0])
+        if isinstance(into, list):
+            into.append(raw[_HEADER.size :])
+        elif count:
+            ctypes.memmove(into, raw[_HEADER.size :], count * DTYPES[dtype][0])
         store.set(key + "/ack", "ok")
-
-    def _all_reduce(self, ptrs, count, dtype, n, deadline) -> None:
-        sendbuf, recvbuf, op = ptrs
-        nbytes, npdt = DTYPES[dtype]
-        if npdt is None:
-            raise NcclError("the stand-in cannot reduce bf16")
-        store = self.nccl.store
-        store.set(f"{self.cid}/ar/{n}/{self.rank}", ctypes.string_at(sendbuf, count * nbytes))
-        parts = []
-        for r in range(self.size):
-            key = f"{self.cid}/ar/{n}/{r}"
-            self.nccl.wait_key(key, self, f"rank {r}'s all-reduce {n}", deadline)
-            parts.append(np.frombuffer(bytes(store.get(key)), dtype=npdt))
-        wide = np.float64 if npdt().dtype.kind == "f" else np.int64
-        if op == NCCL_MAX:
-            total = np.maximum.reduce(parts).astype(wide)
-        else:
-            total = np.sum([p.astype(wide) for p in parts], axis=0)
-        if op == NCCL_AVG:
-            total /= self.size
-        ctypes.memmove(recvbuf, total.astype(npdt).tobytes(), count * nbytes)
 
     def _msg(self, src: int, dst: int, n: int) -> str:
         return f"{self.cid}/m/{src}/{dst}/{n}"
+
+
+def _reduce(recvbuf: int, op: int, count: int, dtype: int, parts: list, size: int) -> None:
+    """Write the reduction of ``parts`` (raw bytes of ``count`` elements each) at ``recvbuf``."""
+    nbytes, npdt = DTYPES[dtype]
+    arrays = [np.frombuffer(p, dtype=npdt) for p in parts]
+    wide = np.float64 if npdt().dtype.kind == "f" else np.int64
+    if op == NCCL_MAX:
+        total = np.maximum.reduce(arrays).astype(wide)
+    else:
+        total = np.sum([a.astype(wide) for a in arrays], axis=0)
+    if op == NCCL_AVG:
+        total /= size
+    ctypes.memmove(recvbuf, total.astype(npdt).tobytes(), count * nbytes)
 
 
 def _what(count: int, dtype: int) -> str:

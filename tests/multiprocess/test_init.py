@@ -1,8 +1,15 @@
-"""Launcher detection and init's argument checks (single process)."""
+"""Launcher detection, init's argument checks (single process), and what ``auto`` picks
+under torchrun (two real ranks)."""
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from helpers.local_transport import run_ranks
+from helpers.mp import TESTS
 
 import commrt
 from commrt.runtime.communicator import Communicator
@@ -161,3 +168,26 @@ def test_all_reduce_input_errors():
             commrt.all_reduce([1.0], comm)
         with pytest.raises(ValueError, match="unknown algorithm"):
             commrt.all_reduce(torch.zeros(3), comm, algorithm="bogus")
+
+
+def _port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_under_torchrun_on_one_host_init_picks_shared_memory_as_the_torch_backend_does(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-port", str(_port()), os.path.join(TESTS, "workers", "choice_worker.py")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMRT_", "TORCH_DIST"))}
+    env.update(OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [*cmd, str(tmp_path)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for r in range(2):
+        report = json.loads((tmp_path / f"{r}.json").read_text())
+        assert report["init"] == "shm" and report["process_group"] == ["shm"], report
+        assert report["init_sum"] == [0.0, 3.0, 6.0] and report["process_group_sum"] == [3.0] * 3

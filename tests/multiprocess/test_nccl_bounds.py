@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from helpers.nccl_strict import MemoryStore, StandInHang, StrictNccl
 
-from commrt.errors import CommTimeoutError
+from commrt.errors import CommError, CommTimeoutError
 from commrt.transports.nccl import NcclTransport
 from commrt.transports.nccl_bootstrap import init_nccl, uid_bytes
 from commrt.transports.watchdog import Watchdog
@@ -287,3 +287,30 @@ def test_the_stand_ins_blocking_modes_block():
     t0.nccl.release.set()
     t0.comm.abort()  # released: returns at once
     t1.close()
+
+
+# ------------------------------------------------------------ a call refused inside a group
+def test_a_call_refused_inside_a_group_launches_nothing_and_is_the_error_raised():
+    """The receive of a group fails before NCCL sees it (as cupy's argument conversion
+    does), after its send was enqueued. The group used to be closed in a ``finally``,
+    launching that lone send (which the peer took for another message) and raising the
+    TypeError as bad input that leaves the group usable. Now nothing of the group
+    launches, the communicator is aborted, the error names the refusal, and the thread's
+    group is closed: the same thread's next NCCL call is not swallowed by it."""
+    t0, t1 = transports(timeout=10)
+    try:
+        connect(t0, t1)
+        launched = len(t0.nccl.launched)
+
+        def refused(*args):
+            raise TypeError("an integer is required")
+
+        t0.comm.recv = refused
+        out, into = torch.ones(4), torch.zeros(4)
+        with pytest.raises(CommError, match="NCCL refused a call: an integer is required"):
+            t0.exchange([(out, 1)], [(into, 1)], 0)
+        assert t0.nccl.launched[launched:] == [] and t0.nccl.depth == 0
+        assert "a call of a group failed: TypeError" in t0.broken, t0.broken
+    finally:
+        t0.close()
+        t1.close()

@@ -12,6 +12,7 @@ Run as a script under ``mpiexec -n 2`` it is the worker of
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -26,14 +27,11 @@ import pytest
 import torch
 
 import commrt
-from commrt.runtime.communicator import LaunchInfo, _resolve_backend
+from commrt.runtime.choice import Backend, Situation, choose
 from commrt.sync.progress import ProgressThread
 from commrt.sync.stepstate import StepState
 from commrt.transports.nccl import import_nccl
 from commrt.transports.nccl_bootstrap import exchange_unique_id, nccl_device
-
-ALONE = LaunchInfo("none", 0, 1, 0, 1)
-UNDER_MPIEXEC = LaunchInfo("mpiexec", 0, 2, 0, 2)
 
 
 def _fake_cupy(monkeypatch, available: bool):
@@ -81,17 +79,18 @@ def test_import_nccl_without_cupy_and_with_a_working_one(monkeypatch):
 def test_auto_on_cuda_without_cupy_falls_back_with_a_warning(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     _no_cupy(monkeypatch)
-    with pytest.warns(UserWarning, match=r"falls back to mpi/gloo.*cuda12.*cuda13"):
-        assert _resolve_backend("auto", ALONE) is commrt.Backend.GLOO
-    with pytest.warns(UserWarning, match="falls back"):
-        assert _resolve_backend("auto", UNDER_MPIEXEC) is commrt.Backend.MPI
+    with pytest.warns(UserWarning, match=r"falls back to the CPU transports.*cuda12.*cuda13"):
+        with commrt.init() as comm:
+            assert comm.backend is commrt.Backend.GLOO
+    lacking = Situation.here("cuda", "mpiexec", 2, 2, mpi_world=True)
+    assert "cuda12" in lacking.nccl_missing and choose(lacking)[0] is commrt.Backend.SHM
+    assert choose(dataclasses.replace(lacking, shm_unusable="no /dev/shm"))[0] is Backend.MPI
     _fake_cupy(monkeypatch, available=False)
     with pytest.warns(UserWarning, match="libnccl"):
-        assert _resolve_backend("auto", ALONE) is commrt.Backend.GLOO
+        with commrt.init() as comm:
+            assert comm.backend is commrt.Backend.GLOO
     _fake_cupy(monkeypatch, available=True)
-    assert _resolve_backend("auto", ALONE) is commrt.Backend.NCCL
-    # an explicit choice is never second-guessed
-    assert _resolve_backend("nccl", ALONE) is commrt.Backend.NCCL
+    assert choose(Situation.here("cuda", "none", 1, 1, mpi_world=False))[0] is Backend.NCCL
 
 
 # -- item 3: the unique id of one init is never read by another

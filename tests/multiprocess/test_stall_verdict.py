@@ -9,9 +9,11 @@ a generous bound, and a rank that had to be killed at that bound fails the test.
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 
 import pytest
@@ -36,12 +38,21 @@ def line_of(script: str, text: str) -> int:
 HANG = f"verdict_worker.py:{line_of('verdict_worker.py', 'a data loader that hangs')} in load_next_batch"
 
 
-def run(case: str, tmp_path, culprit_stops: bool = False, script: str = "verdict_worker.py"):
+def run(
+    case: str, tmp_path, culprit_stops: bool = False, script: str = "verdict_worker.py",
+    backend: str = "gloo", watch_s: float = float(STALL_S), before: tuple = (),
+):  # fmt: skip
     """Run the case; return (exit codes, outputs, dump folder). A rank that stopped itself
-    is killed once the others ended (as a launcher would)."""
+    is killed once the others ended (as a launcher would). ``watch_s``: the stall watch,
+    or the timeout where that watch is the default (:data:`TIMEOUT_S`). ``before``:
+    arguments before the case's (a wrapper's)."""
     dump = tmp_path / f"dump-{case}"
-    env = {"COMMRT_STALL_S": STALL_S, "COMMRT_DUMP": str(dump)}
-    job = GlooJob(script, [case], 4, env=env)
+    env = {"COMMRT_DUMP": str(dump)}
+    default = watch_s != float(STALL_S)  # the default watch: COMMRT_STALL_S unset
+    env |= {} if default else {"COMMRT_STALL_S": STALL_S}
+    job = GlooJob(
+        script, [*before, case, backend], 4, env=env, drop_env=["COMMRT_STALL_S"] * default
+    )
     for r in range(4):
         job.start(r)
     live = job.procs[:3] if culprit_stops else job.procs
@@ -66,9 +77,7 @@ def run(case: str, tmp_path, culprit_stops: bool = False, script: str = "verdict
         began = [float(x) for x in re.findall(r"stall from ([\d.]+)", "".join(outs) + culprit_out)]
         assert began, "the culprit never said when it stalled:\n" + "\n".join(outs)
         took = ended - min(began)
-        assert took <= float(STALL_S) + VERDICT_WITHIN_S, (
-            f"every rank ended {took:.1f} s after the stall"
-        )
+        assert took <= watch_s + VERDICT_WITHIN_S, f"every rank ended {took:.1f} s after the stall"
     return [p.returncode for p in live], outs, dump
 
 
@@ -132,7 +141,7 @@ def test_a_rank_in_another_collective_is_named_beside_the_others_call(tmp_path):
     assert codes == [1, 1, 1, 1]
     v = one_verdict(outs)
     assert "rank 2 " in v and "IN ANOTHER COLLECTIVE" in v
-    assert "broadcast (" in v and "others are in all_reduce (ring" in v
+    assert "broadcast (" in v and "on rank 2, while ranks 0,1,3 are in all_reduce (ring" in v
 
 
 def test_a_chain_of_waits_is_followed_to_its_root(tmp_path):
@@ -202,3 +211,76 @@ def test_over_mpi_every_live_rank_prints_the_same_verdict(case, live, named):
     flat = " ".join(out.split())
     for text in named:
         assert text in flat, out
+
+
+# -- a timeout within the default watch: the verdict forms at the timeout, in the error
+
+TIMEOUT_S = 20  # tests/workers/verdict_worker.py's TIMEOUT_S
+
+
+@pytest.mark.parametrize("backend", ["gloo", "shm"])
+@pytest.mark.parametrize("case", ["timeout", "caught"])
+def test_a_timeout_within_the_default_watch_still_names_the_rank_and_line(case, backend, tmp_path):
+    codes, outs, _ = run(case, tmp_path, backend=backend, watch_s=TIMEOUT_S)
+    assert all(c != 0 for c in codes), "\n".join(outs)
+    for out in outs:  # every rank's output has it: printed, or in the error it raised
+        flat = " ".join(out.split())
+        assert VERDICT in out and "rank 3 " in flat and "IN USER CODE" in flat, out
+        assert HANG in flat, out
+    if case == "caught":  # the error each rank caught carried the verdict
+        caught = [o for o in outs if "caught: commrt: rank" in o]
+        assert all(VERDICT in o[o.index("caught: ") :] for o in caught), caught
+
+
+# -- a size mismatch after the first agreed call: rank 1 is in its call's first-use check
+
+
+def assert_sizes_named(v: str) -> None:
+    assert "rank 1 " in v and "IN ANOTHER COLLECTIVE" in v and "IN USER CODE" not in v, v
+    assert "999 × float32" in v and "on rank 1," in v, v
+    assert "while ranks 0,2,3 are in all_reduce (" in v and "1000 × float32" in v, v
+
+
+@pytest.mark.parametrize(
+    "script, backend",
+    [("verdict_worker.py", "gloo"), ("verdict_worker.py", "shm"), ("verdict_ddp_worker.py", "-")],
+)
+def test_a_size_mismatch_after_agreed_calls_is_another_collective(script, backend, tmp_path):
+    codes, outs, _ = run("size", tmp_path, script=script, backend=backend)
+    assert all(c != 0 for c in codes), "\n".join(outs)
+    assert_sizes_named(one_verdict(outs))
+
+
+def test_over_mpi_a_size_mismatch_is_another_collective():
+    proc = mpiexec(4, "verdict_worker.py", "size", "mpi", timeout=BOUND_S, check=False,
+                   env={"COMMRT_STALL_S": STALL_S})  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and out.count(VERDICT) == 4, out
+    assert_sizes_named(" ".join(verdict_of(out).split()))
+
+
+# -- user code inside site-packages, run through runpy
+
+
+@pytest.fixture
+def installed_script():
+    """verdict_worker.py copied into this interpreter's site-packages (as an installed
+    package's script is), removed after."""
+    folder = os.path.join(sysconfig.get_paths()["purelib"], f"_commrt_stall_test_{os.getpid()}")
+    os.makedirs(folder)
+    try:
+        yield shutil.copy(os.path.join(TESTS, "workers", "verdict_worker.py"), folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_script_in_site_packages_run_through_runpy_is_named_by_its_own_line(
+    installed_script, tmp_path
+):
+    codes, outs, _ = run("user", tmp_path, script="runpy_wrapper.py", before=(installed_script,))
+    assert codes == [1, 1, 1, 1], "\n".join(outs)
+    v = one_verdict(outs)
+    at = v[v.index(", at: ") :]
+    assert at.startswith(", at: ") and HANG in at.split(" main ")[0], v
+    assert os.path.basename(os.path.dirname(installed_script)) in at.split(" in ")[0], v
+    assert "runpy" not in at.split("waiting for it")[0].replace("innermost", ""), v

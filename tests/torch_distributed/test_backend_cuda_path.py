@@ -37,30 +37,51 @@ CUDA3 = torch.device("cuda", 3)
 
 
 class FakeStream:
+    """A stream as an ordered list of what was enqueued on it: ("work", label), or
+    ("wait", event)."""
+
     def __init__(self, name: str):
-        self.name, self.waited = name, []
+        self.name, self.ops = name, []
 
     def wait_event(self, event) -> None:
-        self.waited.append(event)
+        self.ops.append(("wait", event))
+
+    @property
+    def waited(self) -> list:
+        return [x for kind, x in self.ops if kind == "wait"]
+
+    def after(self, upto: int | None = None) -> set:
+        """The labels of the work that what is enqueued next on this stream runs after
+        (the first ``upto`` entries only, if given): its own and, through waits, other
+        streams'."""
+        out: set = set()
+        for kind, x in self.ops[:upto]:
+            out |= {x} if kind == "work" else x.stream.after(x.at)
+        return out
 
 
 class FakeEvent:
     def __init__(self):
-        self.stream = None
+        self.stream, self.at = None, 0
 
     def record(self, stream) -> None:
-        self.stream = stream
+        self.stream, self.at = stream, len(stream.ops)
 
 
 class Cuda:
-    """torch.cuda's per-thread state, faked: each thread's current stream of each device
-    (a thread's own unless it entered ``on(stream)``), and a log of what ran where."""
+    """torch.cuda's per-thread state, faked: each thread's current stream (the default
+    stream, which every thread shares, until the thread sets one), streams as lists of
+    what was enqueued (:class:`FakeStream`), and a log of what ran where."""
 
     def __init__(self, monkeypatch):
         self.log: list[tuple] = []
+        self.default = FakeStream("default")
         self.current: dict[str, FakeStream] = {}
+        self.made = 0
         monkeypatch.setattr(torch.cuda, "set_device", self.set_device)
         monkeypatch.setattr(torch.cuda, "current_stream", self.current_stream)
+        monkeypatch.setattr(torch.cuda, "set_stream", self.set_stream)
+        monkeypatch.setattr(torch.cuda, "Stream", self.stream)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
         monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
         real = torch.futures.Future
@@ -79,8 +100,18 @@ class Cuda:
         self.log.append(("set_device", threading.current_thread().name, device))
 
     def current_stream(self, device=None) -> FakeStream:
-        name = threading.current_thread().name
-        return self.current.setdefault(name, FakeStream(name))
+        return self.current.get(threading.current_thread().name, self.default)
+
+    def set_stream(self, stream: FakeStream) -> None:
+        self.current[threading.current_thread().name] = stream
+
+    def stream(self, device=None) -> FakeStream:
+        self.made += 1
+        return FakeStream(f"stream{self.made}")
+
+    def enqueue(self, label: str) -> None:
+        """Work on the calling thread's current stream."""
+        self.current_stream().ops.append(("work", label))
 
 
 #: a communicator as the group's stats read it after a call: a world of one runs nothing
@@ -95,8 +126,8 @@ class Devices(DeviceComms):
     """DeviceComms without transports: a CPU context that is never used, and a CUDA one
     that records the thread it was made on."""
 
-    def __init__(self, log):
-        self.rank, self.size, self.group_id, self.timeout = 0, 1, "fake", 30.0
+    def __init__(self, log, group_id: str = "fake"):
+        self.rank, self.size, self.group_id, self.timeout = 0, 1, group_id, 30.0
         self.options, self.algorithm, self.tracer = Options(), Ring(), None
         self.lock, self.pick_lock = threading.Lock(), threading.Lock()
         self.cuda_device, self.log, self.one_core_each = None, log, False
@@ -134,19 +165,43 @@ def test_the_call_thread_sets_the_device_and_waits_for_the_callers_stream(monkey
     ]
     assert cuda.log.count(("future.wait", "MainThread")) == 2  # the caller's streams wait
     first, second = cuda.current[call].waited  # the call thread's stream waited, per call,
-    assert first.stream.name == "MainThread" and second.stream is side  # on the caller's
+    assert first.stream is cuda.default and second.stream is side  # on the caller's
 
 
-def test_send_makes_nccl_on_the_call_thread_too(monkeypatch):
+def test_a_call_runs_after_the_callers_work_before_it_and_not_after_later_work(monkeypatch):
+    """The caller enqueues work, makes a call, and enqueues more work (the rest of its
+    backward) before the call thread gets to the call. The call used to make its thread's
+    current stream, the default stream every thread shares, wait for the caller's event:
+    the collective then ran after everything on it, the later work included, and
+    overlapped nothing. Now it runs on the group's own stream, after the caller's work
+    up to the call only; and each group has a stream of its own."""
     cuda = Cuda(monkeypatch)
-    devices, calls = Devices(cuda.log), G.CallQueue("commrt-pg-p2p")
-    made = G._context(devices, calls, CUDA3, torch.float32)
-    calls.close()
-    assert made.device == CUDA3
-    assert cuda.log == [
-        ("set_device", "commrt-pg-p2p", CUDA3),
-        ("make NCCL", "commrt-pg-p2p", torch.float32),
-    ]
+    gate, seen = threading.Event(), []
+
+    def allreduce(dc, t, op):
+        gate.wait(10)  # the call thread is busy until the caller has enqueued more
+        stream = torch.cuda.current_stream()
+        seen.append((threading.current_thread().name, stream, stream.after()))
+
+    monkeypatch.setattr(G.ops, "allreduce", allreduce)
+    groups = [G.ProcessGroupCommrt(Devices(cuda.log, name)) for name in ("a", "b")]
+    tensor = types.SimpleNamespace(device=CUDA3, dtype=torch.float32, nbytes=4)
+    try:
+        busy = [pg.allreduce([tensor]) for pg in groups]
+        cuda.enqueue("before")
+        works = [pg.allreduce([tensor]) for pg in groups]
+        cuda.enqueue("after")
+        gate.set()
+        for w in busy + works:
+            w.wait()
+    finally:
+        for pg in groups:
+            pg.shutdown()
+    for name in ("commrt-pg-a", "commrt-pg-b"):
+        first, second = [(stream, after) for who, stream, after in seen if who == name]
+        assert first[0] is second[0] and first[1] == set() and second[1] == {"before"}
+    streams = {id(stream) for _, stream, _ in seen}
+    assert len(streams) == 2 and id(cuda.default) not in streams
 
 
 def test_a_bad_device_is_the_callers_error_at_the_call(monkeypatch):

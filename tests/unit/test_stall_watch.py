@@ -22,7 +22,9 @@ def test_the_stall_setting(monkeypatch):
     assert stall_seconds() == stall.DEFAULT_STALL_S
     # half the timeout, from a minute to five: commrt.init's 300 s, torch's 30 minutes
     assert stall_seconds(timeout=300.0) == 150.0 and stall_seconds(timeout=1800.0) == 300.0
-    assert stall_seconds(timeout=30.0) is None  # not shorter than the timeout: off
+    # not shorter than the timeout: the watch runs, the timeout declares the stall
+    assert stall_seconds(timeout=30.0) == 60.0 and stall.declares(60.0, 30.0) is None
+    assert stall.declares(150.0, 300.0) == 150.0 and stall.declares(20.0, 20.0) is None
     for off in ("0", "off"):
         assert stall_seconds(off) is None
     monkeypatch.setenv(stall.STALL_ENV, "2.5")
@@ -61,6 +63,14 @@ def test_user_frames_are_neither_commrt_nor_torch_nor_the_standard_library():
     assert not stall.is_user(torch.__file__)
     assert not stall.is_user(json.__file__)
     assert not stall.is_user("<frozen importlib._bootstrap>")
+    # an installed package's script is the user's, though site-packages lies in the
+    # standard library's folder (a wrapper runs it through runpy); runpy itself is not
+    import runpy
+    import sysconfig
+
+    purelib = sysconfig.get_paths()["purelib"]
+    assert stall.is_user(os.path.join(purelib, "accelerate", "test_utils", "script.py"))
+    assert not stall.is_user(runpy.__file__)
 
 
 def _watch(store, rank, world_size=2):

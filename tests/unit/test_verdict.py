@@ -40,7 +40,15 @@ def test_a_rank_in_user_code_is_named_with_its_innermost_user_frame():
     out = text(v)
     assert "rank 3" in out and "IN USER CODE" in out
     assert out.index("train.py:12 in load_next_batch") < out.index("train.py:40 in main")
-    assert "threading.py" not in out and "ranks 0-2" in out
+    frames = [line for line in out.splitlines() if "innermost:" not in line]
+    assert "threading.py" not in "\n".join(frames) and "ranks 0-2" in out
+
+
+def test_the_innermost_frame_of_the_stuck_thread_is_shown_too():
+    out = text(judge([waiting(0, 1), idle(1), waiting(2, 1), waiting(3, 2)]))
+    lines = out.splitlines()
+    at = lines.index("    train.py:12 in load_next_batch")
+    assert lines[at + 3] == "    innermost: /usr/lib/python3.12/threading.py:300 in wait", out
 
 
 def test_a_chain_of_waits_is_followed_to_its_root():
@@ -61,7 +69,21 @@ def test_a_rank_in_another_collective_is_named_beside_the_others_call():
     v = judge([waiting(0, 3), waiting(1, 0), other, waiting(3, 2)])
     assert (v["kind"], v["root"]) == ("other collective", 2)
     out = text(v)
-    assert "broadcast (binomial_tree" in out and "others are in all_reduce (ring" in out
+    flat = " ".join(out.split())
+    assert "broadcast (binomial_tree, 2 × float32, call 7) on rank 2," in flat, out
+    assert "while ranks 0,1,3 are in all_reduce (ring, 2 × float32, call 7)" in flat, out
+
+
+def test_a_size_mismatch_in_a_first_call_check_names_both_sizes_and_their_ranks():
+    check = dict(CALL, in_call=True, step=0, peer=None, numel=999, algorithm="ring, first call")
+    one = {**waiting(1, 0), "position": check}
+    v = judge(
+        [waiting(0, 3, numel=1000), one, waiting(2, 1, numel=1000), waiting(3, 2, numel=1000)]
+    )
+    assert (v["kind"], v["root"]) == ("other collective", 1)
+    flat = " ".join(text(v).split())
+    assert "999 × float32, call 7) on rank 1," in flat and "IN USER CODE" not in flat
+    assert "while ranks 0,2,3 are in all_reduce (ring, 1000 × float32, call 7)" in flat
 
 
 def test_a_later_call_of_the_same_collective_is_another_collective():

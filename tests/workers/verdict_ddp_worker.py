@@ -1,7 +1,12 @@
 """DDP on the "commrt" backend, 4 ranks: rank 3 hangs in ``load_next_batch`` at step 3
-while the others wait in DDP's all-reduce; every rank must print the stall verdict."""
+while the others wait in DDP's all-reduce; every rank must print the stall verdict.
+Case ``size`` (argv[1]): after 5 agreed ``dist.all_reduce`` calls of 1000 elements,
+rank 1 all-reduces 999; ``kill``: rank 2 kills itself (SIGKILL) at step 3."""
 
 import datetime
+import os
+import signal
+import sys
 import time
 
 import torch
@@ -18,14 +23,27 @@ def load_next_batch(step: int, rank: int, hang: bool) -> torch.Tensor:
     return torch.randn(8, 16, generator=torch.Generator().manual_seed(step * 10 + rank))
 
 
-def main() -> None:
+def sizes(rank: int) -> None:
+    for _ in range(5):
+        dist.all_reduce(torch.ones(1000))
+    if rank == 1:
+        print(f"stall from {time.time():.3f}", flush=True)
+    dist.all_reduce(torch.ones(999 if rank == 1 else 1000))
+
+
+def main(case: str) -> None:
     dist.init_process_group("commrt", timeout=datetime.timedelta(seconds=120))
     rank = dist.get_rank()
+    if case == "size":
+        sizes(rank)
     torch.manual_seed(0)
     ddp = DDP(torch.nn.Linear(16, 4))
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     for step in range(6):
-        x = load_next_batch(step, rank, hang=step == 3 and rank == 3)
+        if case == "kill" and step == 3 and rank == 2:
+            print(f"stall from {time.time():.3f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = load_next_batch(step, rank, hang=case == "ddp" and step == 3 and rank == 3)
         ddp(x).square().sum().backward()
         opt.step()
         opt.zero_grad()
@@ -34,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "ddp")

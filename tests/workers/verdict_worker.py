@@ -7,7 +7,11 @@ Cases (rank 3 is the culprit unless said): ``user`` sleeps in
 ``chain``: rank 3 in user code while the others run a ring in reverse order
 (rank r receives from r+1: 2 waits on 3, 1 on 2, 0 on 1); ``slow``: 20
 iterations with random compute delays shorter than the stall watch, no
-stall. Backend argv[2] (gloo or mpi). Every rank that gets past the stall
+stall; ``timeout``: like ``user`` under ``commrt.init(timeout=20)`` and the
+default watch (the verdict forms at the timeout); ``caught``: the same, the
+others catch the error, print it and leave with ``os._exit``; ``size``:
+after 5 agreed all-reduces of 1000 elements rank 1 all-reduces 999.
+Backend argv[2] (gloo, mpi or shm). Every rank that gets past the stall
 prints "finished" (none should, but ``slow``).
 """
 
@@ -33,13 +37,21 @@ def stall_from() -> None:
     print(f"stall from {time.time():.3f}", flush=True)
 
 
+#: the timeout of the cases that stall without a shorter watch
+TIMEOUT_S = 20
+
+
 def main(case: str, backend: str) -> None:
-    comm = commrt.init(backend, timeout=120)
+    comm = commrt.init(backend, timeout=TIMEOUT_S if case in ("timeout", "caught") else 120)
     rank, culprit = comm.rank, comm.world_size - 1
     t = torch.ones(8)
+    if case == "size":
+        sizes(comm)
     for _ in range(2):  # every call signature agreed before the stall
         commrt.all_reduce(t, comm, algorithm="ring")
         commrt.broadcast(t, comm, root=0)
+    if case in ("timeout", "caught"):
+        at_the_timeout(comm, t, case == "caught")
     if case == "slow":
         stall_s = float(os.environ["COMMRT_STALL_S"])
         rng = random.Random(rank)
@@ -68,6 +80,28 @@ def main(case: str, backend: str) -> None:
         commrt.all_reduce(t, comm, algorithm="ring")
     print(f"rank {rank}: finished", flush=True)
     comm.close()
+
+
+def sizes(comm) -> None:
+    """Five agreed all-reduces of 1000 elements, then rank 1 reduces 999."""
+    for _ in range(5):
+        commrt.all_reduce(torch.ones(1000), comm, algorithm="ring")
+    if comm.rank == 1:
+        stall_from()
+    commrt.all_reduce(torch.ones(999 if comm.rank == 1 else 1000), comm, algorithm="ring")
+
+
+def at_the_timeout(comm, t, caught: bool) -> None:
+    """Rank 3 in its data loader, the others in an all-reduce until the timeout."""
+    if comm.rank == comm.world_size - 1:
+        load_next_batch(300)
+    try:
+        commrt.all_reduce(t, comm, algorithm="ring")
+    except commrt.CommError as e:
+        if not caught:
+            raise
+        print(f"rank {comm.rank} caught: {e}", flush=True)  # a script that logs and quits
+        os._exit(3)
 
 
 if __name__ == "__main__":
