@@ -307,12 +307,10 @@ class DeviceComms:
         return Communicator(transport, backend, launch, self.timeout, self.options.piece_bytes)
 
     def _launch(self) -> LaunchInfo:
-        whole = self.size == int(os.environ.get("WORLD_SIZE", self.size))
-        local = os.environ.get("LOCAL_WORLD_SIZE") if whole else None
-        local_rank = int(os.environ.get("LOCAL_RANK", 0)) if whole else 0
-        return LaunchInfo(
-            "torch.distributed", self.rank, self.size, local_rank, int(local) if local else None
-        )
+        info = detect_launch()  # the launcher's variables, read where init reads them
+        whole = self.size == info.world_size
+        local_rank, local = (info.local_rank, info.local_size) if whole else (0, None)
+        return LaunchInfo("torch.distributed", self.rank, self.size, local_rank, local)
 
     def _wrap(self, transport, backend: Backend) -> DeviceContext:
         o = self.options
@@ -373,7 +371,7 @@ class DeviceComms:
     def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:
         """The CUDA communicator on :meth:`cuda_backend`."""
         backend = self.cuda_backend()
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        local_rank = detect_launch().local_rank
         transport = cuda_transport(
             backend, self.rank, self.size, local_rank,
             self.cuda_device,  # None (made without check()): LOCAL_RANK's
