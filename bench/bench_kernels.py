@@ -33,7 +33,7 @@ layout and bucket size (the ``small`` layout runs pack, copy and cat_mul):
 
 On CPU the kernels take the torch reference path (what ``impl="auto"`` picks
 for CPU tensors), timed by pytest-benchmark. On CUDA they take the Triton
-path: the first call autotunes, then each round queues many launches back to
+path: the first call compiles, then each round queues many launches back to
 back (no synchronisation between them) and times them with two CUDA events,
 so the GPU runs kernel after kernel as long as the host enqueues them faster
 than they run. Where one call's host time (checks, table lookup, Triton's

@@ -18,22 +18,25 @@ and launch mostly empty programs. The flattened table launches exactly the
 work there is, every program does the same amount of it (load balance), and a
 chunk never straddles two tensors, so a program needs no search.
 
+A new table goes to the GPU from pinned memory, without a host wait (torch's
+pinned allocator keeps the block until the copy has run). A copy from pageable
+memory waits on the host for the current stream; on the torch backend's call
+thread that is a CUDA call waiting for the device between NCCL launches while
+another thread drives another communicator (a send's pair communicator): the
+deadlock NCCL's "Using multiple NCCL communicators concurrently" warns of.
+
 The kernels themselves live in :mod:`commrt.kernels._triton_kernels` (how a
 table entry becomes a typed pointer, dtypes and rounding, mixed-dtype lists);
 this module is the host side and the one the rest of the project imports.
 
-Autotuning
-----------
-On GPU each kernel is wrapped in ``triton.autotune`` over (BLOCK, num_warps),
-keyed on ``size_key`` (log2 of the element count, so nearby sizes share a
-tuning) and the dtype / mode constexprs. Autotuning runs each config several
-times on the caller's real tensors, so every tuned kernel restores what it
-reads and writes between trials (see :mod:`commrt.kernels._triton_kernels`):
-an in-place pack, an in-place or accumulating unpack and reduce_ would
-otherwise apply themselves once per trial. In interpret mode one fixed config
-is used (autotuning there would only time the interpreter) so tests stay
-fast; :func:`autotunes` is the one switch, and the tests turn it on in the
-interpreter, with the timing replaced, to run the tuned launches.
+Launch configuration
+--------------------
+On GPU each launch takes its ``BLOCK`` and warps from a fixed heuristic of
+its size (:func:`commrt.kernels.configs.launch_config`), not from runtime
+autotuning: no trial launches, no device synchronisation, no restores of
+what a trial wrote, and at most two compilations per kernel and dtype. In
+interpret mode one fixed config is used (the interpreter's cost is per block
+step) so tests stay fast.
 """
 
 from __future__ import annotations
@@ -49,15 +52,8 @@ import torch
 import triton
 
 from commrt.kernels._common import DTYPE_CODE, MIXED_CODE, check_overlap
-from commrt.kernels._triton_kernels import (
-    _pack_kernel,
-    _pack_kernel_tuned,
-    _reduce_kernel,
-    _reduce_kernel_tuned,
-    _restore,
-    _unpack_kernel,
-    _unpack_kernel_tuned,
-)
+from commrt.kernels._triton_kernels import _pack_kernel, _reduce_kernel, _unpack_kernel
+from commrt.kernels.configs import launch_config
 from commrt.kernels.lifetime import hold_until, is_default
 
 # ----------------------------------------------------------------------------
@@ -148,7 +144,9 @@ class _Tables:
         owner = torch.repeat_interleave(
             torch.arange(k, dtype=torch.int64), torch.tensor(counts, dtype=torch.int64)
         )
-        table = torch.cat([per_tensor, owner]).to(device)  # one host-to-device copy
+        table = torch.cat([per_tensor, owner])
+        if device.type == "cuda":  # one host-to-device copy, from pinned memory: no host wait
+            table = table.pin_memory().to(device, non_blocking=True)
         per = table[: 5 * k].view(5, k)
         self.addr, self.flat_off, self.numel, self.code, self.chunk_first = per
         self.chunk_owner = table[5 * k :]
@@ -213,10 +211,6 @@ def _chunk_for(total: int, device: torch.device) -> int:
     return min(MAX_CHUNK, max(MIN_CHUNK, chunk))
 
 
-def _size_key(n: int) -> int:
-    return max(int(n), 1).bit_length()
-
-
 #: flat buffers remembered per table as checked (see _Tables.clear_of), at most
 _CLEAR_OF_SIZE = 16
 
@@ -235,29 +229,15 @@ def _check_overlap(tab: _Tables, flat: torch.Tensor, tensors, total: int, what: 
             tab.clear_of.add(seen)
 
 
-def autotunes() -> bool:
-    """Whether launches go through the autotuner: compiled kernels do; the interpreter runs
-    one fixed config (the tests switch this on there to run the tuned path)."""
-    return not interpret_mode()
-
-
-#: (kernel, its autotune key) -> the config the autotuner chose. After the first launch of a
-#: key the kernel is launched with that config directly: the autotuner's per-call bookkeeping
-#: costs more host time per launch than the kernel itself takes on a bucket of a few MB.
-_BEST: dict = {}
-
-
-def _launch(kernel, tuned, grid, args, kwargs, dtypes, device):
-    """Launch ``kernel`` (interpret mode, fixed config) or, on GPU, with the autotuner's choice.
-
-    ``dtypes``: the dtypes of the data tensors among ``args`` (the tables are int64): with
-    ``size_key`` (every kernel's last argument) and the constexprs in ``kwargs`` they make
-    the autotuner's key.
-    """
-    if not autotunes():
-        kernel[grid](*args, **kwargs, BLOCK=INTERPRET_BLOCK)
+def _launch(kernel, grid, args, kwargs, numel: int, device):
+    """Launch ``kernel`` over ``grid(block)`` programs (a tuple, as Triton takes it): in
+    interpret mode with the fixed interpreter block, on GPU with the configuration of
+    ``numel`` elements
+    (:func:`commrt.kernels.configs.launch_config`)."""
+    if interpret_mode():
+        kernel[grid(INTERPRET_BLOCK)](*args, **kwargs, BLOCK=INTERPRET_BLOCK)
         return
-    key = (kernel, args[-1], *kwargs.values(), *dtypes)
+    cfg = launch_config(numel)
     ctx = (
         contextlib.nullcontext()
         if device.type != "cuda" or device.index in (None, torch.cuda.current_device())
@@ -265,20 +245,10 @@ def _launch(kernel, tuned, grid, args, kwargs, dtypes, device):
     )
     # enable_fp_fusion=False: no mul+add -> FMA contraction, so the GPU rounds
     # exactly like the interpreter the tests run (memory-bound: costs nothing).
-    with ctx, _lock:  # the autotuner keeps per-call state: one launch at a time
-        cfg = _BEST.get(key)
-        if cfg is None:
-            tuned[grid](*args, **kwargs, enable_fp_fusion=False)
-            _BEST[key] = tuned.best_config
-        else:
-            kernel[grid](
-                *args,
-                **kwargs,
-                **cfg.kwargs,
-                num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages,
-                enable_fp_fusion=False,
-            )
+    with ctx:
+        kernel[grid(cfg.block)](
+            *args, **kwargs, BLOCK=cfg.block, num_warps=cfg.num_warps, enable_fp_fusion=False
+        )
 
 
 def _side_stream(tab: _Tables, device: torch.device):
@@ -326,8 +296,7 @@ def pack(tensors: List[torch.Tensor], sizes, out: torch.Tensor, scale: float, to
     tab, chunk, aligned, side = _prepare(tensors, sizes, out, total, "out")
     _launch(
         _pack_kernel,
-        _pack_kernel_tuned,
-        (tab.n_chunks,),
+        lambda block: (tab.n_chunks,),
         (
             tab.addr,
             tab.flat_off,
@@ -338,10 +307,9 @@ def pack(tensors: List[torch.Tensor], sizes, out: torch.Tensor, scale: float, to
             out,
             float(scale),
             chunk,
-            _size_key(total),
         ),
         dict(SRC_CODE=tab.list_code, OUT_CODE=DTYPE_CODE[out.dtype], ALIGNED=aligned),
-        (out.dtype,),
+        total,
         out.device,
     )
     _after_launch(tensors, side)
@@ -360,33 +328,24 @@ def unpack(
     if total == 0:
         return
     tab, chunk, aligned, side = _prepare(tensors, sizes, flat, total, "flat")
-    # what autotuning trials restore: the destinations (an accumulating unpack reads them,
-    # an in-place one reads its own slots of flat through them); snapshots are taken only
-    # while the autotuner runs, so naming them costs nothing on later calls
-    _restore.tensors = tensors
-    try:
-        _launch(
-            _unpack_kernel,
-            _unpack_kernel_tuned,
-            (tab.n_chunks,),
-            (
-                flat,
-                tab.addr,
-                tab.flat_off,
-                tab.numel,
-                tab.code,
-                tab.chunk_first,
-                tab.chunk_owner,
-                float(scale),
-                chunk,
-                _size_key(total),
-            ),
-            dict(DST_CODE=tab.list_code, ACCUMULATE=bool(accumulate), ALIGNED=aligned),
-            (flat.dtype,),
-            flat.device,
-        )
-    finally:
-        _restore.tensors = ()
+    _launch(
+        _unpack_kernel,
+        lambda block: (tab.n_chunks,),
+        (
+            flat,
+            tab.addr,
+            tab.flat_off,
+            tab.numel,
+            tab.code,
+            tab.chunk_first,
+            tab.chunk_owner,
+            float(scale),
+            chunk,
+        ),
+        dict(DST_CODE=tab.list_code, ACCUMULATE=bool(accumulate), ALIGNED=aligned),
+        total,
+        flat.device,
+    )
     _after_launch(tensors, side)
 
 
@@ -395,19 +354,11 @@ def reduce_(dst: torch.Tensor, src: torch.Tensor, alpha: float, beta: float) -> 
     n = dst.numel()
     if n == 0:
         return
-    if not autotunes():
-        grid = (triton.cdiv(n, INTERPRET_BLOCK),)
-    else:
-
-        def grid(meta):
-            return (triton.cdiv(n, meta["BLOCK"]),)
-
     _launch(
         _reduce_kernel,
-        _reduce_kernel_tuned,
-        grid,
-        (dst, src, n, float(alpha), float(beta), _size_key(n)),
+        lambda block: (triton.cdiv(n, block),),
+        (dst, src, n, float(alpha), float(beta)),
         dict(DST_CODE=DTYPE_CODE[dst.dtype]),
-        (dst.dtype, src.dtype),
+        n,
         dst.device,
     )

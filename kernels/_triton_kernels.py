@@ -1,5 +1,5 @@
 """Triton kernels, the device side: fused pack (scale + cast), unpack (scale + cast [+ add]),
-reduce, and their autotuned wrappers.
+reduce.
 
 The host side (pointer tables, chunk size, launches) is :mod:`commrt.kernels._triton`,
 which imports this module and is the one the rest of the project uses; its
@@ -33,57 +33,16 @@ once per block (the branch is uniform across a program, so it does not
 diverge). A list of one dtype -- the normal case -- compiles that dtype in as
 a constexpr and has no branch at all.
 
-Autotune restores
------------------
-Triton's autotuner runs each config several times on the caller's real
-tensors, then launches the chosen one. A kernel that reads what it writes
-would apply itself once per trial (an in-place pack scaled by ``1/p`` would
-come back scaled by ``(1/p)**k``), so every tuned kernel restores, between
-trials, everything it writes:
-
-* pack names ``out`` in ``restore_value``: the sources it reads are either
-  apart from ``out`` or, in place, its own slots of it (the only overlap the
-  host side lets through);
-* unpack writes through the pointer table, which ``restore_value`` cannot
-  see, so its autotuner gets hooks that snapshot and restore the destination
-  tensors named in ``_restore.tensors`` (set by ``_triton.unpack``): that
-  covers accumulating into them and unpacking in place;
-* reduce_ names ``dst`` in ``restore_value`` (``src`` is ``dst`` itself or
-  apart from it).
-
-The copies are made on the first call per autotune key only (a one-time
-copy of the bucket). ``tests/unit/test_kernel_autotune.py`` runs every tuned
-kernel under the interpreter with the autotuner's timing replaced by plain
-repeated launches, and checks each result equals one launch's.
+Launch configurations (``BLOCK``, warps) come from a fixed size heuristic,
+:func:`commrt.kernels.configs.launch_config`, not from autotuning.
 """
 
 from __future__ import annotations
-
-import threading
 
 import triton
 import triton.language as tl
 
 from commrt.kernels._common import MIXED_CODE
-
-# ----------------------------------------------------------------------------
-# autotune space
-# ----------------------------------------------------------------------------
-
-#: GPU autotune space: BLOCK elements per inner step, warps per program.
-#: BLOCK never exceeds _triton.MIN_CHUNK, so every chunk is a whole number of blocks.
-_GPU_CONFIGS = [
-    triton.Config({"BLOCK": 1024}, num_warps=4),
-    triton.Config({"BLOCK": 2048}, num_warps=4),
-    triton.Config({"BLOCK": 2048}, num_warps=8),
-    triton.Config({"BLOCK": 4096}, num_warps=4),
-    triton.Config({"BLOCK": 4096}, num_warps=8),
-]
-#: reduce_ is one flat tensor: one block per program, larger blocks allowed.
-_GPU_REDUCE_CONFIGS = _GPU_CONFIGS + [
-    triton.Config({"BLOCK": 8192}, num_warps=8),
-    triton.Config({"BLOCK": 8192}, num_warps=16),
-]
 
 _MIXED = tl.constexpr(MIXED_CODE)
 
@@ -204,7 +163,6 @@ def _pack_kernel(
     out,  # *T_out    flat buffer, written at [flat_off[t], flat_off[t] + numel[t])
     scale,  # f32       multiplier, applied in fp32 before the cast
     chunk,  # i32       elements per chunk (a multiple of BLOCK)
-    size_key,  # i32       log2(total elements): autotune key only
     SRC_CODE: tl.constexpr,  # dtype code of every source, or MIXED (per-tensor code from the table)
     OUT_CODE: tl.constexpr,  # dtype code of `out`
     ALIGNED: tl.constexpr,  # host checked: every source 16-byte aligned, every flat_off % 8 == 0
@@ -231,13 +189,6 @@ def _pack_kernel(
     if tail < end:
         offs = tail + tl.arange(0, BLOCK)
         _pack_block(addr, code, out_t, offs, offs < end, scale, SRC_CODE, OUT_CODE, ALIGNED)
-
-
-_pack_kernel_tuned = triton.autotune(
-    configs=_GPU_CONFIGS,
-    key=["size_key", "SRC_CODE", "OUT_CODE", "ALIGNED"],
-    restore_value=["out"],  # an in-place pack reads its own slots of out
-)(_pack_kernel)
 
 
 # ----------------------------------------------------------------------------
@@ -274,7 +225,6 @@ def _unpack_kernel(
     chunk_owner,  # *i64 [C]  tensor owning chunk c; program c handles chunk c
     scale,  # f32       multiplier, applied in fp32
     chunk,  # i32       elements per chunk (a multiple of BLOCK)
-    size_key,  # i32       log2(total elements): autotune key only
     DST_CODE: tl.constexpr,  # dtype code of every destination, or MIXED
     ACCUMULATE: tl.constexpr,  # True: dst = dst + scale * flat (fp32), else dst = scale * flat
     ALIGNED: tl.constexpr,  # host checked: every destination 16-byte aligned, flat_off % 8 == 0
@@ -301,30 +251,6 @@ def _unpack_kernel(
         _unpack_block(flat_t, addr, code, offs, offs < end, scale, DST_CODE, ACCUMULATE, ALIGNED)
 
 
-# Tensors an unpack writes through its table; autotune trials restore them, so that
-# an accumulating or in-place unpack is applied once (see module docstring).
-_restore = threading.local()
-
-
-def _snapshot_destinations(nargs, reset_only=False):
-    if not reset_only:
-        _restore.saved = [t.clone() for t in getattr(_restore, "tensors", ())]
-
-
-def _restore_destinations(nargs, exception):
-    for t, saved in zip(getattr(_restore, "tensors", ()), getattr(_restore, "saved", ())):
-        t.copy_(saved)
-    _restore.saved = []
-
-
-_unpack_kernel_tuned = triton.autotune(
-    configs=_GPU_CONFIGS,
-    key=["size_key", "DST_CODE", "ACCUMULATE", "ALIGNED"],
-    pre_hook=_snapshot_destinations,
-    post_hook=_restore_destinations,
-)(_unpack_kernel)
-
-
 # ----------------------------------------------------------------------------
 # reduce
 # ----------------------------------------------------------------------------
@@ -337,14 +263,15 @@ def _reduce_block(dst, src, offs, mask, alpha, beta, DST_CODE: tl.constexpr):
     tl.store(dst + offs, _round_f32(alpha * d + beta * s, DST_CODE), mask=mask)
 
 
-@triton.jit
+# ``n`` is not specialized (Triton would compile again for n == 1 and for n % 16 == 0):
+# one compiled kernel per dtype, configuration and pointer alignment, whatever the size
+@triton.jit(do_not_specialize=["n"])
 def _reduce_kernel(
     dst,  # *T_dst  accumulator, updated in place
     src,  # *T_src  received chunk, same element count (may be a narrower wire dtype)
     n,  # i64/i32 element count
     alpha,  # f32     weight of dst
     beta,  # f32     weight of src
-    size_key,  # i32     log2(n): autotune key only
     DST_CODE: tl.constexpr,  # dtype code of dst (chooses the rounding)
     BLOCK: tl.constexpr,  # elements per program
 ):
@@ -354,8 +281,3 @@ def _reduce_kernel(
         _reduce_block(dst, src, offs, None, alpha, beta, DST_CODE)
     else:
         _reduce_block(dst, src, offs, offs < n, alpha, beta, DST_CODE)
-
-
-_reduce_kernel_tuned = triton.autotune(
-    configs=_GPU_REDUCE_CONFIGS, key=["size_key", "DST_CODE"], restore_value=["dst"]
-)(_reduce_kernel)

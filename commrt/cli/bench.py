@@ -55,6 +55,7 @@ NATIVE_NAMES = {
     "gloo": "gloo allreduce",
     "shm": "shm rank-order sum",
     "nccl": "ncclAllReduce",
+    "cuda_ipc": "cuda_ipc rank-order sum",
 }
 
 
@@ -278,7 +279,7 @@ def seconds_per_call(
     Timing each call alone between two synchronisations would measure launch and Python
     time on buckets of a few MB instead. On the CPU a round is timed by the clock. A round
     makes as many calls as fit in about ``round_s`` (1 to 1000); the first call, before any
-    round, autotunes and builds tables.
+    round, compiles and builds tables.
     """
     cuda = device != "cpu"
     sync = torch.cuda.synchronize if cuda else (lambda: None)

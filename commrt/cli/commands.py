@@ -98,9 +98,10 @@ def check_backend(
             f"--kill with --backend mpi: {MPI_KILLS_ALL}, so the whole job would end; "
             f"pass --backend gloo (or leave --backend out) to carry on past a dead rank"
         )
-    if backend == "nccl" and not torch.cuda.is_available():
+    if backend in ("nccl", "cuda_ipc") and not torch.cuda.is_available():
         parser.error(
-            "--backend nccl needs a CUDA GPU and none is available here; use --backend mpi or gloo"
+            f"--backend {backend} needs a CUDA GPU and none is available here; use --backend "
+            "mpi or gloo"
         )
     if backend == "mpi":
         try:

@@ -116,9 +116,12 @@ def all_reduce(
 
     Example::
 
-        >>> t = torch.full((1000,), float(comm.rank))          # doctest: +SKIP
-        >>> commrt.all_reduce(t, comm, algorithm="ring", op="sum")
-        >>> commrt.all_reduce(t, comm, op="max")
+        >>> t = torch.full((1000,), float(comm.rank + 1))
+        >>> commrt.all_reduce(t, comm, algorithm="ring", op="sum") is t   # in place
+        True
+        >>> t[0].item() == comm.world_size * (comm.world_size + 1) / 2
+        True
+        >>> t = commrt.all_reduce(t, comm, op="max")
     """
     # One path for every all-reduce, commrt's and the torch.distributed backend's: find the
     # call's settled schedule, admit the call, run it. A repeat of the last call (same
@@ -210,8 +213,8 @@ def broadcast(
 
     Example::
 
-        >>> w = torch.randn(1000) if comm.rank == 0 else torch.empty(1000)   # doctest: +SKIP
-        >>> commrt.broadcast(w, comm, root=0)        # now every rank holds rank 0's w
+        >>> w = torch.randn(1000) if comm.rank == 0 else torch.empty(1000)
+        >>> w = commrt.broadcast(w, comm, root=0)    # now every rank holds rank 0's w
     """
     check_tensor(tensor, comm, ReduceOp.SUM, moves_only=True)
     if not isinstance(root, int) or not 0 <= root < comm.world_size:

@@ -18,9 +18,9 @@ the shards are copied in), not a pass of its own.
 
 Example::
 
-    >>> out = torch.empty(1000)                                   # doctest: +SKIP
-    >>> commrt.reduce_scatter(out, torch.ones(1000 * comm.world_size), comm, op="avg")
-    >>> commrt.all_gather(torch.empty(1000 * comm.world_size), out, comm)
+    >>> out = torch.empty(1000)
+    >>> out = commrt.reduce_scatter(out, torch.ones(1000 * comm.world_size), comm, op="avg")
+    >>> full = commrt.all_gather(torch.empty(1000 * comm.world_size), out, comm)
 """
 
 from __future__ import annotations

@@ -325,8 +325,9 @@ def stats(group=None) -> GroupStats:
     Example::
 
         >>> dist.init_process_group("commrt")            # doctest: +SKIP
-        >>> ...                                          # train with DDP
+        >>> # train with DDP
         >>> print(commrt.distributed.stats())
+        commrt group ...
     """
     pg = group if group is not None else dist.group.WORLD
     if pg is None:

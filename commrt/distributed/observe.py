@@ -105,10 +105,11 @@ class GroupStats:
 
     Example::
 
-        >>> s = commrt.distributed.stats()               # doctest: +SKIP
-        >>> s.algorithms
+        >>> s = commrt.distributed.stats()               # after DDP trained a while
+        >>> s.algorithms                                 # doctest: +SKIP
         ('binomial_tree', 'auto:ring')
         >>> print(s)                                     # a table, 80 columns
+        commrt group ...
     """
 
     rank: int

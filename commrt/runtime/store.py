@@ -20,8 +20,9 @@ Where the store lives decides which ranks may die:
 Example::
 
     >>> from commrt.runtime.store import ControlStore
-    >>> cs = ControlStore.open(comm)                  # doctest: +SKIP  (collective)
-    >>> cs.client("backup/0").add("arrivals/0", 1)   # doctest: +SKIP  1 for the first caller
+    >>> cs = ControlStore.open(comm)                  # every rank of comm together
+    >>> cs.client("backup/0").add("arrivals/0", 1)   # 1 for the first caller
+    1
 """
 
 from __future__ import annotations

@@ -269,9 +269,10 @@ class Executor:
 
     def warm(self, schedule: Schedule, rank: int, buf: torch.Tensor, piece_bytes: int) -> int:
         """Launch the reduce once per distinct piece size ``schedule`` will sum into ``buf``,
-        on zeros of their own: on CUDA the first launch of a size autotunes (a device
-        synchronisation, a 256 MB flush buffer), which must not happen on the progress thread
-        during the first backward. Returns the number of launches."""
+        on zeros of their own: on CUDA the first launch of a configuration
+        (:func:`commrt.kernels.configs.launch_config`) and dtype compiles the kernel, which
+        must not happen on the progress thread during the first backward. Returns the
+        number of launches."""
         plan = self.plan(schedule, rank, buf.numel(), _piece_elems(piece_bytes, buf))
         sizes = sorted({x.stop - x.start for st in plan.steps for x in st.recvs if x.reduce})
         for n in sizes:

@@ -15,7 +15,7 @@ Example::
 
     >>> ex = Exchange(comm, sends=[(buf, peer)], recvs=[], tag=tags.CATCHUP,
     ...               where=Where("backup catch-up", step=7))      # doctest: +SKIP
-    >>> ex.complete(time.monotonic() + comm.timeout)
+    >>> ex.complete(time.monotonic() + comm.timeout)             # doctest: +SKIP
 """
 
 from __future__ import annotations

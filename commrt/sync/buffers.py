@@ -17,7 +17,7 @@ from commrt.sync.buckets import Bucket
 
 
 def needs_tuning(device: torch.device) -> bool:
-    """Whether kernels on ``device`` autotune on their first launch (CUDA: Triton)."""
+    """Whether kernels on ``device`` compile on their first launch (CUDA: Triton)."""
     return device.type == "cuda"
 
 
@@ -53,9 +53,8 @@ class BucketBuffers:
 
     def tune(self) -> None:
         """Run each pack/unpack bucket's kernels once, now: on CUDA the first launch of a
-        size and dtype autotunes (Triton's benchmark synchronises the device, allocates a
-        256 MB flush buffer and clones destinations), which must not happen on the progress
-        thread while the first backward runs. Unpack goes into scratch copies, so no
+        launch configuration and dtype compiles the kernel, which must not happen on the
+        progress thread while the first backward runs. Unpack goes into scratch copies, so no
         gradient changes."""
         with torch.no_grad():
             for b, (bucket, views) in enumerate(zip(self.buckets, self.views)):

@@ -72,7 +72,7 @@ class GossipPolicy(Policy):
         self._scale = 0.5 if self.world_size > 1 else 1.0
         if self.world_size > 1:
             # each exchange adds the peer's bucket with the reduce kernel; on CUDA its first
-            # launch per size autotunes, which is done here rather than on the progress
+            # launch per configuration compiles, which is done here rather than on the progress
             # thread during the first backward. Pieces depend on the bucket, not the step,
             # the peer or the rank, so step 0's schedule warms them all.
             schedule = self.algorithm.schedule(self.world_size, step=0)

@@ -69,10 +69,11 @@ class GossipShuffle:
 
     Example::
 
-        >>> shuffle = commrt.data.GossipShuffle((x, y), comm, fraction=0.5, seed=0)  # doctest: +SKIP
-        >>> for epoch in range(epochs):
+        >>> x, y = torch.randn(256, 8), torch.randint(0, 10, (256,))
+        >>> shuffle = commrt.data.GossipShuffle((x, y), comm, fraction=0.5, seed=0)
+        >>> for epoch in range(2):
         ...     for xb, yb in shuffle.batches(32, epoch):
-        ...         train_step(xb, yb)
+        ...         pass                                 # a training step on (xb, yb)
     """
 
     def __init__(

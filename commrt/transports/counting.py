@@ -6,7 +6,8 @@ sends O(1) messages per bucket while a ring sends 2(p−1))::
 
     >>> from commrt.transports.counting import CountingTransport
     >>> comm.transport = counter = CountingTransport(comm.transport)   # doctest: +SKIP
-    >>> ...; counter.messages, counter.bytes, counter.by_peer
+    >>> # ... the collectives to count, then:
+    >>> counter.messages, counter.bytes, counter.by_peer               # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ rank has mapped them, so a crash leaves nothing in ``/dev/shm``.
 
 from __future__ import annotations
 
-import mmap
 import threading
 import time
 from collections import deque
@@ -49,6 +48,7 @@ import torch
 
 from commrt.transports.base import Pair, Pending, Prepared, Transport, poll_until
 from commrt.transports.processes import start_time
+from commrt.transports.shm_rings import RING_HEAD, Inbound, Op, Ring, Truncated, pad
 
 #: where the ring files live
 SHM_DIR = "/dev/shm"
@@ -56,16 +56,10 @@ SHM_DIR = "/dev/shm"
 RING_BYTES = 1 << 20
 #: the smallest ring worth having (a header and a little data)
 MIN_RING_BYTES = 64 << 10
-#: the bytes before a ring's data: the writer's counter, then the reader's, a cache line apart
-RING_HEAD = 128
 #: tags the transport keeps for itself (the job's tags are never negative)
 BARRIER_TAG, NATIVE_TAG = -1, -2
 #: architectures whose stores and loads keep their program order (see the module docs)
 ORDERED_ARCHES = ("x86_64", "amd64")
-
-
-def _pad(n: int) -> int:
-    return (n + 15) & ~15
 
 
 def _bytes_of(t: torch.Tensor) -> np.ndarray:
@@ -73,162 +67,6 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     if not t.is_contiguous() or t.device.type != "cpu":
         raise ValueError("the shm transport moves contiguous CPU tensors only")
     return t.reshape(-1).view(torch.uint8).numpy()
-
-
-class _Ring:
-    """One direction between two ranks: the counters and the data, as numpy views."""
-
-    __slots__ = ("tail", "head", "data", "words", "size")
-
-    def __init__(self, mm: mmap.mmap, offset: int, size: int):
-        self.tail = np.frombuffer(mm, np.uint64, 1, offset)
-        self.head = np.frombuffer(mm, np.uint64, 1, offset + 64)
-        self.data = np.frombuffer(mm, np.uint8, size, offset + RING_HEAD)
-        self.words = self.data.view(np.int64)
-        self.size = size
-
-    def put(self, pos: int, src: np.ndarray) -> None:
-        at, n = pos % self.size, len(src)
-        first = min(n, self.size - at)
-        self.data[at : at + first] = src[:first]
-        if first < n:
-            self.data[: n - first] = src[first:]
-
-    def get(self, pos: int, dst: np.ndarray) -> None:
-        at, n = pos % self.size, len(dst)
-        first = min(n, self.size - at)
-        dst[:first] = self.data[at : at + first]
-        if first < n:
-            dst[first:] = self.data[: n - first]
-
-    def add(self, pos: int, dst: np.ndarray) -> None:
-        """dst += the ring's bytes at ``pos`` read as dst's dtype (positions are 16-aligned,
-        so an element never straddles the ring's end)."""
-        at, size = pos % self.size, dst.itemsize
-        n = min(len(dst), (self.size - at) // size)
-        np.add(dst[:n], self.data[at : at + n * size].view(dst.dtype), out=dst[:n])
-        if n < len(dst):
-            rest = dst[n:]
-            np.add(rest, self.data[: len(rest) * size].view(dst.dtype), out=rest)
-
-
-class _Op:
-    """One send or receive: its bytes, how far it got, and whether it is done."""
-
-    __slots__ = ("buf", "peer", "tag", "off", "done", "elems")
-
-    def __init__(self, buf: np.ndarray, peer: int, tag: int, elems: np.ndarray | None = None):
-        self.buf, self.peer, self.tag = buf, peer, tag
-        self.off = -1  # a send: -1 until its header is in the ring; a receive: unused
-        self.done = False
-        #: a receive that adds: its tensor as elements of its dtype (None: it overwrites)
-        self.elems = elems
-
-
-class _Truncated(RuntimeError):
-    """A message longer or shorter than the receive posted for it: the stream is broken."""
-
-    def __init__(self, peer: int, tag: int, sent: int, posted: int):
-        super().__init__(
-            f"message truncated: rank {peer} sent {sent} bytes with tag {tag} where "
-            f"{posted} were posted for it"
-        )
-
-
-class _Inbound:
-    """What one peer sends this rank: its ring, the message being read, the receives
-    posted for it and the messages that came before their receive."""
-
-    __slots__ = (
-        "ring", "head", "cur", "cur_add", "cur_off", "cur_len", "cur_tag", "posted", "unexpected"
-    )  # fmt: skip
-
-    def __init__(self, ring: _Ring):
-        self.ring = ring
-        self.head = int(ring.head[0])
-        self.cur: np.ndarray | None = None  # where the message being read goes
-        self.cur_add: np.ndarray | None = None  # or the elements it is added into
-        self.cur_off = self.cur_len = self.cur_tag = 0
-        self.posted: dict[int, deque] = {}  # tag -> receives not yet matched, in order
-        self.unexpected: dict[int, deque] = {}  # tag -> messages nobody had asked for yet
-
-    def post(self, op: _Op) -> None:
-        waiting = self.unexpected.get(op.tag)
-        if waiting:
-            _deliver(op, waiting.popleft())
-            return
-        self.posted.setdefault(op.tag, deque()).append(op)
-
-    def withdraw(self, op: _Op) -> bool:
-        """Forget a posted receive; False if half its data was already added in."""
-        queue = self.posted.get(op.tag)
-        if queue is not None and op in queue:
-            queue.remove(op)
-        if self.cur is not op.buf:
-            return True
-        half_added = self.cur_add is not None
-        self.cur, self.cur_add = op.buf.copy(), None  # being read: read it aside
-        return not half_added
-
-    def pull(self) -> bool:
-        """Read what arrived into the receives it is for (or aside); whether any moved."""
-        ring, head = self.ring, self.head
-        was = head
-        avail = int(ring.tail[0]) - head
-        while avail > 0:
-            if self.cur is None:
-                if avail < 16:
-                    break
-                at = (head % ring.size) // 8
-                tag, n = int(ring.words[at]), int(ring.words[at + 1])
-                head, avail = head + 16, avail - 16
-                self.cur, self.cur_tag, self.cur_len, self.cur_off = self._target(tag, n), tag, n, 0
-            off, n = self.cur_off, self.cur_len
-            chunk = min(_pad(n) - off, avail)
-            real = max(0, min(n - off, chunk))
-            if real and self.cur_add is not None:
-                size = self.cur_add.itemsize
-                ring.add(head, self.cur_add[off // size : (off + real) // size])
-            elif real:
-                ring.get(head, self.cur[off : off + real])
-            head, avail, self.cur_off = head + chunk, avail - chunk, off + chunk
-            if self.cur_off < _pad(n):
-                break
-            self._landed()
-        self.head = head
-        ring.head[0] = head
-        return head != was
-
-    def _target(self, tag: int, n: int) -> np.ndarray:
-        queue = self.posted.get(tag)
-        if queue:
-            op = queue[0]
-            if len(op.buf) != n:
-                raise _Truncated(op.peer, tag, n, len(op.buf))
-            self.cur_add = op.elems
-            return op.buf
-        return np.empty(n, np.uint8)
-
-    def _landed(self) -> None:
-        queue = self.posted.get(self.cur_tag)
-        if queue and queue[0].buf is self.cur:
-            queue.popleft().done = True
-        elif queue:  # a receive was posted while the message was being read aside
-            _deliver(queue.popleft(), self.cur)
-        else:  # nobody asked yet
-            self.unexpected.setdefault(self.cur_tag, deque()).append(self.cur)
-        self.cur = self.cur_add = None
-
-
-def _deliver(op: _Op, message: np.ndarray) -> None:
-    """Hand a message that was read aside to its receive."""
-    if len(message) != len(op.buf):
-        raise _Truncated(op.peer, op.tag, len(message), len(op.buf))
-    if op.elems is not None:
-        np.add(op.elems, message.view(op.elems.dtype), out=op.elems)
-    else:
-        op.buf[:] = message
-    op.done = True
 
 
 class _ShmPending(Pending):
@@ -249,18 +87,28 @@ class _ShmPending(Pending):
 
 class _AddingPrepared(Prepared):
     """A step whose receives marked in ``adds`` add into their tensors (none: a plain
-    step, whose waits spin for ``spin_s`` as the executor asks)."""
+    step, whose waits spin for ``spin_s`` as the executor asks). Its operations (the
+    tensors' bytes as numpy views) are made once and started again and again; a start
+    whose last operations did not all finish (a wait that timed out) makes new ones."""
 
-    __slots__ = ("adds",)
+    __slots__ = ("adds", "sops", "rops")
 
     def __init__(self, transport, sends, recvs, tag, adds):
         super().__init__(transport, sends, recvs, tag)
         self.adds = adds
+        self.sops, self.rops = transport.operations(sends, recvs, tag, adds)
 
     def start(self, spin_s: float = 0.0) -> Pending:
-        pending = self.transport.exchange(self.sends, self.recvs, self.tag, self.adds)
-        pending.spin_s = spin_s
-        return pending
+        sops, rops = self.sops, self.rops
+        if all(op.done for op in sops) and all(op.done for op in rops):
+            for op in sops:
+                op.off, op.done = -1, False
+            for op in rops:
+                op.done = False
+        else:
+            sops, rops = self.transport.operations(self.sends, self.recvs, self.tag, self.adds)
+            self.sops, self.rops = sops, rops
+        return self.transport.start(sops, rops, spin_s)
 
 
 class ShmTransport(Transport):
@@ -279,18 +127,18 @@ class ShmTransport(Transport):
         self._maps = maps  # rank -> its file's mmap (this rank's own included)
         self._pids = pids  # peer -> (pid, start time)
         self._lock = threading.RLock()
-        self._out: dict[int, _Ring] = {}
+        self._out: dict[int, Ring] = {}
         self._tail: dict[int, int] = {}
         self._queued: dict[int, deque] = {}
-        self._in: dict[int, _Inbound] = {}
+        self._in: dict[int, Inbound] = {}
         for peer in range(world_size):
             if peer == rank:
                 continue
-            out = _Ring(maps[peer], _ring_offset(rank, peer, ring_bytes), ring_bytes)
+            out = Ring(maps[peer], _ring_offset(rank, peer, ring_bytes), ring_bytes)
             self._out[peer], self._tail[peer] = out, int(out.tail[0])
             self._queued[peer] = deque()
-            ring = _Ring(maps[rank], _ring_offset(peer, rank, ring_bytes), ring_bytes)
-            self._in[peer] = _Inbound(ring)
+            ring = Ring(maps[rank], _ring_offset(peer, rank, ring_bytes), ring_bytes)
+            self._in[peer] = Inbound(ring)
         #: each peer's ring head as the last push saw it (see :meth:`_quiet`)
         self._head_seen = dict.fromkeys(self._out, -1)
         #: what :meth:`_quiet` reads without the lock; fixed, so close() cannot change it
@@ -304,8 +152,13 @@ class ShmTransport(Transport):
     ) -> Pending:
         """Start ``sends`` and ``recvs``; receive ``i`` with ``adds[i]`` adds into its
         tensor as the bytes arrive (:meth:`prepare_adding`)."""
+        return self.start(*self.operations(sends, recvs, tag, adds))
+
+    @staticmethod
+    def operations(sends: Sequence[Pair], recvs: Sequence[Pair], tag: int, adds: tuple = ()):
+        """The send and receive operations of an exchange, not started: (sends, receives)."""
         rops = [
-            _Op(
+            Op(
                 _bytes_of(t),
                 peer,
                 tag,
@@ -313,19 +166,23 @@ class ShmTransport(Transport):
             )
             for i, (t, peer) in enumerate(recvs)
         ]
-        sops = [_Op(_bytes_of(t), peer, tag) for t, peer in sends]
+        return [Op(_bytes_of(t), peer, tag) for t, peer in sends], rops
+
+    def start(self, sops: list, rops: list, spin_s: float = 0.0) -> Pending:
+        """Post ``rops``, queue ``sops`` and move what can move; the exchange's Pending,
+        whose waits spin for ``spin_s`` first."""
         with self._lock:
             self._raise_if_broken()
             try:
                 for op in rops:
                     self._in[op.peer].post(op)
-            except _Truncated as e:
+            except Truncated as e:
                 self._broken = str(e)
                 self._raise_if_broken()
             for op in sops:
                 self._queued[op.peer].append(op)
             self._progress()
-        return _ShmPending(self, sops, rops)
+        return _ShmPending(self, sops, rops, spin_s)
 
     def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
         return _AddingPrepared(self, sends, recvs, tag, ())
@@ -379,13 +236,18 @@ class ShmTransport(Transport):
                 pass
 
     # -- waiting
-    def wait(self, op: _Op, deadline: float, spin_s: float = 0.0) -> bool:
+    def wait(self, op: Op, deadline: float, spin_s: float = 0.0) -> bool:
         """Progress everything until ``op`` is done; False at the deadline. Every
         CHECK_EVERY_S of a long wait, a dead peer (or a farewell) ends it with an error."""
         if op.done:
             return True
-
-        moved = [False]
+        if not self._quiet():  # what already arrived, before a wait is set up at all
+            with self._lock:
+                moved = [self._progress()]
+            if op.done:
+                return True
+        else:
+            moved = [False]
 
         def done() -> bool:
             if op.done or self._quiet():
@@ -411,7 +273,7 @@ class ShmTransport(Transport):
 
         return poll_until(done, deadline, spin_s, check, moving)
 
-    def withdraw(self, recvs: Sequence[_Op]) -> None:
+    def withdraw(self, recvs: Sequence[Op]) -> None:
         """Forget receives that are still posted (a cancelled exchange)."""
         with self._lock:
             for op in recvs:
@@ -454,7 +316,7 @@ class ShmTransport(Transport):
         try:
             for inbound in self._in.values():
                 moved = inbound.pull() or moved
-        except _Truncated as e:
+        except Truncated as e:
             self._broken = str(e)
             self._raise_if_broken()
         return moved
@@ -473,12 +335,12 @@ class ShmTransport(Transport):
                 at = (tail % ring.size) // 8
                 ring.words[at], ring.words[at + 1] = op.tag, n
                 tail, space, op.off = tail + 16, space - 16, 0
-            chunk = min(_pad(n) - op.off, space)
+            chunk = min(pad(n) - op.off, space)
             real = max(0, min(n - op.off, chunk))
             if real:
-                ring.put(tail, op.buf[op.off : op.off + real])
+                ring.put(tail, op.mem[op.off : op.off + real])
             tail, space, op.off = tail + chunk, space - chunk, op.off + chunk
-            if op.off < _pad(n):
+            if op.off < pad(n):
                 break
             op.done = True
             queue.popleft()

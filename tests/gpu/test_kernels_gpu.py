@@ -64,40 +64,30 @@ def test_triton_on_cuda_matches_torch_and_float64():
     assert "cuda ok" in out, out
 
 
-def test_gpu_launch_reuses_the_autotuned_config(monkeypatch):
-    """The GPU launch path (run here with stand-ins for the kernels): the autotuner runs once
-    per key, later launches of that key go straight to the kernel with its chosen config,
-    and a new size or dtype tunes again."""
+def test_gpu_launch_takes_the_size_heuristics_config(monkeypatch):
+    """The GPU launch path (run here with stand-ins for the kernels): every launch goes
+    straight to the kernel with the configuration of its size, no autotuner, no trials."""
     from commrt.kernels import _triton as K
-
-    class Cfg:
-        kwargs, num_warps, num_stages = {"BLOCK": 2048}, 8, 3
+    from commrt.kernels.configs import LARGE, LARGE_FROM, SMALL
 
     calls = []
 
     class Fn:
-        def __init__(self, name):
-            self.name, self.best_config = name, Cfg()
-
         def __getitem__(self, grid):
-            return lambda *a, **kw: calls.append((self.name, grid, a, kw))
+            return lambda *a, **kw: calls.append((grid, a, kw))
 
     monkeypatch.setattr(K, "interpret_mode", lambda: False)
-    monkeypatch.setattr(K, "_BEST", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    kernel, tuned, dev = Fn("kernel"), Fn("tuned"), torch.device("cuda", 0)
-    x32, x16 = torch.empty(4), torch.empty(4, dtype=torch.bfloat16)
-    for args in [(x32, 1.0, 12), (x32, 2.0, 12), (x16, 1.0, 12), (x32, 1.0, 13), (x16, 3.0, 12)]:
-        K._launch(kernel, tuned, (7,), args, {"OUT_CODE": 0}, (args[0].dtype,), dev)
-    assert [c[0] for c in calls] == ["tuned", "kernel", "tuned", "tuned", "kernel"]
-    assert calls[1][3] == {
-        "OUT_CODE": 0,
-        "BLOCK": 2048,
-        "num_warps": 8,
-        "num_stages": 3,
-        "enable_fp_fusion": False,
-    }
-    assert all(c[3]["enable_fp_fusion"] is False for c in calls) and calls[1][2] == (x32, 2.0, 12)
+    dev, x32 = torch.device("cuda", 0), torch.empty(4)
+    for numel in (1, LARGE_FROM - 1, LARGE_FROM, 1 << 26):
+        K._launch(Fn(), lambda block: (7, block), (x32, 2.0), {"OUT_CODE": 0}, numel, dev)
+    want = [SMALL, SMALL, LARGE, LARGE]
+    assert [c[0] for c in calls] == [(7, cfg.block) for cfg in want]
+    assert [c[2] for c in calls] == [
+        {"OUT_CODE": 0, "BLOCK": c.block, "num_warps": c.num_warps, "enable_fp_fusion": False}
+        for c in want
+    ]
+    assert all(c[1] == (x32, 2.0) for c in calls)
 
 
 # ----------------------------------------------------------------------------
@@ -122,7 +112,7 @@ def _compile_check() -> None:
         return triton.compile(src, target=target, options=opts).asm["ptx"]
 
     tabs = ["flat_off", "numel", "dtype_code", "chunk_first", "chunk_owner"]
-    scalars = {"scale": "fp32", "chunk": "i32", "size_key": "i32"}
+    scalars = {"scale": "fp32", "chunk": "i32"}
     pack_sig = {
         "src_addr": "*i64",
         **{t: "*i64" for t in tabs},
@@ -149,7 +139,6 @@ def _compile_check() -> None:
         "n": "i32",
         "alpha": "fp32",
         "beta": "fp32",
-        "size_key": "i32",
         "DST_CODE": "constexpr",
         "BLOCK": "constexpr",
     }
@@ -184,7 +173,8 @@ def _compile_check() -> None:
                 f"unpack dst {dst_code}: no vector access"
             )
             assert "fma" not in ptx
-    ptx = ptx_of(K._reduce_kernel, reduce_sig, {"DST_CODE": 0, "BLOCK": 4096}, ["dst", "src", "n"])
+    # n is not specialized (one kernel for every size): full blocks still load by vectors
+    ptx = ptx_of(K._reduce_kernel, reduce_sig, {"DST_CODE": 0, "BLOCK": 4096}, ["dst", "src"])
     assert vec(ptx, "ld.global") and vec(ptx, "st.global") and "fma" not in ptx
     print("compiled: pack x8, unpack x6, reduce x1 for sm_90")
 
@@ -289,8 +279,31 @@ def _cuda_check() -> None:
         unpack(flat, list(flat.split([n // 3, n - n // 3])), 0.5, accumulate=True)
         assert torch.equal(flat, x + x * 0.5), "in-place unpack applied more than once"
     _side_stream_holds_sources(rand)
+    _a_new_table_never_waits_on_the_host(rand)
     torch.cuda.synchronize()
     print("cuda ok")
+
+
+def _a_new_table_never_waits_on_the_host(rand):
+    """A pack of a list not seen before copies a new pointer table to the GPU: from pinned
+    memory, with no host wait for the stream (a pageable copy waits, and on the torch
+    backend's call thread that is a CUDA call waiting for the device between NCCL launches
+    while another thread drives a pair communicator). torch raises on a synchronising
+    call in sync-debug mode "error"."""
+    from commrt.kernels import pack
+
+    sizes = [1000, 3000]
+    out = torch.empty(sum(sizes), device="cuda")
+    warm = [rand(n, torch.float32) for n in sizes]  # alive: fresh gets other addresses
+    pack(warm, out)  # the first launch of these sizes may synchronise
+    fresh = [rand(n, torch.float32) for n in sizes]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pack(fresh, out)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(out, torch.cat(fresh)), "a pack through a new table packed wrong"
 
 
 def _side_stream_holds_sources(rand):
