@@ -55,6 +55,7 @@ NATIVE_NAMES = {
     "gloo": "gloo allreduce",
     "shm": "shm rank-order sum",
     "nccl": "ncclAllReduce",
+    "cuda_ipc": "cuda_ipc rank-order sum",
 }
 
 

@@ -43,7 +43,14 @@ from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
-from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose
+from commrt.runtime.choice import (
+    CUDA_BACKENDS,
+    Backend,
+    Situation,
+    choose,
+    cuda_transport_wanted,
+    gpu_shared,
+)
 from commrt.runtime.communicator import Communicator, cpu_transport
 from commrt.runtime.environment import LaunchInfo, detect_launch
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, check_timeout
@@ -155,6 +162,19 @@ def warm_sizes(piece_bytes: int, dtype: torch.dtype) -> list[int]:
     ``dtype`` can have: 1, 2, 4, ... up to the class of a whole piece."""
     most = max(1, piece_bytes // torch.empty(0, dtype=dtype).element_size())
     return [1 << (bits - 1) for bits in range(1, most.bit_length() + 1)]
+
+
+def cuda_transport(backend: Backend, rank: int, size: int, local_rank: int, device, store,
+                   timeout: float):  # fmt: skip
+    """A CUDA transport of ``backend`` (nccl or cuda_ipc) for ``rank`` of ``size``, meeting
+    the others through ``store``; ``device`` None: ``cuda:<local_rank % GPUs>``."""
+    if backend is Backend.CUDA_IPC:
+        from commrt.transports.cuda_ipc_connect import cuda_device, make_transport
+
+        return make_transport(store, rank, size, cuda_device(device, local_rank), timeout)
+    from commrt.transports.nccl_bootstrap import init_nccl
+
+    return init_nccl(rank, size, local_rank, device, make_store=lambda: store, timeout=timeout)
 
 
 def _mpi_world_size() -> int | None:
@@ -276,16 +296,15 @@ class DeviceComms:
             return comm
 
     def _pair(self, peer: int, device: torch.device) -> Communicator:
-        from commrt.transports.nccl_bootstrap import init_nccl
-
         low, high = sorted((self.rank, peer))
         store = dist.PrefixStore(f"cuda/p2p/{low}:{high}/", self.store)
+        backend = self.cuda_backend()
         with torch.cuda.device(device):  # the transport sets its device: not the caller's
-            transport = init_nccl(
-                int(self.rank == high), 2, 0, device, make_store=lambda: store, timeout=self.timeout
+            transport = cuda_transport(
+                backend, int(self.rank == high), 2, 0, device, store, self.timeout
             )
         launch = LaunchInfo("torch.distributed", transport.rank, 2, 0, None)
-        return Communicator(transport, Backend.NCCL, launch, self.timeout, self.options.piece_bytes)
+        return Communicator(transport, backend, launch, self.timeout, self.options.piece_bytes)
 
     def _launch(self) -> LaunchInfo:
         info = detect_launch()  # the launcher's variables, read where init reads them
@@ -339,24 +358,25 @@ class DeviceComms:
         )  # fmt: skip
         return self._wrap(made[1], made[0])
 
-    def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:
-        """The CUDA communicator: the first CUDA transport of auto's order
-        (:func:`commrt.runtime.choice.choose`; NCCL, the one there is), or why none fits."""
-        from commrt.transports.nccl_bootstrap import init_nccl
-
+    def cuda_backend(self) -> Backend:
+        """The CUDA transport of auto's order (:func:`commrt.runtime.choice.choose`):
+        NCCL, or cuda_ipc where ranks of this host share a GPU (NCCL refuses them) or
+        ``COMMRT_CUDA_TRANSPORT`` says so. NCCL's bootstrap says itself what it lacks."""
         launch = self._launch()
-        # NCCL's bootstrap says itself what it lacks, where it does
-        s = Situation("cuda", launch.launcher, self.size, launch.local_size)
-        backend = next(b for b in choose(s) if b in CUDA_BACKENDS)
+        s = Situation("cuda", launch.launcher, self.size, launch.local_size,
+                      gpu_shared=gpu_shared(launch.local_size, self.size),
+                      cuda_transport=cuda_transport_wanted())  # fmt: skip
+        return next(b for b in choose(s) if b in CUDA_BACKENDS)
+
+    def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:
+        """The CUDA communicator on :meth:`cuda_backend`."""
+        backend = self.cuda_backend()
         local_rank = detect_launch().local_rank
-        transport = init_nccl(
-            self.rank,
-            self.size,
-            local_rank,
+        transport = cuda_transport(
+            backend, self.rank, self.size, local_rank,
             self.cuda_device,  # None (made without check()): LOCAL_RANK's
-            make_store=lambda: dist.PrefixStore("cuda/", self.store),
-            timeout=self.timeout,
-        )
+            dist.PrefixStore("cuda/", self.store), self.timeout,
+        )  # fmt: skip
         dc = self._wrap(transport, backend)
         warm = self.options.warm_dtypes
         if warm is None:

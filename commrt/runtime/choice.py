@@ -31,6 +31,7 @@ class Backend(enum.Enum):
     """The transports a communicator can run on (``commrt.init(backend=...)``)."""
 
     NCCL = "nccl"
+    CUDA_IPC = "cuda_ipc"
     MPI = "mpi"
     GLOO = "gloo"
     SHM = "shm"
@@ -46,14 +47,44 @@ LOCAL = "commrt"
 #: auto's order, best first: each transport and, in words, where it is taken (the last,
 #: everywhere; :func:`fits` says the same in code, and a test holds the two together)
 ORDER: tuple[tuple[Backend, str], ...] = (
-    (Backend.NCCL, "for CUDA tensors where CuPy with NCCL is installed"),
+    (
+        Backend.NCCL,
+        "for CUDA tensors where CuPy with NCCL is installed and no two ranks share a GPU",
+    ),
+    (Backend.CUDA_IPC, "for CUDA tensors where CuPy is installed and every rank is on one host"),
     (Backend.SHM, "where every rank is on one host"),
     (Backend.MPI, "under mpiexec"),
     (Backend.GLOO, ""),
 )
 
 #: the transports that move CUDA tensors; the others move CPU tensors
-CUDA_BACKENDS = frozenset({Backend.NCCL})
+CUDA_BACKENDS = frozenset({Backend.NCCL, Backend.CUDA_IPC})
+
+#: the environment variable that picks the transport of CUDA tensors: nccl, cuda_ipc or auto
+CUDA_TRANSPORT_ENV = "COMMRT_CUDA_TRANSPORT"
+CUDA_TRANSPORTS = ("auto", "nccl", "cuda_ipc")
+
+
+def cuda_transport_wanted(env=None) -> str:
+    """:data:`CUDA_TRANSPORT_ENV` (default "auto"): "nccl" or "cuda_ipc" leaves auto only
+    that one for CUDA tensors, wherever it runs (NCCL then says itself that it refuses
+    ranks sharing a GPU); anything else is a ValueError that names the variable."""
+    import os
+
+    text = (os.environ if env is None else env).get(CUDA_TRANSPORT_ENV, "").strip().lower()
+    if text and text not in CUDA_TRANSPORTS:
+        raise ValueError(f"{CUDA_TRANSPORT_ENV}={text!r} is none of {', '.join(CUDA_TRANSPORTS)}")
+    return text or "auto"
+
+
+def gpu_shared(ranks_here: int | None, world_size: int) -> bool:
+    """Whether some ranks of this host share a GPU (each takes ``cuda:<local_rank % GPUs>``):
+    more ranks here (``ranks_here``, else all of ``world_size``) than GPUs. NCCL refuses them."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return gpus > 0 and (ranks_here or world_size) > gpus
+
 
 #: why only gloo is taken where a rank may die and the job go on
 ONLY_GLOO_SURVIVES = (
@@ -78,6 +109,8 @@ class Situation:
     ``--kill``, ``--max-restarts``): :data:`ONLY_GLOO_SURVIVES`.
     ``nccl_missing``: what this process lacks for NCCL
     (:func:`commrt.transports.nccl.nccl_missing`; None: nothing).
+    ``gpu_shared``: some ranks of this host share a GPU (:func:`gpu_shared`), which NCCL
+    refuses. ``cuda_transport``: :func:`cuda_transport_wanted`.
     ``shm_unusable``: why this process cannot map shared memory
     (:func:`commrt.transports.shm_connect.unusable`), for a process that chooses
     for ranks it starts itself (the command line). Ranks that choose each for
@@ -93,18 +126,22 @@ class Situation:
     ranks_may_die: bool = False
     nccl_missing: str | None = None
     shm_unusable: str | None = None
+    gpu_shared: bool = False
+    cuda_transport: str = "auto"
 
     @classmethod
     def here(cls, device: str, launcher: str, world_size: int, local_size: int | None,
              mpi_world: bool, ranks_may_die: bool = False) -> "Situation":  # fmt: skip
         """The situation with this process's check for NCCL filled in (only for CUDA:
         importing CuPy takes a while)."""
-        missing = None
+        missing, shared, wanted = None, False, "auto"
         if device == "cuda":
             from commrt.transports.nccl import nccl_missing
 
             missing = nccl_missing()
-        return cls(device, launcher, world_size, local_size, mpi_world, ranks_may_die, missing)
+            shared, wanted = gpu_shared(local_size, world_size), cuda_transport_wanted()
+        return cls(device, launcher, world_size, local_size, mpi_world, ranks_may_die, missing,
+                   None, shared, wanted)  # fmt: skip
 
     @property
     def one_host(self) -> bool:
@@ -116,8 +153,14 @@ def fits(backend: Backend, s: Situation) -> bool:
     """Whether auto may take ``backend`` in ``s`` (:data:`ORDER` says it in words)."""
     if s.ranks_may_die and backend is not Backend.GLOO:
         return False
-    if backend is Backend.NCCL:
-        return s.device == "cuda" and s.nccl_missing is None
+    if backend in CUDA_BACKENDS:
+        if s.device != "cuda" or s.nccl_missing is not None:
+            return False
+        if s.cuda_transport != "auto":  # asked for by name (COMMRT_CUDA_TRANSPORT)
+            return s.cuda_transport == backend.value
+        if backend is Backend.NCCL:
+            return not s.gpu_shared
+        return s.world_size > 1 and s.one_host
     if backend is Backend.SHM:
         return s.world_size > 1 and s.one_host and s.shm_unusable is None
     if backend is Backend.MPI:
@@ -130,18 +173,6 @@ def choose(s: Situation) -> tuple[Backend, ...]:
     (gloo always fits). A CUDA transport is first where one fits; the CPU transports
     follow (a CUDA machine without CuPy/NCCL runs on the CPU)."""
     return tuple(b for b, _ in ORDER if fits(b, s))
-
-
-def passed_over(s: Situation) -> list[str]:
-    """Why auto does not take the transport it would take without this process's
-    lacks or a rank that may die: one line each (none when it takes the best)."""
-    why = []
-    if s.device == "cuda" and s.nccl_missing is not None:
-        why.append(f"not nccl: {s.nccl_missing}")
-    best = choose(Situation(s.device, s.launcher, s.world_size, s.local_size, s.mpi_world))
-    if s.ranks_may_die and best[0] is not Backend.GLOO:
-        why.append(f"gloo, not {best[0]}: {ONLY_GLOO_SURVIVES}")
-    return why
 
 
 def describe(markdown: bool = False) -> str:

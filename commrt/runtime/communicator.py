@@ -27,6 +27,8 @@ from commrt.runtime.rendezvous import tcp_store as _tcp_store
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
+from commrt.transports.cuda_ipc_connect import init_cuda_ipc
+from commrt.transports.shm_connect import shm_transport
 
 #: how long a blocking collective polls before yielding its core, when every local rank has one
 SPIN_S = 100e-6
@@ -153,7 +155,8 @@ class Communicator:
                 pos.end(done)
             if not done:
                 error = CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
-                self.verdict_at_timeout(error)
+                if timeout is None:
+                    self.verdict_at_timeout(error)
                 raise error
 
     def run_schedule(
@@ -183,8 +186,8 @@ class Communicator:
                     self.piece_bytes, average, reduce, bucket, tracer,
                     owner if work is buf else None, self.spin_s if spin else 0.0,
                 )  # fmt: skip
-            except CommTimeoutError as e:
-                if transport is None:  # not a group the caller made (and handles)
+            except CommTimeoutError as e:  # a call's own timeout or group: the caller handles it
+                if transport is None and timeout is None:
                     self.verdict_at_timeout(e)
                 raise
         if work is not buf:
@@ -192,10 +195,9 @@ class Communicator:
         return sent
 
     def verdict_at_timeout(self, error: CommTimeoutError) -> None:
-        """Before ``error`` (a wait on this communicator's ranks timed out) is raised: the
-        stall verdict, formed now on every rank, joins its message
-        (:meth:`commrt.runtime.stall.StallWatch.at_timeout`). Not inside a GradientSync
-        step whose family goes on without ranks that fail (backup workers handle it)."""
+        """Before ``error`` (a wait ran out of this communicator's timeout) is raised: the
+        stall verdict joins its message (:meth:`commrt.runtime.stall.StallWatch.at_timeout`).
+        Not for backup workers' steps (their family goes on without ranks that fail)."""
         if self.stall is not None and (not self.watch.in_sync or self.watch.sync_waits_on_all):
             self.stall.at_timeout(error)
 
@@ -344,16 +346,18 @@ def init(
     abort_on_error: bool | None = None,
     nccl_module=None,
     stall_s: float | None = None,
+    ipc_device=None,
 ) -> Communicator:
     """Create a :class:`Communicator`.
 
     ``backend``: ``"auto"``, the one order of :mod:`commrt.runtime.choice`
-    (auto: nccl for CUDA tensors where CuPy with NCCL is installed, else shm
-    where every rank is on one host, else mpi under mpiexec, else gloo; only
+    (auto: nccl for CUDA tensors where CuPy with NCCL is installed and no two
+    ranks share a GPU, else cuda_ipc for CUDA tensors where CuPy is installed
+    and every rank is on one host, else shm where every rank is on one host, else mpi under mpiexec, else gloo; only
     gloo where the job must outlive a dead rank; a CUDA machine without
     CuPy/NCCL falls back with a warning that says what to install; shared
     memory that the ranks turn out not to share falls back on every rank
-    alike), ``"nccl"``, ``"mpi"``, ``"gloo"`` or ``"shm"`` (ranks of one host
+    alike), ``"nccl"``, ``"cuda_ipc"``, ``"mpi"``, ``"gloo"`` or ``"shm"`` (ranks of one host
     through shared-memory rings, :mod:`commrt.transports.shm`; refused with
     the reason where the ranks cannot share memory). Rank and
     world size come from the launcher (mpiexec or torchrun); explicit
@@ -369,6 +373,8 @@ def init(
     ``device`` (nccl only): default, or ``"cuda"`` without an index, is
     ``cuda:<local_rank % device_count>``.
     ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
+    ``"cuda_ipc"``: ranks of one host, several per GPU if need be (:mod:`commrt.transports.cuda_ipc`);
+    ``ipc_device`` replaces its CUDA device (an ``IpcDevice``, for tests).
     ``stall_s`` (default ``COMMRT_STALL_S``, else half the timeout, between 60 s and 5 minutes;
     0: off; not shorter than the timeout: the verdict forms at the timeout, in the error):
     see :mod:`commrt.runtime.stall`.
@@ -389,9 +395,8 @@ def init(
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     order = _candidates(backend, launch, device, world_size)
     address = (master_addr, master_port)
-    be, transport = _transport(
-        order, launch, rank, world_size, timeout, address, device, nccl_module
-    )
+    engine = ipc_device if order[0] is Backend.CUDA_IPC else nccl_module
+    be, transport = _transport(order, launch, rank, world_size, timeout, address, device, engine)
     comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
     if abort_on_error is not False and world_size > 1:
         install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
@@ -401,7 +406,8 @@ def init(
 
 def _transport(order, launch, rank, world_size, timeout, address, device, nccl):
     """(backend, transport): the first of ``order`` that can be made;
-    ``address``: (master_addr, master_port)."""
+    ``address``: (master_addr, master_port); ``nccl``: the NCCL module, or for cuda_ipc
+    its device (None: the real ones)."""
     master_addr, master_port = address
     if rejoining():
         return order[0], _rejoined(order[0], rank, world_size)
@@ -410,6 +416,11 @@ def _transport(order, launch, rank, world_size, timeout, address, device, nccl):
             launch, rank, world_size, master_addr, master_port, timeout, device, nccl
         )
         return Backend.NCCL, made
+    if order[0] is Backend.CUDA_IPC:
+        store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
+        return order[0], init_cuda_ipc(
+            store, rank, world_size, device, launch.local_rank, timeout, nccl
+        )
     return cpu_transport(
         order,
         lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
@@ -456,17 +467,6 @@ def _mpi_transport(rank: int, world_size: int) -> Transport:
             f"mpiexec -n {world_size}"
         )
     return MpiTransport(world)
-
-
-def shm_transport(store, rank: int, world_size: int, timeout: float, asked: str) -> Transport:
-    """The shared-memory transport over ``store`` (every rank together), or a ValueError
-    that says why these ranks cannot share memory and what to use instead."""
-    from commrt.transports.shm_connect import connect
-
-    made = connect(store, rank, world_size, timeout)
-    if isinstance(made, str):
-        raise ValueError(f"commrt: {asked}: the ranks cannot share memory ({made}); use gloo")
-    return made
 
 
 def _rejoined(be: Backend, rank: int, world_size: int) -> Transport:

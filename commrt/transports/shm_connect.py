@@ -82,12 +82,12 @@ def connect(store, rank: int, world_size: int, timeout: float) -> "ShmTransport 
         if reason is None:
             reason = _make(path.format(rank), world_size, ring_bytes, maps, rank)
         # first what each rank found about itself (the cause), then what it found of the others
-        made = _gather(store, key + "made/", rank, world_size, timeout, _about_me(reason))
+        made = gather(store, key + "made/", rank, world_size, timeout, _about_me(reason))
         pids = {r: _pid_of(text) for r, text in enumerate(made)}
         bad = _first_reason(text.split(",", 2)[2] for text in made)
         if bad is None:
             why = _map_peers(path, rank, world_size, ring_bytes, maps, pids)
-            bad = _first_reason(_gather(store, key + "ok/", rank, world_size, timeout, why or ""))
+            bad = _first_reason(gather(store, key + "ok/", rank, world_size, timeout, why or ""))
     finally:
         try:  # every rank mapped every file, or gave up: the names can go
             os.unlink(path.format(rank))
@@ -116,7 +116,7 @@ def _first_reason(reasons) -> str | None:
     return next((f"rank {r}: {why}" for r, why in enumerate(reasons) if why), None)
 
 
-def _gather(store, prefix: str, rank: int, world_size: int, timeout: float, mine: str) -> list:
+def gather(store, prefix: str, rank: int, world_size: int, timeout: float, mine: str) -> list:
     """Every rank's ``mine``, in rank order, through the store (waits at most ``timeout``)."""
     store.set(prefix + str(rank), mine)
     store.wait([prefix + str(r) for r in range(world_size)], timedelta(seconds=timeout))
@@ -162,3 +162,12 @@ def _map_peers(
         finally:
             os.close(fd)
     return None
+
+
+def shm_transport(store, rank: int, world_size: int, timeout: float, asked: str) -> ShmTransport:
+    """The shared-memory transport over ``store`` (every rank together), or a ValueError
+    that says why these ranks cannot share memory and what to use instead."""
+    made = connect(store, rank, world_size, timeout)
+    if isinstance(made, str):
+        raise ValueError(f"commrt: {asked}: the ranks cannot share memory ({made}); use gloo")
+    return made

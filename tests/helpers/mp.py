@@ -91,3 +91,34 @@ class GlooJob:
                 if p.poll() is None:
                     p.kill()
         return [p.returncode for p in self.procs], outs
+
+
+def die_after_one_all_reduce(comm, out: str) -> None:
+    """(In a worker.) One all-reduce; then the last rank SIGKILLs itself, writing the time to
+    ``out``/killed, and the others' next all-reduce fails (the abort hook ends the job)."""
+    import signal
+
+    import torch
+
+    import commrt
+
+    t = torch.ones(1000)
+    commrt.all_reduce(t, comm)
+    if comm.rank == comm.world_size - 1:
+        with open(os.path.join(out, "killed"), "w") as f:
+            f.write(str(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    commrt.all_reduce(t, comm)
+
+
+def killed_peer_said(n: int, script: str, out, within_s: float, timeout: float = 150) -> str:
+    """Run ``n`` ranks of ``script death out`` (:func:`die_after_one_all_reduce`); check
+    that the last was killed and the others ended within ``within_s`` seconds of it, with
+    an error. Returns what the ranks said."""
+    codes, outs = gloo_ranks(n, script, "death", out, timeout=timeout)
+    ended = time.time()
+    assert codes[-1] == -9, outs[-1]
+    assert all(c != 0 for c in codes[:-1]), "\n---\n".join(outs)
+    killed = float((out / "killed").read_text())
+    assert ended - killed < within_s, "\n---\n".join(outs)
+    return "".join(outs)

@@ -4,18 +4,12 @@ rings themselves in tests/unit/test_shm_rings.py."""
 
 import json
 import re
-import time
 
-from helpers.mp import gloo_ranks
+from helpers.mp import gloo_ranks, killed_peer_said
 
 
 def test_a_killed_peer_is_named_and_the_job_ends_within_seconds(tmp_path):
-    codes, outs = gloo_ranks(3, "shm_worker.py", "death", tmp_path, timeout=120)
-    ended = time.time()
-    assert codes[2] == -9, outs[2]
-    assert codes[0] != 0 and codes[1] != 0, "\n---\n".join(outs)
-    assert ended - float((tmp_path / "killed").read_text()) < 15, "\n---\n".join(outs)
-    said = "".join(outs)
+    said = killed_peer_said(3, "shm_worker.py", tmp_path, within_s=15, timeout=120)
     assert re.search(r"shm failed in .*rank 2's process \(pid \d+\) is gone", said), said
     assert "it died" in said, said
 

@@ -23,6 +23,7 @@ from commrt.runtime.choice import (
     Backend,
     Situation,
     choose,
+    cuda_transport_wanted,
     describe,
     fits,
 )
@@ -46,7 +47,9 @@ def situations():
 
 
 def test_every_transport_has_its_place_in_the_order_once():
-    assert [b for b, _ in ORDER] == [Backend.NCCL, Backend.SHM, Backend.MPI, Backend.GLOO]
+    assert [b for b, _ in ORDER] == [
+        Backend.NCCL, Backend.CUDA_IPC, Backend.SHM, Backend.MPI, Backend.GLOO
+    ]  # fmt: skip
     assert set(Backend) == {b for b, _ in ORDER}
     assert choose(EVERYTHING) == tuple(b for b, _ in ORDER)  # nothing excluded: all, in order
 
@@ -81,8 +84,26 @@ def test_under_mpiexec_shared_memory_then_mpi_then_gloo():
 
 def test_cuda_takes_nccl_where_it_is_installed_else_the_cpu_order():
     gpu = Situation("cuda", "torchrun", 2, 2)
-    assert choose(gpu) == (Backend.NCCL, Backend.SHM, Backend.GLOO)
+    assert choose(gpu) == (Backend.NCCL, Backend.CUDA_IPC, Backend.SHM, Backend.GLOO)
     assert choose(replace(gpu, nccl_missing="pip install 'commrt[cuda12]'"))[0] is Backend.SHM
+
+
+def test_cuda_takes_cuda_ipc_where_ranks_share_a_gpu_or_it_is_asked_for():
+    gpu = Situation("cuda", "torchrun", 4, 4)
+    shared = replace(gpu, gpu_shared=True)  # NCCL refuses two ranks on one GPU
+    assert choose(shared)[:2] == (Backend.CUDA_IPC, Backend.SHM)
+    assert choose(replace(gpu, cuda_transport="cuda_ipc"))[0] is Backend.CUDA_IPC
+    assert choose(replace(shared, cuda_transport="nccl"))[0] is Backend.NCCL  # as asked
+    assert Backend.CUDA_IPC not in choose(replace(gpu, local_size=2))  # across hosts
+    assert Backend.CUDA_IPC not in choose(replace(shared, nccl_missing="no CuPy"))
+    assert choose(replace(gpu, world_size=1, local_size=1))[0] is Backend.NCCL
+
+
+def test_the_cuda_transport_variable_is_checked():
+    assert cuda_transport_wanted({}) == "auto"
+    assert cuda_transport_wanted({"COMMRT_CUDA_TRANSPORT": " CUDA_IPC "}) == "cuda_ipc"
+    with pytest.raises(ValueError, match="COMMRT_CUDA_TRANSPORT='ipc' is none of"):
+        cuda_transport_wanted({"COMMRT_CUDA_TRANSPORT": "ipc"})
 
 
 def test_the_sentence_names_each_transport_in_the_order():

@@ -13,27 +13,22 @@
 
 import json
 import os
-import signal
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-import commrt
-import commrt.distributed  # noqa: F401  (registers the backend)
-from commrt.transports import shm_connect
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers.mp import die_after_one_all_reduce  # noqa: E402
+
+import commrt  # noqa: E402
+import commrt.distributed  # noqa: E402, F401  (registers the backend)
+from commrt.transports import shm_connect  # noqa: E402
 
 
 def death(out):
     comm = commrt.init("shm", timeout=120, stall_s=0)
-    t = torch.ones(1000)
-    commrt.all_reduce(t, comm)
-    if comm.rank == comm.world_size - 1:
-        with open(os.path.join(out, "killed"), "w") as f:
-            f.write(str(time.time()))
-        os.kill(os.getpid(), signal.SIGKILL)
-    commrt.all_reduce(t, comm)  # fails: the abort hook ends the job, naming the dead rank
+    die_after_one_all_reduce(comm, out)  # the abort hook ends the job, naming the dead rank
 
 
 def refuse(out):

@@ -1,0 +1,62 @@
+"""The ``cuda_ipc`` transport across real processes, on the strict CPU stand-in device
+(tests/helpers/ipc_standin.py): collectives against float64, messages in issue order,
+a size mismatch, a dead peer, a timeout, and ranks that cannot reach each other. The
+ordering of its waits is in test_cuda_ipc_order.py. None of this is a GPU result."""
+
+import json
+import re
+
+import pytest
+from helpers.mp import gloo_ranks, killed_peer_said
+
+
+def _reports(tmp_path, n):
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_collectives_match_float64_at_2_and_4_ranks(tmp_path, n):
+    codes, outs = gloo_ranks(n, "ipc_worker.py", "collectives", tmp_path, timeout=400)
+    assert codes == [0] * n, "\n---\n".join(outs)
+    for report in _reports(tmp_path, n):
+        assert len(report) == 2 * 3 * 5, report  # dtypes x sizes x (3 all-reduces, rs, ag)
+        for case, err in report.items():
+            assert err < (1e-5 if "float32" in case else 1e-12), (case, err)
+
+
+def test_messages_arrive_in_issue_order_through_reused_slots(tmp_path):
+    codes, outs = gloo_ranks(2, "ipc_worker.py", "sequence", tmp_path, timeout=200)
+    assert codes == [0, 0], "\n---\n".join(outs)
+    for report in _reports(tmp_path, 2):
+        assert report.pop("pieces") == [198, 198], report  # 66 pieces a round, 3 rounds
+        assert all(report.values()), report
+
+
+def test_a_receive_of_another_size_is_a_named_error(tmp_path):
+    codes, outs = gloo_ranks(2, "ipc_worker.py", "mismatch", tmp_path, timeout=120)
+    assert codes == [0, 0], "\n---\n".join(outs)
+    error = _reports(tmp_path, 2)[1]["error"]
+    assert "rank 0 sent 400 bytes where 800 were posted" in error, error
+
+
+def test_a_killed_peer_is_named_and_the_job_ends_within_seconds(tmp_path):
+    said = killed_peer_said(3, "ipc_worker.py", tmp_path, within_s=20)
+    assert re.search(r"cuda_ipc failed in .*rank 2's process \(pid \d+\) is gone", said), said
+
+
+def test_a_timeout_is_named_and_leaves_the_transport_unusable(tmp_path):
+    codes, outs = gloo_ranks(2, "ipc_worker.py", "timeout", tmp_path, timeout=120)
+    assert codes == [0, 0], "\n---\n".join(outs)
+    report = _reports(tmp_path, 2)[0]
+    assert report["first"].startswith("CommTimeoutError"), report
+    assert report["first_s"] < 15, report
+    assert "cuda_ipc transport is unusable" in report["second"], report
+
+
+def test_devices_without_peer_access_are_refused_on_every_rank_alike(tmp_path):
+    codes, outs = gloo_ranks(3, "ipc_worker.py", "refuse", tmp_path, timeout=120)
+    assert codes == [0, 0, 0], "\n---\n".join(outs)
+    errors = {r["init_error"] for r in _reports(tmp_path, 3)}
+    assert len(errors) == 1, errors
+    (error,) = errors
+    assert "rank 0: standin" in error and "has no peer access to rank 1's" in error, error

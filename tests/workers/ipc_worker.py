@@ -1,0 +1,215 @@
+"""Ranks over the ``cuda_ipc`` transport with the strict CPU stand-in device, torchrun-style
+(tests/multiprocess/test_cuda_ipc.py, test_cuda_ipc_order.py).
+
+    ipc_worker.py MODE OUTDIR
+
+Every rank writes OUTDIR/rank<r>.json. Modes:
+
+* ``collectives``: all_reduce with ring, halving-doubling and torus2d, reduce_scatter
+  and all_gather, fp32 and fp64, sizes that span many slots, each against a float64
+  reference; results (max error per case) in the report.
+* ``order``: rank 0 sends rank 1 numbered messages of many pieces; each of the four
+  waits of the protocol is removed in turn (replaced on the transport object) under
+  stream latencies that make the race happen; the report says, per case, whether every
+  message arrived intact.
+* ``sequence``: many messages of mixed sizes (empty ones, one piece, many pieces) in
+  both directions over several exchanges: each arrives in the order it was issued.
+* ``mismatch``: rank 0 sends 400 bytes where rank 1 posted 800: a named error.
+* ``death``: after one all-reduce the last rank SIGKILLs itself; the others' next
+  all-reduce must fail naming it (the abort hook ends the job).
+* ``timeout``: rank 1 stays away for longer than the 3 s timeout: rank 0's all-reduce is
+  a CommTimeoutError, and the transport is unusable afterwards, by name.
+* ``refuse``: "GPUs" without peer access: init refuses on every rank alike.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from helpers.ipc_standin import StandInDevice  # noqa: E402
+from helpers.mp import die_after_one_all_reduce  # noqa: E402
+
+import commrt  # noqa: E402
+from commrt.algorithms import HalvingDoubling, Ring, Torus2D  # noqa: E402
+
+RANK = int(os.environ.get("RANK", "0"))
+#: 4 slots of 4 KiB per link: every message over 16 KiB reuses slots
+os.environ.setdefault("COMMRT_CUDA_IPC_SLOT_BYTES", "4096")
+
+
+def init(latency_s=0.002, **kw):
+    dev = StandInDevice(latency_s=latency_s, seed=RANK, **kw)
+    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=kw.pop("timeout", 60), stall_s=0,
+                       abort_on_error=False)  # fmt: skip
+    return comm, dev
+
+
+def collectives(out):
+    comm, _ = init()
+    p, report = comm.world_size, {}
+    algos = {"ring": Ring(), "hd": HalvingDoubling()}
+    algos["torus2d"] = Torus2D(rows=2, cols=p // 2) if p % 2 == 0 else Torus2D()
+    for dtype in (torch.float32, torch.float64):
+        for n in (1, 1000, 30011):
+            full = [torch.randn(n, generator=torch.Generator().manual_seed(r), dtype=torch.float64)
+                    for r in range(p)]  # fmt: skip
+            ref = sum(full)
+            for name, alg in algos.items():
+                t = full[comm.rank].to(dtype, copy=True)
+                commrt.all_reduce(t, comm, algorithm=alg, op="sum")
+                report[f"all_reduce {name} {dtype} {n}"] = (t.double() - ref).abs().max().item()
+            m = n * p
+            whole = [torch.randn(m, generator=torch.Generator().manual_seed(9 + r),
+                                 dtype=torch.float64) for r in range(p)]  # fmt: skip
+            shard = torch.empty(n, dtype=dtype)
+            commrt.reduce_scatter(shard, whole[comm.rank].to(dtype, copy=True), comm)
+            want = sum(whole)[comm.rank * n : (comm.rank + 1) * n]
+            report[f"reduce_scatter {dtype} {n}"] = (shard.double() - want).abs().max().item()
+            gathered = torch.empty(m, dtype=dtype)
+            commrt.all_gather(gathered, full[comm.rank].to(dtype, copy=True), comm)
+            report[f"all_gather {dtype} {n}"] = (
+                (gathered.double() - torch.cat(full).to(dtype).double()).abs().max().item()
+            )
+    comm.close()
+    return report
+
+
+def _send_numbered(comm, count, elems, salt, stay_away_s=0.0):
+    """Rank 0 sends ``count`` numbered messages to rank 1 (``salt`` makes them differ from
+    an earlier call's); whether all arrived intact (on rank 1; True on rank 0)."""
+    tr = comm.transport
+    deadline = time.monotonic() + 30
+    msgs = [torch.arange(elems, dtype=torch.float32) + 1000.0 * (i + 1) + 1e5 * salt
+            for i in range(count)]  # fmt: skip
+    if comm.rank == 0:
+        time.sleep(stay_away_s)
+        pend = tr.exchange([(m, 1) for m in msgs], [], 0)
+        ok = all(pend.wait_send(i, deadline) for i in range(count))
+        return ok and tr.sync(deadline)
+    got = [torch.zeros(elems) for _ in range(count)]
+    pend = tr.exchange([], [(g, 0) for g in got], 0)
+    ok = all(pend.wait_recv(i, deadline) for i in range(count)) and tr.sync(deadline)
+    return ok and all(torch.equal(g, m) for g, m in zip(got, msgs))
+
+
+#: each removed wait, and the stream latencies (rank 0's, rank 1's) and delay of the
+#: sender that let its race happen
+CASES = {
+    "wait_ready": ((0.2, 0.0), 0.0),  # the sender's stream lags behind its host
+    "can_write": ((0.0, 0.2), 0.0),  # the receiver's stream lags: slots reused too soon
+    "wait_consumed": ((0.0, 0.2), 0.0),
+    # the receiver's host runs ahead of the sender's (last: it may break the transport)
+    "can_read": ((0.002, 0.002), 0.3),
+}
+
+
+def _without(tr, wait: str) -> None:
+    """Remove one wait of the protocol from this transport object."""
+    if wait.startswith("can_"):
+        setattr(tr, wait, lambda link, n: True)
+    else:
+        setattr(tr, wait, lambda link, slot: None)
+
+
+def order(out):
+    comm, dev = init()
+    report, salt = {}, 0
+    for wait, (latency, stay_away) in CASES.items():
+        for removed in (False, True):
+            dev.latency_s, salt = latency[comm.rank], salt + 1
+            if removed:
+                _without(comm.transport, wait)
+            try:  # 6 messages of 4 pieces through 4 slots
+                ok = _send_numbered(comm, 6, 4096, salt, stay_away)
+            except RuntimeError as e:
+                ok = f"{type(e).__name__}: {e}"
+            report[f"{wait} {'removed' if removed else 'kept'}"] = ok
+            for name in ("can_read", "wait_ready", "can_write", "wait_consumed"):
+                comm.transport.__dict__.pop(name, None)  # the class's own wait again
+            dev.latency_s = 0.002
+            if comm.transport.broken is None:
+                comm.barrier()
+    comm.close()
+    return report
+
+
+def sequence(out):
+    comm, _ = init(latency_s=0.001)
+    tr, peer, report = comm.transport, 1 - comm.rank, {}
+    sizes = [0, 1, 5, 1024, 1025, 4096, 12000, 0, 3, 40000, 7, 0]
+    deadline = time.monotonic() + 60
+    for round_ in range(3):
+        mine = [torch.full((n,), float(comm.rank * 100000 + round_ * 1000 + i))
+                for i, n in enumerate(sizes)]  # fmt: skip
+        theirs = [torch.empty(n) for n in sizes]
+        pends = [tr.exchange([(m, peer)], [(t, peer)], 0) for m, t in zip(mine, theirs)]
+        for pend in reversed(pends):  # waited in the other order: matching is by issue order
+            assert pend.wait_recv(0, deadline) and pend.wait_send(0, deadline)
+        assert tr.sync(deadline)
+        want = [float(peer * 100000 + round_ * 1000 + i) for i in range(len(sizes))]
+        report[f"round {round_}"] = all(bool((t == w).all()) for t, w in zip(theirs, want))
+    report["pieces"] = [tr.out[peer].next, tr.inb[peer].next]
+    comm.close()
+    return report
+
+
+def mismatch(out):
+    comm, _ = init()
+    tr, deadline = comm.transport, time.monotonic() + 20
+    try:
+        if comm.rank == 0:
+            pend = tr.exchange([(torch.zeros(100), 1)], [], 0)
+            pend.wait_send(0, deadline)
+            tr.sync(deadline)
+            time.sleep(2)
+        else:
+            pend = tr.exchange([], [(torch.zeros(200), 0)], 0)
+            pend.wait_recv(0, deadline)
+    except Exception as e:  # noqa: BLE001 (the report names it)
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"error": None}
+
+
+def death(out):
+    dev = StandInDevice(seed=RANK)
+    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=120, stall_s=0)
+    die_after_one_all_reduce(comm, out)
+
+
+def timeout(out):
+    dev = StandInDevice(seed=RANK)
+    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=3, stall_s=0, abort_on_error=False)
+    report = {}
+    if comm.rank == 1:
+        time.sleep(8)
+        return report
+    for key in ("first", "second"):
+        start = time.monotonic()
+        try:
+            commrt.all_reduce(torch.ones(100), comm)
+            report[key] = None
+        except Exception as e:  # noqa: BLE001 (the report names it)
+            report[key] = f"{type(e).__name__}: {e}"
+        report[key + "_s"] = time.monotonic() - start
+    return report
+
+
+def refuse(out):
+    dev = StandInDevice(seed=RANK, name=f"gpu{RANK}", peer_access=False)
+    try:
+        commrt.init("cuda_ipc", ipc_device=dev, timeout=30, stall_s=0)
+    except ValueError as e:
+        return {"init_error": str(e)}
+    return {"init_error": None}
+
+
+if __name__ == "__main__":
+    mode, outdir = sys.argv[1], sys.argv[2]
+    result = globals()[mode](outdir)
+    with open(os.path.join(outdir, f"rank{RANK}.json"), "w") as f:
+        json.dump(result, f)
