@@ -248,6 +248,27 @@ def test_a_timeout_within_the_default_watch_still_names_the_rank_and_line(case, 
         assert all(VERDICT in o[o.index("caught: ") :] for o in caught), caught
 
 
+def test_a_timeout_within_the_default_watch_under_ddp_names_the_rank_and_line(tmp_path):
+    codes, outs, _ = run("timeout", tmp_path, script="verdict_ddp_worker.py", watch_s=TIMEOUT_S)
+    assert all(c != 0 for c in codes), "\n".join(outs)
+    hang = line_of("verdict_ddp_worker.py", "a data loader that hangs")
+    for out in outs:
+        flat = " ".join(out.split())
+        assert told(out) and "rank 3 " in flat and "IN USER CODE" in flat, out
+        assert f"verdict_ddp_worker.py:{hang} in load_next_batch" in flat, out
+
+
+def test_over_mpi_a_timeout_within_the_default_watch_names_the_rank_and_line():
+    proc = mpiexec(4, "verdict_worker.py", "timeout", "mpi", timeout=BOUND_S, check=False,
+                   env={"COMMRT_STALL_S": ""})  # fmt: skip
+    ended, out = time.time(), proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "finished" not in out, out
+    took = ended - float(re.search(r"stall from ([\d.]+)", out).group(1))
+    assert took <= TIMEOUT_S + VERDICT_WITHIN_S, f"the job ended {took:.1f} s after the stall"
+    flat = " ".join(out.split())
+    assert VERDICT in out and "rank 3 " in flat and HANG in flat, out
+
+
 # -- a size mismatch after the first agreed call: rank 1 is in its call's first-use check
 
 
