@@ -117,3 +117,38 @@ class PeerClosedError(CommError):
             waiting_in=self.waiting_in,
             where=where,
         )
+
+
+class PeerFailedError(CommError):
+    """A peer ended after an error (its farewell says so) while this rank waits on it: it
+    will finish nothing more. Where the peer knew which rank its failure began at (the
+    stall verdict's root, or the peer its own error named), ``cause`` names that rank, so
+    that an error follows the chain to it rather than blaming the rank that left.
+
+    Attributes: ``rank`` (this rank), ``peer`` (the rank that failed), ``cause`` (the rank
+    the failure began at, or None where unknown), ``unit`` and ``waiting_in`` (as
+    :class:`PeerClosedError`'s), ``where``.
+    """
+
+    def __init__(
+        self, *, rank: int, peer: int, cause: int | None, unit: str, waiting_in: int,
+        where: str = "",
+    ):  # fmt: skip
+        self.rank, self.peer, self.cause, self.unit = rank, peer, cause, unit
+        self.waiting_in, self.where = waiting_in, where
+        began = f"at rank {cause}" if cause is not None else f"at rank {peer} itself"
+        read = f"rank {cause if cause is not None else peer}'s output says why"
+        super().__init__(
+            f"commrt: rank {peer} ended after a failure that began {began}, while rank "
+            f"{rank} waits in {unit} {waiting_in}" + (f" ({where})" if where else "")
+            + f": {read}."
+        )  # fmt: skip
+
+    def at(self, where: str) -> "PeerFailedError":
+        """The same error, naming where this rank waited (algorithm, step, bucket)."""
+        if self.where or not where:
+            return self
+        return PeerFailedError(
+            rank=self.rank, peer=self.peer, cause=self.cause, unit=self.unit,
+            waiting_in=self.waiting_in, where=where,
+        )  # fmt: skip

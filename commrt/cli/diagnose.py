@@ -60,10 +60,17 @@ def cmd_diagnose(args) -> int:
     if args.positions > 0:
         print(f"\nlast positions ({len(files)} files):")
         for data in files:
-            for pos in data.get("positions", [])[-args.positions :]:
+            for pos in positions_of(data)[-args.positions :]:
                 for line in wrap(f"  rank {data.get('rank')}: {position_text(pos)}"):
                     print(line)
     return 0
+
+
+def positions_of(data: dict) -> list[dict]:
+    """A rank's kept positions, without the one from before its first collective (the
+    watch's first sample) where a later one follows."""
+    kept = data.get("positions", [])
+    return [p for p in kept if p.get("kind") is not None] or kept[-1:]
 
 
 def position_text(pos: dict) -> str:

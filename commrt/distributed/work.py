@@ -35,7 +35,7 @@ future. Instead:
   from ``wait()``;
 * an error that nobody waits for (DDP's gradient all-reduce only ever
   holds the future) ends the whole job through commrt's abort path
-  (:func:`commrt.runtime.abort.end_job`), the error printed with rank, peer and
+  (:func:`commrt.runtime.abort.end_job_after`, after the stall verdict), the error printed with rank, peer and
   algorithm. With ``COMMRT_ABORT_ON_ERROR=0`` the future carries it instead
   (safe for Python consumers such as communication hooks, not for DDP).
 
@@ -54,7 +54,7 @@ import torch
 from torch._C._distributed_c10d import Work
 
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.abort import abort_on_error_wanted, end_job
+from commrt.runtime.abort import abort_on_error_wanted, end_job_after
 
 #: errors raised before anything reached the wire (bad input, a call the ranks disagree on,
 #: raised on every rank alike): the group stays usable after them; any other breaks it
@@ -122,10 +122,11 @@ class CommrtWork(Work):
         if waited:
             return
         if abort_on_error_wanted():
-            end_job(
+            end_job_after(
+                error,
                 f"commrt: rank {self.rank}: {self.what} failed and nothing waits for it "
                 f"(DDP holds only its future): {type(error).__name__}: {error}; ending the "
-                "whole job (COMMRT_ABORT_ON_ERROR=0 hands the error to the future instead)"
+                "whole job (COMMRT_ABORT_ON_ERROR=0 hands the error to the future instead)",
             )
         self.future.set_exception(error)
 

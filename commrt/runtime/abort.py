@@ -16,10 +16,19 @@ import time
 import traceback
 import weakref
 
-from commrt.errors import CollectiveMismatchError, CommError, PeerClosedError
+from commrt.errors import (
+    CollectiveMismatchError,
+    CommError,
+    CommTimeoutError,
+    PeerClosedError,
+    PeerFailedError,
+)
+from commrt.runtime.departures import FAILED
 
 #: seconds an aborting rank waits for the launcher to forward its last output
 ABORT_GRACE_S = 0.5
+#: where mpich keeps its shared-memory segment for the ranks of a node
+MPICH_SHM = "/dev/shm/mpich_shm_"
 
 
 def env_flag(name: str) -> bool | None:
@@ -51,18 +60,19 @@ class _AbortOnError:
         self.previous = previous
         self.comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # comm: advice
 
+    #: the hook installed last in this process (sys.excepthook is per process too): found
+    #: here, since a hook installed after it (torch.distributed's) may wrap it
+    installed: "_AbortOnError | None" = None
+
     @classmethod
     def install(cls, comm, advice: str) -> None:
         hook = sys.excepthook
         if not isinstance(hook, cls):
-            hook = sys.excepthook = cls(hook)
+            hook = sys.excepthook = cls.installed = cls(hook)
         hook.comms[comm] = advice  # how to keep it running: fits how comm was made
 
     def __call__(self, kind, value, tb) -> None:
-        judging = [c.stall for c in self.comms if c.stall is not None and c.stall.judging]
-        if judging:  # an error of the verdict's own ending (a peer left): the verdict ends it
-            judging[0].diagnose("", failed=True)
-            os._exit(1)
+        self.await_verdict()
         self.previous(kind, value, tb)
         if sys.stderr is not sys.__stderr__ and sys.__stderr__ is not None:
             # a hook installed after this one (torch.distributed's prefixes "[rankN]:") may
@@ -77,12 +87,32 @@ class _AbortOnError:
         # exit without saying it again (each rank prints its error once); a Ctrl-C is no error
         what = f"the uncaught {kind.__name__} above"
         what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
-        if comm.stall is not None and stall_worth_a_verdict(value):
-            comm.stall.diagnose(str(value).splitlines()[0] if str(value) else what, failed=True)
+        self.fail(value, str(value).splitlines()[0] if str(value) else what)
         end_job(
             f"commrt: rank {comm.rank}: {what}; ending the whole job "
             f"({self.comms.get(comm, 'COMMRT_ABORT_ON_ERROR=0')} to keep it running)"
         )
+
+    def await_verdict(self) -> None:
+        """Where a stall verdict is being given in this process, let it end the job (an
+        error of the verdict's own ending: a peer left), saying nothing more."""
+        judging = [c.stall for c in self.comms if c.stall is not None and c.stall.judging]
+        if judging:
+            judging[0].diagnose("", failed=True)
+            os._exit(1)
+
+    def fail(self, error: BaseException, reason: str) -> None:
+        """Before this process ends the job for ``error``: the stall verdict where the error
+        is worth one (which ends the job, with a farewell naming the verdict's root), else
+        a farewell on every open communicator naming the rank the error points at
+        (:mod:`commrt.runtime.departures`), so that the peers' errors follow the chain."""
+        live = [c for c in self.comms if not c.closed]
+        for comm in live:
+            if comm.stall is not None and stall_worth_a_verdict(error):
+                comm.stall.diagnose(reason, failed=True)
+                break
+        for comm in live:
+            comm.watch.announce(FAILED, cause_of(error))
 
 
 def end_job(message: str) -> None:
@@ -98,8 +128,52 @@ def end_job(message: str) -> None:
         # its proxy has not forwarded yet (a traceback can be cut in half): give the
         # forwarder a moment first
         time.sleep(ABORT_GRACE_S)
+        unlink_mpich_segments()
         mpi.COMM_WORLD.Abort(1)
     os._exit(1)
+
+
+def unlink_mpich_segments() -> None:
+    """Unlink the ``/dev/shm/mpich_shm_*`` files this process maps: mpich's segment for
+    the ranks of a node, which ``MPI_Abort`` would leave behind (a few MB per job). The
+    other ranks of the node map the same file; their mappings outlive its name. Only
+    files this process maps are touched, never another job's."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[-1].strip() for line in f if MPICH_SHM in line}
+    except OSError:  # no /proc here: nothing to clean that we can find
+        return
+    for path in paths:
+        if path.startswith(MPICH_SHM) and not path.endswith("(deleted)"):
+            try:
+                os.unlink(path)
+            except OSError:  # another rank of the node was first
+                pass
+
+
+def end_job_after(error: BaseException, message: str) -> None:
+    """:func:`end_job` for an ``error`` that has nobody to raise to (a torch.distributed
+    call whose future alone DDP holds): ``message`` first, then, as for an uncaught
+    error, the stall verdict or a farewell that names where the failure began."""
+    hook = _AbortOnError.installed
+    if hook is not None:
+        hook.await_verdict()
+    print(message, file=sys.__stderr__ or sys.stderr, flush=True)
+    if hook is not None:
+        hook.fail(error, str(error).splitlines()[0] if str(error) else type(error).__name__)
+    end_job("commrt: ending the whole job after the error above")
+
+
+def cause_of(error: BaseException) -> int | None:
+    """The rank ``error`` points at as where a failure began, where it names one: a failed
+    peer's cause (else the peer), the peer a timeout waited on, the one peer of an engine
+    error; None otherwise."""
+    if isinstance(error, PeerFailedError):
+        return error.peer if error.cause is None else error.cause
+    if isinstance(error, CommTimeoutError):
+        return error.peer
+    peers = getattr(error, "peers", None) if isinstance(error, CommError) else None
+    return peers[0] if isinstance(peers, list) and len(peers) == 1 else None
 
 
 def install_abort_hook(comm, advice: str = "COMMRT_ABORT_ON_ERROR=0") -> None:

@@ -175,18 +175,6 @@ def choose(s: Situation) -> tuple[Backend, ...]:
     return tuple(b for b, _ in ORDER if fits(b, s))
 
 
-def passed_over(s: Situation) -> list[str]:
-    """Why auto does not take the transport it would take without this process's
-    lacks or a rank that may die: one line each (none when it takes the best)."""
-    why = []
-    if s.device == "cuda" and s.nccl_missing is not None:
-        why.append(f"not nccl: {s.nccl_missing}")
-    best = choose(Situation(s.device, s.launcher, s.world_size, s.local_size, s.mpi_world))
-    if s.ranks_may_die and best[0] is not Backend.GLOO:
-        why.append(f"gloo, not {best[0]}: {ONLY_GLOO_SURVIVES}")
-    return why
-
-
 def describe(markdown: bool = False) -> str:
     """What auto picks, in one sentence made from :data:`ORDER`: the ``--help`` text,
     and the sentence the README and the docs carry (``markdown``: names as code)."""

@@ -155,7 +155,8 @@ class Communicator:
                 pos.end(done)
             if not done:
                 error = CommTimeoutError(rank=self.rank, peer=None, what="barrier", timeout_s=t)
-                self.verdict_at_timeout(error)
+                if timeout is None:
+                    self.verdict_at_timeout(error)
                 raise error
 
     def run_schedule(
@@ -184,8 +185,8 @@ class Communicator:
                     self.piece_bytes, average, reduce, bucket, tracer,
                     owner if work is buf else None, self.spin_s if spin else 0.0,
                 )  # fmt: skip
-            except CommTimeoutError as e:
-                if transport is None:  # not a group the caller made (and handles)
+            except CommTimeoutError as e:  # a call's own timeout or group: the caller handles it
+                if transport is None and timeout is None:
                     self.verdict_at_timeout(e)
                 raise
         if work is not buf:
@@ -193,10 +194,9 @@ class Communicator:
         return sent
 
     def verdict_at_timeout(self, error: CommTimeoutError) -> None:
-        """Before ``error`` (a wait on this communicator's ranks timed out) is raised: the
-        stall verdict, formed now on every rank, joins its message
-        (:meth:`commrt.runtime.stall.StallWatch.at_timeout`). Not inside a GradientSync
-        step whose family goes on without ranks that fail (backup workers handle it)."""
+        """Before ``error`` (a wait ran out of this communicator's timeout) is raised: the
+        stall verdict joins its message (:meth:`commrt.runtime.stall.StallWatch.at_timeout`).
+        Not for backup workers' steps (their family goes on without ranks that fail)."""
         if self.stall is not None and (not self.watch.in_sync or self.watch.sync_waits_on_all):
             self.stall.at_timeout(error)
 

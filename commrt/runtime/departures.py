@@ -12,7 +12,10 @@ closed connection as a crash (gloo). So every communicator keeps a
   the communicator);
 * at ``close()``, and at interpreter exit for a communicator still open,
   it announces a *farewell*: those counts and whether the rank closed or
-  exited. Under MPI (no store) the farewell is a message on the reserved
+  exited; a rank that ends the job after an error (:mod:`commrt.runtime.abort`)
+  says that it *failed*, and which rank caused it where it knows (the stall
+  verdict's root, or the peer its error names), so that a peer waiting on it
+  follows the chain to that rank instead of blaming the one that left. Under MPI (no store) the farewell is a message on the reserved
   tag :data:`commrt.schedule.tags.FAREWELL`, for which every rank keeps a receive
   posted from every peer; on gloo it is a key in the rendezvous store
   (a gloo receive cannot be tested without blocking, but a closed peer
@@ -22,7 +25,9 @@ closed connection as a crash (gloo). So every communicator keeps a
   an engine error asks :meth:`Departures.explain`. A farewell ends a wait
   only if the peer will never take part in what this rank waits in: the
   peer left after call (or step) N and this rank waits in a later one. A
-  peer that left after finishing this very call is no reason to stop.
+  peer that left after finishing this very call is no reason to stop; a
+  peer that failed will finish nothing more, so it ends a wait in the call
+  it failed in too (:class:`~commrt.errors.PeerFailedError`).
 
 The error is :class:`~commrt.errors.PeerClosedError`: "rank 0 closed its
 communicator after GradientSync step 5 while rank 1 waits in GradientSync
@@ -39,12 +44,14 @@ from dataclasses import dataclass
 
 import torch
 
-from commrt.errors import PeerClosedError
+from commrt.errors import PeerClosedError, PeerFailedError
 from commrt.schedule import tags
 
 #: why a rank left
-CLOSED, EXITED = 1, 2
-HOW = {CLOSED: "closed its communicator", EXITED: "exited"}
+CLOSED, EXITED, FAILED = 1, 2, 3
+HOW = {CLOSED: "closed its communicator", EXITED: "exited", FAILED: "failed"}
+#: a farewell's cause when the leaving rank does not know which rank began the failure
+UNKNOWN = -1
 #: marks a farewell row ("farewel" in ASCII), so a stray message is never read as one
 MAGIC = 0x6661726577656C
 #: how long a leaving rank waits for its farewell messages to leave (a peer may be gone)
@@ -53,22 +60,27 @@ SEND_S = 1.0
 
 @dataclass(frozen=True)
 class Farewell:
-    """What a leaving rank says: how many calls and GradientSync steps it began."""
+    """What a leaving rank says: how many calls and GradientSync steps it began, why it
+    left, and (``FAILED``) the rank its failure began at, or :data:`UNKNOWN`."""
 
     peer: int
     calls: int
     sync_steps: int
     how: int
+    cause: int = UNKNOWN
+
+    #: the length of a farewell row
+    SIZE = 5
 
     def row(self) -> list[int]:
-        return [MAGIC, self.calls, self.sync_steps, self.how]
+        return [MAGIC, self.calls, self.sync_steps, self.how, self.cause]
 
     @classmethod
     def from_row(cls, peer: int, row) -> "Farewell | None":
         v = [int(x) for x in row]
-        if len(v) != 4 or v[0] != MAGIC or v[3] not in HOW:
+        if len(v) != cls.SIZE or v[0] != MAGIC or v[3] not in HOW:
             return None
-        return cls(peer, v[1], v[2], v[3])
+        return cls(peer, v[1], v[2], v[3], v[4])
 
 
 #: how often check() tests for farewells (seconds): the waits' own check period
@@ -141,8 +153,9 @@ class Departures:
         self.channel.poll(self.left, thorough=True)
         return self.blocking()
 
-    def blocking(self) -> PeerClosedError | None:
-        """The error for the first peer that left before what this rank waits in."""
+    def blocking(self) -> PeerClosedError | PeerFailedError | None:
+        """The error for the first peer that left before what this rank waits in, or that
+        failed (then it never finishes the call it was in either)."""
         if self.in_sync and not self.sync_waits_on_all:
             return None
         if self.in_sync:
@@ -152,6 +165,10 @@ class Departures:
         for peer in sorted(self.left):
             f = self.left[peer]
             theirs = f.sync_steps if self.in_sync else f.calls
+            if f.how == FAILED and mine >= theirs:
+                cause = None if f.cause in (UNKNOWN, peer) else f.cause
+                return PeerFailedError(rank=self.rank, peer=peer, cause=cause, unit=unit,
+                                       waiting_in=mine)  # fmt: skip
             if mine > theirs:
                 return PeerClosedError(
                     rank=self.rank,
@@ -164,12 +181,14 @@ class Departures:
         return None
 
     # -- leaving
-    def announce(self, how: int = CLOSED) -> None:
-        """Tell every peer (that has not left itself) that this rank leaves. Idempotent."""
+    def announce(self, how: int = CLOSED, cause: int | None = None) -> None:
+        """Tell every peer (that has not left itself) that this rank leaves; ``cause``: for
+        ``FAILED``, the rank the failure began at, where known. Idempotent."""
         if self.announced or self.channel is None:
             return
         self.announced = True
-        farewell = Farewell(self.rank, self.calls, self.sync_steps, how)
+        cause = UNKNOWN if cause is None else cause
+        farewell = Farewell(self.rank, self.calls, self.sync_steps, how, cause)
         try:
             self.channel.poll(self.left, thorough=False)
             self.channel.send(farewell, skip=set(self.left))
@@ -189,7 +208,7 @@ class _Messages:
     def __init__(self, transport):
         self.transport = transport
         self.peers = [r for r in range(transport.world_size) if r != transport.rank]
-        self.bufs = [torch.zeros(4, dtype=torch.int64) for _ in self.peers]
+        self.bufs = [torch.zeros(Farewell.SIZE, dtype=torch.int64) for _ in self.peers]
         recvs = list(zip(self.bufs, self.peers))
         self.pending = transport.exchange([], recvs, tags.FAREWELL)
         self.open = list(range(len(self.peers)))

@@ -50,6 +50,7 @@ import traceback
 from collections import deque
 
 from commrt.runtime.abort import end_job
+from commrt.runtime.departures import FAILED
 from commrt.runtime.polling import poll
 from commrt.runtime.verdict import judge, render
 from commrt.transports.processes import state as process_state
@@ -258,8 +259,9 @@ class StallWatch:
             return
         if verdict is not None:
             self._tell(verdict)
-        if self.ends_job:
-            end_job(f"commrt: rank {self.rank}: ending the job after the stall verdict")
+        if self.ends_job:  # a farewell first: a peer that sees this rank go blames the root
+            self.departures.announce(FAILED, (verdict or {}).get("root"))
+            end_job(f"commrt: rank {self.rank}: ending the whole job after the stall verdict")
 
     def _tell(self, verdict: dict) -> None:
         """Print the verdict, dump it, and give the others a moment to print theirs."""

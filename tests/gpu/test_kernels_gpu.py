@@ -295,7 +295,7 @@ def _a_new_table_never_waits_on_the_host(rand):
     sizes = [1000, 3000]
     out = torch.empty(sum(sizes), device="cuda")
     warm = [rand(n, torch.float32) for n in sizes]  # alive: fresh gets other addresses
-    pack(warm, out)  # tunes these sizes (that syncs)
+    pack(warm, out)  # the first launch of these sizes may synchronise
     fresh = [rand(n, torch.float32) for n in sizes]
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

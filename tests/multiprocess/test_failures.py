@@ -153,3 +153,27 @@ def test_tensors_that_require_grad_are_rejected_up_front():
         return True
 
     assert run_ranks(2, body) == [True, True]
+
+
+@pytest.mark.mpi
+def test_a_job_ended_by_mpi_abort_leaves_no_mpich_segment_in_dev_shm(tmp_path):
+    # each rank says which mpich segment it maps; the uncaught error ends the job through
+    # MPI_Abort, which would leave that file behind
+    proc, _ = _mpiexec(
+        tmp_path,
+        2,
+        """
+comm = commrt.init(timeout=60)
+maps = {line.split(None, 5)[-1].strip() for line in open("/proc/self/maps")}
+print("maps", *sorted(m for m in maps if m.startswith("/dev/shm/mpich_shm_")), flush=True)
+comm.barrier()
+if comm.rank == 0:
+    raise commrt.CommError("rank 0 gives up")
+time.sleep(30)
+""",
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "ending the whole job" in out, out
+    segments = {p for line in out.splitlines() if line.startswith("maps") for p in line.split()[1:]}
+    assert segments, out  # mpich made one (ranks of one node)
+    assert not [p for p in segments if os.path.exists(p)], segments

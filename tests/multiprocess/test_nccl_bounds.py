@@ -314,3 +314,54 @@ def test_a_call_refused_inside_a_group_launches_nothing_and_is_the_error_raised(
     finally:
         t0.close()
         t1.close()
+
+
+# ------------------------------------------------------------ the stand-in matches as NCCL
+def test_the_strict_stand_in_names_a_subset_and_matches_in_issue_order():
+    """Two of three ranks create a communicator: both are told that rank 2 never came.
+    Then, on one communicator, rank 0 issues an all-reduce and a send, rank 1 a receive
+    and an all-reduce: NCCL has no tags, so the receive takes the all-reduce's message
+    (here a count mismatch, reported as NCCL reports asynchronous errors)."""
+    store, uid, errors = MemoryStore(), os.urandom(128), []
+
+    def make(r):
+        try:
+            NcclTransport(r, 3, uid, torch.device("cpu"), nccl=StrictNccl(store, hang_s=1.0))
+        except StandInHang as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(errors) == 2 and all("waits for ranks [2], which never" in e for e in errors)
+    t0, t1 = transports(timeout=10)
+    try:
+        connect(t0, t1)
+        sums, x, got = [torch.ones(3), torch.ones(3)], torch.ones(5), torch.zeros(5)
+
+        def rank0():
+            before = len(t0.nccl.launched)
+            threading.Thread(target=_quietly, args=(t0.native_all_reduce, sums[0])).start()
+            while len(t0.nccl.launched) == before:  # the all-reduce is issued first
+                time.sleep(1e-3)
+            return t0.exchange([(x, 1)], [], 0)
+
+        def rank1():
+            pend = t1.exchange([], [(got, 0)], 0)
+            assert not pend.wait_recv(0, time.monotonic() + 5)
+
+        with pytest.raises(CommError, match="rank 0 sends 3 x float32 to rank 1, which rec"):
+            both(rank0, rank1)
+    finally:
+        t0.close()
+        t1.close()
+
+
+def _quietly(fn, *args) -> None:
+    """``fn(*args)``, its error dropped (the test looks at the peer's)."""
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001, S110
+        pass

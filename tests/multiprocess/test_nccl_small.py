@@ -268,8 +268,11 @@ def _bad_tensor_worker(out_path: str) -> None:
         report[f"{name}_calls"], report[f"{name}_depth"] = len(nccl.calls), nccl.depth
     world.Barrier()
     got = torch.zeros(4)
-    t.exchange([(torch.full((4,), float(10 * rank + 3)), peer)], [(got, peer)], 0)
-    report["after"] = got.tolist()
+    sent = torch.full((4,), float(10 * rank + 3))
+    pend = t.exchange([(sent, peer)], [(got, peer)], 0)
+    deadline = time.monotonic() + 60  # the stand-in completes on its stream, as NCCL does
+    report["after"] = got.tolist() if pend.wait_recv(0, deadline) else "never arrived"
+    pend.wait_send(0, deadline)
     reports = world.gather(report, root=0)
     t.close()
     if rank == 0:

@@ -284,3 +284,40 @@ def test_a_script_in_site_packages_run_through_runpy_is_named_by_its_own_line(
     assert at.startswith(", at: ") and HANG in at.split(" main ")[0], v
     assert os.path.basename(os.path.dirname(installed_script)) in at.split(" in ")[0], v
     assert "runpy" not in at.split("waiting for it")[0].replace("innermost", ""), v
+
+
+# -- a rank SIGKILLed under DDP: every survivor names that rank, never one that left after it
+
+#: runs of the killed-rank job over shared memory (the issue's count): the ranks that see the
+#: death first race those that see a survivor leave, so one run proves little
+KILL_RUNS = 10
+#: what names a rank as gone, dead, or where a failure began
+NAMED_GONE = (
+    r"rank (\d+)'s process \(pid \d+\) is gone",
+    r"rank (\d+) \(host [^)]*\) is DEAD",
+    r"also: rank (\d+) is dead",
+    r"a failure that began at rank (\d+)",
+)
+
+
+def killed_job(transport: str) -> list[str]:
+    """One DDP job whose rank 2 SIGKILLs itself at step 3; the survivors' outputs."""
+    env = {"COMMRT_CPU_TRANSPORT": transport}
+    job = GlooJob("verdict_ddp_worker.py", ["kill"], 4, env=env, drop_env=["COMMRT_STALL_S"])
+    for r in range(4):
+        job.start(r)
+    codes, outs = job.finish(2 * BOUND_S)  # DDP starts slowly on a loaded machine
+    assert codes[2] == -signal.SIGKILL and all(c == 1 for c in codes[:2] + codes[3:]), outs
+    began = float(re.search(r"stall from ([\d.]+)", outs[2]).group(1))
+    assert time.time() - began <= VERDICT_WITHIN_S + 10, "the job outlived the death"
+    return outs[:2] + outs[3:]
+
+
+@pytest.mark.parametrize("transport, runs", [("shm", KILL_RUNS), ("gloo", 1)])
+def test_a_killed_rank_under_ddp_is_the_only_rank_named_gone(transport, runs):
+    for run_index in range(runs):
+        for out in killed_job(transport):
+            flat = " ".join(out.split())
+            named = {int(r) for pattern in NAMED_GONE for r in re.findall(pattern, flat)}
+            assert named == {2}, f"run {run_index}: {named}\n{out}"
+            assert VERDICT in out, f"run {run_index}\n{out}"

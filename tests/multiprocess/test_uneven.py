@@ -23,8 +23,9 @@ from workers.uneven_worker import loss, model, reference, shard
 
 import commrt
 from commrt.algorithms import BackupWorkers, Gossip
+from commrt.errors import PeerFailedError
 from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
-from commrt.runtime.departures import CLOSED, EXITED, Departures, Farewell
+from commrt.runtime.departures import CLOSED, EXITED, FAILED, Departures, Farewell
 from commrt.sync.backup import BackupPolicy
 from commrt.sync.gossip import GossipPolicy
 
@@ -213,3 +214,18 @@ def test_a_farewell_ends_only_waits_the_peer_will_never_join():
     assert "rank 2 exited after GradientSync step 3 while rank 1 waits in GradientSync step 4" in (
         str(err)
     )
+
+
+def test_a_farewell_of_a_failed_peer_names_where_the_failure_began():
+    d = Departures(_Alone())
+    for _ in range(5):
+        d.begin_call()
+    # rank 2 failed in call 5 (the one this rank waits in) because rank 0 died
+    d.left[2] = Farewell(2, calls=5, sync_steps=0, how=FAILED, cause=0)
+    err = d.blocking()
+    assert isinstance(err, PeerFailedError) and (err.peer, err.cause) == (2, 0)
+    assert "rank 2 ended after a failure that began at rank 0, while rank 1 waits" in str(err)
+    assert "rank 0's output says why" in str(err)
+    assert Farewell.from_row(2, d.left[2].row()) == d.left[2]  # what travels
+    d.left[2] = Farewell(2, calls=5, sync_steps=0, how=FAILED)  # it knew no cause
+    assert d.blocking().cause is None and "began at rank 2 itself" in str(d.blocking())

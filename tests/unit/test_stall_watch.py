@@ -106,3 +106,28 @@ def test_a_dropped_rank_is_reported_dropped():
     store.set("view/0", json.dumps(judge.view("test")))
     verdict = judge.judge_views(store)
     assert verdict["views"][1]["state"] == "dropped" and verdict["kind"] == "none"
+
+
+def test_the_docs_table_of_every_timeout_and_watch_setting_is_what_the_watch_does(monkeypatch):
+    """docs/stalls.md's table, row by row, against stall_seconds and declares."""
+    monkeypatch.delenv(stall.STALL_ENV, raising=False)
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "stalls.md")
+    with open(docs) as f:
+        text = f.read()
+    table = text[text.index("### Every timeout and watch setting") :]
+    lines = table.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[first + 2 : end]]
+    assert len(rows) >= 8, rows
+    for timeout, setting, said in rows:
+        value = None if setting == "unset" else setting.strip("`")
+        s = stall_seconds(value, float(timeout))
+        if s is None:
+            does = "never: no watch, no verdict"
+        else:
+            every = stall.declares(s, float(timeout))
+            does = "at the timeout" if every is None else f"{every:g} s"
+        assert does == said, (timeout, setting, said, does)
+    assert f"up to {stall.GATHER_S:g} s for every rank" in " ".join(table.split())
+    assert f"up to {stall.PRINTED_S:g} s for the others to print" in " ".join(table.split())
