@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import textwrap
 import time
+import warnings
 from typing import Sequence
 
 import torch
@@ -197,10 +199,24 @@ def _negative_values(argv: list[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``commrt`` command; a Ctrl-C ends it with status 130 and one line, not a
     traceback per rank (:func:`commrt.cli.launch.interrupted`)."""
+    warnings.formatwarning = fit_warning
     try:
         return _main(argv)
     except KeyboardInterrupt:
         return launcher.interrupted()
+
+
+_PYTHON_FORMAT = warnings.formatwarning
+
+
+def fit_warning(message, category, filename, lineno, line=None) -> str:
+    """How a warning prints in a ``commrt`` process: commrt's own (a probe that measured
+    something inconsistent, say) as its message wrapped to 80 columns, since Python's
+    line (the file's path, the class, the source line) runs past the tables around it;
+    other packages' warnings as Python prints them."""
+    if not category.__module__.startswith("commrt."):
+        return _PYTHON_FORMAT(message, category, filename, lineno, line)
+    return "\n".join(textwrap.wrap(str(message), 80, subsequent_indent="  ")) + "\n"
 
 
 def _main(argv: Sequence[str] | None) -> int:

@@ -173,9 +173,10 @@ class Communicator:
         ``average``: divide by the ranks at the end. ``reduce(dst, src)``: what a received
         piece meets instead of the executor's sum (:mod:`commrt.collectives.reductions`).
         ``owner``: the tensor whose life bounds the cached binding to ``buf``; None (or a
-        copy made here) binds for this run alone, so nothing outlives a transient buffer. ``transport``: one the caller made (its ranks numbered as the
-        schedule numbers them). ``spin=False`` for callers that must not hold a core while
-        they wait (GradientSync's progress thread runs beside backward)."""
+        copy made here) binds for this run alone, so nothing outlives a transient buffer.
+        ``transport``: one the caller made (its ranks numbered as the schedule numbers
+        them). ``spin=False`` for callers that must not hold a core while they wait
+        (GradientSync's progress thread runs beside backward)."""
         work = buf if buf.is_contiguous() else buf.contiguous()
         with self.lock:
             try:

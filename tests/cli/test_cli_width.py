@@ -206,3 +206,15 @@ def test_a_slow_simulations_note_waits_for_the_end_of_its_table():
         "# simulating ring at p=4096, 256 MiB took 1.2 s",
         "\n# swept in 3.0 s",
     ]
+
+
+def test_commrt_warnings_print_within_80_columns_and_others_as_python_prints_them():
+    from commrt.cli.commands import fit_warning
+    from commrt.tuning.probe import ProbeWarning
+
+    what = "probe: the tier inside a node measured slower than the one between nodes: " * 3
+    text = fit_warning(ProbeWarning(what), ProbeWarning, "/a/long/path/probe_checks.py", 70)
+    assert text.startswith("probe: the tier") and "/a/long/path" not in text
+    _fits(text)
+    other = fit_warning(RuntimeWarning("overflow"), RuntimeWarning, "/x/numpy.py", 3)
+    assert other.startswith("/x/numpy.py:3: RuntimeWarning: overflow")

@@ -150,11 +150,14 @@ def test_a_wait_ends_false_at_its_deadline_and_a_withdrawn_receive_is_never_fill
     assert _ranks(2, fn) == [True, True]
 
 
-def test_the_files_are_gone_once_every_rank_mapped_them():
-    names = _ranks(2, lambda t: sorted(os.listdir(shm.SHM_DIR)))
-    mine = [n for n in names[0] if n.startswith("commrt-")]
+def test_the_files_are_gone_once_every_rank_mapped_them(monkeypatch):
+    # a token of this test's own: other jobs on the machine have commrt files of theirs
+    token = "0123456789abcdef"
+    monkeypatch.setattr(shm_connect.secrets, "token_hex", lambda n: token)
+    ours = lambda: [n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"commrt-{token}-")]  # noqa: E731
+    assert _ranks(2, lambda t: t.rank) == [0, 1]
     time.sleep(0.1)
-    assert not set(mine) & set(os.listdir(shm.SHM_DIR))
+    assert not ours()
 
 
 def test_every_rank_gets_the_same_reason_when_one_cannot_share_memory(monkeypatch):
