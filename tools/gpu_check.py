@@ -27,7 +27,13 @@ step runs in a child process with ``TRITON_INTERPRET`` removed:
    plenty for them together), one row per test: passed, FAILED (the first
    line of the error), skipped (the reason) or killed; among them DDP on
    backend ``"commrt"`` on one rank with CUDA tensors against NCCL's own
-   backend, and GradientSync with a bf16 wire;
+   backend, and GradientSync with a bf16 wire; and the multi-rank steps
+   (tests/gpu/test_gpu_ranks*.py): 2 and 4 ranks on the one GPU over
+   ``cuda_ipc`` (NCCL refuses two ranks on one device): collectives with
+   ring, halving-doubling and torus2d; GradientSync with ring, torus2d,
+   gossip (plain and with a deadline) and backup workers, fp32 and a bf16
+   wire, with overlap in its trace; DDP and FSDP2 on ``cuda:commrt``; the
+   stall verdict for a rank stuck in user code;
 4. the CUDA cases of ``bench/bench_kernels.py`` (its tables go to
    ``gpu_check_bench.txt``), alone on the GPU;
 5. pack, unpack (fp32 and bf16 wire) and the receive-reduce at 1 MB to
@@ -69,12 +75,23 @@ WIDTH = 80
 MB = 1 << 20
 #: the file the plugin half of this module appends test outcomes to (JSON lines)
 RESULTS_ENV = "COMMRT_GPU_CHECK_RESULTS"
+#: GradientSync's ring, torus2d and gossip, fp32 and bf16 wire, and overlap in its trace
+SYNC = "test_gradient_sync_ring_torus2d_gossip_fp32_bf16_with_overlap"
 #: the checks the GPU run is for, each shown by one test; skipped or missing = NOT RUN
 REQUIRED = {
     "kernels vs torch on CUDA": "test_triton_on_cuda_matches_torch_and_float64",
     "NCCL world of one": "test_nccl_world_of_one_on_gpu",
     'DDP on "commrt" vs NCCL': "test_ddp_on_commrt_matches_nccl_on_one_gpu",
     "GradientSync bf16 wire": "test_bf16_wire_dtype_through_the_compiled_kernels",
+    # several ranks on the one GPU over cuda_ipc (tests/gpu/test_gpu_ranks*.py)
+    "cuda_ipc collectives, 2 ranks": "test_collectives_on_one_gpu_over_cuda_ipc[2]",
+    "cuda_ipc collectives, 4 ranks": "test_collectives_on_one_gpu_over_cuda_ipc[4]",
+    "GradientSync 1 GPU, 2 ranks": SYNC + "[2 ranks]",
+    "GradientSync 1 GPU, 4 ranks": SYNC + "[4 ranks]",
+    "gossip deadline 1 GPU, 2 ranks": "test_gradient_sync_gossip_with_a_deadline[2 ranks]",
+    "backup workers 1 GPU, 2 ranks": "test_gradient_sync_backup_workers[2 ranks]",
+    "DDP, FSDP2 on cuda:commrt, 2 ranks": "test_ddp_and_fsdp2_on_cuda_commrt_at_two_ranks_on_one_gpu",
+    "stall verdict, 4 GPU ranks": "test_stall_verdict_names_a_gpu_rank_stuck_in_user_code",
 }
 PASSED, FAILED, NOT_RUN, KILLED = "passed", "FAILED", "NOT RUN", "killed"
 #: seconds the steps may take at most (the rest of the budget permitting), in the order they

@@ -27,8 +27,9 @@ unpickled), the first rank to ask becomes the judge, waits up to
 :data:`GATHER_S` for every view, judges the ranks that did not answer from
 their heartbeats and, on its own host, their process state
 (``/proc/<pid>/stat``: ``T`` stopped, gone or ``Z`` dead), and publishes the
-verdict (:mod:`commrt.runtime.verdict`). Every rank prints that verdict
-(unless an error's message carries it already), writes ``COMMRT_DUMP``'s
+verdict (:mod:`commrt.runtime.verdict`). Every rank prints that verdict (in
+full the lowest rank of each host that answered, the others one line that
+points to it; nothing where an error's message carries it), writes ``COMMRT_DUMP``'s
 files if asked, and the job ends (unless the abort-on-error hook is off:
 then waits go on to their timeout).
 
@@ -52,7 +53,7 @@ from collections import deque
 from commrt.runtime.abort import end_job
 from commrt.runtime.departures import FAILED
 from commrt.runtime.polling import poll
-from commrt.runtime.verdict import judge, render
+from commrt.runtime.verdict import judge, pointer, printer, render
 from commrt.transports.processes import state as process_state
 
 #: environment variable: seconds without progress inside a collective before a stall is
@@ -267,8 +268,11 @@ class StallWatch:
         """Print the verdict, dump it, and give the others a moment to print theirs."""
         store = self._board
         try:
-            if not self.told:
-                print(render(verdict), file=_err(), flush=True)
+            if not self.told:  # the error this rank raises carries it otherwise
+                first = printer(verdict, self.host)
+                full = first is None or first == self.rank
+                print(render(verdict) if full else pointer(verdict, self.rank, first), file=_err())
+                _err().flush()
             self._dump(verdict)
             store.add("printed", 1)
             answered = sum(v["state"] == "published" for v in verdict.get("views", []))

@@ -103,6 +103,31 @@ def render(verdict: dict) -> str:
     return "\n".join(verdict["lines"])
 
 
+def printer(verdict: dict, host: str) -> int | None:
+    """The rank that prints the verdict in full on ``host``: the lowest that answered there
+    (launchers merge a host's output: one block per host, not one per rank)."""
+    here = [v for v in verdict.get("views", []) if v.get("host") == host]
+    answered = [v["rank"] for v in here if v.get("state") == "published"]
+    return min(answered or [v["rank"] for v in here], default=None)
+
+
+def pointer(verdict: dict, rank: int, printed_by: int) -> str:
+    """What the other ranks of a host print: one line (wrapped at :data:`WIDTH`) naming
+    the rank that prints the verdict in full, the root cause and where it is."""
+    lines = verdict["lines"]
+    i = next((i for i, x in enumerate(lines) if x.startswith("root cause: ")), None)
+    if i is None:  # no single root
+        cause = lines[1].rstrip(".") if len(lines) > 1 else "no single root"
+    else:
+        cause = lines[i].removeprefix("root cause: ").rstrip(":,")
+        if verdict.get("kind") == "user code" and i + 2 < len(lines):
+            cause += " at " + lines[i + 2].strip()  # after "in no collective for N s, at:"
+        elif verdict.get("kind") == "other collective" and i + 1 < len(lines):
+            cause += ": " + lines[i + 1].strip().rstrip(",")
+    text = f"commrt: rank {rank}: stall verdict (rank {printed_by} prints it in full): {cause}."
+    return "\n".join(wrap(text))
+
+
 # -- classifying ranks
 
 

@@ -81,8 +81,8 @@ class DeadlineGossipPolicy(Policy):
         if comm.transport.stream_ordered:
             raise ValueError(
                 f"Gossip(deadline_s=...) needs a transport that can leave a message "
-                f"travelling (gloo, mpi), not {comm.transport.name}: NCCL cannot poll or "
-                f"cancel a transfer; use Gossip() without a deadline there"
+                f"travelling (gloo, mpi), not {comm.transport.name}: a device stream (nccl, "
+                f"cuda_ipc) cannot cancel a transfer; use Gossip() without a deadline there"
             )
         if len(ctx.buffers) > tags.GOSSIP_BUCKETS:
             raise ValueError(

@@ -5,6 +5,8 @@ import os
 import queue as queue_mod
 import time
 
+import pytest
+import torch
 import torch.multiprocessing as mp
 
 #: seconds a GPU worker may take before it is killed
@@ -49,3 +51,47 @@ def spawn(targets, timeout=WORKER_TIMEOUT_S, **env) -> dict:
                 results.setdefault("killed", []).append(p.pid)
     assert "killed" not in results, f"hung GPU workers killed: {results}"
     return results
+
+
+#: the marks of a test that needs a GPU (tools/gpu_check.py reports it NOT RUN when skipped)
+GPU_ONLY = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine"),
+]
+
+#: ranks of tests/workers/ipc_worker.py on the real device, compiled Triton, default slots
+ON_GPU = {"IPC_ON_GPU": "1", "COMMRT_CUDA_IPC_SLOT_BYTES": str(4 << 20)}
+#: conftest's TRITON_INTERPRET, which GPU ranks must not inherit
+NO_INTERPRETER = ["TRITON_INTERPRET"]
+
+
+def gpu_ranks(out, n: int, mode: str, timeout: float = 240) -> list[dict]:
+    """Run ``n`` ranks of ``ipc_worker.py MODE`` on the one GPU; every rank's report, after
+    checking that every rank exited 0.
+
+    NCCL refuses two ranks on one device, so the ranks run through commrt's own
+    ``cuda_ipc`` (processes time-sharing the GPU, device memory exchanged by CUDA IPC).
+    The same worker runs on the CPU with the strict stand-in device in
+    tests/multiprocess/test_cuda_ipc.py; only runs here say anything of a GPU.
+    tools/gpu_check.py runs the files of tests/gpu/ at once, so the multi-rank checks
+    are three files (test_gpu_ranks*.py) that share the GPU."""
+    import json
+
+    from helpers.mp import gloo_ranks
+
+    codes, outs = gloo_ranks(n, "ipc_worker.py", mode, out, timeout=timeout, env=ON_GPU,
+                             drop_env=NO_INTERPRETER)  # fmt: skip
+    assert codes == [0] * n, "\n---\n".join(o[-3000:] for o in outs)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def check_gradsync(report: dict) -> None:
+    """ipc_worker.py gradsync's report: ring, torus2d and gossip, fp32 and a bf16 wire,
+    agree across ranks and with float64 (ring, torus2d); bucket 0's communication overlaps
+    backward."""
+    for wire, tol in (("float32", 1e-5), ("bfloat16", 2e-2)):
+        for name in ("ring", "torus2d", "gossip"):
+            got = report[f"{name} {wire}"]
+            assert isinstance(got, dict) and got["vs rank 0"] == 0.0, (name, wire, got)
+            assert got.get("vs float64", 0.0) < tol, (name, wire, got)
+        assert report[f"overlap ring {wire}"] is True, report

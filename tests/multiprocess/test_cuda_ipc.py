@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from helpers.gpu import check_gradsync
 from helpers.mp import gloo_ranks, killed_peer_said
 
 
@@ -19,9 +20,25 @@ def test_collectives_match_float64_at_2_and_4_ranks(tmp_path, n):
     codes, outs = gloo_ranks(n, "ipc_worker.py", "collectives", tmp_path, timeout=400)
     assert codes == [0] * n, "\n---\n".join(outs)
     for report in _reports(tmp_path, n):
+        assert report.pop("ran on") == "cuda_ipc cpu", report  # the stand-in: never a GPU
         assert len(report) == 2 * 3 * 5, report  # dtypes x sizes x (3 all-reduces, rs, ag)
         for case, err in report.items():
             assert err < (1e-5 if "float32" in case else 1e-12), (case, err)
+
+
+def test_gradient_sync_runs_on_the_stand_in_as_the_gpu_check_runs_it(tmp_path):
+    """tests/gpu/test_gpu_ranks.py's GradientSync worker, here on CPU tensors: ring,
+    torus2d and gossip, fp32 and a bf16 wire, agree across ranks and with float64 (ring,
+    torus2d), and bucket 0's communication overlaps backward; backup workers end with
+    every rank's parameters alike; gossip with a deadline is refused by name."""
+    codes, outs = gloo_ranks(2, "ipc_worker.py", "gradsync", tmp_path, timeout=400)
+    assert codes == [0, 0], "\n---\n".join(outs)
+    for report in _reports(tmp_path, 2):
+        assert report["ran on"] == "cuda_ipc cpu", report  # the stand-in: never a GPU
+        check_gradsync(report)
+        assert "needs a transport that can leave a message" in report["gossip deadline float32"]
+        # the late rank's snapshot is longer than the slots: the server moves it along
+        assert report["backup float32"] == {"vs rank 0": 0.0}, report
 
 
 def test_messages_arrive_in_issue_order_through_reused_slots(tmp_path):

@@ -1,6 +1,6 @@
 """The stall verdict as a pure function: views in, one verdict out (commrt.runtime.verdict)."""
 
-from commrt.runtime.verdict import WIDTH, judge, ranks_text, render
+from commrt.runtime.verdict import WIDTH, judge, pointer, printer, ranks_text, render
 
 CALL = {"kind": "all_reduce", "algorithm": "ring", "numel": 2, "dtype": "float32", "seq": 7}
 USER_STACK = [
@@ -147,3 +147,20 @@ def test_a_call_number_stays_with_its_word_when_a_line_wraps():
     assert len(lines) == 2 and lines[1].strip() == "call 27)", lines
     assert all(len(x) <= 80 and "\u00a0" not in x for x in lines), lines
     assert wrap("in barrier (call\u00a07)") == ["in barrier (call 7)"]
+
+
+def test_one_rank_per_host_prints_the_verdict_and_the_others_point_to_it():
+    views = [waiting(0, 3), waiting(1, 0), waiting(2, 1), idle(3)]
+    views[0]["host"] = "g"  # rank 0 prints on host g, rank 1 on host h
+    v = judge(views) | {"views": views}
+    assert (printer(v, "h"), printer(v, "g"), printer(v, "elsewhere")) == (1, 0, None)
+    gone = {**v, "views": [views[0], {**views[1], "state": "dead"}, *views[2:]]}
+    assert printer(gone, "h") == 2  # a rank that did not answer prints nothing
+    line = pointer(v, 2, 1)
+    assert all(len(x) <= WIDTH for x in line.splitlines()), line
+    flat = " ".join(line.split())
+    assert flat.startswith("commrt: rank 2: stall verdict (rank 1 prints it in full): rank 3 ")
+    assert flat.endswith("is IN USER CODE at train.py:12 in load_next_batch."), flat
+    other = judge([waiting(0, 3), waiting(1, 0), waiting(2, 1), waiting(3, 2, seq=8)])
+    flat = " ".join(pointer(other, 0, 1).split())
+    assert "rank 3 (host h, pid 103) is IN ANOTHER COLLECTIVE: all_reduce (ring" in flat, flat

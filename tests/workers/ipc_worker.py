@@ -35,16 +35,21 @@ from helpers.ipc_standin import StandInDevice  # noqa: E402
 from helpers.mp import die_after_one_all_reduce  # noqa: E402
 
 import commrt  # noqa: E402
-from commrt.algorithms import HalvingDoubling, Ring, Torus2D  # noqa: E402
+from commrt.algorithms import BackupWorkers, Gossip, HalvingDoubling, Ring, Torus2D  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
 #: 4 slots of 4 KiB per link: every message over 16 KiB reuses slots
 os.environ.setdefault("COMMRT_CUDA_IPC_SLOT_BYTES", "4096")
 
 
-def init(latency_s=0.002, **kw):
-    dev = StandInDevice(latency_s=latency_s, seed=RANK, **kw)
-    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=kw.pop("timeout", 60), stall_s=0,
+#: set (by tests/gpu/test_gpu_ranks.py): the real CUDA device, every rank on one GPU
+ON_GPU = os.environ.get("IPC_ON_GPU") == "1"
+
+
+def init(latency_s=0.002, timeout=120, **kw):
+    """A cuda_ipc communicator on the stand-in device, or on the GPU under ``IPC_ON_GPU``."""
+    dev = None if ON_GPU else StandInDevice(latency_s=latency_s, seed=RANK, **kw)
+    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=timeout, stall_s=0,
                        abort_on_error=False)  # fmt: skip
     return comm, dev
 
@@ -60,22 +65,184 @@ def collectives(out):
                     for r in range(p)]  # fmt: skip
             ref = sum(full)
             for name, alg in algos.items():
-                t = full[comm.rank].to(dtype, copy=True)
+                t = full[comm.rank].to(comm.device, dtype, copy=True)
                 commrt.all_reduce(t, comm, algorithm=alg, op="sum")
-                report[f"all_reduce {name} {dtype} {n}"] = (t.double() - ref).abs().max().item()
+                report[f"all_reduce {name} {dtype} {n}"] = _err(t, ref)
             m = n * p
             whole = [torch.randn(m, generator=torch.Generator().manual_seed(9 + r),
                                  dtype=torch.float64) for r in range(p)]  # fmt: skip
-            shard = torch.empty(n, dtype=dtype)
-            commrt.reduce_scatter(shard, whole[comm.rank].to(dtype, copy=True), comm)
+            shard = torch.empty(n, dtype=dtype, device=comm.device)
+            commrt.reduce_scatter(shard, whole[comm.rank].to(comm.device, dtype, copy=True), comm)
             want = sum(whole)[comm.rank * n : (comm.rank + 1) * n]
-            report[f"reduce_scatter {dtype} {n}"] = (shard.double() - want).abs().max().item()
-            gathered = torch.empty(m, dtype=dtype)
-            commrt.all_gather(gathered, full[comm.rank].to(dtype, copy=True), comm)
-            report[f"all_gather {dtype} {n}"] = (
-                (gathered.double() - torch.cat(full).to(dtype).double()).abs().max().item()
-            )
+            report[f"reduce_scatter {dtype} {n}"] = _err(shard, want)
+            gathered = torch.empty(m, dtype=dtype, device=comm.device)
+            commrt.all_gather(gathered, full[comm.rank].to(comm.device, dtype, copy=True), comm)
+            report[f"all_gather {dtype} {n}"] = _err(gathered, torch.cat(full).to(dtype).double())
+    report["ran on"] = f"{comm.transport.name} {comm.device.type}"
     comm.close()
+    return report
+
+
+def _err(t, ref) -> float:
+    return (t.double().cpu() - ref).abs().max().item()
+
+
+STEPS = 3
+
+
+class _Slow(torch.autograd.Function):
+    """Identity whose backward sleeps: backward lasts long enough to overlap."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(0.1)
+        return grad
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.mid, self.last = (
+            torch.nn.Linear(32, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 4)
+        )  # fmt: skip
+
+    def forward(self, x):
+        return self.last(torch.relu(self.mid(_Slow.apply(torch.relu(self.first(x))))))
+
+
+def _batch(step, rank, device):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(16, 32, generator=g).to(device), torch.randn(16, 4, generator=g).to(device)
+
+
+def _reference(p) -> torch.Tensor:
+    """SGD on the average of every rank's gradient, in float64 on the CPU."""
+    model = _Net().double()
+    for s in range(STEPS):
+        grads = []
+        for r in range(p):
+            model.zero_grad()
+            x, y = _batch(s, r, "cpu")
+            torch.nn.functional.mse_loss(model(x.double()), y.double()).backward()
+            grads.append([q.grad.clone() for q in model.parameters()])
+        with torch.no_grad():
+            for i, q in enumerate(model.parameters()):
+                q -= 0.1 * sum(g[i] for g in grads) / p
+    return torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+
+
+def _overlapped(tracer) -> bool:
+    """Whether bucket 0's communication ended before backward did, in every step but the
+    first (whose compute also counts the set-up)."""
+    ev = [e for e in tracer.to_chrome()["traceEvents"] if e["ph"] == "X"]
+    back = [e for e in ev if e["name"] == "commrt/backward"]
+    comm0 = [e for e in ev if e["name"] == "commrt/bucket0/comm"]
+    pairs = list(zip(back, comm0))[1:]
+    return bool(pairs) and all(c["ts"] + c["dur"] < b["ts"] + b["dur"] for b, c in pairs)
+
+
+def _algorithms(p):
+    return {
+        "ring": Ring(),
+        "torus2d": Torus2D(rows=2, cols=p // 2) if p % 2 == 0 else Torus2D(),
+        "gossip": Gossip(),
+        "gossip deadline": Gossip(deadline_s=60.0),
+        "backup": BackupWorkers(backups=1),
+    }
+
+
+def _train(comm, alg, wire, trace):
+    model = _Net().to(comm.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sync = commrt.GradientSync(model, comm, algorithm=alg, bucket_mb=0.1, first_bucket_mb=0.01,
+                               comm_dtype=wire, trace=trace)  # fmt: skip
+    for s in range(STEPS):
+        x, y = _batch(s, comm.rank, comm.device)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        sync.step(opt)
+    overlapped = _overlapped(sync.tracer) if trace else None
+    sync.close()
+    return model, overlapped
+
+
+def gradsync(out):
+    """GradientSync with every family, fp32 and a bf16 wire: the all-reduces against the
+    float64 reference; gossip and backup workers: every rank agrees after averaging (gossip)
+    or at once (backup, whose late rank catches up bit for bit)."""
+    comm, _ = init(timeout=30)
+    p, report, ref = comm.world_size, {}, _reference(comm.world_size)
+    # gossip with a deadline and backup workers last: on a transport without tags a failure
+    # there leaves it unusable, and what ran before stays shown
+    cases = [(n, w) for w in (torch.float32, torch.bfloat16) for n in ("ring", "torus2d", "gossip")]
+    cases += [(n, torch.float32) for n in ("gossip deadline", "backup")]
+    for name, wire in cases:
+        alg = _algorithms(p)[name]
+        key = f"{name} {str(wire).split('.')[1]}"
+        try:
+            model, overlapped = _train(comm, alg, wire, trace=name == "ring")
+            if name.startswith("gossip"):
+                commrt.average_parameters(model, comm)
+            flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+            zero = flat.clone()
+            commrt.broadcast(zero, comm, root=0)
+            report[key] = {"vs rank 0": (flat - zero).abs().max().item()}
+            if name in ("ring", "torus2d"):
+                report[key]["vs float64"] = _err(flat, ref) / ref.abs().max().item()
+            if overlapped is not None:
+                report[f"overlap {key}"] = overlapped
+        except Exception as e:  # noqa: BLE001 (the report names it)
+            report[key] = f"{type(e).__name__}: {e}"
+    report["ran on"] = f"{comm.transport.name} {comm.device.type}"
+    comm.close()
+    return report
+
+
+def _flat(model) -> torch.Tensor:
+    full = [q.full_tensor() if hasattr(q, "full_tensor") else q for q in model.parameters()]
+    return torch.cat([q.detach().double().cpu().reshape(-1) for q in full])
+
+
+def _steps(model, rank, device) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for s in range(STEPS):
+        x, y = _batch(s, rank, device)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def ddp(out):
+    """(GPU only.) DDP, then FSDP2, on backend "commrt" with CUDA tensors of ranks that
+    share one GPU: the group's CUDA transport must be cuda_ipc; both against float64."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import commrt.distributed  # noqa: F401  (registers the backend)
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    dist.init_process_group("commrt")
+    rank, p = dist.get_rank(), dist.get_world_size()
+    ref, report = _reference(p), {}
+    model = torch.nn.parallel.DistributedDataParallel(_Net().to(dev))
+    _steps(model, rank, dev)
+    report["ddp vs float64"] = (_flat(model) - ref).abs().max().item() / ref.abs().max().item()
+    model = _Net().to(dev)
+    mesh = init_device_mesh("cuda", (p,))
+    for layer in (model.first, model.mid, model.last):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    _steps(model, rank, dev)
+    report["fsdp2 vs float64"] = (_flat(model) - ref).abs().max().item() / ref.abs().max().item()
+    report["cuda transport"] = dist.group.WORLD.devices.get(dev).comm.backend.value
+    dist.destroy_process_group()
     return report
 
 

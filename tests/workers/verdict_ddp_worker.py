@@ -1,7 +1,8 @@
 """DDP on the "commrt" backend, 4 ranks: rank 3 hangs in ``load_next_batch`` at step 3
 while the others wait in DDP's all-reduce; every rank must print the stall verdict.
 Case ``size`` (argv[1]): after 5 agreed ``dist.all_reduce`` calls of 1000 elements,
-rank 1 all-reduces 999; ``kill``: rank 2 kills itself (SIGKILL) at step 3."""
+rank 1 all-reduces 999; ``kill``: rank 2 kills itself (SIGKILL) at step 3; ``timeout``:
+as the default case, under a 20 s timeout and the default watch."""
 
 import datetime
 import os
@@ -32,7 +33,8 @@ def sizes(rank: int) -> None:
 
 
 def main(case: str) -> None:
-    dist.init_process_group("commrt", timeout=datetime.timedelta(seconds=120))
+    timeout = datetime.timedelta(seconds=20 if case == "timeout" else 120)
+    dist.init_process_group("commrt", timeout=timeout)
     rank = dist.get_rank()
     if case == "size":
         sizes(rank)
@@ -43,7 +45,7 @@ def main(case: str) -> None:
         if case == "kill" and step == 3 and rank == 2:
             print(f"stall from {time.time():.3f}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
-        x = load_next_batch(step, rank, hang=case == "ddp" and step == 3 and rank == 3)
+        x = load_next_batch(step, rank, hang=case in ("ddp", "timeout") and step == 3 and rank == 3)
         ddp(x).square().sum().backward()
         opt.step()
         opt.zero_grad()

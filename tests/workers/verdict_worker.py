@@ -11,7 +11,7 @@ stall; ``timeout``: like ``user`` under ``commrt.init(timeout=20)`` and the
 default watch (the verdict forms at the timeout); ``caught``: the same, the
 others catch the error, print it and leave with ``os._exit``; ``size``:
 after 5 agreed all-reduces of 1000 elements rank 1 all-reduces 999.
-Backend argv[2] (gloo, mpi or shm). Every rank that gets past the stall
+Backend argv[2] (gloo, mpi, shm; cuda_ipc on a GPU). Every rank that gets past the stall
 prints "finished" (none should, but ``slow``).
 """
 
@@ -44,7 +44,7 @@ TIMEOUT_S = 20
 def main(case: str, backend: str) -> None:
     comm = commrt.init(backend, timeout=TIMEOUT_S if case in ("timeout", "caught") else 120)
     rank, culprit = comm.rank, comm.world_size - 1
-    t = torch.ones(8)
+    t = torch.ones(8, device=comm.device)  # (cuda_ipc: CUDA tensors)
     if case == "size":
         sizes(comm)
     for _ in range(2):  # every call signature agreed before the stall
