@@ -108,8 +108,8 @@ class SyncContext:
 
     def warm(self, schedule, buf: torch.Tensor, ranks=None) -> None:
         """Launch ``schedule``'s reduce kernel on every piece size it will use on ``buf``,
-        where kernels autotune on first launch (CUDA), so that the first backward does not
-        tune them on the progress thread. ``ranks``: the ranks of ``schedule`` whose pieces
+        where kernels compile on first launch (CUDA), so that the first backward does not
+        compile them on the progress thread. ``ranks``: the ranks of ``schedule`` whose pieces
         to warm (default: this rank), for a policy whose rank's place in the schedule
         changes from step to step. Nothing happens on the CPU."""
         if buffers.needs_tuning(buf.device):

@@ -362,7 +362,7 @@ def _inners(ctx: SyncContext, alg, n: int, rejoined: bool) -> list:
 
 def warm(ctx: SyncContext, inner: list, p: int, n: int) -> None:
     """Launch the reduce kernel on every piece size the participants' all-reduce (``inner``,
-    per bucket) sums into each bucket, where kernels autotune on their first launch (CUDA):
+    per bucket) sums into each bucket, where kernels compile on their first launch (CUDA):
     at construction, not on the progress thread during the first backward. Which N of the
     p ranks take part changes from step to step, and with it this rank's place among
     them, so the pieces of every place are warmed. Nothing happens on the CPU."""
