@@ -230,15 +230,17 @@ class Executor:
         old = self._bound.pop(key, None)
         if old is not None:
             old.free()
-        flat = buf.view(-1)
-        bound = self._bound[key] = self._make(schedule, flat, transport, piece_elems, reduce)
+        bound = self._bound[key] = self._make(schedule, buf, transport, piece_elems, reduce)
         if owner is not None:
             weakref.finalize(owner, self._dead.append, key)
         if len(self._bound) > _MAX_BOUND:
             self._bound.popitem(last=False)[1].free()
         return bound
 
-    def _make(self, schedule, flat: torch.Tensor, transport, piece_elems: int, reduce) -> Bound:
+    def _make(self, schedule, buf: torch.Tensor, transport, piece_elems: int, reduce) -> Bound:
+        # views of a detached alias: a view of ``buf`` itself would hold ``buf`` (its base)
+        # alive, and with it the owner whose collection is to free the binding
+        flat = buf.detach().view(-1)
         plan = self.plan(schedule, transport.rank, flat.numel(), piece_elems)
         scratch = self.scratch(plan.scratch_numel, flat.dtype, flat.device)
         reducer = self.reduce if reduce is None else reduce
@@ -319,9 +321,11 @@ class Executor:
             and not self._dead
         ):
             return last
+        if self._dead:  # whichever path this call takes, a dead owner's binding goes now
+            self._drop_dead()
         piece_elems = _piece_elems(piece_bytes, buf)
         if owner is None:
-            bound = self._make(schedule, buf.view(-1), transport, piece_elems, reduce)
+            bound = self._make(schedule, buf, transport, piece_elems, reduce)
         else:
             bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
         run = Run(

@@ -1,10 +1,15 @@
 """The bucket buffers: where gradients are packed before they travel and found after.
 
-One flat buffer per bucket, in the wire dtype. With ``grad_views`` a bucket
-whose parameters all have the wire dtype keeps each ``.grad`` as a view of
-its buffer (DDP's ``gradient_as_bucket_view``): backward accumulates straight
-into it, packing is an in-place scale and unpacking nothing. The other
-buckets pack (scale and cast in one kernel pass) and unpack by copy.
+With ``grad_views`` a bucket whose parameters share one dtype keeps each
+``.grad`` as a view of one flat buffer in that dtype (DDP's
+``gradient_as_bucket_view``): backward accumulates straight into it. Where
+the wire dtype is the parameters', that flat buffer is what travels:
+packing is an in-place scale and unpacking nothing. Where it differs (a
+bf16 wire for fp32 parameters), a separate wire buffer is filled by one
+flat cast (scaled in the same pass) and cast back into the flat buffer
+after the exchange. Buckets that cannot be views (``grad_views`` off, or
+parameters of several dtypes) pack their gradients into the wire buffer
+(scale and cast in one multi-tensor kernel pass) and unpack by copy.
 """
 
 from __future__ import annotations
@@ -28,14 +33,27 @@ class BucketBuffers:
         self, buckets: list[Bucket], dtype: torch.dtype, device: torch.device, grad_views: bool
     ):
         self.buckets = buckets
-        #: per bucket: its flat wire buffer
-        self.buffers = [torch.zeros(b.numel, dtype=dtype, device=device) for b in buckets]
-        #: per bucket: views of its buffer shaped like its parameters, or None (pack/unpack path)
-        self.views: list[list[torch.Tensor] | None] = [
-            [buf[o : o + p.numel()].view_as(p) for o, p in zip(b.offsets, b.params)]
-            if grad_views and all(p.dtype == dtype for p in b.params)
+        #: per bucket: the flat buffer in its parameters' dtype that its gradients are views
+        #: of, or None (pack/unpack path)
+        self.flats: list[torch.Tensor | None] = [
+            torch.zeros(b.numel, dtype=b.params[0].dtype, device=device)
+            if grad_views and len({p.dtype for p in b.params}) == 1
             else None
-            for b, buf in zip(buckets, self.buffers)
+            for b in buckets
+        ]
+        #: per bucket: its flat wire buffer (its flat buffer itself where the dtypes agree)
+        self.buffers = [
+            flat
+            if flat is not None and flat.dtype == dtype
+            else torch.zeros(b.numel, dtype=dtype, device=device)
+            for b, flat in zip(buckets, self.flats)
+        ]
+        #: per bucket: views of its flat buffer shaped like its parameters, or None
+        self.views: list[list[torch.Tensor] | None] = [
+            None
+            if flat is None
+            else [flat[o : o + p.numel()].view_as(p) for o, p in zip(b.offsets, b.params)]
+            for b, flat in zip(buckets, self.flats)
         ]
         #: the stream the moves run on when it is not a CUDA stream (tests' fake streams); None:
         #: the current CUDA stream (see :func:`commrt.kernels.lifetime.keep_alive`)
@@ -57,12 +75,13 @@ class BucketBuffers:
         progress thread while the first backward runs. Unpack goes into scratch copies, so no
         gradient changes."""
         with torch.no_grad():
-            for b, (bucket, views) in enumerate(zip(self.buckets, self.views)):
-                if views is not None:
+            for b, (bucket, flat) in enumerate(zip(self.buckets, self.flats)):
+                wire = self.buffers[b]
+                if wire is flat:
                     continue  # in-place scale: no kernel to tune
-                grads = self._grads(bucket, create=False)
-                pack(grads, self.buffers[b], scale=1.0)
-                unpack(self.buffers[b], [torch.empty_like(g) for g in grads])
+                grads = [flat] if flat is not None else self._grads(bucket, create=False)
+                pack(grads, wire, scale=1.0)
+                unpack(wire, [torch.empty_like(g) for g in grads])
 
     @property
     def any_views(self) -> bool:
@@ -73,7 +92,7 @@ class BucketBuffers:
     def extra_bytes(self) -> int:
         """Memory beyond the gradients: buffers that hold the gradients themselves are not."""
         return sum(
-            b.numel() * b.element_size() for b, v in zip(self.buffers, self.views) if v is None
+            b.numel() * b.element_size() for b, f in zip(self.buffers, self.flats) if b is not f
         )
 
     def _grads(self, bucket: Bucket, create: bool) -> list[torch.Tensor]:
@@ -116,8 +135,11 @@ class BucketBuffers:
                 copied.append(g)
         if copied:  # read on the communication stream: the caller may drop them meanwhile
             keep_alive(copied, self.stream)
-        if scale != 1.0:
-            self.buffers[b].mul_(scale)
+        flat, wire = self.flats[b], self.buffers[b]
+        if wire is not flat:
+            pack([flat], wire, scale=scale)  # one flat cast, scaled in the same pass
+        elif scale != 1.0:
+            wire.mul_(scale)
 
     def unpack(self, b: int) -> None:
         """Make bucket ``b``'s ``.grad`` hold what its buffer holds."""
@@ -125,6 +147,9 @@ class BucketBuffers:
         if views is None:
             unpack(self.buffers[b], self._grads(self.buckets[b], create=True))
             return
+        flat, wire = self.flats[b], self.buffers[b]
+        if wire is not flat:
+            unpack(wire, [flat])  # one flat cast back, where the gradients live
         for p, v in zip(self.buckets[b].params, views):
             g = p.grad
             if g is not v and (g is None or g.data_ptr() != v.data_ptr()):

@@ -85,11 +85,13 @@ class GradientSync:
             gradients' dtype. bf16 halves the bytes; reductions still add
             in fp32 (one rounding per addition).
         unused: ``"zeros"`` or ``"error"``, see the module docs.
-        grad_views: let each ``.grad`` live inside its bucket buffer (as
-            DDP's ``gradient_as_bucket_view``): backward accumulates straight
-            into the buffer, so packing is an in-place scale and unpacking
-            nothing, and no second copy of the gradients exists. Applies to
-            buckets whose parameters all have the wire dtype; ``step()`` then
+        grad_views: let each ``.grad`` live inside a flat bucket buffer in
+            the parameters' dtype (as DDP's ``gradient_as_bucket_view``):
+            backward accumulates straight into it, and no second copy of the
+            gradients exists. Where the wire dtype is the parameters', packing
+            is an in-place scale and unpacking nothing; where it differs, one
+            flat cast each way. Applies to buckets whose parameters share one
+            dtype; ``step()`` then
             zeroes gradients in place instead of setting them to None (a
             gradient set to None or replaced is copied in and re-viewed).
         trace: ``True`` or a :class:`~commrt.training.trace.Tracer` to record a

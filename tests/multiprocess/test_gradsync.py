@@ -294,7 +294,10 @@ def test_grad_views_live_in_the_bucket_and_survive_set_to_none():
         )  # lr 0: parameters stay, grads are what we check
         sync = commrt.GradientSync(model, comm, bucket_mb=0.2, first_bucket_mb=0.01)
         bf16 = commrt.GradientSync(Deep(), comm, comm_dtype=torch.bfloat16)
-        inside = all(v is not None for v in sync._views) and all(v is None for v in bf16._views)
+        # a bf16 wire for fp32 parameters: the gradients are views too, of an fp32 bucket
+        # apart from the wire buffer
+        inside = all(v is not None for v in sync._views + bf16._views)
+        inside = inside and all(w is not f for w, f in zip(bf16._buffers, bf16.io.flats))
         bf16.close()
 
         def in_buffer(p):

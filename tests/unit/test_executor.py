@@ -248,3 +248,28 @@ def test_spin_only_when_every_local_rank_has_a_core():
     cores = len(os.sched_getaffinity(0))
     assert _spin_s(1) == SPIN_S > 0 and _spin_s(cores) == SPIN_S
     assert _spin_s(cores + 1) == 0.0 and _spin_s(None) == 0.0
+
+
+def test_a_dead_owners_binding_is_freed_by_the_next_run_even_one_without_an_owner():
+    """A binding cached for an owner that died holds the owner's memory through its views:
+    the next run frees it, also a run that caches nothing (the shards' fresh buffers)."""
+    import gc
+    import weakref
+
+    import commrt
+
+    def body(tr):
+        ex, sched = Executor(), commrt.algorithms.resolve("rd").schedule(2)
+        x = torch.ones(1000)
+        ex.run(sched, x, tr, 10.0, 4 << 20, False, None, None, None, x)
+        storage = weakref.ref(x.untyped_storage())
+        cached = len(ex._bound)
+        del x
+        gc.collect()
+        y = torch.ones(10)
+        ex.run(sched, y, tr, 10.0)  # no owner: bound for this run alone
+        gc.collect()
+        return cached, len(ex._bound), storage() is None, y.tolist()
+
+    for cached, left, freed, y in run_ranks(2, body):
+        assert (cached, left, freed) == (1, 0, True) and y == [2.0] * 10
