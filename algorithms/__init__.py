@@ -2,6 +2,25 @@
 
 The names and :func:`resolve` live in :mod:`commrt.algorithms.registry`.
 
+One module per job:
+
+* :mod:`~commrt.algorithms.base`: the :class:`Algorithm` interface every algorithm
+  implements;
+* :mod:`~commrt.algorithms.names`: the names below backup workers and what each
+  stands for; :mod:`~commrt.algorithms.registry` adds ``"backup"`` and :func:`resolve`;
+* :mod:`~commrt.algorithms.fragments`: the pieces bigger schedules are composed of
+  (ring reduce-scatter and all-gather, the power-of-two fold);
+* all-reduce: :mod:`~commrt.algorithms.ring`, :mod:`~commrt.algorithms.halving_doubling`
+  (Rabenseifner), :mod:`~commrt.algorithms.recursive_doubling` (the fewest steps, for
+  small buffers), :mod:`~commrt.algorithms.torus` (the 2D torus) and
+  :mod:`~commrt.algorithms.pipelined_torus` (the torus in pipelined segments);
+* :mod:`~commrt.algorithms.broadcast`: a binomial tree and a pipelined chain;
+* :mod:`~commrt.algorithms.auto`: ``"auto"``, which picks an algorithm per buffer size
+  from the cost model, and :mod:`~commrt.algorithms.auto_learn`, how it learns from
+  what it runs;
+* beyond all-reduce: :mod:`~commrt.algorithms.backup` (backup workers) and
+  :mod:`~commrt.algorithms.gossip` (GossipGraD, one partner per step).
+
 ``algorithm=`` arguments across commrt take either an instance (which
 carries the algorithm's options) or one of the names in :data:`NAMES`.
 

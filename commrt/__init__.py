@@ -9,10 +9,26 @@ Example::
     commrt.average_parameters(model, comm)        # exact consensus; returns the disagreement
     sync = commrt.GradientSync(model, comm, algorithm="ring")   # in a training loop
 
-Everything else lives in modules with one job each: :mod:`commrt.schedule`
-(collectives as data + symbolic checker), :mod:`commrt.schedule.executor` (runs a
-schedule on a transport), :mod:`commrt.transports` (nccl, mpi, gloo),
-:mod:`commrt.algorithms`, :mod:`commrt.kernels`, :mod:`commrt.training.trace`.
+Everything else lives in packages and modules with one job each:
+
+* :mod:`commrt.errors`: the errors commrt raises, each named for what failed;
+* :mod:`commrt.transports`: how bytes move between ranks (nccl, mpi, gloo, shared
+  memory, CUDA IPC);
+* :mod:`commrt.kernels`: the fused pack, unpack and reduce kernels;
+* :mod:`commrt.schedule`: collectives as data, their symbolic checker, and the
+  executor that runs a schedule on a transport (:mod:`commrt.schedule.executor`);
+* :mod:`commrt.algorithms`: the algorithms, each a schedule generator;
+* :mod:`commrt.sim`: the cost simulator, pricing schedules on a modelled network;
+* :mod:`commrt.runtime`: the communicator (``init``) and what it stands on;
+* :mod:`commrt.tuning`: what ``auto`` learns of the job (the probe, the node layout);
+* :mod:`commrt.collectives`: the public collectives (``all_reduce``, ``broadcast``, ...);
+* :mod:`commrt.training`: helpers for a training loop, among them the
+  timelines of :mod:`commrt.training.trace`;
+* :mod:`commrt.sync`: gradient synchronisation (:class:`GradientSync`);
+* :mod:`commrt.distributed`: the torch.distributed backend ``"commrt"`` and DDP hooks;
+* :mod:`commrt.data`: the public path of :class:`~commrt.data.GossipShuffle`;
+* :mod:`commrt.cli`: the ``commrt`` command line, which :mod:`commrt.__main__`
+  runs as ``python -m commrt``.
 """
 
 import time as _time

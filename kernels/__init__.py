@@ -19,6 +19,16 @@ and the torch reference on CPU tensors; ``"triton"`` / ``"torch"`` force a
 path. The Triton kernels also run on CPU tensors when ``TRITON_INTERPRET=1``
 was set before Triton was imported (that is how the tests run them).
 
+The modules: :mod:`~commrt.kernels.pack` (``pack``, ``unpack``) and
+:mod:`~commrt.kernels.reduce` (``reduce_``), the public entry points;
+:mod:`~commrt.kernels._common` (dtypes, the ``impl`` switch, input checks);
+:mod:`~commrt.kernels._torch` (the torch reference path);
+:mod:`~commrt.kernels._triton` (the Triton path's host side: pointer tables and
+launches) and :mod:`~commrt.kernels._triton_kernels` (its device side);
+:mod:`~commrt.kernels.configs` (the launch configurations, a fixed heuristic of the
+element count) and :mod:`~commrt.kernels.lifetime` (keeping tensors alive while
+another stream still uses them).
+
 Example::
 
     >>> import torch

@@ -10,9 +10,12 @@
   :mod:`~commrt.cli.train_faults`, :mod:`~commrt.cli.train_output`;
 * ``commrt bench``: :mod:`~commrt.cli.bench_command`; its measurements,
   :mod:`commrt.cli.bench`, are shared with ``bench/``;
-* ``commrt simulate``: :mod:`~commrt.cli.simulate` and its sections, figures and
-  control-plane section (``simulate_sections``, ``simulate_plots``, ``simulate_control``);
+* ``commrt simulate``: :mod:`~commrt.cli.simulate`, its sections and figures
+  (``simulate_sections``, ``simulate_plots``), its control-plane section
+  (``simulate_control``) and its gossip-deadline section (``simulate_deadline``);
 * ``commrt trace merge``: :mod:`~commrt.cli.traces`; ``commrt probe``: :mod:`~commrt.cli.probe`;
+* ``commrt diagnose``: :mod:`~commrt.cli.diagnose` (the stall verdict again, from the
+  files a stalled job left);
 * :mod:`commrt.cli.plotting`: the plots' shared steps.
 """
 

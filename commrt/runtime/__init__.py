@@ -4,7 +4,13 @@
 :mod:`commrt.runtime.choice` (which transport ``auto`` takes, for every caller),
 :mod:`commrt.runtime.environment` (rank and world size from the launcher's
 variables), :mod:`commrt.runtime.rendezvous` and :mod:`commrt.runtime.store`
-(the TCPStore every rank reaches), :mod:`commrt.runtime.departures` (ranks
-that finished or closed, named to the others) and
-:mod:`commrt.runtime.threads` (each rank's share of the node's cores).
+(the TCPStore every rank reaches), :mod:`commrt.runtime.polling` (waiting on
+the store with growing pauses, up to a timeout), :mod:`commrt.runtime.rows`
+(every rank's small row of numbers on every rank: how ranks agree on anything),
+:mod:`commrt.runtime.departures` (ranks that finished or closed, named to the
+others), :mod:`commrt.runtime.abort` (ending the whole job when a rank fails),
+:mod:`commrt.runtime.stall` (the stall watch: who is stuck and where, on every
+rank), :mod:`commrt.runtime.verdict` (the stall verdict as a pure function of
+every rank's view) and :mod:`commrt.runtime.threads` (each rank's share of the
+node's cores).
 """

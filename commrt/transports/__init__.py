@@ -1,1 +1,21 @@
-"""Transports: nccl (cupy.cuda.nccl), mpi (mpi4py), gloo (torch.distributed)."""
+"""Transports: how bytes move between ranks, each behind one interface.
+
+* :mod:`~commrt.transports.base`: the interface every transport implements (grouped
+  non-blocking point-to-point, wait, barrier);
+* :mod:`~commrt.transports.nccl`: NCCL through ``cupy.cuda.nccl``, started by
+  :mod:`~commrt.transports.nccl_bootstrap` (which GPU, how ranks learn the unique id);
+* :mod:`~commrt.transports.mpi`: MPI through mpi4py;
+* :mod:`~commrt.transports.gloo`: torch.distributed's gloo process group;
+* :mod:`~commrt.transports.shm`: shared memory between the ranks of one host, with
+  its rings and message matching (:mod:`~commrt.transports.shm_rings`) and its
+  making (:mod:`~commrt.transports.shm_connect`);
+* :mod:`~commrt.transports.cuda_ipc`: device memory between the ranks of one host
+  through CUDA IPC, made by :mod:`~commrt.transports.cuda_ipc_connect`, on the
+  device of :mod:`~commrt.transports.cuda_ipc_device`;
+* :mod:`~commrt.transports.counting`: a wrapper that counts the messages and bytes
+  a rank sends;
+* :mod:`~commrt.transports.watchdog` and :mod:`~commrt.transports.bounded`: calls
+  that block in C code (NCCL's), given a timer or a bound;
+* :mod:`~commrt.transports.processes`: what ``/proc`` says of a process on this host
+  (a dead peer, a stopped rank).
+"""

@@ -1,6 +1,7 @@
 """Keeps the house in order: small modules, classes and functions, no import
-cycles (lazy imports included), and no reaching into another object's
-private fields. Pure ast over the source: no project module is imported.
+cycles (lazy imports included), no reaching into another object's private
+fields, and a package docstring that names every module of its package. Pure
+ast over the source: no project module is imported.
 
 The limits count every line of a definition, docstring and comments included.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -42,6 +44,46 @@ def _where(name: str, node: ast.AST) -> str:
 def test_there_is_something_to_check():
     assert "commrt.runtime.communicator" in MODULES and "commrt.algorithms" in MODULES
     assert "commrt.kernels.pack" in MODULES
+
+
+def unnamed_modules(doc: str, modules: list[str]) -> list[str]:
+    """The modules (last dotted parts) that ``doc`` does not name. A module is named
+    by a ``:mod:`` role that ends in it (``:mod:`~commrt.sync.join``` names ``join``)
+    or by its name in double backticks (``simulate_plots`` or ``simulate_plots.py``):
+    a word of prose alone ("the ring") does not name the module ``ring``."""
+    return [
+        m
+        for m in modules
+        if not re.search(rf":mod:`~?(?:[\w.]+\.)?{re.escape(m)}`|``{re.escape(m)}(?:\.py)?``", doc)
+    ]
+
+
+def test_every_package_docstring_names_its_modules():
+    """A newcomer finds every module from its package's docstring, with what it is for."""
+    packages = [name for name, path in MODULES.items() if path.name == "__init__.py"]
+    assert {"commrt", "commrt.sync.backup", "commrt.kernels"} <= set(packages)
+    missing = []
+    for package in packages:
+        children = [m.rsplit(".", 1)[1] for m in MODULES if m.rpartition(".")[0] == package]
+        doc = ast.get_docstring(TREES[package]) or ""
+        missing += [f"{package}.{m}" for m in unnamed_modules(doc, children)]
+    assert not missing, (
+        "modules their package's docstring does not name (add a phrase each):\n"
+        + "\n".join(missing)
+    )
+
+
+@pytest.mark.parametrize(
+    "doc,missing",
+    [
+        (":mod:`commrt.sync.join` and :mod:`~commrt.sync.state`", []),
+        ("uneven inputs (``join``), the weights (``state.py``)", []),
+        ("the ring, the join of two states", ["join", "state"]),
+        (":mod:`commrt.sync.joined` (``states``)", ["join", "state"]),
+    ],
+)
+def test_the_package_docstring_check_sees_what_it_should(doc, missing):
+    assert unnamed_modules(doc, ["join", "state"]) == missing
 
 
 def test_modules_classes_and_functions_stay_small():
