@@ -26,7 +26,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from commrt.errors import CommError, CommTimeoutError, PeerClosedError
+from commrt.errors import CommError, CommTimeoutError, PeerClosedError, PeerFailedError
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.kernels import reduce_
 from commrt.schedule import Schedule, tags
@@ -428,7 +428,7 @@ def _run_step(
             if not pend.wait_send(j, deadline):
                 _timeout(prepared, "send", sp.sends[j].peer, sp, schedule, timeout, bucket)
         pend.finish()
-    except PeerClosedError as e:  # a peer that left (commrt.runtime.departures): say where
+    except (PeerClosedError, PeerFailedError) as e:  # a peer that left or failed: say where
         where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
         raise e.at(where.describe()) from None
     except CommError:

@@ -273,3 +273,29 @@ def test_a_dead_owners_binding_is_freed_by_the_next_run_even_one_without_an_owne
 
     for cached, left, freed, y in run_ranks(2, body):
         assert (cached, left, freed) == (1, 0, True) and y == [2.0] * 10
+
+
+@pytest.mark.parametrize("error", ["closed", "failed"])
+def test_a_peer_that_left_or_failed_is_named_with_where_this_rank_waited(monkeypatch, error):
+    """A peer's farewell ends the wait; the error says which algorithm, step and bucket
+    this rank waited in, whether the peer closed or ended after a failure."""
+    from helpers import local_transport
+
+    from commrt.errors import PeerClosedError, PeerFailedError
+
+    gone = {
+        "closed": PeerClosedError(
+            rank=0, peer=1, how="exited", unit="collective call", peer_done=0, waiting_in=1
+        ),
+        "failed": PeerFailedError(rank=0, peer=1, cause=2, unit="collective call", waiting_in=1),
+    }[error]
+
+    def farewell(self, i, deadline):
+        raise gone
+
+    monkeypatch.setattr(local_transport._Pending, "wait_recv", farewell)
+    with pytest.raises(type(gone)) as ei:
+        run_ranks(
+            2, lambda tr: Executor().run(Ring().schedule(2), torch.ones(10), tr, 5.0, bucket=3)
+        )
+    assert ei.value.where == "algorithm ring, step 0 of 2, bucket 3"
