@@ -21,8 +21,8 @@ From the repository root, after ``pip install -e '.[dev]'``, on 2 and 4 ranks
   numpy buffer at 8 B and 64 KiB, interleaved: 9 rounds, each 3000 calls
   of one and then 3000 of the other (a barrier before each), so both meet
   the same load. ``ratio`` is auto's median per-call time over MPI's,
-  beside issue 25's goal (3x at 8 B on 2 ranks, 1.2x at 64 KiB on 2
-  ranks, 1.5x at 64 KiB on 4).
+  beside the goal (:data:`GOALS`: 3x at 8 B on 2 ranks, 1.2x at 64 KiB on
+  2 ranks, 1.5x at 64 KiB on 4).
 
 The limit for comparison is memory-copy bandwidth (bench_kernels.py
 measures it): on one machine every byte a rank sends is a copy through
@@ -57,7 +57,7 @@ IMPLS = [
     "torus2d_pipelined",
 ]  # fmt: skip
 TRANSPORTS = ["mpi", "gloo"]
-#: (ranks, bytes) -> issue 25's goal for auto's time over MPI_Allreduce's
+#: (ranks, bytes) -> the goal for auto's time over MPI_Allreduce's: the most it may take
 GOALS = {(2, 8): 3.0, (2, 1 << 16): 1.2, (4, 1 << 16): 1.5}
 
 pytestmark = pytest.mark.skipif(

@@ -1,9 +1,9 @@
 """The stall verdict's cost on the smallest all-reduce: positions kept, or not, alternated.
 
-Issue 43 asks that keeping each rank's position (:mod:`commrt.schedule.position`:
-a few attribute writes per call and per schedule step) and the stall watch
-thread (a heartbeat to the store every second) leave the 8-byte all-reduce
-no slower. Under mpiexec, on 2 ranks::
+Keeping each rank's position (:mod:`commrt.schedule.position`: a few
+attribute writes per call and per schedule step) and the stall watch thread
+(a heartbeat to the store every second) should leave the 8-byte all-reduce
+no slower; this measures how much slower they make it. Under mpiexec, on 2 ranks::
 
     mpiexec -n 2 python -m pytest bench/bench_stall.py --benchmark-only
 
@@ -12,8 +12,7 @@ no slower. Under mpiexec, on 2 ranks::
   3000 on the other (a barrier before each), so both meet the same load.
   ``kept``: as shipped (positions written, stall watch on, every second);
   ``bare``: the watch off (``stall_s=0``) and an executor whose ``run`` is
-  this module's copy of it without the position writes (the code before
-  issue 43). ``ratio`` is kept's median per-call time over bare's,
+  this module's copy of it without the position writes. ``ratio`` is kept's median per-call time over bare's,
   ``min_ratio`` its fastest round's over bare's fastest. On a loaded
   machine both swing with the scheduler, far more than the writes cost.
 * ``test_run_cost_kept_or_not`` (one process, no mpiexec needed): what the
@@ -40,8 +39,8 @@ multi_rank = pytest.mark.skipif(
 
 
 class BareExecutor(Executor):
-    """The executor without the position writes: its ``run`` as it was before issue 43
-    (the CPU, blocking path; a stream-ordered transport takes the shipped one)."""
+    """The executor without the position writes: its ``run`` with every position write
+    taken out (the CPU, blocking path; a stream-ordered transport takes the shipped one)."""
 
     def run(self, schedule, buf, transport, timeout, piece_bytes=4 << 20, average=False,
             reduce=None, bucket=None, tracer=None, owner=None, spin_s=0.0):  # fmt: skip

@@ -263,8 +263,8 @@ FLOOR_SHM = ("shm:ring", "shm:halving_doubling")
 def test_all_reduce_floor(benchmark, record_bandwidth, groups, mb):
     """What a large all-reduce costs at the least on these ranks: mpi4py's ``Allreduce``
     (numpy), gloo's ``dist.all_reduce`` and ``commrt.all_reduce`` with each algorithm forced,
-    over MPI and (``shm:``) through shared memory, on one buffer, alternated call by call
-    (issue 42's floor: one DDP bucket, and the MLP's 100 MB of gradients in one call)."""
+    over MPI and (``shm:``) through shared memory, on one buffer, alternated call by call,
+    at one DDP bucket (25 MB) and at the MLP's 100 MB of gradients in one call."""
     if "TORCHELASTIC_RUN_ID" in os.environ:
         pytest.skip("the floor compares MPI_Allreduce: run under mpiexec")
     from mpi4py import MPI

@@ -1,6 +1,6 @@
 """Chaos trials for backup workers: 4 gloo ranks, b = 1, a 16 MB model, one rank SIGKILLed
 at a random moment of a random step; the 3 survivors must finish every global step with
-bit-identical parameters and optimizer state (issue 21)::
+bit-identical parameters and optimizer state::
 
     python tools/chaos_backup.py --trials 20          # about 30 s a trial here
 

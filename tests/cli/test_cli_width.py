@@ -1,4 +1,4 @@
-"""Every table commrt prints fits an 80-column terminal (issue 23): bench allreduce, bench
+"""Every table commrt prints fits an 80-column terminal: bench allreduce, bench
 kernels, simulate and the launcher's lines, and every command's --help; the detail the
 tables leave out goes to --csv and --json; the default bench sweep stays small."""
 

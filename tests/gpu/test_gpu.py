@@ -176,7 +176,7 @@ def _last_gpu_worker(q):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a GPU other than GPU 0")
 def test_progress_thread_makes_no_context_on_gpu_0():
-    """The progress thread sets its device (issue 24): a rank on another GPU never
+    """The progress thread sets its device: a rank on another GPU never
     creates a CUDA context on GPU 0. A fresh process, so nothing else made one first."""
     assert spawn([(_last_gpu_worker, ())]) == {"result": ("ok", False)}
 
@@ -355,7 +355,7 @@ def _side_stream_worker(q):
 
 
 def test_torch_backend_orders_after_the_callers_side_stream():
-    """Issue 41: the call thread orders each call after an event recorded on the caller's
+    """The call thread orders each call after an event recorded on the caller's
     current stream when it was made (current streams are per thread), and wait() orders the
     caller's streams after the call; NCCL is made on the call's device with the group's
     timeout."""
@@ -393,7 +393,7 @@ def _call_thread_device_worker(q):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a GPU other than GPU 0")
 def test_torch_backend_call_thread_makes_no_context_on_gpu_0():
-    """Issue 41: the call thread sets the group's device itself; without it, leaving a
+    """The call thread sets the group's device itself; without it, leaving a
     stream context there restored device 0's stream and every rank made a context on GPU 0."""
     n = torch.cuda.device_count()
     env = dict(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, MASTER_ADDR="127.0.0.1")

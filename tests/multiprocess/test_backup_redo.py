@@ -1,4 +1,4 @@
-"""Backup workers when a participant dies INSIDE a global step's all-reduce (issue 21).
+"""Backup workers when a participant dies INSIDE a global step's all-reduce.
 
 4 real gloo ranks run tests/workers/backup_redo_worker.py; the test hook
 ``COMMRT_TEST_KILL`` (commrt/sync/backup/wire.py) SIGKILLs the named ranks

@@ -1,4 +1,4 @@
-"""A local job listens on loopback only (issue 23).
+"""A local job listens on loopback only.
 
 While ``commrt train --nproc 2`` runs, the launcher's control store, the
 rendezvous store and gloo's own sockets must not listen on any interface

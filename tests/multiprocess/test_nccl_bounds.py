@@ -1,4 +1,4 @@
-"""Issue 41's NCCL calls that block in C code, bounded; and the dtypes and ids cupy takes.
+"""NCCL calls that block in C code, bounded; and the dtypes and ids cupy takes.
 
 Ranks are threads of this process, each with its own strict stand-in
 (tests/helpers/nccl_strict.py) over one in-memory store, in the modes that

@@ -1,4 +1,4 @@
-"""Issue 24's NCCL safety items that run in one process, with fakes (no GPU, no NCCL).
+"""NCCL safety rules that run in one process, with fakes (no GPU, no NCCL).
 
 * a timeout or an NCCL error aborts the communicator and marks the transport
   unusable; close() then never calls destroy() (which would hang);

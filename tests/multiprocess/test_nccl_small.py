@@ -1,4 +1,4 @@
-"""Issue 24's small NCCL items, checked without a GPU.
+"""Smaller rules around NCCL, checked without a GPU.
 
 What these check: commrt's own logic around NCCL (the import check, backend
 choice, the unique-id generations, the device choice, argument checks before

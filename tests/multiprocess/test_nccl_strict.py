@@ -1,4 +1,4 @@
-"""The NCCL adapter and every algorithm family over the strict NCCL stand-in (issue 24).
+"""The NCCL adapter and every algorithm family over the strict NCCL stand-in.
 
 tests/helpers/nccl_strict.py models the NCCL rules that hang or corrupt memory on a
 GPU: a new pair's connection blocks inside ``groupEnd`` until the peer's
@@ -86,15 +86,15 @@ def test_a_catch_up_server_that_sends_late_does_not_abort_the_receive(tmp_path, 
 @pytest.mark.parametrize("scenario", ["serverdies", "diesinwait", "diesinwait-stream"])
 def test_a_catch_up_server_that_dies_costs_the_late_rank_a_named_error_at_once(tmp_path, scenario):
     """The server answers, the late rank posts its receive, then the server is recorded dead
-    and killed: the late rank waits in groupEnd (the two never connected: it used to wait
-    there for the 20 s timeout) or in the receive's wait. NCCL cannot cancel the receive,
+    and killed: the late rank waits in groupEnd (the two never connected, and it must not
+    wait there for the 20 s timeout) or in the receive's wait. NCCL cannot cancel the receive,
     so the late rank cannot ask again (gloo does): it aborts its communicator and raises
     a CommError naming the death as soon as it is recorded, not the raw abort of a wait
     and not at the timeout; close() then does not wait for the stuck receive.
-    ``-stream``: groups complete as on a CUDA stream (issue 41), where the receive's wait
-    returns at once and the real wait is the host's wait for the stream, which used to
-    run unwatched on the caller's thread for the whole 20 s timeout (NCCL does not report
-    a peer killed within a node, NVIDIA/nccl#585)."""
+    ``-stream``: groups complete as on a CUDA stream, where the receive's wait returns at
+    once and the real wait is the host's wait for the stream, which must be watched too,
+    not left on the caller's thread for the whole 20 s timeout (NCCL does not report a peer
+    killed within a node, NVIDIA/nccl#585)."""
     codes, outs = gloo_ranks(3, "strict_worker.py", scenario, tmp_path, timeout=120)
     assert codes == [0, -9, 0], TB.failures(codes, outs)
     late = json.loads((tmp_path / f"{scenario}_rank2.json").read_text())

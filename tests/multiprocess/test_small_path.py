@@ -1,4 +1,4 @@
-"""The small-message path (issue 25): a repeated all-reduce on one buffer runs from the
+"""The small-message path: a repeated all-reduce on one buffer runs from the
 executor's memo of its last binding, the common tensor check is a handful of attribute reads,
 small CPU pieces are added by numpy; none of it may skip a check, run a freed binding or lose
 an error's names. Speed itself is bench/bench_allreduce.py's (test_small_interleaved), never

@@ -1,9 +1,9 @@
-"""Issue 43: when a 4-rank gloo job stalls, every live rank prints the same verdict naming
+"""When a 4-rank gloo job stalls, every live rank prints the same verdict naming
 the root cause, and every process ends (tests/workers/verdict_worker.py).
 
 The stall watch is 2 s here (COMMRT_STALL_S). Where a verdict is printed, every process
 must have ended within the stall watch plus :data:`VERDICT_WITHIN_S` of the moment the
-culprit stalled (it prints "stall from <time>"), the issue's promise; each job also gets
+culprit stalled (it prints "stall from <time>"), as docs/stalls.md promises; each job also gets
 a generous bound, and a rank that had to be killed at that bound fails the test.
 """
 

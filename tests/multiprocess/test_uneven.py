@@ -1,4 +1,4 @@
-"""Ranks that run different numbers of steps (issue 23).
+"""Ranks that run different numbers of steps.
 
 Either every rank wraps its loop in ``GradientSync.join`` (ranks out of data
 shadow the others' steps, the average is over the ranks still training), or a

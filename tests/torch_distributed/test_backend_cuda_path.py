@@ -1,4 +1,4 @@
-"""The torch.distributed backend's CUDA path, with torch.cuda's calls replaced (issue 41).
+"""The torch.distributed backend's CUDA path, with torch.cuda's calls replaced.
 
 Current streams and the current device are per thread, and the group's
 calls run on its call thread. Checked here with fakes that record which

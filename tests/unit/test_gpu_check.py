@@ -186,7 +186,7 @@ def test_the_plugin_records_nothing_without_its_variable(tmp_path, monkeypatch):
     assert rec["outcome"] == "passed" and rec["gpu"] is False
 
 
-# ------------------------------------------------------------ kernel timing (issue 41, 9)
+# ------------------------------------------------------------ kernel timing
 
 
 class _FakeCuda:

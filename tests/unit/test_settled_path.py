@@ -1,4 +1,4 @@
-"""The settled path of commrt.all_reduce (issue 25): once a call's algorithm has nothing more
+"""The settled path of commrt.all_reduce: once a call's algorithm has nothing more
 to learn for its size, the next call with the same signature runs the kept schedule without
 resolving, agreeing, selecting or observing. These tests fail if that path is not taken, if it
 gives a wrong answer, or if it swallows what the full path must still do: auto changing its
