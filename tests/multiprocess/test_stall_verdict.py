@@ -311,16 +311,31 @@ def installed_script():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_a_script_in_site_packages_run_through_runpy_is_named_by_its_own_line(
-    installed_script, tmp_path
-):
-    codes, outs, _ = run("user", tmp_path, script="runpy_wrapper.py", before=(installed_script,))
-    assert codes == [1, 1, 1, 1], "\n".join(outs)
-    v = one_verdict(outs)
+def assert_own_line_named(v: str, installed_script: str) -> None:
+    """The verdict ``v`` names the installed script's own line, not runpy's."""
     at = v[v.index(", at: ") :]
     assert at.startswith(", at: ") and HANG in at.split(" main ")[0], v
     assert os.path.basename(os.path.dirname(installed_script)) in at.split(" in ")[0], v
     assert "runpy" not in at.split("waiting for it")[0].replace("innermost", ""), v
+
+
+@pytest.mark.parametrize("backend", ["gloo", "shm"])
+def test_a_script_in_site_packages_run_through_runpy_is_named_by_its_own_line(
+    backend, installed_script, tmp_path
+):
+    codes, outs, _ = run(
+        "user", tmp_path, script="runpy_wrapper.py", backend=backend, before=(installed_script,)
+    )
+    assert codes == [1, 1, 1, 1], "\n".join(outs)
+    assert_own_line_named(one_verdict(outs), installed_script)
+
+
+def test_over_mpi_a_script_in_site_packages_is_named_by_its_own_line(installed_script):
+    proc = mpiexec(4, "runpy_wrapper.py", installed_script, "user", "mpi", timeout=BOUND_S,
+                   check=False, env={"COMMRT_STALL_S": STALL_S})  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and out.count(VERDICT) == 1, out
+    assert_own_line_named(" ".join(verdict_of(out).split()), installed_script)
 
 
 # -- a rank SIGKILLed under DDP: every survivor names that rank, never one that left after it
