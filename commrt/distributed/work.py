@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import datetime
 import queue
+import textwrap
 import threading
 
 import torch
@@ -122,12 +123,16 @@ class CommrtWork(Work):
         if waited:
             return
         if abort_on_error_wanted():
-            end_job_after(
-                error,
+            # the error's text may end in the stall verdict's block: it goes on lines of
+            # its own, after the line that says why this rank ends the job
+            said = textwrap.fill(
                 f"commrt: rank {self.rank}: {self.what} failed and nothing waits for it "
-                f"(DDP holds only its future): {type(error).__name__}: {error}; ending the "
-                "whole job (COMMRT_ABORT_ON_ERROR=0 hands the error to the future instead)",
+                "(DDP holds only its future); ending the whole job (COMMRT_ABORT_ON_ERROR=0 "
+                "hands the error to the future instead):",
+                80,
+                subsequent_indent="    ",
             )
+            end_job_after(error, f"{said}\n{type(error).__name__}: {error}")
         self.future.set_exception(error)
 
 

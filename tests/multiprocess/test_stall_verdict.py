@@ -258,6 +258,29 @@ def test_a_timeout_within_the_default_watch_under_ddp_names_the_rank_and_line(tm
         assert f"verdict_ddp_worker.py:{hang} in load_next_batch" in flat, out
 
 
+def test_under_torchrun_a_timeout_within_the_default_watch_names_the_rank_and_line():
+    """torchrun itself, DDP on backend commrt: the first rank that ends after its timeout
+    makes torchrun stop the others, so the job's merged output (not each rank's) must name
+    the rank in its data loader and the line."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4"]
+    cmd += ["--standalone", os.path.join(TESTS, "workers", "verdict_ddp_worker.py")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMRT_", "TORCH_DIST"))}
+    env.update(OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [*cmd, "timeout"], env=env, capture_output=True, text=True, timeout=BOUND_S + TIMEOUT_S
+    )
+    ended, out = time.time(), proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "finished" not in out, out
+    took = ended - float(re.search(r"stall from ([\d.]+)", out).group(1))
+    assert took <= TIMEOUT_S + VERDICT_WITHIN_S, f"the job ended {took:.1f} s after the stall"
+    hang = line_of("verdict_ddp_worker.py", "a data loader that hangs")
+    flat = " ".join(out.split())
+    assert told(out) and "rank 3 " in flat and "IN USER CODE" in flat, out
+    assert f"verdict_ddp_worker.py:{hang} in load_next_batch" in flat, out
+    # the block, printed within an error's text, keeps its lines within 80 columns
+    assert all(len(line) <= 80 for line in verdict_of(out).splitlines()), verdict_of(out)
+
+
 def test_over_mpi_a_timeout_within_the_default_watch_names_the_rank_and_line():
     proc = mpiexec(4, "verdict_worker.py", "timeout", "mpi", timeout=BOUND_S, check=False,
                    env={"COMMRT_STALL_S": ""})  # fmt: skip
