@@ -120,6 +120,11 @@ class _Tables:
         "clear_of",
     )
 
+    def columns(self) -> tuple:
+        """The table's columns in the order both kernels take them: per tensor its address,
+        flat offset, element count and dtype code, its first chunk; per chunk its owner."""
+        return (self.addr, self.flat_off, self.numel, self.code, self.chunk_first, self.chunk_owner)
+
     def __init__(self, tensors: List[torch.Tensor], chunk: int, device: torch.device):
         addrs, offs, numels, codes, firsts, counts, ends = [], [], [], [], [], [], []
         off = 0
@@ -297,17 +302,7 @@ def pack(tensors: List[torch.Tensor], sizes, out: torch.Tensor, scale: float, to
     _launch(
         _pack_kernel,
         lambda block: (tab.n_chunks,),
-        (
-            tab.addr,
-            tab.flat_off,
-            tab.numel,
-            tab.code,
-            tab.chunk_first,
-            tab.chunk_owner,
-            out,
-            float(scale),
-            chunk,
-        ),
+        (*tab.columns(), out, float(scale), chunk),
         dict(SRC_CODE=tab.list_code, OUT_CODE=DTYPE_CODE[out.dtype], ALIGNED=aligned),
         total,
         out.device,
@@ -331,17 +326,7 @@ def unpack(
     _launch(
         _unpack_kernel,
         lambda block: (tab.n_chunks,),
-        (
-            flat,
-            tab.addr,
-            tab.flat_off,
-            tab.numel,
-            tab.code,
-            tab.chunk_first,
-            tab.chunk_owner,
-            float(scale),
-            chunk,
-        ),
+        (flat, *tab.columns(), float(scale), chunk),
         dict(DST_CODE=tab.list_code, ACCUMULATE=bool(accumulate), ALIGNED=aligned),
         total,
         flat.device,
