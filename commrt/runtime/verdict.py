@@ -308,13 +308,17 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
 
 def wrap(line: str) -> list[str]:
     """``line`` wrapped at :data:`WIDTH`, never inside a `quoted command` (printed without
-    its quotes) nor at a no-break space (printed as a space)."""
+    its quotes), at a no-break space (printed as a space) nor inside a word: a file's path
+    longer than the width keeps a line of its own, whole, so that it can be copied."""
     if len(line.replace("`", "")) <= WIDTH:
         return [line.replace("`", "").replace(NBSP, " ")]
     parts = line.split("`")
     keep = "".join(p.replace(" ", NBSP) if i % 2 else p for i, p in enumerate(parts))
-    indent = " " * (len(line) - len(line.lstrip()) + 4)
-    out = textwrap.wrap(keep, WIDTH, subsequent_indent=indent, break_on_hyphens=False)
+    lead = " " * (len(line) - len(line.lstrip()))  # kept on the first line too
+    out = textwrap.wrap(
+        keep.lstrip(), WIDTH, initial_indent=lead, subsequent_indent=lead + "    ",
+        break_on_hyphens=False, break_long_words=False,
+    )  # fmt: skip
     return [w.replace(NBSP, " ") for w in out]
 
 

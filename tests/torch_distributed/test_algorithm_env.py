@@ -55,10 +55,18 @@ def test_abort_advice_fits_how_the_group_was_made(monkeypatch):
     monkeypatch.setattr(abort, "end_job", said.append)  # where the hook calls it
     monkeypatch.setattr(sys, "excepthook", lambda *exc: None)
 
+    farewells = []
+
+    class Watch:  # the communicator's departures: the hook leaves a failed farewell there
+        def announce(self, how, cause):
+            farewells.append((how, cause))
+
     class Comm:
         rank, closed, stall = 1, False, None  # no stall watch: the hook's plain exit
+        watch = Watch()
 
     backend_comm = Comm()
     abort.install_abort_hook(backend_comm)  # as the backend's devices install it
     sys.excepthook(RuntimeError, RuntimeError("peer gone"), None)
     assert "COMMRT_ABORT_ON_ERROR=0" in said[-1] and "commrt.init" not in said[-1]
+    assert len(farewells) == 1 and farewells[0][1] is None  # the error names no rank

@@ -110,6 +110,7 @@ def test_one_core_a_rank_runs_calls_of_any_size_in_backward_on_the_caller(
         monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    monkeypatch.setenv("RANK", "0")  # torchrun's variables, which it sets together
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert threads.one_core_each(None if local is None else int(local)) is one_each
     dist.init_process_group(

@@ -164,3 +164,11 @@ def test_one_rank_per_host_prints_the_verdict_and_the_others_point_to_it():
     other = judge([waiting(0, 3), waiting(1, 0), waiting(2, 1), waiting(3, 2, seq=8)])
     flat = " ".join(pointer(other, 0, 1).split())
     assert "rank 3 (host h, pid 103) is IN ANOTHER COLLECTIVE: all_reduce (ring" in flat, flat
+
+
+def test_a_path_longer_than_the_width_stays_whole_on_a_line_of_its_own():
+    from commrt.runtime.verdict import wrap
+
+    path = "/tmp/" + "a-long-checkout-folder/" * 4 + "tests/workers/verdict_worker.py:32"
+    lines = wrap(f"    {path} in load_next_batch")
+    assert lines == [f"    {path}", "        in load_next_batch"], lines
