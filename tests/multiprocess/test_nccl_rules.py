@@ -327,6 +327,7 @@ def test_a_catch_up_nccl_cannot_retry_fails_the_policy_and_close_does_not_drain(
 
     from commrt.algorithms import BackupWorkers
     from commrt.sync.backup import BackupPolicy, Role
+    from commrt.sync.backup.parts import Parts
 
     calls = []
 
@@ -343,11 +344,12 @@ def test_a_catch_up_nccl_cannot_retry_fails_the_policy_and_close_does_not_drain(
 
     policy = BackupPolicy(BackupWorkers(1))
     policy.ctx = types.SimpleNamespace(tracer=None)
-    policy.catchup = CatchUp()
-    policy.liveness = types.SimpleNamespace(stop=lambda: calls.append("stop"))
+    liveness = types.SimpleNamespace(stop=lambda: calls.append("stop"))
+    reduction = types.SimpleNamespace(close=lambda: calls.append("reduction closed"))
+    policy.parts = Parts([], None, "", None, 0, None, CatchUp(), liveness, reduction)
     policy.role = Role.LATE
     with pytest.raises(CommError, match="cannot cancel"):
         policy.apply(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
     policy.close()
     # no drain (no new request on the aborted transport); the catch-up's thread is ended
-    assert calls == ["receive", "stop", "close"]
+    assert calls == ["receive", "stop", "reduction closed", "close"]

@@ -24,7 +24,7 @@ from commrt.runtime.communicator import Backend, Communicator
 from commrt.runtime.environment import LaunchInfo
 from commrt.schedule.executor import Executor
 from commrt.sync import buffers as B
-from commrt.sync.backup import policy as BP
+from commrt.sync.backup import parts as BP
 
 
 def each_rank(p, fn):

@@ -44,7 +44,7 @@ def main(out, backups):
     opt = optimizer(m)
     alg = BackupWorkers(backups=backups, dead_after_s=DEAD_AFTER_S)
     sync = commrt.GradientSync(m, comm, algorithm=alg, bucket_mb=0.0002, first_bucket_mb=0.0001)
-    inc = sync.policy.liveness.incarnation
+    inc = sync.policy.parts.liveness.incarnation
     if os.environ.get("COMMRT_TEST_KILL_JOIN"):
         os.kill(os.getpid(), signal.SIGKILL)
     rec = {"rank": rank, "incarnation": inc, "steps": [], "applied": []}

@@ -112,7 +112,7 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         for it in range(steps):
             if die_at is not None and it == die_at and rank == comm.world_size - 1:
                 if comm.transport.stream_ordered:
-                    finish_serving(sync.policy.catchup, comm.timeout)
+                    finish_serving(sync.policy.parts.catchup, comm.timeout)
                 with open(os.path.join(out, "died_at.txt"), "w") as f:
                     f.write(repr(time.time()))
                 if case == "paused":  # a helper wakes this rank after PAUSE_S

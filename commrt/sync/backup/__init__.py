@@ -98,7 +98,9 @@ involve every rank at once, which backup workers are meant to avoid.
 The package, one module per job (imports go down this list, never up):
 
 ==========================================  ==========================================
-:mod:`~commrt.sync.backup.policy`           :class:`BackupPolicy`, wiring the rest
+:mod:`~commrt.sync.backup.policy`           :class:`BackupPolicy`, the per-step protocol
+:mod:`~commrt.sync.backup.ending`           the end of training: last step, drain
+:mod:`~commrt.sync.backup.parts`            the parts, made together at setup
 :mod:`~commrt.sync.backup.arrival`          tickets: who takes part in a global step
 :mod:`~commrt.sync.backup.recovery`         the participants' all-reduce: commit or redo
 :mod:`~commrt.sync.backup.catchup`          snapshot requests, serving, receiving

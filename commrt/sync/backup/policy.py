@@ -2,7 +2,7 @@
 
 See :mod:`commrt.sync.backup` for the protocol. The policy keeps the
 global step this rank holds and its role in the current step; the parts
-do the talking: :class:`~commrt.sync.backup.arrival.Arrival` decides who
+(:class:`~commrt.sync.backup.parts.Parts`, made at setup) do the talking: :class:`~commrt.sync.backup.arrival.Arrival` decides who
 takes part, :class:`~commrt.sync.backup.catchup.CatchUp` moves snapshots,
 :class:`~commrt.sync.backup.liveness.Liveness` watches who is still there.
 """
@@ -10,25 +10,19 @@ takes part, :class:`~commrt.sync.backup.catchup.CatchUp` moves snapshots,
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from commrt.algorithms.auto import Auto, label
-from commrt.algorithms.torus import Torus2D
+from commrt.algorithms.auto import label
 from commrt.errors import CommError
-from commrt.runtime.store import ControlStore, Host
-from commrt.sync.backup.arrival import Arrival, Role
-from commrt.sync.backup.catchup import CatchUp, span
-from commrt.sync.backup.keys import Keys
-from commrt.sync.backup.liveness import Liveness
-from commrt.sync.backup.recovery import Reduction
-from commrt.sync.backup.rejoin import announce, check_rejoin, enter
-from commrt.sync.buffers import needs_tuning
+from commrt.sync.backup.arrival import Role
+from commrt.sync.backup.catchup import span
+from commrt.sync.backup.ending import drain
+from commrt.sync.backup.parts import Parts
+from commrt.sync.backup.rejoin import announce
 from commrt.sync.policy import Policy, SyncContext
 from commrt.sync.report import render_rows
-from commrt.tuning.context import Context
 
 
 @dataclass
@@ -82,7 +76,7 @@ class BackupReport:
             {r: f["dropped"] for r, f in per_rank},
             {r: f["updates"] for r, f in per_rank},
             tuple(sorted(missing)),
-            policy.catchup.served,
+            policy.parts.catchup.served,
             drain_s,
         )
 
@@ -108,13 +102,7 @@ class BackupPolicy(Policy):
         self.rank, self.p = 0, 1  # this rank and the world size
         self.n = 0  # N: the gradients each global step takes (p - b)
         self.timeout = 0.0  # seconds any wait may take (the communicator's)
-        self.inner: list = []  # per bucket: the all-reduce among the N on-time ranks
-        self.cs: ControlStore | None = None  # the job's control store
-        self.store = None  # this policy's connection to it, in its own key space
-        self.arrival: Arrival | None = None
-        self.catchup: CatchUp | None = None
-        self.liveness: Liveness | None = None
-        self.reduction: Reduction | None = None  # the participants' all-reduce, commit and redo
+        self.parts: Parts | None = None  # the store, arrival, catch-up, liveness, reduction
         # ---- where this rank stands
         self.held = 0  # the global step this rank's state holds
         self.final: int | None = None  # the global step training ends at, once known
@@ -135,29 +123,14 @@ class BackupPolicy(Policy):
         self.rank, self.p = comm.rank, comm.world_size
         self.n = alg.participants(self.p)  # ValueError on every rank when p <= b
         self.timeout, rejoined = comm.timeout, comm.transport.rejoined
-        self.inner = inner = _inners(ctx, alg, self.n, rejoined)
         if self.send_when_ready is None:
             self.send_when_ready = bool(comm.transport.stream_ordered)
-        space = _key_space(comm)
-        self.cs = ControlStore.open(comm)
-        self.store = store = self.cs.client(space)
-        inc = enter(store, self.rank, alg, self.timeout) if rejoined else 0
-        params = [p for b in ctx.buckets for p in b.params]
-        self.arrival = Arrival(
-            store, self.cs, space, self.rank, self.p, self.n, alg, self.timeout, inc
-        )
-        self.catchup = CatchUp(comm, store, params, alg, ctx.tracer, inc, (self.cs, space))
-        self.liveness = Liveness(
-            self.cs, space, store, self.rank, self.p, alg.dead_after_s, self.timeout, inc
-        )
-        self.liveness.start(comm.stall)
+        self.parts = parts = Parts.wire(ctx, alg, self.n)
         if rejoined:
-            announce(store, self.rank, inc, self.p)
+            announce(parts.store, self.rank, parts.incarnation, self.p)
             self.role = Role.JOINING
-        red = Reduction(ctx, self.cs, space, self.arrival, self.liveness, inner, self.timeout)
-        self.reduction = red
-        red.setup(rejoined)
-        return tuple(f"backup(b={alg.backups}):{label(a)}" for a in inner)
+        parts.reduction.setup(rejoined)
+        return tuple(f"backup(b={alg.backups}):{label(a)}" for a in parts.inner)
 
     # ------------------------------------------------------------ per step
     def begin_step(self, step: int) -> None:
@@ -176,22 +149,22 @@ class BackupPolicy(Policy):
             )
         g = self.held
         if self.role is Role.JOINING:  # a replacement's first step: its gradient is dropped
-            self._unapplied, self._req = True, self.catchup.request(-1)  # any state will do
+            self._unapplied, self._req = True, self.parts.catchup.request(-1)  # any state will do
             return
         if self.final is not None and g >= self.final:
             self.role, self.ranks = Role.FINAL, ()
             return
-        self.liveness.check_alive()  # a rank the others called dead takes no ticket
+        self.parts.liveness.check_alive()  # a rank the others called dead takes no ticket
         self._unapplied = True
         with span(self.ctx.tracer, "commrt/backup/arrive", step=g):
-            self.role, self.ranks, names = self.arrival.arrive(g, self._serve)
+            self.role, self.ranks, names = self.parts.arrival.arrive(g, self.serve)
         if self.role is Role.FINAL:
             self.final = g
             return
-        self.reduction.begin(g, self.ranks, self.role is Role.ON_TIME, names)
+        self.parts.reduction.begin(g, self.ranks, self.role is Role.ON_TIME, names)
         if self.role is Role.LATE:
             self.dropped += 1
-            self._req = self.catchup.request(g)
+            self._req = self.parts.catchup.request(g)
 
     def scale(self, step: int) -> float:
         return 1.0 / self.n
@@ -200,13 +173,13 @@ class BackupPolicy(Policy):
         if self.role in (Role.FINAL, Role.JOINING):
             return 0
         # a late gradient is dropped: nothing goes on the wire (it is kept in case of a redo)
-        on_time, reduction = self.role is Role.ON_TIME, self.reduction
+        on_time, reduction = self.role is Role.ON_TIME, self.parts.reduction
         sent = reduction.run(bucket, buf) if on_time else reduction.keep(bucket, buf)
         if bucket == len(self.ctx.buffers) - 1:  # the step commits (redone if one failed)
             with _marks_failure(self):
-                took_part = reduction.commit(on_time, self._serve, self._joined)
+                took_part = reduction.commit(on_time, self.serve, self._joined)
             self.role = Role.ON_TIME if took_part else Role.LATE
-            self.ranks = self.reduction.ranks
+            self.ranks = self.parts.reduction.ranks
         return sent
 
     def apply(self, optimizer: torch.optim.Optimizer) -> int:
@@ -214,41 +187,42 @@ class BackupPolicy(Policy):
         self._unapplied = False
         if self.role is Role.ON_TIME:
             optimizer.step()
-            self.catchup.record_state()
+            self.parts.catchup.record_state()
             self.held += 1
             self.updates += 1
-            self._serve()
+            self.serve()
             return 1
         if self.role in (Role.LATE, Role.JOINING):
             req, self._req, self.role = self._req, None, Role.LATE
             with span(self.ctx.tracer, "commrt/backup/catch-up", step=self.held):
-                return self._catch_up(req)
-        self._say_final()
-        self._serve()
+                return self.catch_up(req)
+        self.say_final()
+        self.serve()
         return 0
 
     def _joined(self, taking_part: bool) -> None:
         """A redo round changed this rank's part in the step: withdraw or post its request."""
         self.dropped += -1 if taking_part else 1
-        catchup, req = self.catchup, self._req
+        catchup, req = self.parts.catchup, self._req
         self._req = catchup.withdraw(req) if taking_part else catchup.request(self.held)
 
-    def _catch_up(self, req: int) -> int:
+    def catch_up(self, req: int) -> int:
         """Receive the snapshot answering ``req``; return the global updates it brought."""
         with _marks_failure(self):  # a timeout, or NCCL's receive that cannot be retried
-            resp = self.catchup.receive(req, self.held, self._opt)
+            resp = self.parts.catchup.receive(req, self.held, self._opt)
         gained = resp["step"] - self.held
         self.held = resp["step"]
         self.updates += gained
         if resp["final"] is not None:
             self.final = resp["final"]
         if self.finished:
-            self._say_final()
+            self.say_final()
         return gained
 
-    def _serve(self) -> None:
+    def serve(self) -> None:
+        """Answer the catch-up requests waiting for this rank's state."""
         with _marks_failure(self):  # a snapshot send that timed out on NCCL
-            self.catchup.serve(self._opt, self.held, self.final, not self.send_when_ready)
+            self.parts.catchup.serve(self._opt, self.held, self.final, not self.send_when_ready)
 
     def step_stats(self) -> dict:
         return {
@@ -256,8 +230,8 @@ class BackupPolicy(Policy):
             "participants": list(self.ranks),
             "dropped": self.dropped,
             "global_step": self.held,
-            "missing": sorted(self.liveness.missing),
-            **self.reduction.stats(self.role is not Role.FINAL),
+            "missing": sorted(self.parts.liveness.missing),
+            **self.parts.reduction.stats(self.role is not Role.FINAL),
         }
 
     @property
@@ -272,58 +246,30 @@ class BackupPolicy(Policy):
 
     @property
     def extra_bytes(self) -> int:
-        return self.catchup.held_bytes + self.reduction.kept_bytes
+        return self.parts.catchup.held_bytes + self.parts.reduction.kept_bytes
 
-    # ------------------------------------------------------------ the end
-    def _counts(self) -> dict:
+    # ------------------------------------------------------------ the end (backup.ending)
+    def counts(self) -> dict:
+        """This rank's numbers, as it reports them when it holds the final state."""
         return {"step": self.held, "dropped": self.dropped, "updates": self.updates}
 
-    def _say_final(self) -> None:
+    def say_final(self) -> None:
+        """Tell the others (once) that this rank holds the final state, with its counts."""
         if not self._said_final:
             self._said_final = True
-            self.liveness.hold_final(self._counts())
+            self.parts.liveness.hold_final(self.counts())
 
     def close(self) -> None:
-        if self._closed or self.liveness is None:  # closed already, or never set up
+        if self._closed or self.parts is None:  # closed already, or never set up
             return
         self._closed = True
         try:
             if not self.failed:
-                self.liveness.check_alive()  # the others stopped waiting for it: no drain
-                self._drain()
+                self.parts.liveness.check_alive()  # the others stopped waiting for it: no drain
+                fins, missing, drained_s = drain(self)
+                self._report = BackupReport.of(self, fins, missing, drained_s)
         finally:
-            self.liveness.stop()
-            if self.reduction is not None:  # None if set-up never made it
-                self.reduction.close()
-            self.catchup.close()
-
-    def _drain(self) -> None:
-        start = time.monotonic()
-        deadline = start + self.timeout
-        self._end_training()
-        others = [r for r in range(self.p) if r != self.rank]
-        fins = _wait_for_finals(
-            self._serve, self.liveness, self.catchup, {self.rank: self._counts()}, others, deadline
-        )
-        missing = tuple(r for r in range(self.p) if r not in fins)
-        self._report = BackupReport.of(self, fins, missing, time.monotonic() - start)
-        # the store may live in this process: keep it up until every live rank is done with it
-        self.liveness.stop()
-        self.liveness.say_bye()
-        if self.cs.where is Host.RANK0 and self.cs.hosted_here:
-            self.liveness.wait_for_byes([r for r in others if r not in missing], deadline)
-
-    def _end_training(self) -> None:
-        """End training at the step this rank holds, or catch up to where it ended."""
-        while self.final is None or self.held < self.final:
-            g = self.held
-            if self.final is None:
-                self.arrival.take(g, closing=True)
-                if self.arrival.closes(self.arrival.first_n(g, self._serve)):
-                    self.final = g
-                    break
-            self._catch_up(self.catchup.request(g))
-        self._say_final()
+            self.parts.close()
 
     @property
     def missing_ranks(self) -> tuple[int, ...]:
@@ -336,50 +282,7 @@ class BackupPolicy(Policy):
         """What happened (complete after ``close()``; before, this rank's numbers only)."""
         if self._report is not None:
             return self._report
-        return BackupReport.of(self, {self.rank: self._counts()}, tuple(self.liveness.missing))
-
-
-def _key_space(comm) -> str:
-    """The key space of the next backup policy made on ``comm`` (each gets its own)."""
-    instance = comm.slots.backup_instances
-    comm.slots.backup_instances = instance + 1
-    return Keys.space(instance)
-
-
-def _inners(ctx: SyncContext, alg, n: int, rejoined: bool) -> list:
-    """Per bucket: the all-reduce among the N participants (a shape that does not fit N
-    fails here, on every rank), its reduce kernel warmed (:func:`warm`). ``rejoined``: for a
-    replacement (no ``auto``)."""
-    if rejoined:
-        check_rejoin(alg.inner)
-    where = Context(ctx.comm)  # what auto's choice may ask of the communicator (a probe)
-    inner = [inner_for(alg.inner, n, b.numel * ctx.element_size, where) for b in ctx.buckets]
-    for a in dict.fromkeys(inner):
-        a.schedule(ctx.comm.world_size, tuple(range(n)))
-    warm(ctx, inner, ctx.comm.world_size, n)
-    return inner
-
-
-def warm(ctx: SyncContext, inner: list, p: int, n: int) -> None:
-    """Launch the reduce kernel on every piece size the participants' all-reduce (``inner``,
-    per bucket) sums into each bucket, where kernels compile on their first launch (CUDA):
-    at construction, not on the progress thread during the first backward. Which N of the
-    p ranks take part changes from step to step, and with it this rank's place among
-    them, so the pieces of every place are warmed. Nothing happens on the CPU."""
-    if not any(needs_tuning(b.device) for b in ctx.buffers):
-        return
-    participants = tuple(range(n))
-    for a, buf in zip(inner, ctx.buffers):
-        ctx.warm(a.schedule(p, participants), buf, ranks=participants)
-
-
-def inner_for(inner, n: int, nbytes: int, comm):
-    """The all-reduce among the N participants for a bucket of ``nbytes``."""
-    if isinstance(inner, Auto):  # priced for the N ranks that take part (probes: collective)
-        return inner.choose(n, nbytes, comm).algorithm
-    if isinstance(inner, Torus2D) and inner.rows is None and inner.cols is None:
-        return Torus2D(*inner.shape(n))
-    return inner
+        return BackupReport.of(self, {self.rank: self.counts()}, tuple(self.parts.liveness.missing))
 
 
 @contextlib.contextmanager
@@ -390,22 +293,3 @@ def _marks_failure(policy: BackupPolicy):
     except CommError:
         policy.failed = True
         raise
-
-
-def _wait_for_finals(
-    serve, liveness, catchup, fins: dict[int, dict], others: list[int], deadline: float
-) -> dict[int, dict]:
-    """Answer catch-up requests (``serve``) until every live rank holds the final state
-    (bounded by ``deadline``); add what each rank that does reported to ``fins``."""
-    while True:
-        serve()
-        liveness.read_finals(others, fins)
-        waiting = [r for r in others if r not in fins and r not in liveness.missing]
-        if not waiting or time.monotonic() > deadline:
-            break
-        time.sleep(0.005)
-    while catchup.busy and time.monotonic() < deadline:
-        catchup.drop_sends_to(liveness.missing)
-        catchup.progress()
-        time.sleep(0.002)
-    return fins
