@@ -299,11 +299,11 @@ def test_snapshots_on_their_way_to_a_dead_rank_are_given_up():
     """close() drained a snapshot sent to a rank that died for the whole timeout."""
     from types import SimpleNamespace
 
-    from commrt.sync.backup import catchup as C
+    from commrt.sync.backup import serving as S
 
     abandoned = []
     ex = SimpleNamespace(abandon=lambda: abandoned.append(1))
-    server = C.CatchUp.__new__(C.CatchUp)
+    server = S.Server.__new__(S.Server)
     to_dead = SimpleNamespace(peer=2, exchange=ex, flat="buf2", wire=None)
     to_live = SimpleNamespace(peer=1, exchange=None, flat="buf1", wire=None)
     server._sending, server._lost = [to_dead, to_live], []
@@ -320,13 +320,13 @@ def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
     from types import SimpleNamespace
 
     from commrt.errors import CommError
-    from commrt.sync.backup import catchup as C
+    from commrt.sync.backup import serving as S
 
     def failing_send():
         raise RuntimeError("Connection closed by peer [127.0.0.1]:2196")
 
     def server(stream_ordered):
-        c = C.CatchUp.__new__(C.CatchUp)
+        c = S.Server.__new__(S.Server)
         c.comm = SimpleNamespace(transport=SimpleNamespace(stream_ordered=stream_ordered))
         c.rank, c.timeout, c._host_progress, c._lost = 2, 30.0, True, []
         c.store = SimpleNamespace(check=lambda keys: False)
@@ -350,20 +350,20 @@ def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised(monkeypatch)
     from types import SimpleNamespace
 
     from commrt.errors import CommError
-    from commrt.sync.backup import catchup as C
+    from commrt.sync.backup import serving as S
 
     def refused(*args, **kwargs):
         raise RuntimeError("Connection closed by peer [127.0.0.1]:2196")
 
     def server(stream_ordered):
-        c = C.CatchUp.__new__(C.CatchUp)
+        c = S.Server.__new__(S.Server)
         c.comm = SimpleNamespace(transport=SimpleNamespace(stream_ordered=stream_ordered))
         c.rank, c.incarnation, c.tracer, c.served = 2, 0, None, 0
         c._state_event, c._sending, c._lost = None, [], []
         c.params, c.store = [torch.zeros(3)], SimpleNamespace(set=lambda k, v: None)
         return c
 
-    monkeypatch.setattr(C, "_start", refused)
+    monkeypatch.setattr(S, "start_transfer", refused)
 
     gloo = server(stream_ordered=False)
     gloo._start_send(7, 0, (5, None), torch.optim.SGD(gloo.params, lr=0.1), (True, None))

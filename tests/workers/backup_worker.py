@@ -76,14 +76,14 @@ def state_of(model, opt):
     return out
 
 
-def finish_serving(catchup, timeout):
+def finish_serving(server, timeout):
     """Let the snapshots this rank answered with reach their late ranks. On NCCL, which
     cannot cancel a receive, a server that dies between answering and sending costs its
     late rank the communicator (tests/multiprocess/test_nccl_strict.py, ``serverdies``): there the
     ``dead`` scenario is a death between steps with nothing on the way."""
     deadline = time.monotonic() + timeout
-    while catchup.busy and time.monotonic() < deadline:
-        catchup.progress()
+    while server.busy and time.monotonic() < deadline:
+        server.progress()
         time.sleep(0.005)
 
 
@@ -112,7 +112,7 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         for it in range(steps):
             if die_at is not None and it == die_at and rank == comm.world_size - 1:
                 if comm.transport.stream_ordered:
-                    finish_serving(sync.policy.parts.catchup, comm.timeout)
+                    finish_serving(sync.policy.parts.catchup.server, comm.timeout)
                 with open(os.path.join(out, "died_at.txt"), "w") as f:
                     f.write(repr(time.time()))
                 if case == "paused":  # a helper wakes this rank after PAUSE_S

@@ -103,7 +103,8 @@ The package, one module per job (imports go down this list, never up):
 :mod:`~commrt.sync.backup.parts`            the parts, made together at setup
 :mod:`~commrt.sync.backup.arrival`          tickets: who takes part in a global step
 :mod:`~commrt.sync.backup.recovery`         the participants' all-reduce: commit or redo
-:mod:`~commrt.sync.backup.catchup`          snapshot requests, serving, receiving
+:mod:`~commrt.sync.backup.catchup`          snapshot requests and receiving them
+:mod:`~commrt.sync.backup.serving`          serving the others' requests
 :mod:`~commrt.sync.backup.rejoin`           a replacement of a dead rank comes back
 :mod:`~commrt.sync.backup.liveness`         heartbeats, recorded deaths, the end handshake
 :mod:`~commrt.sync.snapshot`                parameters + optimizer state (shared)

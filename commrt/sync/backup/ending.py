@@ -57,7 +57,7 @@ def wait_for_finals(
 ) -> dict[int, dict]:
     """Answer catch-up requests (``serve``) until every live rank holds the final state
     (bounded by ``deadline``); add what each rank that does reported to ``fins``."""
-    liveness, catchup = parts.liveness, parts.catchup
+    liveness, server = parts.liveness, parts.catchup.server
     while True:
         serve()
         liveness.read_finals(others, fins)
@@ -65,8 +65,8 @@ def wait_for_finals(
         if not waiting or time.monotonic() > deadline:
             break
         time.sleep(0.005)
-    while catchup.busy and time.monotonic() < deadline:
-        catchup.drop_sends_to(liveness.missing)
-        catchup.progress()
+    while server.busy and time.monotonic() < deadline:
+        server.drop_sends_to(liveness.missing)
+        server.progress()
         time.sleep(0.002)
     return fins

@@ -17,10 +17,10 @@ import torch
 from commrt.algorithms.auto import label
 from commrt.errors import CommError
 from commrt.sync.backup.arrival import Role
-from commrt.sync.backup.catchup import span
 from commrt.sync.backup.ending import drain
 from commrt.sync.backup.parts import Parts
 from commrt.sync.backup.rejoin import announce
+from commrt.sync.backup.serving import span
 from commrt.sync.policy import Policy, SyncContext
 from commrt.sync.report import render_rows
 
@@ -76,7 +76,7 @@ class BackupReport:
             {r: f["dropped"] for r, f in per_rank},
             {r: f["updates"] for r, f in per_rank},
             tuple(sorted(missing)),
-            policy.parts.catchup.served,
+            policy.parts.catchup.server.served,
             drain_s,
         )
 
@@ -222,7 +222,9 @@ class BackupPolicy(Policy):
     def serve(self) -> None:
         """Answer the catch-up requests waiting for this rank's state."""
         with _marks_failure(self):  # a snapshot send that timed out on NCCL
-            self.parts.catchup.serve(self._opt, self.held, self.final, not self.send_when_ready)
+            self.parts.catchup.server.serve(
+                self._opt, self.held, self.final, not self.send_when_ready
+            )
 
     def step_stats(self) -> dict:
         return {
