@@ -15,7 +15,7 @@ candidate in that order).
 
 The network is ``Auto(network=...)`` if given, else measured on the
 communicator at first use: ``comm.network()`` of the
-:class:`commrt.tuning.context.Context` the collectives hand to :meth:`Auto.select`,
+:class:`commrt.tuning.hook_comm.HookComm` the collectives hand to :meth:`Auto.select`,
 which runs :func:`commrt.tuning.probe.probe` (collective, tens of milliseconds, cached
 in ``comm.slots``; see that module for what it sends). This module imports neither
 the simulator nor the probe: both reach it through the objects it is given.
@@ -164,7 +164,7 @@ class Auto(Algorithm):
                 "commrt.all_reduce (it probes the communicator) or give "
                 "Auto(network=commrt.sim.Network...)"
             )
-        # the probe (collective), through the Context the layer above handed down
+        # the probe (collective), through the HookComm the layer above handed down
         return comm.network(self.calibration)
 
     def on_network(self, network) -> "Auto":

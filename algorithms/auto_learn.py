@@ -385,7 +385,7 @@ def agreed_time(table) -> float:
 def agree(comm, tuning: Tuning) -> list[list[float]]:
     """This phase's times of every rank, on every rank (collective: every rank, same call).
 
-    ``comm`` gathers them: a :class:`commrt.tuning.context.Context`, whose ``gather_rows``
+    ``comm`` gathers them: a :class:`commrt.tuning.hook_comm.HookComm`, whose ``gather_rows``
     is :func:`commrt.runtime.rows.gather`. The decision logic above needs no
     communicator, and this module imports none."""
     return comm.gather_rows(tuning.times)

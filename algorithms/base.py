@@ -23,7 +23,7 @@ class Algorithm(abc.ABC):
     algorithm type.
 
     The ``comm`` these hooks receive is what the layer above hands down: a
-    :class:`commrt.tuning.context.Context` (a communicator as a choice sees it:
+    :class:`commrt.tuning.hook_comm.HookComm` (a communicator as a choice sees it:
     ``rank``, ``world_size``, ``device``, ``slots``, ``local_size`` as every rank
     agreed, ``network()`` probed, ``gather_rows()``, ``synchronize()``), or any object
     with the attributes an algorithm reads. Algorithms never import the

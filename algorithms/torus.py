@@ -20,7 +20,7 @@ while every rank still sends the ring's 2(p−1)/p · n bytes: most of them,
 
 **Default shape** (``Torus2D()`` with neither ``rows`` nor ``cols``): when
 the launcher says how many ranks share a node (``comm.local_size``, which the
-layer above agrees across ranks: :class:`commrt.tuning.context.Context`) and that number L divides p
+layer above agrees across ranks: :class:`commrt.tuning.hook_comm.HookComm`) and that number L divides p
 with 1 < L < p, the grid is (p/L) × L: one row per
 node, so the heavy row traffic stays inside a node and only the 1/L-sized
 shards cross the network, as in the paper. Otherwise (no launcher
@@ -127,7 +127,7 @@ def nodes_of(comm) -> int | None:
     """Ranks per node as ``comm`` says it (its ``local_size``), None if it does not.
 
     The number is taken as given: the layers above hand down a
-    :class:`commrt.tuning.context.Context`, whose ``local_size`` every rank agreed on
+    :class:`commrt.tuning.hook_comm.HookComm`, whose ``local_size`` every rank agreed on
     (:func:`commrt.tuning.topology.ranks_per_node`), so that all ranks pick the same grid.
     """
     return getattr(comm, "local_size", None)
@@ -241,7 +241,7 @@ class Torus2D(Algorithm):
         """The schedule for ``world_size`` ranks, one row per node if ``comm`` knows the nodes.
 
         ``comm`` is asked for ``local_size`` (:func:`nodes_of`); a
-        :class:`commrt.tuning.context.Context` answers as every rank agreed (collective,
+        :class:`commrt.tuning.hook_comm.HookComm` answers as every rank agreed (collective,
         on the first ask).
         """
         rows, cols = self.shape(world_size, nodes_of(comm))

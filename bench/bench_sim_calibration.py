@@ -40,7 +40,7 @@ import commrt
 from commrt import sim
 from commrt.algorithms import Torus2D, resolve
 from commrt.cli.bench import iterations_for, time_calls, timing_buffer
-from commrt.tuning.context import Context
+from commrt.tuning.hook_comm import HookComm
 from commrt.tuning.probe import probe
 
 DEFAULT_SIZES = "64K,1M,16M"
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
         )
         for name in args.algorithms.split(","):
             alg = resolve(name)
-            sched = alg.select(p, nbytes, Context(comm))
+            sched = alg.select(p, nbytes, HookComm(comm))
             shown = sched.name
             if isinstance(alg, Torus2D):
                 shown = "torus2d({}x{})".format(*alg.shape(p, comm.local_size))

@@ -44,7 +44,7 @@ from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where, engine_error
 from commrt.schedule.position import CallCheck
-from commrt.tuning.context import Context
+from commrt.tuning.hook_comm import HookComm
 
 __all__ = ["all_reduce", "broadcast", "agree_call", "gather_rows", "check_tensor", "dtype_rules"]
 __all__ += ["ReduceOp", "SUPPORTED_DTYPES"]  # defined in commrt.collectives.reductions
@@ -180,7 +180,7 @@ def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer
     key = ("all_reduce", tensor.shape, tensor.dtype, _AGREED_AS[parsed], alg.name)
     if comm.debug or key not in slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, parsed.value, alg.name), key)
-    context = Context(comm)  # what select and observe may ask of the communicator
+    context = HookComm(comm)  # what select and observe may ask of the communicator
     observe = alg.observe if alg.learns else None
     average, reduce = parsed is ReduceOp.AVG, REDUCERS.get(parsed)
     ran = _run(tensor, comm, alg.select, timeout, tracer, observe, context, average, reduce)
@@ -259,7 +259,7 @@ def _run(
     timeout,
     tracer,
     observe=None,
-    context: Context | None = None,
+    context: HookComm | None = None,
     average: bool = False,
     reduce=None,
 ) -> tuple | None:

@@ -15,7 +15,7 @@ import torch
 
 from commrt.sync.join import JoinCount
 from commrt.sync.policy import Policy, SyncContext
-from commrt.tuning.context import Context
+from commrt.tuning.hook_comm import HookComm
 
 
 class AllReducePolicy(Policy):
@@ -28,7 +28,7 @@ class AllReducePolicy(Policy):
         self.ctx = ctx
         comm = ctx.comm
         # Called collectively, in bucket order: size-aware algorithms may probe here.
-        where = Context(comm)
+        where = HookComm(comm)
         self.schedules = [
             self.algorithm.select(comm.world_size, b.numel * ctx.element_size, where)
             for b in ctx.buckets

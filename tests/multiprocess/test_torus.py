@@ -214,7 +214,7 @@ def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
 )
 def test_default_grid_is_agreed_by_every_rank(local_sizes, local_ranks, shape, monkeypatch):
     from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
-    from commrt.tuning.context import Context
+    from commrt.tuning.hook_comm import HookComm
     from commrt.tuning.topology import ranks_per_node
 
     # these "ranks" are threads of this process: keep the communicators from fitting the
@@ -224,7 +224,7 @@ def test_default_grid_is_agreed_by_every_rank(local_sizes, local_ranks, shape, m
     def body(tr):
         launch = LaunchInfo("torchrun", tr.rank, 8, local_ranks[tr.rank], local_sizes[tr.rank])
         comm = Communicator(tr, Backend.GLOO, launch, 10.0, 1 << 20)
-        return Torus2D().select(8, 4096, Context(comm)), ranks_per_node(comm)
+        return Torus2D().select(8, 4096, HookComm(comm)), ranks_per_node(comm)
 
     want = Torus2D(*shape).schedule(8)
     for sched, per_node in run_ranks(8, body):

@@ -306,7 +306,7 @@ def test_the_private_field_check_sees_what_it_should(source, found):
 
 # ------------------------------------------------------------ algorithms are schedules
 #: what algorithms/ may not import, lazily or not: the simulator prices them, the runtime
-#: runs them, and the layers above call their hooks (commrt.tuning.context hands down what
+#: runs them, and the layers above call their hooks (commrt.tuning.hook_comm hands down what
 #: those hooks need of the communicator)
 ABOVE_ALGORITHMS = (
     "commrt.sim",

@@ -42,7 +42,7 @@ from commrt.algorithms.auto import Auto, candidates, choices, label, learning  #
 from commrt.algorithms.auto_learn import calls_to_settle  # noqa: E402
 from commrt.collectives.core import gather_rows  # noqa: E402
 from commrt.transports.counting import CountingTransport  # noqa: E402
-from commrt.tuning.context import Context  # noqa: E402
+from commrt.tuning.hook_comm import HookComm  # noqa: E402
 from commrt.tuning.probe import probe  # noqa: E402
 from commrt.tuning.topology import ranks_per_node  # noqa: E402
 
@@ -174,7 +174,7 @@ def main(out_dir, timing_sizes):
         "local_size": comm.local_size,
         "ranks_per_node": ranks_per_node(comm),
         "torus_shape": list(Torus2D().shape(p, comm.local_size)),
-        "torus_schedule": Torus2D().select(p, 4096, Context(comm)).num_steps,
+        "torus_schedule": Torus2D().select(p, 4096, HookComm(comm)).num_steps,
     }
     report["failures"] = check_all_reduce(comm)
     report["numel"] = numel = p * 1024

@@ -26,7 +26,7 @@ from commrt.sync.backup.recovery import Reduction
 from commrt.sync.backup.rejoin import check_rejoin, enter
 from commrt.sync.buffers import needs_tuning
 from commrt.sync.policy import SyncContext
-from commrt.tuning.context import Context
+from commrt.tuning.hook_comm import HookComm
 
 
 @dataclass
@@ -91,7 +91,7 @@ def _inners(ctx: SyncContext, alg, n: int, rejoined: bool) -> list:
     replacement (no ``auto``)."""
     if rejoined:
         check_rejoin(alg.inner)
-    where = Context(ctx.comm)  # what auto's choice may ask of the communicator (a probe)
+    where = HookComm(ctx.comm)  # what auto's choice may ask of the communicator (a probe)
     inner = [inner_for(alg.inner, n, b.numel * ctx.element_size, where) for b in ctx.buckets]
     for a in dict.fromkeys(inner):
         a.schedule(ctx.comm.world_size, tuple(range(n)))

@@ -1,4 +1,4 @@
-"""A communicator as an algorithm's choice sees it: :class:`Context`.
+"""A communicator as an algorithm's choice sees it: :class:`HookComm`.
 
 The algorithms (:mod:`commrt.algorithms`) are schedules and never import the
 communicator, the probe or the collectives. Some of their hooks still need
@@ -6,14 +6,14 @@ what only those can give: the torus its grid from the node layout every rank
 agreed on, ``auto`` a probed network, a small gather to agree on its timings,
 and a device to wait for. The layers that call the hooks (the collectives,
 GradientSync, the torch.distributed backend) wrap their communicator in a
-:class:`Context` and pass it as the hooks' ``comm`` (see
+:class:`HookComm` and pass it as the hooks' ``comm`` (see
 :class:`commrt.algorithms.Algorithm`); each service runs here, above the
 algorithms, when a hook asks for it.
 
 Example::
 
-    >>> from commrt.tuning.context import Context
-    >>> Torus2D().select(8, 1 << 20, Context(comm))   # a row per node  # doctest: +SKIP
+    >>> from commrt.tuning.hook_comm import HookComm
+    >>> Torus2D().select(8, 1 << 20, HookComm(comm))   # a row per node  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from commrt.runtime.communicator import Communicator
 from commrt.tuning.probe import probe
 from commrt.tuning.topology import ranks_per_node
 
-__all__ = ["Context"]
+__all__ = ["HookComm"]
 
 
-class Context:
+class HookComm:
     """``comm`` as the algorithms' hooks receive it.
 
     ``rank``, ``world_size``, ``device`` and ``slots`` are the communicator's
@@ -68,4 +68,4 @@ class Context:
             torch.cuda.synchronize(self.device)
 
     def __repr__(self) -> str:
-        return f"Context({self.comm!r})"
+        return f"HookComm({self.comm!r})"
