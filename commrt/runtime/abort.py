@@ -112,7 +112,7 @@ class _AbortOnError:
                 comm.stall.diagnose(reason, failed=True)
                 break
         for comm in live:
-            comm.watch.announce(FAILED, cause_of(error))
+            comm.departures.announce(FAILED, cause_of(error))
 
 
 def end_job(message: str) -> None:

@@ -131,8 +131,8 @@ class Communicator:
         self._syncs: list[weakref.ref] = []
         self._closed = False
         #: what this rank began, and which peers left (commrt.runtime.departures); waits consult it
-        self.watch = Departures(transport)
-        transport.attach_watch(self.watch)
+        self.departures = Departures(transport)
+        transport.attach_departures(self.departures)
         track(self)
         from commrt.schedule.executor import Executor  # executor imports kernels; keep init light
 
@@ -144,7 +144,7 @@ class Communicator:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""
         self.check_open()
         self.quiesce_syncs()
-        self.watch.begin_call()
+        self.departures.begin_call()
         t = self.timeout if timeout is None else check_timeout(timeout)
         with self.lock:
             pos, done = self.executor.position, False
@@ -198,7 +198,9 @@ class Communicator:
         """Before ``error`` (a wait ran out of this communicator's timeout) is raised: the
         stall verdict joins its message (:meth:`commrt.runtime.stall.StallWatch.at_timeout`).
         Not for backup workers' steps (their family goes on without ranks that fail)."""
-        if self.stall is not None and (not self.watch.in_sync or self.watch.sync_waits_on_all):
+        if self.stall is not None and (
+            not self.departures.in_sync or self.departures.sync_waits_on_all
+        ):
             self.stall.at_timeout(error)
 
     # -- what collectives and GradientSync need from each other, through the communicator
@@ -222,7 +224,7 @@ class Communicator:
             )
         if self._syncs:
             self.quiesce_syncs()
-        self.watch.begin_checked_call()
+        self.departures.begin_checked_call()
 
     def quiesce_syncs(self) -> None:
         """Let GradientSync work that outlives wait() (asynchronous families) finish
@@ -250,12 +252,12 @@ class Communicator:
     def begin_sync_step(self, sync) -> None:
         """``sync``'s buckets own the wire until :meth:`end_sync_step`."""
         self._active_sync = sync
-        self.watch.begin_sync(waits_on_all=not sync.policy.ranks_may_fail)
+        self.departures.begin_sync(waits_on_all=not sync.policy.ranks_may_fail)
 
     def end_sync_step(self, sync) -> None:
         if self._active_sync is sync:
             self._active_sync = None
-        self.watch.end_sync()
+        self.departures.end_sync()
 
     def check_open(self) -> None:
         """Raise :class:`CommError` if the communicator was closed."""
@@ -279,8 +281,8 @@ class Communicator:
             self._closed = True
             if self.stall is not None:
                 self.stall.stop()
-            self.watch.announce(CLOSED)
-            self.watch.close()
+            self.departures.announce(CLOSED)
+            self.departures.close()
             self.transport.close()
 
     def __enter__(self) -> "Communicator":

@@ -286,15 +286,15 @@ def track(comm) -> None:
     without ``close()`` (a script that just returns): ``weakref.finalize`` runs at either.
     The transport is released right after, so that gloo peers see the connection close
     now rather than when the interpreter is finally gone."""
-    weakref.finalize(comm, _leave, comm.watch, comm.transport)
+    weakref.finalize(comm, _leave, comm.departures, comm.transport)
 
 
-def _leave(watch: Departures, transport) -> None:
-    if watch.channel is None:  # closed already, or nobody to tell (one rank, NCCL)
+def _leave(departures: Departures, transport) -> None:
+    if departures.channel is None:  # closed already, or nobody to tell (one rank, NCCL)
         return
     try:
-        watch.announce(EXITED)
-        watch.close()
+        departures.announce(EXITED)
+        departures.close()
         transport.close()
     except Exception:  # exiting anyway
         pass

@@ -413,7 +413,7 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
         return dist.PrefixStore(prefix, _client(host, port, comm.timeout))
 
     watch = StallWatch(
-        client, comm.rank, comm.world_size, comm.executor.position, comm.watch,
+        client, comm.rank, comm.world_size, comm.executor.position, comm.departures,
         declares(stall_s, comm.timeout),
     )  # fmt: skip
     watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it

@@ -69,8 +69,8 @@ def engine_error(
 ) -> CommError:
     """An engine's raw error (a peer's connection closed, ...) in commrt's terms: a peer
     that left (its farewell, :mod:`commrt.runtime.departures`) is named as such."""
-    watch = transport.watch
-    left = watch.explain() if watch is not None else None
+    departures = transport.departures
+    left = departures.explain() if departures is not None else None
     if left is not None:
         return left.at(where.describe())
     error = CommError(

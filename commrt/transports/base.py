@@ -147,9 +147,9 @@ class Transport(abc.ABC):
     #: True where a receive can add its data into the destination as it arrives (shm):
     #: the executor then skips the scratch buffer and its add (:meth:`prepare_adding`)
     adds_on_receive: bool = False
-    #: the communicator's watch on peers that left (commrt.runtime.departures.Departures), or None;
-    #: bounded waits call its ``check()`` and engine errors its ``explain()``
-    watch = None
+    #: the communicator's record of peers that left (commrt.runtime.departures.Departures), or
+    #: None; bounded waits call its ``check()`` and engine errors its ``explain()``
+    departures = None
 
     def __init__(self, rank: int, world_size: int, device: torch.device):
         self.rank, self.world_size, self.device = rank, world_size, device
@@ -192,14 +192,14 @@ class Transport(abc.ABC):
         """For stream-ordered transports: wait (bounded) until enqueued work ran."""
         return True
 
-    def attach_watch(self, watch) -> None:
-        """Let this transport's waits ask ``watch`` whether a peer has left."""
-        self.watch = watch
+    def attach_departures(self, departures) -> None:
+        """Let this transport's waits ask ``departures`` whether a peer has left."""
+        self.departures = departures
 
     def waiting_check(self):
         """What a long wait calls now and then (None: nothing to check)."""
-        watch = self.watch
-        return None if watch is None else watch.check
+        departures = self.departures
+        return None if departures is None else departures.check
 
     def close(self) -> None:
         """Release engine resources; idempotent."""

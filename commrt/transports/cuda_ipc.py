@@ -259,9 +259,9 @@ class CudaIpcTransport(Transport):
         return False
 
     def check_peers(self, peers) -> None:
-        """Raise if this rank's watch saw a farewell, or a peer's process is gone."""
-        if self.watch is not None:
-            self.watch.check()
+        """Raise if this rank's departures record a farewell, or a peer's process is gone."""
+        if self.departures is not None:
+            self.departures.check()
         for p in peers:
             pid, started = self.pids[p]
             if start_time(pid) != started:

@@ -261,8 +261,8 @@ class ShmTransport(Transport):
             return was
 
         def check() -> None:
-            if self.watch is not None:
-                self.watch.check()
+            if self.departures is not None:
+                self.departures.check()
             if not self._peer_alive(op.peer):
                 if done():  # its last bytes landed before it went
                     return

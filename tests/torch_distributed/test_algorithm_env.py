@@ -57,13 +57,13 @@ def test_abort_advice_fits_how_the_group_was_made(monkeypatch):
 
     farewells = []
 
-    class Watch:  # the communicator's departures: the hook leaves a failed farewell there
+    class Departures:  # the communicator's: the hook leaves a failed farewell there
         def announce(self, how, cause):
             farewells.append((how, cause))
 
     class Comm:
         rank, closed, stall = 1, False, None  # no stall watch: the hook's plain exit
-        watch = Watch()
+        departures = Departures()
 
     backend_comm = Comm()
     abort.install_abort_hook(backend_comm)  # as the backend's devices install it
