@@ -1,9 +1,9 @@
-"""Backup workers' liveness: one watched neighbour per rank, deaths recorded in the store.
+"""Backup workers' liveness: one checked neighbour per rank, deaths recorded in the store.
 
 Threads in this process stand for ranks; each has its own connections to one
 real TCPStore, as ranks do. The checks: the store work per heartbeat period
 is O(p) for the whole job (counted, not timed); a stopped rank is recorded
-dead and every other rank sees it; a dead watcher's neighbour is still found;
+dead and every other rank sees it; a dead checker's neighbour is still found;
 a rank that closed (said bye) is not called dead; a rank that was only slow
 finds out it was declared dead and raises. Also close() after a SIGKILL on 4
 real gloo ranks returns without waiting long for the dead rank.
@@ -23,10 +23,10 @@ from commrt.runtime.store import ControlStore, Host, host_store
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import (
     Liveness,
+    NeighbourBeats,
     RankDeclaredDeadError,
-    Watch,
     beat_period,
-    next_watched,
+    next_checked,
     quiet_reads_needed,
 )
 
@@ -92,14 +92,14 @@ def wait_until(cond, what: str) -> float:
 
 
 def test_ring_order_and_silence_rules():
-    assert next_watched(1, 4, set()) == 2 and next_watched(3, 4, set()) == 0
-    assert next_watched(1, 4, {2, 3}) == 0 and next_watched(0, 3, {1, 2}) is None
-    # 8 beats before a rank can be called dead, and half of them read by the watcher itself
+    assert next_checked(1, 4, set()) == 2 and next_checked(3, 4, set()) == 0
+    assert next_checked(1, 4, {2, 3}) == 0 and next_checked(0, 3, {1, 2}) is None
+    # 8 beats before a rank can be called dead, and half of them read by the checker itself
     assert beat_period(2.0) == 0.25 and beat_period(0.8) == 0.1
     assert quiet_reads_needed(2.0) == 4 and quiet_reads_needed(0.1) == 4
-    w = Watch(5, now=0.0)
+    w = NeighbourBeats(5, now=0.0)
     w.saw(7, 0.0)
-    w.saw(7, 3.0)  # the watcher itself slept 3 s: one read is not enough to blame rank 5
+    w.saw(7, 3.0)  # the checker itself slept 3 s: one read is not enough to blame rank 5
     assert not w.silent(3.0, 2.0, 4)
     for t in (3.25, 3.5, 3.75):
         w.saw(7, t)
@@ -134,12 +134,12 @@ def test_a_stopped_rank_is_recorded_dead_and_everyone_sees_it(store):
     live[3].stop()  # silent from now on, never said bye
     others = [lv for r, lv in enumerate(live) if r != 3]
     took = wait_until(lambda: all(lv.missing == {3} for lv in others), "everyone sees 3 dead")
-    watcher = live[0].store.get(Keys.dead(3)).decode()
-    assert watcher == "2", watcher  # its ring neighbour found it
-    # then rank 2 watches rank 4: kill both, rank 1 finds 2 and then 4 (a watcher's death)
+    checker = live[0].store.get(Keys.dead(3)).decode()
+    assert checker == "2", checker  # its ring neighbour found it
+    # then rank 2 checks rank 4: kill both, rank 1 finds 2 and then 4 (a checker's death)
     live[2].stop()
     live[4].stop()
-    wait_until(lambda: live[0].missing == {2, 3, 4}, "a dead watcher's neighbour is found")
+    wait_until(lambda: live[0].missing == {2, 3, 4}, "a dead checker's neighbour is found")
     assert live[0].store.get(Keys.dead(4)).decode() == "1"
     assert int(live[0].store.add(Keys.DEATHS, 0)) == 3  # each death recorded once
     for lv in live:
@@ -178,8 +178,9 @@ def test_a_rank_that_was_only_slow_finds_out_it_was_declared_dead(store):
     live[2].check_alive()  # alive: no error
     live[2].stop()  # as if the process were paused
     wait_until(lambda: live[0].missing == {2}, "rank 2 recorded dead")
-    with pytest.raises(RankDeclaredDeadError, match="rank 2 was declared dead by rank 1"):
+    with pytest.raises(RankDeclaredDeadError, match="rank 2 was declared dead by rank 1") as e:
         live[2].check_alive()
+    assert e.value.declared_by == e.value.watcher == 1  # watcher: the name it had before
     live[0].check_alive()  # the others go on
     for lv in live:
         lv.stop()
@@ -243,7 +244,7 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
     late.store = Store()
     t0 = time.monotonic()
     with pytest.raises(C.ServerDied, match="rank 3 was recorded dead"):
-        C._ServerWatch(late.store, (3, 0), None, False).take(Exchange(), time.monotonic() + 30)
+        C.ServerWaits(late.store, (3, 0), None, False).take(Exchange(), time.monotonic() + 30)
     assert time.monotonic() - t0 < 2 * C.CHECK_S + 0.5
 
     # receive() treats it as a lost server: asks again, and the next answer is taken

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from commrt.schedule.p2p import Exchange, Where
 from commrt.sync.backup import catchup as C
-from commrt.sync.backup.watched import MemberRecordedDead, Waiter, WaiterSlot
+from commrt.sync.backup.waiter import MemberRecordedDead, Waiter, WaiterSlot
 from commrt.transports.gloo import GlooTransport
 
 
@@ -73,13 +73,13 @@ def test_a_catch_up_receive_longer_than_its_check_keeps_the_pair():
     t = threading.Thread(target=serve, args=(5, 3.0))
     t.start()
     waiters = WaiterSlot()
-    C._ServerWatch(store, (0, 0), waiters, True).take(ex, time.monotonic() + 10)
+    C.ServerWaits(store, (0, 0), waiters, True).take(ex, time.monotonic() + 10)
     t.join()
     assert torch.equal(got, torch.full((1000,), 3.0))
     again = Exchange(_Comm(), [], [(got, 0)], 6, Where("t"), transport=g[1])
     t = threading.Thread(target=serve, args=(6, 4.0))
     t.start()
-    C._ServerWatch(store, (0, 0), waiters, True).take(again, time.monotonic() + 10)
+    C.ServerWaits(store, (0, 0), waiters, True).take(again, time.monotonic() + 10)
     t.join()
     waiters.close()
     assert torch.equal(got, torch.full((1000,), 4.0))
@@ -93,10 +93,10 @@ def test_a_receive_from_a_server_recorded_dead_is_given_up_at_once():
     store = type("S", (), {"check": staticmethod(lambda keys: time.monotonic() > dead_at)})()
     ex = Exchange(_Comm(), [], [(torch.zeros(4), 0)], 5, Where("t"), transport=g[1])
     waiters = WaiterSlot()
-    first = waiters.get()  # the thread the watch will wait on
+    first = waiters.get()  # the thread the server's waits will run on
     began = time.monotonic()
     with pytest.raises(C.ServerDied, match="rank 0 was recorded dead"):
-        C._ServerWatch(store, (0, 0), waiters, True).take(ex, began + 8)
+        C.ServerWaits(store, (0, 0), waiters, True).take(ex, began + 8)
     assert time.monotonic() - began < 0.5 + 3 * C.CHECK_S
     assert first.stuck and waiters.get() is not first  # the next receive gets a new thread
     waiters.close()

@@ -32,7 +32,7 @@ gradients.
 
 **Dead ranks.** Up to b ranks that stop between steps never arrive, so the
 others still find N arrivals per step and go on. Each rank beats its own
-store counter and watches ONE neighbour's (the next live rank in ring
+store counter and checks ONE neighbour's (the next live rank in ring
 order); a neighbour silent for ``dead_after_s`` (2 s by default) is
 recorded dead in the store, and every rank learns it within one more beat
 from a death counter it reads each beat (:mod:`commrt.sync.backup.liveness`).
@@ -109,7 +109,7 @@ The package, one module per job (imports go down this list, never up):
 :mod:`~commrt.sync.backup.liveness`         heartbeats, recorded deaths, the end handshake
 :mod:`~commrt.sync.snapshot`                parameters + optimizer state (shared)
 :mod:`~commrt.sync.backup.wire`             the gloo groups reductions run on; the test hook
-:mod:`~commrt.sync.backup.watched`          gloo waits given up once a member is recorded dead
+:mod:`~commrt.sync.backup.waiter`           gloo waits given up once a member is recorded dead
 :mod:`~commrt.sync.backup.keys`             every control-store key, in one place
 ==========================================  ==========================================
 """

@@ -34,7 +34,7 @@ raised (the transport aborts its communicator). So a server that dies
 between answering and sending costs its late rank the communicator (a
 ``CommError`` as soon as the death is recorded, about ``dead_after_s``
 after it), where gloo asks again. The receive (its ``groupEnd`` and its
-wait) runs whole on a thread, watched for the server's death, never in
+wait) runs whole on a thread, given up once the server is recorded dead, never in
 short waits: an NCCL wait that passes its deadline aborts the
 communicator, which a slice of 0.25 s did whenever the server sent later
 than that (it sends when it next looks at its requests: after its
@@ -75,7 +75,7 @@ from commrt.runtime.polling import poll
 from commrt.schedule.p2p import Exchange, timeout_error
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.serving import Server, start_transfer
-from commrt.sync.backup.watched import MemberRecordedDead, WaiterSlot
+from commrt.sync.backup.waiter import MemberRecordedDead, WaiterSlot
 from commrt.sync.snapshot import load_snapshot
 
 #: how often a late rank waiting for a snapshot asks whether its server was recorded dead
@@ -87,14 +87,14 @@ class ServerDied(RuntimeError):
     again, as after an engine error)."""
 
 
-class _ServerWatch:
-    """A late rank's watch on its catch-up server (rank, incarnation): the blocking calls it
+class ServerWaits:
+    """A late rank's waits on its catch-up server (rank, incarnation): the blocking calls it
     runs end with :class:`ServerDied` once the server is recorded dead (so
     :meth:`CatchUp.receive` asks again, or on NCCL gives up): gloo does not always report a
     peer killed before its send began, and the wait would last the whole timeout
     (tools/chaos_backup.py exercises this). Where a wait that times out breaks the
     connection (gloo closes the pair, NCCL aborts the communicator) a call runs whole on a
-    thread of ``waiters`` (:mod:`commrt.sync.backup.watched`); elsewhere (MPI) waits are cut
+    thread of ``waiters`` (:mod:`commrt.sync.backup.waiter`); elsewhere (MPI) waits are cut
     into slices."""
 
     def __init__(self, store, server: tuple[int, int], waiters: WaiterSlot, whole: bool):
@@ -120,7 +120,7 @@ class _ServerWatch:
     def take(self, exchange: Exchange, deadline: float) -> None:
         """Wait for the snapshot's pieces. On a device stream (NCCL on CUDA) a receive's
         wait returns at once (it completes in stream order) and the host waits in the
-        transport's ``sync``: that wait runs watched too, or a server dead within a node,
+        transport's ``sync``: that wait runs on the waiter too, or a server dead within a node,
         which NCCL does not report (NVIDIA/nccl#585), would cost the whole timeout."""
         for i in range(len(exchange.recvs)):
             if self.whole:
@@ -190,7 +190,7 @@ class CatchUp:
         self._lost: list = []  # buffers of transfers whose peer vanished: the engine may hold them
         self._rbuf: torch.Tensor | None = None  # the late side's receive buffer
         self._next_claim_check = 0.0  # when the late side next looks at its request's claim
-        self._waiters = WaiterSlot()  # runs a receive's gloo and NCCL waits (``_ServerWatch``)
+        self._waiters = WaiterSlot()  # runs a receive's gloo and NCCL waits (``ServerWaits``)
 
     def close(self) -> None:
         """End the thread a receive's waits ran on."""
@@ -262,13 +262,13 @@ class CatchUp:
         self.store.set(Keys.posted(req), "1")
         pair = server[1] if resp.get("pair") else None
         whole = pair is not None or self.comm.transport.waits_break_on_timeout  # pair: gloo
-        watch = _ServerWatch(self.store, server, self._waiters, whole)
-        # watched too: NCCL's groupEnd waits for the server's own when the two never
+        waits = ServerWaits(self.store, server, self._waiters, whole)
+        # on the waiter too: NCCL's groupEnd waits for the server's own when the two never
         # connected, and a server that died would hold it for the whole timeout
         start = partial(start_transfer, self.server, req, server[0], self._rbuf, step, pair, False)
-        exchange, wire = watch.run(_as_caller(self.comm.device, start))
+        exchange, wire = waits.run(_as_caller(self.comm.device, start))
         try:
-            watch.take(exchange, deadline)
+            waits.take(exchange, deadline)
         finally:
             if wire is not None:
                 wire.transport.close()

@@ -28,11 +28,11 @@ other's tickets. Inside it:
 ``d/{i}``                  the late rank received request i's snapshot
 ``hb/{r}``                 rank r's heartbeat counter (``add`` 1 per beat); of
                            its incarnation j >= 1 (a replacement): ``hb/{r}/{j}``
-``dead/{r}``               rank r was recorded dead: ``"{watcher}"`` (incarnation
+``dead/{r}``               rank r was recorded dead: ``"{checker}"`` (incarnation
                            j >= 1: ``dead/{r}/{j}``)
 ``inc/{r}``                incarnations of rank r that rejoined (atomic ``add``)
 ``ndead``                  counts the membership log's entries ``died/{i}``
-``died/{i}``               the i-th entry: a death ``"{rank} {watcher} {j}"``, or a
+``died/{i}``               the i-th entry: a death ``"{rank} {checker} {j}"``, or a
                            replacement back ``"{rank} back {j}"``
 ``fin/{r}``                rank r holds the final state: its step and counts
 ``bye/{r}``                rank r is done with the store
@@ -134,7 +134,7 @@ class Keys:
 
     @staticmethod
     def dead(rank: int, incarnation: int = 0) -> str:
-        """Set (to the watcher's rank) once ``rank`` (that incarnation of it) is recorded
+        """Set (to the checker's rank) once ``rank`` (that incarnation of it) is recorded
         dead; a replacement's own key starts unset, so a stale record cannot stop it."""
         return f"dead/{rank}" if incarnation == 0 else f"dead/{rank}/{incarnation}"
 
@@ -145,7 +145,7 @@ class Keys:
 
     @staticmethod
     def death(index: int) -> str:
-        """The ``index``-th recorded death (``"{rank} {watcher}"``)."""
+        """The ``index``-th recorded death (``"{rank} {checker}"``)."""
         return f"died/{index}"
 
     @staticmethod

@@ -6,19 +6,19 @@ Each rank's background thread does three store operations per period
 whole job, not the O(p²) of every rank reading every counter:
 
 1. **beat**: ``add`` 1 to its own counter ``hb/{rank}``;
-2. **watch one neighbour**: read the counter of the next rank in ring
+2. **check one neighbour**: read the counter of the next rank in ring
    order (rank+1, rank+2, … mod p) that is neither dead nor gone. A
    counter that has not moved for ``dead_after_s`` *and* over at least
    :func:`quiet_reads_needed` of this thread's own reads is a death: the
-   watcher records it (``dead/{rank}``, then an entry ``died/{i}`` under
+   checker records it (``dead/{rank}``, then an entry ``died/{i}`` under
    the next number of the ``ndead`` counter). Needing several reads of
-   its own keeps a watcher that was itself stalled (a loaded machine, a
+   its own keeps a checker that was itself stalled (a loaded machine, a
    paused process) from blaming its neighbour for its own silence. When
-   the watched rank dies, its watcher moves on to the next live rank, so
-   the dead rank's own neighbour is watched again, by a new watcher that
+   the checked rank dies, its checker moves on to the next live rank, so
+   the dead rank's own neighbour is checked again, by a new checker that
    gives it a full ``dead_after_s``: two adjacent ranks dying together
    are both found, the second after about twice ``dead_after_s``. A rank
-   that said ``bye`` (closed) is *gone*, not dead: its watcher moves on.
+   that said ``bye`` (closed) is *gone*, not dead: its checker moves on.
 3. **read the death counter** ``ndead``: only when it moved does the
    thread read the new ``died/{i}`` entries and update :attr:`Liveness.missing`.
 
@@ -42,7 +42,7 @@ neither the old incarnation's stale record stops it nor can a woken old
 incarnation pass for it. Its return is an entry of the same log as the
 deaths (``"{rank} back {j}"``): every rank learns it with the death
 counter it already reads each beat, takes the rank out of
-:attr:`Liveness.missing` and watches the new counter.
+:attr:`Liveness.missing` and checks the new counter.
 
 At the end, a rank that holds the final state says so under its ``fin``
 key, and one that is done with the store under its ``bye`` key.
@@ -69,12 +69,12 @@ def beat_period(dead_after_s: float) -> float:
 
 
 def quiet_reads_needed(dead_after_s: float) -> int:
-    """How many of the watcher's own reads must find the counter unmoved before it calls the
+    """How many of the checker's own reads must find the counter unmoved before it calls the
     neighbour dead (half the reads ``dead_after_s`` spans, at least 3)."""
     return max(3, int(0.5 * dead_after_s / beat_period(dead_after_s)))
 
 
-#: the second word of a log entry that says a rank is back (the others: its watcher's rank)
+#: the second word of a log entry that says a rank is back (the others: its checker's rank)
 BACK = "back"
 
 
@@ -87,17 +87,24 @@ def log(store, entry: str) -> None:
 class RankDeclaredDeadError(CommError):
     """This rank was silent for ``dead_after_s`` and the others recorded it as dead."""
 
-    def __init__(self, rank: int, watcher: int, dead_after_s: float):
-        self.rank, self.watcher = rank, watcher
+    def __init__(self, rank: int, declared_by: int, dead_after_s: float):
+        #: this rank, and the rank that found it silent and recorded it dead
+        self.rank, self.declared_by = rank, declared_by
         super().__init__(
-            f"commrt: rank {rank} was declared dead by rank {watcher} (no heartbeat for "
+            f"commrt: rank {rank} was declared dead by rank {declared_by} (no heartbeat for "
             f"{dead_after_s:g} s, backup workers): the other ranks no longer wait for it, "
             f"so it stops here. A rank this slow needs a larger dead_after_s."
         )
 
+    @property
+    def watcher(self) -> int:
+        """The former name of :attr:`declared_by`, kept for code that reads it."""
+        return self.declared_by
 
-class Watch:
-    """One neighbour's counter as this rank's thread sees it (pure bookkeeping, no store)."""
+
+class NeighbourBeats:
+    """The heartbeat counter of the neighbour this rank checks, as its thread sees it (pure
+    bookkeeping, no store)."""
 
     def __init__(self, target: int, now: float, incarnation: int = 0):
         self.target, self.value, self.changed_at, self.quiet = target, None, now, 0
@@ -113,7 +120,7 @@ class Watch:
         return now - self.changed_at > dead_after_s and self.quiet >= reads
 
 
-def next_watched(rank: int, world_size: int, skip) -> int | None:
+def next_checked(rank: int, world_size: int, skip) -> int | None:
     """The next rank after ``rank`` in ring order that is not in ``skip`` (None: none left)."""
     for k in range(1, world_size):
         r = (rank + k) % world_size
@@ -123,7 +130,7 @@ def next_watched(rank: int, world_size: int, skip) -> int | None:
 
 
 class Liveness:
-    """This rank's heartbeat, its watch on one neighbour, the recorded deaths, and the end."""
+    """This rank's heartbeat, its check of one neighbour, the recorded deaths, and the end."""
 
     def __init__(
         self,
@@ -143,7 +150,7 @@ class Liveness:
         self.incarnations: dict[int, int] = {}
         #: other ranks recorded dead in the store (set by the thread)
         self.missing: frozenset[int] = frozenset()
-        #: ranks that said bye (closed cleanly) found by this rank's watch
+        #: ranks that said bye (closed cleanly) found by this rank's check
         self.gone: set[int] = set()
         #: the rank that declared this one dead, once seen (set by the thread)
         self.declared_by: int | None = None
@@ -175,36 +182,38 @@ class Liveness:
             store = self._cs.client(self._space)
         except RuntimeError:
             return
-        watch: Watch | None = None
+        neighbour: NeighbourBeats | None = None
         beat = Keys.heartbeat(self.rank, self.incarnation)
         reads = quiet_reads_needed(self.dead_after_s)
         while not self._stop.wait(self.period):
             try:
                 store.add(beat, 1)
                 self.refresh(store)
-                watch = self._watch(store, watch, reads)
-            except RuntimeError:  # the store went away (its host ended): nothing more to watch
+                neighbour = self._check_neighbour(store, neighbour, reads)
+            except RuntimeError:  # the store went away (its host ended): nothing more to check
                 return
 
-    def _watch(self, store, watch: Watch | None, reads: int) -> Watch | None:
+    def _check_neighbour(
+        self, store, neighbour: NeighbourBeats | None, reads: int
+    ) -> NeighbourBeats | None:
         now = time.monotonic()
-        target = next_watched(self.rank, self.p, self.missing | self.gone)
+        target = next_checked(self.rank, self.p, self.missing | self.gone)
         if target is None:
             return None
         inc = self.incarnations.get(target, 0)
-        if watch is None or (watch.target, watch.incarnation) != (target, inc):
-            watch = Watch(target, now, inc)  # a new neighbour gets a full dead_after_s
-        watch.saw(int(store.add(Keys.heartbeat(target, inc), 0)), now)
+        if neighbour is None or (neighbour.target, neighbour.incarnation) != (target, inc):
+            neighbour = NeighbourBeats(target, now, inc)  # a new neighbour gets a full dead_after_s
+        neighbour.saw(int(store.add(Keys.heartbeat(target, inc), 0)), now)
         # a rank that never beat has not finished its setup yet: the timeout, not
         # dead_after_s, decides that it is not coming
-        limit = self.dead_after_s if watch.value else max(self.dead_after_s, self.timeout)
-        if watch.silent(now, limit, reads):
+        limit = self.dead_after_s if neighbour.value else max(self.dead_after_s, self.timeout)
+        if neighbour.silent(now, limit, reads):
             if store.check([Keys.bye(target)]):
                 self.gone.add(target)
             else:
                 self.declare_dead(store, target)
                 self.refresh(store)
-        return watch
+        return neighbour
 
     def declare_dead(self, store, rank: int) -> None:
         """Record in the store that ``rank`` (its current incarnation) is dead (this rank
@@ -226,7 +235,7 @@ class Liveness:
             rank, what, inc = store.get(key).decode().split()
             self._read_upto += 1
             rank, inc = int(rank), int(inc)
-            if what == BACK:  # a replacement rejoined: watched again, under its incarnation
+            if what == BACK:  # a replacement rejoined: checked again, under its incarnation
                 self.incarnations[rank] = inc
                 found.discard(rank)
             elif rank != self.rank and inc >= self.incarnations.get(rank, 0):

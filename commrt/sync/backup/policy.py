@@ -4,7 +4,7 @@ See :mod:`commrt.sync.backup` for the protocol. The policy keeps the
 global step this rank holds and its role in the current step; the parts
 (:class:`~commrt.sync.backup.parts.Parts`, made at setup) do the talking: :class:`~commrt.sync.backup.arrival.Arrival` decides who
 takes part, :class:`~commrt.sync.backup.catchup.CatchUp` moves snapshots,
-:class:`~commrt.sync.backup.liveness.Liveness` watches who is still there.
+:class:`~commrt.sync.backup.liveness.Liveness` knows who is still there.
 """
 
 from __future__ import annotations

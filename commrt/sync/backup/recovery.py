@@ -39,10 +39,10 @@ commits.
 **A hung participant** (stopped, not dead) keeps its connections open, so
 gloo reports nothing to the rank whose receive waits on it; that rank gives
 the wait up once the hung one is recorded dead (about ``dead_after_s``:
-:mod:`commrt.sync.backup.watched`), aborts its group, and the step is redone
+:mod:`commrt.sync.backup.waiter`), aborts its group, and the step is redone
 without it. **Limits.** A death while a round's group is being made costs about
 ``dead_after_s``: the rendezvous's waits poll and end once a member is
-recorded dead (:class:`~commrt.sync.backup.wire.WatchedStore`). A
+recorded dead (:class:`~commrt.sync.backup.wire.PollingStore`). A
 rank inside ``close()`` takes no ticket of a redo round: if the round needs
 it to reach N, the others raise the timeout error, naming it. ``wait()``
 returns only once the step committed, on late ranks too (they used to

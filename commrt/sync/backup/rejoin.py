@@ -27,7 +27,7 @@ a process runs the same training script; nobody else restarts:
    the membership log. Every live rank's heartbeat thread reads that log's
    counter once per beat already (:mod:`commrt.sync.backup.liveness`), so
    it learns of the return within a beat, with no extra store operation
-   per step: the rank leaves ``missing`` and is watched again, under its
+   per step: the rank leaves ``missing`` and is checked again, under its
    new counter.
 4. **It catches up.** Its first step takes no ticket (its gradient, computed
    on weights it never had, is dropped): it asks for a snapshot of any
@@ -47,9 +47,9 @@ the timeout. One that comes back while the others drain in ``close()`` is
 waited for and served like any rank that is behind.
 
 **A replacement that dies** is a death like any other: its counter stops,
-its watcher records incarnation j dead, a snapshot on its way to it is
+its checker records incarnation j dead, a snapshot on its way to it is
 given up, and a group being made with it (a round's, or a catch-up pair's)
-stops waiting for it then (:class:`~commrt.sync.backup.wire.WatchedStore`).
+stops waiting for it then (:class:`~commrt.sync.backup.wire.PollingStore`).
 Another replacement (j + 1) may follow.
 
 **Not covered.** A store hosted by rank 0 (plain ``mpiexec``, or

@@ -18,7 +18,7 @@ which the next step reuses when its participants are the same ranks
 every member's address, for the group's whole timeout: a member that died
 before writing it costs the others that timeout. A group made for a round
 is therefore made through
-:class:`WatchedStore`, whose waits poll and give up as soon as the caller
+:class:`PollingStore`, whose waits poll and give up as soon as the caller
 says a member was recorded dead (about ``dead_after_s`` after the death).
 
 **A hung member.** A stopped (not dead) member keeps its connections open,
@@ -26,7 +26,7 @@ so gloo gives the ranks waiting on it no error, and gloo's waits cannot be
 polled or left early (a send or receive reports nothing through
 ``is_completed()``; a wait that times out breaks the connection; ``abort()``
 from another thread does not end it). So a round's waits run on a thread of
-the group's own (:class:`WatchedTransport`): the caller waits for that
+the group's own (:class:`WaiterTransport`): the caller waits for that
 thread in short slices and gives up, with an engine error the reduction
 redoes, as soon as a member of the round is recorded dead (about
 ``dead_after_s`` after it stopped beating) rather than at the timeout. The
@@ -52,7 +52,7 @@ from typing import Sequence
 import torch.distributed as dist
 
 from commrt.sync.backup.keys import Keys
-from commrt.sync.backup.watched import WatchedTransport
+from commrt.sync.backup.waiter import WaiterTransport
 from commrt.transports.base import Pair, Pending, Transport
 from commrt.transports.gloo import GlooTransport
 
@@ -60,7 +60,7 @@ from commrt.transports.gloo import GlooTransport
 KILL_ENV = "COMMRT_TEST_KILL"
 
 
-class WatchedStore(dist.Store):
+class PollingStore(dist.Store):
     """A store for a gloo rendezvous (``inner``) whose waits give up once ``gone()`` is
     true (a member was recorded dead) instead of lasting the group's timeout. gloo calls
     ``get``, which waits for the key; a wait polls ``check``, never a blocking wait that
@@ -120,18 +120,18 @@ class Wire:
         timeout,
         names=(),
         gone: Callable[[], bool] | None = None,
-        watch: Callable[[], bool] | None = None,
+        wait_gone: Callable[[], bool] | None = None,
     ):
-        """``gone()``: a member was recorded dead (ends the rendezvous); ``watch()``: the same
+        """``gone()``: a member was recorded dead (ends the rendezvous); ``wait_gone()``: the same
         for the members a wait is on, checked while it waits (module docs)."""
         self.members = tuple(members)
         #: the members' ticket names (their incarnations: a replacement is another member)
         self.names = tuple(names)
         store = cs.client(f"{space}/{key}")
         if gone is not None:  # a member's death ends the rendezvous (module docs)
-            store = WatchedStore(store, gone, timeout)
+            store = PollingStore(store, gone, timeout)
         gloo = GlooTransport(store, self.members.index(rank), len(self.members), timeout)
-        self.transport = gloo if watch is None else WatchedTransport(gloo, watch)
+        self.transport = gloo if wait_gone is None else WaiterTransport(gloo, wait_gone)
         self.failed = False  # aborted after a failure: never used again
 
     def schedules(self, inner: list, participants: Sequence[int]) -> list:

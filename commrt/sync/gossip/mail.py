@@ -61,7 +61,7 @@ class Letter:
 
 
 class Postbox:
-    """Non-blocking sends and receives, each watched by its peer's waiter thread."""
+    """Non-blocking sends and receives, each waited on by its peer's waiter thread."""
 
     def __init__(self, comm, timeout_s: float):
         self.comm, self.timeout_s = comm, timeout_s

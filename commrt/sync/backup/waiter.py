@@ -8,7 +8,7 @@ wait runs whole, on a thread, and the caller looks between slices of its own.
 Example::
 
     >>> import time
-    >>> from commrt.sync.backup.watched import Waiter
+    >>> from commrt.sync.backup.waiter import Waiter
     >>> w = Waiter()
     >>> w.wait(lambda: (time.sleep(0.01), True)[1], gone=lambda: False)
     True
@@ -108,7 +108,7 @@ class WaiterSlot:
         self._waiter = None
 
 
-class _WatchedPending(Pending):
+class _WaiterPending(Pending):
     def __init__(self, inner: Pending, waiters: WaiterSlot, gone: Callable[[], bool]):
         self.inner, self.waiters, self.gone = inner, waiters, gone
 
@@ -125,7 +125,7 @@ class _WatchedPending(Pending):
         self.inner.cancel()
 
 
-class WatchedTransport(Transport):
+class WaiterTransport(Transport):
     """``inner`` (a gloo group) whose waits give up once ``gone()`` (module docs)."""
 
     name = "gloo"
@@ -137,7 +137,7 @@ class WatchedTransport(Transport):
         self.waiters = WaiterSlot()
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
-        return _WatchedPending(self.inner.exchange(sends, recvs, tag), self.waiters, self.gone)
+        return _WaiterPending(self.inner.exchange(sends, recvs, tag), self.waiters, self.gone)
 
     def barrier(self, timeout: float) -> bool:
         return self.inner.barrier(timeout)
