@@ -243,7 +243,7 @@ class NcclTransport(Transport):
             self._stream = self.nccl.HostStream()
         self.watchdog = Watchdog()
         what = f"rank {rank}: creating the NCCL communicator ({world_size} ranks)"
-        with self.watchdog.watch(self.timeout, None, what):  # nothing to abort: ends the process
+        with self.watchdog.guard(self.timeout, None, what):  # nothing to abort: ends the process
             self.comm = new_communicator(self.nccl, world_size, unique_id, rank)
 
     def _stream_ptr(self) -> int:
@@ -283,7 +283,7 @@ class NcclTransport(Transport):
         under the watchdog: at ``timeout`` it aborts and the named CommTimeoutError is
         raised; NCCL's own error aborts and is raised as a CommError."""
         what = f"rank {self.rank}: {name} (connecting to ranks {peers})"
-        with self.watchdog.watch(timeout, lambda: self.abort(f"{name} timed out"), what) as dog:
+        with self.watchdog.guard(timeout, lambda: self.abort(f"{name} timed out"), what) as dog:
             try:
                 call()
             except Exception as e:

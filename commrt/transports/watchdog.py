@@ -21,7 +21,7 @@ Example::
 
     >>> dog = Watchdog()
     >>> abort = lambda: None                                  # NCCL's abort, in use
-    >>> with dog.watch(60.0, abort, "rank 0: groupEnd (connect to rank 3)") as w:
+    >>> with dog.guard(60.0, abort, "rank 0: groupEnd (connect to rank 3)") as w:
     ...     pass                                              # nccl.groupEnd()
     >>> w.fired          # the caller raises its named error when the timer went off
     False
@@ -40,14 +40,14 @@ from typing import Callable
 GRACE_S = 5.0
 
 
-class Watch:
+class GuardedCall:
     """One guarded call: ``fired`` says whether its timer went off."""
 
     def __init__(self, dog: "Watchdog", deadline: float, on_expire, what: str):
         self.dog, self.deadline, self.on_expire, self.what = dog, deadline, on_expire, what
         self.fired = self.done = False
 
-    def __enter__(self) -> "Watch":
+    def __enter__(self) -> "GuardedCall":
         self.dog.arm(self)
         return self
 
@@ -62,14 +62,14 @@ class Watchdog:
     def __init__(self, grace_s: float = GRACE_S, exit: Callable[[int], object] = os._exit):
         self.grace_s, self._exit = grace_s, exit
         self._cv = threading.Condition()
-        self._current: Watch | None = None
+        self._current: GuardedCall | None = None
         self._thread: threading.Thread | None = None
 
-    def watch(self, timeout_s: float, on_expire, what: str) -> Watch:
+    def guard(self, timeout_s: float, on_expire, what: str) -> GuardedCall:
         """A context manager guarding one call for ``timeout_s`` seconds."""
-        return Watch(self, time.monotonic() + timeout_s, on_expire, what)
+        return GuardedCall(self, time.monotonic() + timeout_s, on_expire, what)
 
-    def arm(self, w: Watch) -> None:
+    def arm(self, w: GuardedCall) -> None:
         with self._cv:
             self._current = w
             if self._thread is None:
@@ -79,7 +79,7 @@ class Watchdog:
                 self._thread.start()
             self._cv.notify_all()
 
-    def disarm(self, w: Watch) -> None:
+    def disarm(self, w: GuardedCall) -> None:
         with self._cv:
             w.done = True
             if self._current is w:
@@ -97,7 +97,7 @@ class Watchdog:
                 w.fired = True  # (a disarmed call is no longer current)
             self._expire(w)
 
-    def _expire(self, w: Watch) -> None:
+    def _expire(self, w: GuardedCall) -> None:
         end = time.monotonic() + self.grace_s  # counted before the abort, which may hang
         if w.on_expire is not None:
             threading.Thread(
@@ -117,7 +117,7 @@ class Watchdog:
         self._exit(1)
 
 
-def _call_on_expire(w: Watch) -> None:
+def _call_on_expire(w: GuardedCall) -> None:
     """``w.on_expire()``, on a thread of its own: the watchdog's exit must not wait for it."""
     try:
         w.on_expire()

@@ -155,16 +155,16 @@ def test_the_watchdog_ends_the_process_when_the_call_stays_stuck():
     exits, aborted = [], []
     stuck = threading.Event()
     dog = Watchdog(grace_s=0.3, exit=exits.append)
-    with dog.watch(0.2, lambda: aborted.append(1), "rank 0: groupEnd") as w:
+    with dog.guard(0.2, lambda: aborted.append(1), "rank 0: groupEnd") as w:
         stuck.wait(1.5)  # the abort did not unblock it
     assert aborted == [1] and exits == [1] and w.fired
     # the same thread guards the next calls; a call that returns in time fires nothing
     for _ in range(100):
-        with dog.watch(5, lambda: aborted.append(2), "fast") as fast:
+        with dog.guard(5, lambda: aborted.append(2), "fast") as fast:
             pass
     time.sleep(0.2)
     assert not fast.fired and aborted == [1] and exits == [1]
-    with dog.watch(0.1, lambda: aborted.append(3), "slow, then returns") as slow:
+    with dog.guard(0.1, lambda: aborted.append(3), "slow, then returns") as slow:
         time.sleep(0.25)  # the abort makes it return within the grace
     time.sleep(0.5)
     assert slow.fired and aborted == [1, 3] and exits == [1]
