@@ -132,7 +132,7 @@ class MpiTransport(Transport):
             tensor.div_(self.world_size)
 
     def close(self) -> None:
-        comm, self.comm = getattr(self, "comm", None), None
+        comm, self.comm = self.comm, None
         if comm is not None:
             try:
                 comm.Free()
