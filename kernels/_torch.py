@@ -53,6 +53,8 @@ CUDA_CHUNK = 1 << 23
 SMALL = 1 << 18
 
 _F32 = torch.float32
+
+
 class _Scratch(threading.local):
     """Each thread's two CPU scratch buffers: ``bufs``, None until first asked for
     (``threading.local`` runs ``__init__`` once per thread, on its first use)."""

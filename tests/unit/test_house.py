@@ -442,7 +442,7 @@ def test_the_import_check_sees_lazy_imports():
 #: (module, attribute) -> why a ``getattr``/``hasattr`` with that literal may stay: each
 #: asks an object that is not commrt's, which declares nothing commrt could call plainly
 DISCOVERY_ALLOWED = {
-    ("commrt.distributed.group", "asyncOp"): "torch's options object: older torch lacks it",
+    ("commrt.distributed.dispatch", "asyncOp"): "torch's options object: older torch lacks it",
     ("commrt.distributed.register", "PartialState"): "accelerate's module, by version",
     ("commrt.distributed.register", "_shared_state"): "accelerate's PartialState's own",
 }
