@@ -19,7 +19,7 @@ import torch
 
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
-from commrt.runtime.choice import Backend, Situation, choose
+from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose
 from commrt.runtime.departures import CLOSED, Departures, track
 from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout, mpi_world  # noqa: F401  (init names the limit)
@@ -324,12 +324,13 @@ def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size
     mpi_world = launched and launch.launcher == "mpiexec"
     # a replacement that rejoins a running job is in one whose ranks may die
     s = Situation.here(kind, launch.launcher, world_size, local_size, mpi_world, rejoining())
-    if kind == "cuda" and s.nccl_missing is not None:
+    order = choose(s)
+    if kind == "cuda" and s.nccl_missing is not None and order[0] not in CUDA_BACKENDS:
         warnings.warn(
             f"commrt: backend='auto' falls back to the CPU transports: {s.nccl_missing}",
             stacklevel=3,
         )
-    return choose(s)
+    return order
 
 
 def init(
