@@ -324,13 +324,12 @@ def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size
     mpi_world = launched and launch.launcher == "mpiexec"
     # a replacement that rejoins a running job is in one whose ranks may die
     s = Situation.here(kind, launch.launcher, world_size, local_size, mpi_world, rejoining())
-    order = choose(s)
-    if kind == "cuda" and s.nccl_missing is not None and order[0] not in CUDA_BACKENDS:
+    if kind == "cuda" and s.nccl_missing is not None and choose(s)[0] not in CUDA_BACKENDS:
         warnings.warn(
             f"commrt: backend='auto' falls back to the CPU transports: {s.nccl_missing}",
             stacklevel=3,
         )
-    return order
+    return choose(s)
 
 
 def init(
