@@ -22,7 +22,7 @@ from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_
 from commrt.runtime.choice import Backend, Situation, choose
 from commrt.runtime.departures import CLOSED, Departures, track
 from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
-from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
+from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout, mpi_world  # noqa: F401  (init names the limit)
 from commrt.runtime.rendezvous import tcp_store as _tcp_store
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import fit_torch_threads, usable_cores
@@ -459,7 +459,7 @@ def _mpi_transport(rank: int, world_size: int) -> Transport:
     """The MPI transport over MPI's world, which must number the ranks as init does."""
     from commrt.transports.mpi import MpiTransport
 
-    world = _mpi_world()
+    world = mpi_world()
     if world.Get_size() != world_size or world.Get_rank() != rank:
         raise ValueError(
             f"the mpi backend takes rank and size from MPI (rank {world.Get_rank()} "
@@ -494,7 +494,7 @@ def _nccl_transport(launch, rank, world_size, master_addr, master_port, timeout,
         launch.local_rank,
         device,
         nccl,
-        mpi_world=_mpi_world() if over_mpi else None,
+        mpi_world=mpi_world() if over_mpi else None,
         make_store=lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
         timeout=timeout,
     )
