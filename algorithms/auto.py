@@ -264,7 +264,7 @@ class Auto(Algorithm):
             )
         return True
 
-    def settled_watch(self, comm, nbytes: int) -> Tuning | None:
+    def settled_counter(self, comm, nbytes: int) -> Tuning | None:
         """What counts the calls of a settled size's kept schedule toward its next recheck
         (``commrt.collectives.memo.counted`` calls its ``settled_call()`` after each; None:
         nothing)."""

@@ -16,7 +16,7 @@ class Algorithm(abc.ABC):
 
     Every hook that another part of commrt calls is declared here, with its
     default: the collectives call :meth:`select`, :meth:`observe` and
-    :meth:`settled_watch` (and read :attr:`learns`), the simulator
+    :meth:`settled_counter` (and read :attr:`learns`), the simulator
     :meth:`on_network` and :meth:`select`, GradientSync :attr:`family` and
     :meth:`sync_policy`. Callers call them directly, never by looking for them.
     Pricing is not a hook: :mod:`commrt.sim.pricing` knows the closed forms by
@@ -72,7 +72,7 @@ class Algorithm(abc.ABC):
         """
         return True
 
-    def settled_watch(self, comm, nbytes: int):
+    def settled_counter(self, comm, nbytes: int):
         """What counts the calls of a settled size's kept schedule, or None (default).
 
         ``commrt.collectives.memo`` calls its ``settled_call()`` after each call it runs

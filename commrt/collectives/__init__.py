@@ -36,7 +36,7 @@ dropped, and its bound.
     Keyed on (resolved algorithm, parsed op, dtype, shape). Holds
     a :class:`~commrt.collectives.memo.SettledCall`: the schedule its
     algorithm keeps for that signature, how to reduce, and the algorithm's
-    watch. Dropped when the watch wants the schedule timed again (``auto``'s
+    counter. Dropped when the counter wants the schedule timed again (``auto``'s
     rechecks), and all at once when a new signature would pass
     :data:`~commrt.collectives.memo.MAX_SETTLED` (256); never made under
     ``COMMRT_DEBUG``.

@@ -153,7 +153,7 @@ def all_reduce(
         if settled is not None:
             if settled.algorithm is not algorithm or settled.op is not op:  # another spelling
                 s = settled
-                settled = SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.watch)
+                settled = SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.counter)
             remember(comm.slots, settled)
     comm.admit_collective()
     if settled is None:
@@ -162,7 +162,7 @@ def all_reduce(
     comm.run_schedule(
         settled.schedule, tensor, timeout, settled.average, settled.reduce, tracer, tensor
     )
-    if settled.watch is not None:
+    if settled.counter is not None:
         counted(comm.slots, settled)
     return tensor
 
@@ -189,8 +189,8 @@ def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer
     # a fixed algorithm keeps what select chose on this first call; one that learned for
     # this size keeps what it settled on (perhaps not the schedule this call tried)
     kept = ran[0] if observe is None else alg.select(comm.world_size, ran[2], context)
-    watch = alg.settled_watch(context, ran[2])
-    remember(slots, SettledCall(algorithm, op, parsed, tensor, kept, known, watch))
+    counter = alg.settled_counter(context, ran[2])
+    remember(slots, SettledCall(algorithm, op, parsed, tensor, kept, known, counter))
     return tensor
 
 

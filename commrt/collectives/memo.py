@@ -5,8 +5,8 @@ A call whose algorithm has nothing more to learn for its size leaves a
 (same algorithm and op objects, dtype and shape) without resolving, checking,
 ``select`` or ``observe``: it admits the call and hands the kept schedule to
 :meth:`commrt.Communicator.run_schedule`, as every call does. An algorithm that
-learns (``auto``) may hand over a watch (its ``settled_watch(comm, nbytes)``)
-that counts those calls; when the watch wants its kept schedule timed again
+learns (``auto``) may hand over a counter (its ``settled_counter(comm, nbytes)``)
+that counts those calls; when the counter wants its kept schedule timed again
 (:meth:`~commrt.algorithms.auto_learn.Tuning.settled_call` says so), the memo
 is dropped (:func:`counted`) and the next calls take the full path, through
 ``observe``. Every rank makes the same calls and counts alike, so every rank
@@ -28,7 +28,7 @@ MAX_SETTLED = 256
 
 
 class SettledCall:
-    """An all-reduce signature whose schedule does not change until its watch says so.
+    """An all-reduce signature whose schedule does not change until its counter says so.
 
     Made after a call whose algorithm has nothing more to learn for its size (no
     ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
@@ -39,20 +39,20 @@ class SettledCall:
     instance resolves to the same algorithm every time, the dtype passed the
     communicator's dtype rules for this op, the signature was agreed across ranks
     (checked once per signature, as the full path would find it in ``agreed_calls``),
-    and the algorithm said select() keeps returning this schedule until ``watch`` (None:
+    and the algorithm said select() keeps returning this schedule until ``counter`` (None:
     for ever) counts down to a recheck. Every rank makes the same calls and settles each
     size at the same call, so every rank takes this path on the same calls."""
 
     __slots__ = (
         *("algorithm", "op", "average", "reduce", "dtype", "shape", "on_cpu"),
-        *("schedule", "key", "watch"),
+        *("schedule", "key", "counter"),
     )
 
-    def __init__(self, algorithm, op, parsed, tensor: torch.Tensor, schedule, key, watch):
+    def __init__(self, algorithm, op, parsed, tensor: torch.Tensor, schedule, key, counter):
         self.algorithm, self.op = algorithm, op
         self.average, self.reduce = parsed is ReduceOp.AVG, REDUCERS.get(parsed)
         self.dtype, self.shape, self.on_cpu = tensor.dtype, tensor.shape, tensor.is_cpu
-        self.schedule, self.key, self.watch = schedule, key, watch
+        self.schedule, self.key, self.counter = schedule, key, counter
 
 
 def remember(slots, settled: SettledCall) -> SettledCall:
@@ -65,9 +65,9 @@ def remember(slots, settled: SettledCall) -> SettledCall:
 
 
 def counted(slots, settled: SettledCall) -> None:
-    """Count a call ``settled`` ran on its watch; forget the memo when the watch wants the
+    """Count a call ``settled`` ran on its counter; forget the memo when the counter wants the
     next calls observed again."""
-    if settled.watch is not None and settled.watch.settled_call():
+    if settled.counter is not None and settled.counter.settled_call():
         if slots.settled_calls.get(settled.key) is settled:
             del slots.settled_calls[settled.key]
         if slots.settled_call is settled:

@@ -397,7 +397,7 @@ def _discoveries(tree: ast.AST, hooks: set[str]) -> list[ast.Call]:
 
 
 def test_algorithm_declares_every_hook_that_others_call():
-    assert {"select", "observe", "settled_watch", "on_network", "sync_policy"} <= HOOKS
+    assert {"select", "observe", "settled_counter", "on_network", "sync_policy"} <= HOOKS
     assert {"family", "learns", "schedule", "supports", "name"} <= HOOKS
 
 
@@ -420,7 +420,7 @@ def test_nobody_discovers_an_algorithm_hook_with_getattr():
         ('price = getattr(algorithm, "closed_form", None)', 1),
         ('offer = getattr(self.algorithm, "sync_policy", None)', 1),
         ('hasattr(inner_alg, "on_network")', 1),
-        ('getattr(x, "settled_watch")', 1),
+        ('getattr(x, "settled_counter")', 1),
         ('getattr(comm, "local_size", None)', 0),
         ("getattr(alg, name)", 0),
         ("alg.observe(comm, 1, 0.0)", 0),
