@@ -271,7 +271,7 @@ def _supervise(
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         with _answering(signal.SIGTERM, signal.SIGHUP):
-            return _watch(procs, deadline, timeout, ranks_known, tolerate, replace, linger)
+            return _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger)
     except KeyboardInterrupt:
         _stop(procs, grace_s=interrupt_grace_s)
         print("\ncommrt: interrupted; stopped the job", file=sys.stderr)
@@ -288,7 +288,7 @@ def _supervise(
         return 128 + sig.signum
 
 
-def _watch(procs, deadline, timeout, ranks_known, tolerate, replace, linger) -> int:
+def _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger) -> int:
     """:func:`_supervise`'s loop: poll the ranks until the job's outcome is known."""
     while True:
         if replace is not None:
