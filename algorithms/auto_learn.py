@@ -1,4 +1,4 @@
-"""How ``algorithm="auto"`` learns from what it runs: one size's watch, trial and verdict.
+"""How ``algorithm="auto"`` learns from what it runs: one size's baseline, trial and verdict.
 
 The policy
 ----------
@@ -7,7 +7,7 @@ the calls it makes (:meth:`Tuning.record`), in phases of :data:`WINDOW`
 timed calls after :data:`WARMUP` untimed ones (the first call of a
 schedule compiles its plan and allocates scratch):
 
-1. **watch** the model's choice. Its time is agreed across ranks as the
+1. **baseline**: time the model's choice. Its time is agreed across ranks as the
    median over the window of each call's *slowest* rank (a synchronous
    collective ends when its last rank does). If it is within
    ``MARGIN`` (10%) of its prediction, either way, and the runner-up is not a
@@ -24,7 +24,7 @@ schedule compiles its plan and allocates scratch):
    of back-to-back calls, which is what the kept schedule will cost; a
    candidate's, the median of its blocks. There are :data:`TRIAL_PASSES`
    passes, or as many more (up to :data:`MAX_TRIAL_PASSES`) as fit in
-   :data:`TRIAL_BUDGET_S` per candidate at the watch's time a call: where
+   :data:`TRIAL_BUDGET_S` per candidate at the baseline's time a call: where
    calls take milliseconds, one stall of another process swamps a block,
    and only a median over many blocks is steady. Blocks of back-to-back
    calls, timed by their mean, rather than single calls in turn timed by
@@ -58,7 +58,7 @@ schedule compiles its plan and allocates scratch):
    where :data:`TRIAL_PASSES` of its blocks fit in :data:`TRIAL_BUDGET_S`
    at its trial time: two trials can fall in one slow spell of a loaded
    machine. A choice that settled without a trial is
-   held to its own watch time instead, and the whole trial runs if it
+   held to its own baseline time instead, and the whole trial runs if it
    drifted past it. Each recheck that keeps the same schedule doubles the
    wait before the next, up to :data:`RECHECK_MAX_S`; a change starts it
    again. ``Auto(recheck_s=None)`` never rechecks.
@@ -112,7 +112,7 @@ WARMUP = 1
 #: at least; a block's timed calls are ⌈WINDOW / TRIAL_PASSES⌉
 TRIAL_PASSES = 2
 #: more passes, up to MAX_TRIAL_PASSES, while a candidate's blocks take at most this long at
-#: the watch's time a call (calls of a few ms get 6 passes; calls of ~150 ms, 2)
+#: the baseline's time a call (calls of a few ms get 6 passes; calls of ~150 ms, 2)
 TRIAL_BUDGET_S = 0.25
 MAX_TRIAL_PASSES = 6
 #: the trial also runs every candidate predicted within this factor of the choice: where
@@ -136,9 +136,9 @@ class Tuning:
     label of the model's second choice (None: nothing to try), predicted at
     ``runner_predicted_s``; ``others``: further candidates the trial runs
     beside it (those predicted within :data:`CONTENDERS` × the choice).
-    ``phase`` is ``"watch"``, ``"trial"`` or ``"settled"``; ``kept`` the
+    ``phase`` is ``"baseline"``, ``"trial"`` or ``"settled"``; ``kept`` the
     label kept once settled; ``chosen_s`` the choice's agreed time in the
-    watch, ``trial_s`` every tried label's agreed time in the trial
+    baseline, ``trial_s`` every tried label's agreed time in the trial
     (``runner_s`` and ``beside_s``: the runner-up's and the choice's).
     """
 
@@ -152,7 +152,7 @@ class Tuning:
     warmup: int = WARMUP
     passes: int = TRIAL_PASSES  # the trial's passes, at least (see trial_passes)
     budget_s: float = TRIAL_BUDGET_S
-    phase: str = "watch"
+    phase: str = "baseline"
     kept: str | None = None
     chosen_s: float | None = None
     trial_s: dict = field(default_factory=dict)
@@ -196,7 +196,7 @@ class Tuning:
     @property
     def trial_passes(self) -> int:
         """The trial's passes: :attr:`passes`, or as many more (up to
-        :data:`MAX_TRIAL_PASSES`) as fit in :attr:`budget_s` a candidate at the watch's
+        :data:`MAX_TRIAL_PASSES`) as fit in :attr:`budget_s` a candidate at the baseline's
         time a call."""
         if self.chosen_s is None:
             return self.passes
@@ -234,7 +234,7 @@ class Tuning:
         """Whether the next call is timed (the caller synchronises a GPU only then)."""
         if self.phase == "trial":
             return self.plan[self.calls][1]
-        return self.phase in ("watch", "recheck") and self.calls >= self.warmup
+        return self.phase in ("baseline", "recheck") and self.calls >= self.warmup
 
     def settled_call(self) -> bool:
         """Count one call of the settled schedule (every rank counts the same calls); True
@@ -267,7 +267,7 @@ class Tuning:
         every rank): the choice's, or in the trial every tried candidate's and the
         choice's as :meth:`trial_plan` laid them out, a sample per block."""
         self.times, self.calls = [], 0
-        if self.phase == "watch":
+        if self.phase == "baseline":
             self.chosen_s = agreed_time(table)
             bound = (1.0 + self.margin) * self.predicted_s
             close = self.runner_predicted_s is not None and self.runner_predicted_s <= bound
@@ -301,7 +301,7 @@ class Tuning:
         # as a trial block (its slowest rank's mean call); beaten by more than the margin
         # there, the two meet again on fresh blocks (a rematch, the old blocks forgotten);
         # so do it and the model's choice it replaced, where that is cheap. Never tried
-        # against one: against its own watch, as the watch timed it.
+        # against one: against its own baseline, as the baseline timed it.
         now = max(statistics.fmean(row) for row in table)
         self.recheck_s = now
         rivals = {k: t for k, t in self.trial_s.items() if k != self.kept}
@@ -328,7 +328,7 @@ class Tuning:
         return self.kept != self.choice and t is not None and t * blocks <= self.budget_s
 
     def _end_trial(self, table) -> None:
-        # side by side in the same passes: all met the same load (the watch's time of the
+        # side by side in the same passes: all met the same load (the baseline's time of the
         # choice was taken earlier, perhaps on a quieter or busier machine). A block's
         # sample is its slowest rank's mean call, the throughput of back-to-back calls: a
         # median of single calls favoured a schedule whose calls alternate fast and slow
@@ -370,7 +370,7 @@ class Tuning:
 
 
 def calls_to_settle(candidates: int) -> int:
-    """Calls within which a size settles at the defaults, whatever the timings: the watch,
+    """Calls within which a size settles at the defaults, whatever the timings: the baseline,
     a trial of ``candidates`` (the choice among them) at the most passes, and a rematch."""
     block = WARMUP + -(-WINDOW // TRIAL_PASSES)
     return WARMUP + WINDOW + MAX_TRIAL_PASSES * block * (candidates + 2)

@@ -79,7 +79,7 @@ def test_the_trial_runs_each_candidate_back_to_back_and_the_second_pass_reversed
 
 def test_a_runner_up_that_is_slower_beside_the_choice_loses_the_trial():
     t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
-    feed(t, [2.0, 2.0, 2.5, 2.1, 2.0, 2.6])  # watch; then hd, ring, ring, hd
+    feed(t, [2.0, 2.0, 2.5, 2.1, 2.0, 2.6])  # baseline; then hd, ring, ring, hd
     assert (t.phase, t.kept, t.running, t.runner_s, t.beside_s) == (
         "settled",
         "ring",
@@ -89,10 +89,10 @@ def test_a_runner_up_that_is_slower_beside_the_choice_loses_the_trial():
     )
 
 
-def test_the_trial_compares_calls_side_by_side_not_with_the_watch():
-    # the machine got busier after the watch: the choice is slower in the trial too
+def test_the_trial_compares_calls_side_by_side_not_with_the_baseline():
+    # the machine got busier after the baseline: the choice is slower in the trial too
     t = Tuning("ring", predicted_s=1.0, runner_up="hd", window=1, warmup=0)
-    feed(t, [2.0, 3.0, 3.5, 3.5, 3.0])  # watch 2.0; trial: runner-up 3.0, choice 3.5
+    feed(t, [2.0, 3.0, 3.5, 3.5, 3.0])  # baseline 2.0; trial: runner-up 3.0, choice 3.5
     rematch(t, ("hd", "ring"), {"hd": 3.0, "ring": 3.5})
     assert (t.kept, t.runner_s, t.beside_s) == ("hd", 3.0, 3.5)
 
@@ -236,7 +236,7 @@ def test_a_close_trial_gets_a_rematch_of_its_two_fastest_decided_on_all_their_sa
     # 4 × 2 hosts at 1 MiB: the fastest schedule (20 ms back to back) measured 28 ms in
     # one trial, beside the choice's 27.9, and was not kept
     t = Tuning("t4x2", 40.0, "t2x4", others=("hd",), window=2, warmup=0, passes=2)
-    feed(t, [25.0, 25.0])  # watch: far below its prediction, a miss
+    feed(t, [25.0, 25.0])  # baseline: far below its prediction, a miss
     trial = {"t2x4": [28.0, 27.9], "hd": [33.0, 34.0], "t4x2": [27.9, 28.0]}
     order = [label for label, _ in t.trial_plan()]
     feed(t, [trial[label].pop() for label in order])
@@ -276,9 +276,9 @@ def test_a_settled_size_is_timed_again_and_waits_twice_as_long_each_time_it_hold
     t = Tuning("ring", 0.5, "hd", window=2, warmup=0, recheck_after_s=50.0)
     feed(t, [0.5, 0.5])
     assert (t.phase, t.kept) == ("settled", "ring")
-    # 50 s of its 0.5 s calls, then the next calls are timed as the watch was
+    # 50 s of its 0.5 s calls, then the next calls are timed as the baseline was
     assert settle_calls(t) == 100 and (t.phase, t.running, t.timing) == ("recheck", "ring", True)
-    feed(t, [0.52, 0.53])  # within the margin of its watch: kept, and twice the wait
+    feed(t, [0.52, 0.53])  # within the margin of its baseline: kept, and twice the wait
     assert (t.phase, t.kept, t.recheck_s, t.confirmed) == ("settled", "ring", 0.525, 1)
     assert settle_calls(t) == RECHECK_MAX_S / 0.5  # 100 s, over the cap
     # never fewer than RECHECK_MIN_CALLS calls apart, never more than RECHECK_MAX_S
@@ -344,12 +344,12 @@ def test_a_recheck_times_the_overturned_model_choice_afresh_where_that_is_cheap(
     assert (big.phase, big.kept, big.confirmed) == ("settled", "hd", 1)
 
 
-def test_a_choice_settled_without_a_trial_gets_one_when_it_drifts_from_its_watch():
+def test_a_choice_settled_without_a_trial_gets_one_when_it_drifts_from_its_baseline():
     t = Tuning("ring", 1.0, "hd", window=2, warmup=0, recheck_after_s=1.0)
     feed(t, [1.0, 1.0])
     assert (t.phase, t.trial_s) == ("settled", {})
     settle_calls(t)
-    feed(t, [1.5, 1.6])  # 1.5× its watch: the model's order is tried again
+    feed(t, [1.5, 1.6])  # 1.5× its baseline: the model's order is tried again
     assert (t.phase, t.finalists) == ("trial", ())
     times = {"hd": 1.1, "ring": 1.55}
     feed(t, [times[label] for label, _ in t.trial_plan()])
@@ -461,7 +461,7 @@ def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(t
     tried = tuning[6]  # every tried candidate's agreed time, the choice's included
     assert tuning[1] in tried and tuning[2] in tried
     assert tried[tuning[3]] == min(tried.values())  # the fastest kept
-    # rank 1 slept 50 ms in 3 of the 5 timed watch calls: the agreed median is the slow rank's
+    # rank 1 slept 50 ms in 3 of the 5 timed baseline calls: the agreed median is the slow rank's
     assert tuning[4] >= 0.05
     assert all(r["tuning"] == tuning and r["choice"] == ranks[0]["choice"] for r in ranks)
     assert ranks[0]["choice"] == [tuning[3], tuning[3] != tuning[1]]
