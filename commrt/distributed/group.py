@@ -49,7 +49,7 @@ def _unsupported(method: str, instead: str) -> NotImplementedError:
 
 def _noted(dc, op: str):
     """``dc``, its communicator's position noting the torch.distributed ``op`` it runs."""
-    dc.comm.executor.position.torch_op = op
+    dc.comm.note_op(op)
     return dc
 
 
