@@ -35,7 +35,7 @@ exchange above, bit for bit. With a number of seconds (or ``"auto"``)
 GradientSync never waits past the deadline for a partner's message: a
 late message is applied when it arrives, at a later step, with push-sum
 weights so every gradient reaches the model exactly once in total
-(:mod:`commrt.sync.gossip_deadline`).
+(:mod:`commrt.sync.gossip.deadline`).
 
 **Dead ranks** (``live=``): a partner outside the live set is replaced by
 the rank itself (no exchange that step), so the schedule stays a pure
@@ -115,7 +115,7 @@ class Gossip(Algorithm):
         deadline_s: None (off: wait for every partner, today's exchange), seconds
             (> 0), or ``"auto"`` (a multiple of the median measured exchange time):
             never wait longer for a partner's message; a late one is applied when it
-            arrives (see :mod:`commrt.sync.gossip_deadline`).
+            arrives (see :mod:`commrt.sync.gossip.deadline`).
     """
 
     topology: Topology | str = Topology.HYPERCUBE

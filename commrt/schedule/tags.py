@@ -33,7 +33,7 @@ TORCH_P2P_BASE = 1 << 29
 TORCH_P2P_TAGS = 1 << 24
 #: the process group's gather, scatter and all-to-all
 TORCH_COLLECTIVE = TORCH_P2P_BASE + TORCH_P2P_TAGS
-#: first tag of gossip's messages with a deadline (commrt.sync.gossip_deadline)
+#: first tag of gossip's messages with a deadline (commrt.sync.gossip.deadline)
 GOSSIP_BASE = TORCH_P2P_BASE + (1 << 25)
 #: buckets per gossip step (a GradientSync with more is refused a deadline)
 GOSSIP_BUCKETS = 1024

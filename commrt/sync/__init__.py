@@ -13,12 +13,8 @@
 * :mod:`commrt.sync.families`: which policy serves which algorithm;
 * :mod:`commrt.sync.allreduce`: the all-reduce family (ring, torus2d, auto, ...);
 * :mod:`commrt.sync.backup`: the backup-workers family (first N of N + b gradients);
-* :mod:`commrt.sync.gossip`: the gossip family (GossipGraD: one peer per step), and
-  gossip with a deadline: :mod:`~commrt.sync.gossip_deadline` (never wait past it),
-  :mod:`~commrt.sync.gossip_mail` (its messages, never waited on),
-  :mod:`~commrt.sync.gossip_ledger` (what became of every gradient),
-  :mod:`~commrt.sync.gossip_deaths` (who died, locally then from the store) and
-  :mod:`~commrt.sync.gossip_rejoin` (who is in the rotation at each step);
+* :mod:`commrt.sync.gossip`: the gossip family (GossipGraD: one peer per step, and
+  gossip with a deadline: its policies, messages, ledger, deaths and rotation);
 * :mod:`commrt.sync.join`: uneven inputs (``GradientSync.join``);
 * :mod:`commrt.sync.state`: every rank starts from rank 0's weights;
 * :mod:`commrt.sync.snapshot`: parameters and optimizer state, bit for bit (a late

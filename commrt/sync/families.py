@@ -12,8 +12,7 @@ from __future__ import annotations
 from commrt.algorithms import Algorithm
 from commrt.sync.allreduce import AllReducePolicy
 from commrt.sync.backup import BackupPolicy
-from commrt.sync.gossip import GossipPolicy
-from commrt.sync.gossip_deadline import DeadlineGossipPolicy
+from commrt.sync.gossip import DeadlineGossipPolicy, GossipPolicy
 from commrt.sync.policy import Policy
 
 #: an algorithm's ``family`` -> the policy class that serves it

@@ -1,4 +1,4 @@
-"""A replacement rejoins gossip with a deadline (commrt.sync.gossip_rejoin).
+"""A replacement rejoins gossip with a deadline (commrt.sync.gossip.rejoin).
 
 4 real gloo ranks run tests/workers/gossip_rejoin_worker.py; rank 1 SIGKILLs
 itself, the test starts a replacement with RANK=1 and COMMRT_REJOIN=1. It

@@ -8,8 +8,8 @@ from commrt.algorithms import Gossip
 from commrt.algorithms.gossip import AUTO_FACTOR, AUTO_MIN_S, AUTO_WARMUP
 from commrt.schedule import tags
 from commrt.sync.families import FAMILIES
-from commrt.sync.gossip_deadline import DeadlineGossipPolicy
-from commrt.sync.gossip_ledger import DeadlineClock
+from commrt.sync.gossip.deadline import DeadlineGossipPolicy
+from commrt.sync.gossip.ledger import DeadlineClock
 
 
 def test_deadline_off_by_default_keeps_the_plain_policy():

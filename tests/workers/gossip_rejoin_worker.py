@@ -32,7 +32,7 @@ import commrt  # noqa: E402
 from commrt.algorithms import Gossip  # noqa: E402
 from commrt.runtime.environment import rejoining  # noqa: E402
 from commrt.runtime.store import ControlStore  # noqa: E402
-from commrt.sync.gossip_deaths import PREFIX  # noqa: E402
+from commrt.sync.gossip.deaths import PREFIX  # noqa: E402
 
 KILL_AT, HOLD_AT, STEPS = 4, 9, 30
 DEADLINE_S = 0.05

@@ -1,8 +1,8 @@
 """Who is in a rank's gossip rotation at each step: the dead leave, a replacement comes back.
 
-Gossip with a deadline (:mod:`commrt.sync.gossip_deadline`) computes its
+Gossip with a deadline (:mod:`commrt.sync.gossip.deadline`) computes its
 partners with ``Gossip.peers(rank, step, p, live)``. :class:`Members` gives
-``live`` for each step: every rank, less the dead (:mod:`commrt.sync.gossip_deaths`),
+``live`` for each step: every rank, less the dead (:mod:`commrt.sync.gossip.deaths`),
 less a replacement before the step from which this rank admitted it.
 
 **A replacement comes back** (``COMMRT_REJOIN=1`` with the dead rank's
@@ -12,7 +12,7 @@ hosted outside the ranks, as for backup workers,
 the job's gloo group (gloo cannot add a member to a group that already
 met), so every message between it and another rank travels on a two-rank
 group made for that pair through the store
-(:class:`~commrt.sync.backup.wire.Wire`; the :class:`~commrt.sync.gossip_mail.Postbox`
+(:class:`~commrt.sync.backup.wire.Wire`; the :class:`~commrt.sync.gossip.mail.Postbox`
 routes that peer's letters there). Keys under ``commrt/gossip/``:
 
 =====================  ========================================================
@@ -45,7 +45,7 @@ routes that peer's letters there). Keys under ``commrt/gossip/``:
 
 **Accounting.** The dead incarnation's messages in flight never land: a
 survivor counts its receives from it as ``lost`` and its sends to it as
-``lost_sends`` (:class:`~commrt.sync.gossip_ledger.GossipLedger`). Messages
+``lost_sends`` (:class:`~commrt.sync.gossip.ledger.GossipLedger`). Messages
 between the replacement and the others are counted as any others; its
 gradients from step s0 on are in its own ledger. The state the dead rank
 held (its parameters, the gradient mass it had received but not applied)
@@ -74,7 +74,7 @@ from commrt.runtime.store import STORE_ENV, ControlStore, launcher_store
 from commrt.schedule import tags
 from commrt.sync.backup.rejoin import RejoinedTooLate
 from commrt.sync.backup.wire import Wire
-from commrt.sync.gossip_deaths import PREFIX, DeathBoard
+from commrt.sync.gossip.deaths import PREFIX, DeathBoard
 from commrt.sync.snapshot import pieces
 
 log = logging.getLogger(__name__)

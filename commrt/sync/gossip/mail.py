@@ -12,7 +12,7 @@ when the peer's connection broke: it died) and wakes whoever waits on the
 postbox's condition. The caller waits for a letter until *its* deadline and
 goes on whatever the answer.
 
-**Routes.** A replacement of a dead rank (:mod:`commrt.sync.gossip_rejoin`)
+**Routes.** A replacement of a dead rank (:mod:`commrt.sync.gossip.rejoin`)
 has no connection on the job's gloo group: the messages between it and any
 other rank travel on a two-rank group made for that pair. :meth:`Postbox.route`
 sends one peer's letters over such a group (by its number there); the

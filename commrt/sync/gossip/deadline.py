@@ -34,13 +34,13 @@ message of step t; step 0 applies nothing (as plain asynchronous gossip).
 ``Gossip.peers(..., live=...)`` gives the rank itself instead, and a step
 without a partner to send to keeps its whole gradient (no ½ leaves). The
 rank that learns of a death writes it in the job's store, where every rank
-reads it once per rotation period (:mod:`commrt.sync.gossip_deaths`), so a
+reads it once per rotation period (:mod:`commrt.sync.gossip.deaths`), so a
 dead rank leaves every survivor's schedule within one period.
 
 **At close()** every message still travelling is waited for (bounded by the
 communicator's timeout; a dead sender's fail at once): what lands is counted
 in the ledger as ``unapplied``, with the asynchronous mode's last own ½.
-:class:`~commrt.sync.gossip_ledger.GossipLedger` (``sync.policy.ledger``)
+:class:`~commrt.sync.gossip.ledger.GossipLedger` (``sync.policy.ledger``)
 then satisfies, summed over ranks, ``computed == applied + unapplied``
 exactly when ``lost == 0``.
 
@@ -56,10 +56,10 @@ import time
 import torch
 
 from commrt.schedule import tags
-from commrt.sync.gossip import SWAP_ELEMS, swap
-from commrt.sync.gossip_ledger import DeadlineClock, GossipLedger
-from commrt.sync.gossip_mail import ARRIVED, FAILED, WAITING, Letter, Postbox
-from commrt.sync.gossip_rejoin import Members
+from commrt.sync.gossip.ledger import DeadlineClock, GossipLedger
+from commrt.sync.gossip.mail import ARRIVED, FAILED, WAITING, Letter, Postbox
+from commrt.sync.gossip.policy import SWAP_ELEMS, swap
+from commrt.sync.gossip.rejoin import Members
 from commrt.sync.policy import Policy, SyncContext
 from commrt.sync.snapshot import load_snapshot, pack_snapshot
 
@@ -70,7 +70,7 @@ class DeadlineGossipPolicy(Policy):
     models_drift = True
     ranks_may_fail = True
     closing = "waiting for the gossip messages still on the wire"
-    can_rejoin = True  # a replacement of a dead rank comes back (commrt.sync.gossip_rejoin)
+    can_rejoin = True  # a replacement of a dead rank comes back (commrt.sync.gossip.rejoin)
 
     def setup(self, ctx: SyncContext) -> tuple[str, ...]:
         self.ctx = ctx
@@ -262,7 +262,7 @@ class DeadlineGossipPolicy(Policy):
 
     @property
     def deaths(self):
-        """The :class:`~commrt.sync.gossip_deaths.DeathBoard` (None on 2 ranks)."""
+        """The :class:`~commrt.sync.gossip.deaths.DeathBoard` (None on 2 ranks)."""
         return self.members.deaths
 
     @property

@@ -1,7 +1,7 @@
 """Who died, as gossip with a deadline learns it: locally, then from the job's store.
 
 A rank learns that a partner died when their connection breaks (the
-:class:`~commrt.sync.gossip_mail.Postbox`'s ``broken``): at once, but only
+:class:`~commrt.sync.gossip.mail.Postbox`'s ``broken``): at once, but only
 when it next exchanges with it. So that every survivor drops a dead rank
 from its schedule within one rotation period, whoever learns of a death
 first writes it in the job's control store
@@ -12,7 +12,7 @@ Without a store that answers (its host died), ranks fall back to learning
 deaths locally.
 
 The same log carries returns: a replacement of a dead rank appends
-``"{rank} back {incarnation}"`` (:mod:`commrt.sync.gossip_rejoin`); a reader
+``"{rank} back {incarnation}"`` (:mod:`commrt.sync.gossip.rejoin`); a reader
 takes the rank off its dead and hands the return to the caller
 (:meth:`DeathBoard.take_returns`), which admits it to the rotation.
 """
