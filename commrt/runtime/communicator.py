@@ -18,10 +18,10 @@ import torch
 
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
-from commrt.runtime.choice import Backend, Situation, choose
+from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose
 from commrt.runtime.departures import CLOSED, Departures, track
 from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
-from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, _mpi_world, check_timeout  # noqa: F401  (init names the limit)
+from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout, mpi_world  # noqa: F401  (init names the limit)
 from commrt.runtime.rendezvous import tcp_store as _tcp_store
 from commrt.runtime.slots import CommSlots, NodeLayout  # noqa: F401  (NodeLayout moved; still importable)
 from commrt.runtime.stall import stall_seconds, start_watch
@@ -314,7 +314,7 @@ def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size
     mpi_world = launched and launch.launcher == "mpiexec"
     # a replacement that rejoins a running job is in one whose ranks may die
     s = Situation.here(kind, launch.launcher, world_size, local_size, mpi_world, rejoining())
-    if kind == "cuda" and s.nccl_missing is not None:
+    if kind == "cuda" and s.nccl_missing is not None and choose(s)[0] not in CUDA_BACKENDS:
         warnings.warn(
             f"commrt: backend='auto' falls back to the CPU transports: {s.nccl_missing}",
             stacklevel=3,
@@ -449,7 +449,7 @@ def _mpi_transport(rank: int, world_size: int) -> Transport:
     """The MPI transport over MPI's world, which must number the ranks as init does."""
     from commrt.transports.mpi import MpiTransport
 
-    world = _mpi_world()
+    world = mpi_world()
     if world.Get_size() != world_size or world.Get_rank() != rank:
         raise ValueError(
             f"the mpi backend takes rank and size from MPI (rank {world.Get_rank()} "
@@ -484,7 +484,7 @@ def _nccl_transport(launch, rank, world_size, master_addr, master_port, timeout,
         launch.local_rank,
         device,
         nccl,
-        mpi_world=_mpi_world() if over_mpi else None,
+        mpi_world=mpi_world() if over_mpi else None,
         make_store=lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
         timeout=timeout,
     )
