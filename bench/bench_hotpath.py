@@ -81,7 +81,7 @@ def test_executor_step(benchmark, record_bandwidth):
 
     def loop():
         for _ in range(runs):
-            ex.run(schedule, buf, tr, 60.0, 4 << 20, False, None, None, None, buf)
+            ex.run(schedule, buf, tr, 60.0, 4 << 20, None, None, None, buf)
 
     loop()  # bind and compile once
     benchmark.group = "executor host time per step (transport that moves nothing)"

@@ -91,15 +91,6 @@ def nccl_module(nccl: NcclModule | None) -> NcclModule:
     return nccl
 
 
-def nccl_missing() -> str | None:
-    """None if :func:`import_nccl` works here, else what is missing and what to install."""
-    try:
-        import_nccl()
-    except RuntimeError as e:
-        return str(e)
-    return None
-
-
 def wire(t: torch.Tensor) -> tuple[int, int]:
     """(NCCL dtype code, count) that move ``t``: its own type where NCCL has one, else
     uint8 (:data:`AS_UINT8`); any other dtype is a ValueError that names it."""

@@ -489,19 +489,21 @@ def test_every_allowed_discovery_is_still_there():
     assert set(DISCOVERY_ALLOWED) <= found, set(DISCOVERY_ALLOWED) - found
 
 
-@pytest.mark.parametrize(
-    "source,found",
-    [
-        ('store = getattr(comm.transport, "store", None)', ["store"]),
-        ('if hasattr(self.nccl, "HostStream"): pass', ["HostStream"]),
-        ('getattr(args, "run", None) is None', ["run"]),
-        ("getattr(self, f)", []),
-        ('getattr(o, "__dict__", str(o))', []),
-        ("comm.transport.store", []),
-    ],
-)
-def test_the_capability_check_sees_what_it_should(source, found):
-    assert [n.args[1].value for n in capability_lookups(ast.parse(source))] == found
+#: source -> the names :func:`capability_lookups` finds in it
+LOOKUPS_SEEN = {
+    'store = getattr(comm.transport, "store", None)': ["store"],
+    'if hasattr(self.nccl, "HostStream"): pass': ["HostStream"],
+    'getattr(args, "run", None) is None': ["run"],
+    "getattr(self, f)": [],
+    'getattr(o, "__dict__", str(o))': [],
+    "comm.transport.store": [],
+}
+
+
+@pytest.mark.parametrize("source", LOOKUPS_SEEN)
+def test_the_capability_check_sees_what_it_should(source):
+    found = [n.args[1].value for n in capability_lookups(ast.parse(source))]
+    assert found == LOOKUPS_SEEN[source]
 
 
 # ------------------------------------------------------------ no private reach across modules
