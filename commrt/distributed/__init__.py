@@ -12,7 +12,8 @@ Example::
 Rooms: :mod:`~commrt.distributed.register` (the backend name and the group
 factory), :mod:`~commrt.distributed.devices` (a communicator per device
 type, :class:`Options`), :mod:`~commrt.distributed.group` (the process
-group), :mod:`~commrt.distributed.ops` (what each call runs),
+group), :mod:`~commrt.distributed.dispatch` (where and how a call runs),
+:mod:`~commrt.distributed.ops` (what each call runs),
 :mod:`~commrt.distributed.work` (works, futures, the call thread,
 errors), :mod:`~commrt.distributed.observe` (what the calls ran: stats,
 ``COMMRT_LOG``, ``COMMRT_TRACE``) and :mod:`~commrt.distributed.hooks` (DDP

@@ -222,7 +222,7 @@ class DeviceComms:
         self.algorithm = self.options.resolved_algorithm()
         #: the process's trace (COMMRT_TRACE), which every call of the group records into
         self.tracer = process_tracer(self.global_ranks[rank])
-        #: whether this node's ranks have one core each or less (commrt.distributed.group)
+        #: whether this node's ranks have one core each or less (commrt.distributed.dispatch)
         self.one_core_each = one_core_each(self._launch().local_size)
         self.lock = threading.Lock()
         #: the CUDA device the group's NCCL runs on: the first CUDA call's (None before);

@@ -2,7 +2,8 @@
 
 Plain functions on one device's :class:`DeviceContext` (the communicator and
 the group's all-reduce algorithm); the process group
-(:mod:`commrt.distributed.group`) queues them on its call thread.
+(:mod:`commrt.distributed.group`) queues them on its call thread
+(:mod:`commrt.distributed.dispatch`).
 
 * all-reduce: every op through :func:`commrt.all_reduce`, on a communicator
   whose dtype rules are gloo's and NCCL's (SUM of int8, uint8, int16 and bool

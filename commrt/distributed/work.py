@@ -7,7 +7,7 @@ caller gets a :class:`CommrtWork` at once; the call thread completes its
 future when the collective is done. A synchronous call (``async_op=False``,
 ``asyncOp=False``) is simply waited on before the call returns. A call its
 caller would only wait for (a synchronous one, one inside backward that is
-small or made where each rank has one core: :mod:`commrt.distributed.group`)
+small or made where each rank has one core: :mod:`commrt.distributed.dispatch`)
 runs on the caller's thread instead when nothing is queued before it
 (:meth:`CallQueue.submit`): the same code, in the same order, without the
 hand-off.
@@ -170,7 +170,7 @@ class CallQueue:
         it. ``device``: the CUDA device the call runs on, which the call thread makes its
         own first; ``after``: an event (:func:`caller_event`) its current stream waits on
         before ``run()``. ``here``: the caller would only wait for the call (a synchronous
-        call, or one inside DDP's backward: ``commrt.distributed.group``), so
+        call, or one inside DDP's backward: ``commrt.distributed.dispatch``), so
         when nothing is queued or running it runs on the caller's thread, in the same
         order, without the two thread switches of a hand-off (a small call's latency)."""
         if self.broken is not None:

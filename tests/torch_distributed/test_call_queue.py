@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commrt.distributed import group as G
+from commrt.distributed import dispatch as D
 from commrt.distributed.work import CallQueue, CommrtWork
 from commrt.runtime import threads
 
@@ -68,21 +68,21 @@ def test_an_error_of_a_call_run_here_reaches_its_waiter_and_keeps_the_queue_goin
 
 
 def test_only_small_calls_inside_backward_count_as_waited_for():
-    small, big = [torch.zeros(16)], [torch.zeros(G.HERE_BYTES // 4 + 1)]
+    small, big = [torch.zeros(16)], [torch.zeros(D.HERE_BYTES // 4 + 1)]
     spare, one = (
         types.SimpleNamespace(one_core_each=False),
         types.SimpleNamespace(one_core_each=True),
     )
-    assert not G._here_in_backward(small, spare)  # outside backward: DDP may overlap it
-    assert not G._here_in_backward(big, one)
+    assert not D.here_in_backward(small, spare)  # outside backward: DDP may overlap it
+    assert not D.here_in_backward(big, one)
     seen = []
     x = torch.ones(2, requires_grad=True)
     x.register_hook(
         lambda g: seen.append(
             (
-                G._here_in_backward(small, spare),
-                G._here_in_backward(big, spare),
-                G._here_in_backward(big, one),  # a rank with one core: any size
+                D.here_in_backward(small, spare),
+                D.here_in_backward(big, spare),
+                D.here_in_backward(big, one),  # a rank with one core: any size
             )
         )
     )
@@ -121,7 +121,7 @@ def test_one_core_a_rank_runs_calls_of_any_size_in_backward_on_the_caller(
         assert pg.devices.one_core_each is one_each
         ran = []
         x = torch.ones(2, requires_grad=True)
-        big = torch.ones(G.HERE_BYTES // 4 + 1)
+        big = torch.ones(D.HERE_BYTES // 4 + 1)
 
         def in_backward(g):
             work = dist.all_reduce(big, async_op=True)

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ddp_reference import batch, fresh, rel_err  # noqa: E402
 
 import commrt  # noqa: E402,F401  (registers the backend)
-from commrt.distributed import group as commrt_group  # noqa: E402
+from commrt.distributed import dispatch as commrt_dispatch  # noqa: E402
 from commrt.distributed import ops  # noqa: E402
 
 STEPS = 10
@@ -44,7 +44,7 @@ def train(group, rank, mode):
     return model
 
 
-#: the threads that ran the default group's all-reduces above commrt_group.HERE_BYTES
+#: the threads that ran the default group's all-reduces above commrt_dispatch.HERE_BYTES
 LARGE_CALL_THREADS: set = set()
 
 
@@ -53,7 +53,7 @@ def _record_large_calls():
     run = ops.allreduce
 
     def recorded(dc, t, op):
-        if t.nbytes > commrt_group.HERE_BYTES:
+        if t.nbytes > commrt_dispatch.HERE_BYTES:
             LARGE_CALL_THREADS.add(threading.current_thread().name)
         return run(dc, t, op)
 
