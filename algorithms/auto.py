@@ -42,6 +42,7 @@ Example::
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 import time
@@ -89,6 +90,22 @@ def label(alg: Algorithm) -> str:
     return str(alg)
 
 
+class Prices(abc.ABC):
+    """What :class:`Auto` asks of the network it chooses for. :class:`commrt.sim.Network`
+    implements it; it is declared here because this module imports no simulator."""
+
+    @abc.abstractmethod
+    def estimate(self, algorithm, world_size: int, nbytes: int, *, itemsize: int = 4) -> float:
+        """Predicted all-reduce seconds of ``algorithm`` on ``world_size`` ranks."""
+
+    @abc.abstractmethod
+    def price_all(
+        self, algorithms: Sequence, world_size: int, nbytes: int, *, itemsize: int = 4
+    ) -> list[float | None]:
+        """:meth:`estimate` of each of ``algorithms``, None for one that provably cannot be
+        the fastest."""
+
+
 @dataclass(frozen=True)
 class Choice:
     """One decision of :class:`Auto` for ``world_size`` ranks and ``nbytes``."""
@@ -100,7 +117,7 @@ class Choice:
     predicted_s: float
     candidates: tuple[tuple[str, float], ...]  # (label, predicted seconds), cheapest first;
     #                                              candidates that provably cannot win are left out
-    network: object  # the commrt.sim.Network it was priced on
+    network: Prices  # the commrt.sim.Network it was priced on
     schedule: Schedule = dataclasses.field(repr=False, compare=False)
     #: True when measurements replaced the model's choice by a candidate they tried (auto_learn)
     learned: bool = False
@@ -133,7 +150,7 @@ class Auto(Algorithm):
         >>> commrt.all_reduce(t, comm, algorithm=Auto(recheck_s=None))  # doctest: +SKIP
     """
 
-    network: object = None
+    network: Prices | None = None
     calibration: str | None = None
     learn: bool = True
     recheck_s: float | None = RECHECK_S
@@ -142,8 +159,7 @@ class Auto(Algorithm):
     learns = True
 
     def __post_init__(self):
-        # a commrt.sim.Network, known by what auto asks of it (this module imports no sim)
-        if self.network is not None and not callable(getattr(self.network, "price_all", None)):
+        if self.network is not None and not isinstance(self.network, Prices):
             raise TypeError(
                 f"Auto(network=...) takes a commrt.sim.Network, got {type(self.network).__name__}"
             )

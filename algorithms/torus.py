@@ -124,13 +124,14 @@ def grid_phases(
 
 
 def nodes_of(comm) -> int | None:
-    """Ranks per node as ``comm`` says it (its ``local_size``), None if it does not.
+    """Ranks per node as ``comm`` says it (its ``local_size``, which the hooks' ``comm``
+    declares: see :class:`~commrt.algorithms.base.Algorithm`), None without a ``comm``.
 
     The number is taken as given: the layers above hand down a
     :class:`commrt.tuning.context.Context`, whose ``local_size`` every rank agreed on
     (:func:`commrt.tuning.topology.ranks_per_node`), so that all ranks pick the same grid.
     """
-    return getattr(comm, "local_size", None)
+    return None if comm is None else comm.local_size
 
 
 def _factorizations(p: int) -> str:

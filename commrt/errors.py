@@ -12,10 +12,18 @@ class CommError(RuntimeError):
     """Base class for communication failures raised by commrt.
 
     ``verdict``: the stall verdict's text where one was formed before the error was
-    raised (:mod:`commrt.runtime.stall`); it is part of the message too.
+    raised (:mod:`commrt.runtime.stall`); it is part of the message too. ``peer``,
+    ``peers`` and ``where`` say what a one-line report (``commrt train``) and the
+    abort-on-error hook name, where the failure knows it.
     """
 
     verdict: str | None = None
+    #: the one peer rank the failure is about (the one a wait waited on, the one that left)
+    peer: int | None = None
+    #: the peer ranks of the failed operation (an engine's error names no single one)
+    peers: list[int] | None = None
+    #: where this rank waited: algorithm, schedule step and bucket ("" where unknown)
+    where: str = ""
 
     def add_verdict(self, text: str) -> None:
         """Append the stall verdict ``text`` to this error's message (once)."""

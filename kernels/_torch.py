@@ -53,7 +53,17 @@ CUDA_CHUNK = 1 << 23
 SMALL = 1 << 18
 
 _F32 = torch.float32
-_local = threading.local()
+
+
+class _Scratch(threading.local):
+    """Each thread's two CPU scratch buffers: ``bufs``, None until first asked for
+    (``threading.local`` runs ``__init__`` once per thread, on its first use)."""
+
+    def __init__(self):
+        self.bufs: list[torch.Tensor | None] = [None, None]
+
+
+_local = _Scratch()
 
 
 def _chunk(device: torch.device) -> int:
@@ -66,9 +76,7 @@ def _scratch(device: torch.device, n: int, which: int) -> torch.Tensor:
     two streams never share one buffer."""
     if device.type != "cpu":
         return torch.empty(n, dtype=_F32, device=device)
-    bufs = getattr(_local, "bufs", None)
-    if bufs is None:
-        bufs = _local.bufs = [None, None]
+    bufs = _local.bufs
     buf = bufs[which]
     if buf is None or buf.numel() < n:
         buf = bufs[which] = torch.empty(max(n, CHUNK), dtype=_F32)

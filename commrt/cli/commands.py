@@ -133,20 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in (bench_command, train_args, traces, simulate, probe, diagnose):
         command.register(sub)
-    parser.set_defaults(parser=parser, subcommands=tuple(sub.choices))
+    # every field main reads, so that it never asks whether one exists: a subcommand's own
+    # defaults (its parser, its run, its flags') replace these
+    parser.set_defaults(
+        parser=parser, subcommands=tuple(sub.choices), run=None, what=None, plot=None,
+        algorithms=None, single_process=False, timeout=None,
+    )  # fmt: skip
     return parser
 
 
 def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     """Start the ranks, or be one of them (``options``: commrt train's checked options)."""
-    backups = getattr(getattr(options, "algorithm", None), "backups", None)
+    backups = options is not None and options.algorithm.family == "backup"
     may_die = options.ranks_may_die(args.nproc) if options is not None else 0
-    kill = getattr(options, "kill", None) is not None
-    restarts = getattr(options, "max_restarts", 0)
+    kill = options is not None and options.kill is not None
+    restarts = options.max_restarts if options is not None else 0
     # must run where a rank may die (and, with restarts, a replacement rejoin)
-    survives = backups is not None or (may_die > 0 and kill) or restarts > 0
-    who = "backup workers run" if backups is not None else "gossip with a deadline runs"
-    who = who if backups is not None or not restarts else "a job with --max-restarts runs"
+    survives = backups or (may_die > 0 and kill) or restarts > 0
+    who = "backup workers run" if backups else "gossip with a deadline runs"
+    who = who if backups or not restarts else "a job with --max-restarts runs"
     backend = check_backend(parser, args, survives=survives, kill=kill, who=who)
     if restarts and backend != "gloo":
         parser.error(
@@ -164,11 +169,11 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
             child,
             args.nproc,
             use_mpiexec=backend == "mpi",
-            host_store=backups is not None or may_die > 0,
+            host_store=backups or may_die > 0,
             tolerate=may_die,
             restarts=restarts,
             # a backup worker the others left behind gets as long as any wait may take
-            linger_s=getattr(args, "timeout", None),
+            linger_s=args.timeout,
         )
         if code == 0 and options is not None:  # the summary's times end before shut-down
             took = time.time() - launcher.launched_at()
@@ -224,16 +229,16 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     # errors after parsing belong to the subcommand: "commrt train: error: ..." with its usage
-    sub = getattr(args, "parser", parser)
+    sub = args.parser
     if unknown:  # a misspelt flag: the subcommand's usage and the flag it may have meant
         sub.error(unknown_flags(sub, unknown))
-    if getattr(args, "run", None) is None:  # "commrt", "commrt bench": which one?
+    if args.run is None:  # "commrt", "commrt bench": which one?
         sub.error(f"choose one of: {', '.join(args.subcommands)} (then --help for its flags)")
     extras.check(args)  # scikit-learn, matplotlib: one line and status 2 if one is missing
     options = check_train(sub, args) if args.command == "train" else None
-    if getattr(args, "algorithms", None):
+    if args.algorithms:
         _check_algorithms(sub, args.algorithms)
-    if getattr(args, "single_process", False):
+    if args.single_process:
         return args.run(args)
     return _relaunch_or_run(args, argv, sub, options)
 

@@ -37,8 +37,8 @@ def require(what: str, module: str, package: str, otherwise: str = "") -> None:
 def check(args) -> None:
     """The packages the parsed command line ``args`` needs, checked before any rank starts
     (``commrt simulate`` checks its figures' own, :func:`commrt.cli.simulate.cmd_simulate`)."""
-    command = " ".join(w for w in (args.command, getattr(args, "what", None)) if w)
+    command = " ".join(w for w in (args.command, args.what) if w)
     if args.command == "train":
         require("commrt train", "sklearn", "scikit-learn")
-    if getattr(args, "plot", None):
+    if args.plot:
         require(f"commrt {command} --plot", "matplotlib", "matplotlib")

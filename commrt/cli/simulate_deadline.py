@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 from commrt import sim
 from commrt.algorithms import Gossip
-from commrt.cli.simulate_sections import StepSetup, Sweeper, _fmt_time, stream
+from commrt.cli.simulate_sections import StepSetup, Sweeper, fmt_time, stream
 from commrt.cli.units import fmt_bytes
 
 #: the training steps each rank runs per simulated point
@@ -69,9 +69,9 @@ def deadline_rows(
 
 
 def deadline_line(p: int, row: dict) -> str:
-    times = "".join(f"{_fmt_time(row[c]):>11}" for c in COLUMNS[:4])
+    times = "".join(f"{fmt_time(row[c]):>11}" for c in COLUMNS[:4])
     shares = "".join(f"{row[c]:>7.1%}" for c in COLUMNS[4:])
-    return f"{p:>5}{times}{shares}{_fmt_time(row['deadline_s']):>9}"
+    return f"{p:>5}{times}{shares}{fmt_time(row['deadline_s']):>9}"
 
 
 def deadline_section(

@@ -113,7 +113,8 @@ class Sweeper:
         return t, label(alg)
 
 
-def _fmt_time(t: float) -> str:
+def fmt_time(t: float) -> str:
+    """``t`` seconds in the unit that gives it three digits (s, ms or µs), for a table."""
     if t >= 1:
         return f"{t:.3g} s"
     if t >= 1e-3:
@@ -218,7 +219,7 @@ def vs_p_header(names: Sequence[str], nbytes: int) -> list[str]:
 
 def vs_p_line(p: int, cells: dict) -> str:
     return f"{p:>6}" + "".join(
-        f"{_fmt_time(t):>10} {choice(lab):<18}" if n == "auto" else f"{_fmt_time(t):>11}"
+        f"{fmt_time(t):>10} {choice(lab):<18}" if n == "auto" else f"{fmt_time(t):>11}"
         for n, (t, lab) in cells.items()
     )
 
@@ -253,7 +254,7 @@ def vs_size_rows(
 
 
 def vs_size_line(nbytes: int, times: dict, fastest: str) -> str:
-    cells = "".join(f"{_fmt_time(t):>11}" for t in times.values())
+    cells = "".join(f"{fmt_time(t):>11}" for t in times.values())
     return f"{fmt_bytes(nbytes):>8}{cells}  {choice(fastest)}"
 
 
@@ -331,7 +332,7 @@ def delay_label(d) -> str:
 
 
 def straggler_line(p: int, steps: dict) -> str:
-    cells = (f"{_fmt_time(s.mean_s)} / {_fmt_time(s.p99_s)}" for s in steps.values())
+    cells = (f"{fmt_time(s.mean_s)} / {fmt_time(s.p99_s)}" for s in steps.values())
     return f"{p:>6}" + "".join(f"{c:>18}" for c in cells)
 
 
@@ -389,8 +390,7 @@ def backup_rows(
 
 def backup_line(p: int, stats: dict) -> str:
     cells = [
-        "—" if s is None else f"{_fmt_time(s.mean_s)} / {_fmt_time(s.p99_s)}"
-        for s in stats.values()
+        "—" if s is None else f"{fmt_time(s.mean_s)} / {fmt_time(s.p99_s)}" for s in stats.values()
     ]
     cells = [f"{c:>17}" for c in cells]
     return f"{p:>5}" + "".join(cells) + f"{backup_counts(p).get(TWO_PERCENT, 0):>6}"
@@ -441,8 +441,8 @@ GOSSIP_LABELS = {"gossip (rotate)": "rotate", "gossip (fixed cube)": "fixed cube
 
 
 def gossip_line(p: int, row: dict) -> str:
-    cells = [f"{_fmt_time(row[n][0]):>11}" for n in GOSSIP_COMPARE]
-    cells += [f"{_fmt_time(row[n][0]):>12}{row[n][1]:>10.0%}" for n in GOSSIP_VARIANTS]
+    cells = [f"{fmt_time(row[n][0]):>11}" for n in GOSSIP_COMPARE]
+    cells += [f"{fmt_time(row[n][0]):>12}{row[n][1]:>10.0%}" for n in GOSSIP_VARIANTS]
     return f"{p:>6}" + "".join(cells)
 
 

@@ -22,20 +22,20 @@ import numpy as np
 
 from commrt import sim
 from commrt.cli.launch import REPORTS_ENV
+from commrt.errors import CommError
 from commrt.runtime.abort import end_job
 
 
-def peer_failed(rank: int, step: int, error: Exception, backend: str) -> None:
+def peer_failed(rank: int, step: int, error: CommError, backend: str) -> None:
     """End this rank after ``error`` (a :class:`~commrt.errors.CommError`: a peer died or
     stopped) in training step ``step``, with one line and no traceback (``--verbose`` keeps
     the traceback). Under commrt's own launcher the line's parts go to it instead (over gloo:
     MPI ends every rank itself), and it prints them after the dead rank's signal."""
-    where = getattr(error, "where", None)
     report = {
         "rank": rank,
         "step": step,
-        "peers": getattr(error, "peers", None) or [getattr(error, "peer", None)],
-        "where": where.describe() if where is not None else None,
+        "peers": error.peers or [error.peer],
+        "where": error.where or None,
     }
     folder = os.environ.get(REPORTS_ENV)
     if folder and backend != "mpi":

@@ -1,6 +1,7 @@
 """Who is there: the communicator and what it stands on.
 
 :mod:`commrt.runtime.communicator` (``init``, ``Communicator``),
+:mod:`commrt.runtime.slots` (``CommSlots``: what is derived once per communicator),
 :mod:`commrt.runtime.choice` (which transport ``auto`` takes, for every caller),
 :mod:`commrt.runtime.environment` (rank and world size from the launcher's
 variables), :mod:`commrt.runtime.rendezvous` and :mod:`commrt.runtime.store`

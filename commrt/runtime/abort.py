@@ -60,8 +60,11 @@ class _AbortOnError:
         self.previous = previous
         self.comms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # comm: advice
 
-    #: the hook installed last in this process (sys.excepthook is per process too): found
-    #: here, since a hook installed after it (torch.distributed's) may wrap it
+    #: the hook installed last in this process, or None. Process-wide because what it
+    #: mirrors is: ``sys.excepthook`` is one per process, whatever the communicators. It is
+    #: kept here because a hook installed after it (torch.distributed's) may wrap it, so
+    #: ``sys.excepthook`` no longer is it, and :func:`end_job_after` runs on a call thread
+    #: that holds no communicator to ask for it
     installed: "_AbortOnError | None" = None
 
     @classmethod
@@ -172,8 +175,8 @@ def cause_of(error: BaseException) -> int | None:
         return error.peer if error.cause is None else error.cause
     if isinstance(error, CommTimeoutError):
         return error.peer
-    peers = getattr(error, "peers", None) if isinstance(error, CommError) else None
-    return peers[0] if isinstance(peers, list) and len(peers) == 1 else None
+    peers = error.peers if isinstance(error, CommError) else None
+    return peers[0] if peers is not None and len(peers) == 1 else None
 
 
 def install_abort_hook(comm, advice: str = "COMMRT_ABORT_ON_ERROR=0") -> None:

@@ -107,8 +107,10 @@ class Situation:
     mpi4py and mpiexec are installed, so the command line can start them so).
     ``ranks_may_die``: the job carries on past a dead rank (backup workers,
     ``--kill``, ``--max-restarts``): :data:`ONLY_GLOO_SURVIVES`.
-    ``nccl_missing``: what this process lacks for NCCL
-    (:func:`commrt.transports.nccl.nccl_missing`; None: nothing).
+    ``nccl_missing``: what this process lacks for NCCL (CuPy with libnccl:
+    :func:`commrt.transports.nccl.import_nccl`'s error; None: nothing).
+    ``cuda_ipc_missing``: what it lacks for CUDA IPC (CuPy's CUDA runtime:
+    :func:`commrt.transports.cuda_ipc_device.import_runtime`'s error), which needs no NCCL.
     ``gpu_shared``: some ranks of this host share a GPU (:func:`gpu_shared`), which NCCL
     refuses. ``cuda_transport``: :func:`cuda_transport_wanted`.
     ``shm_unusable``: why this process cannot map shared memory
@@ -128,20 +130,23 @@ class Situation:
     shm_unusable: str | None = None
     gpu_shared: bool = False
     cuda_transport: str = "auto"
+    cuda_ipc_missing: str | None = None
 
     @classmethod
     def here(cls, device: str, launcher: str, world_size: int, local_size: int | None,
              mpi_world: bool, ranks_may_die: bool = False) -> "Situation":  # fmt: skip
-        """The situation with this process's check for NCCL filled in (only for CUDA:
-        importing CuPy takes a while)."""
-        missing, shared, wanted = None, False, "auto"
+        """The situation with this process's checks for NCCL and CUDA IPC filled in (only
+        for CUDA: importing CuPy takes a while)."""
+        missing = ipc_missing = None
+        shared, wanted = False, "auto"
         if device == "cuda":
-            from commrt.transports.nccl import nccl_missing
+            from commrt.transports.cuda_ipc_device import import_runtime
+            from commrt.transports.nccl import import_nccl
 
-            missing = nccl_missing()
+            missing, ipc_missing = unavailable(import_nccl), unavailable(import_runtime)
             shared, wanted = gpu_shared(local_size, world_size), cuda_transport_wanted()
         return cls(device, launcher, world_size, local_size, mpi_world, ranks_may_die, missing,
-                   None, shared, wanted)  # fmt: skip
+                   None, shared, wanted, ipc_missing)  # fmt: skip
 
     @property
     def one_host(self) -> bool:
@@ -149,12 +154,23 @@ class Situation:
         return self.local_size is None or self.local_size >= self.world_size
 
 
+def unavailable(load) -> str | None:
+    """None if ``load()`` (an engine's import) works here, else its error's text: what is
+    missing and what to install."""
+    try:
+        load()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
 def fits(backend: Backend, s: Situation) -> bool:
     """Whether auto may take ``backend`` in ``s`` (:data:`ORDER` says it in words)."""
     if s.ranks_may_die and backend is not Backend.GLOO:
         return False
     if backend in CUDA_BACKENDS:
-        if s.device != "cuda" or s.nccl_missing is not None:
+        missing = s.nccl_missing if backend is Backend.NCCL else s.cuda_ipc_missing
+        if s.device != "cuda" or missing is not None:
             return False
         if s.cuda_transport != "auto":  # asked for by name (COMMRT_CUDA_TRANSPORT)
             return s.cuda_transport == backend.value

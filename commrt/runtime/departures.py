@@ -281,7 +281,7 @@ class _Stored:
 def _channel(transport):
     if transport.pollable:
         return _Messages(transport)
-    if getattr(transport, "store", None) is not None:
+    if transport.store is not None:
         return _Stored(transport)
     return None  # NCCL, test transports: waits end at the timeout
 

@@ -60,10 +60,10 @@ def tcp_store(
     if world_size == 1:
         store = dist.HashStore()
     elif port is None and launch.launcher == "mpiexec":
-        world = _mpi_world()
+        world = mpi_world()
         store = serve(addr, 0, timeout, world_size) if rank == 0 else None
-        port = int(_bcast_text(world, str(store.port) if rank == 0 else ""))
-        addr = _bcast_text(world, addr)
+        port = int(bcast_text(world, str(store.port) if rank == 0 else ""))
+        addr = bcast_text(world, addr)
         if rank != 0:
             store = dist.TCPStore(addr, port, world_size, False, timeout=td)
     elif port is None:
@@ -137,15 +137,16 @@ def _bound(host: str, port: int):
     return sock
 
 
-def _mpi_world():
-    from commrt.transports.mpi import _mpi
+def mpi_world():
+    """MPI's ``COMM_WORLD`` (MPI initialised on first use)."""
+    from commrt.transports.mpi import load_mpi
 
-    return _mpi().COMM_WORLD
+    return load_mpi().COMM_WORLD
 
 
-def _bcast_text(world, text: str, size: int = 256) -> str:
+def bcast_text(world, text: str, size: int = 256) -> str:
     """Rank 0's ``text`` on every rank, as raw bytes (mpi4py's ``bcast`` would pickle)."""
-    from commrt.transports.mpi import _mpi
+    from commrt.transports.mpi import load_mpi
 
     buf = bytearray(size)
     if world.Get_rank() == 0:
@@ -153,5 +154,5 @@ def _bcast_text(world, text: str, size: int = 256) -> str:
         if len(data) > size:
             raise ValueError(f"{text[:40]!r}…: longer than {size} bytes")
         buf[: len(data)] = data
-    world.Bcast([buf, _mpi().BYTE], root=0)
+    world.Bcast([buf, load_mpi().BYTE], root=0)
     return bytes(buf).rstrip(b"\0").decode()

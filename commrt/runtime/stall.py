@@ -424,23 +424,32 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
 def _store_address(comm):
     """(host, port, server) of the store the watch meets in: the gloo rendezvous store's,
     or one rank 0 hosts under MPI (the server on rank 0, else None)."""
-    from commrt.runtime.rendezvous import _bcast_text, _mpi_world, serve
+    from commrt.runtime.rendezvous import bcast_text, mpi_world, serve
 
-    store = getattr(comm.transport, "store", None)
-    while hasattr(store, "underlying_store"):  # PrefixStores, one in another
-        store = store.underlying_store
-    if getattr(store, "port", None):  # a TCPStore (a HashStore has no port)
-        return store.host, store.port, None
+    tcp = tcp_under(comm.transport.store)
+    if tcp is not None:
+        return tcp.host, tcp.port, None
     if str(comm.backend) != "mpi":
         return None
-    world = _mpi_world()
+    world = mpi_world()
     host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
     if not _reachable(world, bool(os.environ.get("MASTER_ADDR"))):
         return None
     # MPI's rank 0 hosts it (a torch.distributed group may number the ranks otherwise)
     server = serve(host, 0, comm.timeout) if world.Get_rank() == 0 else None
-    port = int(_bcast_text(world, str(server.port) if server is not None else ""))
-    return _bcast_text(world, host), port, server
+    port = int(bcast_text(world, str(server.port) if server is not None else ""))
+    return bcast_text(world, host), port, server
+
+
+def tcp_under(store):
+    """The ``torch.distributed.TCPStore`` that ``store`` is, or that it wraps in
+    PrefixStores (one in another, as torch.distributed's groups nest them); None for any
+    other store (a HashStore, a FileStore) or none, which no other process can reach."""
+    import torch.distributed as dist
+
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store if isinstance(store, dist.TCPStore) else None
 
 
 def _reachable(world, addressed: bool) -> bool:
@@ -449,13 +458,13 @@ def _reachable(world, addressed: bool) -> bool:
     would be another machine's). Rank 0 then says once that the job runs without a watch."""
     import numpy as np
 
-    from commrt.runtime.rendezvous import _bcast_text
-    from commrt.transports.mpi import _mpi
+    from commrt.runtime.rendezvous import bcast_text
+    from commrt.transports.mpi import load_mpi
 
-    same_host = _bcast_text(world, socket.gethostname()) == socket.gethostname()
+    same_host = bcast_text(world, socket.gethostname()) == socket.gethostname()
     here = addressed or same_host
     ok = np.array([int(here)], dtype=np.int32)
-    world.Allreduce(_mpi().IN_PLACE, [ok, _mpi().INT], op=_mpi().MIN)
+    world.Allreduce(load_mpi().IN_PLACE, [ok, load_mpi().INT], op=load_mpi().MIN)
     if not ok[0] and world.Get_rank() == 0:
         print(
             "commrt: no stall watch: the ranks span hosts and MASTER_ADDR is unset; set it "

@@ -81,7 +81,7 @@ def engine_error(
         f"commrt: rank {transport.rank}: {transport.name} failed in {where.describe()} "
         f"(peers {sorted(set(peers))}){diagnose(str(err))}: {err}"
     )
-    error.where, error.peers = where, sorted(set(peers))  # for a one-line report (commrt train)
+    error.where, error.peers = where.describe(), sorted(set(peers))  # (CommError declares them)
     return error
 
 

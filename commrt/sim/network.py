@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from commrt.algorithms.auto import Prices
 from commrt.sim import pricing
 from commrt.sim.links import GB, Link, Overhead, check_number, fmt_bytes
 
@@ -23,7 +24,7 @@ __all__ = ["GB", "Link", "Network", "Overhead", "check_number", "fmt_bytes"]
 
 
 @dataclass(frozen=True)
-class Network:
+class Network(Prices):
     """An α-β network with two link classes; frozen and validated.
 
     ``ranks_per_node`` consecutive ranks share a node; ``intra`` links them

@@ -3,7 +3,9 @@
 * :mod:`~commrt.transports.base`: the interface every transport implements (grouped
   non-blocking point-to-point, wait, barrier);
 * :mod:`~commrt.transports.nccl`: NCCL through ``cupy.cuda.nccl``, started by
-  :mod:`~commrt.transports.nccl_bootstrap` (which GPU, how ranks learn the unique id);
+  :mod:`~commrt.transports.nccl_bootstrap` (which GPU, how ranks learn the unique id),
+  calling what :mod:`~commrt.transports.nccl_module` declares of cupy's module (which a
+  CPU stand-in implements in the tests);
 * :mod:`~commrt.transports.mpi`: MPI through mpi4py;
 * :mod:`~commrt.transports.gloo`: torch.distributed's gloo process group;
 * :mod:`~commrt.transports.shm`: shared memory between the ranks of one host, with

@@ -147,6 +147,10 @@ class Transport(abc.ABC):
     #: True where a receive can add its data into the destination as it arrives (shm):
     #: the executor then skips the scratch buffer and its add (:meth:`prepare_adding`)
     adds_on_receive: bool = False
+    #: the rendezvous store (a ``torch.distributed.Store``) the transport was built from, or
+    #: None where there is none (MPI, NCCL): a closing rank's farewell and the stall watch
+    #: meet in it (commrt.runtime.departures, commrt.runtime.stall)
+    store = None
     #: the communicator's watch on peers that left (commrt.runtime.departures.Departures), or None;
     #: bounded waits call its ``check()`` and engine errors its ``explain()``
     watch = None

@@ -14,9 +14,11 @@ import torch
 from commrt.transports.base import Pair, Pending, Prepared, Transport, poll_until
 
 
-def _mpi():
-    # Imported on first use: importing mpi4py.MPI initialises MPI, which a
-    # gloo- or nccl-only job should not pay for (or need installed).
+def load_mpi():
+    """mpi4py's ``MPI`` module, or a RuntimeError that says what to install.
+
+    Imported on first use: importing ``mpi4py.MPI`` initialises MPI, which a
+    gloo- or nccl-only job should not pay for (or need installed)."""
     try:
         from mpi4py import MPI
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -73,7 +75,8 @@ class _MpiPrepared(Prepared):
         tag %= transport.tag_ub
         rreqs = [comm.Recv_init(as_buffer(t, MPI), source=peer, tag=tag) for t, peer in recvs]
         sreqs = [comm.Send_init(as_buffer(t, MPI), dest=peer, tag=tag) for t, peer in sends]
-        self.pending = _MpiPending(sreqs, rreqs)
+        # the check is the communicator's watch, attached before any step is prepared
+        self.pending = _MpiPending(sreqs, rreqs, check=transport.waiting_check())
         self.preqs = rreqs + sreqs  # receives start first
         self._startall = MPI.Prequest.Startall
 
@@ -81,7 +84,6 @@ class _MpiPrepared(Prepared):
         self._startall(self.preqs)
         pending = self.pending
         pending.spin_s = spin_s
-        pending.check = self.transport.waiting_check()
         return pending
 
     def free(self) -> None:
@@ -100,7 +102,7 @@ class MpiTransport(Transport):
     pollable = True
 
     def __init__(self, comm=None):
-        MPI = _mpi()
+        MPI = load_mpi()
         base = comm if comm is not None else MPI.COMM_WORLD
         # A private communicator: commrt's messages never match the user's.
         self.comm = base.Dup()
@@ -124,7 +126,7 @@ class MpiTransport(Transport):
         return poll_until(req.Test, time.monotonic() + timeout, check=self.waiting_check())
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
-        MPI = _mpi()
+        MPI = load_mpi()
         if tensor.dtype in (torch.bfloat16,):
             raise TypeError("MPI has no bfloat16 reduction; reduce a float32 copy instead")
         self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
@@ -132,7 +134,7 @@ class MpiTransport(Transport):
             tensor.div_(self.world_size)
 
     def close(self) -> None:
-        comm, self.comm = getattr(self, "comm", None), None
+        comm, self.comm = self.comm, None
         if comm is not None:
             try:
                 comm.Free()

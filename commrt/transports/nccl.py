@@ -34,6 +34,7 @@ import torch
 from commrt.errors import CommError, CommTimeoutError
 from commrt.transports import bounded
 from commrt.transports.base import Pair, Pending, Transport, poll_until
+from commrt.transports.nccl_module import CupyNccl, NcclComm, NcclModule
 from commrt.transports.watchdog import Watchdog
 
 #: ncclDataType_t codes (nccl.h); bf16 is 9.
@@ -60,8 +61,9 @@ INSTALL_HINT = (
 )
 
 
-def import_nccl():
-    """``cupy.cuda.nccl``, with an error that says what to install.
+def import_nccl() -> NcclModule:
+    """``cupy.cuda.nccl`` (as a :class:`~commrt.transports.nccl_module.CupyNccl`), with an
+    error that says what to install.
 
     cupy catches a missing libnccl itself and sets ``nccl.available = False``
     (the module then lacks ``get_unique_id``), so that is checked too.
@@ -70,20 +72,23 @@ def import_nccl():
         nccl = importlib.import_module("cupy.cuda.nccl")
     except ImportError as e:
         raise RuntimeError(f"the nccl backend needs CuPy with NCCL: {INSTALL_HINT}") from e
-    if not getattr(nccl, "available", True):
+    if not nccl.available:
         raise RuntimeError(
             f"the nccl backend needs NCCL, and CuPy could not load libnccl: {INSTALL_HINT}"
         )
+    return CupyNccl(nccl)
+
+
+def nccl_module(nccl: NcclModule | None) -> NcclModule:
+    """``nccl``, or cupy's module where None (:func:`import_nccl`); anything else than an
+    :class:`~commrt.transports.nccl_module.NcclModule` is a TypeError that says so."""
+    nccl = nccl if nccl is not None else import_nccl()
+    if not isinstance(nccl, NcclModule):
+        raise TypeError(
+            "nccl must be a commrt.transports.nccl_module.NcclModule (CupyNccl wraps "
+            f"cupy.cuda.nccl), got {type(nccl).__name__}"
+        )
     return nccl
-
-
-def nccl_missing() -> str | None:
-    """None if :func:`import_nccl` works here, else what is missing and what to install."""
-    try:
-        import_nccl()
-    except RuntimeError as e:
-        return str(e)
-    return None
 
 
 def wire(t: torch.Tensor) -> tuple[int, int]:
@@ -212,6 +217,9 @@ class NcclTransport(Transport):
     # a caller must never cut a long wait into short ones: a 0.25 s slice of a catch-up
     # receive whose server sent a little later aborted it
     waits_break_on_timeout = True
+    #: the NCCL communicator: None until made (also where __init__ failed before, which
+    #: __del__ still sees) and after close
+    comm: NcclComm | None = None
 
     def __init__(
         self,
@@ -224,7 +232,7 @@ class NcclTransport(Transport):
         timeout: float = 300.0,
     ):
         super().__init__(rank, world_size, device)
-        self.nccl = nccl if nccl is not None else import_nccl()
+        self.nccl = nccl_module(nccl)
         self.timeout = float(timeout)
         #: why the transport can no longer be used (None while it can)
         self.broken: str | None = None
@@ -233,13 +241,12 @@ class NcclTransport(Transport):
         #: whether a group's waits wait on the host: not on a CUDA stream, nor on a stand-in
         #: stream that completes as one does (``device_streams``: the caller must host-wait
         #: in sync() where it reads the data)
-        self.host_waits = device.type != "cuda" and not getattr(self.nccl, "device_streams", 0)
-        self.comm = None
+        self.host_waits = device.type != "cuda" and not self.nccl.device_streams
         self._stream = None  # a torch.cuda.Stream, or the CPU stand-in's host stream
         if device.type == "cuda":
             torch.cuda.set_device(device)
             self._stream = torch.cuda.Stream(device)
-        elif hasattr(self.nccl, "HostStream"):  # a CPU stand-in that models streams
+        else:  # None, but for a CPU stand-in that models streams
             self._stream = self.nccl.HostStream()
         self.watchdog = Watchdog()
         what = f"rank {rank}: creating the NCCL communicator ({world_size} ranks)"
@@ -269,7 +276,7 @@ class NcclTransport(Transport):
             return  # aborted already
         self.broken = reason
         comm = self.comm
-        if comm is None or not hasattr(comm, "abort"):
+        if comm is None:
             return
         if not bounded.call_bounded(comm.abort, self.abort_s, "nccl-abort"):
             bounded.keep_forever(comm)  # its __dealloc__ would destroy it: never collect it
@@ -301,11 +308,10 @@ class NcclTransport(Transport):
     def check_error(self) -> None:
         """Raise (after aborting) an asynchronous NCCL error: a peer's network failure shows
         as a named error at once, not as a timeout minutes later."""
-        check = getattr(self.comm, "check_async_error", None)
-        if check is None:
+        if self.comm is None:
             return
         try:
-            check()
+            self.comm.check_async_error()
         except Exception as e:  # cupy's NcclError, or the stand-in's
             self.abort(f"NCCL reported {e}")
             raise CommError(f"commrt: rank {self.rank}: NCCL failed: {e}") from e
@@ -420,7 +426,7 @@ class NcclTransport(Transport):
             except CommError:
                 pass  # aborted by check_error
         self.comm = None
-        if self.broken is None and hasattr(comm, "destroy"):
+        if self.broken is None:
             if not bounded.call_bounded(comm.destroy, self.destroy_s, "nccl-destroy"):
                 bounded.keep_forever(comm)
                 bounded.warn(
@@ -431,8 +437,8 @@ class NcclTransport(Transport):
     def __del__(self) -> None:
         """Dropped without close(): destroy the communicator on a thread of its own rather
         than let cupy's ``__dealloc__`` destroy it, without a bound, in this collection."""
-        comm = getattr(self, "comm", None)
-        if comm is None or self.broken is not None or not hasattr(comm, "destroy"):
+        comm = self.comm
+        if comm is None or self.broken is not None:
             return  # closed, or aborted (an aborted communicator has nothing left to destroy)
         self.comm = None
         bounded.keep_forever(comm)  # the thread may never end: nothing may collect it

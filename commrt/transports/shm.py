@@ -48,7 +48,7 @@ import torch
 
 from commrt.transports.base import Pair, Pending, Prepared, Transport, poll_until
 from commrt.transports.processes import start_time
-from commrt.transports.shm_rings import RING_HEAD, Inbound, Op, Ring, Truncated, pad
+from commrt.transports.shm_rings import RING_HEAD, Inbound, Op, Ring, Truncated
 
 #: where the ring files live
 SHM_DIR = "/dev/shm"
@@ -88,27 +88,33 @@ class _ShmPending(Pending):
 class _AddingPrepared(Prepared):
     """A step whose receives marked in ``adds`` add into their tensors (none: a plain
     step, whose waits spin for ``spin_s`` as the executor asks). Its operations (the
-    tensors' bytes as numpy views) are made once and started again and again; a start
-    whose last operations did not all finish (a wait that timed out) makes new ones."""
+    tensors' bytes as numpy views) and their Pending are made once and started again and
+    again; a start whose last operations did not all finish (a wait that timed out) makes
+    new ones."""
 
-    __slots__ = ("adds", "sops", "rops")
+    __slots__ = ("adds", "ops", "pending")
 
     def __init__(self, transport, sends, recvs, tag, adds):
         super().__init__(transport, sends, recvs, tag)
         self.adds = adds
-        self.sops, self.rops = transport.operations(sends, recvs, tag, adds)
+        self._make()
+
+    def _make(self) -> None:
+        sops, rops = self.transport.operations(self.sends, self.recvs, self.tag, self.adds)
+        self.ops, self.pending = sops + rops, _ShmPending(self.transport, sops, rops)
 
     def start(self, spin_s: float = 0.0) -> Pending:
-        sops, rops = self.sops, self.rops
-        if all(op.done for op in sops) and all(op.done for op in rops):
-            for op in sops:
-                op.off, op.done = -1, False
-            for op in rops:
-                op.done = False
+        for op in self.ops:
+            if not op.done:
+                self._make()
+                break
         else:
-            sops, rops = self.transport.operations(self.sends, self.recvs, self.tag, self.adds)
-            self.sops, self.rops = sops, rops
-        return self.transport.start(sops, rops, spin_s)
+            for op in self.ops:
+                op.off, op.done = -1, False
+        pending = self.pending
+        pending.spin_s = spin_s
+        self.transport.post(pending.sends, pending.recvs)
+        return pending
 
 
 class ShmTransport(Transport):
@@ -143,6 +149,7 @@ class ShmTransport(Transport):
         self._head_seen = dict.fromkeys(self._out, -1)
         #: what :meth:`_quiet` reads without the lock; fixed, so close() cannot change it
         self._inbounds = tuple(self._in.values())
+        self._tails = tuple((inbound.ring.tail, inbound) for inbound in self._inbounds)
         self._outbound = tuple((p, self._queued[p], self._out[p]) for p in self._out)
         self._broken: str | None = None
 
@@ -152,7 +159,9 @@ class ShmTransport(Transport):
     ) -> Pending:
         """Start ``sends`` and ``recvs``; receive ``i`` with ``adds[i]`` adds into its
         tensor as the bytes arrive (:meth:`prepare_adding`)."""
-        return self.start(*self.operations(sends, recvs, tag, adds))
+        sops, rops = self.operations(sends, recvs, tag, adds)
+        self.post(sops, rops)
+        return _ShmPending(self, sops, rops)
 
     @staticmethod
     def operations(sends: Sequence[Pair], recvs: Sequence[Pair], tag: int, adds: tuple = ()):
@@ -168,21 +177,24 @@ class ShmTransport(Transport):
         ]
         return [Op(_bytes_of(t), peer, tag) for t, peer in sends], rops
 
-    def start(self, sops: list, rops: list, spin_s: float = 0.0) -> Pending:
-        """Post ``rops``, queue ``sops`` and move what can move; the exchange's Pending,
-        whose waits spin for ``spin_s`` first."""
+    def post(self, sops: list, rops: list) -> None:
+        """Queue ``sops`` and post ``rops``, pushing the sends first (the peer waits for
+        them), and move what can move."""
         with self._lock:
             self._raise_if_broken()
+            for op in sops:
+                self._queued[op.peer].append(op)
+            for peer, queue, _ in self._outbound:
+                if queue:
+                    self._push(peer, queue)
             try:
                 for op in rops:
                     self._in[op.peer].post(op)
+                for inbound in self._inbounds:
+                    inbound.pull()
             except Truncated as e:
                 self._broken = str(e)
                 self._raise_if_broken()
-            for op in sops:
-                self._queued[op.peer].append(op)
-            self._progress()
-        return _ShmPending(self, sops, rops, spin_s)
 
     def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
         return _AddingPrepared(self, sends, recvs, tag, ())
@@ -289,11 +301,11 @@ class ShmTransport(Transport):
         a long wait, most of which find nothing, cost a few loads instead of a progress."""
         if self._broken is not None:
             return False
-        for inbound in self._inbounds:
-            if int(inbound.ring.tail[0]) != inbound.head:
+        for tail, inbound in self._tails:
+            if tail[0] != inbound.head:
                 return False
         for peer, queue, ring in self._outbound:
-            if queue and int(ring.head[0]) != self._head_seen[peer]:
+            if queue and ring.head[0] != self._head_seen[peer]:
                 return False
         return True
 
@@ -310,11 +322,11 @@ class ShmTransport(Transport):
         """Push and pull what fits; whether anything moved."""
         self._raise_if_broken()
         moved = False
-        for peer, queue in self._queued.items():
+        for peer, queue, _ in self._outbound:
             if queue:
                 moved = self._push(peer, queue) or moved
         try:
-            for inbound in self._in.values():
+            for inbound in self._inbounds:
                 moved = inbound.pull() or moved
         except Truncated as e:
             self._broken = str(e)
@@ -323,24 +335,32 @@ class ShmTransport(Transport):
 
     def _push(self, peer: int, queue: deque) -> bool:
         ring, tail = self._out[peer], self._tail[peer]
-        was, head = tail, int(ring.head[0])
+        was, head, size = tail, ring.head[0], ring.size
         self._head_seen[peer] = head
-        space = ring.size - (tail - head)
+        space = size - (tail - head)
         while queue and space > 0:
             op = queue[0]
-            n = len(op.buf)
+            n = op.n
             if op.off < 0:
                 if space < 16:
                     break
-                at = (tail % ring.size) // 8
-                ring.words[at], ring.words[at + 1] = op.tag, n
+                at = (tail % size) >> 3
+                ring.words[at] = op.tag
+                ring.words[at + 1] = n
                 tail, space, op.off = tail + 16, space - 16, 0
-            chunk = min(pad(n) - op.off, space)
+                at = tail % size
+                if space >= op.end and at + n <= size:  # the common case: all of it at once
+                    ring.bytes[at : at + n] = op.mem
+                    tail, space = tail + op.end, space - op.end
+                    op.done = True
+                    queue.popleft()
+                    continue
+            chunk = min(op.end - op.off, space)
             real = max(0, min(n - op.off, chunk))
             if real:
                 ring.put(tail, op.mem[op.off : op.off + real])
             tail, space, op.off = tail + chunk, space - chunk, op.off + chunk
-            if op.off < pad(n):
+            if op.off < op.end:
                 break
             op.done = True
             queue.popleft()

@@ -42,6 +42,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from commrt.transports.nccl_module import NcclModule
 from helpers.nccl_strict import HostStream, NcclError, StandInHang
 
 # ncclDataType_t -> (bytes per element, numpy dtype or None)
@@ -63,7 +64,7 @@ _TAG = 0
 _ROOT = struct.Struct("<q")  # the unique id's first bytes: the MPI rank that made it
 
 
-class StandInNccl:
+class StandInNccl(NcclModule):
     """Module-like object: pass it as ``commrt.init(..., nccl_module=StandInNccl())``."""
 
     def __init__(self, mpi_comm=None, hang_s: float = 60.0):
@@ -77,7 +78,7 @@ class StandInNccl:
         class NcclCommunicator(_Communicator):
             nccl = outer
 
-        self.NcclCommunicator = NcclCommunicator
+        self.communicator = NcclCommunicator
 
     @property
     def depth(self) -> int:
@@ -87,6 +88,9 @@ class StandInNccl:
     def get_unique_id(self) -> bytes:
         """128 bytes (cupy >= 14): this process's MPI rank, then random ones."""
         return _ROOT.pack(self.mpi.Get_rank()) + os.urandom(128 - _ROOT.size)
+
+    def NcclCommunicator(self, ndev, commId, rank):  # noqa: N802,N803
+        return self.communicator(ndev, commId, rank)
 
     def HostStream(self) -> HostStream:  # noqa: N802 (the transport asks the module for one)
         s = HostStream()

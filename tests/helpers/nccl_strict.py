@@ -72,6 +72,8 @@ import weakref
 import numpy as np
 import torch.distributed as dist
 
+from commrt.transports.nccl_module import NcclModule
+
 # ncclDataType_t -> (bytes per element, numpy dtype or None)
 DTYPES = {
     0: (1, np.int8),
@@ -150,7 +152,7 @@ class HostEvent:
         return self.flag.is_set()
 
 
-class StrictNccl:
+class StrictNccl(NcclModule):
     """Module-like object: ``commrt.init("nccl", nccl_module=StrictNccl(), device="cpu")``."""
 
     def __init__(
@@ -175,11 +177,14 @@ class StrictNccl:
         self.calls: list[tuple] = []  # (op, count, dtype code, peer) for tests to inspect
         #: what groupEnd (or a call outside a group) launched: (op, count, dtype code, peer)
         self.launched: list[tuple] = []
-        self.NcclCommunicator = type("NcclCommunicator", (Communicator,), {"nccl": self})
+        self.communicator = type("NcclCommunicator", (Communicator,), {"nccl": self})
 
     # ---- cupy.cuda.nccl's module functions
     def get_unique_id(self):
         return os.urandom(128)
+
+    def NcclCommunicator(self, ndev, commId, rank):  # noqa: N802,N803
+        return self.communicator(ndev, commId, rank)
 
     def HostStream(self) -> HostStream:  # noqa: N802 (the transport asks the module for one)
         s = HostStream()

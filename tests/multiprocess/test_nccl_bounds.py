@@ -26,6 +26,7 @@ from helpers.nccl_strict import MemoryStore, StandInHang, StrictNccl
 from commrt.errors import CommError, CommTimeoutError
 from commrt.transports.nccl import NcclTransport
 from commrt.transports.nccl_bootstrap import init_nccl, uid_bytes
+from commrt.transports.nccl_module import CupyNccl
 from commrt.transports.watchdog import Watchdog
 
 #: how long the stand-in's blocking calls last before they give up (real NCCL: forever)
@@ -259,6 +260,9 @@ class Cupy13:
                     raise OverflowError("value too large to convert to char")
                 outer.ids.append(commId)
 
+            def destroy(self):
+                pass
+
         self.NcclCommunicator = NcclCommunicator
 
     def get_unique_id(self) -> tuple:
@@ -268,11 +272,11 @@ class Cupy13:
 def test_cupy_13_gets_its_unique_id_as_a_tuple_of_signed_chars(monkeypatch):
     nccl = Cupy13()
     uid = nccl.get_unique_id()
-    NcclTransport(0, 1, uid_bytes(uid), torch.device("cpu"), nccl=nccl).close()
+    NcclTransport(0, 1, uid_bytes(uid), torch.device("cpu"), nccl=CupyNccl(nccl)).close()
     assert nccl.ids == [uid]
     # through the store, as init does: rank 0's id, published as bytes, reaches cupy 13 whole
     monkeypatch.setattr(nccl, "get_unique_id", lambda: uid)
-    init_nccl(0, 1, 0, "cpu", nccl, make_store=dist.HashStore).close()
+    init_nccl(0, 1, 0, "cpu", CupyNccl(nccl), make_store=dist.HashStore).close()
     assert nccl.ids == [uid, uid]
 
 

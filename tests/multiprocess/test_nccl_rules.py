@@ -17,6 +17,7 @@ import gc
 import os
 import threading
 import time
+import types
 import weakref
 
 import pytest
@@ -28,6 +29,7 @@ from commrt.kernels import lifetime
 from commrt.sync import buffers as B
 from commrt.sync.buckets import Bucket
 from commrt.transports.nccl import NcclTransport
+from commrt.transports.nccl_module import NcclModule
 from commrt.transports.watchdog import Watchdog
 
 
@@ -54,7 +56,7 @@ class FakeStream:
         self.ran = self.enqueued
 
 
-class FakeNccl:
+class FakeNccl(NcclModule):
     """cupy.cuda.nccl's calls, recording them; the group's work never runs by itself."""
 
     def __init__(self, error: Exception | None = None, block_group_end: bool = False):
@@ -84,7 +86,13 @@ class FakeNccl:
             def destroy(self):
                 outer.log.append("destroy")
 
-        self.NcclCommunicator = NcclCommunicator
+        self.communicator = NcclCommunicator
+
+    def get_unique_id(self):
+        return bytes(128)
+
+    def NcclCommunicator(self, ndev, commId, rank):  # noqa: N802,N803
+        return self.communicator(ndev, commId, rank)
 
     def HostStream(self):  # noqa: N802
         return self.stream
@@ -100,6 +108,11 @@ class FakeNccl:
 
 def _transport(nccl, timeout=0.3):
     return NcclTransport(0, 2, b"\0" * 128, torch.device("cpu"), nccl=nccl, timeout=timeout)
+
+
+def test_a_module_that_does_not_declare_the_nccl_calls_is_refused():
+    with pytest.raises(TypeError, match="must be a .*NcclModule.*got SimpleNamespace"):
+        _transport(types.SimpleNamespace(groupStart=None))
 
 
 def test_a_timeout_aborts_and_close_never_destroys():

@@ -70,7 +70,7 @@ def test_import_nccl_without_cupy_and_with_a_working_one(monkeypatch):
     with pytest.raises(RuntimeError, match=r"needs CuPy with NCCL.*commrt\[cuda12\]"):
         import_nccl()
     nccl = _fake_cupy(monkeypatch, available=True)
-    assert import_nccl() is nccl
+    assert import_nccl().module is nccl
 
 
 # -- item 2: backend="auto" on a CUDA machine without cupy/NCCL

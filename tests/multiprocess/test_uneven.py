@@ -186,7 +186,7 @@ def test_an_uncaught_farewell_error_ends_the_whole_job(tmp_path):
 class _Alone:
     """A transport stand-in with neither testable receives nor a store."""
 
-    rank, world_size, pollable = 1, 3, False
+    rank, world_size, pollable, store = 1, 3, False, None
 
 
 def test_a_farewell_ends_only_waits_the_peer_will_never_join():

@@ -436,3 +436,137 @@ def test_the_import_check_sees_lazy_imports():
     )
     names = [t for t, _ in _imported_names("commrt.algorithms.ring", tree)]
     assert "commrt.sim.pricing" in names and "commrt.tuning" in names
+
+
+# ------------------------------------------------------------ declare, don't discover
+#: (module, attribute) -> why a ``getattr``/``hasattr`` with that literal may stay: each
+#: asks an object that is not commrt's, which declares nothing commrt could call plainly
+DISCOVERY_ALLOWED = {
+    ("commrt.distributed.dispatch", "asyncOp"): "torch's options object: older torch lacks it",
+    ("commrt.distributed.register", "PartialState"): "accelerate's module, by version",
+    ("commrt.distributed.register", "_shared_state"): "accelerate's PartialState's own",
+}
+
+
+def capability_lookups(tree: ast.AST) -> list[ast.Call]:
+    """``getattr(x, "name"[, default])`` and ``hasattr(x, "name")`` with a string literal:
+    a capability found by name instead of declared on the interface that owns it. Python's
+    own dunders (``__dict__``) and a name held in a variable (a dataclass walking its own
+    fields) are not looked for."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and isinstance(node.args[1].value, str)
+        and not node.args[1].value.startswith("__")
+    ]
+
+
+def test_nobody_discovers_a_capability_with_getattr():
+    hits = [
+        f"{_where(name, node)}: {ast.unparse(node)}"
+        for name, tree in TREES.items()
+        for node in capability_lookups(tree)
+        if (name, node.args[1].value) not in DISCOVERY_ALLOWED
+    ]
+    assert not hits, (
+        "capabilities looked up by name (declare them on the interface that owns them, "
+        "or add the entry and its reason to DISCOVERY_ALLOWED):\n" + "\n".join(hits)
+    )
+
+
+def test_every_allowed_discovery_is_still_there():
+    """An entry whose lookup went away is dropped, so the list stays short."""
+    found = {
+        (name, node.args[1].value)
+        for name, tree in TREES.items()
+        for node in capability_lookups(tree)
+    }
+    assert set(DISCOVERY_ALLOWED) <= found, set(DISCOVERY_ALLOWED) - found
+
+
+#: source -> the names :func:`capability_lookups` finds in it
+LOOKUPS_SEEN = {
+    'store = getattr(comm.transport, "store", None)': ["store"],
+    'if hasattr(self.nccl, "HostStream"): pass': ["HostStream"],
+    'getattr(args, "run", None) is None': ["run"],
+    "getattr(self, f)": [],
+    'getattr(o, "__dict__", str(o))': [],
+    "comm.transport.store": [],
+}
+
+
+@pytest.mark.parametrize("source", LOOKUPS_SEEN)
+def test_the_capability_check_sees_what_it_should(source):
+    found = [n.args[1].value for n in capability_lookups(ast.parse(source))]
+    assert found == LOOKUPS_SEEN[source]
+
+
+# ------------------------------------------------------------ no private reach across modules
+def private_owner(dotted: str) -> str | None:
+    """The package or module a dotted name is private to, or None if it is public: the
+    scope that holds its first underscored part (``commrt.runtime.rendezvous._bcast`` is
+    private to ``commrt.runtime.rendezvous``; ``commrt.kernels._common.check`` to
+    ``commrt.kernels``, since all of a private module belongs to its package)."""
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def private_imports(name: str, tree: ast.AST) -> list[tuple[ast.AST, str]]:
+    """(statement, dotted name) for each project name ``name`` imports that is private to
+    a scope ``name`` is not inside."""
+    hits = []
+    for dotted, node in _imported_names(name, tree):
+        if isinstance(node, ast.ImportFrom) and dotted == _resolve(name, node):
+            continue  # the module a from-import names, counted with each name it takes
+        owner = private_owner(dotted)
+        if dotted.split(".")[0] not in ("commrt",) or owner is None:
+            continue
+        if not (name == owner or name.startswith(owner + ".")):
+            hits.append((node, dotted))
+    return hits
+
+
+def test_nobody_imports_another_modules_private_names():
+    hits = [
+        f"{_where(name, node)}: {dotted}"
+        for name, tree in TREES.items()
+        for node, dotted in private_imports(name, tree)
+    ]
+    assert not hits, (
+        "private names imported across modules (make them public, or move them to where "
+        "both use them):\n" + "\n".join(hits)
+    )
+
+
+@pytest.mark.parametrize(
+    "importer,source,found",
+    [
+        (
+            "commrt.runtime.stall",
+            "from commrt.runtime.rendezvous import _bcast_text, serve",
+            ["commrt.runtime.rendezvous._bcast_text"],
+        ),
+        (
+            "commrt.cli.simulate_deadline",
+            "from .simulate_sections import _fmt_time",
+            ["commrt.cli.simulate_sections._fmt_time"],
+        ),
+        ("commrt.sync.x", "from commrt.kernels import _torch", ["commrt.kernels._torch"]),
+        ("commrt.sync.x", "import commrt.kernels._torch", ["commrt.kernels._torch"]),
+        ("commrt.kernels.pack", "from commrt.kernels import _torch", []),
+        ("commrt.kernels._triton", "from commrt.kernels._kernels import _pack", []),
+        ("commrt.sync.x", "from torch._C import Work", []),
+        ("commrt.sync.x", "from commrt.runtime import rows as _rows", []),
+    ],
+)
+def test_the_private_import_check_sees_what_it_should(importer, source, found):
+    hits = private_imports(importer, ast.parse(source))
+    assert [dotted for _, dotted in hits] == found

@@ -328,3 +328,39 @@ def test_a_long_wait_polls_without_progressing(monkeypatch):
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("adding", [True, False])
+def test_a_small_prepared_step_started_again_and_again_lands_every_time(dtype, adding, monkeypatch):
+    # 7 elements a message: its frames do not divide the 4 KiB ring, so over 300 starts
+    # some messages wrap (read piece by piece) and the rest are read whole at once
+    a, b = _connected_pair(4096, monkeypatch)
+
+    def values(rank, k):
+        g = torch.Generator().manual_seed(1000 * rank + k)
+        return (torch.randn(7, generator=g) * 1000).to(dtype)
+
+    try:
+        sent = {r: torch.zeros(7, dtype=dtype) for r in (0, 1)}
+        got = {r: torch.zeros(7, dtype=dtype) for r in (0, 1)}
+        steps = [
+            t.prepare_adding(
+                [(sent[t.rank], 1 - t.rank)], [(got[t.rank], 1 - t.rank)], (adding,), 9
+            )
+            for t in (a, b)
+        ]
+        deadline = time.monotonic() + 20
+        for k in range(300):
+            for r in (0, 1):
+                sent[r].copy_(values(r, k))
+                got[r].copy_(values(r, k + 500))
+            pends = [step.start(0.0) for step in steps]  # each pushes before either waits
+            for pend in pends:
+                assert pend.wait_recv(0, deadline) and pend.wait_send(0, deadline)
+            for r in (0, 1):
+                want = values(1 - r, k) + (values(r, k + 500) if adding else 0)
+                assert torch.equal(got[r], want), (r, k)
+    finally:
+        a.close()
+        b.close()

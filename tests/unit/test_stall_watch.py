@@ -1,6 +1,7 @@
 """The stall watch's pieces without a job: its setting, process states, which frames are
 the user's, and the judge on one store where a rank never answered (commrt.runtime.stall)."""
 
+import datetime
 import json
 import os
 import signal
@@ -33,6 +34,17 @@ def test_the_stall_setting(monkeypatch):
         stall_seconds("soon")
     with pytest.raises(ValueError, match="positive"):
         stall_seconds("-3")
+
+
+def test_the_watch_meets_in_the_tcp_store_under_any_prefix_stores():
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=30))
+    nested = dist.PrefixStore("commrt/", dist.PrefixStore("default_pg/", server))
+    assert stall.tcp_under(server) is server
+    tcp = stall.tcp_under(nested)
+    assert isinstance(tcp, dist.TCPStore) and (tcp.host, tcp.port) == (server.host, server.port)
+    # a store no other process reaches, or none (MPI, NCCL): the watch meets elsewhere
+    assert stall.tcp_under(dist.PrefixStore("x/", dist.HashStore())) is None
+    assert stall.tcp_under(None) is None
 
 
 def stop(child) -> str:

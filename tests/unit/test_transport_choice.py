@@ -85,7 +85,18 @@ def test_under_mpiexec_shared_memory_then_mpi_then_gloo():
 def test_cuda_takes_nccl_where_it_is_installed_else_the_cpu_order():
     gpu = Situation("cuda", "torchrun", 2, 2)
     assert choose(gpu) == (Backend.NCCL, Backend.CUDA_IPC, Backend.SHM, Backend.GLOO)
-    assert choose(replace(gpu, nccl_missing="pip install 'commrt[cuda12]'"))[0] is Backend.SHM
+    no_cupy = "pip install 'commrt[cuda12]'"
+    assert choose(replace(gpu, nccl_missing=no_cupy, cuda_ipc_missing=no_cupy))[0] is Backend.SHM
+
+
+def test_cuda_ipc_needs_cupy_but_not_nccl():
+    gpu = Situation("cuda", "torchrun", 4, 4)
+    no_nccl = replace(gpu, nccl_missing="CuPy could not load libnccl")
+    assert choose(no_nccl)[:2] == (Backend.CUDA_IPC, Backend.SHM)
+    no_runtime = replace(gpu, cuda_ipc_missing="needs CUDA through CuPy")
+    assert choose(no_runtime)[:3] == (Backend.NCCL, Backend.SHM, Backend.GLOO)
+    asked = replace(no_runtime, cuda_transport="cuda_ipc")
+    assert Backend.CUDA_IPC not in choose(asked)
 
 
 def test_cuda_takes_cuda_ipc_where_ranks_share_a_gpu_or_it_is_asked_for():
@@ -95,7 +106,8 @@ def test_cuda_takes_cuda_ipc_where_ranks_share_a_gpu_or_it_is_asked_for():
     assert choose(replace(gpu, cuda_transport="cuda_ipc"))[0] is Backend.CUDA_IPC
     assert choose(replace(shared, cuda_transport="nccl"))[0] is Backend.NCCL  # as asked
     assert Backend.CUDA_IPC not in choose(replace(gpu, local_size=2))  # across hosts
-    assert Backend.CUDA_IPC not in choose(replace(shared, nccl_missing="no CuPy"))
+    no_cupy = replace(shared, nccl_missing="no CuPy", cuda_ipc_missing="no CuPy")
+    assert Backend.CUDA_IPC not in choose(no_cupy)
     assert choose(replace(gpu, world_size=1, local_size=1))[0] is Backend.NCCL
 
 
