@@ -151,7 +151,7 @@ def bucket_shapes(layout: str, nbytes: int):
     return shapes
 
 
-def _cuda_skip_reason():
+def cuda_skip_reason():
     if not torch.cuda.is_available():
         return "no CUDA GPU on this machine"
     backend = _common.triton_backend()
@@ -164,7 +164,7 @@ def _cuda_skip_reason():
 
 _CUDA_MARKS = [
     pytest.mark.gpu,
-    pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason())),
+    pytest.mark.skipif(cuda_skip_reason() is not None, reason=str(cuda_skip_reason())),
 ]
 #: (device, bucket MB): the CPU rows, then the GPU rows with their 1 GiB bucket
 DEVICE_SIZES = [pytest.param("cpu", mb, id=f"cpu-{mb}MB") for mb in SIZES_MB] + [
