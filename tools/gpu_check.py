@@ -39,10 +39,10 @@ step runs in a child process with ``TRITON_INTERPRET`` removed:
    ``copy_``, and the host's µs per call apart;
 5. the hot path, ``bench/bench_hotpath_gpu.py`` (its tables go to
    ``gpu_check_hotpath.txt``): host µs per call of pack, unpack and
-   ``reduce_``, and a ResNet-50 step at one rank with GradientSync and with
-   DDP on ``"commrt"`` against a plain step and DDP on ``"nccl"``; two rows
-   say what is not built yet (the executor's step over ``cuda_ipc``, a
-   bucket replayed as a CUDA graph);
+   ``reduce_``, the executor's time per step over ``cuda_ipc`` (2 ranks on
+   the GPU), and a ResNet-50 step at one rank with GradientSync and with DDP
+   on ``"commrt"`` against a plain step and DDP on ``"nccl"``; a row says
+   what is not built yet (a bucket replayed as a CUDA graph);
 6. pack, unpack (fp32 and bf16 wire) and the receive-reduce at 1 MB to
    1 GiB buckets, GB/s (bytes read + written) against ``Tensor.copy_`` of
    the same elements, each timed over many back-to-back launches between
@@ -106,10 +106,7 @@ PASSED, FAILED, NOT_RUN, KILLED = "passed", "FAILED", "NOT RUN", "killed"
 #: default budget after GPU tests of a few minutes
 LIMITS = {"probe": 60, "import": 180, "tests": 300, "bench": 180, "hotpath": 120, "kernels": 60}
 #: the hot path's measurements that have nothing to run yet: (row, why)
-NOT_BUILT = {
-    "executor step over cuda_ipc": "no 2-rank launcher in the hot-path step yet",
-    "CUDA graph replay per bucket": "the library captures no CUDA graphs yet",
-}
+NOT_BUILT = {"CUDA graph replay per bucket": "the library captures no CUDA graphs yet"}
 #: what a row of :data:`NOT_BUILT` says in its result column (not a failure, not a skip)
 ABSENT = "not built"
 #: a step left fewer seconds than this is not started

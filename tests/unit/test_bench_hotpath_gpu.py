@@ -1,12 +1,13 @@
 """bench/bench_hotpath_gpu.py's CPU-checkable parts: the ResNet-50 built from plain torch
-layers where torchvision is missing has ResNet-50's parameter tensors, and the tensor
-counts the host-time cases name are the buckets' counts. The cases themselves need a
-CUDA GPU and have not run on one."""
+layers where torchvision is missing has ResNet-50's parameter tensors, the tensor counts
+the host-time cases name are the buckets' counts, and the two cuda_ipc ranks run on the
+CPU stand-in device. The cases themselves need a CUDA GPU and have not run on one."""
 
 from __future__ import annotations
 
 import importlib
 import os
+from functools import partial
 
 import pytest
 import torch
@@ -35,3 +36,18 @@ def test_each_host_time_case_holds_the_tensor_count_it_names(H):
 
     for count, (layout, mb) in H.COUNTS.items():
         assert len(bucket_shapes(layout, mb * H.MB)) == count, (count, layout, mb)
+
+
+def _no_device():
+    raise RuntimeError("no such device")
+
+
+def test_the_cuda_ipc_step_runs_two_ranks_and_names_a_rank_that_failed(H):
+    """On the strict CPU stand-in for the GPU (tests/helpers/ipc_standin.py): the ranks
+    meet, all-reduce and time; rank 0 reports. Its time says nothing of a GPU."""
+    from helpers.ipc_standin import StandInDevice
+
+    us, steps = H.run_ipc_ranks(2, calls=10, make_device=partial(StandInDevice, latency_s=0.0))
+    assert steps == 2 and us > 0
+    with pytest.raises(RuntimeError, match="a cuda_ipc rank failed: .*no such device"):
+        H.run_ipc_ranks(2, calls=10, make_device=_no_device)
