@@ -16,7 +16,11 @@ From the repository root, after ``pip install -e '.[dev]'``::
   1 KiB and 64 KiB, alternated: 9 rounds, each ``calls`` calls of one side,
   then of the next (a barrier before each), so all three meet the same load.
   ``shm_x`` and ``mpi_x`` are the medians per call over MPI_Allreduce's,
-  beside the goals (8 B: 1.5x over shm, 1.3x over MPI). Needs mpiexec.
+  beside the goals (8 B: 1.5x over shm, 1.3x over MPI). Each round then
+  times a third as many calls of each side one by one: ``shm_x_p50`` and
+  ``mpi_x_p50`` are the ratios of the median single calls, which a peer
+  descheduled for a time slice (milliseconds, on a loaded machine) moves far
+  less than the means. Needs mpiexec.
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def test_executor_step(benchmark, record_bandwidth):
 
     def loop():
         for _ in range(runs):
-            ex.run(schedule, buf, tr, 60.0, 4 << 20, False, None, None, None, buf)
+            ex.run(schedule, buf, tr, 60.0, 4 << 20, None, None, None, buf)
 
     loop()  # bind and compile once
     benchmark.group = "executor host time per step (transport that moves nothing)"
@@ -112,6 +116,7 @@ def test_small_allreduce(benchmark, record_bandwidth, comms, size):
     }
     sides["MPI_Allreduce"] = lambda: world.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
     times: dict[str, list] = {name: [] for name in sides}
+    singles: dict[str, list] = {name: [] for name in sides}
 
     def per_call(fn) -> float:
         comms["mpi"].barrier()
@@ -120,14 +125,24 @@ def test_small_allreduce(benchmark, record_bandwidth, comms, size):
             fn()
         return (time.perf_counter() - t0) / calls
 
+    def each_call(fn, into: list) -> None:
+        comms["mpi"].barrier()
+        clock = time.perf_counter
+        for _ in range(calls // 3):
+            t0 = clock()
+            fn()
+            into.append(clock() - t0)
+
     def one_round():
         for name, fn in sides.items():
             times[name].append(per_call(fn))
+        for name, fn in sides.items():
+            each_call(fn, singles[name])
 
     for name, c in comms.items():
         settle_auto(c, nbytes, sides[name])
     one_round()  # warm-up
-    for t in times.values():
+    for t in (*times.values(), *singles.values()):
         t.clear()
     p = world.Get_size()
     benchmark.group = f"small all-reduce, alternated, p={p} {size}"
@@ -136,6 +151,9 @@ def test_small_allreduce(benchmark, record_bandwidth, comms, size):
     base = med["MPI_Allreduce"]
     cols = dict(mpi_us=base * 1e6, shm_us=med["shm"] * 1e6, shm_x=med["shm"] / base)
     cols.update(over_mpi_us=med["mpi"] * 1e6, mpi_x=med["mpi"] / base)
+    one = {name: statistics.median(t) for name, t in singles.items()}
+    cols.update(shm_x_p50=one["shm"] / one["MPI_Allreduce"])
+    cols.update(mpi_x_p50=one["mpi"] / one["MPI_Allreduce"])
     benchmark.extra_info.update(cols, bytes=nbytes, world_size=p)
     for (transport, goal_bytes), goal in GOALS.items():
         if goal_bytes == nbytes and p == 2:

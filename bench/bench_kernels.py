@@ -33,28 +33,36 @@ layout and bucket size (the ``small`` layout runs pack, copy and cat_mul):
 
 On CPU the kernels take the torch reference path (what ``impl="auto"`` picks
 for CPU tensors), timed by pytest-benchmark. On CUDA they take the Triton
-path: the first call compiles, then each round queues many launches back to
-back (no synchronisation between them) and times them with two CUDA events,
-so the GPU runs kernel after kernel as long as the host enqueues them faster
-than they run. Where one call's host time (checks, table lookup, Triton's
-launch) is longer than its kernel, as for buckets of a few MB or lists of
-thousands of tensors, the GPU waits and the figure is the host's pace per
-call, not the kernel's bandwidth; docs/benchmarks.md gives both on an H200
-("The first GPU run"). Buckets
-up to a few tens of MB may stay in the GPU's L2 cache between launches; the
-``copy_`` row of the same bytes is timed the same way, so the op / copy
-ratio compares like with like, and the 1 GiB row is far past any cache.
+path (the first call compiles), and each round measures two things:
+
+* the kernel's GPU time, with a cold cache: the op gets several buffer sets
+  (inputs and outputs), as many as make at least :data:`L2_TIMES` times the
+  GPU's L2 cache (``L2_cache_size``) together, capped by a share of the free
+  memory, and the launches of a round rotate through them, so each launch
+  reads data no earlier launch left in L2. The round is queued behind a
+  ``torch.cuda._sleep`` long enough for the host to enqueue every launch
+  before the GPU reaches them; two CUDA events around the launches then time
+  the GPU running kernel after kernel, not the host's pace. A round where
+  the GPU caught up with the host anyway is run again with a longer sleep.
+  ``copy_`` of the same bytes is timed the same way, over as many sets;
+* the host's µs per call, separately: ``time.perf_counter`` around the
+  launches alone, on one buffer set (a training step repeats one bucket),
+  while the GPU is still busy with the sleep, so no launch waits for the GPU
+  and no synchronisation is counted.
+
 The CUDA variant is skipped with a reason where there is no GPU (or where
 TRITON_INTERPRET=1 makes Triton unusable on CUDA tensors); tools/gpu_check.py
-reports the benchmark as not run when no CUDA case ran.
+reports the benchmark as not run when no CUDA case ran. Nothing here says
+what a GPU measures until it has run on one.
 
 After each op's benchmark, the op and a ``copy_`` of the same elements are
 also timed alternately (best of several rounds each): other processes' load
 then hits both alike, which makes that ratio the steadier one on a shared
 machine.
 
-At the end of the session two tables print: every op's GB/s per layout and
-size with pack / copy, and the paired op / copy ratios. (The speed goals:
+At the end of the session the tables print: every op's GB/s per layout and
+size with pack / copy, the paired op / copy ratios, and on CUDA the host µs
+per call. (The speed goals:
 CPU pack >= 80% of copy from 4 MB; GPU pack >= 90% of copy and faster than
 cat_mul.)
 """
@@ -64,9 +72,18 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 
 import pytest
 import torch
+from cuda_timing import (
+    buffer_sets,
+    calls_per_round,
+    gbps,
+    gpu_seconds,
+    host_seconds,
+    l2_and_free_bytes,
+)
 
 from commrt.kernels import _common, pack, unpack
 
@@ -135,7 +152,7 @@ def bucket_shapes(layout: str, nbytes: int):
     return shapes
 
 
-def _cuda_skip_reason():
+def cuda_skip_reason():
     if not torch.cuda.is_available():
         return "no CUDA GPU on this machine"
     backend = _common.triton_backend()
@@ -148,7 +165,7 @@ def _cuda_skip_reason():
 
 _CUDA_MARKS = [
     pytest.mark.gpu,
-    pytest.mark.skipif(_cuda_skip_reason() is not None, reason=str(_cuda_skip_reason())),
+    pytest.mark.skipif(cuda_skip_reason() is not None, reason=str(cuda_skip_reason())),
 ]
 #: (device, bucket MB): the CPU rows, then the GPU rows with their 1 GiB bucket
 DEVICE_SIZES = [pytest.param("cpu", mb, id=f"cpu-{mb}MB") for mb in SIZES_MB] + [
@@ -161,6 +178,7 @@ LAYOUT_OPS = [("resnet50", op) for op in OPS] + [
 
 _results = {}  # (device, layout, mb, op) -> (median GB/s, best GB/s)
 _paired = {}  # (device, layout, mb, op) -> op GB/s / copy GB/s, timed alternately
+_host_us = {}  # (layout, mb, op) -> host µs per call on CUDA, the GPU kept busy
 
 
 def summary_line(cells, first: int = 15, width: int = 9) -> str:
@@ -198,6 +216,18 @@ def _paired_rows(dev: str, layout: str) -> list[list[str]]:
     return rows
 
 
+def host_rows(host_us: dict, layout: str) -> list[list[str]]:
+    """One row per op, one column per size: host µs per call (``host_us``: (layout, MB,
+    op) -> µs), "-" where an op did not run at a size."""
+    sizes = sorted({mb for lay, mb, _ in host_us if lay == layout})
+    rows = [["op"] + [f"{mb} MB" for mb in sizes]]
+    for op in OPS:
+        if any((layout, mb, op) in host_us for mb in sizes):
+            cells = [host_us.get((layout, mb, op)) for mb in sizes]
+            rows.append([op] + [f"{us:.1f}" if us is not None else "-" for us in cells])
+    return rows
+
+
 class _Summary:
     """Prints the GB/s tables at the end of the session (registered by the fixture below):
     per device and layout, an op per row and a size per column, within 80 columns."""
@@ -212,6 +242,12 @@ class _Summary:
             tr.write_line(f"{dev} · {layout}")
             for row in _gbs_rows(dev, layout):
                 tr.write_line(summary_line(row))
+        if _host_us:
+            tr.section("host µs per call on CUDA, the GPU kept busy (one buffer set)")
+            for layout in sorted({k[0] for k in _host_us}):
+                tr.write_line(f"cuda · {layout}")
+                for row in host_rows(_host_us, layout):
+                    tr.write_line(summary_line(row))
         if not _paired:
             return
         tr.section("op GB/s / copy GB/s, paired: best round, alternating with copy_")
@@ -233,30 +269,44 @@ def _summary_table(request):
     yield
 
 
-def _round_seconds(f, reps: int, device: str) -> float:
-    """Seconds per call of ``reps`` calls of ``f`` back to back: on CUDA between two CUDA
-    events with no synchronisation between the calls (the GPU's time), else the clock's."""
+def _round_seconds(fns, reps: int, device: str, host_s: float = 0.0) -> float:
+    """Seconds per call of ``reps`` calls back to back, rotating through ``fns`` (one per
+    buffer set): on CUDA the GPU's, between two events (see cuda_timing.py; ``host_s``,
+    the host's time per call, sizes the sleep in front), on the CPU the clock's."""
     if device == "cuda":
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            f()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / reps
+        seconds, host_bound = gpu_seconds(fns, reps, host_s)
+        if host_bound:  # said where the summary shows it, not hidden in a figure
+            pace = f"{seconds * 1e6:.1f} µs per call is the host's pace"
+            warnings.warn(f"the GPU caught up with the host behind every sleep: {pace}",
+                          stacklevel=2)  # fmt: skip
+        return seconds
     t0 = time.perf_counter()
-    for _ in range(reps):
-        f()
+    for i in range(reps):
+        fns[i % len(fns)]()
     return (time.perf_counter() - t0) / reps
 
 
-def _timed_rounds(fns, reps: int, device: str):
-    """Best time per call of each function, timing them alternately round by round."""
-    best = [float("inf")] * len(fns)
+def _timed_rounds(sets, reps: int, device: str, host_s: float = 0.0):
+    """Best time per call of each op (a list of functions, one per buffer set), timing
+    them alternately round by round; ``host_s`` as for :func:`_round_seconds` (the
+    slowest op's: a longer sleep than needed costs nothing but time)."""
+    best = [float("inf")] * len(sets)
     for _ in range(ROUNDS[device]):
-        for k, f in enumerate(fns):
-            best[k] = min(best[k], _round_seconds(f, reps, device))
+        for k, fns in enumerate(sets):
+            best[k] = min(best[k], _round_seconds(fns, reps, device, host_s))
     return best
+
+
+def _sets(layout: str, op: str, device: str, mb: int, count: int | None = None):
+    """(elements, a function per buffer set): one set on the CPU; on CUDA ``count``, else
+    as many as exceed the L2 cache :data:`cuda_timing.L2_TIMES` times over."""
+    n, fn = _make(layout, op, device, mb)
+    if count is None:
+        count = 1
+        if device == "cuda":
+            torch.cuda.empty_cache()  # the sets of the case before are free memory again
+            count = buffer_sets(*l2_and_free_bytes(), BYTES_PER_ELEM[op] * n)
+    return n, [fn] + [_make(layout, op, device, mb)[1] for _ in range(count - 1)]
 
 
 def _make(layout: str, op: str, device: str, mb: int):
@@ -295,23 +345,26 @@ def _make(layout: str, op: str, device: str, mb: int):
 @pytest.mark.parametrize("layout,op", LAYOUT_OPS, ids=[f"{lay}-{op}" for lay, op in LAYOUT_OPS])
 @pytest.mark.parametrize("device,mb", DEVICE_SIZES)
 def test_kernel_throughput(benchmark, layout, op, mb, device):
-    n, fn = _make(layout, op, device, mb)
-    nbytes = BYTES_PER_ELEM[op] * n
+    n, fns = _sets(layout, op, device, mb)
+    fn, nbytes = fns[0], BYTES_PER_ELEM[op] * n
     benchmark.group = f"{device} {layout} {mb:>3} MB"
     benchmark.extra_info.update(
         op=op, layout=layout, device=device, bucket_mb=mb, elements=n, bytes_moved=nbytes
     )
     gpu_s = []  # CUDA: seconds per launch of each round, from CUDA events
+    host_s = 0.0  # CUDA: host seconds per call, the GPU kept busy
     if device == "cuda":
-        # queue `reps` launches back to back (about 4 GB moved, at most 200 launches), so a
-        # round lasts >= ~1 ms of GPU time and each launch's host time overlaps the kernels
-        reps = max(1, min(200, int(4e9 // nbytes)))
+        # rounds of launches rotating through the buffer sets, queued behind a sleep
+        reps = calls_per_round(len(fns), nbytes)
+        for f in fns:
+            f()  # the first call compiles; each set builds its tables
+        torch.cuda.synchronize()
+        host_s = host_seconds(fn)
+        _host_us[(layout, mb, op)] = host_s * 1e6
 
         def run():
-            gpu_s.append(_round_seconds(fn, reps, device))
+            gpu_s.append(_round_seconds(fns, reps, device, host_s))
 
-        fn()  # first call autotunes (GPU) / builds tables
-        torch.cuda.synchronize()
         benchmark.pedantic(run, rounds=ROUNDS[device], warmup_rounds=1, iterations=1)
     else:
         reps = 1
@@ -323,16 +376,21 @@ def test_kernel_throughput(benchmark, layout, op, mb, device):
     timed = gpu_s[-ROUNDS[device] :]
     med = statistics.median(timed) if gpu_s else stats.stats.median / reps
     best = min(timed) if gpu_s else stats.stats.min / reps
-    gbps = nbytes / med / 1e9
+    rate = gbps(nbytes, med)
     benchmark.extra_info.update(
-        launches_per_round=reps, gbps_median=round(gbps, 2), gbps_best=round(nbytes / best / 1e9, 2)
+        launches_per_round=reps,
+        buffer_sets=len(fns),
+        gbps_median=round(rate, 2),
+        gbps_best=round(gbps(nbytes, best), 2),
     )
-    _results[(device, layout, mb, op)] = (gbps, nbytes / best / 1e9)
+    if device == "cuda":
+        benchmark.extra_info["host_us_per_call"] = round(host_s * 1e6, 2)
+    _results[(device, layout, mb, op)] = (rate, gbps(nbytes, best))
     if op != "copy":
         # the same comparison with both timed alternately: other processes'
         # load then hits the op and the copy alike
-        _, copy_fn = _make(layout, "copy", device, mb)
-        t_op, t_copy = _timed_rounds([fn, copy_fn], reps, device)
+        _, copies = _sets(layout, "copy", device, mb, count=len(fns))
+        t_op, t_copy = _timed_rounds([fns, copies], reps, device, host_s)
         ratio = (nbytes / t_op) / (BYTES_PER_ELEM["copy"] * n / t_copy)
         benchmark.extra_info["vs_copy_paired"] = round(ratio, 3)
         _paired[(device, layout, mb, op)] = ratio

@@ -39,21 +39,18 @@ multi_rank = pytest.mark.skipif(
 
 
 class BareExecutor(Executor):
-    """The executor without the position writes: its ``run`` with every position write
-    taken out (the CPU, blocking path; a stream-ordered transport takes the shipped one)."""
+    """The executor without the position writes: its run on a binding with every position
+    write taken out (the CPU, blocking path; a stream-ordered transport takes the shipped
+    one)."""
 
-    def run(self, schedule, buf, transport, timeout, piece_bytes=4 << 20, average=False,
-            reduce=None, bucket=None, tracer=None, owner=None, spin_s=0.0):  # fmt: skip
-        bound = self._bound_for(schedule, buf, transport, piece_bytes, reduce, owner)
+    def _run(self, run, buf, timeout, bucket, tracer, spin_s):
+        bound, transport = run.bound, run.transport
         if not bound.member:
             return 0
         if transport.stream_ordered or tracer is not None:
-            return super().run(schedule, buf, transport, timeout, piece_bytes, average, reduce,
-                               bucket, tracer, owner, spin_s)  # fmt: skip
+            return super()._run(run, buf, timeout, bucket, tracer, spin_s)
         for step in bound.steps:
-            _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
-        if average and bound.divisor > 1:
-            buf.div_(bound.divisor)
+            _run_step(step, time.monotonic() + timeout, run.schedule, timeout, bucket, spin_s)
         return bound.sent_bytes
 
 

@@ -19,11 +19,11 @@ Everything else lives in packages and modules with one job each:
   executor that runs a schedule on a transport (:mod:`commrt.schedule.executor`);
 * :mod:`commrt.algorithms`: the algorithms, each a schedule generator;
 * :mod:`commrt.sim`: the cost simulator, pricing schedules on a modelled network;
-* :mod:`commrt.runtime`: the communicator (``init``) and what it stands on;
+* :mod:`commrt.runtime`: the communicator (``init``) and what it stands on, among
+  them the timelines of :mod:`commrt.runtime.trace`;
 * :mod:`commrt.tuning`: what ``auto`` learns of the job (the probe, the node layout);
 * :mod:`commrt.collectives`: the public collectives (``all_reduce``, ``broadcast``, ...);
-* :mod:`commrt.training`: helpers for a training loop, among them the
-  timelines of :mod:`commrt.training.trace`;
+* :mod:`commrt.training`: helpers for a training loop;
 * :mod:`commrt.sync`: gradient synchronisation (:class:`GradientSync`);
 * :mod:`commrt.distributed`: the torch.distributed backend ``"commrt"`` and DDP hooks;
 * :mod:`commrt.data`: the public path of :class:`~commrt.data.GossipShuffle`;

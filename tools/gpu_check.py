@@ -6,7 +6,7 @@ From a copy of the working tree, on the GPU machine, with no network::
 
 It downloads nothing: torch, Triton, cupy (the cupy-cudaNNx of torch's
 CUDA), NCCL, pytest and pytest-benchmark must be installed already. It
-finishes within ``--budget`` seconds (450, under 8 minutes): a step still
+finishes within ``--budget`` seconds (540, 9 minutes): a step still
 running then is killed and reported as such. The GPU tests come first: a
 short budget leaves the benchmark steps what the tests do not use. Each
 step runs in a child process with ``TRITON_INTERPRET`` removed:
@@ -35,8 +35,15 @@ step runs in a child process with ``TRITON_INTERPRET`` removed:
    wire, with overlap in its trace; DDP and FSDP2 on ``cuda:commrt``; the
    stall verdict for a rank stuck in user code;
 4. the CUDA cases of ``bench/bench_kernels.py`` (its tables go to
-   ``gpu_check_bench.txt``), alone on the GPU;
-5. pack, unpack (fp32 and bf16 wire) and the receive-reduce at 1 MB to
+   ``gpu_check_bench.txt``), alone on the GPU: GB/s on a cold cache against
+   ``copy_``, and the host's µs per call apart;
+5. the hot path, ``bench/bench_hotpath_gpu.py`` (its tables go to
+   ``gpu_check_hotpath.txt``): host µs per call of pack, unpack and
+   ``reduce_``, the executor's time per step over ``cuda_ipc`` (2 ranks on
+   the GPU), and a ResNet-50 step at one rank with GradientSync and with DDP
+   on ``"commrt"`` against a plain step and DDP on ``"nccl"``; a row says
+   what is not built yet (a bucket replayed as a CUDA graph);
+6. pack, unpack (fp32 and bf16 wire) and the receive-reduce at 1 MB to
    1 GiB buckets, GB/s (bytes read + written) against ``Tensor.copy_`` of
    the same elements, each timed over many back-to-back launches between
    two CUDA events.
@@ -95,8 +102,13 @@ REQUIRED = {
 }
 PASSED, FAILED, NOT_RUN, KILLED = "passed", "FAILED", "NOT RUN", "killed"
 #: seconds the steps may take at most (the rest of the budget permitting), in the order they
-#: run, which is their order of importance
-LIMITS = {"probe": 60, "import": 180, "tests": 300, "bench": 240, "kernels": 120}
+#: run, which is their order of importance; the benchmarks' limits leave each a turn in the
+#: default budget after GPU tests of a few minutes
+LIMITS = {"probe": 60, "import": 180, "tests": 300, "bench": 180, "hotpath": 120, "kernels": 60}
+#: the hot path's measurements that have nothing to run yet: (row, why)
+NOT_BUILT = {"CUDA graph replay per bucket": "the library captures no CUDA graphs yet"}
+#: what a row of :data:`NOT_BUILT` says in its result column (not a failure, not a skip)
+ABSENT = "not built"
 #: a step left fewer seconds than this is not started
 MIN_STEP = 5
 
@@ -243,8 +255,9 @@ def required_rows(tests: dict[str, dict]) -> tuple[list[str], list[str]]:
     return rows, results
 
 
-def bench_result(tests: dict[str, dict]) -> tuple[str, str]:
-    """(result, detail) of the kernel benchmark: passed only when every CUDA case ran."""
+def bench_result(tests: dict[str, dict], log: str = "gpu_check_bench.txt") -> tuple[str, str]:
+    """(result, detail) of a benchmark (its log: ``log``): passed only when every CUDA
+    case ran."""
     cuda = [t for t in tests.values() if t["gpu"]]
     ran = [t for t in cuda if t["outcome"] == "passed"]
     failed = [t for t in tests.values() if t["outcome"] == "failed"]
@@ -255,7 +268,7 @@ def bench_result(tests: dict[str, dict]) -> tuple[str, str]:
     if len(ran) < len(cuda):
         reasons = sorted({t["message"] for t in cuda if t["outcome"] == "skipped"})
         return NOT_RUN, "; ".join(reasons + [f"{len(ran)} of {len(cuda)} CUDA cases ran"])
-    return PASSED, f"{len(ran)} CUDA cases; tables in gpu_check_bench.txt"
+    return PASSED, f"{len(ran)} CUDA cases; tables in {log}"
 
 
 # ------------------------------------------------------------ children
@@ -494,25 +507,39 @@ def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], lis
 # ------------------------------------------------------------ 4. the kernel benchmark
 
 
-def run_bench(steps: Steps) -> tuple[str, str]:
-    results = os.path.join(steps.out, "gpu_check_bench.jsonl")
+#: step -> (benchmark file, stem of its files under --out)
+BENCHES = {
+    "bench": ("bench/bench_kernels.py", "gpu_check_bench"),
+    "hotpath": ("bench/bench_hotpath_gpu.py", "gpu_check_hotpath"),
+}
+
+
+def run_bench(steps: Steps, step: str = "bench") -> tuple[str, str]:
+    """The CUDA cases of ``step``'s benchmark file (:data:`BENCHES`); (result, detail)."""
+    path, stem = BENCHES[step]
+    results, log = os.path.join(steps.out, f"{stem}.jsonl"), f"{stem}.txt"
     if os.path.exists(results):
         os.remove(results)
-    cmd = [sys.executable, "-m", "pytest", "bench/bench_kernels.py", "-m", "gpu"]
+    cmd = [sys.executable, "-m", "pytest", path, "-m", "gpu", "-rs"]
     cmd += ["--benchmark-only", "-q", "-p", "gpu_check", "-p", "no:cacheprovider"]
-    code, out = steps.run(cmd, "bench", **{RESULTS_ENV: results})
-    with open(os.path.join(steps.out, "gpu_check_bench.txt"), "w") as f:
+    code, out = steps.run(cmd, step, **{RESULTS_ENV: results})
+    with open(os.path.join(steps.out, log), "w") as f:
         f.write(out)
     if code is None:
-        result, detail = steps.cut("bench")
-        return result, detail + "; log in gpu_check_bench.txt"
-    result, detail = bench_result(read_results(results))
+        result, detail = steps.cut(step)
+        return result, detail + f"; log in {log}"
+    result, detail = bench_result(read_results(results), log)
     if code not in (0, 5) and result != FAILED:  # 5: pytest collected nothing (-m gpu)
-        return FAILED, f"pytest exit {code}: see gpu_check_bench.txt"
+        return FAILED, f"pytest exit {code}: see {log}"
     return result, detail
 
 
-# ------------------------------------------------------------ 5. kernel GB/s
+def not_built_rows() -> list[str]:
+    """A row per measurement of the hot path that has nothing to run yet."""
+    return [row(name, ABSENT, why) for name, why in NOT_BUILT.items()]
+
+
+# ------------------------------------------------------------ 6. kernel GB/s
 
 
 def kernel_rows(steps: Steps, sizes_mb) -> tuple[list[str], str, str]:
@@ -584,8 +611,11 @@ def check(a) -> tuple[list[str], int]:
         summary += required
         if a.quick:
             summary.append(row("kernel benchmark (CUDA cases)", "omitted", "--quick"))
+            summary.append(row("GPU hot path (CUDA cases)", "omitted", "--quick"))
         else:
             summary.append(row("kernel benchmark (CUDA cases)", *run_bench(steps)))
+            summary.append(row("GPU hot path (CUDA cases)", *run_bench(steps, "hotpath")))
+            summary += not_built_rows()
         gbs, result, detail = kernel_rows(steps, [16] if a.quick else [1, 4, 16, 64, 1024])
         lines += ([rule] + gbs) if gbs else []
         summary.append(row("kernel GB/s vs copy_", result, detail))
@@ -602,7 +632,7 @@ def check(a) -> tuple[list[str], int]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join("out", "gpu_check"), help="folder for logs")
-    ap.add_argument("--budget", type=float, default=450, help="seconds for the whole check")
+    ap.add_argument("--budget", type=float, default=540, help="seconds for the whole check")
     ap.add_argument("--quick", action="store_true", help="no benchmark; one bucket size")
     ap.add_argument("--import", dest="imports", choices=("auto", "pip", "path"), default="auto",
                     help="how commrt is made importable (default: as it is, else pip, else "

@@ -30,7 +30,7 @@ def register(sub) -> None:
 
 
 def cmd_trace_merge(args) -> int:
-    from commrt.training.trace import merge_traces
+    from commrt.runtime.trace import merge_traces
 
     missing = [p for p in args.inputs if not os.path.exists(p)]
     if missing:
@@ -64,7 +64,7 @@ def merge_rank_traces(trace: str | None, comm) -> str | None:
     """Rank 0 merges the ranks' traces (those that were written) into ``trace``."""
     if not (trace and comm.rank == 0):
         return None
-    from commrt.training.trace import merge_traces
+    from commrt.runtime.trace import merge_traces
 
     paths = [os.path.join(rank_dir(trace), f"rank{r}.json") for r in range(comm.world_size)]
     return merge_traces([p for p in paths if os.path.exists(p)], trace)

@@ -40,17 +40,21 @@ dropped, and its bound.
     rechecks), and all at once when a new signature would pass
     :data:`~commrt.collectives.memo.MAX_SETTLED` (256); never made under
     ``COMMRT_DEBUG``.
-``comm.slots.settled_call`` (:mod:`commrt.collectives.memo`)
-    The last call's SettledCall, which a repeat with the same algorithm and op
-    objects, dtype and shape finds by identity tests alone. Replaced by
-    each call that runs a settled schedule; dropped with its table entry. One.
-``Executor._last`` (:mod:`commrt.schedule.executor`, ``comm.executor``)
-    Keyed on the schedule object, buffer address, element count, dtype,
-    transport, piece size and reduction. Holds the cached binding run last (a
-    ``Run`` record), so a loop on one buffer skips the binding cache's key and
-    lookup. Replaced by each run on another cached binding; dropped whenever a
-    dead owner's binding is freed, whenever a binding is made, and by
-    ``release()``. One.
+``comm.slots.settling`` (:mod:`commrt.collectives.memo`)
+    Keyed like ``settled_calls``: the signatures whose learning algorithm
+    settled on their last call, so that the next call keeps the schedule its
+    own ``select`` gave. Dropped by that call. At most one per signature.
+``Executor.last`` (:mod:`commrt.schedule.executor`, ``comm.executor``)
+    The one memo of the last call. Keyed on the schedule object, buffer
+    address, element count, dtype, transport, piece size and reduction. Holds
+    the cached binding run last (a ``Run`` record) and the call that ran it (a
+    settled all-reduce's SettledCall), so a loop on one buffer skips the
+    binding cache's key and lookup, and a settled all-reduce repeated on the
+    same tensor with the same algorithm and op objects, dtype and shape finds
+    both by identity tests alone. Replaced by each run on another cached
+    binding; dropped whenever a dead owner's binding is freed, whenever a
+    binding is made, and by ``release()``; its call is dropped with its table
+    entry. One.
 ``Executor`` bindings (``comm.executor``)
     Keyed on (schedule id, buffer address, element count, dtype, piece
     elements, transport id, reduction). Holds a ``Bound``: the buffer's views

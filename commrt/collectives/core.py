@@ -28,7 +28,7 @@ import torch
 
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.algorithms import broadcast as _bcast
-from commrt.collectives.memo import SettledCall, counted, remember
+from commrt.collectives.memo import SettledCall, average_scale, counted, keeps, remember
 from commrt.collectives.reductions import (
     COMMRT,
     NAMED_DTYPES,
@@ -47,6 +47,7 @@ from commrt.schedule.position import CallCheck
 from commrt.tuning.hook_comm import HookComm
 
 __all__ = ["all_reduce", "broadcast", "agree_call", "gather_rows", "check_tensor", "dtype_rules"]
+__all__ += ["use_dtype_rules"]
 __all__ += ["ReduceOp", "SUPPORTED_DTYPES"]  # defined in commrt.collectives.reductions
 
 #: per op, the dtypes a plain CPU tensor may have to pass :func:`check_tensor` in a few
@@ -95,6 +96,14 @@ def dtype_rules(comm: Communicator) -> DtypeRules:
     return COMMRT if rules is None else rules
 
 
+def use_dtype_rules(comm: Communicator, rules: DtypeRules) -> None:
+    """Make ``rules`` the dtypes each op reduces on ``comm`` from now on (its owner's
+    contract: a torch.distributed group's communicator takes gloo's and NCCL's)."""
+    if not isinstance(rules, DtypeRules):
+        raise TypeError(f"expected DtypeRules, got {type(rules).__name__}")
+    comm.slots.dtype_rules = rules
+
+
 def all_reduce(
     tensor: torch.Tensor,
     comm: Communicator,
@@ -124,46 +133,56 @@ def all_reduce(
         >>> t = commrt.all_reduce(t, comm, op="max")
     """
     # One path for every all-reduce, commrt's and the torch.distributed backend's: find the
-    # call's settled schedule, admit the call, run it. A repeat of the last call (same
-    # algorithm and op objects, dtype, shape, device kind; memo.SettledCall) is found by
-    # identity tests alone, its checks having passed on its first call; any other call is
-    # parsed, resolved and checked, then looked up by signature. A signature not settled
-    # yet takes the full way (_first_call): the cross-rank check on first use, select, the
-    # run, observe.
-    last = comm.slots.settled_call
+    # call's settled schedule, admit the call, scale an average, run it. A repeat of the
+    # last call on the same tensor (same algorithm and op objects, dtype, shape; the
+    # executor's one memo of the last call, which holds the SettledCall with its binding)
+    # is found by identity tests alone, its checks having passed on its first call; any
+    # other call is parsed, resolved and checked, then looked up by signature. A signature
+    # not settled yet takes the full way (_first_call): the cross-rank check on first use,
+    # select, the run, observe.
+    run = comm.executor.last
+    last = None if run is None else run.call
     if (
         last is not None
         and last.algorithm is algorithm
         and last.op is op
         and type(tensor) is torch.Tensor
+        and tensor.data_ptr() == run.data_ptr
         and tensor.dtype is last.dtype
-        and (tensor.is_cpu if last.on_cpu else tensor.is_cuda)
-        and not tensor.requires_grad
         and tensor.shape == last.shape
+        and not tensor.requires_grad
+        and tensor.is_contiguous()
         and not comm.debug
     ):
-        settled = last
-    else:
-        parsed = SPELLINGS.get(op) if isinstance(op, (str, ReduceOp)) else None
-        parsed = parsed if parsed is not None else ReduceOp.parse(op)
-        alg = resolve(algorithm)
-        check_tensor(tensor, comm, parsed)
-        known = (alg, parsed, tensor.dtype, tensor.shape)
-        settled = None if comm.debug else comm.slots.settled_calls.get(known)
-        if settled is not None:
-            if settled.algorithm is not algorithm or settled.op is not op:  # another spelling
-                s = settled
-                settled = SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.counter)
-            remember(comm.slots, settled)
+        comm.admit_collective()
+        if last.scale is not None:
+            tensor.mul_(last.scale)
+        comm.repeat(run, tensor, timeout, tracer)
+        if last.counter is not None:
+            counted(comm, last)
+        return tensor
+    parsed = SPELLINGS.get(op) if isinstance(op, (str, ReduceOp)) else None
+    parsed = parsed if parsed is not None else ReduceOp.parse(op)
+    alg = resolve(algorithm)
+    check_tensor(tensor, comm, parsed)
+    known = (alg, parsed, tensor.dtype, tensor.shape)
+    settled = None if comm.debug else comm.slots.settled_calls.get(known)
     comm.admit_collective()
     if settled is None:
         return _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer)
+    if settled.algorithm is not algorithm or settled.op is not op:  # another spelling
+        s, p = settled, comm.world_size
+        settled = remember(
+            comm.slots, SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.counter, p)
+        )
+    if settled.scale is not None:
+        tensor.mul_(settled.scale)
     # by position: a repeated small call pays for every keyword argument
     comm.run_schedule(
-        settled.schedule, tensor, timeout, settled.average, settled.reduce, tracer, tensor
+        settled.schedule, tensor, timeout, settled.reduce, tracer, tensor, call=settled
     )
     if settled.counter is not None:
-        counted(comm.slots, settled)
+        counted(comm, settled)
     return tensor
 
 
@@ -182,15 +201,15 @@ def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, parsed.value, alg.name), key)
     context = HookComm(comm)  # what select and observe may ask of the communicator
     observe = alg.observe if alg.learns else None
-    average, reduce = parsed is ReduceOp.AVG, REDUCERS.get(parsed)
-    ran = _run(tensor, comm, alg.select, timeout, tracer, observe, context, average, reduce)
-    if ran is None or comm.debug or not ran[1]:
+    scale, reduce = average_scale(parsed, comm.world_size), REDUCERS.get(parsed)
+    ran = _run(tensor, comm, alg.select, timeout, tracer, observe, context, scale, reduce)
+    if ran is None or comm.debug or not keeps(slots, known, alg.learns, ran[1]):
         return tensor
-    # a fixed algorithm keeps what select chose on this first call; one that learned for
-    # this size keeps what it settled on (perhaps not the schedule this call tried)
-    kept = ran[0] if observe is None else alg.select(comm.world_size, ran[2], context)
+    # what select chose for this call is kept: a fixed algorithm's on its first call; one
+    # that learns, on the call after it settled, whose select gave what it settled on
     counter = alg.settled_counter(context, ran[2])
-    remember(slots, SettledCall(algorithm, op, parsed, tensor, kept, known, counter))
+    p = comm.world_size
+    remember(slots, SettledCall(algorithm, op, parsed, tensor, ran[0], known, counter, p))
     return tensor
 
 
@@ -260,27 +279,27 @@ def _run(
     tracer,
     observe=None,
     context: HookComm | None = None,
-    average: bool = False,
+    scale: float | None = None,
     reduce=None,
 ) -> tuple | None:
     """Run ``pick(world_size, nbytes, context)``'s schedule in place on ``tensor``
-    (:meth:`~commrt.Communicator.run_schedule`, reducing as ``average`` and ``reduce`` say);
-    then ``observe(context, nbytes, started)`` (``auto`` learns from its own timings:
-    commrt.algorithms.auto_learn). ``context``: the communicator as the algorithm's hooks
-    see it (default: ``comm`` itself). Returns ``(schedule, settled, nbytes)``
-    (``settled``: what observe returned), or None where nothing was sent."""
+    (:meth:`~commrt.Communicator.run_held`), scaled first by ``scale`` (an average's 1/p;
+    None: not scaled) and reducing as ``reduce`` says; then ``observe(context, nbytes,
+    started)`` (``auto`` learns from its own timings: commrt.algorithms.auto_learn).
+    ``context``: the communicator as the algorithm's hooks see it (default: ``comm``
+    itself). Returns ``(schedule, settled, nbytes)`` (``settled``: what observe
+    returned), or None where nothing was sent."""
     nbytes = tensor.nbytes
     if comm.world_size == 1 or not nbytes:
         return None
-    # one lock around both: pick may probe the network (a collective) on first use
+    # the lock once, around all three: pick may probe the network (a collective) on first use
     with comm.lock:
         context = comm if context is None else context
         schedule = pick(comm.world_size, nbytes, context)
         started = time.perf_counter()
-        comm.run_schedule(
-            schedule, tensor, timeout=timeout, average=average, reduce=reduce, tracer=tracer,
-            owner=tensor,
-        )  # fmt: skip
+        if scale is not None:
+            tensor.mul_(scale)
+        comm.run_held(schedule, tensor, timeout, reduce, tracer, tensor)
         settled = observe is None or observe(context, nbytes, started)
     return (schedule, settled, nbytes)
 

@@ -1,12 +1,17 @@
 """The memo of settled all-reduce calls: :class:`SettledCall`.
 
 A call whose algorithm has nothing more to learn for its size leaves a
-:class:`SettledCall` behind, and :func:`commrt.all_reduce` runs a repeat of it
-(same algorithm and op objects, dtype and shape) without resolving, checking,
-``select`` or ``observe``: it admits the call and hands the kept schedule to
-:meth:`commrt.Communicator.run_schedule`, as every call does. An algorithm that
-learns (``auto``) may hand over a counter (its ``settled_counter(comm, nbytes)``)
-that counts those calls; when the counter wants its kept schedule timed again
+:class:`SettledCall` behind, kept per signature, and :func:`commrt.all_reduce`
+runs a repeat of it (same algorithm and op objects, dtype and shape) without
+resolving, checking, ``select`` or ``observe``: it admits the call and hands the
+kept schedule to :meth:`commrt.Communicator.run_schedule`, as every call does,
+which keeps the call with its binding. That record, the executor's
+:attr:`~commrt.schedule.executor.Executor.last`, is the one memo of the last
+call: a repeat on the same tensor finds its call and its binding there by
+identity tests alone and runs it (:meth:`commrt.Communicator.repeat`).
+An algorithm that learns (``auto``) may hand over a counter (its
+``settled_counter(comm, nbytes)``) that counts those calls; when the counter wants
+its kept schedule timed again
 (:meth:`~commrt.algorithms.auto_learn.Tuning.settled_call` says so), the memo
 is dropped (:func:`counted`) and the next calls take the full path, through
 ``observe``. Every rank makes the same calls and counts alike, so every rank
@@ -20,7 +25,7 @@ import torch
 
 from commrt.collectives.reductions import REDUCERS, ReduceOp
 
-__all__ = ["SettledCall", "MAX_SETTLED", "remember", "counted"]
+__all__ = ["SettledCall", "MAX_SETTLED", "remember", "counted", "keeps", "last_settled"]
 
 #: settled signatures kept per communicator: beyond it they are forgotten (and settled
 #: again by one full call each), so a program of ever-new shapes holds no growing memory
@@ -33,9 +38,11 @@ class SettledCall:
     Made after a call whose algorithm has nothing more to learn for its size (no
     ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
     signature (``key``: resolved algorithm, parsed op, dtype, shape) in
-    ``comm.slots.settled_calls`` and, for the last call, in ``comm.slots.settled_call``.
+    ``comm.slots.settled_calls``, and with its binding as the last call's
+    (:attr:`commrt.schedule.executor.Run.call`).
     A later call with the same ``algorithm`` and ``op`` objects, dtype and shape runs
-    ``schedule`` at once, reducing as ``average`` and ``reduce`` say: a name or an
+    ``schedule`` at once, scaled by ``scale`` first (an average: one over the ranks; None
+    for any other op) and reducing as ``reduce`` says: a name or an
     instance resolves to the same algorithm every time, the dtype passed the
     communicator's dtype rules for this op, the signature was agreed across ranks
     (checked once per signature, as the full path would find it in ``agreed_calls``),
@@ -44,31 +51,63 @@ class SettledCall:
     size at the same call, so every rank takes this path on the same calls."""
 
     __slots__ = (
-        *("algorithm", "op", "average", "reduce", "dtype", "shape", "on_cpu"),
+        *("algorithm", "op", "scale", "reduce", "dtype", "shape"),
         *("schedule", "key", "counter"),
     )
 
-    def __init__(self, algorithm, op, parsed, tensor: torch.Tensor, schedule, key, counter):
+    def __init__(self, algorithm, op, parsed, tensor: torch.Tensor, schedule, key, counter, p):
         self.algorithm, self.op = algorithm, op
-        self.average, self.reduce = parsed is ReduceOp.AVG, REDUCERS.get(parsed)
-        self.dtype, self.shape, self.on_cpu = tensor.dtype, tensor.shape, tensor.is_cpu
+        self.scale = average_scale(parsed, p)
+        self.reduce = REDUCERS.get(parsed)
+        self.dtype, self.shape = tensor.dtype, tensor.shape
         self.schedule, self.key, self.counter = schedule, key, counter
 
 
+def average_scale(parsed: ReduceOp, p: int) -> float | None:
+    """What an all-reduce with ``parsed`` scales its tensor by before the sum, on ``p``
+    ranks: one over ``p`` for an average, None (nothing) for any other op. The one rule
+    for an average in commrt: the 1/p is applied to the input, before the reduction, as
+    the pack kernel applies it to GradientSync's buckets, never divided out after."""
+    return 1.0 / p if parsed is ReduceOp.AVG and p > 1 else None
+
+
 def remember(slots, settled: SettledCall) -> SettledCall:
-    """Keep ``settled`` as its signature's memo and as the last call's."""
+    """Keep ``settled`` as its signature's memo."""
     if settled.key not in slots.settled_calls and len(slots.settled_calls) >= MAX_SETTLED:
         slots.settled_calls.clear()
     slots.settled_calls[settled.key] = settled
-    slots.settled_call = settled
     return settled
 
 
-def counted(slots, settled: SettledCall) -> None:
+def keeps(slots, key, learns: bool, settled: bool) -> bool:
+    """Whether a first-path call of signature ``key`` whose algorithm answered ``settled``
+    may keep the schedule it ran as the memo. One that does not learn: at once. One that
+    learns: on the call after the one that settled, whose ``select`` ran settled, so that
+    it gives the schedule to keep; ``select`` then runs once per call, never again just to
+    ask which schedule to keep."""
+    if not settled or not learns:
+        slots.settling.discard(key)
+        return settled
+    if key in slots.settling:
+        slots.settling.discard(key)
+        return True
+    slots.settling.add(key)
+    return False
+
+
+def counted(comm, settled: SettledCall) -> None:
     """Count a call ``settled`` ran on its counter; forget the memo when the counter wants the
     next calls observed again."""
     if settled.counter is not None and settled.counter.settled_call():
+        slots = comm.slots
         if slots.settled_calls.get(settled.key) is settled:
             del slots.settled_calls[settled.key]
-        if slots.settled_call is settled:
-            slots.settled_call = None
+        comm.executor.forget(settled)
+
+
+def last_settled(comm) -> SettledCall | None:
+    """The settled call that ran last on ``comm`` (the memo a repeat on the same tensor
+    finds), or None."""
+    run = comm.executor.last
+    call = None if run is None else run.call
+    return call if isinstance(call, SettledCall) else None

@@ -4,7 +4,8 @@ each op takes (:class:`DtypeRules`).
 Every op runs the same schedule through the same executor call
 (:meth:`commrt.Communicator.run_schedule`); only the step that meets a received
 piece differs. SUM and AVG add it with the executor's own sum (commrt's fused
-kernels on CUDA; AVG divides by the ranks at the end); MIN, MAX, PROD and the
+kernels on CUDA; AVG scales the input by one over the ranks first,
+:func:`commrt.collectives.memo.average_scale`); MIN, MAX, PROD and the
 bitwise BAND, BOR and BXOR apply their :data:`REDUCERS` function in place.
 
 Two sets of dtype rules, checked before any message, so a refusal is raised on

@@ -40,7 +40,7 @@ def here_in_backward(tensors: list, devices: DeviceComms) -> bool:
 
 def _noted(dc, op: str):
     """``dc``, its communicator's position noting the torch.distributed ``op`` it runs."""
-    dc.comm.executor.position.torch_op = op
+    dc.comm.note_op(op)
     return dc
 
 

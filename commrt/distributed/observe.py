@@ -14,7 +14,7 @@ is shown three ways (``docs/from-ddp.md``, "Seeing what commrt did"):
   same schedule (``auto``'s choices are agreed across ranks);
   ``COMMRT_LOG=debug`` prints it on every rank.
 * **a trace** with ``COMMRT_TRACE=DIR``: ``DIR/rank<global rank>.json``,
-  the Chrome-trace (Perfetto) format of :class:`commrt.training.trace.Tracer`,
+  the Chrome-trace (Perfetto) format of :class:`commrt.runtime.trace.Tracer`,
   as ``commrt train --trace`` writes it, so ``commrt trace merge`` merges
   the ranks' files. One span a call on the thread that ran it (the
   group's call thread ``commrt-pg-<group>``, or the caller's:
@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 
 from commrt.algorithms.auto import choices
-from commrt.training.trace import Tracer
+from commrt.runtime.trace import Tracer
 
 #: the variable that turns the first-sight log line on (``info``: rank 0, ``debug``: all)
 LOG_ENV = "COMMRT_LOG"

@@ -7,9 +7,9 @@ the group's all-reduce algorithm); the process group
 
 * all-reduce: every op through :func:`commrt.all_reduce`, on a communicator
   whose dtype rules are gloo's and NCCL's (SUM of int8, uint8, int16 and bool
-  too, a bool sum being an or; :mod:`commrt.collectives.reductions`); AVG
-  scales by 1/p in the pack kernel (float32/16, bfloat16; float64 divides) and
-  sums; MIN, MAX, PRODUCT and the bitwise BAND, BOR and BXOR run the same
+  too, a bool sum being an or; :mod:`commrt.collectives.reductions`); AVG is
+  commrt's own (1/p applied before the sum, as everywhere in commrt); MIN, MAX,
+  PRODUCT and the bitwise BAND, BOR and BXOR run the same
   schedule with another reduction in the executor. PREMUL_SUM raises
   ``NotImplementedError``.
 * reduce-scatter and all-gather: :mod:`commrt.collectives.shards` (ring, halving-
@@ -26,12 +26,10 @@ import torch
 import torch.distributed as dist
 
 from commrt.algorithms import Algorithm, Ring
-from commrt.collectives.core import SUPPORTED_DTYPES, agree_call, all_reduce
+from commrt.collectives.core import SUPPORTED_DTYPES, agree_call, all_reduce, use_dtype_rules
 from commrt.collectives.core import broadcast as commrt_broadcast
 from commrt.collectives.reductions import SPELLINGS, TORCH
 from commrt.collectives.shards import all_gather, reduce_scatter
-from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
-from commrt.kernels import pack
 from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where
@@ -74,7 +72,7 @@ class DeviceContext:
 
     def __post_init__(self):
         # torch.distributed's contract on this communicator: the dtypes gloo and NCCL reduce
-        self.comm.slots.dtype_rules = TORCH
+        use_dtype_rules(self.comm, TORCH)
 
     def shard_algorithm(self) -> Algorithm:
         """The group's algorithm where it has reduce-scatter and all-gather schedules
@@ -90,15 +88,10 @@ def allreduce(dc: DeviceContext, t: torch.Tensor, op: str) -> None:
     # torch's groups ignore autograd (DDP with create_graph=True hands in gradients that
     # require grad); commrt's collectives refuse such tensors, so they get the plain data
     t = t.detach()
-    comm = dc.comm
-    if op == "avg" and t.dtype in PACK_DTYPES and t.is_contiguous():
-        flat = t.view(-1)
-        pack([flat], flat, scale=1.0 / comm.world_size)  # the average is the pack's scale
-        op = "sum"
     if dc.tracer is None:  # a repeated small call pays for every keyword argument
-        all_reduce(t, comm, dc.algorithm, SPELLINGS[op])
+        all_reduce(t, dc.comm, dc.algorithm, SPELLINGS[op])
     else:
-        all_reduce(t, comm, dc.algorithm, SPELLINGS[op], tracer=dc.tracer)
+        all_reduce(t, dc.comm, dc.algorithm, SPELLINGS[op], tracer=dc.tracer)
 
 
 def allreduce_coalesced(dc: DeviceContext, tensors: list[torch.Tensor], op: str) -> None:

@@ -161,9 +161,11 @@ class CallQueue:
         #: calls submitted and not finished (queued, or running on either thread)
         self.pending = 0
         self.count_lock = threading.Lock()
-        #: held while a call runs, so a call queued behind one that runs on its caller's
-        #: thread starts after it
-        self.run_lock = threading.Lock()
+        #: a call runs on its caller's thread; the calls submitted meanwhile wait in
+        #: ``held`` and reach the call thread when it ends. So one call runs at a time by
+        #: construction, and the communicator's lock is the only one a call takes
+        self.here_running = False
+        self.held: list = []
 
     def submit(self, run, work: CommrtWork, device=None, after=None, here=False) -> CommrtWork:
         """Queue ``run()`` (it does the call); the call thread completes ``work`` after
@@ -180,16 +182,29 @@ class CallQueue:
             )
             work.fail(err)
             return work
-        with self.count_lock:
+        item = (run, work, device, after)
+        with self.count_lock:  # the order calls take this lock in is the order they run in
             here = here and self.pending == 0
             self.pending += 1
+            if here:
+                self.here_running = True
+            elif self.here_running:
+                self.held.append(item)
+            else:
+                self._ensure_thread()
+                self.queue.put(item)
         if here:
-            with self.run_lock:
+            try:
                 self._run_one(run, work, device, after)
-            self._done()
-        else:
-            self._ensure_thread()
-            self.queue.put((run, work, device, after))
+            finally:
+                with self.count_lock:  # what came meanwhile goes to the call thread, in order
+                    self.pending -= 1
+                    self.here_running = False
+                    if self.held:
+                        self._ensure_thread()
+                        for held in self.held:
+                            self.queue.put(held)
+                        self.held.clear()
         return work
 
     def _done(self) -> None:
@@ -207,8 +222,7 @@ class CallQueue:
             item = self.queue.get()
             if item is None:
                 return
-            with self.run_lock:
-                self._run_one(*item)
+            self._run_one(*item)
             self._done()
 
     def _run_one(self, run, work: CommrtWork, device, after) -> None:

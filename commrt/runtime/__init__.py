@@ -1,6 +1,7 @@
 """Who is there: the communicator and what it stands on.
 
 :mod:`commrt.runtime.communicator` (``init``, ``Communicator``),
+:mod:`commrt.runtime.slots` (``CommSlots``: what is derived once per communicator),
 :mod:`commrt.runtime.choice` (which transport ``auto`` takes, for every caller),
 :mod:`commrt.runtime.environment` (rank and world size from the launcher's
 variables), :mod:`commrt.runtime.rendezvous` and :mod:`commrt.runtime.store`
@@ -11,6 +12,7 @@ the store with growing pauses, up to a timeout), :mod:`commrt.runtime.rows`
 others), :mod:`commrt.runtime.abort` (ending the whole job when a rank fails),
 :mod:`commrt.runtime.stall` (the stall watch: who is stuck and where, on every
 rank), :mod:`commrt.runtime.verdict` (the stall verdict as a pure function of
-every rank's view) and :mod:`commrt.runtime.threads` (each rank's share of the
-node's cores).
+every rank's view), :mod:`commrt.runtime.threads` (each rank's share of the
+node's cores) and :mod:`commrt.runtime.trace` (Chrome-trace timelines and NVTX
+ranges: what every layer above records, GradientSync and the torch backend).
 """

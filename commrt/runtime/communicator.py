@@ -13,7 +13,6 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +23,7 @@ from commrt.runtime.departures import CLOSED, Departures, track
 from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout, mpi_world  # noqa: F401  (init names the limit)
 from commrt.runtime.rendezvous import tcp_store as _tcp_store
+from commrt.runtime.slots import CommSlots, NodeLayout  # noqa: F401  (NodeLayout moved; still importable)
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
@@ -32,45 +32,6 @@ from commrt.transports.shm_connect import shm_transport
 
 #: how long a blocking collective polls before yielding its core, when every local rank has one
 SPIN_S = 100e-6
-
-
-@dataclass(frozen=True)
-class NodeLayout:
-    """Ranks per node as every rank agreed (see :func:`commrt.tuning.topology.ranks_per_node`)."""
-
-    ranks_per_node: int | None
-
-
-@dataclass
-class CommSlots:
-    """What other modules derive once per communicator, one typed field each (not a
-    string-keyed dict: a reader finds every user of a slot by its name). The caches among
-    them are listed with every other, in one place: :mod:`commrt.collectives`."""
-
-    #: commrt.tuning.topology: ranks per node as every rank agreed (collective on first use)
-    node_layout: NodeLayout | None = None
-    #: commrt.tuning.probe: the measured network model (a ProbeResult)
-    probe: object | None = None
-    #: commrt.algorithms.auto: (Auto, world size, bytes) -> Choice, identical on every rank
-    auto_choices: dict = field(default_factory=dict)
-    #: commrt.algorithms.auto_learn: (Auto, world size, bytes) -> Tuning, identical on every rank
-    auto_tuning: dict = field(default_factory=dict)
-    #: commrt.algorithms.auto: (Auto, world size, bytes, label) -> a tried candidate's Choice
-    auto_tried: dict = field(default_factory=dict)
-    #: commrt.runtime.store: the job's control store (a ControlStore)
-    control_store: object | None = None
-    #: commrt.sync.backup: backup-worker policies made so far (each gets its own key space)
-    backup_instances: int = 0
-    #: commrt.collectives.core: call signatures all ranks agreed on (each checked on first use)
-    agreed_calls: set = field(default_factory=set)
-    #: commrt.collectives.reductions: the dtypes each op reduces (None: commrt's own; gloo's
-    #: on a torch.distributed group's communicator)
-    dtype_rules: object | None = None
-    #: commrt.collectives.memo: (algorithm, op, dtype, shape) -> SettledCall, all-reduce
-    #: signatures whose schedule no longer changes: run without agreeing, selecting or
-    #: observing again; and the last call's, which a repeat finds without a lookup
-    settled_calls: dict = field(default_factory=dict)
-    settled_call: object | None = None
 
 
 class Communicator:
@@ -160,39 +121,68 @@ class Communicator:
                 raise error
 
     def run_schedule(
-        self, schedule, buf: torch.Tensor, timeout: float | None = None,
-        average: bool = False, reduce=None, tracer=None, owner: torch.Tensor | None = None, *,
-        bucket: int | None = None, transport: Transport | None = None, spin: bool = True,
+        self, schedule, buf: torch.Tensor, timeout: float | None = None, reduce=None,
+        tracer=None, owner: torch.Tensor | None = None, *, bucket: int | None = None,
+        transport: Transport | None = None, spin: bool = True, call=None,
     ) -> int:  # fmt: skip
         """Run ``schedule`` in place on ``buf`` under this communicator's lock, timeout (unless
         ``timeout``), piece size and spin; return the bytes this rank sent
         (:meth:`commrt.schedule.executor.Executor.run`). The one place where a schedule
-        meets the executor (:mod:`commrt.collectives`): a repeat on one buffer costs the
-        lock and a comparison with the executor's last binding, no faster way around it
-        needed. A ``buf`` that is not contiguous runs through a contiguous copy, written back.
-        ``average``: divide by the ranks at the end. ``reduce(dst, src)``: what a received
-        piece meets instead of the executor's sum (:mod:`commrt.collectives.reductions`).
+        meets the executor (:mod:`commrt.collectives`). A ``buf`` that is not contiguous
+        runs through a contiguous copy, written back.
+        ``reduce(dst, src)``: what a received piece meets instead of the executor's sum
+        (:mod:`commrt.collectives.reductions`); an average is its caller's scale, before.
         ``owner``: the tensor whose life bounds the cached binding to ``buf``; None (or a
         copy made here) binds for this run alone, so nothing outlives a transient buffer.
         ``transport``: one the caller made (its ranks numbered as the schedule numbers
-        them). ``spin=False`` for callers that must not hold a core while they wait
-        (GradientSync's progress thread runs beside backward)."""
-        work = buf if buf.is_contiguous() else buf.contiguous()
+        them). ``spin=False``: never hold a core while waiting (GradientSync's progress
+        thread). ``call``: the caller's record of the call, kept for :meth:`repeat`."""
         with self.lock:
-            try:
-                sent = self.executor.run(
-                    schedule, work, self.transport if transport is None else transport,
-                    self.timeout if timeout is None else check_timeout(timeout),
-                    self.piece_bytes, average, reduce, bucket, tracer,
-                    owner if work is buf else None, self.spin_s if spin else 0.0,
-                )  # fmt: skip
-            except CommTimeoutError as e:  # a call's own timeout or group: the caller handles it
-                if transport is None and timeout is None:
-                    self.verdict_at_timeout(e)
-                raise
+            return self.run_held(schedule, buf, timeout, reduce, tracer, owner, bucket=bucket,
+                                 transport=transport, spin=spin, call=call)  # fmt: skip
+
+    def run_held(
+        self, schedule, buf: torch.Tensor, timeout: float | None = None, reduce=None,
+        tracer=None, owner: torch.Tensor | None = None, *, bucket: int | None = None,
+        transport: Transport | None = None, spin: bool = True, call=None,
+    ) -> int:  # fmt: skip
+        """:meth:`run_schedule` for a caller that holds :attr:`lock` already (a collective
+        that selects, runs and observes under one hold): the lock taken once per call."""
+        work = buf if buf.is_contiguous() else buf.contiguous()
+        try:
+            sent = self.executor.run(
+                schedule, work, self.transport if transport is None else transport,
+                self.timeout if timeout is None else check_timeout(timeout),
+                self.piece_bytes, reduce, bucket, tracer,
+                owner if work is buf else None, self.spin_s if spin else 0.0, call,
+            )  # fmt: skip
+        except CommTimeoutError as e:  # a call's own timeout or group: its caller's to handle
+            if transport is None and timeout is None:
+                self.verdict_at_timeout(e)
+            raise
         if work is not buf:
             buf.copy_(work)
         return sent
+
+    def repeat(self, run, buf: torch.Tensor, timeout: float | None = None, tracer=None) -> int:
+        """Run the last call again on ``buf``, the contiguous buffer it ran on (``run``: the
+        executor's ``last``, where the caller found its call: :mod:`commrt.collectives.memo`),
+        under the lock, timeout (unless ``timeout``) and spin. Returns the bytes sent."""
+        with self.lock:
+            try:
+                return self.executor.repeat(
+                    run, buf, self.timeout if timeout is None else check_timeout(timeout),
+                    tracer, self.spin_s,
+                )  # fmt: skip
+            except CommTimeoutError as e:
+                if timeout is None:
+                    self.verdict_at_timeout(e)
+                raise
+
+    def note_op(self, op: str | None) -> None:
+        """Note the torch.distributed ``op`` the calls run for now (None: none), for the
+        stall verdict (:meth:`commrt.schedule.position.Position.note_op`)."""
+        self.executor.position.note_op(op)
 
     def verdict_at_timeout(self, error: CommTimeoutError) -> None:
         """Before ``error`` (a wait ran out of this communicator's timeout) is raised: the

@@ -46,6 +46,7 @@ import torch
 
 from commrt.errors import PeerClosedError, PeerFailedError
 from commrt.schedule import tags
+from commrt.schedule.p2p import Exchange, Where
 
 #: why a rank left
 CLOSED, EXITED, FAILED = 1, 2, 3
@@ -56,6 +57,8 @@ UNKNOWN = -1
 MAGIC = 0x6661726577656C
 #: how long a leaving rank waits for its farewell messages to leave (a peer may be gone)
 SEND_S = 1.0
+#: what a farewell's exchange names
+WHERE = Where("farewell")
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,8 @@ class _Messages:
         self.peers = [r for r in range(transport.world_size) if r != transport.rank]
         self.bufs = [torch.zeros(Farewell.SIZE, dtype=torch.int64) for _ in self.peers]
         recvs = list(zip(self.bufs, self.peers))
-        self.pending = transport.exchange([], recvs, tags.FAREWELL)
+        # no communicator yet (it is being made): the exchange stands on the transport
+        self.posted = Exchange(None, [], recvs, tags.FAREWELL, WHERE, transport=transport)
         self.open = list(range(len(self.peers)))
         self.lock = threading.Lock()  # one thread tests the requests at a time
 
@@ -219,7 +223,7 @@ class _Messages:
             return
         try:
             for i in list(self.open):
-                if self.pending.wait_recv(i, 0.0):
+                if self.posted.recv_landed(i):
                     self.open.remove(i)
                     f = Farewell.from_row(self.peers[i], self.bufs[i].tolist())
                     if f is not None:
@@ -230,14 +234,15 @@ class _Messages:
     def send(self, farewell: Farewell, skip: set) -> None:
         peers = [r for r in self.peers if r not in skip]
         row = torch.tensor(farewell.row(), dtype=torch.int64)
-        pend = self.transport.exchange([(row, r) for r in peers], [], tags.FAREWELL)
+        sends = [(row, r) for r in peers]
+        ex = Exchange(None, sends, [], tags.FAREWELL, WHERE, transport=self.transport)
         deadline = time.monotonic() + SEND_S
-        if not all(pend.wait_send(i, deadline) for i in range(len(peers))):
-            pend.cancel()
+        if not all(ex.send_landed(i, deadline) for i in range(len(peers))):
+            ex.cancel()
 
     def close(self) -> None:
         with self.lock:
-            self.pending.cancel()
+            self.posted.cancel()
             self.open = []
 
 

@@ -17,119 +17,35 @@ travel in the buffer's dtype.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 import weakref
 from collections import OrderedDict
 from typing import Callable
 
-import numpy as np
 import torch
 
 from commrt.errors import CommError, CommTimeoutError, PeerClosedError, PeerFailedError
-from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
-from commrt.kernels import reduce_
-from commrt.schedule import Schedule, tags
+from commrt.schedule import Schedule
+from commrt.schedule.binding import Bound, default_reduce
 from commrt.schedule.p2p import Where, engine_error, timeout_error
-from commrt.schedule.plan import Plan, StepPlan, compile_plan, overlaps
+from commrt.schedule.plan import Plan, StepPlan, compile_plan
 from commrt.schedule.position import Position
 from commrt.transports.base import Prepared, Transport
 
 _MAX_PLANS = 64
 _MAX_BOUND = 32
-#: CPU dtypes whose received pieces numpy adds in place (numpy's float16 is slow; no bf16)
-_NUMPY_ADD = frozenset((torch.float32, torch.float64, torch.int32, torch.int64))
-#: elements up to which a piece is added by numpy: torch's grain size, below which its add_
-#: runs on one thread as numpy's does (above it torch splits the add across its threads)
-_NUMPY_MAX = 32768
-
-
-def _applier(dst: torch.Tensor | None, got: torch.Tensor, reduce: bool, reducer) -> Callable | None:
-    """A no-argument call that adds (``reduce``) or copies the received view ``got`` into
-    ``dst``, or None when it was received straight into place."""
-    if not reduce:
-        return None if dst is None else functools.partial(dst.copy_, got)
-    if reducer is not default_reduce:
-        return functools.partial(reducer, dst, got)
-    if dst.dtype is not got.dtype or (dst.device.type != "cpu" and dst.dtype in KERNEL_DTYPES):
-        return functools.partial(reduce_, dst, got)
-    if dst.device.type == "cpu" and dst.dtype in _NUMPY_ADD and dst.numel() <= _NUMPY_MAX:
-        # the same IEEE (or wrapping integer) addition as add_, without torch's dispatch:
-        # for small pieces torch's per-call dispatch costs more than the add itself
-        a = dst.numpy()
-        return functools.partial(np.add, a, got.numpy(), a)
-    return functools.partial(dst.add_, got)
-
-
-class Bound:
-    """A plan bound to one buffer, one scratch buffer and one transport.
-
-    Holds every tensor view a run needs and each step's :class:`Prepared`
-    transport operations (MPI persistent requests), so a repeated
-    collective on the same buffer (a GradientSync bucket, a benchmark loop)
-    does no slicing, builds no requests and makes no decisions: per step
-    ``(plan step, prepared ops, ((receive index, sends to wait for first, apply), ...),
-    the sends still to wait for after the last receive)``, where ``apply()`` adds or
-    copies the received data into place (None: it was received in place, or added in as
-    it arrived, on a transport that :attr:`~commrt.transports.base.Transport.adds_on_receive`
-    where no send or other receive of the step touches that range). ``sent_bytes``
-    and ``divisor`` (the ranks an average divides by, 1 for none) are the run's constants.
-    """
-
-    __slots__ = ("schedule", "plan", "steps", "scratch", "member", "sent_bytes", "divisor")
-
-    def __init__(
-        self,
-        schedule: Schedule,
-        plan: Plan,
-        buf: torch.Tensor,
-        scratch: torch.Tensor,
-        transport: Transport,
-        reducer=None,
-    ):
-        self.schedule, self.plan, self.scratch = schedule, plan, scratch
-        self.member = transport.rank in schedule.ranks
-        self.sent_bytes = plan.send_elems * buf.element_size()
-        self.divisor = plan.group_size
-        reducer = reducer or default_reduce
-        adding = transport.adds_on_receive and reducer is default_reduce
-        adding = adding and buf.device.type == "cpu" and buf.dtype in _NUMPY_ADD
-        self.steps = []
-        for sp in plan.steps:
-            sends = [(buf[x.start : x.stop], x.peer) for x in sp.sends]
-            recvs, post, adds = [], [], []
-            for i, (x, after) in enumerate(zip(sp.recvs, sp.after_sends)):
-                adds.append(adding and x.reduce and _alone(x, sp))
-                into = (
-                    buf[x.start : x.stop]
-                    if x.scratch < 0 or adds[-1]
-                    else scratch[x.scratch : x.scratch + x.stop - x.start]
-                )
-                recvs.append((into, x.peer))
-                dst = buf[x.start : x.stop] if x.scratch >= 0 and not adds[-1] else None
-                post.append((i, after, _applier(dst, into, x.reduce and not adds[-1], reducer)))
-            tag = tags.executor(sp.index)
-            if any(adds):
-                prepared = transport.prepare_adding(sends, recvs, tuple(adds), tag)
-            else:
-                prepared = transport.prepare(sends, recvs, tag)
-            # after_sends never decreases: the receives' waits leave the sends from the
-            # last one's count on
-            tail = tuple(range(post[-1][1] if post else 0, len(sends)))
-            self.steps.append((sp, prepared, tuple(post), tail))
-
-    def free(self) -> None:
-        for step in self.steps:
-            step[1].free()
-        self.steps = []
 
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Run:
-    """One run's binding and what identifies it: the executor's memo of its last cached
-    binding, and the :class:`~commrt.schedule.position.Position` record of the run begun
-    last (the stall watch reads ``schedule``, ``numel`` and ``dtype``). ``kept``: the
-    binding is cached (its owner bounds its life); else it lives for this run alone."""
+    """One run's binding and what identifies it: the one memo of the last call
+    (:attr:`Executor.last`), and the :class:`~commrt.schedule.position.Position` record of
+    the run begun last (the stall watch reads ``schedule``, ``numel`` and ``dtype``).
+    ``kept``: the binding is cached (its owner bounds its life); else it lives for this run
+    alone. ``call``: the caller's record of the call that ran it
+    (:class:`commrt.collectives.memo.SettledCall` for a settled all-reduce; None for any
+    other), which a repeat of that call compares instead of resolving it again: so the
+    call and its binding are one memo, checked once (:meth:`Executor.repeat`)."""
 
     schedule: Schedule
     data_ptr: int
@@ -140,31 +56,11 @@ class Run:
     reduce: Callable | None
     bound: Bound
     kept: bool
-
-
-def _alone(x, sp: StepPlan) -> bool:
-    """Whether receive ``x`` may be added into the buffer as its bytes arrive: no send of
-    its step reads that range, and no other receive of the step writes it (their adds
-    would land in either order, and ranks would round differently)."""
-    sends = [(s.start, s.stop) for s in sp.sends]
-    others = [(r.start, r.stop) for r in sp.recvs if r is not x]
-    return not overlaps(x.start, x.stop, sends) and not overlaps(x.start, x.stop, others)
+    call: object | None = None
 
 
 def _piece_elems(piece_bytes: int, buf: torch.Tensor) -> int:
     return max(1, piece_bytes // buf.element_size())
-
-
-def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst += src: commrt's fused kernel (Triton) on CUDA; on CPU, when both
-    sides share a dtype, one ``add_`` (for fp16/bf16 torch also adds in fp32
-    and rounds once: the kernel's semantics, without its per-call checks,
-    which cost more than a 64 KB add); otherwise the kernel's reference path.
-    float64 and integers: ``add_``. (Bound resolves this once per buffer.)"""
-    if dst.dtype is src.dtype and (dst.device.type == "cpu" or dst.dtype not in KERNEL_DTYPES):
-        dst.add_(src)
-    else:
-        reduce_(dst, src)
 
 
 class Executor:
@@ -182,8 +78,9 @@ class Executor:
         self._scratch: dict[tuple, torch.Tensor] = {}
         self._bound: OrderedDict = OrderedDict()
         self._dead: list = []  # keys whose owner tensor died (filled by weakref finalizers)
-        #: the last cached binding run, with what identifies it: a loop on one buffer (a
-        #: benchmark, one bucket) skips bind()'s key tuple, hashing and LRU update
+        #: the last cached binding run, with what identifies it and the call that ran it: a
+        #: loop on one buffer (a benchmark, one bucket, a settled all-reduce) skips bind()'s
+        #: key tuple, hashing and LRU update
         self._last: Run | None = None
         self._ran: Schedule | None = None  # the last run's schedule, cached or not
         #: where this rank is (commrt.schedule.position): what the stall watch samples
@@ -193,6 +90,20 @@ class Executor:
     def last_schedule(self) -> Schedule | None:
         """The last run's schedule (None before any): what its caller reports ran."""
         return self._ran
+
+    @property
+    def last(self) -> Run | None:
+        """The last cached binding run, with the call that ran it (:class:`Run`); None when
+        there is none, or when a binding whose owner died is still to be freed (the next
+        run frees it). A caller that finds its own call there runs it with :meth:`repeat`."""
+        return None if self._dead else self._last
+
+    def forget(self, call) -> None:
+        """Forget that the last run was ``call``'s (its caller dropped that memo): the next
+        such call looks its binding up again."""
+        last = self._last
+        if last is not None and last.call is call:
+            last.call = None
 
     def bind(
         self,
@@ -302,7 +213,7 @@ class Executor:
         self._last = None
         self._scratch.clear()
 
-    def _bound_for(self, schedule, buf, transport, piece_bytes, reduce, owner) -> Run:
+    def _bound_for(self, schedule, buf, transport, piece_bytes, reduce, owner, call) -> Run:
         """The binding for this call, as a :class:`Run`: the last call's when it had the same
         schedule, buffer, transport, piece size and reducer (one comparison per field, the
         hot path of a repeated collective); else a cached one, remembered as the last, when
@@ -320,6 +231,7 @@ class Executor:
             and last.reduce is reduce
             and not self._dead
         ):
+            last.call = call
             return last
         if self._dead:  # whichever path this call takes, a dead owner's binding goes now
             self._drop_dead()
@@ -330,7 +242,7 @@ class Executor:
             bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
         run = Run(
             schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes, reduce,
-            bound, owner is not None,
+            bound, owner is not None, call,
         )  # fmt: skip
         if run.kept:
             self._last = run
@@ -343,12 +255,12 @@ class Executor:
         transport: Transport,
         timeout: float,
         piece_bytes: int = 4 << 20,
-        average: bool = False,
         reduce: Callable | None = None,
         bucket: int | None = None,
         tracer=None,
         owner: torch.Tensor | None = None,
         spin_s: float = 0.0,
+        call=None,
     ) -> int:
         """Run ``schedule`` in place on the contiguous ``buf`` (taken as flat); return the bytes
         this rank sent.
@@ -356,54 +268,72 @@ class Executor:
         The arguments may come by position, in this order
         (:meth:`commrt.Communicator.run_schedule` passes them so: a repeated small call
         pays for every keyword argument).
-        ``average`` divides by the number of participating ranks at the end.
         ``reduce(dst, src)``: what a received piece meets in place of this executor's own
         (``self.reduce``, a sum): a min, a max... (:mod:`commrt.collectives.reductions`).
+        An average is not the executor's: its caller scales the buffer by one over the
+        ranks before the sum (:mod:`commrt.collectives`).
         Raises :class:`~commrt.CommTimeoutError` if any wait exceeds
         ``timeout`` seconds, naming the rank, peer, algorithm, step and bucket.
         ``spin_s``: how long a wait polls before it yields the core
         (:func:`~commrt.transports.base.poll_until`); for callers that block.
+        ``call``: the caller's record of this call, kept with a cached binding
+        (:attr:`Run.call`).
         """
-        run = self._bound_for(schedule, buf, transport, piece_bytes, reduce, owner)
-        self._ran = schedule
+        run = self._bound_for(schedule, buf, transport, piece_bytes, reduce, owner, call)
         if run.kept:
-            return self._run(run, buf, transport, timeout, average, bucket, tracer, spin_s)
+            return self._run(run, buf, timeout, bucket, tracer, spin_s)
         try:
-            return self._run(run, buf, transport, timeout, average, bucket, tracer, spin_s)
+            return self._run(run, buf, timeout, bucket, tracer, spin_s)
         finally:
             run.bound.free()
 
-    def _run(self, run: Run, buf, transport, timeout, average, bucket, tracer, spin_s) -> int:
+    def repeat(self, run: Run, buf, timeout: float, tracer=None, spin_s: float = 0.0) -> int:
+        """Run the call of ``run`` again on ``buf``, the buffer it ran on (owner of its
+        binding): for a caller that found its call in :attr:`last` and checked ``buf``
+        against it, so that nothing is looked up twice. Should another run have come
+        between (another thread), the binding is looked up as :meth:`run` would. Returns
+        the bytes this rank sent."""
+        if run is not self._last or self._dead:
+            return self.run(
+                run.schedule, buf, run.transport, timeout, run.piece_bytes, run.reduce, None,
+                tracer, buf, spin_s, run.call,
+            )  # fmt: skip
+        return self._run(run, buf, timeout, None, tracer, spin_s)
+
+    def _run(self, run: Run, buf, timeout, bucket, tracer, spin_s) -> int:
         """:meth:`run` on its binding."""
         bound, schedule = run.bound, run.schedule
+        self._ran = schedule
         if not bound.member:
             return 0
         pos = self.position  # a few attribute writes: no lock, no clock, no allocation
         pos.run, pos.bucket, pos.runs = run, bucket, pos.runs + 1
-        if transport.stream_ordered:
-            return _run_ordered(pos, bound, buf, transport, timeout, average, bucket, tracer)
-        run_step = _run_step
-        try:
-            if tracer is None:
-                for step in bound.steps:
-                    pos.step = step[0]
+        if run.transport.stream_ordered:
+            return _run_ordered(pos, bound, buf, run.transport, timeout, bucket, tracer)
+        return _run_blocking(pos, bound, timeout, bucket, tracer, spin_s)
+
+
+def _run_blocking(pos: Position, bound: Bound, timeout, bucket, tracer, spin_s: float) -> int:
+    """:meth:`Executor.run` on a transport whose waits block: step by step, each step's
+    deadline its own."""
+    schedule, run_step = bound.schedule, _run_step
+    try:
+        if tracer is None:
+            for step in bound.steps:
+                pos.step = step[0]
+                run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
+        else:
+            for step in bound.steps:
+                sp = pos.step = step[0]
+                with tracer.span(
+                    f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
+                ):
                     run_step(step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s)
-            else:
-                for step in bound.steps:
-                    sp = pos.step = step[0]
-                    with tracer.span(
-                        f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
-                    ):
-                        run_step(
-                            step, time.monotonic() + timeout, schedule, timeout, bucket, spin_s
-                        )
-            pos.step = None
-        finally:
-            if pos.step is not None:  # an error: kept for the verdict, out of the call now
-                pos.failed, pos.step = (pos.runs, pos.step), None
-        if average and bound.divisor > 1:
-            buf.div_(bound.divisor)
-        return bound.sent_bytes
+        pos.step = None
+    finally:
+        if pos.step is not None:  # an error: kept for the verdict, out of the call now
+            pos.failed, pos.step = (pos.runs, pos.step), None
+    return bound.sent_bytes
 
 
 def _run_step(
@@ -450,7 +380,7 @@ def _timeout(
 
 def _run_ordered(
     pos: Position, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
-    average: bool, bucket, tracer,
+    bucket, tracer,
 ) -> int:  # fmt: skip
     """:meth:`Executor.run` on a stream-ordered transport: everything is enqueued on its stream."""
     schedule = bound.schedule
@@ -466,8 +396,6 @@ def _run_ordered(
                 f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
             ):
                 _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
-        if average and bound.divisor > 1:
-            buf.div_(bound.divisor)
     if not transport.sync(time.monotonic() + timeout):
         raise CommTimeoutError(
             rank=transport.rank,

@@ -7,8 +7,11 @@ caller's work on its buffers (``begin``/``end``, for stream-ordered
 engines), waited on against a deadline, and failing with an error that
 names this rank, the peer, the algorithm and the step. The executor's
 schedule steps raise the same errors (:func:`timeout_error`,
-:func:`engine_error`); the backup workers' catch-up and the gossip
-shuffle exchange through :class:`Exchange`. Tags come from
+:func:`engine_error`). Every message outside a schedule travels in an
+:class:`Exchange`: the backup workers' catch-up, the gossip shuffle,
+gossip's messages with a deadline and a replacement's snapshot
+(:mod:`commrt.sync.gossip`), and the farewells of ranks that leave
+(:mod:`commrt.runtime.departures`). Tags come from
 :mod:`commrt.schedule.tags`.
 
 Example::
@@ -20,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -105,6 +109,16 @@ class Exchange:
     meanwhile (NCCL); otherwise the lock is held only while starting.
     ``transport``: run on this transport instead of the communicator's (a group
     a caller made for some of its ranks; peers are then ranks of that group).
+    ``comm=None`` (with ``transport``): a transport with no communicator around
+    it, yet or any more (a communicator's farewells are posted before it exists
+    and sent after it is gone): nothing is locked, and a timeout's error names
+    the time from the start to the deadline.
+
+    Waits come in two kinds: :meth:`wait_recv`, :meth:`wait_send` and
+    :meth:`complete` raise the named timeout; :meth:`recv_landed` and
+    :meth:`send_landed` answer True or False, for callers that never wait past
+    a deadline of their own (gossip's messages, a farewell). Both pass an
+    engine's raw error (a peer's connection broke) through.
     """
 
     def __init__(
@@ -118,21 +132,26 @@ class Exchange:
         hold_lock: bool = False,
         transport: Transport | None = None,
     ):
+        if comm is None and transport is None:
+            raise ValueError("commrt: an Exchange without a communicator needs a transport")
         self.comm, self.where = comm, where
         self.sends, self.recvs = list(sends), list(recvs)
         self.transport: Transport = comm.transport if transport is None else transport
+        # without a communicator there is nobody to exclude: a lock of its own keeps one path
+        self.lock = comm.lock if comm is not None else threading.Lock()
+        self.started = time.monotonic()
         self.holding = hold_lock
         self.done = False
-        comm.lock.acquire()
+        self.lock.acquire()
         try:
             for t in self._buffers():
                 self.transport.begin(t)
             self.pending = self.transport.exchange(self.sends, self.recvs, tag)
         except BaseException:
-            comm.lock.release()
+            self.lock.release()
             raise
         if not hold_lock:
-            comm.lock.release()
+            self.lock.release()
 
     def _buffers(self) -> list[torch.Tensor]:
         seen, out = set(), []
@@ -142,27 +161,41 @@ class Exchange:
                 out.append(t)
         return out
 
-    def _fail(self, what: str, peer: int | None) -> None:
-        raise timeout_error(self.transport.rank, what, peer, self.comm.timeout, self.where)
+    def _fail(self, what: str, peer: int | None, deadline: float) -> None:
+        timeout = self.comm.timeout if self.comm is not None else deadline - self.started
+        raise timeout_error(self.transport.rank, what, peer, timeout, self.where)
+
+    def recv_landed(self, i: int, deadline: float = 0.0) -> bool:
+        """Wait until receive ``i`` landed or ``deadline`` passed (0.0: poll once);
+        True when it landed."""
+        return self.pending.wait_recv(i, deadline)
+
+    def send_landed(self, i: int, deadline: float = 0.0) -> bool:
+        """Wait until send ``i`` left or ``deadline`` passed (0.0: poll once); True when
+        it left."""
+        return self.pending.wait_send(i, deadline)
 
     def wait_recv(self, i: int, deadline: float) -> None:
         """Wait until receive ``i`` landed; raise the named timeout at ``deadline``."""
-        if not self.pending.wait_recv(i, deadline):
-            self._fail("recv", self.recvs[i][1])
+        if not self.recv_landed(i, deadline):
+            self._fail("recv", self.recvs[i][1], deadline)
 
     def wait_send(self, i: int, deadline: float) -> None:
-        if not self.pending.wait_send(i, deadline):
-            self._fail("send", self.sends[i][1])
+        """Wait until send ``i`` left; raise the named timeout at ``deadline``."""
+        if not self.send_landed(i, deadline):
+            self._fail("send", self.sends[i][1], deadline)
 
     def sends_done(self) -> bool:
         """Poll once (an MPI_Test moves a message along); True when every send finished."""
-        return all(self.pending.wait_send(i, 0.0) for i in range(len(self.sends)))
+        return all(self.send_landed(i) for i in range(len(self.sends)))
 
     def complete(self, deadline: float | None = None) -> None:
         """Wait for everything, raise the engine's errors, order later work after it."""
         if self.done:
             return
         if deadline is None:
+            if self.comm is None:
+                raise ValueError("commrt: an Exchange without a communicator needs a deadline")
             deadline = time.monotonic() + self.comm.timeout
         try:
             for i in range(len(self.recvs)):
@@ -171,7 +204,7 @@ class Exchange:
                 self.wait_send(i, deadline)
             self.pending.finish()
             if not self.transport.sync(deadline):
-                self._fail("device stream", None)
+                self._fail("device stream", None, deadline)
             for t in self._buffers():
                 self.transport.end(t)
             self.done = True
@@ -182,4 +215,10 @@ class Exchange:
         """Stop holding the communicator's lock (the engine may still own the buffers)."""
         if self.holding:
             self.holding = False
-            self.comm.lock.release()
+            self.lock.release()
+
+    def cancel(self) -> None:
+        """Withdraw what has not finished (a receive posted for a message that may never
+        come, a send to a peer that is gone), so the transport can close."""
+        self.abandon()
+        self.pending.cancel()

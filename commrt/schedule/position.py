@@ -53,6 +53,11 @@ class Position:
         #: (run count, plan step) where the last run that raised was
         self.failed: tuple | None = None
 
+    def note_op(self, op: str | None) -> None:
+        """The torch.distributed op the process group's call thread runs now (None: none),
+        which the stall verdict names beside the call."""
+        self.torch_op = op
+
     def barrier(self) -> None:
         """A barrier begins (the transport's own: no schedule); ``step = None`` ends it."""
         self.run, self.bucket, self.runs, self.step = None, None, self.runs + 1, BARRIER

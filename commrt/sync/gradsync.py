@@ -48,6 +48,7 @@ import torch
 
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm
 from commrt.runtime.communicator import Communicator
+from commrt.runtime.trace import Tracer
 from commrt.sync.buckets import MB, Bucket, assign_buckets, check_layout, describe
 from commrt.sync.buffers import BucketBuffers
 from commrt.sync.config import SyncConfig, trainable
@@ -62,7 +63,6 @@ from commrt.sync.state import broadcast_state
 from commrt.sync.stats import SyncStats
 from commrt.sync.stepstate import StepState
 from commrt.sync.unused import Unused, raise_if_unused, unready_parameters
-from commrt.training.trace import Tracer
 
 __all__ = ["GradientSync", "Unused"]
 
@@ -94,7 +94,7 @@ class GradientSync:
             dtype; ``step()`` then
             zeroes gradients in place instead of setting them to None (a
             gradient set to None or replaced is copied in and re-viewed).
-        trace: ``True`` or a :class:`~commrt.training.trace.Tracer` to record a
+        trace: ``True`` or a :class:`~commrt.runtime.trace.Tracer` to record a
             Chrome-trace timeline (``save_trace``); NVTX ranges on GPU.
         broadcast_init: start every rank from rank 0's parameters and
             buffers (default True, as DDP). Turn it off only if the ranks

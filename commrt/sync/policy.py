@@ -70,7 +70,7 @@ class SyncContext:
     buckets: tuple[Bucket, ...]
     buffers: tuple[torch.Tensor, ...]
     comm_dtype: torch.dtype
-    tracer: object = None  # commrt.training.trace.Tracer or None
+    tracer: object = None  # commrt.runtime.trace.Tracer or None
     #: ``unpack(b)`` makes bucket b's ``.grad`` hold what its buffer holds again, for a policy
     #: that rewrites buffers after their ``communicate`` (backup workers redoing a step)
     unpack: Callable[[int], None] | None = None

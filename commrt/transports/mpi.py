@@ -75,7 +75,8 @@ class _MpiPrepared(Prepared):
         tag %= transport.tag_ub
         rreqs = [comm.Recv_init(as_buffer(t, MPI), source=peer, tag=tag) for t, peer in recvs]
         sreqs = [comm.Send_init(as_buffer(t, MPI), dest=peer, tag=tag) for t, peer in sends]
-        self.pending = _MpiPending(sreqs, rreqs)
+        # the check is the communicator's watch, attached before any step is prepared
+        self.pending = _MpiPending(sreqs, rreqs, check=transport.waiting_check())
         self.preqs = rreqs + sreqs  # receives start first
         self._startall = MPI.Prequest.Startall
 
@@ -83,7 +84,6 @@ class _MpiPrepared(Prepared):
         self._startall(self.preqs)
         pending = self.pending
         pending.spin_s = spin_s
-        pending.check = self.transport.waiting_check()
         return pending
 
     def free(self) -> None:

@@ -190,10 +190,11 @@ class ShmTransport(Transport):
             try:
                 for op in rops:
                     self._in[op.peer].post(op)
+                for inbound in self._inbounds:
+                    inbound.pull()
             except Truncated as e:
                 self._broken = str(e)
                 self._raise_if_broken()
-            self._progress()
 
     def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
         return _AddingPrepared(self, sends, recvs, tag, ())

@@ -122,7 +122,10 @@ class Inbound:
         if waiting:
             deliver(op, waiting.popleft())
             return
-        self.posted.setdefault(op.tag, deque()).append(op)
+        queue = self.posted.get(op.tag)
+        if queue is None:  # not setdefault: that would make a deque on every post
+            queue = self.posted[op.tag] = deque()
+        queue.append(op)
 
     def withdraw(self, op: Op) -> bool:
         """Forget a posted receive; False if half its data was already added in."""

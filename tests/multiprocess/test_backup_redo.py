@@ -1,7 +1,7 @@
 """Backup workers when a participant dies INSIDE a global step's all-reduce.
 
 4 real gloo ranks run tests/workers/backup_redo_worker.py; the test hook
-``COMMRT_TEST_KILL`` (commrt/sync/backup/wire.py) SIGKILLs the named ranks
+``COMMRT_TEST_KILL`` (tests/helpers/faults.py) SIGKILLs the named ranks
 right after their first send of global step ``KILL_AT``'s reduction. The
 checks: with at most b deaths the survivors agree on new participants
 through the store and redo that step from the gradients they kept (the

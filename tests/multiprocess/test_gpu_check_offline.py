@@ -122,6 +122,7 @@ def test_the_check_runs_offline_from_a_copy_and_says_why_it_stops(tmp_path):
         "kernels vs torch on CUDA",
         "GradientSync bf16 wire",
         "kernel benchmark (CUDA cases)",
+        "GPU hot path (CUDA cases)",
         "kernel GB/s vs copy_",
         "GPU tests",
         'DDP on "commrt" vs NCCL',
@@ -136,6 +137,7 @@ def test_the_check_runs_offline_from_a_copy_and_says_why_it_stops(tmp_path):
     backup = [v for k, v in rows.items() if k.startswith("test_gradient_sync_backup")]
     assert backup and all(v.startswith("skipped") for v in backup), table  # (names cut alike)
     assert rows["test_kernels_compile_for_sm90"].startswith("passed"), table
+    assert rows["CUDA graph replay per bucket"].startswith("not built"), table
     assert rows["result"].startswith("NOT RUN   exit 2"), table
     print(proc.stdout)  # the table, for -s
     assert _where(python, env, str(tmp_path)) == os.path.join(tree, "kernels", "__init__.py")

@@ -171,7 +171,7 @@ def test_trace_names_phases_and_overlap_with_backward(tmp_path):
 
 def test_trace_merge_cli(tmp_path):
     from commrt.cli import main
-    from commrt.training.trace import Tracer
+    from commrt.runtime.trace import Tracer
 
     paths = []
     for r in range(2):

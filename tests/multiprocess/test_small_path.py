@@ -100,7 +100,7 @@ def test_small_cpu_adds_match_torch_bit_for_bit(dtype, n):
 def test_small_cpu_pieces_are_added_by_numpy_large_ones_by_torch(monkeypatch):
     import numpy as np
 
-    import commrt.schedule.executor as ex_mod
+    import commrt.schedule.binding as ex_mod
 
     adds = []
 

@@ -50,6 +50,32 @@ def test_a_call_behind_a_queued_one_waits_its_turn_on_the_call_thread():
         calls.close()
 
 
+def test_calls_submitted_while_one_runs_here_wait_for_it_then_run_in_order():
+    """No lock of the queue's own keeps them apart: they are held until the call that
+    runs on its caller's thread ends, then reach the call thread in the order they came."""
+    calls, ran = CallQueue("calls"), []
+    later = []
+
+    def submit_two():
+        later.append(calls.submit(lambda: ran.append("b"), _work("b")))
+        later.append(calls.submit(lambda: ran.append("c"), _work("c"), here=True))
+
+    def first():
+        t = threading.Thread(target=submit_two)
+        t.start()
+        t.join(10)
+        threading.Event().wait(0.2)  # room for a call thread that would not wait to run
+        ran.append("a")
+
+    try:
+        calls.submit(first, _work("a"), here=True)
+        for work in later:
+            work.wait()
+        assert ran == ["a", "b", "c"] and calls.pending == 0
+    finally:
+        calls.close()
+
+
 def test_an_error_of_a_call_run_here_reaches_its_waiter_and_keeps_the_queue_going():
     calls = CallQueue("calls")
     try:

@@ -237,14 +237,19 @@ def test_kernel_timing_queues_many_launches_between_two_cuda_events(monkeypatch)
     assert len(rounds) == 3 and all(set(r) == {"call"} and len(r) > 1 for r in rounds), fake.log
     assert per_call == 6.0 / 1e3 / len(rounds[0])
 
+    # bench_kernels.py's rounds: behind a sleep, rotating through the buffer sets
+    # (the timing itself: tests/unit/test_bench_cuda_timing.py)
+    monkeypatch.syspath_prepend(f"{REPO}/bench")
     spec = importlib.util.spec_from_file_location(
         "bench_kernels_t", f"{REPO}/bench/bench_kernels.py"
     )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "gpu_seconds", lambda fns, reps, host_s: (len(fns) * reps, False))
+    assert mod._round_seconds([fake.call] * 3, 50, "cuda", 1e-5) == 150
     fake.log.clear()
-    assert mod._round_seconds(fake.call, 50, "cuda") == 6.0 / 1e3 / 50
-    assert fake.log == ["record"] + ["call"] * 50 + ["record", "wait"]
+    assert mod._round_seconds([fake.call, lambda: fake.log.append("b")], 4, "cpu") > 0
+    assert fake.log == ["call", "b"] * 2
     assert 1024 in mod.CUDA_SIZES_MB and 1024 not in mod.SIZES_MB  # 1 GiB on the GPU only
 
 
@@ -284,3 +289,30 @@ def test_a_test_file_killed_at_its_limit_says_how_to_give_it_more(tmp_path):
     assert spent.cut("bench") == (G.NOT_RUN, "no time left: raise --budget")
     assert G.run_test_files(spent, [str(slow)]) == ({}, ["test_slow.py"])
     assert spent.cut("tests")[0] == G.NOT_RUN
+
+
+# ------------------------------------------------------------ the hot-path step
+
+
+def test_the_hot_path_step_without_a_gpu_is_not_run_and_says_why(tmp_path):
+    """The step runs bench/bench_hotpath_gpu.py's CUDA cases; here every one skips, so the
+    row is NOT RUN with the reason, never passed, and the log is in the output folder."""
+    steps = G.Steps(str(tmp_path), 300)
+    result, detail = G.run_bench(steps, "hotpath")
+    assert result == G.NOT_RUN, detail
+    assert detail.startswith("no CUDA GPU on this machine"), detail
+    assert "0 of 10 CUDA cases ran" in detail, detail
+    assert "skipped" in (tmp_path / "gpu_check_hotpath.txt").read_text()
+    line = G.row("GPU hot path (CUDA cases)", result, detail)
+    assert len(line) <= 80 and G.exit_status(["info", G.result_of(line)]) == 2
+
+
+def test_what_is_not_built_says_so_and_fails_nothing():
+    rows = G.not_built_rows()
+    assert [r[:34].rstrip() for r in rows] == list(G.NOT_BUILT)
+    assert all(G.result_of(r) == G.ABSENT and len(r) <= 80 for r in rows), rows
+    assert "CUDA graph replay per bucket" in G.NOT_BUILT
+    assert G.exit_status([G.PASSED] + [G.result_of(r) for r in rows]) == 0
+    # the hot path runs after the kernel benchmark, with a limit of its own
+    order = list(G.LIMITS)
+    assert order.index("hotpath") == order.index("bench") + 1 and G.LIMITS["hotpath"] > 0

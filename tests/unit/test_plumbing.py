@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 import pytest
@@ -107,3 +108,47 @@ def test_exchange_moves_bytes_and_names_the_silent_peer():
 
     message = run_ranks(2, lonely)[0]
     assert "rank 0" in message and "from rank 1" in message and "shuffle, step 2" in message
+
+
+def test_exchange_without_a_communicator_stands_on_its_transport():
+    """A communicator's farewells are posted before it exists: an Exchange on a bare
+    transport moves bytes, answers polls, and needs a deadline to wait."""
+    with pytest.raises(ValueError, match="needs a transport"):
+        Exchange(None, [], [], tags.FAREWELL, Where("farewell"))
+
+    checked = threading.Event()  # rank 1 sends once rank 0 has seen nothing arrive
+
+    def body(tr):
+        peer = 1 - tr.rank
+        got = torch.empty(3)
+        ex = Exchange(None, [], [(got, peer)], tags.FAREWELL, Where("farewell"), transport=tr)
+        if tr.rank == 0:
+            assert not ex.recv_landed(0)  # polled once: rank 1 has not sent yet
+            with pytest.raises(ValueError, match="needs a deadline"):
+                ex.complete()
+            with pytest.raises(CommTimeoutError, match="algorithm farewell"):
+                ex.wait_recv(0, time.monotonic() + 0.05)
+            checked.set()
+        else:
+            assert checked.wait(30)
+        sends = [(torch.full((3,), float(tr.rank + 1)), peer)]
+        Exchange(None, sends, [], tags.FAREWELL, Where("farewell"), transport=tr)
+        assert ex.recv_landed(0, time.monotonic() + 5)
+        return got
+
+    a, b = run_ranks(2, body)
+    assert torch.equal(a, torch.full((3,), 2.0)) and torch.equal(b, torch.ones(3))
+
+
+def test_exchange_cancel_withdraws_what_is_pending_and_gives_the_lock_back():
+    withdrawn = []
+
+    def body(tr):
+        comm = _comm(tr)
+        ex = Exchange(comm, [], [(torch.empty(1), 1)], tags.CATCHUP, Where("t"), hold_lock=True)
+        ex.pending.cancel = lambda: withdrawn.append(tr.rank)
+        ex.cancel()
+        assert not ex.holding and comm.lock.acquire(blocking=False)
+
+    run_ranks(1, body)
+    assert withdrawn == [0]

@@ -7,6 +7,7 @@ import torch
 from helpers.local_transport import run_ranks
 
 import commrt
+from commrt.collectives.memo import last_settled
 from commrt.collectives.reductions import TORCH, ReduceOp
 from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 
@@ -47,7 +48,7 @@ def test_each_op_gives_torchs_answer_and_settles_like_a_sum(op, dtype, want):
         grid = torch.zeros(6, 2, dtype=dtype)  # a strided view: through a contiguous copy
         grid[:, 1] = _inputs(tr.rank, dtype)
         commrt.all_reduce(grid[:, 1], comm, algorithm="rd", op=op)
-        return out, grid, comm.slots.settled_call is not None
+        return out, grid, last_settled(comm) is not None
 
     expected = want(_inputs(0, dtype), _inputs(1, dtype))
     for out, grid, settled in run_ranks(2, body):

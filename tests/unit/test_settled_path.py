@@ -11,6 +11,7 @@ from helpers.local_transport import run_ranks
 import commrt
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import choices, learning
+from commrt.collectives.memo import last_settled
 from commrt.errors import CollectiveMismatchError
 from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 from commrt.sim import Network
@@ -69,17 +70,17 @@ def test_a_settled_auto_call_runs_the_kept_schedule_without_select_or_observe(as
             made = sum(r == tr.rank for r, _, _ in asked) - before
             history.append((made, learning(comm)[12].phase))
         kept = choices(comm)[12]
-        return history, comm.slots.settled_call.schedule is kept.schedule, learning(comm)[12]
+        return history, last_settled(comm).schedule is kept.schedule, learning(comm)[12]
 
     for history, runs_kept, tuning in run_ranks(2, body):
         settled_at = next(k for k, (_, phase) in enumerate(history) if phase == "settled")
         assert tuning.trial_s, "the slow model should have made auto try other candidates"
         assert 5 < settled_at < CALLS - 10
-        # every call up to the one that settled selected and observed (that one selected once
-        # more, for the schedule to keep); none after it did
-        assert [made for made, _ in history[:settled_at]] == [2] * settled_at
-        assert history[settled_at][0] >= 2
-        assert [made for made, _ in history[settled_at + 1 :]] == [0] * (CALLS - settled_at - 1)
+        # every call up to the one after it settled selected once and observed once (that
+        # one's select gave the schedule to keep: select never runs twice in a call); none
+        # after it did
+        assert [made for made, _ in history[: settled_at + 2]] == [2] * (settled_at + 2)
+        assert [made for made, _ in history[settled_at + 2 :]] == [0] * (CALLS - settled_at - 2)
         assert runs_kept  # the memo holds what auto kept (the learned choice, if it changed)
 
 
@@ -139,7 +140,7 @@ def test_a_settled_call_with_a_strided_tensor_or_its_own_timeout_is_still_right(
             out.append(grid.tolist())
             x.fill_(tr.rank + 1.0 + k)
             out.append(commrt.all_reduce(x, comm, algorithm="rd", op="avg", timeout=5).tolist())
-        return out, comm.slots.settled_call is not None
+        return out, last_settled(comm) is not None
 
     want = []
     for k in range(3):
@@ -154,7 +155,7 @@ def test_a_new_signature_after_a_settled_one_is_still_checked_across_ranks():
         x = torch.ones(2)
         for _ in range(5):
             commrt.all_reduce(x, comm, algorithm="rd", op="sum")
-        assert comm.slots.settled_call is not None  # the warm calls took the settled path
+        assert last_settled(comm) is not None  # the warm calls took the settled path
         # both new (a rank repeating the settled call while the other makes a new one is
         # COMMRT_DEBUG's to name): same bytes, different calls
         y = x.view(1, 2) if tr.rank == 1 else x.view(2, 1)
@@ -177,7 +178,7 @@ def test_debug_checks_every_call_and_never_takes_the_settled_path(asked):
         x = torch.zeros(3)  # summed in place CALLS times: ones would overflow
         for _ in range(CALLS):
             commrt.all_reduce(x, comm, algorithm=auto, op="sum")
-        return comm.slots.settled_call, learning(comm)[12].phase
+        return last_settled(comm), learning(comm)[12].phase
 
     assert run_ranks(2, body) == [(None, "settled")] * 2
     assert sum(r == 0 and what == "select" for r, what, _ in asked) == CALLS

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
 from commrt.algorithms import Auto  # noqa: E402
 from commrt.algorithms.auto import choices, learning  # noqa: E402
+from commrt.collectives.memo import last_settled  # noqa: E402
 
 N = 1024  # floats: 4 KiB
 MAX_CALLS = 2000  # reached only if learning never settles or never moves on
@@ -47,7 +48,7 @@ def main(out_path, mode):
         if not torch.equal(x, torch.full((N,), p * (p + 1) / 2)):
             failures.append({"call": i, "got": x[:3].tolist()})
         t = learning(comm)[4 * N]
-        memo_seen += comm.slots.settled_call is not None
+        memo_seen += last_settled(comm) is not None
         if not phases or phases[-1] != t.phase:
             phases.append(t.phase)
         if first is None and t.phase == "settled":

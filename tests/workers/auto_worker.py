@@ -16,7 +16,7 @@ from mpi_report import write_ranks
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
 from commrt.algorithms.auto import choices  # noqa: E402
-from commrt.training.trace import Tracer  # noqa: E402
+from commrt.runtime.trace import Tracer  # noqa: E402
 
 SIZES = [1, 1000, 1_000_003]
 

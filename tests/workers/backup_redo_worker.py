@@ -2,7 +2,7 @@
 
     backup_redo_worker.py SCENARIO OUTDIR BACKUPS
 
-The test sets ``COMMRT_TEST_KILL`` (commrt/sync/backup/wire.py): the named
+The test sets ``COMMRT_TEST_KILL`` (tests/helpers/faults.py): the named
 ranks SIGKILL themselves right after their first send of global step
 ``KILL_AT``'s reduction. Ranks N..p-1 sleep ``SLOW_S`` before each backward
 up to that step so that they are the late ranks and ranks 0..N-1 the
@@ -32,8 +32,11 @@ import time
 
 import torch
 
-import commrt
-from commrt.algorithms import BackupWorkers
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers import faults  # noqa: E402
+
+import commrt  # noqa: E402
+from commrt.algorithms import BackupWorkers  # noqa: E402
 
 STEPS = 7
 KILL_AT = 3
@@ -76,6 +79,7 @@ def main(scenario, out, backups):
     opt = optimizer(m)
     alg = BackupWorkers(backups=backups, dead_after_s=DEAD_AFTER_S)
     sync = commrt.GradientSync(m, comm, algorithm=alg, bucket_mb=0.0002, first_bucket_mb=0.0001)
+    faults.arm(sync)
     rec = {"rank": rank, "buckets": len(sync.buckets), "steps": [], "applied": []}
     try:
         for _ in range(STEPS):

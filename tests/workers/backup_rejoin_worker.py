@@ -26,6 +26,7 @@ import sys
 import time
 
 from backup_redo_worker import DEAD_AFTER_S, KILL_AT, SLOW_S, grads, model, optimizer, save
+from helpers import faults  # on the path backup_redo_worker put it on
 
 import commrt
 from commrt.algorithms import BackupWorkers
@@ -44,6 +45,7 @@ def main(out, backups):
     opt = optimizer(m)
     alg = BackupWorkers(backups=backups, dead_after_s=DEAD_AFTER_S)
     sync = commrt.GradientSync(m, comm, algorithm=alg, bucket_mb=0.0002, first_bucket_mb=0.0001)
+    faults.arm(sync)
     inc = sync.policy.parts.liveness.incarnation
     if os.environ.get("COMMRT_TEST_KILL_JOIN"):
         os.kill(os.getpid(), signal.SIGKILL)

@@ -108,7 +108,7 @@ The package, one module per job (imports go down this list, never up):
 :mod:`~commrt.sync.backup.rejoin`           a replacement of a dead rank comes back
 :mod:`~commrt.sync.backup.liveness`         heartbeats, recorded deaths, the end handshake
 :mod:`~commrt.sync.snapshot`                parameters + optimizer state (shared)
-:mod:`~commrt.sync.backup.wire`             the gloo groups reductions run on; the test hook
+:mod:`~commrt.sync.backup.wire`             the gloo groups reductions run on
 :mod:`~commrt.sync.backup.waiter`           gloo waits given up once a member is recorded dead
 :mod:`~commrt.sync.backup.keys`             every control-store key, in one place
 ==========================================  ==========================================

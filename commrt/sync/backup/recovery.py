@@ -61,7 +61,8 @@ import torch
 from commrt.errors import CommError
 from commrt.runtime.polling import poll
 from commrt.sync.backup.keys import Keys, incarnation_of, rank_of
-from commrt.sync.backup.wire import KillAfterFirstSend, Wire, kill_step, make_wire
+from commrt.sync.backup.wire import Wire, make_wire
+from commrt.transports.base import Transport
 
 COMMIT, REDO = "commit", "redo"
 
@@ -77,7 +78,10 @@ class Reduction:
         self.rank, self.p, self.n, self.timeout = arrival.rank, arrival.p, arrival.n, timeout
         #: a failure is redone (gloo); elsewhere it is raised, as before
         self.recoverable = ctx.comm.transport.name == "gloo"
-        self._kill_at = kill_step(self.rank) if self.recoverable else None  # the test hook
+        #: the seam for fault injection (gloo): ``wrap_round(transport, step, round)`` returns
+        #: the transport round ``round`` of global step ``step`` reduces on, in place of its
+        #: group's own; None: the group's. The tests wrap it to die inside an all-reduce.
+        self.wrap_round: Callable[[Transport, int, int], Transport] | None = None
         # ---- the groups reductions run on (gloo)
         self.setup_wire: Wire | None = None  # every rank's, made at setup, until it fails
         self.broken = False  # the setup group failed somewhere (read from the store)
@@ -211,10 +215,8 @@ class Reduction:
             return 0  # the round failed already: commit() redoes every bucket
         wire = self.wire
         transport = wire.transport
-        hook = self._kill_at
-        if hook is not None and hook[0] == self.step and self.round == 0:
-            self._kill_at = None  # once
-            transport = KillAfterFirstSend(transport, hook[1])
+        if self.wrap_round is not None:
+            transport = self.wrap_round(transport, self.step, self.round)
         try:
             return self.ctx.run(
                 self.schedules[bucket],

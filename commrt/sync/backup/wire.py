@@ -1,4 +1,4 @@
-"""The groups backup workers' reductions run on, and the test hook that kills a participant.
+"""The groups backup workers' reductions run on.
 
 On gloo the policy owns the transport its participants all-reduce on, apart
 from the communicator's (which catch-up keeps using): a
@@ -32,19 +32,10 @@ redoes, as soon as a member of the round is recorded dead (about
 ``dead_after_s`` after it stopped beating) rather than at the timeout. The
 abandoned wait ends on its own at gloo's timeout; the group is aborted and
 never used again. The handoff costs a few tens of microseconds per wait.
-
-**Test hook.** ``COMMRT_TEST_KILL="{rank}[,{rank}...]:{global step}"``
-(read at setup): those ranks SIGKILL themselves right after their first
-send of that global step's reduction has completed, inside the all-reduce:
-the deterministic deaths the redo tests need; with ``:STOP`` appended they
-SIGSTOP themselves instead (a hung rank, whose connections stay open).
-Nothing else reads it.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from collections.abc import Callable
 from typing import Sequence
@@ -53,11 +44,7 @@ import torch.distributed as dist
 
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.waiter import WaiterTransport
-from commrt.transports.base import Pair, Pending, Transport
 from commrt.transports.gloo import GlooTransport
-
-#: the test hook's variable (module docs)
-KILL_ENV = "COMMRT_TEST_KILL"
 
 
 class PollingStore(dist.Store):
@@ -153,58 +140,3 @@ def make_wire(
     its waits at once."""
     rendezvous = gone if step is not None else None
     return Wire(cs, space, Keys.wire(step, round), members, rank, timeout, names, rendezvous, gone)
-
-
-def kill_step(rank: int) -> tuple[int, int] | None:
-    """(global step, signal) with which the test hook stops this rank (None: never)."""
-    spec = os.environ.get(KILL_ENV, "")
-    if not spec:
-        return None
-    who, step, *how = spec.split(":")
-    sig = signal.SIGSTOP if how == ["STOP"] else signal.SIGKILL
-    return (int(step), sig) if rank in {int(r) for r in who.split(",")} else None
-
-
-class _KillAfterSend(Pending):
-    def __init__(self, inner: Pending, sig: int):
-        self.inner, self.sig, self.fired = inner, sig, False
-
-    def wait_recv(self, i: int, deadline: float) -> bool:
-        return self.inner.wait_recv(i, deadline)
-
-    def wait_send(self, i: int, deadline: float) -> bool:
-        done = self.inner.wait_send(i, deadline)
-        if done and not self.fired:
-            self.fired = True
-            os.kill(os.getpid(), self.sig)
-        return done
-
-    def finish(self) -> None:
-        self.inner.finish()
-
-    def cancel(self) -> None:
-        self.inner.cancel()
-
-
-class KillAfterFirstSend(Transport):
-    """The test hook: forwards to ``inner`` and dies once its first send completed."""
-
-    name = "gloo"
-
-    def __init__(self, inner: Transport, sig: int):
-        super().__init__(inner.rank, inner.world_size, inner.device)
-        self.inner, self.sig = inner, sig
-        self.fired = False
-
-    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
-        pending = self.inner.exchange(sends, recvs, tag)
-        if not sends or self.fired:
-            return pending
-        self.fired = True  # once (a stopped rank that wakes goes on normally)
-        return _KillAfterSend(pending, self.sig)
-
-    def barrier(self, timeout: float) -> bool:
-        return self.inner.barrier(timeout)
-
-    def native_all_reduce(self, tensor, op: str = "sum") -> None:
-        self.inner.native_all_reduce(tensor, op)

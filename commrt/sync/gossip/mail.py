@@ -18,7 +18,8 @@ other rank travel on a two-rank group made for that pair. :meth:`Postbox.route`
 sends one peer's letters over such a group (by its number there); the
 others keep the communicator's transport.
 
-On MPI (``transport.pollable``) the waiter polls under the communicator's
+Each posting is one :class:`~commrt.schedule.p2p.Exchange`, started under
+the communicator's lock. On MPI (``transport.pollable``) the waiter polls under the communicator's
 lock instead, a test every half millisecond. NCCL cannot cancel or poll a
 transfer and is refused by the policy.
 """
@@ -31,6 +32,8 @@ from collections import deque
 
 import torch
 
+from commrt.schedule.p2p import Exchange, Where
+
 #: a letter still travelling
 WAITING = "waiting"
 #: a letter whose bytes landed (a receive) or whose buffer is free again (a send)
@@ -40,6 +43,8 @@ FAILED = "failed"
 
 #: seconds between two polls of a pollable (MPI) transport
 POLL_S = 5e-4
+#: what an error about a letter's exchange names
+WHERE = Where("gossip with a deadline")
 
 
 class Letter:
@@ -107,17 +112,16 @@ class Postbox:
         sends = [(send.buf, way[send.peer][1])] if send is not None else []
         recvs = [(recv.buf, way[recv.peer][1])] if recv is not None else []
         try:
-            with self.comm.lock:
-                pending = transport.exchange(sends, recvs, tag)
+            ex = Exchange(self.comm, sends, recvs, tag, WHERE, transport=transport)
         except Exception as e:  # a peer's connection already broke: neither will land
             for letter in (send, recv):
                 if letter is not None:
                     self._resolve(letter, False, e)
             return
         if recv is not None:
-            self._enqueue(recv.peer, "recv", (pending, 0, recv))
+            self._enqueue(recv.peer, "recv", (ex, 0, recv))
         if send is not None:
-            self._enqueue(send.peer, "send", (pending, 0, send))
+            self._enqueue(send.peer, "send", (ex, 0, send))
 
     def wait(self, letter: Letter, deadline: float) -> bool:
         """Wait until ``letter`` resolved or ``time.monotonic()`` reaches ``deadline``;
@@ -168,15 +172,15 @@ class Postbox:
                     self.cv.wait()
                 if not queue:
                     return
-                pending, i, letter = queue[0]
-            ok, error = self._wait_one(pending, i, kind)
+                ex, i, letter = queue[0]
+            ok, error = self._wait_one(ex, i, kind)
             with self.cv:
                 queue.popleft()
             self._resolve(letter, ok, error)
 
-    def _wait_one(self, pending, i: int, kind: str) -> tuple[bool, BaseException | None]:
+    def _wait_one(self, ex: Exchange, i: int, kind: str) -> tuple[bool, BaseException | None]:
         deadline = time.monotonic() + self.timeout_s
-        wait = pending.wait_recv if kind == "recv" else pending.wait_send
+        wait = ex.recv_landed if kind == "recv" else ex.send_landed
         try:
             if not self.transport.pollable:
                 return wait(i, deadline), None

@@ -72,6 +72,7 @@ from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.polling import poll
 from commrt.runtime.store import STORE_ENV, ControlStore, launcher_store
 from commrt.schedule import tags
+from commrt.schedule.p2p import Exchange, Where
 from commrt.sync.backup.rejoin import RejoinedTooLate
 from commrt.sync.backup.wire import Wire
 from commrt.sync.gossip.deaths import PREFIX, DeathBoard
@@ -81,6 +82,8 @@ log = logging.getLogger(__name__)
 
 #: the join step of a rank a replacement has not been admitted by
 NEVER = 1 << 62
+#: what the snapshot's exchange names (its errors are renamed in the job's ranks)
+WHERE = Where("gossip rejoin")
 
 
 class Members:
@@ -141,12 +144,12 @@ class Members:
         flat, layout = self.snapshot()
         store.set(f"snap/{name}", json.dumps(layout))
         parts, at = pieces(flat), wire.members.index(peer)
-        with self.comm.lock:
-            pending = wire.transport.exchange([(x, at) for x in parts], [], tags.CATCHUP)
-        deadline = time.monotonic() + self.timeout
-        for i in range(len(parts)):
-            if not pending.wait_send(i, deadline):
-                raise CommError(f"commrt: gossip: the snapshot for rank {peer} timed out")
+        sends = [(x, at) for x in parts]
+        ex = Exchange(self.comm, sends, [], tags.CATCHUP, WHERE, transport=wire.transport)
+        try:
+            ex.complete(time.monotonic() + self.timeout)
+        except CommTimeoutError:  # its ranks are the pair group's: name the job's instead
+            raise CommError(f"commrt: gossip: the snapshot for rank {peer} timed out") from None
         self.served += 1
 
     def _wire(self, name: str, replacement: int, other: int) -> Wire:
@@ -225,10 +228,12 @@ class Members:
         flat = torch.empty(layout["nbytes"], dtype=torch.uint8)
         wire = self.wires[server]
         parts, at = pieces(flat), wire.members.index(server)
-        pending = wire.transport.exchange([], [(x, at) for x in parts], tags.CATCHUP)
-        for i in range(len(parts)):
-            if not pending.wait_recv(i, deadline):
-                raise self._timeout(f"rank {server}'s snapshot")
+        recvs = [(x, at) for x in parts]
+        ex = Exchange(self.comm, [], recvs, tags.CATCHUP, WHERE, transport=wire.transport)
+        try:
+            ex.complete(deadline)
+        except CommTimeoutError:  # its ranks are the pair group's: name the job's instead
+            raise self._timeout(f"rank {server}'s snapshot") from None
         return flat, layout
 
     def _timeout(self, what: str) -> CommTimeoutError:

@@ -1,0 +1,48 @@
+"""What other modules derive once per communicator: :class:`CommSlots`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["CommSlots", "NodeLayout"]
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """Ranks per node as every rank agreed (see :func:`commrt.tuning.topology.ranks_per_node`)."""
+
+    ranks_per_node: int | None
+
+
+@dataclass
+class CommSlots:
+    """What other modules derive once per communicator, one typed field each (not a
+    string-keyed dict: a reader finds every user of a slot by its name). The caches among
+    them are listed with every other, in one place: :mod:`commrt.collectives`."""
+
+    #: commrt.tuning.topology: ranks per node as every rank agreed (collective on first use)
+    node_layout: NodeLayout | None = None
+    #: commrt.tuning.probe: the measured network model (a ProbeResult)
+    probe: object | None = None
+    #: commrt.algorithms.auto: (Auto, world size, bytes) -> Choice, identical on every rank
+    auto_choices: dict = field(default_factory=dict)
+    #: commrt.algorithms.auto_learn: (Auto, world size, bytes) -> Tuning, identical on every rank
+    auto_tuning: dict = field(default_factory=dict)
+    #: commrt.algorithms.auto: (Auto, world size, bytes, label) -> a tried candidate's Choice
+    auto_tried: dict = field(default_factory=dict)
+    #: commrt.runtime.store: the job's control store (a ControlStore)
+    control_store: object | None = None
+    #: commrt.sync.backup: backup-worker policies made so far (each gets its own key space)
+    backup_instances: int = 0
+    #: commrt.collectives.core: call signatures all ranks agreed on (each checked on first use)
+    agreed_calls: set = field(default_factory=set)
+    #: commrt.collectives.reductions: the dtypes each op reduces (None: commrt's own; gloo's
+    #: on a torch.distributed group's communicator)
+    dtype_rules: object | None = None
+    #: commrt.collectives.memo: (algorithm, op, dtype, shape) -> SettledCall, all-reduce
+    #: signatures whose schedule no longer changes: run without agreeing, selecting or
+    #: observing again (the last call's is kept with its binding: Executor.last)
+    settled_calls: dict = field(default_factory=dict)
+    #: commrt.collectives.memo: signatures whose learning algorithm settled on their last
+    #: call: the next call's select gives the schedule to keep
+    settling: set = field(default_factory=set)
