@@ -188,8 +188,7 @@ class Communicator:
         """Before ``error`` (a wait ran out of this communicator's timeout) is raised: the
         stall verdict joins its message (:meth:`commrt.runtime.stall.StallWatch.at_timeout`).
         Not for backup workers' steps (their family goes on without ranks that fail)."""
-        d = self.departures
-        if self.stall is not None and (not d.in_sync or d.sync_waits_on_all):
+        if self.stall is not None and self.departures.waits_on_all:
             self.stall.at_timeout(error)
 
     # -- what collectives and GradientSync need from each other, through the communicator
@@ -288,7 +287,8 @@ class Communicator:
 
 
 def _spin_s(local_size: int | None) -> float:
-    """:data:`SPIN_S` if ``local_size`` ranks fit on this process's cores, else 0 (or unknown)."""
+    """:data:`SPIN_S` if ``local_size`` ranks fit on this process's cores, else 0 (also when
+    unknown)."""
     return SPIN_S if local_size is not None and local_size <= usable_cores() else 0.0
 
 

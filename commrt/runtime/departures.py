@@ -131,6 +131,12 @@ class Departures:
             self.in_sync = False
 
     # -- asking
+    @property
+    def waits_on_all(self) -> bool:
+        """Whether this rank's waits now wait on every rank: outside a GradientSync step,
+        or in one of a family that does (not backup workers)."""
+        return not self.in_sync or self.sync_waits_on_all
+
     def check(self) -> None:
         """Raise :class:`PeerClosedError` if a peer that left will never take part in
         what this rank waits in (cheap: tests posted receives; nothing on gloo)."""
