@@ -20,7 +20,10 @@ From the repository root, after ``pip install -e '.[dev]'``::
   times a third as many calls of each side one by one: ``shm_x_p50`` and
   ``mpi_x_p50`` are the ratios of the median single calls, which a peer
   descheduled for a time slice (milliseconds, on a loaded machine) moves far
-  less than the means. Needs mpiexec.
+  less than the means. At p = 2 a fourth side, ``floor``, times one
+  exchange over mpi4py's ``Irecv``/``Isend``/``Waitall`` and a numpy add,
+  without commrt (``floor_x``, ``floor_x_p50``): the least any schedule over
+  MPI's point-to-point calls costs from Python. Needs mpiexec.
 """
 
 from __future__ import annotations
@@ -101,6 +104,27 @@ def comms():
         c.close()
 
 
+def python_floor(world, nbytes: int):
+    """The least a schedule step over MPI's point-to-point calls can cost from Python, at
+    p = 2: post the receive, post the send, wait for both (mpi4py's ``Irecv``, ``Isend``,
+    ``Waitall``), add the piece (numpy). No commrt: any schedule commrt runs over MPI pays
+    at least this, so ``floor_x`` bounds what ``mpi_x`` can reach."""
+    import numpy as np
+    from mpi4py import MPI
+
+    peer = 1 - world.Get_rank()
+    x = np.ones(nbytes // 4, dtype=np.float32)
+    got = np.empty_like(x)
+
+    def step():
+        recv = world.Irecv(got, peer, 7)
+        send = world.Isend(x, peer, 7)
+        MPI.Request.Waitall([recv, send])
+        np.add(x, got, out=got)
+
+    return step
+
+
 @pytest.mark.parametrize("size", list(SIZES))
 def test_small_allreduce(benchmark, record_bandwidth, comms, size):
     import numpy as np
@@ -115,6 +139,8 @@ def test_small_allreduce(benchmark, record_bandwidth, comms, size):
         for name, c in comms.items()
     }
     sides["MPI_Allreduce"] = lambda: world.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
+    if world.Get_size() == 2:
+        sides["floor"] = python_floor(world, nbytes)
     times: dict[str, list] = {name: [] for name in sides}
     singles: dict[str, list] = {name: [] for name in sides}
 
@@ -154,6 +180,8 @@ def test_small_allreduce(benchmark, record_bandwidth, comms, size):
     one = {name: statistics.median(t) for name, t in singles.items()}
     cols.update(shm_x_p50=one["shm"] / one["MPI_Allreduce"])
     cols.update(mpi_x_p50=one["mpi"] / one["MPI_Allreduce"])
+    if "floor" in med:
+        cols.update(floor_x=med["floor"] / base, floor_x_p50=one["floor"] / one["MPI_Allreduce"])
     benchmark.extra_info.update(cols, bytes=nbytes, world_size=p)
     for (transport, goal_bytes), goal in GOALS.items():
         if goal_bytes == nbytes and p == 2:
