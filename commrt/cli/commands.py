@@ -119,8 +119,23 @@ def check_backend(
     return backend
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with its errors wrapped at 80 columns like every other line the
+    CLI prints (argparse prints the message on one line, however long; an unknown
+    algorithm's list of choices ran to 190). Subcommands' parsers are made of this
+    class too (``add_subparsers`` makes its parsers of its parent's class)."""
+
+    def error(self, message: str):
+        head = f"{self.prog}: error: "
+        lines = textwrap.wrap(
+            head + message, 80, subsequent_indent="  ",
+            break_on_hyphens=False, break_long_words=False,
+        )  # fmt: skip
+        super().error("\n".join(lines)[len(head) :])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="commrt",
         description="commrt: data-parallel training, benchmarks and simulation of its "
         "communication runtime. Run 'commrt COMMAND --help' for a command's flags.",

@@ -218,3 +218,21 @@ def test_commrt_warnings_print_within_80_columns_and_others_as_python_prints_the
     _fits(text)
     other = fit_warning(RuntimeWarning("overflow"), RuntimeWarning, "/x/numpy.py", 3)
     assert other.startswith("/x/numpy.py:3: RuntimeWarning: overflow")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["train", "--algorithm", "gosip"], ["train", "--nproc", "0"], ["bench"]],
+    ids=["unknown-algorithm", "bad-nproc", "no-subcommand"],
+)
+def test_a_careless_flags_error_fits_80_columns(argv, capsys):
+    """argparse prints its error on one line; an unknown algorithm's list of the
+    algorithms ran to 190 columns. Every line fits now, and the error is whole."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    _fits(err)
+    said = " ".join(err.split("error: ", 1)[1].split())
+    if argv[1:2] == ["--algorithm"]:
+        assert "unknown algorithm 'gosip'" in said and "did you mean gossip?" in said, err

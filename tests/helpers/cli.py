@@ -71,11 +71,15 @@ def not_launched(monkeypatch):
 
 
 def parse_error(argv, capsys) -> str:
-    """The one error line main(argv) exits 2 with."""
+    """The one error main(argv) exits 2 with, as one line (the CLI wraps it at 80
+    columns, its later lines indented: they are joined back here)."""
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
-    errors = [ln for ln in err.splitlines() if ": error: " in ln]
+    lines = err.splitlines()
+    errors = [i for i, ln in enumerate(lines) if ": error: " in ln]
     assert len(errors) == 1 and "Traceback" not in err, err
-    return errors[0]
+    rest = lines[errors[0] :]
+    n = 1 + next((i for i, ln in enumerate(rest[1:]) if not ln.startswith("  ")), len(rest) - 1)
+    return " ".join(ln.strip() for ln in rest[:n])
