@@ -41,6 +41,7 @@ from commrt.collectives.reductions import (
 from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError
 from commrt.runtime import rows as _rows
 from commrt.runtime.communicator import Communicator
+from commrt.runtime.rendezvous import check_timeout
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where, engine_error
 from commrt.schedule.position import CallCheck
@@ -132,14 +133,14 @@ def all_reduce(
         True
         >>> t = commrt.all_reduce(t, comm, op="max")
     """
-    # One path for every all-reduce, commrt's and the torch.distributed backend's: find the
-    # call's settled schedule, admit the call, scale an average, run it. A repeat of the
-    # last call on the same tensor (same algorithm and op objects, dtype, shape; the
-    # executor's one memo of the last call, which holds the SettledCall with its binding)
-    # is found by identity tests alone, its checks having passed on its first call; any
-    # other call is parsed, resolved and checked, then looked up by signature. A signature
-    # not settled yet takes the full way (_first_call): the cross-rank check on first use,
-    # select, the run, observe.
+    # One path for every all-reduce, commrt's and the torch backend's: find the call's
+    # settled schedule, admit the call, scale an average, run it. A repeat of the last call
+    # on the same tensor (same algorithm and op objects, dtype, shape: the executor's memo
+    # of the last call) is found by identity tests alone; any other call is parsed,
+    # resolved, checked, then looked up by signature. A signature not settled yet takes the
+    # full way (_first_call): the cross-rank check on first use, select, run, observe.
+    if timeout is not None:  # refused before an average scales the tensor, not after
+        check_timeout(timeout)
     run = comm.executor.last
     last = None if run is None else run.call
     if (

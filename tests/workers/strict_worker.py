@@ -186,7 +186,7 @@ def catchup(comm, server=0, connected=False, serve_late_s=0.0, dies=False):
     except commrt.CommError as e:
         rec["error"] = f"{type(e).__name__}: {e}"
     rec["elapsed"] = time.monotonic() - start
-    rec["served"] = cu.served
+    rec["served"] = cu.server.served
     rec["broken"] = getattr(comm.transport, "broken", None)
     rec["params"] = [p.detach().flatten().tolist() for p in params]
     rec["momentum"] = [
@@ -211,19 +211,20 @@ def _serve(cu, store, opt, timeout, serve_late_s, dies) -> None:
     marked its receive posted), ``serve_late_s`` late; or die once the receive is posted."""
     from commrt.sync.backup import Keys
 
+    server = cu.server  # the catch-up's on-time side
     deadline = time.monotonic() + 2 * timeout
-    while time.monotonic() < deadline and cu.served == 0:
-        cu.serve(opt, 1, None, send_now=False)  # claims the request and answers it
+    while time.monotonic() < deadline and server.served == 0:
+        server.serve(opt, 1, None, send_now=False)  # claims the request and answers it
         time.sleep(0.005)
     if dies:
         while not store.check([Keys.posted(0)]) and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(0.3)  # the late rank is inside its receive's wait
-        store.set(Keys.dead(cu.rank), "0")  # what liveness writes
+        store.set(Keys.dead(server.rank), "0")  # what liveness writes
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(serve_late_s)  # busy elsewhere (its compute) before it looks again
-    while time.monotonic() < deadline and cu.busy:
-        cu.serve(opt, 1, None, send_now=False)
+    while time.monotonic() < deadline and server.busy:
+        server.serve(opt, 1, None, send_now=False)
         time.sleep(0.005)
 
 
