@@ -115,10 +115,12 @@ class Cuda:
 
 
 #: a communicator as the group's stats read it after a call: a world of one runs nothing
+_POSITION = Position()
 ALONE = types.SimpleNamespace(
     world_size=1,
     transport=types.SimpleNamespace(name="stand-in"),
-    executor=types.SimpleNamespace(last_schedule=None, position=Position()),
+    executor=types.SimpleNamespace(last_schedule=None, position=_POSITION),
+    note_op=_POSITION.note_op,  # as Communicator.note_op
 )
 
 
