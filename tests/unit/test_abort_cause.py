@@ -9,7 +9,7 @@ from commrt.schedule.p2p import Where, engine_error
 
 
 def _engine_error(peers):
-    transport = types.SimpleNamespace(watch=None, rank=1, name="gloo")
+    transport = types.SimpleNamespace(departures=None, rank=1, name="gloo")
     where = Where("ring", step=0, num_steps=2, bucket=3)
     return engine_error(transport, RuntimeError("Connection closed by peer"), peers, where)
 
