@@ -23,7 +23,7 @@ from commrt.runtime.departures import CLOSED, Departures, track
 from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout, mpi_world  # noqa: F401  (init names the limit)
 from commrt.runtime.rendezvous import tcp_store as _tcp_store
-from commrt.runtime.slots import CommSlots, NodeLayout  # noqa: F401  (NodeLayout moved; still importable)
+from commrt.runtime.slots import CommSlots
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport

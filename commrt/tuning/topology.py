@@ -8,7 +8,8 @@ never the other way round.
 from __future__ import annotations
 
 from commrt.runtime import rows as _rows
-from commrt.runtime.communicator import Communicator, NodeLayout
+from commrt.runtime.communicator import Communicator
+from commrt.runtime.slots import NodeLayout
 
 
 def ranks_per_node(comm: Communicator) -> int | None:

@@ -10,7 +10,7 @@ from helpers.mp import mpiexec
 from commrt import sim
 from commrt.algorithms import Auto, HalvingDoubling, RecursiveDoubling, Ring, Torus2D, resolve
 from commrt.algorithms.auto import candidates, choices
-from commrt.runtime.communicator import CommSlots
+from commrt.runtime.slots import CommSlots
 from commrt.tuning.probe import _fit
 
 FLAT = sim.Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)

@@ -171,7 +171,7 @@ def test_a_tried_candidate_runs_one_schedule_object_from_its_trial_to_its_keepin
     import commrt.algorithms.auto as auto_module
     from commrt.algorithms.auto import choices, learning
     from commrt.algorithms.auto_learn import calls_to_settle
-    from commrt.runtime.communicator import CommSlots
+    from commrt.runtime.slots import CommSlots
     from commrt.sim import Network
 
     monkeypatch.setattr(auto_module, "agree", lambda comm, tuning: [tuning.times])  # one rank
