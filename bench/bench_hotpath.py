@@ -23,7 +23,9 @@ From the repository root, after ``pip install -e '.[dev]'``::
   less than the means. At p = 2 a fourth side, ``floor``, times one
   exchange over mpi4py's ``Irecv``/``Isend``/``Waitall`` and a numpy add,
   without commrt (``floor_x``, ``floor_x_p50``): the least any schedule over
-  MPI's point-to-point calls costs from Python. Needs mpiexec.
+  MPI's point-to-point calls costs from Python. A fifth, ``shm_floor``, times
+  one exchange through a pair of shared-memory rings from Python
+  (``shm_floor_x``): the least any commrt call over shm costs. Needs mpiexec.
 """
 
 from __future__ import annotations
@@ -125,6 +127,69 @@ def python_floor(world, nbytes: int):
     return step
 
 
+def shm_python_floor(world, nbytes: int):
+    """The least an exchange through shared-memory rings can cost from Python, at p = 2:
+    each rank writes a header and its bytes into its peer's ring and stores the tail, spins
+    until its own ring's tail moves, copies the bytes out, adds them (numpy) and stores the
+    head, under a lock (as a transport that threads share must). No matching, no queue, no
+    death check, no commrt: any commrt call over shm pays at least this, so ``shm_floor_x``
+    bounds what ``shm_x`` can reach. The rings live in one ``/dev/shm`` file, unlinked once
+    both ranks have mapped it."""
+    import mmap
+    import os
+    import threading
+
+    import numpy as np
+
+    rank, size = world.Get_rank(), 1 << 20
+    path = world.bcast(f"/dev/shm/commrt-bench-floor-{os.getpid()}" if rank == 0 else None)
+    if rank == 0:
+        with open(path, "wb") as f:
+            f.truncate(2 * (128 + size))
+    world.Barrier()
+    fd = os.open(path, os.O_RDWR)
+    mem = memoryview(mmap.mmap(fd, 2 * (128 + size)))
+    os.close(fd)
+    world.Barrier()
+    if rank == 0:
+        os.unlink(path)
+
+    def ring(owner: int):  # (tail, head, bytes, words) of the ring ``owner`` reads
+        at = owner * (128 + size)
+        data = mem[at + 128 : at + 128 + size]
+        return mem[at : at + 8].cast("Q"), mem[at + 64 : at + 72].cast("Q"), data, data.cast("q")
+
+    out_tail, _, out_bytes, out_words = ring(1 - rank)
+    in_tail, in_head, in_bytes, in_words = ring(rank)
+    x = np.ones(nbytes // 4, dtype=np.float32)
+    mine, got = memoryview(x.view(np.uint8)), np.empty(nbytes, np.uint8)
+    got_mem, got_elems, lock = memoryview(got), got.view(np.float32), threading.Lock()
+    slot = 16 + ((nbytes + 15) & ~15)  # a header and the bytes, padded
+    span = size - size % slot  # messages never wrap: each rank has at most two in flight
+    pos = [0, 0]  # this rank's tail in its peer's ring, its head in its own
+
+    def step():
+        with lock:
+            tail = pos[0]
+            at = tail % span
+            out_words[at >> 3], out_words[(at >> 3) + 1] = 7, nbytes
+            out_bytes[at + 16 : at + 16 + nbytes] = mine
+            pos[0] = tail = tail + slot
+            out_tail[0] = tail
+        head = pos[1]
+        while in_tail[0] == head:
+            pass
+        with lock:
+            at = head % span
+            tag, n = in_words[at >> 3], in_words[(at >> 3) + 1]
+            got_mem[:] = in_bytes[at + 16 : at + 16 + n]
+            np.add(x, got_elems, out=got_elems)
+            pos[1] = head = head + slot
+            in_head[0] = head
+
+    return step
+
+
 @pytest.mark.parametrize("size", list(SIZES))
 def test_small_allreduce(benchmark, record_bandwidth, comms, size):
     import numpy as np
@@ -141,6 +206,7 @@ def test_small_allreduce(benchmark, record_bandwidth, comms, size):
     sides["MPI_Allreduce"] = lambda: world.Allreduce(MPI.IN_PLACE, y, op=MPI.SUM)
     if world.Get_size() == 2:
         sides["floor"] = python_floor(world, nbytes)
+        sides["shm_floor"] = shm_python_floor(world, nbytes)
     times: dict[str, list] = {name: [] for name in sides}
     singles: dict[str, list] = {name: [] for name in sides}
 
@@ -182,6 +248,7 @@ def test_small_allreduce(benchmark, record_bandwidth, comms, size):
     cols.update(mpi_x_p50=one["mpi"] / one["MPI_Allreduce"])
     if "floor" in med:
         cols.update(floor_x=med["floor"] / base, floor_x_p50=one["floor"] / one["MPI_Allreduce"])
+        cols.update(shm_floor_x=med["shm_floor"] / base)
     benchmark.extra_info.update(cols, bytes=nbytes, world_size=p)
     for (transport, goal_bytes), goal in GOALS.items():
         if goal_bytes == nbytes and p == 2:
