@@ -182,6 +182,8 @@ def shm_python_floor(world, nbytes: int):
         with lock:
             at = head % span
             tag, n = in_words[at >> 3], in_words[(at >> 3) + 1]
+            if tag != 7:  # the least matching: the message is the one expected
+                raise RuntimeError(f"shm floor: tag {tag} where 7 was expected")
             got_mem[:] = in_bytes[at + 16 : at + 16 + n]
             np.add(x, got_elems, out=got_elems)
             pos[1] = head = head + slot
