@@ -14,7 +14,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.kernels import reduce_
 from commrt.schedule import Schedule, tags
 from commrt.schedule.plan import Plan, StepPlan, overlaps
@@ -36,7 +35,7 @@ def _applier(dst: torch.Tensor | None, got: torch.Tensor, reduce: bool, reducer)
         return None if dst is None else functools.partial(dst.copy_, got)
     if reducer is not default_reduce:
         return functools.partial(reducer, dst, got)
-    if dst.dtype is not got.dtype or (dst.device.type != "cpu" and dst.dtype in KERNEL_DTYPES):
+    if dst.dtype is not got.dtype:  # a cast fused into the add: the kernel's one pass
         return functools.partial(reduce_, dst, got)
     if dst.device.type == "cpu" and dst.dtype in _NUMPY_ADD and dst.numel() <= _NUMPY_MAX:
         # the same IEEE (or wrapping integer) addition as add_, without torch's dispatch:
@@ -118,12 +117,13 @@ def _alone(x, sp: StepPlan) -> bool:
 
 
 def default_reduce(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst += src: commrt's fused kernel (Triton) on CUDA; on CPU, when both
-    sides share a dtype, one ``add_`` (for fp16/bf16 torch also adds in fp32
-    and rounds once: the kernel's semantics, without its per-call checks,
-    which cost more than a 64 KB add); otherwise the kernel's reference path.
-    float64 and integers: ``add_``. (Bound resolves this once per buffer.)"""
-    if dst.dtype is src.dtype and (dst.device.type == "cpu" or dst.dtype not in KERNEL_DTYPES):
+    """dst += src. When both sides share a dtype, one ``add_`` on any device:
+    for fp16/bf16 torch adds in fp32 and rounds once, the kernel's semantics,
+    and there is no cast to fuse, so the kernel's launch (tens of µs of host
+    time on CUDA) and its per-call checks would buy nothing. Mixed dtypes (a
+    bf16 wire into fp32): commrt's fused kernel, which casts and adds in one
+    pass. (Bound resolves this once per buffer.)"""
+    if dst.dtype is src.dtype:
         dst.add_(src)
     else:
         reduce_(dst, src)

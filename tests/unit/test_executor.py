@@ -300,3 +300,20 @@ def test_a_peer_that_left_or_failed_is_named_with_where_this_rank_waited(monkeyp
             2, lambda tr: Executor().run(Ring().schedule(2), torch.ones(10), tr, 5.0, bucket=3)
         )
     assert ei.value.where == "algorithm ring, step 0 of 2, bucket 3"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_same_dtype_sum_off_the_cpu_is_one_add_not_a_kernel_launch(dtype):
+    """On a device (meta stands in for CUDA here: only the device type is read), a received
+    piece of the buffer's own dtype is added with ``add_``, which rounds as the fused kernel
+    does, without its launch; a piece of another dtype (a bf16 wire into fp32) goes through
+    the kernel, which casts and adds in one pass."""
+    from commrt.kernels import reduce_
+    from commrt.schedule.binding import _applier, default_reduce
+
+    dst = torch.empty(64, dtype=dtype, device="meta")
+    same = _applier(dst, torch.empty(64, dtype=dtype, device="meta"), True, default_reduce)
+    assert same.func == dst.add_
+    wire = torch.empty(64, dtype=torch.bfloat16 if dtype is not torch.bfloat16 else torch.float16)
+    mixed = _applier(dst, wire.to("meta"), True, default_reduce)
+    assert mixed.func is reduce_
