@@ -366,3 +366,24 @@ def test_a_catch_up_nccl_cannot_retry_fails_the_policy_and_close_does_not_drain(
     policy.close()
     # no drain (no new request on the aborted transport); the catch-up's thread is ended
     assert calls == ["receive", "stop", "reduction closed", "close"]
+
+
+def test_a_step_on_a_device_stream_records_no_event_and_sync_records_one():
+    """Where the host never waits for a group (a CUDA stream; here the stand-in's
+    ``device_streams``), a step's completion only checks NCCL's asynchronous error: it
+    records no event (an event per step was host time on every step of every collective).
+    The host waits once, in sync(), on one event after everything enqueued."""
+    nccl = FakeNccl()
+    nccl.device_streams = True
+    records = []
+    record = nccl.stream.record
+    nccl.stream.record = lambda: records.append(1) or record()
+    t = _transport(nccl)
+    pends = [t.exchange([(torch.ones(4), 1)], [(torch.zeros(4), 1)], 0) for _ in range(3)]
+    assert all(p.wait_recv(0, time.monotonic() + 5) for p in pends) and records == []
+    nccl.stream.run_all()
+    assert t.sync(time.monotonic() + 5) and records == [1]
+    nccl.error = RuntimeError("NCCL error: remote process exited")
+    with pytest.raises(CommError, match="NCCL failed"):
+        t.exchange([(torch.ones(4), 1)], [], 0).wait_send(0, time.monotonic() + 5)
+    t.close()
