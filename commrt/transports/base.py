@@ -207,3 +207,64 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         """Release engine resources; idempotent."""
+
+
+class ForwardingPending(Pending):
+    """``inner``'s operations as they are: the base of a wrapper's Pending that changes
+    some of its waits."""
+
+    def __init__(self, inner: Pending):
+        self.inner = inner
+
+    def wait_recv(self, i: int, deadline: float) -> bool:
+        return self.inner.wait_recv(i, deadline)
+
+    def wait_send(self, i: int, deadline: float) -> bool:
+        return self.inner.wait_send(i, deadline)
+
+    def finish(self) -> None:
+        self.inner.finish()
+
+    def cancel(self) -> None:
+        self.inner.cancel()
+
+
+class Forwarding(Transport):
+    """A transport that hands every operation to ``inner`` as it is, under ``inner``'s name
+    and with its stream and timeout properties: the base of wrappers (counting the bytes
+    sent, bounding gloo's waits, the tests' faults) that override what they change.
+
+    A repeated step goes through the wrapper's :meth:`exchange` (the default
+    :meth:`Transport.prepare`), not ``inner``'s prepared operations, so a wrapper that
+    changes :meth:`exchange` changes every start; receives never add on arrival here."""
+
+    def __init__(self, inner: Transport):
+        super().__init__(inner.rank, inner.world_size, inner.device)
+        self.inner = inner
+        self.name = inner.name
+        self.stream_ordered = inner.stream_ordered
+        self.waits_break_on_timeout = inner.waits_break_on_timeout
+
+    def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
+        return self.inner.exchange(sends, recvs, tag)
+
+    def barrier(self, timeout: float) -> bool:
+        return self.inner.barrier(timeout)
+
+    def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        self.inner.native_all_reduce(tensor, op)
+
+    def stream(self) -> contextlib.AbstractContextManager:
+        return self.inner.stream()
+
+    def begin(self, tensor: torch.Tensor) -> None:
+        self.inner.begin(tensor)
+
+    def end(self, tensor: torch.Tensor) -> None:
+        self.inner.end(tensor)
+
+    def sync(self, deadline: float) -> bool:
+        return self.inner.sync(deadline)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Sequence
 
-from commrt.transports.base import Pair, Pending, Prepared, Transport
+from commrt.transports.base import Forwarding, Pair, Pending, Prepared, Transport
 
 
 class _CountingPrepared(Prepared):
@@ -33,15 +33,11 @@ class _CountingPrepared(Prepared):
         self.inner.free()
 
 
-class CountingTransport(Transport):
+class CountingTransport(Forwarding):
     """Forwards everything to ``inner`` and counts every send it starts."""
 
     def __init__(self, inner: Transport):
-        super().__init__(inner.rank, inner.world_size, inner.device)
-        self.inner = inner
-        self.name = inner.name
-        self.stream_ordered = inner.stream_ordered
-        self.waits_break_on_timeout = inner.waits_break_on_timeout
+        super().__init__(inner)
         self.reset()
 
     def reset(self) -> None:
@@ -64,24 +60,3 @@ class CountingTransport(Transport):
 
     def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
         return _CountingPrepared(self, self.inner.prepare(sends, recvs, tag), sends)
-
-    def barrier(self, timeout: float) -> bool:
-        return self.inner.barrier(timeout)
-
-    def native_all_reduce(self, tensor, op: str = "sum") -> None:
-        self.inner.native_all_reduce(tensor, op)
-
-    def stream(self):
-        return self.inner.stream()
-
-    def begin(self, tensor) -> None:
-        self.inner.begin(tensor)
-
-    def end(self, tensor) -> None:
-        self.inner.end(tensor)
-
-    def sync(self, deadline: float) -> bool:
-        return self.inner.sync(deadline)
-
-    def close(self) -> None:
-        self.inner.close()

@@ -242,16 +242,13 @@ class NcclTransport(Transport):
         #: stream that completes as one does (``device_streams``: the caller must host-wait
         #: in sync() where it reads the data)
         self.host_waits = device.type != "cuda" and not self.nccl.device_streams
-        #: where the host never waits for a group: the one completion every group returns
-        #: (its waits only check NCCL's asynchronous error), so that a step records no event
-        #: and makes no object; None where the host waits for each group's own event
+        #: the one completion of every group where the host never waits for one (no event)
         self._in_order = None if self.host_waits else _Group(self, None, host_wait=False)
-        self._stream = None  # a torch.cuda.Stream, or the CPU stand-in's host stream
         if device.type == "cuda":
             torch.cuda.set_device(device)
-            self._stream = torch.cuda.Stream(device)
-        else:  # None, but for a CPU stand-in that models streams
-            self._stream = self.nccl.HostStream()
+        # a torch.cuda.Stream; on a CPU, None but for a stand-in that models streams
+        on_cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if on_cuda else self.nccl.HostStream()
         self.watchdog = Watchdog()
         what = f"rank {rank}: creating the NCCL communicator ({world_size} ranks)"
         with self.watchdog.guard(self.timeout, None, what):  # nothing to abort: ends the process
@@ -362,9 +359,7 @@ class NcclTransport(Transport):
                 raise CommError(f"commrt: rank {self.rank}: NCCL refused a call: {e}") from e
             raise
         self._guarded(nccl.groupEnd, "groupEnd", self.timeout, peers)
-        if self._in_order is not None:  # nothing to wait on: no event per group
-            return self._in_order
-        return _Group(self, self._record(), host_wait=True)
+        return self._in_order or _Group(self, self._record(), host_wait=True)
 
     def stream(self):
         on_cuda = self.device.type == "cuda"

@@ -15,7 +15,7 @@ import os
 import signal
 from typing import Sequence
 
-from commrt.transports.base import Pair, Pending, Transport
+from commrt.transports.base import Forwarding, ForwardingPending, Pair, Pending, Transport
 
 #: the variable a test sets for its worker processes (module docs)
 KILL_ENV = "COMMRT_TEST_KILL"
@@ -49,12 +49,10 @@ def arm(sync) -> None:
     sync.policy.parts.reduction.wrap_round = wrap
 
 
-class _KillAfterSend(Pending):
+class _KillAfterSend(ForwardingPending):
     def __init__(self, inner: Pending, sig: int):
-        self.inner, self.sig, self.fired = inner, sig, False
-
-    def wait_recv(self, i: int, deadline: float) -> bool:
-        return self.inner.wait_recv(i, deadline)
+        super().__init__(inner)
+        self.sig, self.fired = sig, False
 
     def wait_send(self, i: int, deadline: float) -> bool:
         done = self.inner.wait_send(i, deadline)
@@ -63,21 +61,13 @@ class _KillAfterSend(Pending):
             os.kill(os.getpid(), self.sig)
         return done
 
-    def finish(self) -> None:
-        self.inner.finish()
 
-    def cancel(self) -> None:
-        self.inner.cancel()
-
-
-class KillAfterFirstSend(Transport):
+class KillAfterFirstSend(Forwarding):
     """Forwards to ``inner`` and dies (or stops) once its first send completed."""
 
-    name = "gloo"
-
     def __init__(self, inner: Transport, sig: int):
-        super().__init__(inner.rank, inner.world_size, inner.device)
-        self.inner, self.sig = inner, sig
+        super().__init__(inner)
+        self.sig = sig
         self.fired = False
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
@@ -86,9 +76,3 @@ class KillAfterFirstSend(Transport):
             return pending
         self.fired = True
         return _KillAfterSend(pending, self.sig)
-
-    def barrier(self, timeout: float) -> bool:
-        return self.inner.barrier(timeout)
-
-    def native_all_reduce(self, tensor, op: str = "sum") -> None:
-        self.inner.native_all_reduce(tensor, op)

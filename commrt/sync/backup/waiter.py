@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Sequence
 
-from commrt.transports.base import Pair, Pending, Transport
+from commrt.transports.base import Forwarding, ForwardingPending, Pair, Pending, Transport
 
 #: how often a waiting caller asks whether a member was recorded dead
 SLICE_S = 0.05
@@ -108,9 +108,10 @@ class WaiterSlot:
         self._waiter = None
 
 
-class _WaiterPending(Pending):
+class _WaiterPending(ForwardingPending):
     def __init__(self, inner: Pending, waiters: WaiterSlot, gone: Callable[[], bool]):
-        self.inner, self.waiters, self.gone = inner, waiters, gone
+        super().__init__(inner)
+        self.waiters, self.gone = waiters, gone
 
     def wait_recv(self, i: int, deadline: float) -> bool:
         return self.waiters.get().wait(lambda: self.inner.wait_recv(i, deadline), self.gone)
@@ -118,32 +119,18 @@ class _WaiterPending(Pending):
     def wait_send(self, i: int, deadline: float) -> bool:
         return self.waiters.get().wait(lambda: self.inner.wait_send(i, deadline), self.gone)
 
-    def finish(self) -> None:
-        self.inner.finish()
 
-    def cancel(self) -> None:
-        self.inner.cancel()
-
-
-class WaiterTransport(Transport):
+class WaiterTransport(Forwarding):
     """``inner`` (a gloo group) whose waits give up once ``gone()`` (module docs)."""
 
-    name = "gloo"
-    waits_break_on_timeout = True
-
     def __init__(self, inner: Transport, gone: Callable[[], bool]):
-        super().__init__(inner.rank, inner.world_size, inner.device)
-        self.inner, self.gone = inner, gone
+        super().__init__(inner)
+        self.waits_break_on_timeout = True  # gloo's: the reason the waits run on a thread
+        self.gone = gone
         self.waiters = WaiterSlot()
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
         return _WaiterPending(self.inner.exchange(sends, recvs, tag), self.waiters, self.gone)
-
-    def barrier(self, timeout: float) -> bool:
-        return self.inner.barrier(timeout)
-
-    def native_all_reduce(self, tensor, op: str = "sum") -> None:
-        self.inner.native_all_reduce(tensor, op)
 
     def abort(self) -> None:
         self.inner.abort()
