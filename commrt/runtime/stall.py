@@ -1,7 +1,7 @@
 """The stall watch: one verdict on every rank, when a job stalls, of who is stuck and where.
 
-Each multi-rank communicator runs a :class:`StallWatch`, a daemon thread
-that every :data:`tick <StallWatch.tick>` seconds
+Each multi-rank communicator runs a :class:`StallWatch`, a thread that
+every :data:`tick <StallWatch.tick>` seconds
 
 * samples the rank's :class:`~commrt.schedule.position.Position` (what the
   executor wrote: no cost on the collective's path) and notes when it last
@@ -133,7 +133,12 @@ class StallWatch:
         self._board = None  # the store connection the verdict was formed through
         self._store = client()
         self.beats = 0
-        self._thread = threading.Thread(target=self._run, name="commrt-stall-watch", daemon=True)
+        # not a daemon: its beats are store calls, in C++ without the GIL, and a daemon thread
+        # that comes back from one while the interpreter shuts down aborts the process
+        # ("terminate called without an active exception"); a watch never stopped (a program
+        # that does not close its communicator) ends by itself within a tick of the main
+        # thread's end instead, and the interpreter's exit waits for that
+        self._thread = threading.Thread(target=self._run, name="commrt-stall-watch", daemon=False)
 
     def start(self) -> "StallWatch":
         self.beat()
@@ -171,7 +176,10 @@ class StallWatch:
 
     # -- the watch
     def _run(self) -> None:
+        main = threading.main_thread()
         while not self._stop.wait(self.tick):
+            if not main.is_alive():  # the program is ending without close(): do not hold it
+                return
             try:
                 if self._store.check(["host_leaving"]):  # rank 0 closes: stop beating first
                     self._stop.set()
