@@ -400,22 +400,25 @@ def test_a_killed_rank_under_ddp_is_the_only_rank_named_gone(transport, runs):
             assert told(out), f"run {run_index}\n{out}"
 
 
-def test_a_program_that_never_closes_its_communicator_exits_cleanly(tmp_path):
-    """Two gloo ranks return from main with their communicator open. The stall watch is not
-    a daemon (a daemon thread that comes back from a store call while the interpreter shuts
-    down aborts the process: "terminate called without an active exception", seen at the
-    exit of ranks that never closed), and it ends by itself once the main thread is done, so
-    the exit neither aborts nor waits for the communicator's timeout (60 s here)."""
+@pytest.mark.parametrize("case,n,thread", [("plain", 2, None), ("backup", 3, "commrt-backup-hb")])
+def test_a_program_that_never_closes_its_communicator_exits_cleanly(tmp_path, case, n, thread):
+    """Ranks return from main with their communicator (and, with backup workers, their
+    GradientSync) open. The threads that beat to the store are not daemons (a daemon thread
+    that comes back from a store call while the interpreter shuts down aborts the process:
+    "terminate called without an active exception", seen at the exit of ranks that never
+    closed), and they end by themselves once the main thread is done, so the exit neither
+    aborts nor waits for the communicator's timeout (60 s here)."""
     import json
 
     from helpers.mp import gloo_ranks
 
     began = time.monotonic()
-    codes, outs = gloo_ranks(2, "open_exit_worker.py", str(tmp_path), timeout=50)
-    assert codes == [0, 0], (codes, "\n".join(outs))
+    codes, outs = gloo_ranks(n, "open_exit_worker.py", str(tmp_path), case, timeout=50)
+    assert codes == [0] * n, (codes, "\n".join(outs))
     assert time.monotonic() - began < 40, "an exit waited on something"
-    for r in range(2):
+    for r in range(n):
         rep = json.loads((tmp_path / f"rank{r}.json").read_text())
-        assert rep["sum"] == [2.0] * 4, rep
-        assert rep["threads"].get("commrt-stall-watch") is False, rep["threads"]
+        assert rep["sum"] == [float(n)] * 4, rep
+        beating = ["commrt-stall-watch"] + ([f"{thread}-r{r}"] if thread else [])
+        assert all(rep["threads"].get(name) is False for name in beating), rep["threads"]
     assert not any("terminate called" in out for out in outs), outs

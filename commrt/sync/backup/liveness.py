@@ -160,8 +160,10 @@ class Liveness:
         self._cs, self._space = cs, space  # the thread opens its own connection
         self._read_upto = 0  # died/{i} entries read so far
         self._stop = threading.Event()
+        # not a daemon, as the stall watch (commrt.runtime.stall): a daemon thread that comes
+        # back from a store call while the interpreter shuts down aborts the process
         self._thread = threading.Thread(
-            target=self._run, name=f"commrt-backup-hb-r{rank}", daemon=True
+            target=self._run, name=f"commrt-backup-hb-r{rank}", daemon=False
         )
 
     def start(self, stall=None) -> None:
@@ -185,7 +187,10 @@ class Liveness:
         neighbour: NeighbourBeats | None = None
         beat = Keys.heartbeat(self.rank, self.incarnation)
         reads = quiet_reads_needed(self.dead_after_s)
+        main = threading.main_thread()
         while not self._stop.wait(self.period):
+            if not main.is_alive():  # the program is ending without close(): do not hold it
+                return
             try:
                 store.add(beat, 1)
                 self.refresh(store)
