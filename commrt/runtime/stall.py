@@ -53,6 +53,7 @@ from collections import deque
 from commrt.runtime.abort import end_job
 from commrt.runtime.departures import FAILED
 from commrt.runtime.polling import poll
+from commrt.runtime.threads import background_thread, program_ending
 from commrt.runtime.verdict import judge, pointer, printer, render
 from commrt.transports.processes import state as process_state
 
@@ -133,12 +134,8 @@ class StallWatch:
         self._board = None  # the store connection the verdict was formed through
         self._store = client()
         self.beats = 0
-        # not a daemon: its beats are store calls, in C++ without the GIL, and a daemon thread
-        # that comes back from one while the interpreter shuts down aborts the process
-        # ("terminate called without an active exception"); a watch never stopped (a program
-        # that does not close its communicator) ends by itself within a tick of the main
-        # thread's end instead, and the interpreter's exit waits for that
-        self._thread = threading.Thread(target=self._run, name="commrt-stall-watch", daemon=False)
+        # its beats are store calls, in C++ without the GIL
+        self._thread = background_thread(self._run, "commrt-stall-watch")
 
     def start(self) -> "StallWatch":
         self.beat()
@@ -176,9 +173,8 @@ class StallWatch:
 
     # -- the watch
     def _run(self) -> None:
-        main = threading.main_thread()
         while not self._stop.wait(self.tick):
-            if not main.is_alive():  # the program is ending without close(): do not hold it
+            if program_ending():  # never stopped (no close()): do not hold the exit
                 return
             try:
                 if self._store.check(["host_leaving"]):  # rank 0 closes: stop beating first

@@ -21,13 +21,17 @@ MPI's local size) and nobody set ``OMP_NUM_THREADS``, it gives each rank
 ``OMP_NUM_THREADS`` (to any value) to keep your own. Where the launcher
 does not say (``torch.multiprocessing.spawn`` with ``rank=`` and
 ``world_size=``), nothing changes: set it yourself.
+
+Also here: :func:`background_thread`, the threads commrt runs beside the
+program (the stall watch, backup workers' heartbeat and waiter).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import warnings
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -77,3 +81,19 @@ def fit_torch_threads(local_size: int | None, env: Mapping[str, str] | None = No
         stacklevel=3,
     )
     return n
+
+
+def background_thread(target: Callable[[], None], name: str) -> threading.Thread:
+    """A thread (not started) for commrt's work beside the program that calls into C++:
+    store calls, gloo waits. Not a daemon: a daemon thread that comes back from C++ while
+    the interpreter shuts down aborts the process ("terminate called without an active
+    exception"). So ``target``'s loop must end once :func:`program_ending` says so, and the
+    interpreter's exit waits for that, in a program that never closes what runs it."""
+    # daemon=False said outright: a thread inherits its maker's flag, and some are made on
+    # GradientSync's progress thread, a daemon
+    return threading.Thread(target=target, name=name, daemon=False)
+
+
+def program_ending() -> bool:
+    """Whether the main thread has ended: a :func:`background_thread`'s loop stops then."""
+    return not threading.main_thread().is_alive()

@@ -56,6 +56,7 @@ import time
 
 from commrt.errors import CommError
 from commrt.runtime.store import ControlStore
+from commrt.runtime.threads import background_thread, program_ending
 from commrt.sync.backup.keys import Keys
 
 #: seconds between heartbeats (at most; see :func:`beat_period`)
@@ -160,11 +161,7 @@ class Liveness:
         self._cs, self._space = cs, space  # the thread opens its own connection
         self._read_upto = 0  # died/{i} entries read so far
         self._stop = threading.Event()
-        # not a daemon, as the stall watch (commrt.runtime.stall): a daemon thread that comes
-        # back from a store call while the interpreter shuts down aborts the process
-        self._thread = threading.Thread(
-            target=self._run, name=f"commrt-backup-hb-r{rank}", daemon=False
-        )
+        self._thread = background_thread(self._run, f"commrt-backup-hb-r{rank}")  # store calls
 
     def start(self, stall=None) -> None:
         """Beat once now (a rank that finished setting up has beaten), then in the thread.
@@ -187,9 +184,8 @@ class Liveness:
         neighbour: NeighbourBeats | None = None
         beat = Keys.heartbeat(self.rank, self.incarnation)
         reads = quiet_reads_needed(self.dead_after_s)
-        main = threading.main_thread()
         while not self._stop.wait(self.period):
-            if not main.is_alive():  # the program is ending without close(): do not hold it
+            if program_ending():  # never stopped (no close()): do not hold the exit
                 return
             try:
                 store.add(beat, 1)

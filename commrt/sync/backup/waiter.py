@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Sequence
 
+from commrt.runtime.threads import background_thread, program_ending
 from commrt.transports.base import Forwarding, ForwardingPending, Pair, Pending, Transport
 
 #: how often a waiting caller asks whether a member was recorded dead
@@ -38,17 +39,14 @@ class MemberRecordedDead(RuntimeError):
 class Waiter:
     """One thread that runs blocking waits for a caller that polls them.
 
-    Not a daemon: a wait given up on is still inside gloo, and a daemon thread that comes
-    back from C++ while the interpreter shuts down aborts the process ("terminate called
-    without an active exception"). So the interpreter's exit waits for it (at most until
-    that wait's deadline); an idle waiter ends by itself once the main thread is done."""
+    A :func:`~commrt.runtime.threads.background_thread`: a wait given up on is still inside
+    gloo, so the interpreter's exit waits for it (at most until that wait's deadline); an
+    idle waiter ends by itself once the main thread is done."""
 
     def __init__(self):
         self.stuck = False  # a wait was given up on and may still be running
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        # daemon=False said outright: a thread inherits its maker's flag, and waiters are made
-        # on GradientSync's progress thread, a daemon
-        self._thread = threading.Thread(target=self._serve, name="commrt-wire-wait", daemon=False)
+        self._thread = background_thread(self._serve, "commrt-wire-wait")
         self._thread.start()
 
     def _serve(self) -> None:
@@ -56,7 +54,7 @@ class Waiter:
             try:
                 job = self._jobs.get(timeout=IDLE_CHECK_S)
             except queue.Empty:
-                if not threading.main_thread().is_alive():  # never closed: do not hold exit
+                if program_ending():  # never closed: do not hold the exit
                     return
                 continue
             if job is None:
