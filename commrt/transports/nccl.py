@@ -241,13 +241,13 @@ class NcclTransport(Transport):
         #: whether a group's waits wait on the host: not on a CUDA stream, nor on a stand-in
         #: stream that completes as one does (``device_streams``: the caller must host-wait
         #: in sync() where it reads the data)
-        self.host_waits = device.type != "cuda" and not self.nccl.device_streams
+        on_cuda = device.type == "cuda"
+        self.host_waits = not on_cuda and not self.nccl.device_streams
         #: the one completion of every group where the host never waits for one (no event)
         self._in_order = None if self.host_waits else _Group(self, None, host_wait=False)
-        if device.type == "cuda":
+        if on_cuda:
             torch.cuda.set_device(device)
         # a torch.cuda.Stream; on a CPU, None but for a stand-in that models streams
-        on_cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if on_cuda else self.nccl.HostStream()
         self.watchdog = Watchdog()
         what = f"rank {rank}: creating the NCCL communicator ({world_size} ranks)"
