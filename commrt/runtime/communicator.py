@@ -168,16 +168,16 @@ class Communicator:
         """Run the last call again on ``buf``, the contiguous buffer it ran on (``run``: the
         executor's ``last``, where the caller found its call: :mod:`commrt.collectives.memo`),
         under the lock, timeout (unless ``timeout``) and spin. Returns the bytes sent."""
-        with self.lock:
-            try:
-                return self.executor.repeat(
-                    run, buf, self.timeout if timeout is None else check_timeout(timeout),
-                    tracer, self.spin_s,
-                )  # fmt: skip
-            except CommTimeoutError as e:
-                if timeout is None:
-                    self.verdict_at_timeout(e)
-                raise
+        self.lock.acquire()  # not ``with``: its __enter__/__exit__ double a lock's cost
+        try:
+            t = self.timeout if timeout is None else check_timeout(timeout)
+            return self.executor.repeat(run, buf, t, tracer, self.spin_s)
+        except CommTimeoutError as e:
+            if timeout is None:
+                self.verdict_at_timeout(e)
+            raise
+        finally:
+            self.lock.release()
 
     def note_op(self, op: str | None) -> None:
         """Note the torch.distributed ``op`` the calls run for now (None: none), for the

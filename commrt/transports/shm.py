@@ -69,17 +69,30 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
+def _operations(sends: Sequence[Pair], recvs: Sequence[Pair], tag: int, adds: tuple = ()):
+    """The send and receive operations of an exchange, not started: (sends, receives);
+    receive ``i`` with ``adds[i]`` adds into its tensor."""
+    rops = [
+        Op(_bytes_of(t), peer, tag, t.reshape(-1).numpy() if i < len(adds) and adds[i] else None)
+        for i, (t, peer) in enumerate(recvs)
+    ]
+    return [Op(_bytes_of(t), peer, tag) for t, peer in sends], rops
+
+
 class _ShmPending(Pending):
     __slots__ = ("transport", "sends", "recvs", "spin_s")
 
     def __init__(self, transport: "ShmTransport", sends, recvs, spin_s: float = 0.0):
         self.transport, self.sends, self.recvs, self.spin_s = transport, sends, recvs, spin_s
 
+    # most waits find their operation done by the exchange that started it: one test
     def wait_recv(self, i: int, deadline: float) -> bool:
-        return self.transport.wait(self.recvs[i], deadline, self.spin_s)
+        op = self.recvs[i]
+        return op.done or self.transport.wait(op, deadline, self.spin_s)
 
     def wait_send(self, i: int, deadline: float) -> bool:
-        return self.transport.wait(self.sends[i], deadline, self.spin_s)
+        op = self.sends[i]
+        return op.done or self.transport.wait(op, deadline, self.spin_s)
 
     def cancel(self) -> None:
         self.transport.withdraw(self.recvs)
@@ -100,7 +113,7 @@ class _AddingPrepared(Prepared):
         self._make()
 
     def _make(self) -> None:
-        sops, rops = self.transport.operations(self.sends, self.recvs, self.tag, self.adds)
+        sops, rops = _operations(self.sends, self.recvs, self.tag, self.adds)
         self.ops, self.pending = sops + rops, _ShmPending(self.transport, sops, rops)
 
     def start(self, spin_s: float = 0.0) -> Pending:
@@ -159,42 +172,31 @@ class ShmTransport(Transport):
     ) -> Pending:
         """Start ``sends`` and ``recvs``; receive ``i`` with ``adds[i]`` adds into its
         tensor as the bytes arrive (:meth:`prepare_adding`)."""
-        sops, rops = self.operations(sends, recvs, tag, adds)
+        sops, rops = _operations(sends, recvs, tag, adds)
         self.post(sops, rops)
         return _ShmPending(self, sops, rops)
-
-    @staticmethod
-    def operations(sends: Sequence[Pair], recvs: Sequence[Pair], tag: int, adds: tuple = ()):
-        """The send and receive operations of an exchange, not started: (sends, receives)."""
-        rops = [
-            Op(
-                _bytes_of(t),
-                peer,
-                tag,
-                t.reshape(-1).numpy() if i < len(adds) and adds[i] else None,
-            )
-            for i, (t, peer) in enumerate(recvs)
-        ]
-        return [Op(_bytes_of(t), peer, tag) for t, peer in sends], rops
 
     def post(self, sops: list, rops: list) -> None:
         """Queue ``sops`` and post ``rops``, pushing the sends first (the peer waits for
         them), and move what can move."""
-        with self._lock:
-            self._raise_if_broken()
+        self._lock.acquire()  # not ``with``: its __enter__/__exit__ double a lock's cost
+        try:
+            if self._broken is not None:
+                self._raise_if_broken()
             for op in sops:
                 self._queued[op.peer].append(op)
             for peer, queue, _ in self._outbound:
                 if queue:
                     self._push(peer, queue)
-            try:
-                for op in rops:
-                    self._in[op.peer].post(op)
-                for inbound in self._inbounds:
-                    inbound.pull()
-            except Truncated as e:
-                self._broken = str(e)
-                self._raise_if_broken()
+            for op in rops:
+                self._in[op.peer].post(op)
+            for inbound in self._inbounds:
+                inbound.pull()
+        except Truncated as e:
+            self._broken = str(e)
+            self._raise_if_broken()
+        finally:
+            self._lock.release()
 
     def prepare(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Prepared:
         return _AddingPrepared(self, sends, recvs, tag, ())

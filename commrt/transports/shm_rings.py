@@ -152,13 +152,16 @@ class Inbound:
                 at = (head % size) >> 3
                 tag, n = ring.words[at], ring.words[at + 1]
                 head, avail = head + 16, avail - 16
-                op = self._target(tag, n)
+                queue = self.posted.get(tag)  # the receive it is for: the first posted
+                op = queue[0] if queue else None
+                if op is not None and op.n != n:
+                    raise Truncated(op.peer, tag, n, op.n)
                 at = head % size
                 if op is not None and avail >= op.end and at + n <= size:
                     # the common case: a posted receive's message, whole and not wrapped
                     take(op, ring.bytes[at : at + n], ring, head)
                     head, avail = head + op.end, avail - op.end
-                    self.posted[tag].popleft().done = True
+                    queue.popleft().done = True
                     continue
                 self.cur_tag, self.cur_len, self.cur_off = tag, n, 0
                 if op is None:
@@ -180,17 +183,6 @@ class Inbound:
         self.head = head
         ring.head[0] = head
         return head != was
-
-    def _target(self, tag: int, n: int) -> Op | None:
-        """The posted receive a message with ``tag`` of ``n`` bytes is for (None: nobody
-        asked yet)."""
-        queue = self.posted.get(tag)
-        if not queue:
-            return None
-        op = queue[0]
-        if op.n != n:
-            raise Truncated(op.peer, tag, n, op.n)
-        return op
 
     def _landed(self) -> None:
         queue = self.posted.get(self.cur_tag)
