@@ -14,7 +14,8 @@ From the repository root, after ``pip install -e '.[dev]'``::
 * ``test_small_allreduce``: ``commrt.all_reduce`` (``auto``, settled) over
   shared memory and over MPI next to mpi4py's ``MPI_Allreduce`` at 8 B,
   1 KiB and 64 KiB, alternated: 9 rounds, each ``calls`` calls of one side,
-  then of the next (a barrier before each), so all three meet the same load.
+  then of the next (a barrier before each; the order rotates from round to
+  round), so all sides meet the same load.
   ``shm_x`` and ``mpi_x`` are the medians per call over MPI_Allreduce's,
   beside the goals (8 B: 1.5x over shm, 1.3x over MPI). Each round then
   times a third as many calls of each side one by one: ``shm_x_p50`` and
@@ -235,11 +236,14 @@ def test_small_allreduce(benchmark, record_bandwidth, comms, size):
             fn()
             into.append(clock() - t0)
 
+    order = list(sides)
+
     def one_round():
-        for name, fn in sides.items():
-            times[name].append(per_call(fn))
-        for name, fn in sides.items():
-            each_call(fn, singles[name])
+        for name in order:
+            times[name].append(per_call(sides[name]))
+        for name in order:
+            each_call(sides[name], singles[name])
+        order.append(order.pop(0))  # each side takes each place in a round in turn
 
     for name, c in comms.items():
         settle_auto(c, nbytes, sides[name])
