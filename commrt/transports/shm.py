@@ -181,8 +181,7 @@ class ShmTransport(Transport):
         them), and move what can move."""
         self._lock.acquire()  # not ``with``: its __enter__/__exit__ double a lock's cost
         try:
-            if self._broken is not None:
-                self._raise_if_broken()
+            self._raise_if_broken()
             for op in sops:
                 self._queued[op.peer].append(op)
             for peer, queue, _ in self._outbound:
@@ -252,9 +251,8 @@ class ShmTransport(Transport):
     # -- waiting
     def wait(self, op: Op, deadline: float, spin_s: float = 0.0) -> bool:
         """Progress everything until ``op`` is done; False at the deadline. Every
-        CHECK_EVERY_S of a long wait, a dead peer (or a farewell) ends it with an error."""
-        if op.done:
-            return True
+        CHECK_EVERY_S of a long wait, a dead peer (or a farewell) ends it with an error.
+        Called for an ``op`` not done yet (:class:`_ShmPending` tests that first)."""
         if not self._quiet():  # what already arrived, before a wait is set up at all
             with self._lock:
                 moved = [self._progress()]
