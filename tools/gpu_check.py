@@ -74,6 +74,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -394,21 +395,29 @@ def probe(steps: Steps) -> list[str]:
 
 # ------------------------------------------------------------ 2. import commrt
 
+
+def package_dirs() -> dict[str, str]:
+    """Import package -> its folder in this tree: pyproject.toml's package-dir, the one
+    place that declares the map (``commrt.kernels`` -> ``kernels``)."""
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+
+
 _WHERE = r"""
-import json, os, commrt, commrt.kernels, commrt.algorithms
-print(json.dumps([os.path.realpath(m.__file__) for m in (commrt, commrt.kernels, commrt.algorithms)]))
+import importlib, json, os, sys
+names = sys.argv[1:]
+print(json.dumps([os.path.realpath(importlib.import_module(n).__file__) for n in names]))
 """
-#: where each package's __init__.py must come from
-_HOMES = ("commrt", "kernels", "algorithms")
 
 
 def imports_from_here(steps: Steps) -> tuple[bool, str]:
     """(commrt and its two mapped packages import from this tree, why not)."""
-    code, out = steps.run([sys.executable, "-c", _WHERE], "import")
+    homes = package_dirs()
+    code, out = steps.run([sys.executable, "-c", _WHERE, *homes], "import")
     if code != 0:
         return False, (out.strip().splitlines() or ["?"])[-1]
     got = json.loads(out.strip().splitlines()[-1])
-    want = [os.path.realpath(os.path.join(ROOT, d, "__init__.py")) for d in _HOMES]
+    want = [os.path.realpath(os.path.join(ROOT, d, "__init__.py")) for d in homes.values()]
     if got != want:
         return False, f"imports from {os.path.dirname(os.path.dirname(got[0]))}"
     return True, ""
@@ -424,15 +433,17 @@ def pip_install(steps: Steps) -> tuple[bool, str]:
 
 
 def link_farm(out: str) -> str:
-    """A folder holding ``commrt/``: links to every entry of this tree's commrt/, plus
-    ``kernels`` and ``algorithms`` linked in as commrt.kernels and commrt.algorithms.
-    Returns the folder to put on PYTHONPATH."""
+    """A folder holding ``commrt/``: links to every entry of this tree's commrt/, plus each
+    folder that package-dir maps under it (``kernels`` as commrt.kernels). Returns the
+    folder to put on PYTHONPATH."""
     top = os.path.join(os.path.abspath(out), "gpu_check_import")
     pkg = os.path.join(top, "commrt")
     os.makedirs(pkg, exist_ok=True)
     links = {e: os.path.join(ROOT, "commrt", e) for e in os.listdir(os.path.join(ROOT, "commrt"))}
     links.pop("__pycache__", None)
-    links.update(kernels=os.path.join(ROOT, "kernels"), algorithms=os.path.join(ROOT, "algorithms"))
+    for name, folder in package_dirs().items():
+        if name.startswith("commrt."):
+            links[name.removeprefix("commrt.")] = os.path.join(ROOT, folder)
     for name, target in links.items():
         path = os.path.join(pkg, name)
         if os.path.lexists(path):

@@ -7,13 +7,14 @@ not inside ``commrt/``, so it would not find them. When a package is loaded,
 this extension loads each folder mapped under it as its subpackage, so the
 reference can say ``::: commrt.algorithms.Ring`` as users import it.
 
-mkdocs.yml passes the mapping (``packages``: dotted name to folder, relative
-to the repository root). This file is build code for the docs, not part of
-the library, and mkdocs.yml keeps it out of the site.
+The mapping is read from pyproject.toml, the one place that declares it (the
+packaging and the tests read the same table). This file is build code for the
+docs, not part of the library, and mkdocs.yml keeps it out of the site.
 """
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import griffe
@@ -24,8 +25,15 @@ ROOT = Path(__file__).resolve().parents[2]
 class PackageDirs(griffe.Extension):
     """Attach mapped folders to their parent package as Griffe loads it."""
 
-    def __init__(self, packages: dict[str, str]) -> None:
-        self.packages = {name: ROOT / folder for name, folder in packages.items()}
+    def __init__(self) -> None:
+        pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+        mapped = pyproject["tool"]["setuptools"]["package-dir"]
+        # only the packages whose folder is not where Griffe would look for them
+        self.packages = {
+            name: ROOT / folder
+            for name, folder in mapped.items()
+            if "." in name and Path(folder) != Path(*name.split("."))
+        }
 
     def on_package(self, *, pkg: griffe.Module, loader: griffe.GriffeLoader, **kwargs) -> None:
         for name, folder in self.packages.items():

@@ -11,25 +11,19 @@ import ast
 import re
 from pathlib import Path
 
+from helpers.layout import library_sources
+
 from commrt.cli.launch import CHILD_ENV, LAUNCHED_AT_ENV, REPORTS_ENV
 from commrt.runtime.environment import FROM_MPI_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"
-#: the source folders and the package each installs as
-PACKAGES = {"commrt": "commrt", "algorithms": "commrt.algorithms", "kernels": "commrt.kernels"}
 VARIABLE = re.compile(r"\bCOMMRT_[A-Z][A-Z0-9_]*\b")
 BOUND = re.compile(r"^[A-Z][A-Z0-9_]*_S$")
 ROW = re.compile(r"^\| `([\w.]+)` \|", re.MULTILINE)
 
 
-def sources():
-    """(module name, path) of every library source file."""
-    for folder, package in PACKAGES.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            parts = parts[:-1] if parts[-1] == "__init__" else parts
-            yield ".".join((package, *parts)), path
+sources = library_sources
 
 
 def variables_read() -> set[str]:

@@ -11,29 +11,19 @@ from __future__ import annotations
 
 import doctest
 import importlib
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from helpers.layout import library_sources
 
 import commrt
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = {"commrt": "commrt", "algorithms": "commrt.algorithms", "kernels": "commrt.kernels"}
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
 def modules_with_examples() -> list[str]:
-    found = []
-    for folder, package in PACKAGES.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            if ">>> " not in path.read_text("utf-8"):
-                continue
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            parts = parts[:-1] if parts[-1] == "__init__" else parts
-            found.append(".".join((package, *parts)))
-    return found
+    return [name for name, path in library_sources() if ">>> " in path.read_text("utf-8")]
 
 
 @pytest.fixture(scope="module")

@@ -9,31 +9,17 @@ The limits count every line of a definition, docstring and comments included.
 from __future__ import annotations
 
 import ast
-import pathlib
 import re
 
 import pytest
+from helpers.layout import ROOT, library_sources
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-#: source folder -> the import package it installs as (pyproject's package-dir)
-PACKAGES = {"commrt": "commrt", "algorithms": "commrt.algorithms", "kernels": "commrt.kernels"}
 MAX_MODULE, MAX_CLASS, MAX_FUNCTION = 500, 250, 80
 #: names whose private attributes belong to the module that defines them
 GUARDED = ("comm", "executor", "sync", "policy", "transport")
 
 
-def _modules() -> dict[str, pathlib.Path]:
-    """Dotted module name -> file, for every project module."""
-    found = {}
-    for folder, package in PACKAGES.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            rel = path.relative_to(ROOT / folder).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            found[".".join([package, *parts])] = path
-    return found
-
-
-MODULES = _modules()
+MODULES = dict(library_sources())
 TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
 
 

@@ -11,12 +11,9 @@ is named bare ``Context``. Pure ast over the source, as tests/unit/test_house.py
 from __future__ import annotations
 
 import ast
-import pathlib
 
 import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-FOLDERS = ("commrt", "algorithms", "kernels")
+from helpers.layout import ROOT, library_sources
 
 #: identifiers that may say "watch", and where: the stall watch, the watchdog, and the
 #: old name of RankDeclaredDeadError.declared_by kept for code that reads it
@@ -65,9 +62,8 @@ def stray_watches(source: str, where: str) -> list[str]:
 
 
 def _sources():
-    for folder in FOLDERS:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            yield str(path.relative_to(ROOT)), path.read_text()
+    for _, path in library_sources():
+        yield str(path.relative_to(ROOT)), path.read_text()
 
 
 def test_watch_names_the_stall_watch_alone():

@@ -12,8 +12,7 @@ import bisect
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-LIBRARY = ("commrt", "algorithms", "kernels")
+from helpers.layout import ROOT, library_sources
 
 # Each pattern is matched case-insensitively against the text with line breaks (and the
 # indent and "#"/"#:" that start a continued comment) turned into single spaces, so a phrase
@@ -56,7 +55,7 @@ def scan(text: str) -> list[tuple[int, str, str]]:
 
 def library_files() -> list[Path]:
     """Every .py file of the library packages (commrt/, algorithms/, kernels/)."""
-    return sorted(p for d in LIBRARY for p in (ROOT / d).rglob("*.py"))
+    return sorted(path for _, path in library_sources())
 
 
 def test_patterns_catch_lab_notes_and_spare_code():
