@@ -273,6 +273,5 @@ def _check_algorithms(parser: argparse.ArgumentParser, text: str) -> None:
             parser.error(unknown_algorithm(a, names, "--algorithms"))
         if not alg.supports(Collective.ALL_REDUCE):
             parser.error(
-                f"{a} is not an all-reduce (gossip has a simulate section and "
-                f"bench/bench_gossip.py of its own)"
+                f"{a} is not an all-reduce (commrt simulate models gossip in a section of its own)"
             )

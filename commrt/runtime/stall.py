@@ -472,7 +472,7 @@ def _reachable(world, addressed: bool) -> bool:
     if not ok[0] and world.Get_rank() == 0:
         print(
             "commrt: no stall watch: the ranks span hosts and MASTER_ADDR is unset; set it "
-            "to rank 0's address for the verdict (docs/stalls.md)",
+            "to rank 0's address for the verdict (see Stalls in commrt's documentation)",
             file=sys.stderr,
             flush=True,
         )
