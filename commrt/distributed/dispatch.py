@@ -16,6 +16,7 @@ import torch
 
 from commrt.distributed.devices import DeviceComms
 from commrt.distributed.observe import Observer
+from commrt.distributed.torch_api import in_backward
 from commrt.distributed.work import CallQueue, CommrtWork, P2PWork, caller_event
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
@@ -33,7 +34,7 @@ HERE_BYTES = 64 << 10
 def here_in_backward(tensors: list, devices: DeviceComms) -> bool:
     """Whether a call is made inside autograd's backward and may run on the caller's
     thread: at most :data:`HERE_BYTES`, or any size where each rank has one core."""
-    if torch._C._current_graph_task_id() == -1:  # not inside a backward pass
+    if not in_backward():
         return False
     return devices.one_core_each or sum(t.nbytes for t in tensors) <= HERE_BYTES
 
@@ -78,8 +79,7 @@ class Dispatch:
         if sync:
             # torch waits on a synchronous call's work itself: mark it waited before it
             # runs, so that an error is raised from that wait, never turned into an abort
-            with work.lock:
-                work.waited = True
+            work.mark_waited()
         after = None if cuda is None else caller_event(cuda)
         observed = self.observer.run
         # the stall verdict names the op (commrt.schedule.position)

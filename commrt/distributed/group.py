@@ -19,6 +19,7 @@ from commrt.distributed import ops
 from commrt.distributed.devices import DeviceComms
 from commrt.distributed.dispatch import Dispatch, start_p2p
 from commrt.distributed.observe import GroupStats, save_traces
+from commrt.distributed.torch_api import ProcessGroup
 from commrt.distributed.work import CommrtWork
 
 BACKEND_NAME = "commrt"
@@ -28,7 +29,7 @@ def _unsupported(method: str, instead: str) -> NotImplementedError:
     return NotImplementedError(f"commrt process group: {method} is not implemented; {instead}")
 
 
-class NamedGroup(dist.ProcessGroup):
+class NamedGroup(ProcessGroup):
     """The identity torch reads from a group, apart from its calls: the backend name,
     the group's name and description (``init_device_mesh`` and FSDP2 need them), its
     rank and size."""

@@ -19,6 +19,7 @@ import sys
 
 import torch.distributed as dist
 
+from commrt.distributed.torch_api import register_backend
 from commrt.runtime.environment import mpi_env_for_torch
 
 BACKEND_NAME = "commrt"
@@ -72,6 +73,4 @@ def register() -> None:
     mpi_env_for_torch()
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(
-        BACKEND_NAME, make_group, extended_api=True, devices=["cpu", "cuda"]
-    )
+    register_backend(BACKEND_NAME, make_group, devices=["cpu", "cuda"])

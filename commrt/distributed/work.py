@@ -52,8 +52,8 @@ import textwrap
 import threading
 
 import torch
-from torch._C._distributed_c10d import Work
 
+from commrt.distributed.torch_api import Work
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.abort import abort_on_error_wanted, end_job_after
 
@@ -64,12 +64,15 @@ LOCAL_ERRORS = (ValueError, TypeError, NotImplementedError)
 WAIT_SLACK_S = 30.0
 
 
-class CommrtWork(Work):
-    """One call's completion: ``wait()``, ``get_future()``, ``is_completed()``."""
+class CallState:
+    """What a :class:`CommrtWork` knows of its call. It lives in one attribute of the work,
+    ``commrt``, rather than in attributes of the work itself: ``Work`` is torch's class,
+    and a release may take over any name (torch 2.14 made ``timeout`` a read-only
+    property, which the old ``self.timeout`` broke on), so the work's own attributes stay
+    out of its namespace (:mod:`commrt.distributed.torch_api`)."""
 
-    def __init__(self, what: str, rank: int, result, timeout: float, devices=()):
-        super().__init__()
-        self.what, self.rank, self.timeout = what, rank, timeout
+    def __init__(self, what: str, rank: int, result, timeout_s: float, devices=()):
+        self.what, self.rank, self.timeout_s = what, rank, timeout_s
         self.result = result  # what the future holds: a list of tensors
         # a CUDA future records the call thread's streams when its result is set, and orders
         # the streams of whoever waits on it after them
@@ -81,59 +84,78 @@ class CommrtWork(Work):
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.waited = False  # someone is (or was) blocked in wait(): errors go there
+        # a point-to-point call's (P2PWork): what completes it, and the thread that
+        # completes it for get_future()
+        self.exchange = None
+        self.helper: threading.Thread | None = None
+
+
+class CommrtWork(Work):
+    """One call's completion: ``wait()``, ``get_future()``, ``is_completed()``."""
+
+    def __init__(self, what: str, rank: int, result, timeout: float, devices=()):
+        super().__init__()
+        self.commrt = CallState(what, rank, result, timeout, devices)  # torch_api.WORK_STATE
+
+    def mark_waited(self) -> None:
+        """Someone waits (or will wait) on this work: an error goes to that wait rather
+        than ending the job (module docs)."""
+        with self.commrt.lock:
+            self.commrt.waited = True
 
     # -- the caller's side
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        with self.lock:
-            self.waited = True
-        limit = self.timeout + WAIT_SLACK_S
+        state = self.commrt
+        self.mark_waited()
+        limit = state.timeout_s + WAIT_SLACK_S
         if timeout is not None and timeout.total_seconds() > 0:  # C++ passes 0: no timeout
             limit = timeout.total_seconds()
-        if not self.done.wait(limit):
-            raise CommTimeoutError(rank=self.rank, peer=None, what=self.what, timeout_s=limit)
-        if self.error is not None:
-            raise self.error
-        if self.cuda:
-            self.future.wait()  # the caller's current streams wait for the call thread's
+        if not state.done.wait(limit):
+            raise CommTimeoutError(rank=state.rank, peer=None, what=state.what, timeout_s=limit)
+        if state.error is not None:
+            raise state.error
+        if state.cuda:
+            state.future.wait()  # the caller's current streams wait for the call thread's
         return True
 
     def get_future(self) -> torch.futures.Future:
-        return self.future
+        return self.commrt.future
 
     def is_completed(self) -> bool:
-        return self.done.is_set()
+        return self.commrt.done.is_set()
 
     def is_success(self) -> bool:
-        return self.done.is_set() and self.error is None
+        return self.commrt.done.is_set() and self.commrt.error is None
 
     def exception(self):
-        return self.error
+        return self.commrt.error
 
     # -- the call thread's side
     def finish(self) -> None:
-        self.future.set_result(self.result)
-        self.done.set()
+        self.commrt.future.set_result(self.commrt.result)
+        self.commrt.done.set()
 
     def fail(self, error: BaseException) -> None:
         """Hand ``error`` to a waiter, or end the job when there is none (module docs)."""
-        with self.lock:
-            self.error = error
-            waited = self.waited
-            self.done.set()
+        state = self.commrt
+        with state.lock:
+            state.error = error
+            waited = state.waited
+            state.done.set()
         if waited:
             return
         if abort_on_error_wanted():
             # the error's text may end in the stall verdict's block: it goes on lines of
             # its own, after the line that says why this rank ends the job
             said = textwrap.fill(
-                f"commrt: rank {self.rank}: {self.what} failed and nothing waits for it "
+                f"commrt: rank {state.rank}: {state.what} failed and nothing waits for it "
                 "(DDP holds only its future); ending the whole job (COMMRT_ABORT_ON_ERROR=0 "
                 "hands the error to the future instead):",
                 80,
                 subsequent_indent="    ",
             )
             end_job_after(error, f"{said}\n{type(error).__name__}: {error}")
-        self.future.set_exception(error)
+        state.future.set_exception(error)
 
 
 def caller_event(device: torch.device):
@@ -177,7 +199,7 @@ class CallQueue:
         order, without the two thread switches of a hand-off (a small call's latency)."""
         if self.broken is not None:
             err = CommError(
-                f"commrt: rank {work.rank}: {work.what} refused: this process group failed "
+                f"commrt: rank {work.commrt.rank}: {work.commrt.what} refused: this process group failed "
                 f"earlier ({type(self.broken).__name__}: {self.broken})"
             )
             work.fail(err)
@@ -228,7 +250,7 @@ class CallQueue:
     def _run_one(self, run, work: CommrtWork, device, after) -> None:
         """One call, on whichever thread runs it: ``run()``, then complete ``work``."""
         if self.broken is not None:
-            work.fail(CommError(f"commrt: {work.what} refused: the group failed earlier"))
+            work.fail(CommError(f"commrt: {work.commrt.what} refused: the group failed earlier"))
             return
         try:
             if device is not None:
@@ -266,35 +288,35 @@ class P2PWork(CommrtWork):
 
     def __init__(self, what: str, rank: int, result, timeout: float, exchange):
         super().__init__(what, rank, result, timeout)
-        self.exchange = exchange
-        self.helper: threading.Thread | None = None
+        self.commrt.exchange = exchange
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
-        with self.lock:
-            self.waited = True
-        if not self.done.is_set():
+        self.mark_waited()
+        if not self.commrt.done.is_set():
             self._complete()
-        if self.error is not None:
-            raise self.error
+        if self.commrt.error is not None:
+            raise self.commrt.error
         return True
 
     def _complete(self) -> None:
-        with self.lock:
-            if self.done.is_set():
+        state = self.commrt
+        with state.lock:
+            if state.done.is_set():
                 return
             try:
-                self.exchange.complete()
+                state.exchange.complete()
             except BaseException as e:  # noqa: BLE001 - named commrt errors, to the waiter
-                self.error = e
-                self.done.set()
-                if not self.waited:
-                    self.future.set_exception(e)
+                state.error = e
+                state.done.set()
+                if not state.waited:
+                    state.future.set_exception(e)
                 return
         self.finish()
 
     def get_future(self) -> torch.futures.Future:
-        with self.lock:
-            if self.helper is None and not self.done.is_set():
-                self.helper = threading.Thread(target=self._complete, daemon=True)
-                self.helper.start()
-        return self.future
+        state = self.commrt
+        with state.lock:
+            if state.helper is None and not state.done.is_set():
+                state.helper = threading.Thread(target=self._complete, daemon=True)
+                state.helper.start()
+        return state.future

@@ -80,8 +80,7 @@ def test_an_error_of_a_call_run_here_reaches_its_waiter_and_keeps_the_queue_goin
     calls = CallQueue("calls")
     try:
         work = _work("bad")
-        with work.lock:
-            work.waited = True  # a synchronous call: torch waits on it
+        work.mark_waited()  # a synchronous call: torch waits on it
 
         def bad():
             raise ValueError("bad input")
