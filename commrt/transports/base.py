@@ -238,12 +238,19 @@ class Forwarding(Transport):
     :meth:`Transport.prepare`), not ``inner``'s prepared operations, so a wrapper that
     changes :meth:`exchange` changes every start; receives never add on arrival here."""
 
+    # every trait is read from ``inner``, as it is now: a wrapper changes operations, never
+    # what the transport is (a counted MPI transport still takes gossip's MPI path).
+    # adds_on_receive stays False: receives go through exchange() here, as the class says
+    name = property(lambda self: self.inner.name)
+    stream_ordered = property(lambda self: self.inner.stream_ordered)
+    pollable = property(lambda self: self.inner.pollable)
+    rejoined = property(lambda self: self.inner.rejoined)
+    waits_break_on_timeout = property(lambda self: self.inner.waits_break_on_timeout)
+    store = property(lambda self: self.inner.store)
+
     def __init__(self, inner: Transport):
         super().__init__(inner.rank, inner.world_size, inner.device)
         self.inner = inner
-        self.name = inner.name
-        self.stream_ordered = inner.stream_ordered
-        self.waits_break_on_timeout = inner.waits_break_on_timeout
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
         return self.inner.exchange(sends, recvs, tag)

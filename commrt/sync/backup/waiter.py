@@ -123,7 +123,6 @@ class WaiterTransport(Forwarding):
 
     def __init__(self, inner: Transport, gone: Callable[[], bool]):
         super().__init__(inner)
-        self.waits_break_on_timeout = True  # gloo's: the reason the waits run on a thread
         self.gone = gone
         self.waiters = WaiterSlot()
 
