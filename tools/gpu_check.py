@@ -2,7 +2,7 @@
 
 From a copy of the working tree, on the GPU machine, with no network::
 
-    python3 tools/gpu_check.py --out out/gpu_check
+    python3 tools/gpu_check.py            # logs under $OUT where it is set, else out/gpu_check
 
 It downloads nothing: torch, Triton, cupy (the cupy-cudaNNx of torch's
 CUDA), NCCL, pytest and pytest-benchmark must be installed already. It
@@ -642,7 +642,9 @@ def check(a) -> tuple[list[str], int]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=os.path.join("out", "gpu_check"), help="folder for logs")
+    # the device machine brings back only what is written under $OUT
+    out = os.environ.get("OUT") or os.path.join("out", "gpu_check")
+    ap.add_argument("--out", default=out, help="folder for logs (default: $OUT, else %(default)s)")
     ap.add_argument("--budget", type=float, default=540, help="seconds for the whole check")
     ap.add_argument("--quick", action="store_true", help="no benchmark; one bucket size")
     ap.add_argument("--import", dest="imports", choices=("auto", "pip", "path"), default="auto",
