@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
+from commrt.runtime.communicator import Communicator
 from commrt.sync import buffers
 from commrt.sync.buckets import Bucket
 
@@ -66,7 +67,7 @@ class SyncContext:
     :meth:`Policy.communicate` and unpacked from it after.
     """
 
-    comm: object  # commrt.Communicator (not imported: no cycle)
+    comm: Communicator
     buckets: tuple[Bucket, ...]
     buffers: tuple[torch.Tensor, ...]
     comm_dtype: torch.dtype
