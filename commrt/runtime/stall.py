@@ -421,7 +421,8 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
         declares(stall_s, comm.timeout),
     )  # fmt: skip
     watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it
-    watch.hosting = server is not None if str(comm.backend) == "mpi" else comm.rank == 0
+    mpi = comm.transport.meets_through_mpi
+    watch.hosting = server is not None if mpi else comm.rank == 0
     return watch.start()
 
 
@@ -433,7 +434,7 @@ def _store_address(comm):
     tcp = tcp_under(comm.transport.store)
     if tcp is not None:
         return tcp.host, tcp.port, None
-    if str(comm.backend) != "mpi":
+    if not comm.transport.meets_through_mpi:
         return None
     world = mpi_world()
     host = os.environ.get("MASTER_ADDR") or "127.0.0.1"

@@ -144,6 +144,18 @@ class Transport(abc.ABC):
     #: aborts the communicator), so a wait must never be cut into short ones to look at
     #: something else in between
     waits_break_on_timeout: bool = False
+    #: True where the engine moves a message only inside its own calls (MPICH; cuda_ipc's
+    #: handshakes go through it): a rank that waits elsewhere must test its sends now and
+    #: then, or they never leave (backup workers' catch-up server does)
+    progress_in_calls: bool = False
+    #: True where a reduction that failed because a rank died can be redone among the
+    #: survivors on groups made afresh (gloo): backup workers' recovery needs it, and
+    #: elsewhere raises the failure instead
+    survives_peer_death: bool = False
+    #: True where the ranks met through MPI's world rather than a store (mpi): what they
+    #: agree on outside the transport (the stall watch's store, hosted by rank 0) is set up
+    #: through MPI
+    meets_through_mpi: bool = False
     #: True where a receive can add its data into the destination as it arrives (shm):
     #: the executor then skips the scratch buffer and its add (:meth:`prepare_adding`)
     adds_on_receive: bool = False
@@ -247,6 +259,9 @@ class Forwarding(Transport):
     rejoined = property(lambda self: self.inner.rejoined)
     waits_break_on_timeout = property(lambda self: self.inner.waits_break_on_timeout)
     store = property(lambda self: self.inner.store)
+    progress_in_calls = property(lambda self: self.inner.progress_in_calls)
+    survives_peer_death = property(lambda self: self.inner.survives_peer_death)
+    meets_through_mpi = property(lambda self: self.inner.meets_through_mpi)
 
     def __init__(self, inner: Transport):
         super().__init__(inner.rank, inner.world_size, inner.device)

@@ -133,6 +133,7 @@ class CudaIpcTransport(Transport):
 
     name = "cuda_ipc"
     stream_ordered = True
+    progress_in_calls = True
     # device work cannot be withdrawn: a wait that times out breaks the transport
     waits_break_on_timeout = True
     #: the store the ranks met through; set by connect()

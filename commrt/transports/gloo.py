@@ -69,6 +69,7 @@ class GlooTransport(Transport):
 
     name = "gloo"
     waits_break_on_timeout = True
+    survives_peer_death = True
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
         super().__init__(rank, world_size, torch.device("cpu"))
@@ -115,6 +116,7 @@ class GlooRejoined(Transport):
 
     name = "gloo"
     rejoined = True
+    survives_peer_death = True
 
     def __init__(self, rank: int, world_size: int):
         super().__init__(rank, world_size, torch.device("cpu"))

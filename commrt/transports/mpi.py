@@ -100,6 +100,8 @@ class MpiTransport(Transport):
 
     name = "mpi"
     pollable = True
+    progress_in_calls = True
+    meets_through_mpi = True
 
     def __init__(self, comm=None):
         MPI = load_mpi()

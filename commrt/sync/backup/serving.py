@@ -81,8 +81,8 @@ class Server:
         self.algorithm, self.tracer = algorithm, tracer
         self.rank, self.p, self.timeout = comm.rank, comm.world_size, comm.timeout
         self.served = 0  # snapshots this rank has served
-        # MPICH (cuda_ipc) moves a message only inside calls: a server tests its sends
-        self._host_progress = comm.transport.name in ("mpi", "cuda_ipc")
+        # an engine that moves a message only inside its calls: a server tests its sends
+        self._host_progress = comm.transport.progress_in_calls
         self._seen = 0  # requests read from the store so far
         self._open: dict[int, tuple[int, int, int]] = {}  # unanswered: req -> (rank, step, inc)
         self._sending: list[_Send] = []
