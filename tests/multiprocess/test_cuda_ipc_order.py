@@ -8,6 +8,10 @@ import json
 import pytest
 from helpers.mp import gloo_ranks
 
+# one worker runs the whole module under pytest-xdist: its tests share one started job
+# (a module fixture)
+pytestmark = pytest.mark.xdist_group("test_cuda_ipc_order")
+
 WAITS = ["wait_ready", "can_write", "wait_consumed", "can_read"]
 
 

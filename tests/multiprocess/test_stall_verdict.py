@@ -395,14 +395,16 @@ def killed_job(transport: str) -> list[str]:
     return outs[:2] + outs[3:]
 
 
-@pytest.mark.parametrize("transport, runs", [("shm", KILL_RUNS), ("gloo", 1)])
-def test_a_killed_rank_under_ddp_is_the_only_rank_named_gone(transport, runs):
-    for run_index in range(runs):
-        for out in killed_job(transport):
-            flat = " ".join(out.split())
-            named = {int(r) for pattern in NAMED_GONE for r in re.findall(pattern, flat)}
-            assert named == {2}, f"run {run_index}: {named}\n{out}"
-            assert told(out), f"run {run_index}\n{out}"
+# each run its own test, so that runs spread over the suite's workers
+@pytest.mark.parametrize(
+    "transport, run_index", [*(("shm", i) for i in range(KILL_RUNS)), ("gloo", 0)]
+)
+def test_a_killed_rank_under_ddp_is_the_only_rank_named_gone(transport, run_index):
+    for out in killed_job(transport):
+        flat = " ".join(out.split())
+        named = {int(r) for pattern in NAMED_GONE for r in re.findall(pattern, flat)}
+        assert named == {2}, f"run {run_index}: {named}\n{out}"
+        assert told(out), f"run {run_index}\n{out}"
 
 
 @pytest.mark.parametrize("case,n,thread", [("plain", 2, None), ("backup", 3, "commrt-backup-hb")])

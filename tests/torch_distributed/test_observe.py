@@ -19,6 +19,10 @@ from helpers.cli import run_commrt
 import commrt  # noqa: F401  (registers the backend)
 from commrt.distributed import observe
 
+# one worker runs the whole module under pytest-xdist: its tests read one started torchrun
+# job (a module fixture)
+pytestmark = pytest.mark.xdist_group("test_observe")
+
 STEPS = 6
 #: DDP's buckets for bucket_cap_mb=0.002 (2097 B): the last layer's weight and bias, then
 #: the first layer's (a bucket closes once it reaches the cap); before the first step's

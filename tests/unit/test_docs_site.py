@@ -16,6 +16,10 @@ from pathlib import Path
 
 import pytest
 
+# one worker runs the whole module under pytest-xdist: its tests read one built site
+# (a module fixture)
+pytestmark = pytest.mark.xdist_group("test_docs_site")
+
 ROOT = Path(__file__).resolve().parents[2]
 #: a role as mkdocstrings shows it when nothing rewrote it: ":class:<code>X</code>"
 RAW_ROLE = re.compile(r":(?:py:)?(class|meth|func|mod|data|attr|exc|obj|const):(<code>|`)")

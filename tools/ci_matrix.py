@@ -1,0 +1,235 @@
+"""CI's steps beyond the suite: the wheel as users install it, and the torch matrix.
+
+.ci/run calls this after the suite; ``.ci/matrix.toml`` declares what it runs::
+
+    python tools/ci_matrix.py wheel     # build, install non-editable, use it
+    python tools/ci_matrix.py torch     # the torch-facing tests on each CI row of the matrix
+    python tools/ci_matrix.py torch --only 2.15.0   # one row, a by-hand one (ci = false) too
+
+``wheel``: a wheel and an sdist built from this tree (``python -m build``;
+the wheel is built from the sdist, so both are checked); the wheel must hold
+every module of the tree. It is installed, non-editable, in a fresh venv
+beside the matrix's torch, and used from a folder outside the tree: every
+``commrt`` module imports (a module whose only missing import is an optional
+extra's, Triton's, CuPy's or mpi4py's, is named as such), ``commrt --help``
+answers, a 2-rank ``commrt bench allreduce`` runs, and a 2-rank DDP step on
+backend ``"commrt"`` under torchrun gives the average of both ranks'
+gradients on both ranks.
+
+``torch``: for each ``[[torch_facing.run]]`` with ``ci = true`` (or the
+one ``--only`` names), a fresh venv with that Python and torch, commrt
+installed editable with its ``test`` extra, and the ``torch_facing.tests``
+run there with ``torch_facing.pytest``'s options. pip's cap on torch on these machines
+(``/etc/xdg/pip``) is lifted for these venvs alone (``PIP_CONSTRAINT``):
+each pins its torch itself.
+
+Every step prints its time; the first failure ends the run with exit 1.
+The venvs live in a temporary folder (``COMMRT_CI_DIR`` to choose it),
+each removed once its row is done (a CUDA build of torch is ~5 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MATRIX = ROOT / ".ci" / "matrix.toml"
+#: top-level modules of optional extras: a module that needs one of them and finds it
+#: missing is named, not failed (the wheel step installs the core package and `train`)
+OPTIONAL = {"triton": "cuda12/cuda13", "cupy": "cuda12/cuda13", "mpi4py": "mpi"}
+
+_IMPORT_ALL = r"""
+import importlib, pkgutil, sys, commrt
+optional = dict(arg.split("=") for arg in sys.argv[1:])
+count, needs, failed = 0, [], []
+for m in pkgutil.walk_packages(commrt.__path__, "commrt."):
+    if m.name.endswith(".__main__"):  # runs the command line
+        continue
+    count += 1
+    try:
+        importlib.import_module(m.name)
+    except ModuleNotFoundError as e:
+        root = (e.name or "").split(".")[0]
+        (needs if root in optional else failed).append(f"{m.name}: {e}")
+    except Exception as e:
+        failed.append(f"{m.name}: {type(e).__name__}: {e}")
+print(f"imported {count - len(needs) - len(failed)} of {count} modules from {commrt.__file__}")
+for line in needs:
+    print(f"  needs an extra: {line}")
+for line in failed:
+    print(f"  FAILED: {line}")
+sys.exit(1 if failed or count < 100 else 0)
+"""
+
+_DDP_STEP = r"""
+import copy, os, torch, commrt, torch.distributed as dist
+dist.init_process_group("commrt")
+rank, size = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+local = torch.nn.Linear(16, 4)
+inputs = [torch.randn(8, 16, generator=torch.Generator().manual_seed(r)) for r in range(size)]
+grads = []
+for x in inputs:  # every rank's gradient, here: their average is what DDP must give
+    m = copy.deepcopy(local)
+    m(x).square().sum().backward()
+    grads.append(m.weight.grad)
+model = torch.nn.parallel.DistributedDataParallel(local)
+model(inputs[rank]).square().sum().backward()
+want = torch.stack(grads).double().mean(0).float()
+assert torch.allclose(model.module.weight.grad, want, rtol=1e-6, atol=1e-6), "not the average"
+assert dist.get_backend() == "commrt"
+print(f"rank {rank}: a DDP step on commrt gave the average of {size} ranks' gradients")
+dist.destroy_process_group()
+"""
+
+
+class Failed(Exception):
+    """A step failed; the message says which and why."""
+
+
+def step(what: str, cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> str:
+    """Run ``cmd``, print its time and output's tail; raise :class:`Failed` on non-zero."""
+    start = time.monotonic()
+    print(f"--- {what}: {' '.join(cmd)}", flush=True)
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    took = time.monotonic() - start
+    tail = "\n".join(proc.stdout.strip().splitlines()[-25:])
+    if tail:
+        print(tail, flush=True)
+    print(f"--- {what}: {'ok' if proc.returncode == 0 else 'FAILED'} in {took:.0f} s", flush=True)
+    if proc.returncode != 0:
+        raise Failed(f"{what} exited {proc.returncode}")
+    return proc.stdout
+
+
+def interpreter(version: str) -> str:
+    """A Python ``version`` ("3.12") interpreter: this one, one on PATH, or pyenv's."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return sys.executable
+    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    found = [shutil.which(f"python{version}")]
+    found += sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"), reverse=True)
+    for candidate in filter(None, found):
+        probe = [candidate, "-c", "import sys; print(sys.version_info[:2])"]
+        if subprocess.run(probe, capture_output=True, text=True).stdout.strip() == str(
+            tuple(int(p) for p in version.split("."))
+        ):
+            return candidate
+    raise Failed(f"no Python {version} here (on PATH or under {root}/versions)")
+
+
+def fresh_venv(python: str, where: Path) -> tuple[Path, dict]:
+    """A new venv at ``where``: its bin folder, and an environment that puts it first on
+    PATH and leaves pip's torch cap out (each venv pins its own torch)."""
+    step(f"venv (Python {python})", [interpreter(python), "-m", "venv", str(where)])
+    env = dict(os.environ, PATH=f"{where / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    env.update(VIRTUAL_ENV=str(where), PIP_CONSTRAINT=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PYTHONPATH", None)
+    return where / "bin", env
+
+
+def tree_modules() -> set[str]:
+    """Every library file as the path it has in a wheel (``commrt/kernels/pack.py``)."""
+    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    found = set()
+    for package, folder in mapped["tool"]["setuptools"]["package-dir"].items():
+        for path in (ROOT / folder).rglob("*.py"):
+            rel = path.relative_to(ROOT / folder).as_posix()
+            found.add(f"{package.replace('.', '/')}/{rel}")
+    return found
+
+
+def wheel(matrix: dict, work: Path) -> None:
+    """Build, check, install non-editable and use the wheel (module docs)."""
+    dist = work / "dist"
+    step("build a wheel and an sdist", [sys.executable, "-m", "build", "-o", str(dist), str(ROOT)])
+    (whl,) = dist.glob("commrt-*.whl")
+    (sdist,) = dist.glob("commrt-*.tar.gz")
+    held = {n for n in zipfile.ZipFile(whl).namelist() if n.endswith(".py")}
+    missing = sorted(tree_modules() - held)
+    if missing:
+        raise Failed(f"{whl.name} lacks {len(missing)} modules of the tree: {missing[:8]}")
+    print(f"{whl.name} holds all {len(held)} modules of the tree; sdist {sdist.name}")
+    spec = matrix["wheel"]
+    bin_, env = fresh_venv(spec["python"], work / "venv-wheel")
+    pip = [str(bin_ / "python"), "-m", "pip", "install", "-q"]
+    step(f"install torch {spec['torch']}", [*pip, f"torch=={spec['torch']}"], env=env)
+    step("install the wheel", [*pip, f"commrt[train] @ {whl.as_uri()}"], env=env)
+    away = work / "elsewhere"  # nothing of the tree on sys.path: the installed package alone
+    away.mkdir()
+    python = str(bin_ / "python")
+    optional = [f"{k}={v}" for k, v in OPTIONAL.items()]
+    step("import every module", [python, "-c", _IMPORT_ALL, *optional], away, env)
+    step("commrt --help", [str(bin_ / "commrt"), "--help"], away, env)
+    bench = [str(bin_ / "commrt"), "bench", "allreduce", "--nproc", "2", "--sizes", "8,64K"]
+    step("2-rank bench", [*bench, "--repeats", "2", "--algorithms", "ring,auto"], away, env)
+    (away / "ddp_step.py").write_text(_DDP_STEP)
+    run = [str(bin_ / "torchrun"), "--standalone", "--nproc-per-node", "2", "ddp_step.py"]
+    out = step("2-rank DDP step on commrt under torchrun", run, away, env)
+    if out.count("gave the average of 2 ranks' gradients") != 2:
+        raise Failed("the DDP step did not report from both ranks")
+
+
+def torch_row(matrix: dict, row: dict, work: Path) -> None:
+    """The torch-facing tests on one (Python, torch) of the matrix (module docs)."""
+    where = work / f"venv-torch-{row['torch']}"
+    bin_, env = fresh_venv(row["python"], where)
+    pip = [str(bin_ / "python"), "-m", "pip", "install", "-q"]
+    step(f"install torch {row['torch']}", [*pip, f"torch=={row['torch']}"], env=env)
+    step("install commrt[test] (editable)", [*pip, "-e", f"{ROOT}[test]"], env=env)
+    version = [str(bin_ / "python"), "-c", "import torch; print(torch.__version__)"]
+    got = step("torch", version, env=env).strip().splitlines()[-1]
+    if not got.startswith(row["torch"]):
+        raise Failed(f"asked for torch {row['torch']}, got {got}")
+    facing = matrix["torch_facing"]
+    tests = [str(bin_ / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    tests += [*facing["pytest"], *facing["tests"]]
+    step(f"torch-facing tests on torch {row['torch']}", tests, ROOT, env)
+    shutil.rmtree(where)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("what", choices=("wheel", "torch", "all"))
+    parser.add_argument("--only", metavar="TORCH", help="the torch rows of this version alone")
+    args = parser.parse_args(argv)
+    matrix = tomllib.loads(MATRIX.read_text("utf-8"))
+    rows = [
+        r
+        for r in matrix["torch_facing"]["run"]
+        if (args.only is None and r["ci"]) or args.only == r["torch"]
+    ]
+    if args.only and not rows:
+        parser.error(f"--only {args.only}: .ci/matrix.toml has no such torch row")
+    base = os.environ.get("COMMRT_CI_DIR")
+    work = Path(tempfile.mkdtemp(prefix="commrt-ci-", dir=base))
+    start = time.monotonic()
+    try:
+        if args.what in ("wheel", "all"):
+            wheel(matrix, work)
+        if args.what in ("torch", "all"):
+            for row in rows:
+                torch_row(matrix, row, work)
+    except Failed as e:
+        print(f"ci_matrix: {e}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"ci_matrix: {args.what} passed in {time.monotonic() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
