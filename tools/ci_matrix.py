@@ -2,6 +2,7 @@
 
 .ci/run calls this after the suite; ``.ci/matrix.toml`` declares what it runs::
 
+    python tools/ci_matrix.py prepare   # every venv below, made ahead (CI: during the suite)
     python tools/ci_matrix.py wheel     # build, install non-editable, use it
     python tools/ci_matrix.py torch     # the torch-facing tests on each CI row of the matrix
     python tools/ci_matrix.py torch --only 2.15.0   # one row, a by-hand one (ci = false) too
@@ -23,9 +24,16 @@ run there with ``torch_facing.pytest``'s options. pip's cap on torch on these ma
 (``/etc/xdg/pip``) is lifted for these venvs alone (``PIP_CONSTRAINT``):
 each pins its torch itself.
 
+``prepare`` makes every venv the other two use and installs into it (torch,
+the wheel, commrt's ``test`` extra), and nothing else: downloads and
+installs, about a core, which CI overlaps with the suite (the suite keeps the
+machine's two cores about half busy). ``wheel`` and ``torch`` use what
+``prepare`` made, or make it themselves.
+
 Every step prints its time; the first failure ends the run with exit 1.
-The venvs live in a temporary folder (``COMMRT_CI_DIR`` to choose it),
-each removed once its row is done (a CUDA build of torch is ~5 GB).
+The venvs live in one folder, ``COMMRT_CI_DIR`` (default
+``$TMPDIR/commrt-ci``); a row's venv is removed once its tests ran (a CUDA
+build of torch is ~5 GB), and the whole folder once ``torch`` is done.
 """
 
 from __future__ import annotations
@@ -100,7 +108,8 @@ class Failed(Exception):
 def step(what: str, cmd: list[str], cwd: Path | None = None, env: dict | None = None) -> str:
     """Run ``cmd``, print its time and output's tail; raise :class:`Failed` on non-zero."""
     start = time.monotonic()
-    print(f"--- {what}: {' '.join(cmd)}", flush=True)
+    shown = " ".join(" ".join(cmd).split())  # a -c script on one line
+    print(f"--- {what}: {shown if len(shown) <= 150 else shown[:149] + '…'}", flush=True)
     proc = subprocess.run(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -130,13 +139,25 @@ def interpreter(version: str) -> str:
     raise Failed(f"no Python {version} here (on PATH or under {root}/versions)")
 
 
-def fresh_venv(python: str, where: Path) -> tuple[Path, dict]:
-    """A new venv at ``where``: its bin folder, and an environment that puts it first on
-    PATH and leaves pip's torch cap out (each venv pins its own torch)."""
-    step(f"venv (Python {python})", [interpreter(python), "-m", "venv", str(where)])
+def venv_env(where: Path) -> dict:
+    """The environment for the venv at ``where``: it first on PATH, and pip's torch cap
+    left out (each venv pins its own torch)."""
     env = dict(os.environ, PATH=f"{where / 'bin'}{os.pathsep}{os.environ['PATH']}")
     env.update(VIRTUAL_ENV=str(where), PIP_CONSTRAINT=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
+    return env
+
+
+def made(where: Path, python: str, installs) -> tuple[Path, dict]:
+    """The venv at ``where`` with ``installs(pip, env)`` done: made now, or found made by an
+    earlier ``prepare`` (its ``.ready`` file). Returns its bin folder and environment."""
+    ready = where / ".ready"
+    env = venv_env(where)
+    if not ready.exists():
+        shutil.rmtree(where, ignore_errors=True)
+        step(f"venv (Python {python})", [interpreter(python), "-m", "venv", str(where)])
+        installs([str(where / "bin" / "python"), "-m", "pip", "install", "-q"], env)
+        ready.touch()
     return where / "bin", env
 
 
@@ -151,24 +172,42 @@ def tree_modules() -> set[str]:
     return found
 
 
-def wheel(matrix: dict, work: Path) -> None:
-    """Build, check, install non-editable and use the wheel (module docs)."""
+def built_wheel(work: Path, python: str, env: dict) -> Path:
+    """The wheel (and an sdist) built from this tree into ``work/dist`` by ``python`` (a
+    venv's, which has ``build``), once; it must hold every module of the tree."""
     dist = work / "dist"
-    step("build a wheel and an sdist", [sys.executable, "-m", "build", "-o", str(dist), str(ROOT)])
-    (whl,) = dist.glob("commrt-*.whl")
+    found = list(dist.glob("commrt-*.whl"))
+    if not found:
+        build = [python, "-m", "build", "-o", str(dist), str(ROOT)]
+        step("build a wheel and an sdist", build, env=env)
+        found = list(dist.glob("commrt-*.whl"))
+    (whl,) = found
     (sdist,) = dist.glob("commrt-*.tar.gz")
     held = {n for n in zipfile.ZipFile(whl).namelist() if n.endswith(".py")}
     missing = sorted(tree_modules() - held)
     if missing:
         raise Failed(f"{whl.name} lacks {len(missing)} modules of the tree: {missing[:8]}")
     print(f"{whl.name} holds all {len(held)} modules of the tree; sdist {sdist.name}")
+    return whl
+
+
+def wheel_venv(matrix: dict, work: Path) -> tuple[Path, dict]:
+    """The wheel's venv: the matrix's torch, then the wheel (built now), non-editable."""
     spec = matrix["wheel"]
-    bin_, env = fresh_venv(spec["python"], work / "venv-wheel")
-    pip = [str(bin_ / "python"), "-m", "pip", "install", "-q"]
-    step(f"install torch {spec['torch']}", [*pip, f"torch=={spec['torch']}"], env=env)
-    step("install the wheel", [*pip, f"commrt[train] @ {whl.as_uri()}"], env=env)
-    away = work / "elsewhere"  # nothing of the tree on sys.path: the installed package alone
-    away.mkdir()
+
+    def installs(pip, env):
+        step(f"install torch {spec['torch']}", [*pip, f"torch=={spec['torch']}"], env=env)
+        step("install build", [*pip, "build"], env=env)
+        whl = built_wheel(work, pip[0], env)
+        step("install the wheel", [*pip, f"commrt[train] @ {whl.as_uri()}"], env=env)
+
+    return made(work / "venv-wheel", spec["python"], installs)
+
+
+def wheel(matrix: dict, work: Path) -> None:
+    """Use the installed wheel from outside the tree (module docs)."""
+    bin_, env = wheel_venv(matrix, work)
+    away = Path(tempfile.mkdtemp(prefix="elsewhere-", dir=work))  # no tree on sys.path
     python = str(bin_ / "python")
     optional = [f"{k}={v}" for k, v in OPTIONAL.items()]
     step("import every module", [python, "-c", _IMPORT_ALL, *optional], away, env)
@@ -182,13 +221,19 @@ def wheel(matrix: dict, work: Path) -> None:
         raise Failed("the DDP step did not report from both ranks")
 
 
+def row_venv(row: dict, work: Path) -> tuple[Path, dict]:
+    """A torch row's venv: its torch, then commrt editable with the ``test`` extra."""
+
+    def installs(pip, env):
+        step(f"install torch {row['torch']}", [*pip, f"torch=={row['torch']}"], env=env)
+        step("install commrt[test] (editable)", [*pip, "-e", f"{ROOT}[test]"], env=env)
+
+    return made(work / f"venv-torch-{row['torch']}", row["python"], installs)
+
+
 def torch_row(matrix: dict, row: dict, work: Path) -> None:
     """The torch-facing tests on one (Python, torch) of the matrix (module docs)."""
-    where = work / f"venv-torch-{row['torch']}"
-    bin_, env = fresh_venv(row["python"], where)
-    pip = [str(bin_ / "python"), "-m", "pip", "install", "-q"]
-    step(f"install torch {row['torch']}", [*pip, f"torch=={row['torch']}"], env=env)
-    step("install commrt[test] (editable)", [*pip, "-e", f"{ROOT}[test]"], env=env)
+    bin_, env = row_venv(row, work)
     version = [str(bin_ / "python"), "-c", "import torch; print(torch.__version__)"]
     got = step("torch", version, env=env).strip().splitlines()[-1]
     if not got.startswith(row["torch"]):
@@ -197,12 +242,12 @@ def torch_row(matrix: dict, row: dict, work: Path) -> None:
     tests = [str(bin_ / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-q"]
     tests += [*facing["pytest"], *facing["tests"]]
     step(f"torch-facing tests on torch {row['torch']}", tests, ROOT, env)
-    shutil.rmtree(where)
+    shutil.rmtree(bin_.parent)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("what", choices=("wheel", "torch", "all"))
+    parser.add_argument("what", choices=("prepare", "wheel", "torch", "all"))
     parser.add_argument("--only", metavar="TORCH", help="the torch rows of this version alone")
     args = parser.parse_args(argv)
     matrix = tomllib.loads(MATRIX.read_text("utf-8"))
@@ -213,10 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.only and not rows:
         parser.error(f"--only {args.only}: .ci/matrix.toml has no such torch row")
-    base = os.environ.get("COMMRT_CI_DIR")
-    work = Path(tempfile.mkdtemp(prefix="commrt-ci-", dir=base))
+    work = Path(os.environ.get("COMMRT_CI_DIR") or Path(tempfile.gettempdir()) / "commrt-ci")
     start = time.monotonic()
     try:
+        if args.what == "prepare":
+            shutil.rmtree(work, ignore_errors=True)
+            wheel_venv(matrix, work)
+            for row in rows:
+                row_venv(row, work)
         if args.what in ("wheel", "all"):
             wheel(matrix, work)
         if args.what in ("torch", "all"):
@@ -226,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ci_matrix: {e}", file=sys.stderr)
         return 1
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if args.what in ("torch", "all"):
+            shutil.rmtree(work, ignore_errors=True)
     print(f"ci_matrix: {args.what} passed in {time.monotonic() - start:.0f} s")
     return 0
 
