@@ -142,7 +142,8 @@ def test_pytorch_distributed_suite_against_gloo(tmp_path):
     finally:
         for proc, _ in runs:  # a failed first one must not leave the second running
             proc.kill()
-    assert gloo["run"] == ours["run"] > 250 and gloo["failed"] == {}
+    # the runner found the suite: 285 cases on torch 2.13, 211 on 2.15 with Python 3.12
+    assert gloo["run"] == ours["run"] > 200 and gloo["failed"] == {}
     missing = set(gloo["passes"]) - set(ours["passes"])
     assert missing == set(KNOWN_GAPS), {
         "unexpected": {c: ours["failed"].get(c, ours["skips"].get(c)) for c in missing},
