@@ -114,7 +114,8 @@ def step(what: str, cmd: list[str], cwd: Path | None = None, env: dict | None = 
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     took = time.monotonic() - start
-    tail = "\n".join(proc.stdout.strip().splitlines()[-25:])
+    # a failure's cause sits above pytest's slowest-tests list and summary: show more of it
+    tail = "\n".join(proc.stdout.strip().splitlines()[-25 if proc.returncode == 0 else -150 :])
     if tail:
         print(tail, flush=True)
     print(f"--- {what}: {'ok' if proc.returncode == 0 else 'FAILED'} in {took:.0f} s", flush=True)
