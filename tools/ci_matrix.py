@@ -162,13 +162,14 @@ def made(where: Path, python: str, installs) -> tuple[Path, dict]:
     return where / "bin", env
 
 
-def tree_modules() -> set[str]:
-    """Every library file as the path it has in a wheel (``commrt/kernels/pack.py``)."""
-    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+def tree_modules(root: Path = ROOT) -> set[str]:
+    """Every library file of the tree at ``root`` as the path it has in a wheel
+    (``commrt/kernels/pack.py``), by that tree's package-dir."""
+    mapped = tomllib.loads((root / "pyproject.toml").read_text("utf-8"))
     found = set()
     for package, folder in mapped["tool"]["setuptools"]["package-dir"].items():
-        for path in (ROOT / folder).rglob("*.py"):
-            rel = path.relative_to(ROOT / folder).as_posix()
+        for path in (root / folder).rglob("*.py"):
+            rel = path.relative_to(root / folder).as_posix()
             found.add(f"{package.replace('.', '/')}/{rel}")
     return found
 

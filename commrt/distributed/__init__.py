@@ -16,7 +16,8 @@ group), :mod:`~commrt.distributed.dispatch` (where and how a call runs),
 :mod:`~commrt.distributed.ops` (what each call runs),
 :mod:`~commrt.distributed.work` (works, futures, the call thread,
 errors), :mod:`~commrt.distributed.torch_api` (what the backend relies on
-of torch beyond its collectives, and the torch versions it is tested on), :mod:`~commrt.distributed.observe` (what the calls ran: stats,
+of torch beyond its collectives, and the torch versions it is tested on),
+:mod:`~commrt.distributed.observe` (what the calls ran: stats,
 ``COMMRT_LOG``, ``COMMRT_TRACE``) and :mod:`~commrt.distributed.hooks` (DDP
 communication hooks: commrt all-reduce on any backend, GossipGraD).
 """

@@ -199,8 +199,8 @@ class CallQueue:
         order, without the two thread switches of a hand-off (a small call's latency)."""
         if self.broken is not None:
             err = CommError(
-                f"commrt: rank {work.commrt.rank}: {work.commrt.what} refused: this process group failed "
-                f"earlier ({type(self.broken).__name__}: {self.broken})"
+                f"commrt: rank {work.commrt.rank}: {work.commrt.what} refused: this process "
+                f"group failed earlier ({type(self.broken).__name__}: {self.broken})"
             )
             work.fail(err)
             return work

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import zipfile
 
+from ci_matrix import tree_modules  # tools/ (tests/conftest.py puts it on the path)
 from helpers.layout import PACKAGES, ROOT
 
 #: what a build reads besides the package folders
@@ -40,10 +41,7 @@ def test_a_wheel_holds_every_module_and_every_new_package(tmp_path):
         folder.mkdir(parents=True)
         (folder / "__init__.py").write_text('"""A package folder nobody listed."""\n')
         (folder.parent / "__init__.py").touch()
-    want = set()
-    for folder, package in PACKAGES.items():
-        for path in (tree / folder).rglob("*.py"):
-            want.add(f"{package.replace('.', '/')}/{path.relative_to(tree / folder).as_posix()}")
+    want = tree_modules(tree)  # what CI's wheel step holds the real tree's wheel to
     held = _wheel_of(tree, tmp_path / "dist")
     assert "commrt/kernels/newkind/__init__.py" in want
     assert sorted(want - held) == [], "modules of the tree the wheel lacks"
