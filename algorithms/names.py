@@ -24,6 +24,7 @@ from commrt.algorithms.pipelined_torus import PipelinedTorus2D
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
+from commrt.errors import did_you_mean
 
 __all__ = ["BACKUP", "NAMES", "key", "named"]
 
@@ -57,6 +58,6 @@ def named(name: str) -> Algorithm:
     if cls is None:
         raise ValueError(
             f"unknown algorithm {name!r}; choose one of {', '.join(NAMES)} "
-            f"or pass an instance such as commrt.algorithms.Ring()"
+            f"or pass an instance such as commrt.algorithms.Ring(){did_you_mean(name, NAMES)}"
         )
     return cls()

@@ -8,6 +8,16 @@ schedule step and (under GradientSync) the bucket.
 from __future__ import annotations
 
 
+def did_you_mean(name, choices) -> str:
+    """``"; did you mean 'ring'?"`` for the choice closest to a misspelt ``name``
+    (difflib's), or ``""`` where none is close: the one hint of every "unknown algorithm"
+    and "unknown backend" error, in the library and on the command line."""
+    import difflib
+
+    close = difflib.get_close_matches(str(name).lower(), [str(c) for c in choices], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 class CommError(RuntimeError):
     """Base class for communication failures raised by commrt.
 

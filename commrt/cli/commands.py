@@ -59,7 +59,8 @@ def auto_backend(nproc: int, ranks_may_die: bool = False, who: str = "") -> str:
     s = dataclasses.replace(s, shm_unusable=unusable())  # every rank will be here
     chosen = choose(s)[0]
     if device == "cuda" and s.nccl_missing is not None:
-        print(f"--backend auto runs {chosen}, not nccl: {s.nccl_missing}", flush=True)
+        why = s.nccl_missing.removeprefix("commrt: ")
+        print(f"--backend auto runs {chosen}, not nccl:\n  {why}", flush=True)
     best = choose(dataclasses.replace(s, ranks_may_die=False))[0]
     if chosen is not best:
         print(f"{who} over {chosen}, not {best}: {ONLY_GLOO_SURVIVES}", flush=True)

@@ -10,7 +10,6 @@ one line on stdout says so.
 from __future__ import annotations
 
 import argparse
-import difflib
 import math
 import os
 
@@ -24,6 +23,7 @@ from commrt.cli.units import (
     positive_int,
     positive_number,
 )
+from commrt.errors import did_you_mean
 
 #: the global batch when neither --batch-size nor --batch-schedule is given
 DEFAULT_BATCH = 64
@@ -171,9 +171,9 @@ def algorithm_choices() -> tuple[str, ...]:
 
 def unknown_algorithm(name: str, names: tuple[str, ...], flag: str = "--algorithm") -> str:
     """The error for a name the registry does not know, in command-line terms."""
-    close = difflib.get_close_matches(name.lower(), names, n=1)
-    hint = f"; did you mean {close[0]}?" if close else ""
-    return f"unknown algorithm {name!r} for {flag}; it takes {', '.join(names)}{hint}"
+    return f"unknown algorithm {name!r} for {flag}; it takes {', '.join(names)}" + did_you_mean(
+        name, names
+    )
 
 
 def check_train(parser: argparse.ArgumentParser, args):

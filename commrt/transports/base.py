@@ -22,6 +22,8 @@ Pair = tuple[torch.Tensor, int]  # (contiguous tensor, peer rank)
 
 #: how often a long wait asks its ``check`` whether a peer has left (seconds)
 CHECK_EVERY_S = 0.02
+#: what every refusal of a GPU-only backend on a machine without one suggests instead
+ON_A_CPU = "on a CPU use backend='shm', 'gloo' or 'mpi'"
 
 
 def poll_until(

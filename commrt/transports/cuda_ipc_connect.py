@@ -28,6 +28,7 @@ import secrets
 import numpy as np
 import torch
 
+from commrt.transports.base import ON_A_CPU
 from commrt.transports.cuda_ipc import SLOT_BYTES, SLOTS, CudaIpcTransport, Link, link_bytes
 from commrt.transports.cuda_ipc_device import CudaDevice, IpcDevice, import_runtime
 from commrt.transports.processes import start_time
@@ -230,7 +231,7 @@ def cuda_missing() -> str | None:
     if not torch.cuda.is_available():
         return (
             "backend 'cuda_ipc' needs CUDA, and torch sees no CUDA GPU here "
-            "(torch.cuda.is_available() is False); on a CPU use backend='shm', 'gloo' or 'mpi'"
+            f"(torch.cuda.is_available() is False); {ON_A_CPU}"
         )
     try:
         import_runtime()

@@ -33,7 +33,7 @@ import torch
 
 from commrt.errors import CommError, CommTimeoutError
 from commrt.transports import bounded
-from commrt.transports.base import Pair, Pending, Transport, poll_until
+from commrt.transports.base import ON_A_CPU, Pair, Pending, Transport, poll_until
 from commrt.transports.nccl_module import CupyNccl, NcclComm, NcclModule
 from commrt.transports.watchdog import Watchdog
 
@@ -56,8 +56,9 @@ NCCL_SUM, NCCL_MAX, NCCL_AVG = 0, 2, 4
 
 #: what to install for the nccl backend (pyproject's extras), in every error that asks for it
 INSTALL_HINT = (
-    "pip install 'commrt[cuda12]' (CUDA 12) or 'commrt[cuda13]' (CUDA 13) on a machine "
-    "with an NVIDIA GPU; on a CPU use backend='mpi' or 'gloo'"
+    "\n  on a machine with an NVIDIA GPU: pip install 'commrt[cuda12]' (CUDA 12)"
+    "\n    or 'commrt[cuda13]' (CUDA 13);"
+    f"\n  {ON_A_CPU}."
 )
 
 
@@ -70,11 +71,13 @@ def import_nccl() -> NcclModule:
     """
     try:
         nccl = importlib.import_module("cupy.cuda.nccl")
-    except ImportError as e:
-        raise RuntimeError(f"the nccl backend needs CuPy with NCCL: {INSTALL_HINT}") from e
+    except ImportError as e:  # the cause's own trace adds nothing: its text is kept
+        raise RuntimeError(
+            f"commrt: backend 'nccl' needs CuPy with NCCL:\n  {e};{INSTALL_HINT}"
+        ) from None
     if not nccl.available:
         raise RuntimeError(
-            f"the nccl backend needs NCCL, and CuPy could not load libnccl: {INSTALL_HINT}"
+            f"commrt: backend 'nccl' needs NCCL:\n  CuPy could not load libnccl;{INSTALL_HINT}"
         )
     return CupyNccl(nccl)
 

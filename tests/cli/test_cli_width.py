@@ -235,4 +235,4 @@ def test_a_careless_flags_error_fits_80_columns(argv, capsys):
     _fits(err)
     said = " ".join(err.split("error: ", 1)[1].split())
     if argv[1:2] == ["--algorithm"]:
-        assert "unknown algorithm 'gosip'" in said and "did you mean gossip?" in said, err
+        assert "unknown algorithm 'gosip'" in said and "did you mean 'gossip'?" in said, err

@@ -59,7 +59,7 @@ def _no_cupy(monkeypatch):
 
 def test_import_nccl_says_what_to_install_when_libnccl_is_missing(monkeypatch):
     _fake_cupy(monkeypatch, available=False)
-    with pytest.raises(RuntimeError, match=r"could not load libnccl.*cuda12.*cuda13"):
+    with pytest.raises(RuntimeError, match=r"(?s)could not load libnccl.*cuda12.*cuda13"):
         import_nccl()
     with pytest.raises(RuntimeError, match="could not load libnccl"):
         commrt.init("nccl", rank=0, world_size=1)
@@ -67,7 +67,7 @@ def test_import_nccl_says_what_to_install_when_libnccl_is_missing(monkeypatch):
 
 def test_import_nccl_without_cupy_and_with_a_working_one(monkeypatch):
     _no_cupy(monkeypatch)
-    with pytest.raises(RuntimeError, match=r"needs CuPy with NCCL.*commrt\[cuda12\]"):
+    with pytest.raises(RuntimeError, match=r"(?s)needs CuPy with NCCL.*commrt\[cuda12\]"):
         import_nccl()
     nccl = _fake_cupy(monkeypatch, available=True)
     assert import_nccl().module is nccl
@@ -79,7 +79,9 @@ def test_import_nccl_without_cupy_and_with_a_working_one(monkeypatch):
 def test_auto_on_cuda_without_cupy_falls_back_with_a_warning(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     _no_cupy(monkeypatch)
-    with pytest.warns(UserWarning, match=r"falls back to the CPU transports.*cuda12.*cuda13"):
+    with pytest.warns(
+        UserWarning, match=r"(?s)falls back to the CPU transports:\n.*cuda12.*cuda13"
+    ):
         with commrt.init() as comm:
             assert comm.backend is commrt.Backend.GLOO
     lacking = Situation.here("cuda", "mpiexec", 2, 2, mpi_world=True)
@@ -345,3 +347,23 @@ def test_progress_thread_hands_a_set_device_error_to_wait(monkeypatch):
 
 if __name__ == "__main__":
     _bad_tensor_worker(sys.argv[1])
+
+
+def test_the_nccl_refusal_a_user_sees_is_one_error_in_80_columns():
+    """``commrt.init(backend="nccl")`` where CuPy is missing, as a script run by a user
+    sees it: one error (no chained ImportError trace above it), every line of its message
+    within 80 columns, suggesting on a CPU what cuda_ipc's refusal suggests."""
+    from commrt.transports.base import ON_A_CPU
+    from commrt.transports.cuda_ipc_connect import cuda_missing
+
+    script = "import sys; sys.modules['cupy'] = None\nimport commrt\ncommrt.init(backend='nccl')"
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    err = proc.stderr
+    assert proc.returncode == 1 and err.count("Traceback") == 1, err
+    assert "direct cause" not in err and "During handling" not in err, err
+    message = err[err.index("RuntimeError: ") :].splitlines()
+    assert all(len(line) <= 80 for line in message), message
+    assert ON_A_CPU in " ".join(message) and "commrt[cuda12]" in err, err
+    if not torch.cuda.is_available():
+        assert ON_A_CPU in cuda_missing()
