@@ -457,7 +457,9 @@ def _exchange_rows(comm: Communicator, row: list[int], algorithm: str) -> list[l
     except CommError:
         raise
     except RuntimeError as e:  # engine errors (a peer's connection closed, ...), as the executor
-        raise engine_error(comm.transport, e, peers, where) from e
+        error = engine_error(comm.transport, e, peers, where)
+        comm.failed_in_call(error)
+        raise error from e
     return [row if r == comm.rank else got[r].cpu().tolist() for r in range(comm.world_size)]
 
 

@@ -51,7 +51,8 @@ from commrt.runtime.choice import (
     cuda_transport_wanted,
     gpu_shared,
 )
-from commrt.runtime.communicator import Communicator, cpu_transport
+from commrt.runtime.communicator import Communicator
+from commrt.runtime.connect import cpu_transport
 from commrt.runtime.environment import LaunchInfo, detect_launch
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, check_timeout
 from commrt.runtime.stall import stall_seconds, start_watch

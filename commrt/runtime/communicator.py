@@ -16,19 +16,17 @@ import weakref
 
 import torch
 
-from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
+from commrt.errors import CommError, CommTimeoutError, PeerFailedError, did_you_mean
+from commrt.runtime.abort import abort_on_error_wanted, cause_of, env_flag, install_abort_hook
 from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose
-from commrt.runtime.departures import CLOSED, Departures, track
-from commrt.runtime.environment import REJOIN_ENV, LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
-from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout, mpi_world  # noqa: F401  (init names the limit)
-from commrt.runtime.rendezvous import tcp_store as _tcp_store
+from commrt.runtime.connect import make_transport
+from commrt.runtime.departures import CLOSED, FAILED, Departures, track
+from commrt.runtime.environment import LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
+from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout  # noqa: F401  (init names the limit)
 from commrt.runtime.slots import CommSlots
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
-from commrt.transports.cuda_ipc_connect import init_cuda_ipc
-from commrt.transports.shm_connect import shm_transport
 
 #: how long a blocking collective polls before yielding its core, when every local rank has one
 SPIN_S = 100e-6
@@ -160,6 +158,10 @@ class Communicator:
             if transport is None and timeout is None:
                 self.verdict_at_timeout(e)
             raise
+        except CommError as e:
+            if transport is None:
+                self.failed_in_call(e)
+            raise
         if work is not buf:
             buf.copy_(work)
         return sent
@@ -176,6 +178,9 @@ class Communicator:
             if timeout is None:
                 self.verdict_at_timeout(e)
             raise
+        except CommError as e:
+            self.failed_in_call(e)
+            raise
         finally:
             self.lock.release()
 
@@ -190,6 +195,17 @@ class Communicator:
         Not for backup workers' steps (their family goes on without ranks that fail)."""
         if self.stall is not None and self.departures.waits_on_all:
             self.stall.at_timeout(error)
+
+    def failed_in_call(self, error: CommError) -> None:
+        """Before ``error`` is raised, where the engine broke under a call (a peer's
+        connection closed) or a peer failed: a farewell saying that this rank failed, and
+        at which rank the failure began where the error names one. Whatever the program
+        then does (it may catch the error and exit), the peers' errors and a stall verdict
+        follow the chain past this rank instead of taking it for the cause. Not for
+        backup workers' steps (their family goes on without ranks that fail)."""
+        broke = type(error) is CommError and error.peers is not None
+        if (broke or isinstance(error, PeerFailedError)) and self.departures.waits_on_all:
+            self.departures.announce(FAILED, cause_of(error))
 
     # -- what collectives and GradientSync need from each other, through the communicator
 
@@ -303,8 +319,10 @@ def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size
         try:
             return (Backend(name),)
         except ValueError:
+            names = ["auto", *(str(b) for b in Backend)]
             raise ValueError(
-                f"unknown backend {backend!r}; choose auto, " + ", ".join(str(b) for b in Backend)
+                f"unknown backend {backend!r}; choose {', '.join(names)}"
+                + did_you_mean(name, names)
             ) from None
     kind = torch.device(device).type if device is not None else None
     if kind is None:
@@ -316,7 +334,8 @@ def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size
     s = Situation.here(kind, launch.launcher, world_size, local_size, mpi_world, rejoining())
     if kind == "cuda" and s.nccl_missing is not None and choose(s)[0] not in CUDA_BACKENDS:
         warnings.warn(
-            f"commrt: backend='auto' falls back to the CPU transports: {s.nccl_missing}",
+            "commrt: backend='auto' falls back to the CPU transports:\n  "
+            + s.nccl_missing.removeprefix("commrt: "),
             stacklevel=3,
         )
     return choose(s)
@@ -386,105 +405,11 @@ def init(
     order = _candidates(backend, launch, device, world_size)
     address = (master_addr, master_port)
     engine = ipc_device if order[0] is Backend.CUDA_IPC else nccl_module
-    be, transport = _transport(order, launch, rank, world_size, timeout, address, device, engine)
+    be, transport = make_transport(
+        order, launch, rank, world_size, timeout, address, device, engine
+    )
     comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
     if abort_on_error is not False and world_size > 1:
         install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
     comm.stall = start_watch(comm, stall_seconds(stall_s, timeout), abort_on_error is not False)
     return comm
-
-
-def _transport(order, launch, rank, world_size, timeout, address, device, nccl):
-    """(backend, transport): the first of ``order`` that can be made;
-    ``address``: (master_addr, master_port); ``nccl``: the NCCL module, or for cuda_ipc
-    its device (None: the real ones)."""
-    master_addr, master_port = address
-    if rejoining():
-        return order[0], _rejoined(order[0], rank, world_size)
-    if order[0] is Backend.NCCL:
-        made = _nccl_transport(
-            launch, rank, world_size, master_addr, master_port, timeout, device, nccl
-        )
-        return Backend.NCCL, made
-    if order[0] is Backend.CUDA_IPC:
-        store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
-        return order[0], init_cuda_ipc(
-            store, rank, world_size, device, launch.local_rank, timeout, nccl
-        )
-    return cpu_transport(
-        order,
-        lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
-        lambda: _mpi_transport(rank, world_size),
-        rank, world_size, timeout, "backend='shm'",
-    )  # fmt: skip
-
-
-def cpu_transport(order, store, mpi, rank: int, world_size: int, timeout: float, asked: str):
-    """(backend, transport): the first CPU transport of ``order`` that can be made.
-    ``store()`` gives the store shared memory and gloo meet through (asked for once, and
-    only by them), ``mpi()`` MPI's transport. Shared memory in a longer order may find,
-    on every rank alike, that the ranks cannot share it: then the next is made; asked for
-    alone (``asked`` says how), that is a ValueError."""
-    if tuple(order) == (Backend.SHM,):
-        return Backend.SHM, shm_transport(store(), rank, world_size, timeout, asked)
-    made_store = None
-    for be in order:
-        if be is Backend.MPI:
-            return be, mpi()
-        made_store = store() if made_store is None else made_store
-        if be is Backend.SHM:
-            from commrt.transports.shm_connect import connect
-
-            made = connect(made_store, rank, world_size, timeout)
-            if not isinstance(made, str):
-                return be, made
-        elif be is Backend.GLOO:
-            from commrt.transports.gloo import GlooTransport
-
-            return be, GlooTransport(made_store, rank, world_size, timeout)
-    raise ValueError(f"commrt: none of {', '.join(map(str, order))} moves CPU tensors")
-
-
-def _mpi_transport(rank: int, world_size: int) -> Transport:
-    """The MPI transport over MPI's world, which must number the ranks as init does."""
-    from commrt.transports.mpi import MpiTransport
-
-    world = mpi_world()
-    if world.Get_size() != world_size or world.Get_rank() != rank:
-        raise ValueError(
-            f"the mpi backend takes rank and size from MPI (rank {world.Get_rank()} "
-            f"of {world.Get_size()}), not rank {rank} of {world_size}; launch with "
-            f"mpiexec -n {world_size}"
-        )
-    return MpiTransport(world)
-
-
-def _rejoined(be: Backend, rank: int, world_size: int) -> Transport:
-    """The transport of a replacement that rejoins a running job (``COMMRT_REJOIN=1``);
-    backup workers' policy checks that the job's store outlives every rank."""
-    from commrt.transports.gloo import GlooRejoined
-
-    if be is not Backend.GLOO:
-        raise ValueError(
-            f"{REJOIN_ENV}=1: only the gloo backend lets a replacement rejoin a running job "
-            f"(backup workers), not {be}; pass backend='gloo'"
-        )
-    return GlooRejoined(rank, world_size)
-
-
-def _nccl_transport(launch, rank, world_size, master_addr, master_port, timeout, device, nccl):
-    """The NCCL transport (:mod:`commrt.transports.nccl_bootstrap`); the unique id travels
-    over MPI under mpiexec without a port, else through the TCPStore."""
-    from commrt.transports.nccl_bootstrap import init_nccl
-
-    over_mpi = launch.launcher == "mpiexec" and master_port is None and launch.master_port is None
-    return init_nccl(
-        rank,
-        world_size,
-        launch.local_rank,
-        device,
-        nccl,
-        mpi_world=mpi_world() if over_mpi else None,
-        make_store=lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
-        timeout=timeout,
-    )

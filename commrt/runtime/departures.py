@@ -162,6 +162,15 @@ class Departures:
         self.channel.poll(self.left, thorough=True)
         return self.blocking()
 
+    def farewell_of(self, peer: int) -> Farewell | None:
+        """``peer``'s farewell, where it left one (reads the store on gloo)."""
+        if self.channel is not None and peer not in self.left:
+            try:
+                self.channel.poll(self.left, thorough=True)
+            except Exception:  # the channel's peer or store is gone: what was heard stands
+                pass
+        return self.left.get(peer)
+
     def blocking(self) -> PeerClosedError | PeerFailedError | None:
         """The error for the first peer that left before what this rank waits in, or that
         failed (then it never finishes the call it was in either)."""

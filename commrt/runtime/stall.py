@@ -29,9 +29,14 @@ their heartbeats and, on its own host, their process state
 (``/proc/<pid>/stat``: ``T`` stopped, gone or ``Z`` dead), and publishes the
 verdict (:mod:`commrt.runtime.verdict`). Every rank prints that verdict (in
 full the lowest rank of each host that answered, the others one line that
-points to it; nothing where an error's message carries it), writes ``COMMRT_DUMP``'s
-files if asked, and the job ends (unless the abort-on-error hook is off:
-then waits go on to their timeout).
+points to it, as does a rank whose error's message carries it), writes
+``COMMRT_DUMP``'s files if asked, and waits (at most :data:`PRINTED_S`) until
+every rank that answered has printed: the store's host (rank 0 where no
+launcher hosts it) and ``mpiexec``, which ends the job when one rank exits,
+cannot take the verdict from a rank that has not printed it yet. Then the
+job ends (unless the abort-on-error hook is off: then waits go on to their
+timeout). A rank that ended after its own call failed (a peer's connection
+closed under it) left a farewell that says so, and is never the root cause.
 
 The store: the gloo rendezvous store (a fresh connection to it), or under
 MPI a TCPStore that rank 0 hosts, its port sent over MPI at ``init``.
@@ -39,12 +44,10 @@ MPI a TCPStore that rank 0 hosts, its port sent over MPI at ``init``.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import socket
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -52,6 +55,7 @@ from collections import deque
 
 from commrt.runtime.abort import end_job
 from commrt.runtime.departures import FAILED
+from commrt.runtime.frames import is_user, short
 from commrt.runtime.polling import poll
 from commrt.runtime.threads import background_thread, program_ending
 from commrt.runtime.verdict import judge, pointer, printer, render
@@ -130,6 +134,7 @@ class StallWatch:
         #: the verdict, once formed (:meth:`form`), and whether an error's message carries it
         self.verdict: dict | None = None
         self.told = False
+        self._printed = False  # whether this process printed its verdict (:meth:`_tell`)
         self._forming = threading.Lock()
         self._board = None  # the store connection the verdict was formed through
         self._store = client()
@@ -250,6 +255,7 @@ class StallWatch:
         verdict = self.form(str(error).splitlines()[0], failed=True, told=True)
         if verdict is not None:
             error.add_verdict(render(verdict))
+            self._tell(verdict)
 
     def diagnose(self, reason: str, failed: bool = False) -> None:
         """Form the verdict (:meth:`form`), print it (unless an error's message carried it),
@@ -269,14 +275,25 @@ class StallWatch:
             end_job(f"commrt: rank {self.rank}: ending the whole job after the stall verdict")
 
     def _tell(self, verdict: dict) -> None:
-        """Print the verdict, dump it, and give the others a moment to print theirs."""
-        store = self._board
+        """Print the verdict (in full on the lowest rank of the host that answered; else,
+        or where the error this rank raises carries it, one line that points to it), dump
+        it, and wait (at most :data:`PRINTED_S`) until every rank that answered has printed
+        its own: no rank leaves first, so neither the store's host (rank 0, where no
+        launcher hosts it) nor ``mpiexec`` ending the job can take a rank's verdict away
+        before it is out. Once per process."""
+        if self._printed:
+            return
+        self._printed, store = True, self._board
         try:
-            if not self.told:  # the error this rank raises carries it otherwise
-                first = printer(verdict, self.host)
-                full = first is None or first == self.rank
-                print(render(verdict) if full else pointer(verdict, self.rank, first), file=_err())
-                _err().flush()
+            first = printer(verdict, self.host)
+            if self.told:
+                said = pointer(verdict, self.rank, "in full in the error raised here")
+            elif first is None or first == self.rank:
+                said = render(verdict)
+            else:
+                said = pointer(verdict, self.rank, f"rank {first} prints it in full")
+            print(said, file=_err())
+            _err().flush()
             self._dump(verdict)
             store.add("printed", 1)
             answered = sum(v["state"] == "published" for v in verdict.get("views", []))
@@ -291,7 +308,7 @@ class StallWatch:
         return {
             "rank": self.rank, "host": self.host, "pid": self.pid, "state": "published",
             "position": self.where(failed), "idle_s": round(self.idle_s(), 1), "reason": reason,
-            "stack": [[_short(f.filename), f.lineno, f.name, is_user(f.filename)] for f in stack],
+            "stack": [[short(f.filename), f.lineno, f.name, is_user(f.filename)] for f in stack],
         }  # fmt: skip
 
     def judge_views(self, store) -> dict:
@@ -310,11 +327,16 @@ class StallWatch:
         return verdict | {"views": views}
 
     def _absent(self, rank: int, before: dict | None, after: dict | None) -> dict:
-        """The view of a rank that did not answer, from its heartbeats and process state."""
+        """The view of a rank that did not answer, from its heartbeats and process state,
+        or its farewell: a rank that failed (its call broke when a peer left, say) and
+        then ended is ``left``, never a root cause."""
         beat = after or before or {}
         view = {"rank": rank, "host": beat.get("host"), "pid": beat.get("pid"), "stack": []}
         view["position"] = beat.get("position", {})
         view["idle_s"] = round(time.time() - beat["time"], 1) if "time" in beat else None
+        farewell = self.departures.farewell_of(rank)
+        if farewell is not None and farewell.how == FAILED:
+            return view | {"state": "left", "cause": None if farewell.cause < 0 else farewell.cause}
         alive = before is not None and after is not None and after["beat"] != before["beat"]
         if beat.get("host") == self.host and beat.get("pid"):
             state = {"T": "stopped", "t": "stopped", None: "dead", "Z": "dead", "X": "dead"}
@@ -338,48 +360,6 @@ class StallWatch:
         with open(path + ".tmp", "w") as f:
             json.dump(data, f, indent=1)
         os.replace(path + ".tmp", path)
-
-
-@functools.lru_cache(maxsize=1)
-def _library_dirs() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    """(packages, standard library, site folders): the folders of commrt (with its
-    algorithms and kernels) and torch; the standard library's; and the folders packages
-    install into, which lie inside the standard library's but hold the user's code too
-    (a training script in an installed package, run through ``runpy``)."""
-    import site
-
-    import torch
-
-    import commrt.algorithms
-    import commrt.kernels
-
-    mods = (commrt.algorithms, commrt.kernels, torch)
-    packages = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
-    packages |= {os.path.dirname(os.path.abspath(m.__file__)) for m in mods}
-    paths = sysconfig.get_paths()
-    stdlib = {paths[k] for k in ("stdlib", "platstdlib")}
-    sites = {paths[k] for k in ("purelib", "platlib")} | set(site.getsitepackages())
-    sites |= {site.getusersitepackages()}
-    sites |= {p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")}
-    return tuple(tuple(os.path.realpath(d) + os.sep for d in x) for x in (packages, stdlib, sites))
-
-
-def is_user(filename: str) -> bool:
-    """Whether a frame in ``filename`` is the user's: outside commrt, torch and the standard
-    library (whose site-packages folders hold user code too; see :func:`_library_dirs`)."""
-    if filename.startswith("<"):
-        return False
-    path = os.path.realpath(filename)
-    packages, stdlib, sites = _library_dirs()
-    if path.startswith(packages):
-        return False
-    return not path.startswith(stdlib) or path.startswith(sites)
-
-
-def _short(filename: str) -> str:
-    """``filename`` relative to the working folder where it lies under it."""
-    rel = os.path.relpath(filename) if os.path.isabs(filename) else filename
-    return filename if rel.startswith("..") else rel
 
 
 def _err():

@@ -14,7 +14,9 @@ A view is a dict:
   heartbeat), ``"stopped"`` (SIGSTOP: alive, not scheduled), ``"lost"`` (no
   heartbeat, on another host: dead or stopped, unknown), ``"silent"``
   (alive, did not answer), ``"dropped"`` (backup workers dropped it: not a
-  hang);
+  hang); ``"left"`` (it ended after a call of its own failed, a peer's
+  connection closing under it, and said so in its farewell: never a root
+  cause; the chain of waits goes on through its last heartbeat's position);
 * ``position``: :meth:`commrt.schedule.position.Position.describe` plus
   ``seq`` (collective calls begun) and ``sync_step``;
 * ``idle_s``: seconds since its last progress (for a rank that did not
@@ -92,9 +94,11 @@ def judge(views: list[dict], stall_s: float | None = None) -> dict:
         "chain": _longest(chains, root),
         "others": {str(r): k for r, k in sorted(blamed.items()) if r != root},
         "dropped": sorted(r for r, k in terminal.items() if k == "dropped"),
+        "left": sorted(r for r, v in by_rank.items() if v.get("state") == "left"),
         "stall_s": stall_s,
     }
     verdict["lines"] = _lines(verdict, by_rank, common)
+    verdict["summary"] = _summary(verdict, by_rank, common)
     return verdict
 
 
@@ -111,21 +115,12 @@ def printer(verdict: dict, host: str) -> int | None:
     return min(answered or [v["rank"] for v in here], default=None)
 
 
-def pointer(verdict: dict, rank: int, printed_by: int) -> str:
-    """What the other ranks of a host print: one line (wrapped at :data:`WIDTH`) naming
-    the rank that prints the verdict in full, the root cause and where it is."""
-    lines = verdict["lines"]
-    i = next((i for i, x in enumerate(lines) if x.startswith("root cause: ")), None)
-    if i is None:  # no single root
-        cause = lines[1].rstrip(".") if len(lines) > 1 else "no single root"
-    else:
-        cause = lines[i].removeprefix("root cause: ").rstrip(":,")
-        if verdict.get("kind") == "user code" and i + 2 < len(lines):
-            cause += " at " + lines[i + 2].strip()  # after "in no collective for N s, at:"
-        elif verdict.get("kind") == "other collective" and i + 1 < len(lines):
-            cause += ": " + lines[i + 1].strip().rstrip(",")
-    text = f"commrt: rank {rank}: stall verdict (rank {printed_by} prints it in full): {cause}."
-    return "\n".join(wrap(text))
+def pointer(verdict: dict, rank: int, where: str) -> str:
+    """What a rank prints where the verdict's full text is elsewhere (``where``: "rank 0
+    prints it in full", or in the error this rank raises): one sentence, wrapped at
+    :data:`WIDTH`, naming the root cause and where it is."""
+    cause = verdict.get("summary") or _summary_of_lines(verdict["lines"])
+    return "\n".join(wrap(f"commrt: rank {rank}: stall verdict ({where}): {cause}"))
 
 
 # -- classifying ranks
@@ -149,8 +144,11 @@ def _majority(calls: dict) -> tuple | None:
 
 
 def _kind(view: dict, call: tuple | None, common: tuple | None) -> str | None:
-    """The root-cause kind of a rank that does not wait in the common call, else None."""
+    """The root-cause kind of a rank that does not wait in the common call, else None
+    (a rank that ``left`` after its own call failed is no cause either)."""
     state = view.get("state")
+    if state == "left":
+        return None
     if state != "published":
         return state  # dead, stopped, silent, dropped
     if call is None:
@@ -300,10 +298,38 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
             lines.append("chain of waits: " + " -> ".join(f"rank {r}" for r in verdict["chain"]))
     for r, kind in verdict["others"].items():
         lines.append(f"also: rank {r} is {kind}.")
+    if verdict["left"]:
+        lines.append(
+            f"ended after a call failed under it (no cause): {ranks_text(verdict['left'])}."
+        )
     if verdict["dropped"]:
         lines.append(f"dropped by backup workers (not a hang): {ranks_text(verdict['dropped'])}.")
     lines.append("next: " + advice)
     return [w for line in lines for w in wrap(line)]
+
+
+def _summary(verdict: dict, by_rank: dict, common: tuple | None) -> str:
+    """The root cause in one sentence, unwrapped (for :func:`pointer`)."""
+    root = verdict["root"]
+    if root is None:
+        return _summary_of_lines(verdict["lines"])
+    cause = _cause(verdict["kind"], by_rank[root], common, by_rank)
+    head = cause[0].removeprefix("root cause: ").rstrip(":,")
+    rest = [x.strip() for x in cause[1:]]
+    if verdict["kind"] == "user code":  # "in no collective for N s, at:", then where
+        return f"{head} at {rest[1]}." if len(rest) > 1 else head + "."
+    return " ".join([head + (":" if rest else "."), *rest]).replace(NBSP, " ")
+
+
+def _summary_of_lines(lines: list[str]) -> str:
+    """The cause from a verdict's wrapped lines (one dumped before verdicts had a summary):
+    its lines from the cause to the waiting ranks, joined."""
+    body = []
+    for line in lines[1:]:
+        if line.startswith(("waiting for it:", "chain of waits:", "also:", "next:")):
+            break
+        body.append(line.strip())
+    return " ".join(body).removeprefix("root cause: ") or "no single root."
 
 
 def wrap(line: str) -> list[str]:

@@ -2,23 +2,32 @@
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 
 #: the tests/ folder (workers live in tests/workers)
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: environment variable: a folder where every rank job's outputs are saved
+LOGS_ENV = "COMMRT_TEST_LOGS"
+#: seconds a hung rank gets to print its stacks (SIGABRT) before it is killed
+DUMP_S = 5
 
 
-def mpiexec(n: int, script: str, *args, timeout: float = 300, check: bool = True, env=None):
+def mpiexec(
+    n: int, script: str, *args, timeout: float = 300, check: bool = True, env=None, flags=()
+):
     """Run ``tests/workers/<script>`` on ``n`` MPI ranks; return the CompletedProcess.
-    ``env``: variables added to this process's environment for the ranks."""
+    ``env``: variables added to this process's environment for the ranks; ``flags``:
+    mpiexec's own (``-prepend-rank``)."""
     exe = shutil.which("mpiexec")
     assert exe, (
         "mpiexec not found: install the dev extras (pip install -e '.[dev]' brings the mpich wheel)"
     )
     cmd = [
         exe,
+        *flags,
         "-n",
         str(n),
         sys.executable,
@@ -47,24 +56,31 @@ def gloo_ranks(n: int, script: str, *args, timeout: float = 120, drop_env=(), en
 
 class GlooJob:
     """Ranks of ``tests/workers/<script>`` with torchrun's variables and a store hosted
-    here (so that any rank may die, and a replacement may be started under its rank)."""
+    here (so that any rank may die, and a replacement may be started under its rank).
 
-    def __init__(self, script: str, args, n: int, drop_env=(), env=None):
+    ``rank0_hosts``: launched as a user launches from the environment (``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; no launcher, no agent): rank 0
+    hosts the store, and whatever it takes with it when it ends, the test sees."""
+
+    def __init__(self, script: str, args, n: int, drop_env=(), env=None, rank0_hosts=False):
         from commrt.runtime.store import STORE_ENV, host_store
 
-        self.store = host_store()
+        self.store = None if rank0_hosts else host_store()
         self.env = dict(
             os.environ,
             WORLD_SIZE=str(n),
             LOCAL_WORLD_SIZE=str(n),
             MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(self.store.port),
-            TORCHELASTIC_USE_AGENT_STORE="true",
+            MASTER_PORT=str(free_port() if rank0_hosts else self.store.port),
             PYTHONUNBUFFERED="1",
+            PYTHONFAULTHANDLER="1",  # a hung rank's stacks, on the SIGABRT of finish()
             OMP_NUM_THREADS="1",
         )
+        if not rank0_hosts:
+            self.env["TORCHELASTIC_USE_AGENT_STORE"] = "true"
         self.env.update(env or {})  # the caller's variables win over torchrun's
-        for name in (STORE_ENV, *drop_env):
+        agent = () if not rank0_hosts else ("TORCHELASTIC_USE_AGENT_STORE",)
+        for name in (STORE_ENV, *agent, *drop_env):
             self.env.pop(name, None)
         self.cmd = [sys.executable, os.path.join(TESTS, "workers", script), *map(str, args)]
         self.procs: list[subprocess.Popen] = []
@@ -80,17 +96,54 @@ class GlooJob:
         return proc
 
     def finish(self, timeout: float):
-        """Wait for every process started, killing those still running at ``timeout``;
-        return (exit codes, outputs) in the order they were started."""
-        outs, deadline = [], time.monotonic() + timeout
-        try:
-            for p in self.procs:
-                outs.append(p.communicate(timeout=max(1, deadline - time.monotonic()))[0])
-        finally:
-            for p in self.procs:
-                if p.poll() is None:
+        """Wait for every process started until ``timeout``; return (exit codes, outputs)
+        in the order they were started.
+
+        A process still running then is hung: it gets SIGABRT, on which Python's
+        faulthandler (on in every rank) prints each thread's stack, and SIGKILL
+        :data:`DUMP_S` later; its code is negative and its output ends in those stacks,
+        for the test's failure to show. Each rank's output is also saved under
+        ``$COMMRT_TEST_LOGS`` where that is set (the GPU check sets it under ``$OUT``,
+        the one folder the lent machine gives back)."""
+        outs, deadline = {}, time.monotonic() + timeout
+        for i, p in enumerate(self.procs):
+            try:
+                outs[i] = p.communicate(timeout=max(1, deadline - time.monotonic()))[0]
+            except subprocess.TimeoutExpired:
+                break
+        hung = [p for p in self.procs if p.poll() is None]
+        for p in hung:
+            p.send_signal(signal.SIGABRT)
+        for i, p in enumerate(self.procs):
+            if i not in outs:
+                try:
+                    outs[i] = p.communicate(timeout=DUMP_S)[0]
+                except subprocess.TimeoutExpired:  # stopped, or stuck where no signal lands
                     p.kill()
-        return [p.returncode for p in self.procs], outs
+                    outs[i] = p.communicate()[0]
+        said = [outs[i] or "" for i in range(len(self.procs))]
+        self._save(said, hung)
+        return [p.returncode for p in self.procs], said
+
+    def _save(self, outs: list[str], hung: list) -> None:
+        folder = os.environ.get(LOGS_ENV)
+        if not folder:
+            return
+        os.makedirs(folder, exist_ok=True)
+        stem = f"{os.path.splitext(os.path.basename(self.cmd[1]))[0]}-{time.strftime('%H%M%S')}"
+        for r, (p, out) in enumerate(zip(self.procs, outs)):
+            note = " (hung: SIGABRT, stacks at the end)" if p in hung else ""
+            with open(os.path.join(folder, f"{stem}-rank{r}.txt"), "w") as f:
+                f.write(f"# {' '.join(self.cmd[1:])}: exit {p.returncode}{note}\n{out}")
+
+
+def free_port() -> int:
+    """A TCP port free on the loopback address now (for rank 0 to listen on)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def die_after_one_all_reduce(comm, out: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from commrt.runtime import stall
+from commrt.runtime import frames, stall
 from commrt.runtime.stall import StallWatch, process_state, stall_seconds
 from commrt.schedule.position import Position
 
@@ -70,23 +70,23 @@ def test_process_states_tell_stopped_from_running_and_dead():
 
 
 def test_user_frames_are_neither_commrt_nor_torch_nor_the_standard_library():
-    assert stall.is_user(__file__)
-    assert not stall.is_user(stall.__file__)
-    assert not stall.is_user(torch.__file__)
-    assert not stall.is_user(json.__file__)
-    assert not stall.is_user("<frozen importlib._bootstrap>")
+    assert frames.is_user(__file__)
+    assert not frames.is_user(stall.__file__)
+    assert not frames.is_user(torch.__file__)
+    assert not frames.is_user(json.__file__)
+    assert not frames.is_user("<frozen importlib._bootstrap>")
     # an installed package's script is the user's, though site-packages lies in the
     # standard library's folder (a wrapper runs it through runpy); runpy itself is not
     import runpy
     import sysconfig
 
     purelib = sysconfig.get_paths()["purelib"]
-    assert stall.is_user(os.path.join(purelib, "accelerate", "test_utils", "script.py"))
-    assert not stall.is_user(runpy.__file__)
+    assert frames.is_user(os.path.join(purelib, "accelerate", "test_utils", "script.py"))
+    assert not frames.is_user(runpy.__file__)
 
 
 def _watch(store, rank, world_size=2):
-    dep = types.SimpleNamespace(calls=3, sync_steps=0, in_sync=False)
+    dep = types.SimpleNamespace(calls=3, sync_steps=0, in_sync=False, farewell_of=lambda r: None)
     return StallWatch(lambda: store, rank, world_size, Position(), dep, 2.0)
 
 

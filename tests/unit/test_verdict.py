@@ -156,14 +156,35 @@ def test_one_rank_per_host_prints_the_verdict_and_the_others_point_to_it():
     assert (printer(v, "h"), printer(v, "g"), printer(v, "elsewhere")) == (1, 0, None)
     gone = {**v, "views": [views[0], {**views[1], "state": "dead"}, *views[2:]]}
     assert printer(gone, "h") == 2  # a rank that did not answer prints nothing
-    line = pointer(v, 2, 1)
+    line = pointer(v, 2, "rank 1 prints it in full")
     assert all(len(x) <= WIDTH for x in line.splitlines()), line
     flat = " ".join(line.split())
     assert flat.startswith("commrt: rank 2: stall verdict (rank 1 prints it in full): rank 3 ")
     assert flat.endswith("is IN USER CODE at train.py:12 in load_next_batch."), flat
-    other = judge([waiting(0, 3), waiting(1, 0), waiting(2, 1), waiting(3, 2, seq=8)])
-    flat = " ".join(pointer(other, 0, 1).split())
+
+
+def test_the_pointer_to_another_collective_is_one_whole_sentence():
+    """The cause's lines are joined before wrapping: a line cut by the verdict's own wrap
+    ("...call 24) on") never ends the pointer."""
+    long = dict(algorithm="auto:recursive_doubling", numel=650, sync_step=3, bucket=1)
+    views = [waiting(r, (r + 3) % 4, **long) for r in range(3)] + [waiting(3, 2, seq=8)]
+    flat = " ".join(pointer(judge(views), 0, "rank 1 prints it in full").split())
     assert "rank 3 (host h, pid 103) is IN ANOTHER COLLECTIVE: all_reduce (ring" in flat, flat
+    assert flat.endswith("call 7)."), flat
+    assert "call 8) on rank 3, while ranks 0-2 are in all_reduce (" in flat, flat
+
+
+def test_a_rank_that_left_after_its_call_failed_is_never_the_root_cause():
+    """Rank 1's connection broke when the stall's first rank left; it said so in its
+    farewell and ended: rank 3, in its data loader, is still the root, and the chain
+    goes on through rank 1's last position."""
+    left = absent(1, "left") | {"position": dict(CALL, in_call=True, step=0, peer=0)}
+    v = judge([waiting(0, 3), left, waiting(2, 1), idle(3)])
+    assert (v["kind"], v["root"], v["left"]) == ("user code", 3, [1])
+    assert v["waiting"] == [0, 2] and v["chain"] == [2, 1, 0, 3], v
+    out = text(v)
+    assert "ended after a call failed under it (no cause): rank 1." in out, out
+    assert "rank 1 is" not in out and "DEAD" not in out, out
 
 
 def test_a_path_longer_than_the_width_stays_whole_on_a_line_of_its_own():
