@@ -6,10 +6,16 @@ From a copy of the working tree, on the GPU machine, with no network::
 
 It downloads nothing: torch, Triton, cupy (the cupy-cudaNNx of torch's
 CUDA), NCCL, pytest and pytest-benchmark must be installed already. It
-finishes within ``--budget`` seconds (540, 9 minutes): a step still
-running then is killed and reported as such. The GPU tests come first: a
-short budget leaves the benchmark steps what the tests do not use. Each
-step runs in a child process with ``TRITON_INTERPRET`` removed:
+finishes within ``--budget`` seconds (420, 7 minutes: with the machine's
+start and the transfers, a second run after a fix fits in the same
+15-minute lease): a step still running then is killed and reported as
+such. The GPU tests come first: a short budget leaves the benchmark steps
+what the tests do not use. Each step runs in a child process of its own
+session (killed as a group: no rank of a step runs on into the next) with
+``TRITON_INTERPRET`` removed. Each row is written to ``summary.txt`` under
+``--out`` as soon as it is known, and every rank job's output to
+``ranks/`` there (a hung rank's ends in its Python stacks), so that a run
+cut short still leaves its evidence:
 
 1. what is installed: Python, torch and its CUDA, the GPU, Triton, cupy,
    NCCL, and whether the cupy matches ``torch.version.cuda`` (the extra to
@@ -22,11 +28,15 @@ step runs in a child process with ``TRITON_INTERPRET`` removed:
    path-based import that needs nothing installed: a folder of links under
    ``--out`` that maps ``kernels/`` and ``algorithms/`` to
    ``commrt.kernels`` and ``commrt.algorithms`` (``package-dir`` does that
-   for an install), first on every child's ``PYTHONPATH``;
+   for an install), first on every child's ``PYTHONPATH``; then one child
+   compiles the kernels (each wire dtype, a few sizes), so that the ranks of
+   the next step load them from Triton's cache rather than all compiling at
+   once within their limit;
 3. every file of tests/gpu/ at once, each in its own pytest (one GPU is
    plenty for them together), one row per test: passed, FAILED (the first
-   line of the error), skipped (the reason) or killed; among them DDP on
-   backend ``"commrt"`` on one rank with CUDA tensors against NCCL's own
+   line of the error), skipped (the reason) or killed; a pytest that
+   crashed (a segfault, a CUDA abort) is FAILED with its log's tail, whatever
+   passed before; among them DDP on backend ``"commrt"`` on one rank with CUDA tensors against NCCL's own
    backend, and GradientSync with a bf16 wire; and the multi-rank steps
    (tests/gpu/test_gpu_ranks*.py): 2 and 4 ranks on the one GPU over
    ``cuda_ipc`` (NCCL refuses two ranks on one device): collectives with
@@ -88,8 +98,8 @@ SYNC = "test_gradient_sync_ring_torus2d_gossip_fp32_bf16_with_overlap"
 #: the checks the GPU run is for, each shown by one test; skipped or missing = NOT RUN
 REQUIRED = {
     "kernels vs torch on CUDA": "test_triton_on_cuda_matches_torch_and_float64",
-    "NCCL world of one": "test_nccl_world_of_one_on_gpu",
-    'DDP on "commrt" vs NCCL': "test_ddp_on_commrt_matches_nccl_on_one_gpu",
+    "NCCL, world of 1": "test_nccl_world_of_one_on_gpu",
+    'DDP on "commrt" vs NCCL, world of 1': "test_ddp_on_commrt_matches_nccl_on_one_gpu",
     "GradientSync bf16 wire": "test_bf16_wire_dtype_through_the_compiled_kernels",
     # several ranks on the one GPU over cuda_ipc (tests/gpu/test_gpu_ranks*.py)
     "cuda_ipc collectives, 2 ranks": "test_collectives_on_one_gpu_over_cuda_ipc[2]",
@@ -103,9 +113,21 @@ REQUIRED = {
 }
 PASSED, FAILED, NOT_RUN, KILLED = "passed", "FAILED", "NOT RUN", "killed"
 #: seconds the steps may take at most (the rest of the budget permitting), in the order they
-#: run, which is their order of importance; the benchmarks' limits leave each a turn in the
+#: run, which is their order of importance; the tests' limit holds a rank job's (90 s, where
+#: a hung one is dumped and killed) twice over; the benchmarks' leave each a turn in the
 #: default budget after GPU tests of a few minutes
-LIMITS = {"probe": 60, "import": 180, "tests": 300, "bench": 180, "hotpath": 120, "kernels": 60}
+LIMITS = {
+    "probe": 60, "import": 120, "warmup": 60, "tests": 210, "bench": 90, "hotpath": 90,
+    "kernels": 60,
+}  # fmt: skip
+#: the whole check's default budget (seconds): see the module docs
+BUDGET_S = 420
+#: the file under --out that holds the table's rows as soon as each is known
+SUMMARY = "summary.txt"
+#: where every rank job's output is saved (the tests' helpers.mp.LOGS_ENV), under --out
+RANK_LOGS_ENV, RANK_LOGS = "COMMRT_TEST_LOGS", "ranks"
+#: lines of a crashed pytest's log shown in its row's file
+CRASH_TAIL = 40
 #: the hot path's measurements that have nothing to run yet: (row, why)
 NOT_BUILT = {"CUDA graph replay per bucket": "the library captures no CUDA graphs yet"}
 #: what a row of :data:`NOT_BUILT` says in its result column (not a failure, not a skip)
@@ -307,17 +329,20 @@ class Steps:
         return KILLED, f"after {self.given[step]:.0f} s: raise --budget"
 
     def run(self, cmd: list[str], step: str, **env):
-        """(return code or None if killed at its limit, output) of a child in ROOT."""
+        """(return code or None if killed at its limit, output) of a child in ROOT, in a
+        session of its own: at its limit the whole group is killed (a benchmark's ranks
+        too), and what it printed until then is kept."""
         limit = self.limit(step)
         if limit < MIN_STEP:
             return None, f"out of time: {limit:.0f} s of the budget left"
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env(**env), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=self.env(**env), capture_output=True,
-                                  text=True, timeout=limit)  # fmt: skip
-        except subprocess.TimeoutExpired as e:
-            out = (e.stdout or b"") + (e.stderr or b"")
-            return None, out.decode(errors="replace") if isinstance(out, bytes) else out
-        return proc.returncode, proc.stdout + proc.stderr
+            out = proc.communicate(timeout=limit)[0]
+            return proc.returncode, out
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return None, proc.communicate()[0]
 
 
 # ------------------------------------------------------------ 1. what is installed
@@ -474,6 +499,41 @@ def import_step(steps: Steps, how: str) -> str:
     return row("import commrt", FAILED, why)
 
 
+_WARM = r"""
+import sys, time, torch
+if not torch.cuda.is_available():
+    print("no CUDA GPU on this machine")
+    sys.exit(3)
+from commrt.kernels import pack, reduce_, unpack
+start = time.monotonic()
+for n in (1000, 1 << 16, 1 << 22):  # the launch configurations differ with the size
+    grads = [torch.randn(n, device="cuda")]
+    for wire in (torch.float32, torch.bfloat16, torch.float16):
+        bucket = torch.empty(n, dtype=wire, device="cuda")
+        pack(grads, bucket, scale=0.5)
+        reduce_(bucket, bucket.clone())
+        reduce_(grads[0], bucket)
+        unpack(bucket, grads)
+torch.cuda.synchronize()
+print(f"{time.monotonic() - start:.1f} s")
+"""
+
+
+def warm_up(steps: Steps) -> str:
+    """The row of compiling the kernels once (module docs, step 2): the GPU tests' ranks
+    then load them from Triton's cache. A failure here fails the row, not the check's
+    later steps (they compile for themselves)."""
+    code, out = steps.run([sys.executable, "-c", _WARM], "warmup")
+    lines = [ln for ln in out.strip().splitlines() if ln.strip()] or ["(no output)"]
+    if code is None:
+        return row("kernels compiled (warm-up)", *steps.cut("warmup"))
+    if code == 3:
+        return row("kernels compiled (warm-up)", NOT_RUN, lines[-1])
+    if code != 0:
+        return row("kernels compiled (warm-up)", FAILED, lines[-1])
+    return row("kernels compiled (warm-up)", PASSED, f"pack, unpack, reduce_ in {lines[-1]}")
+
+
 # ------------------------------------------------------------ 3. the GPU tests
 
 
@@ -497,7 +557,8 @@ def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], lis
         log = open(os.path.join(steps.out, f"gpu_check_{stem}.txt"), "w")
         cmd = [sys.executable, "-m", "pytest", f, "-q", "-rA", "-p", "gpu_check"]
         cmd += ["-p", "no:cacheprovider"]
-        env = steps.env(**{RESULTS_ENV: results})
+        logs = os.path.join(steps.out, RANK_LOGS)
+        env = steps.env(**{RESULTS_ENV: results, RANK_LOGS_ENV: logs})
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
         procs.append((f, proc, results, log))
@@ -512,7 +573,31 @@ def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], lis
             killed.append(os.path.basename(f))
         log.close()
         tests.update(read_results(results))
+        if proc.returncode not in PYTEST_ENDED and os.path.basename(f) not in killed:
+            tests.update(crashed(f, proc.returncode, log.name))
     return tests, killed
+
+
+#: pytest's own exit codes: all passed, some failed, interrupted, internal error, usage
+#: error, nothing collected. Anything else (a negative signal, 134 from a CUDA abort) is
+#: a crash: the tests it had not reported yet never ran
+PYTEST_ENDED = (0, 1, 2, 3, 4, 5)
+
+
+def crashed(path: str, code: int, log: str) -> dict[str, dict]:
+    """A failed test standing for a pytest of ``path`` that crashed with ``code`` (its
+    tests that reported before stay as they were); the tail of its ``log`` goes to a file
+    beside the log, and the row names it."""
+    with open(log, errors="replace") as f:
+        tail = f.read().splitlines()[-CRASH_TAIL:]
+    last = next((ln.strip() for ln in reversed(tail) if ln.strip()), "(no output)")
+    with open(log.removesuffix(".txt") + "_crash.txt", "w") as f:
+        f.write("\n".join(tail) + "\n")
+    why = f", {signal.Signals(-code).name}" if -code in signal.valid_signals() else ""
+    message = f"pytest crashed (exit {code}{why}): {last}"
+    node = f"{path}::{os.path.basename(path)} (crashed)"
+    return {node: {"nodeid": node, "outcome": "failed", "gpu": True, "seconds": 0.0,
+                   "message": message}}  # fmt: skip
 
 
 # ------------------------------------------------------------ 4. the kernel benchmark
@@ -601,43 +686,68 @@ def measure(sizes_mb) -> int:
 # ------------------------------------------------------------ the command
 
 
+class Summary:
+    """``summary.txt`` under --out: each row appended the moment it is known (a run cut
+    short, or a machine taken back, still leaves what it found), and the whole table
+    written over it at the end."""
+
+    def __init__(self, out: str):
+        self.path = os.path.join(out, SUMMARY)
+        with open(self.path, "w") as f:
+            f.write(f"commrt GPU check, rows as they come ({time.strftime('%H:%M:%S')})\n")
+
+    def note(self, *rows: str) -> list[str]:
+        with open(self.path, "a") as f:
+            f.write("".join(r + "\n" for r in rows))
+        return list(rows)
+
+    def final(self, lines: list[str]) -> None:
+        with open(self.path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 def check(a) -> tuple[list[str], int]:
     """Run every step; the table's lines and the exit status."""
     start = time.monotonic()
     os.makedirs(a.out, exist_ok=True)
-    steps = Steps(a.out, a.budget)
+    steps, table = Steps(a.out, a.budget), Summary(a.out)
+    note = table.note
     rule = "-" * WIDTH
     lines = ["=" * WIDTH, row("commrt GPU check", "result", "detail"), rule]
-    env_rows = probe(steps)
-    imported = import_step(steps, a.imports)
-    lines += env_rows + [imported, rule]
+    env_rows = note(*probe(steps))
+    imported = note(import_step(steps, a.imports))[0]
+    lines += env_rows + [imported]
     results = [result_of(ln) for ln in env_rows + [imported]]
     summary = []
     if results[-1] == PASSED:
+        warm = note(warm_up(steps))[0]
+        lines.append(warm)
+        results.append(result_of(warm))
         files = sorted(glob.glob(os.path.join(ROOT, "tests", "gpu", "test_*.py")))
         tests, killed = run_test_files(steps, [os.path.relpath(f, ROOT) for f in files])
-        lines += case_rows(tests) + killed_rows(killed, steps.cut("tests"))
-        summary.append(row("GPU tests", *(steps.cut("tests") if killed else tests_result(tests))))
-        required, _ = required_rows(tests)
-        summary += required
+        lines += [rule] + note(*case_rows(tests), *killed_rows(killed, steps.cut("tests")))
+        whole = steps.cut("tests") if killed else tests_result(tests)
+        summary += note(row("GPU tests", *whole), *required_rows(tests)[0])
         if a.quick:
-            summary.append(row("kernel benchmark (CUDA cases)", "omitted", "--quick"))
-            summary.append(row("GPU hot path (CUDA cases)", "omitted", "--quick"))
+            summary += note(row("kernel benchmark (CUDA cases)", "omitted", "--quick"))
+            summary += note(row("GPU hot path (CUDA cases)", "omitted", "--quick"))
         else:
-            summary.append(row("kernel benchmark (CUDA cases)", *run_bench(steps)))
-            summary.append(row("GPU hot path (CUDA cases)", *run_bench(steps, "hotpath")))
-            summary += not_built_rows()
+            summary += note(row("kernel benchmark (CUDA cases)", *run_bench(steps)))
+            summary += note(row("GPU hot path (CUDA cases)", *run_bench(steps, "hotpath")))
+            summary += note(*not_built_rows())
         gbs, result, detail = kernel_rows(steps, [16] if a.quick else [1, 4, 16, 64, 1024])
-        lines += ([rule] + gbs) if gbs else []
-        summary.append(row("kernel GB/s vs copy_", result, detail))
+        lines += ([rule] + note(*gbs)) if gbs else []
+        summary += note(row("kernel GB/s vs copy_", result, detail))
     else:
-        summary.append(row("GPU tests, benchmark", NOT_RUN, "commrt does not import"))
+        summary += note(row("GPU tests, benchmark", NOT_RUN, "commrt does not import"))
     lines += [rule] + summary
     results += [result_of(ln) for ln in summary]
     status = exit_status(results)
     verdict = {0: PASSED, 1: FAILED, 2: NOT_RUN}[status]
     lines += [rule, row("result", verdict, f"exit {status}, {time.monotonic() - start:.0f} s")]
-    return lines + ["=" * WIDTH], status
+    lines.append("=" * WIDTH)
+    table.final(lines)
+    return lines, status
 
 
 def main(argv=None) -> int:
@@ -645,7 +755,8 @@ def main(argv=None) -> int:
     # the device machine brings back only what is written under $OUT
     out = os.environ.get("OUT") or os.path.join("out", "gpu_check")
     ap.add_argument("--out", default=out, help="folder for logs (default: $OUT, else %(default)s)")
-    ap.add_argument("--budget", type=float, default=540, help="seconds for the whole check")
+    ap.add_argument("--budget", type=float, default=BUDGET_S,
+                    help="seconds for the whole check (default: %(default)s)")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="no benchmark; one bucket size")
     ap.add_argument("--import", dest="imports", choices=("auto", "pip", "path"), default="auto",
                     help="how commrt is made importable (default: as it is, else pip, else "

@@ -6,7 +6,7 @@ then reports them as not run.
 """
 
 import pytest
-from helpers.gpu import GPU_ONLY, NO_INTERPRETER, gpu_ranks
+from helpers.gpu import GPU_ONLY, NO_INTERPRETER, RANKS_LIMIT_S, gpu_ranks
 from helpers.mp import gloo_ranks
 
 pytestmark = GPU_ONLY
@@ -21,7 +21,7 @@ def test_collectives_on_one_gpu_over_cuda_ipc(tmp_path, n):
 
 
 def test_stall_verdict_names_a_gpu_rank_stuck_in_user_code(tmp_path):
-    codes, outs = gloo_ranks(4, "verdict_worker.py", "user", "cuda_ipc", timeout=200,
+    codes, outs = gloo_ranks(4, "verdict_worker.py", "user", "cuda_ipc", timeout=RANKS_LIMIT_S,
                              env={"COMMRT_STALL_S": "10", "COMMRT_DUMP": str(tmp_path)},
                              drop_env=NO_INTERPRETER)  # fmt: skip
     said = "\n".join(outs)

@@ -15,7 +15,7 @@ pytestmark = GPU_ONLY
 @pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
 def gradsync(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"gradsync{request.param}")
-    return gpu_ranks(out, request.param, "gradsync", timeout=300)
+    return gpu_ranks(out, request.param, "gradsync")
 
 
 def test_gradient_sync_ring_torus2d_gossip_fp32_bf16_with_overlap(gradsync):

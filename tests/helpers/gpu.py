@@ -10,7 +10,11 @@ import torch
 import torch.multiprocessing as mp
 
 #: seconds a GPU worker may take before it is killed
-WORKER_TIMEOUT_S = 300
+WORKER_TIMEOUT_S = 90
+#: seconds a job of several ranks on the one GPU may take before its ranks are dumped
+#: (their stacks) and killed: well inside the GPU check's test step, so a hang leaves
+#: time, and its evidence, for the rest of the check and a second run in the same lease
+RANKS_LIMIT_S = 90
 
 
 @contextlib.contextmanager
@@ -65,7 +69,7 @@ ON_GPU = {"IPC_ON_GPU": "1", "COMMRT_CUDA_IPC_SLOT_BYTES": str(4 << 20)}
 NO_INTERPRETER = ["TRITON_INTERPRET"]
 
 
-def gpu_ranks(out, n: int, mode: str, timeout: float = 240) -> list[dict]:
+def gpu_ranks(out, n: int, mode: str, timeout: float = RANKS_LIMIT_S) -> list[dict]:
     """Run ``n`` ranks of ``ipc_worker.py MODE`` on the one GPU; every rank's report, after
     checking that every rank exited 0.
 

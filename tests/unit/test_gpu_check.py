@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import gpu_check as G  # tools/ is on sys.path (tests/conftest.py)
 
@@ -269,7 +270,7 @@ def test_the_gpu_tests_come_first_in_a_short_budget(tmp_path):
     a --budget of 250 once killed the GPU tests because 175 s were kept back for the
     benchmark after them, which then finished with time to spare."""
     tests = G.LIMITS["tests"]
-    for budget, want in [(250, 250), (tests + 50, tests), (tests + 1000, tests)]:
+    for budget, want in [(tests - 40, tests - 40), (tests + 50, tests), (tests + 1000, tests)]:
         got = G.Steps(str(tmp_path), budget).limit("tests")
         assert want - 2 < got <= want, (budget, got)
 
@@ -289,6 +290,66 @@ def test_a_test_file_killed_at_its_limit_says_how_to_give_it_more(tmp_path):
     assert spent.cut("bench") == (G.NOT_RUN, "no time left: raise --budget")
     assert G.run_test_files(spent, [str(slow)]) == ({}, ["test_slow.py"])
     assert spent.cut("tests")[0] == G.NOT_RUN
+
+
+def test_a_pytest_that_crashes_after_a_pass_fails_its_row_with_the_log_tail(tmp_path):
+    """A segfault (here SIGSEGV sent to itself) after one test passed: the file's row is
+    FAILED with the exit and the log's last line, the passed test stays passed, and the
+    step as a whole fails."""
+    crash = tmp_path / "test_crash.py"
+    crash.write_text(
+        "import os, signal\n\ndef test_first():\n    pass\n\n"
+        "def test_second():\n    print('about to crash', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGSEGV)\n"
+    )
+    steps = G.Steps(str(tmp_path), 120)
+    tests, killed = G.run_test_files(steps, [str(crash)])
+    assert killed == [], killed
+    outcomes = {k.split("::")[-1]: t["outcome"] for k, t in tests.items()}
+    assert outcomes == {"test_first": "passed", "test_crash.py (crashed)": "failed"}, tests
+    rows = G.case_rows(tests)
+    (bad,) = [r for r in rows if G.result_of(r) == G.FAILED]
+    assert "pytest crashed (exit -11, SIGSEGV)" in bad and len(bad) <= 80, bad
+    assert G.tests_result(tests)[0] == G.FAILED
+    tail = (tmp_path / "gpu_check_test_crash_crash.txt").read_text()
+    assert "Fatal Python error: Segmentation fault" in tail, tail
+
+
+def test_a_step_killed_at_its_limit_takes_its_whole_group_and_keeps_its_output(tmp_path):
+    """A benchmark's ranks are the step's children's children: killed with it, never left
+    running into the next step; what the step printed before is kept."""
+    pidfile = tmp_path / "grandchild"
+    code = (
+        "import subprocess, sys, time\n"
+        f"p = subprocess.Popen(['sleep', '60']); open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        "print('started', flush=True); time.sleep(60)\n"
+    )
+    steps = G.Steps(str(tmp_path), G.MIN_STEP + 1)
+    rc, out = steps.run([sys.executable, "-c", code], "bench")
+    assert rc is None and out.strip() == "started", (rc, out)
+    grandchild = int(pidfile.read_text())
+    time.sleep(0.5)
+    assert (
+        not os.path.exists(f"/proc/{grandchild}")
+        or open(f"/proc/{grandchild}/stat").read().split()[2] == "Z"
+    ), "the step's grandchild outlived it"
+
+
+def test_the_summary_file_holds_each_row_as_soon_as_it_is_known(tmp_path):
+    table = G.Summary(str(tmp_path))
+    table.note(G.row("import commrt", G.PASSED, "as it is"))
+    first = (tmp_path / G.SUMMARY).read_text().splitlines()
+    assert first[0].startswith("commrt GPU check, rows as they come") and len(first) == 2
+    assert first[1].startswith("import commrt") and G.result_of(first[1]) == G.PASSED
+    table.final(["=" * 80, "the table"])
+    assert (tmp_path / G.SUMMARY).read_text() == "=" * 80 + "\nthe table\n"
+
+
+def test_rank_jobs_save_their_outputs_where_the_check_says():
+    from helpers.mp import LOGS_ENV
+
+    assert G.RANK_LOGS_ENV == LOGS_ENV  # the check sets what the tests' helpers read
+    assert G.BUDGET_S <= 420 and sum(v for k, v in G.LIMITS.items() if k != "tests") > 0
 
 
 # ------------------------------------------------------------ the hot-path step

@@ -44,12 +44,17 @@ os.environ.setdefault("COMMRT_CUDA_IPC_SLOT_BYTES", "4096")
 
 #: set (by tests/gpu/test_gpu_ranks.py): the real CUDA device, every rank on one GPU
 ON_GPU = os.environ.get("IPC_ON_GPU") == "1"
+#: on the GPU, a wait's timeout and the stall watch (seconds), within the rank job's limit
+#: (helpers.gpu.RANKS_LIMIT_S): a hang there prints the verdict and raises, naming the
+#: rank and its line, before the job is killed; the stand-in's waits keep theirs
+GPU_TIMEOUT_S, GPU_STALL_S = 60, 20
 
 
 def init(latency_s=0.002, timeout=120, **kw):
     """A cuda_ipc communicator on the stand-in device, or on the GPU under ``IPC_ON_GPU``."""
     dev = None if ON_GPU else StandInDevice(latency_s=latency_s, seed=RANK, **kw)
-    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=timeout, stall_s=0,
+    timeout, stall_s = (min(timeout, GPU_TIMEOUT_S), GPU_STALL_S) if ON_GPU else (timeout, 0)
+    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=timeout, stall_s=stall_s,
                        abort_on_error=False)  # fmt: skip
     return comm, dev
 
