@@ -53,10 +53,12 @@ class DelayBackward(torch.autograd.Function):
 NATIVE_NAMES = {
     "mpi": "MPI_Allreduce",
     "gloo": "gloo allreduce",
-    "shm": "shm rank-order sum",
+    "shm": "shm ordered sum",  # its ranks' values summed in rank order
     "nccl": "ncclAllReduce",
-    "cuda_ipc": "cuda_ipc rank-order sum",
+    "cuda_ipc": "cuda_ipc ordered sum",
 }
+#: the algorithm column of the table: the longest "native (...)" whole, in 80 columns
+NAME_W = 29
 
 
 def busbw_factor(world_size: int) -> float:
@@ -166,7 +168,7 @@ def table_header(names: Sequence[str], world_size: int, title: str) -> str:
     factor = busbw_factor(world_size)
     return (
         f"# {title}\n# busbw = algbw × 2(p-1)/p = algbw × {factor:.3g}; × native: time over "
-        f"the native one's\n#{'size':>8} {'algorithm':<24}{'time µs':>10}"
+        f"the native one's\n#{'size':>8} {'algorithm':<{NAME_W}}{'time µs':>10}"
         f"{'algbw GB/s':>11}{'busbw GB/s':>11}{'× native':>9}"
     )
 
@@ -184,7 +186,7 @@ def table_row(row: Row, world_size: int) -> str:
         size = fmt_bytes(row.nbytes) if i == 0 else ""
         ratio = f"{r.time_s / native.time_s:.2f}" if native is not None and r is not native else ""
         lines.append(
-            f" {size:>8} {r.name[:24]:<24}{r.time_s * 1e6:10.1f}{r.algbw(row.nbytes):11.3f}"
+            f" {size:>8} {r.name[:NAME_W]:<{NAME_W}}{r.time_s * 1e6:10.1f}{r.algbw(row.nbytes):11.3f}"
             f"{r.busbw(row.nbytes, world_size):11.3f}{ratio:>9}".rstrip()
         )
     return "\n".join(lines)

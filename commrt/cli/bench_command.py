@@ -37,7 +37,10 @@ def register(sub) -> None:
         help="comma-separated sizes (default 8,4K,64K,1M,16M: seconds)",
     )
     dtype_flag(ar, "--dtype", "element type")
-    ar.add_argument("--repeats", type=positive_int, default=3, help="timed runs per point (median)")
+    ar.add_argument(
+        "--repeats", type=positive_int, default=3,
+        help="timed runs per point, of which the median is shown (default: %(default)s)",
+    )  # fmt: skip
     ar.add_argument(
         "--iters",
         type=positive_int,

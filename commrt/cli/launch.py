@@ -49,6 +49,8 @@ from typing import Sequence
 
 #: set in the children so they know not to launch again
 CHILD_ENV = "COMMRT_LAUNCHED"
+#: the one line a Ctrl-C leaves, whenever it comes (the docs' quick start promises it)
+STOPPED = "commrt: interrupted; stopped the job"
 #: how a rank starts under mpiexec, which passes a Ctrl-C on to the ranks as SIGINT: it
 #: ends the rank at once and quietly (see interrupted()), even in the middle of
 #: ``import torch``, where a KeyboardInterrupt would print a traceback per rank
@@ -187,7 +189,13 @@ def launch(
             with _deaf_to_ctrl_c():
                 return subprocess.Popen(cmd, env=rank_env, stdout=out)
 
-        procs = [start(r) for r in range(nproc)]
+        procs = []
+        try:
+            for r in range(nproc):
+                procs.append(start(r))
+        except KeyboardInterrupt:  # the ranks started so far are deaf to it: stop them
+            _stop(procs)
+            raise
     replace = Replacements(start, restarts) if restarts else None
     linger = Lingering(tolerate, linger_s)
     try:
@@ -274,7 +282,7 @@ def _supervise(
             return _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger)
     except KeyboardInterrupt:
         _stop(procs, grace_s=interrupt_grace_s)
-        print("\ncommrt: interrupted; stopped the job", file=sys.stderr)
+        print(f"\n{STOPPED}", file=sys.stderr)
         return 130
     except _Signalled as sig:
         # a scheduler's or a closed terminal's way to end the job: the ranks are this
@@ -455,13 +463,16 @@ def interrupted() -> int:
     """What the command does on a Ctrl-C: one line and 130, the shell's status for it.
     A rank leaves at once (``os._exit``: an exit handler such as ``MPI_Finalize`` could
     wait on peers that are leaving too); this launcher's own ranks leave the line to it
-    (:func:`_supervise`), as a line per rank would bury it."""
+    (:func:`_supervise`), as a line per rank would bury it. The launcher, interrupted
+    before it supervises (still starting), has stopped whatever it started: the same
+    line as :func:`_supervise`'s."""
     sys.stdout.flush()
-    if not os.environ.get(CHILD_ENV):
-        print("\ncommrt: interrupted", file=sys.stderr, flush=True)
     if already_launched():
+        if not os.environ.get(CHILD_ENV):
+            print("\ncommrt: interrupted", file=sys.stderr, flush=True)
         sys.stderr.flush()
         os._exit(130)
+    print(f"\n{STOPPED}", file=sys.stderr, flush=True)
     return 130
 
 

@@ -132,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="h100",
         help="'h100' (NVLink4 + NDR IB preset, sources in commrt.sim), "
         "'flat:ALPHA_US,GBPS', or a JSON file (a commrt.tuning.probe result or "
-        "Network.to_dict())",
+        "Network.to_dict()); default: %(default)s",
     )
     p.add_argument(
         "--ranks-per-node",

@@ -80,10 +80,11 @@ class ProgressBar:
             self.bar = None
 
 
-def step_line(epoch: int, epochs: int, loss: float, rate: float, comm_share: float) -> str:
-    """The bar's tail. No accuracy: that is the epoch lines' (an evaluation's), and a bar
-    that carried the previous one (or 0.000 before the first) disagreed with them."""
-    return f"epoch {epoch + 1}/{epochs} loss {loss:.3f} {rate:,.0f} samples/s comm {comm_share:.0%}"
+def step_line(epoch: int, epochs: int, loss: float, rate: float, exposed: float) -> str:
+    """The bar's tail: ``exposed``, the last step's share blocked in wait (the summary's
+    "exposed (blocked in wait)", per step). No accuracy: that is the epoch lines' (an
+    evaluation's), and a bar that carried the previous one disagreed with them."""
+    return f"epoch {epoch + 1}/{epochs} loss {loss:.3f} {rate:,.0f} samples/s exposed {exposed:.0%}"
 
 
 def epoch_line(

@@ -35,33 +35,15 @@ import time
 from dataclasses import dataclass, field
 
 from commrt.algorithms.auto import choices
+from commrt.runtime.environment import log_level
 from commrt.runtime.trace import Tracer
 
-#: the variable that turns the first-sight log line on (``info``: rank 0, ``debug``: all)
-LOG_ENV = "COMMRT_LOG"
 #: the directory the per-rank trace files go to
 TRACE_ENV = "COMMRT_TRACE"
-#: torch's own debug variable: INFO and DETAIL turn commrt's log on as ``info`` does
-TORCH_DEBUG_ENV = "TORCH_DISTRIBUTED_DEBUG"
-LEVELS = ("off", "info", "debug")
 #: the calls whose body runs a schedule through the communicator's executor (so its last
 #: schedule is what they ran); the others are point-to-point groups or a barrier
 SCHEDULED = ("allreduce", "reduce", "broadcast", "allgather", "all_gather", "reduce_scatter")
 WIDTH = 80
-
-
-def log_level() -> str:
-    """``off``, ``info`` or ``debug`` from :data:`LOG_ENV` (else torch's debug variable);
-    ValueError naming the variable for any other value."""
-    given = os.environ.get(LOG_ENV, "").strip().lower()
-    if not given:
-        torch_debug = os.environ.get(TORCH_DEBUG_ENV, "").strip().upper()
-        return "info" if torch_debug in ("INFO", "DETAIL") else "off"
-    if given in ("0", "none", "false", "no"):
-        return "off"
-    if given not in LEVELS:
-        raise ValueError(f"{LOG_ENV}={given!r}: choose one of {', '.join(LEVELS)}")
-    return given
 
 
 @dataclass

@@ -29,7 +29,7 @@ def make_group(backend_opts, pg_options=None):
     """torch's factory (``extended_api=True``): the group for these options."""
     from commrt.distributed.devices import DeviceComms
     from commrt.distributed.group import ProcessGroupCommrt
-    from commrt.distributed.observe import log_level
+    from commrt.runtime.environment import log_level
 
     log_level()  # a COMMRT_LOG it cannot read is refused before anything is made
     if backend_opts.group_size > 1:  # once a process, whatever the number of groups

@@ -191,6 +191,15 @@ def choose(s: Situation) -> tuple[Backend, ...]:
     return tuple(b for b, _ in ORDER if fits(b, s))
 
 
+def why(backend: Backend, auto: bool) -> str:
+    """Why a communicator runs on ``backend``, in words: ``"asked for"`` where the caller
+    named it, else auto's rule for it (:data:`ORDER`'s words)."""
+    if not auto:
+        return "asked for"
+    rule = dict(ORDER)[backend] or "where no transport above it fits"
+    return f"auto: {rule}"
+
+
 def describe(markdown: bool = False) -> str:
     """What auto picks, in one sentence made from :data:`ORDER`: the ``--help`` text,
     and the sentence the README and the docs carry (``markdown``: names as code)."""

@@ -10,6 +10,7 @@ Example::
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 import weakref
@@ -18,10 +19,10 @@ import torch
 
 from commrt.errors import CommError, CommTimeoutError, PeerFailedError, did_you_mean
 from commrt.runtime.abort import abort_on_error_wanted, cause_of, env_flag, install_abort_hook
-from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose
+from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose, why
 from commrt.runtime.connect import make_transport
 from commrt.runtime.departures import CLOSED, FAILED, Departures, track
-from commrt.runtime.environment import LaunchInfo, detect_launch, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
+from commrt.runtime.environment import LaunchInfo, detect_launch, log_level, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout  # noqa: F401  (init names the limit)
 from commrt.runtime.slots import CommSlots
 from commrt.runtime.stall import stall_seconds, start_watch
@@ -61,9 +62,13 @@ class Communicator:
         timeout: float,
         piece_bytes: int,
         debug: bool = False,
+        why: str = "",
     ):
         self.transport = transport
         self.backend = backend
+        #: why it runs on ``backend`` (:func:`commrt.runtime.choice.why`): stats and the
+        #: info log name the transport with it
+        self.why = why
         self.rank = transport.rank
         self.world_size = transport.world_size
         self.device = transport.device
@@ -295,10 +300,29 @@ class Communicator:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def transport_text(self) -> str:
+        """The transport and why it was chosen: ``shm (auto: where every rank is on one
+        host)``."""
+        return f"{self.backend.value} ({self.why})" if self.why else self.backend.value
+
     def __repr__(self) -> str:
         return (
             f"Communicator(rank={self.rank}, world_size={self.world_size}, "
             f"backend={self.backend.value}, device={self.device})"
+        )
+
+
+def log_transport(comm: Communicator) -> None:
+    """With ``COMMRT_LOG=info``, rank 0 says which transport the job runs on and why
+    (``debug``: every rank), on stderr: a job launched with mpiexec that got shared
+    memory says so at once."""
+    level = log_level()
+    if level == "debug" or (level == "info" and comm.rank == 0):
+        print(
+            f"commrt: rank {comm.rank} of {comm.world_size}: transport {comm.transport_text}",
+            file=sys.stderr,
+            flush=True,
         )
 
 
@@ -408,7 +432,9 @@ def init(
     be, transport = make_transport(
         order, launch, rank, world_size, timeout, address, device, engine
     )
-    comm = Communicator(transport, be, launch, timeout, piece_bytes, debug=bool(debug))
+    auto = not isinstance(backend, Backend) and str(backend).lower() == "auto"
+    comm = Communicator(transport, be, launch, timeout, piece_bytes, bool(debug), why(be, auto))
+    log_transport(comm)
     if abort_on_error is not False and world_size > 1:
         install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
     comm.stall = start_watch(comm, stall_seconds(stall_s, timeout), abort_on_error is not False)

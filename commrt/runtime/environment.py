@@ -95,3 +95,25 @@ def mpi_env_for_torch(env: "dict | None" = None) -> bool:
         env.setdefault("LOCAL_WORLD_SIZE", str(info.local_size))
     env[FROM_MPI_ENV] = str(info.rank)
     return True
+
+
+#: the variable that turns commrt's log lines on (``info``: rank 0, ``debug``: every rank):
+#: the transport ``init`` chose, and each call a process group sees first
+LOG_ENV = "COMMRT_LOG"
+#: torch's own debug variable: INFO and DETAIL turn commrt's log on as ``info`` does
+TORCH_DEBUG_ENV = "TORCH_DISTRIBUTED_DEBUG"
+LEVELS = ("off", "info", "debug")
+
+
+def log_level() -> str:
+    """``off``, ``info`` or ``debug`` from :data:`LOG_ENV` (else torch's debug variable);
+    ValueError naming the variable for any other value."""
+    given = os.environ.get(LOG_ENV, "").strip().lower()
+    if not given:
+        torch_debug = os.environ.get(TORCH_DEBUG_ENV, "").strip().upper()
+        return "info" if torch_debug in ("INFO", "DETAIL") else "off"
+    if given in ("0", "none", "false", "no"):
+        return "off"
+    if given not in LEVELS:
+        raise ValueError(f"{LOG_ENV}={given!r}: choose one of {', '.join(LEVELS)}")
+    return given

@@ -162,7 +162,10 @@ class GradientSync:
             comm, tuple(self.buckets), bufs, cfg.comm_dtype, self.tracer, self.io.unpack
         )
         grad_bytes = sum(p.numel() * p.element_size() for _, p in named)
-        self.stats = SyncStats(algorithms=tuple(self.policy.setup(ctx)), grad_bytes=grad_bytes)
+        self.stats = SyncStats(
+            algorithms=tuple(self.policy.setup(ctx)), grad_bytes=grad_bytes, rank=comm.rank,
+            world_size=comm.world_size, transport=comm.transport_text,
+        )  # fmt: skip
         self._recorder = StepRecorder(self.stats, self.tracer)
 
         # -- the progress thread, and the step state it shares with the hooks and wait()

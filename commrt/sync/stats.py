@@ -41,9 +41,16 @@ class StepStats:
 
 @dataclass
 class SyncStats:
-    """History of :class:`StepStats` (the last ``keep`` steps) plus the algorithm per bucket."""
+    """History of :class:`StepStats` (the last ``keep`` steps) plus the algorithm per bucket,
+    labelled with the rank they are of and the transport it ran on (every rank prints its
+    own block: under torchrun the blocks must be told apart)."""
 
     keep: int = 1000
+    #: this rank and the job's size
+    rank: int = 0
+    world_size: int = 1
+    #: the transport and why it was chosen (:attr:`commrt.Communicator.transport_text`)
+    transport: str = ""
     steps: deque = field(default_factory=deque)
     #: schedule name chosen for each bucket, e.g. ("ring", "ring", "torus2d")
     algorithms: tuple[str, ...] = ()
@@ -84,6 +91,7 @@ class SyncStats:
         ms = lambda x: f"{x * 1e3:8.2f} ms"  # noqa: E731
         return "\n".join(
             [
+                f"rank {self.rank} of {self.world_size}, transport {self.transport}",
                 f"steps recorded      {len(self.steps)}",
                 f"step time           {ms(m.step_s)}",
                 f"  backward          {ms(m.backward_s)}",
@@ -91,7 +99,7 @@ class SyncStats:
                 f"  optimizer         {ms(m.optimizer_s)}",
                 f"pack / comm / unpack {ms(m.pack_s)} / {ms(m.comm_s)} / {ms(m.unpack_s)}",
                 f"bytes sent per step {m.bytes_sent / 1e6:10.2f} MB in {m.buckets} buckets",
-                f"algorithms          {', '.join(dict.fromkeys(self.algorithms))}",
+                f"algorithm per bucket {per_bucket(self.algorithms)}",
                 f"extra memory        {self.buffer_bytes / 1e6:.1f} MB (gradients {self.grad_bytes / 1e6:.1f} MB)",
             ]
             + (
@@ -106,3 +114,21 @@ class SyncStats:
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def per_bucket(algorithms: tuple[str, ...]) -> str:
+    """``ring (3 buckets)``; ``ring (buckets 0-1), torus2d (bucket 2)`` where they differ."""
+    if not algorithms:
+        return "none (no buckets)"
+    if len(set(algorithms)) == 1:
+        n = len(algorithms)
+        return f"{algorithms[0]} ({n} bucket{'s' if n > 1 else ''})"
+    runs: list[list] = []
+    for b, name in enumerate(algorithms):
+        if runs and runs[-1][0] == name and runs[-1][2] == b - 1:
+            runs[-1][2] = b
+        else:
+            runs.append([name, b, b])
+    return ", ".join(
+        f"{n} (bucket {a})" if a == z else f"{n} (buckets {a}-{z})" for n, a, z in runs
+    )

@@ -75,3 +75,29 @@ def test_the_torus_shape_error_speaks_in_flags(capsys):
     line = parse_error(["train", "--algorithm", "torus2d", "--torus-shape", "3x3"], capsys)
     assert "--torus-shape 3x3 has 9 ranks but --nproc is 2" in line
     assert "1x2, 2x1" in line and "None" not in line and "rows/cols" not in line
+
+
+def _options(parser, path=()):
+    """(command, option, action) of every option of ``parser`` and its subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, (*path, name))
+        elif action.option_strings:
+            yield " ".join(path), action.option_strings[-1], action
+
+
+def test_every_option_with_a_default_shows_it_in_its_help():
+    """``--repeats`` had a default of 3 that --help never said."""
+    from commrt.cli.commands import build_parser
+
+    hidden = []
+    for command, flag, action in _options(build_parser()):
+        if action.default in (None, False, argparse.SUPPRESS) or action.help in (
+            None,
+            argparse.SUPPRESS,
+        ):
+            continue
+        if "%(default)" not in action.help and "default" not in action.help:
+            hidden.append(f"commrt {command} {flag} (default {action.default!r})")
+    assert not hidden, hidden

@@ -9,8 +9,9 @@ import sys
 import time
 
 import pytest
+from helpers.layout import ROOT
 
-from commrt.cli.launch import mpiexec_path
+from commrt.cli.launch import STOPPED, mpiexec_path
 
 
 def _ctrl_c(backend: str, marker: str, after_s: float, sig=signal.SIGINT, group=True):
@@ -64,6 +65,7 @@ def _group(pgid: int) -> list[int]:
 @pytest.mark.parametrize(
     "backend,marker,after_s",
     [
+        ("gloo", "starting 2 ranks", 0.0),  # the launcher may still be starting them
         ("gloo", "starting 2 ranks", 1.0),  # the ranks are importing torch
         ("gloo", "epoch 1/300", 0.3),  # mid-step: in the backward's hooks or a wait
         *(
@@ -83,7 +85,7 @@ def test_ctrl_c_ends_the_job_with_one_line(backend, marker, after_s):
     assert code == 130, (out[-1000:], err[-3000:])
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "BAD TERMINATION" not in out + err, (out + err)[-3000:]
-    assert err.strip().splitlines()[-1:] == ["commrt: interrupted; stopped the job"], err[-2000:]
+    assert err.strip().splitlines()[-1:] == [STOPPED], err[-2000:]
     assert took < 15, took
     assert left == [], f"processes of the job still running: {left}"
 
@@ -108,3 +110,7 @@ def test_a_signal_to_the_launcher_alone_stops_every_rank(backend, sig):
     assert err.strip().splitlines()[-1:] == [f"commrt: got {sig.name}; stopped the job"], err
     assert took < 15, took
     assert left == [], f"processes of the job still running: {left}"
+
+
+def test_the_line_a_ctrl_c_leaves_is_the_one_the_quick_start_promises():
+    assert f"(`{STOPPED}`)" in (ROOT / "docs" / "quickstart.md").read_text()

@@ -61,6 +61,17 @@ def test_bench_allreduce_fits_80_columns_and_writes_the_detail(backend, tmp_path
     assert recs[-1]["algorithm"].startswith("native") and recs[-1]["x_native"] == 1.0
 
 
+def test_every_native_baselines_name_shows_whole_within_80_columns():
+    """The baseline's row names the engine's own all-reduce whole: 'native (shm rank-order
+    s' was cut by a 24-column name."""
+    for name in bench.NATIVE_NAMES.values():
+        result = bench.Result(f"native ({name})", 1e-4)
+        row = bench.Row(1 << 20, 1 << 18, [bench.Result("ring", 2e-4), result])
+        lines = bench.table_row(row, 4).splitlines()
+        assert f"native ({name}) " in lines[1] and all(len(x) <= 80 for x in lines), lines
+    assert all(len(x) <= 80 for x in bench.table_header(["ring"], 4, "title").splitlines())
+
+
 def test_bench_kernels_fits_80_columns(tmp_path):
     csv_path = tmp_path / "k.csv"
     argv = [*COMMRT, "bench", "kernels", "--sizes", "1M", "--device", "cpu"]
@@ -236,3 +247,10 @@ def test_a_careless_flags_error_fits_80_columns(argv, capsys):
     said = " ".join(err.split("error: ", 1)[1].split())
     if argv[1:2] == ["--algorithm"]:
         assert "unknown algorithm 'gosip'" in said and "did you mean 'gossip'?" in said, err
+
+
+def test_the_progress_bar_names_its_share_as_the_summary_does():
+    from commrt.cli.train_output import step_line
+
+    line = step_line(0, 8, 0.5, 1234.0, 0.22)
+    assert line.endswith("samples/s exposed 22%") and " comm " not in line, line

@@ -18,6 +18,7 @@ from helpers.cli import run_commrt
 
 import commrt  # noqa: F401  (registers the backend)
 from commrt.distributed import observe
+from commrt.runtime.environment import log_level
 
 # one worker runs the whole module under pytest-xdist: its tests read one started torchrun
 # job (a module fixture)
@@ -163,7 +164,7 @@ def test_log_level_from_the_environment(env, level, monkeypatch):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert observe.log_level() == level
+    assert log_level() == level
 
 
 def test_who_speaks_info_rank_0_debug_every_rank(monkeypatch):
