@@ -31,6 +31,9 @@ Everything else lives in packages and modules with one job each:
   runs as ``python -m commrt``.
 """
 
+import importlib as _importlib
+import importlib.util as _importlib_util
+import sys as _sys
 import time as _time
 
 #: when commrt was first imported in this process (``time.time()``): ``commrt train``'s
@@ -38,33 +41,86 @@ import time as _time
 #: start, which a shell that ran something else first and then exec'd commrt shares
 _imported_at = _time.time()
 
-from commrt import data  # commrt.data.GossipShuffle
-from commrt.collectives.consensus import average_parameters
-from commrt.collectives.core import all_reduce, broadcast
-from commrt.collectives.shards import all_gather, reduce_scatter
-from commrt.distributed import register as _register_torch_backend
-from commrt.errors import CommError, CommTimeoutError, PeerClosedError, ScheduleError
-from commrt.runtime.communicator import Backend, Communicator, init
-from commrt.schedule import Schedule
-from commrt.sync.gradsync import GradientSync
-
-_register_torch_backend()  # dist.init_process_group("commrt") works after `import commrt`
-
 __version__ = "0.1.0"
-__all__ = [
-    "init",
-    "Communicator",
-    "Backend",
-    "all_reduce",
-    "broadcast",
-    "reduce_scatter",
-    "all_gather",
-    "average_parameters",
-    "GradientSync",
-    "Schedule",
-    "CommError",
-    "CommTimeoutError",
-    "PeerClosedError",
-    "ScheduleError",
-    "data",
-]
+
+#: each public name and the module that defines it. They are imported on first use (PEP
+#: 562): ``import commrt`` itself imports no torch, so ``commrt --help`` answers at once
+_PUBLIC = {
+    "init": "commrt.runtime.communicator",
+    "Communicator": "commrt.runtime.communicator",
+    "Backend": "commrt.runtime.choice",
+    "all_reduce": "commrt.collectives.core",
+    "broadcast": "commrt.collectives.core",
+    "reduce_scatter": "commrt.collectives.shards",
+    "all_gather": "commrt.collectives.shards",
+    "average_parameters": "commrt.collectives.consensus",
+    "GradientSync": "commrt.sync.gradsync",
+    "Schedule": "commrt.schedule",
+    "CommError": "commrt.errors",
+    "CommTimeoutError": "commrt.errors",
+    "PeerClosedError": "commrt.errors",
+    "ScheduleError": "commrt.errors",
+    "data": None,  # the module commrt.data itself (GossipShuffle)
+}
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'commrt' has no attribute {name!r}")
+    module = _PUBLIC[name]
+    value = _importlib.import_module(f"commrt.{name}" if module is None else module)
+    value = value if module is None else getattr(value, name)
+    globals()[name] = value  # once: later reads find it here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+def _register_torch_backend() -> None:
+    """Register the ``"commrt"`` torch.distributed backend (idempotent)."""
+    from commrt.distributed import register
+
+    register()
+
+
+class _AfterTorch:
+    """Registers the backend once torch has been imported, where ``import commrt`` came
+    first (as isort orders them): ``dist.init_process_group("commrt")`` then works with no
+    commrt name touched. A finder on ``sys.meta_path`` that answers only for ``torch``,
+    once, and removes itself; torch's own loader runs, then the registration."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        _sys.meta_path.remove(self)
+        spec = _importlib_util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenRegister(spec.loader)
+        return spec
+
+
+class _ThenRegister:
+    """A loader that runs ``loader`` and then registers the backend; any other attribute
+    is ``loader``'s (torch's resources, its source)."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        _register_torch_backend()
+
+    def __getattr__(self, name: str):
+        return getattr(self.loader, name)
+
+
+if "torch" in _sys.modules:  # torch is here already: register now, as torch users expect
+    _register_torch_backend()
+else:
+    _sys.meta_path.insert(0, _AfterTorch())

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
 from commrt.cli.flags import dtype_flag, file_flags, plot_flag, rank_flags
-from commrt.cli.units import DTYPES, kernel_device, positive_int, size_list
+from commrt.cli.units import cuda_available, kernel_device, positive_int, size_list, torch_dtype
 
 
 def register(sub) -> None:
@@ -67,8 +65,8 @@ def register(sub) -> None:
 def cmd_bench_kernels(args) -> int:
     from commrt.cli import bench
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    device = args.device or ("cuda" if cuda_available() else "cpu")
+    if device.startswith("cuda") and not cuda_available():
         print(
             "commrt bench kernels: --device cuda needs a CUDA GPU; none is available here",
             file=sys.stderr,
@@ -79,7 +77,7 @@ def cmd_bench_kernels(args) -> int:
         f"commrt bench kernels · {device} · fp32 → {args.wire} bucket · "
         f"{'Triton' if device != 'cpu' else 'torch reference'}"
     )
-    rows = bench.measure_kernels(sizes, DTYPES[args.wire], device)
+    rows = bench.measure_kernels(sizes, torch_dtype(args.wire), device)
     print(bench.kernel_table(rows, title))
     for path in bench.write_records(bench.kernel_records(rows), args.csv, args.json):
         print(f"# wrote {path}")
@@ -111,7 +109,7 @@ def cmd_bench_allreduce(args) -> int:
         comm,
         args.sizes or bench.DEFAULT_SIZES,
         algorithms,
-        DTYPES[args.dtype],
+        torch_dtype(args.dtype),
         repeats=args.repeats,
         iters=args.iters,
         on_row=show,

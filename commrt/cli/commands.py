@@ -33,15 +33,13 @@ import time
 import warnings
 from typing import Sequence
 
-import torch
-
 from commrt import __version__
 from commrt.cli import extras
 from commrt.cli import launch as launcher
 from commrt.cli.flags import unknown_flags
 from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
+from commrt.cli.units import cuda_available
 from commrt.runtime.choice import LOCAL, ONLY_GLOO_SURVIVES, Situation, choose
-from commrt.transports.shm_connect import unusable
 
 __all__ = ["main", "build_parser", "check_train"]
 
@@ -54,8 +52,10 @@ def auto_backend(nproc: int, ranks_may_die: bool = False, who: str = "") -> str:
     started get ``auto`` itself: ``commrt.init`` chooses, every rank together."""
     if launcher.already_launched() and not ranks_may_die:
         return "auto"
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if cuda_available() else "cpu"
     s = Situation.here(device, LOCAL, nproc, nproc, _mpi_installed(), ranks_may_die)
+    from commrt.transports.shm_connect import unusable  # imports torch: not for --help
+
     s = dataclasses.replace(s, shm_unusable=unusable())  # every rank will be here
     chosen = choose(s)[0]
     if device == "cuda" and s.nccl_missing is not None:
@@ -101,7 +101,7 @@ def check_backend(
             f"--kill with --backend mpi: {MPI_KILLS_ALL}, so the whole job would end; "
             f"pass --backend gloo (or leave --backend out) to carry on past a dead rank"
         )
-    if backend in ("nccl", "cuda_ipc") and not torch.cuda.is_available():
+    if backend in ("nccl", "cuda_ipc") and not cuda_available():
         parser.error(
             f"--backend {backend} needs a CUDA GPU and none is available here; use --backend "
             "mpi or gloo"

@@ -22,6 +22,7 @@ from commrt.cli.units import (
     output_file,
     positive_int,
     positive_number,
+    torch_dtype,
 )
 from commrt.errors import did_you_mean
 
@@ -202,7 +203,7 @@ def check_train(parser: argparse.ArgumentParser, args):
         lr=args.lr,
         batch_schedule=sched,
         label_smoothing=args.label_smoothing,
-        comm_dtype=DTYPES[args.comm_dtype],
+        comm_dtype=torch_dtype(args.comm_dtype),
         bucket_mb=args.bucket_mb,
         seed=args.seed,
         straggler=straggler,

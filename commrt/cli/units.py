@@ -7,25 +7,38 @@ import os
 import re
 import tempfile
 
-import torch
-
 from commrt.cli.extras import installed
 from commrt.runtime.rendezvous import MAX_TIMEOUT_S, check_timeout
 from commrt.sim import fmt_bytes  # noqa: F401  (re-exported: tables and tools format sizes alike)
 
-#: dtype names the flags take
+#: dtype names the flags take, each with torch's name for it (:func:`torch_dtype`: no torch
+#: imported to build the parser, so that --help answers at once)
 DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
+    "float32": "float32",
+    "fp32": "float32",
+    "float64": "float64",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
 }
 #: for the help of a flag that takes them (with a metavar: the choices themselves ran the
 #: usage line past 80 columns)
 DTYPE_NAMES = ", ".join(DTYPES)
+
+
+def torch_dtype(name: str):
+    """The torch dtype a flag's dtype name (:data:`DTYPES`) stands for."""
+    import torch
+
+    return getattr(torch, DTYPES[name])
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU (torch imported here, when a command runs)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def named(name: str):

@@ -22,9 +22,24 @@ of torch beyond its collectives, and the torch versions it is tested on),
 communication hooks: commrt all-reduce on any backend, GossipGraD).
 """
 
-from commrt.distributed.devices import Options
-from commrt.distributed.group import stats
-from commrt.distributed.observe import CallStats, GroupStats
+import importlib as _importlib
+
 from commrt.distributed.register import BACKEND_NAME, register
 
-__all__ = ["BACKEND_NAME", "register", "Options", "stats", "GroupStats", "CallStats"]
+#: the other public names and their modules, imported on first use: registering the
+#: backend (``import commrt`` does, once torch is imported) needs none of them
+_PUBLIC = {
+    "Options": "commrt.distributed.devices",
+    "stats": "commrt.distributed.group",
+    "GroupStats": "commrt.distributed.observe",
+    "CallStats": "commrt.distributed.observe",
+}
+__all__ = ["BACKEND_NAME", "register", *_PUBLIC]
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'commrt.distributed' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value
