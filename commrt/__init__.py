@@ -35,6 +35,7 @@ import importlib as _importlib
 import importlib.util as _importlib_util
 import sys as _sys
 import time as _time
+import typing as _typing
 
 #: when commrt was first imported in this process (``time.time()``): ``commrt train``'s
 #: start-up is measured from here, importing torch included, and not from the process's
@@ -62,7 +63,34 @@ _PUBLIC = {
     "ScheduleError": "commrt.errors",
     "data": None,  # the module commrt.data itself (GossipShuffle)
 }
-__all__ = list(_PUBLIC)
+__all__ = [
+    "init",
+    "Communicator",
+    "Backend",
+    "all_reduce",
+    "broadcast",
+    "reduce_scatter",
+    "all_gather",
+    "average_parameters",
+    "GradientSync",
+    "Schedule",
+    "CommError",
+    "CommTimeoutError",
+    "PeerClosedError",
+    "ScheduleError",
+    "data",
+]
+
+if _typing.TYPE_CHECKING:  # what readers and tools follow (the API pages, type checkers)
+    from commrt import data
+    from commrt.collectives.consensus import average_parameters
+    from commrt.collectives.core import all_reduce, broadcast
+    from commrt.collectives.shards import all_gather, reduce_scatter
+    from commrt.errors import CommError, CommTimeoutError, PeerClosedError, ScheduleError
+    from commrt.runtime.choice import Backend
+    from commrt.runtime.communicator import Communicator, init
+    from commrt.schedule import Schedule
+    from commrt.sync.gradsync import GradientSync
 
 
 def __getattr__(name: str):

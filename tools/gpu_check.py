@@ -99,7 +99,7 @@ SYNC = "test_gradient_sync_ring_torus2d_gossip_fp32_bf16_with_overlap"
 REQUIRED = {
     "kernels vs torch on CUDA": "test_triton_on_cuda_matches_torch_and_float64",
     "NCCL, world of 1": "test_nccl_world_of_one_on_gpu",
-    'DDP on "commrt" vs NCCL, world of 1': "test_ddp_on_commrt_matches_nccl_on_one_gpu",
+    'DDP "commrt" vs NCCL, world of 1': "test_ddp_on_commrt_matches_nccl_on_one_gpu",
     "GradientSync bf16 wire": "test_bf16_wire_dtype_through_the_compiled_kernels",
     # several ranks on the one GPU over cuda_ipc (tests/gpu/test_gpu_ranks*.py)
     "cuda_ipc collectives, 2 ranks": "test_collectives_on_one_gpu_over_cuda_ipc[2]",

@@ -23,6 +23,7 @@ communication hooks: commrt all-reduce on any backend, GossipGraD).
 """
 
 import importlib as _importlib
+import typing as _typing
 
 from commrt.distributed.register import BACKEND_NAME, register
 
@@ -34,7 +35,12 @@ _PUBLIC = {
     "GroupStats": "commrt.distributed.observe",
     "CallStats": "commrt.distributed.observe",
 }
-__all__ = ["BACKEND_NAME", "register", *_PUBLIC]
+__all__ = ["BACKEND_NAME", "register", "Options", "stats", "GroupStats", "CallStats"]
+
+if _typing.TYPE_CHECKING:  # what readers and tools follow (the API pages, type checkers)
+    from commrt.distributed.devices import Options
+    from commrt.distributed.group import stats
+    from commrt.distributed.observe import CallStats, GroupStats
 
 
 def __getattr__(name: str):

@@ -125,7 +125,7 @@ def test_the_check_runs_offline_from_a_copy_and_says_why_it_stops(tmp_path):
         "GPU hot path (CUDA cases)",
         "kernel GB/s vs copy_",
         "GPU tests",
-        'DDP on "commrt" vs NCCL, world of 1',
+        'DDP "commrt" vs NCCL, world of 1',
         # the multi-rank steps: several ranks on the one GPU over cuda_ipc
         "cuda_ipc collectives, 2 ranks",
         "cuda_ipc collectives, 4 ranks",

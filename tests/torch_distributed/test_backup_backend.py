@@ -7,6 +7,7 @@ import torch
 
 from commrt.cli import commands, main
 from commrt.cli import launch as launcher
+from commrt.transports import shm_connect
 
 BACKUP = ["train", "--nproc", "4", "--algorithm", "backup", "--backups", "1"]
 
@@ -18,7 +19,7 @@ def launched(monkeypatch):
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "WORLD_SIZE", launcher.CHILD_ENV):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(commands, "_mpi_installed", lambda: True)
-    monkeypatch.setattr(commands, "unusable", lambda: "no /dev/shm here")
+    monkeypatch.setattr(shm_connect, "unusable", lambda: "no /dev/shm here")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     calls = []
 
@@ -81,14 +82,14 @@ def test_auto_backend_runs_commrt_trains_own_ranks_through_shared_memory(
     launched, monkeypatch, capsys, mpi
 ):
     monkeypatch.setattr(commands, "_mpi_installed", lambda: mpi)
-    monkeypatch.setattr(commands, "unusable", lambda: None)
+    monkeypatch.setattr(shm_connect, "unusable", lambda: None)
     assert main(["train", "--nproc", "2"]) == 0
     assert "starting 2 ranks (shm)" in capsys.readouterr().out
     assert launched[0][0][-2:] == ["--backend", "shm"]
 
 
 def test_auto_backend_keeps_gloo_where_ranks_may_die(launched, monkeypatch, capsys):
-    monkeypatch.setattr(commands, "unusable", lambda: None)
+    monkeypatch.setattr(shm_connect, "unusable", lambda: None)
     assert main([*BACKUP, "--kill", "3:20"]) == 0
     out = capsys.readouterr().out
     assert "starting 4 ranks (gloo)" in out and "over gloo, not shm" in out

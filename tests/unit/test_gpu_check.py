@@ -99,7 +99,7 @@ def test_no_gpu_test_ran_is_not_run_and_a_required_check_that_skipped_too():
     assert results == [G.NOT_RUN] * len(G.REQUIRED)
     (bf16,) = [r for r in rows if r.startswith("GradientSync bf16")]
     assert "NOT RUN   no CUDA GPU" in bf16
-    (ddp,) = [r for r in rows if r.startswith('DDP on "commrt"')]
+    (ddp,) = [r for r in rows if r.startswith('DDP "commrt" vs NCCL')]
     assert "did not run" in ddp  # missing altogether: not run, not passed
     tests["tests/gpu/test_gpu.py::test_bf16_wire_dtype_through_the_compiled_kernels"].update(
         outcome="passed", message=""
@@ -377,3 +377,10 @@ def test_what_is_not_built_says_so_and_fails_nothing():
     # the hot path runs after the kernel benchmark, with a limit of its own
     order = list(G.LIMITS)
     assert order.index("hotpath") == order.index("bench") + 1 and G.LIMITS["hotpath"] > 0
+
+
+def test_every_required_checks_label_fits_the_name_column_whole():
+    """A label cut to the 34-column name column ('DDP on "commrt" vs NCCL, world o…')
+    could not be found by its name in the table."""
+    long = [label for label in G.REQUIRED if len(label) > 34]
+    assert not long, long
