@@ -123,7 +123,7 @@ def end_job(message: str) -> None:
     kills every rank), else exit status 1 at once, without exit handlers that could block
     on a dead peer. The abort-on-error hook's last act, and the process group's answer to
     an error that has nobody to raise to (:mod:`commrt.distributed.work`)."""
-    print(message, file=sys.__stderr__ or sys.stderr, flush=True)
+    say(message)
     sys.stdout.flush()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
@@ -134,6 +134,15 @@ def end_job(message: str) -> None:
         unlink_mpich_segments()
         mpi.COMM_WORLD.Abort(1)
     os._exit(1)
+
+
+def say(text: str) -> None:
+    """``text`` and its newline on the process's stderr in one write: ranks whose output a
+    launcher merges (torchrun) fail at the same moment, and another rank's line landing
+    between a text and its newline would run two lines into one."""
+    stream = sys.__stderr__ or sys.stderr
+    stream.write(text + "\n")
+    stream.flush()
 
 
 def unlink_mpich_segments() -> None:
@@ -161,7 +170,7 @@ def end_job_after(error: BaseException, message: str) -> None:
     hook = _AbortOnError.installed
     if hook is not None:
         hook.await_verdict()
-    print(message, file=sys.__stderr__ or sys.stderr, flush=True)
+    say(message)
     if hook is not None:
         hook.fail(error, str(error).splitlines()[0] if str(error) else type(error).__name__)
     end_job("commrt: ending the whole job after the error above")

@@ -53,7 +53,7 @@ import time
 import traceback
 from collections import deque
 
-from commrt.runtime.abort import end_job
+from commrt.runtime.abort import end_job, say
 from commrt.runtime.departures import FAILED
 from commrt.runtime.frames import is_user, short
 from commrt.runtime.polling import poll
@@ -292,8 +292,7 @@ class StallWatch:
                 said = render(verdict)
             else:
                 said = pointer(verdict, self.rank, f"rank {first} prints it in full")
-            print(said, file=_err())
-            _err().flush()
+            say(said)
             self._dump(verdict)
             store.add("printed", 1)
             answered = sum(v["state"] == "published" for v in verdict.get("views", []))

@@ -26,6 +26,7 @@ ACCURACY_THRESHOLD = 0.90  # digits MLP, 4 epochs: ~0.95-0.97 measured
         ("auto", "mpi"),
     ],
 )
+@pytest.mark.slow
 def test_train_end_to_end(algorithm, backend, tmp_path):
     from commrt.algorithms import NAMES
 
@@ -183,6 +184,7 @@ def test_train_runs_as_one_rank_under_mpiexec():
 
 
 @pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.slow
 def test_train_output_fits_an_80_column_terminal(backend):
     epochs = 5
     rc, out = run_in_pty(

@@ -27,6 +27,7 @@ def test_a_bad_deadline_says_what_it_takes(value, capsys):
     assert "expected off, auto or a positive number of seconds" in line, line
 
 
+@pytest.mark.slow
 def test_gossip_with_a_deadline_carries_on_without_a_killed_rank():
     proc = run_commrt(
         "train", "--nproc", "4", "--algorithm", "gossip", "--gossip-deadline", "auto",
@@ -40,6 +41,7 @@ def test_gossip_with_a_deadline_carries_on_without_a_killed_rank():
     assert "gossip lost" in rows and "Traceback" not in out, out[-4000:]
 
 
+@pytest.mark.slow
 def test_deadline_composes_with_async_the_shuffle_and_the_epoch_average():
     """A straggler 20 ms late every step against a 10 ms deadline: its partners apply its
     messages late; the shards still swap and every epoch ends with the exact average."""
@@ -58,6 +60,7 @@ def test_deadline_composes_with_async_the_shuffle_and_the_epoch_average():
     assert float(rows["final test accuracy"]) > 0.5, rows
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_replaced_and_rejoins_the_rotation():
     """--max-restarts 1: the launcher starts a replacement of the killed rank, which takes
     its state and step from a survivor and trains to the end with the others (they are

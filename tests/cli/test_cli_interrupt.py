@@ -80,6 +80,7 @@ def _group(pgid: int) -> list[int]:
         ),
     ],
 )
+@pytest.mark.slow
 def test_ctrl_c_ends_the_job_with_one_line(backend, marker, after_s):
     code, out, err, took, left = _ctrl_c(backend, marker, after_s)
     assert code == 130, (out[-1000:], err[-3000:])
@@ -102,6 +103,7 @@ def test_ctrl_c_ends_the_job_with_one_line(backend, marker, after_s):
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_signal_to_the_launcher_alone_stops_every_rank(backend, sig):
     # a scheduler (SIGTERM) or a closed terminal (SIGHUP) signals the launcher only: its
     # ranks went on training without it, and finished after it had gone

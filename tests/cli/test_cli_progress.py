@@ -70,6 +70,7 @@ def test_the_bar_shows_no_accuracy():
 
 @pytest.mark.mpi
 @pytest.mark.skipif(not shutil.which("mpiexec"), reason="no mpiexec: pip install -e '.[dev]'")
+@pytest.mark.slow
 def test_backup_workers_over_mpi_end_with_their_last_epoch_and_agree_with_the_summary():
     epochs = 3
     proc = run_commrt(
@@ -100,6 +101,7 @@ def test_backup_workers_over_mpi_end_with_their_last_epoch_and_agree_with_the_su
     assert max(map(len, lines)) <= 80, proc.stdout
 
 
+@pytest.mark.slow
 def test_a_rank_the_others_leave_an_epoch_behind_still_ends_with_the_last_epoch():
     """Rank 0 sleeps 50 ms before every step: backup workers go on without it, it catches
     up by snapshot, and the others' steps end the job while it is still in epoch 1. The

@@ -75,6 +75,7 @@ def test_on_a_terminal_the_replacement_note_leaves_the_progress_bar_its_line(mon
         assert stream.getvalue() == f"44/264 epoch 2/12 loss 1.217{before}{note}"
 
 
+@pytest.mark.slow
 def test_train_restarts_a_killed_worker_which_rejoins_and_ends_with_the_others():
     """4 gloo ranks, b = 1, rank 1 SIGKILLed before its step 3; the others are slowed
     (0.25 s a step) so that training lasts while the replacement starts. The job succeeds,

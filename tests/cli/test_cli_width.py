@@ -84,6 +84,7 @@ def test_bench_kernels_fits_80_columns(tmp_path):
     assert [r["op"] for r in rows] == list(bench.KERNEL_OPS) and rows[0]["count"] == "262144"
 
 
+@pytest.mark.slow
 def test_simulate_fits_80_columns_and_writes_json(tmp_path):
     json_path = tmp_path / "sim.json"
     argv = [*COMMRT, "simulate", "--max-p", "4096", "--at-p", "1024", "--samples", "10"]

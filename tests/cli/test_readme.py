@@ -63,6 +63,7 @@ def test_training_loop_example_runs_on_two_ranks(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_gossip_example_runs_on_four_ranks_and_ends_with_one_model(tmp_path):
     # four ranks: at p = 2 the one peer is everybody, and gossip is an exact average
     report = "print(f'rank {comm.rank} weights {w.double().sum().item():.12e}')\n"

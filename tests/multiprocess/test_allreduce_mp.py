@@ -20,6 +20,7 @@ pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.slow
 def test_all_reduce_matches_mpi_and_torch_distributed(nranks, tmp_path):
     out = tmp_path / "report.json"
     mpiexec(nranks, "allreduce_worker.py", out)
@@ -30,6 +31,7 @@ def test_all_reduce_matches_mpi_and_torch_distributed(nranks, tmp_path):
     assert report["failures"] == [], json.dumps(report["failures"][:5], indent=1)
 
 
+@pytest.mark.slow
 def test_stalled_rank_makes_the_others_time_out(tmp_path):
     timeout = 3.0
     # the timeout's own error, caught: without the stall watch, whose verdict (formed at the

@@ -471,6 +471,7 @@ def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(t
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["memo", "debug"])
+@pytest.mark.slow
 def test_auto_moves_on_when_the_schedule_it_kept_slows_down(tmp_path, mode):
     out = tmp_path / "drift.json"
     mpiexec(4, "auto_drift_worker.py", out, mode)

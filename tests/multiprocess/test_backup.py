@@ -44,6 +44,7 @@ def run(backend, scenario, out, *args):
 # -------------------------------------------------------- one slow rank
 @pytest.mark.mpi
 @pytest.mark.parametrize("backend", ["mpi", "gloo"])
+@pytest.mark.slow
 def test_one_slow_rank_does_not_hold_the_others_back(backend, tmp_path):
     run(backend, "slow", tmp_path)
     n = N_RANKS - 1
@@ -93,6 +94,7 @@ def test_one_slow_rank_does_not_hold_the_others_back(backend, tmp_path):
 # ------------------------------------------------------ random stragglers
 @pytest.mark.mpi
 @pytest.mark.parametrize("scenario", ["random", "ready"])
+@pytest.mark.slow
 def test_random_stragglers_end_identical(scenario, tmp_path):
     """Random delayed ranks each step; "ready": snapshot sends wait for the late rank's posted
     receive first (what NCCL's stream-ordered transport does), run here over MPI."""
@@ -125,6 +127,7 @@ def test_a_dead_rank_is_reported_missing_and_the_others_finish(tmp_path):
     assert all(s["role"] == "on time" for r in recs for s in r["steps"][W.DIE_AT + 1 :])
 
 
+@pytest.mark.slow
 def test_more_dead_ranks_than_backups_time_out_naming_them(tmp_path):
     codes, outs = spawn_gloo(N_RANKS, "gloo", "dead", tmp_path, 0)
     assert codes[:3] == [0, 0, 0] and codes[3] == -9, (codes, failures(codes, outs))
@@ -224,6 +227,7 @@ def test_all_reduce_refuses_backup_workers():
 
 
 # --------------------------------------------------------- command line
+@pytest.mark.slow
 def test_commrt_train_with_backup_workers_survives_a_killed_rank():
     """The launcher hosts the store and keeps the job up when rank 3 dies; the summary names it."""
     proc = run_commrt(

@@ -127,6 +127,7 @@ def test_store_work_per_period_is_three_operations_per_rank(store, p):
         assert lv.missing == frozenset(), (r, lv.missing)
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_recorded_dead_and_everyone_sees_it(store):
     live = ranks(store, 6, "dead")
     for lv in live:
@@ -187,6 +188,7 @@ def test_a_rank_that_was_only_slow_finds_out_it_was_declared_dead(store):
 
 
 # ------------------------------------------------- close() after a SIGKILL (real ranks)
+@pytest.mark.slow
 def test_close_after_a_kill_does_not_wait_long_for_the_dead_rank(tmp_path):
     """4 gloo ranks, b = 1, the default dead_after_s; rank 3 SIGKILLs itself and the others
     close right away. Their close() returns once rank 3 is recorded dead (about
@@ -202,6 +204,7 @@ def test_close_after_a_kill_does_not_wait_long_for_the_dead_rank(tmp_path):
         assert r["close_ended"] - died < DEAD_AFTER_S + 3.0, (r["close_ended"] - died, r)
 
 
+@pytest.mark.slow
 def test_a_paused_rank_is_declared_dead_and_stops_with_a_clear_error(tmp_path):
     """Rank 3 stops (SIGSTOP) for PAUSE_S > dead_after_s. The others record it dead, finish
     and close without it; when it wakes, its next step raises RankDeclaredDeadError (before

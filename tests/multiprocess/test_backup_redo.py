@@ -65,6 +65,7 @@ def replay(parts: dict[int, list[int]], n: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("backups", [1, 2])
+@pytest.mark.slow
 def test_a_participant_killed_inside_the_all_reduce_is_redone_by_the_survivors(tmp_path, backups):
     """Ranks 0..N-1 take part (the others are slow), rank 1 dies inside step KILL_AT's
     all-reduce; the survivors redo that step with N participants again. b = 1: the late
@@ -111,6 +112,7 @@ def test_a_participant_killed_inside_the_all_reduce_is_redone_by_the_survivors(t
 
 
 @pytest.mark.parametrize("backups,kill", [(0, "1"), (1, "1,2")])
+@pytest.mark.slow
 def test_more_deaths_than_backups_raise_a_timeout_naming_the_dead(tmp_path, backups, kill):
     """b = 0 with one death, b = 1 with two, inside the all-reduce: every live rank raises
     CommTimeoutError naming the dead ranks within the timeout plus a few seconds."""
@@ -142,6 +144,7 @@ def test_gloo_pairs_outlive_a_dead_member_and_abort_fails_a_blocked_peer_at_once
     assert took is not None and ABORT_AFTER_S * 0.5 < took < TIMEOUT_S / 2, recs[0]
 
 
+@pytest.mark.slow
 def test_a_participant_hung_inside_the_all_reduce_is_redone_once_it_is_recorded_dead(tmp_path):
     """Rank 1 SIGSTOPs itself inside step KILL_AT's all-reduce (its connections stay open,
     so no gloo error comes). The rank waiting on it gives the wait up once rank 1 is

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+import pytest
 import torch
 from helpers.backup import RAW
 from helpers.mp import TESTS, GlooJob
@@ -99,6 +100,7 @@ def participants(recs) -> dict[int, list[int]]:
     return parts
 
 
+@pytest.mark.slow
 def test_a_replacement_rejoins_catches_up_and_its_gradients_count(tmp_path):
     job = start_job(tmp_path)
     assert wait_exit(job.procs[1], 90) == -9, "rank 1 was not killed by the test hook"
@@ -137,6 +139,7 @@ def test_a_replacement_rejoins_catches_up_and_its_gradients_count(tmp_path):
     assert not all(torch.equal(got[k], states["rank0"][k]) for k in keys)
 
 
+@pytest.mark.slow
 def test_a_replacement_that_dies_while_joining_is_survived_and_another_one_joins(tmp_path):
     """The first replacement SIGKILLs itself right after it came back (before its
     snapshot): the survivors record incarnation 1 dead and go on; a second replacement

@@ -90,6 +90,7 @@ def test_checker_catches_broken_broadcasts():
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks", [2, 3, 4])
+@pytest.mark.slow
 def test_broadcast_matches_mpi_bcast_and_torch_distributed(nranks, tmp_path):
     out = tmp_path / "report.json"
     mpiexec(nranks, "broadcast_worker.py", out, timeout=300)

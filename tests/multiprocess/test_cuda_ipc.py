@@ -16,6 +16,7 @@ def _reports(tmp_path, n):
 
 
 @pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.slow
 def test_collectives_match_float64_at_2_and_4_ranks(tmp_path, n):
     codes, outs = gloo_ranks(n, "ipc_worker.py", "collectives", tmp_path, timeout=400)
     assert codes == [0] * n, "\n---\n".join(outs)
@@ -61,6 +62,7 @@ def test_a_killed_peer_is_named_and_the_job_ends_within_seconds(tmp_path):
     assert re.search(r"cuda_ipc failed in .*rank 2's process \(pid \d+\) is gone", said), said
 
 
+@pytest.mark.slow
 def test_a_timeout_is_named_and_leaves_the_transport_unusable(tmp_path):
     codes, outs = gloo_ranks(2, "ipc_worker.py", "timeout", tmp_path, timeout=120)
     assert codes == [0, 0], "\n---\n".join(outs)

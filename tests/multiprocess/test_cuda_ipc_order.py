@@ -24,6 +24,7 @@ def report(tmp_path_factory):
 
 
 @pytest.mark.parametrize("wait", WAITS)
+@pytest.mark.slow
 def test_with_the_wait_every_message_arrives_intact(report, wait):
     assert report[f"{wait} kept"] is True, report
 

@@ -36,6 +36,7 @@ def _mpiexec(tmp_path, n, body, *, env=None, timeout=120):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_a_stopped_rank_ends_the_whole_job(tmp_path):
     # rank 1 stops (SIGSTOP) after one collective; rank 0 times out, and its uncaught
     # error ends the job through MPI_Abort instead of hanging in MPI's shutdown

@@ -41,6 +41,7 @@ def _load(tmp_path, ranks):
         (8, "async"),
     ],
 )
+@pytest.mark.slow
 def test_every_gradient_is_applied_exactly_once_in_total(tmp_path, n, mode):
     steps = 10
     assert any(delay(r, s) > 0.05 for r in range(n) for s in range(steps))  # some are late
@@ -73,6 +74,7 @@ def _disagreement(params):
     return max(float((p - mean).norm() / mean.norm()) for p in params)
 
 
+@pytest.mark.slow
 def test_a_rank_killed_at_a_random_moment_leaves_the_survivors_training(tmp_path):
     """Rank 1 is SIGKILLed at a random moment; the three others finish every step with no
     error, and stay within 3x the disagreement plain gossip leaves between four ranks that

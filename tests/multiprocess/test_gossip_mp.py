@@ -62,12 +62,14 @@ def test_gossip_on_four_real_ranks_mpi_and_gloo(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("p", [2, 8])
+@pytest.mark.slow
 def test_one_message_per_bucket_per_step_at_two_and_eight_ranks(tmp_path, p):
     report, counts, _ = _run(tmp_path, p, "count")
     _check_counts(report, counts, p)
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_train_gossip_reaches_the_ring_accuracy_on_four_ranks():
     """Same epochs, batch and seed; gossip starts each rank from its own shard, shuffles it,
     and averages the models every epoch. Measured: 0.9694 for both (8 epochs, batch 64)."""

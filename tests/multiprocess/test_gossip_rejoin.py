@@ -32,6 +32,7 @@ def _wait_exit(proc, timeout: float):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.slow
 def test_a_replacement_is_in_the_rotation_within_one_period(tmp_path, mode):
     job = GlooJob("gossip_rejoin_worker.py", (tmp_path, mode), N)
     for r in range(N):

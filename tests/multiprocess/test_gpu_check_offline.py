@@ -83,6 +83,7 @@ def _where(python: str, env: dict, cwd: str) -> str:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the check runs for real")
+@pytest.mark.slow
 def test_the_check_runs_offline_from_a_copy_and_says_why_it_stops(tmp_path):
     tree, venv, out = str(tmp_path / "tree"), str(tmp_path / "venv"), str(tmp_path / "out")
     _copy_tree(tree)

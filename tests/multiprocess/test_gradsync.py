@@ -22,6 +22,7 @@ BF16_TOL = 2e-2  # bf16 wire: ~2^-8 relative rounding of every averaged gradient
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks", [2, 4])
+@pytest.mark.slow
 def test_matches_ddp_and_fails_safely(nranks, tmp_path):
     out = tmp_path / "report.json"
     mpiexec(nranks, "gradsync_worker.py", out, timeout=300)

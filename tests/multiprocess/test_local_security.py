@@ -116,6 +116,7 @@ def test_serve_falls_back_for_host_names():
     assert any(a.endswith(f":{store.port}") for a in mine)
 
 
+@pytest.mark.slow
 def test_local_job_listens_on_loopback_only():
     env = {
         k: v

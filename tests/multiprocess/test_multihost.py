@@ -49,6 +49,7 @@ def off_host_formula(alg, rank, hosts, L, nbytes):
 
 
 @pytest.mark.parametrize("hosts", [2, 4])
+@pytest.mark.slow
 def test_all_reduce_gradsync_and_bytes_across_hosts(netns_cluster, hosts, tmp_path):
     reports = run(netns_cluster, hosts, tmp_path, timing=TIMED_SIZES if hosts == 4 else ())
     p, L = hosts * RANKS_PER_HOST, RANKS_PER_HOST

@@ -289,6 +289,7 @@ def _hang(q):
     time.sleep(600)
 
 
+@pytest.mark.slow
 def test_gpu_workers_start_without_triton_interpret_and_hung_ones_are_killed():
     """tests/gpu/test_gpu.py's workers must run the compiled kernels: conftest's TRITON_INTERPRET
     is not inherited (the worker's Triton is not in interpreter mode), and a worker that hangs
@@ -306,6 +307,7 @@ def test_gpu_workers_start_without_triton_interpret_and_hung_ones_are_killed():
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow
 def test_gpu_check_prints_one_table_within_80_columns(tmp_path):
     """tools/gpu_check.py without a GPU: every GPU test is listed with its skip reason, the
     steps that need a GPU say NOT RUN and why, nothing is wider than 80 columns, and the

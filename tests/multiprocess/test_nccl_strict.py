@@ -35,6 +35,7 @@ def run(n, scenario, out, timeout=240):
     return [json.loads((out / f"{scenario}_rank{r}.json").read_text()) for r in range(n)]
 
 
+@pytest.mark.slow
 def test_every_all_reduce_and_gossip_family_passes_its_oracle_on_four_ranks(tmp_path):
     for rec in run(4, "families", tmp_path):
         assert rec["cases"] == 3 * len(SW.SIZES) * 2 * 2 and rec["failures"] == [], rec
@@ -67,6 +68,7 @@ def test_backup_catch_up_between_ranks_that_never_connected(tmp_path):
 
 
 @pytest.mark.parametrize("scenario", ["slowserve", "slowserve-stream"])
+@pytest.mark.slow
 def test_a_catch_up_server_that_sends_late_does_not_abort_the_receive(tmp_path, scenario):
     """The server starts its send 1 s after answering (it looks at its requests after its
     optimizer step and while it waits for arrivals); the two had connected before, so the
@@ -84,6 +86,7 @@ def test_a_catch_up_server_that_sends_late_does_not_abort_the_receive(tmp_path, 
 
 
 @pytest.mark.parametrize("scenario", ["serverdies", "diesinwait", "diesinwait-stream"])
+@pytest.mark.slow
 def test_a_catch_up_server_that_dies_costs_the_late_rank_a_named_error_at_once(tmp_path, scenario):
     """The server answers, the late rank posts its receive, then the server is recorded dead
     and killed: the late rank waits in groupEnd (the two never connected, and it must not
@@ -104,6 +107,7 @@ def test_a_catch_up_server_that_dies_costs_the_late_rank_a_named_error_at_once(t
     assert late["elapsed"] < 5 and late["close_s"] < 2, late
 
 
+@pytest.mark.slow
 def test_the_stand_in_catches_a_mark_written_after_groupend(tmp_path):
     """The catch-up deadlock in its smallest form, kept as a check on the stand-in itself:
     marking the receive posted after its groupEnd, for a pair that never connected, blocks
@@ -117,6 +121,7 @@ def test_the_stand_in_catches_a_mark_written_after_groupend(tmp_path):
     assert server["first"]["error"] is None and server["first"]["saw_mark"], server
 
 
+@pytest.mark.slow
 def test_backup_workers_with_catch_up_end_identical_and_exact(tmp_path):
     """test_backup's oracle (identical parameters and optimizer state, every update the
     on-time average) over the strict stand-in: the stream-ordered catch-up path."""
@@ -133,6 +138,7 @@ def test_backup_workers_with_catch_up_end_identical_and_exact(tmp_path):
     assert sum(recs[0]["dropped"].values()) >= 1, "no gradient was ever late"
 
 
+@pytest.mark.slow
 def test_backup_workers_with_a_dead_rank(tmp_path):
     codes, outs = gloo_ranks(4, "backup_worker.py", "nccl-strict", "dead", tmp_path, 1)
     assert codes[:3] == [0, 0, 0] and codes[3] == -9, (codes, TB.failures(codes, outs))
@@ -145,6 +151,7 @@ def test_backup_workers_with_a_dead_rank(tmp_path):
     TB.assert_identical(states)
 
 
+@pytest.mark.slow
 def test_watchdog_aborts_a_groupend_stuck_on_a_peer_that_never_comes(tmp_path):
     """Rank 1 never reaches rank 0's first exchange: NCCL would block in groupEnd forever.
     The watchdog aborts the communicator at the 3 s timeout, the named error comes out, and

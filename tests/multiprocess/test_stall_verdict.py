@@ -49,7 +49,7 @@ def run(
     arguments before the case's (a wrapper's). ``stall_s``: ``COMMRT_STALL_S`` where the
     watch is not the default."""
     dump = tmp_path / f"dump-{case}"
-    env = {"COMMRT_DUMP": str(dump)}
+    env = {"COMMRT_DUMP": str(dump)} | TIMEOUT_ENV
     default = watch_s != float(STALL_S)  # the default watch: COMMRT_STALL_S unset
     env |= {} if default else {"COMMRT_STALL_S": stall_s}
     job = GlooJob(
@@ -141,6 +141,7 @@ def test_ranks_in_a_barrier_wait_on_the_rank_in_user_code(tmp_path):
     assert "waiting for it: ranks 0-2, in barrier" in v
 
 
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_stopped(tmp_path):
     codes, outs, _ = run("stop", tmp_path, culprit_stops=True)
     assert codes == [1, 1, 1]
@@ -171,6 +172,7 @@ def test_a_chain_of_waits_is_followed_to_its_root(tmp_path):
     assert "chain of waits: rank 0 -> rank 1 -> rank 2 -> rank 3" in v
 
 
+@pytest.mark.slow
 def test_ranks_merely_slower_than_each_other_are_never_blamed(tmp_path):
     codes, outs, dump = run("slow", tmp_path)
     assert codes == [0, 0, 0, 0], "\n".join(outs)
@@ -188,6 +190,7 @@ def test_under_ddp_on_backend_commrt_the_rank_in_its_data_loader_is_named(tmp_pa
     assert "torch allreduce(sum)" in v and "waiting for it: ranks 0-2" in v
 
 
+@pytest.mark.slow
 def test_under_gradientsync_the_verdict_names_the_step_and_the_culprit(tmp_path):
     codes, outs, _ = run("ring", tmp_path, script="verdict_sync_worker.py")
     assert codes == [1, 1, 1, 1]
@@ -196,6 +199,7 @@ def test_under_gradientsync_the_verdict_names_the_step_and_the_culprit(tmp_path)
 
 
 @pytest.mark.parametrize("case,stall_s", [("late", STALL_S), ("dead", "6")])
+@pytest.mark.slow
 def test_under_backup_workers_a_late_or_dead_rank_is_dropped_not_blamed(case, stall_s, tmp_path):
     """A dead rank is dropped once recorded dead (dead_after_s, 2 s in the worker), so the
     watch of that case is well above it: at 2 s, the live ranks' ordinary waits for each
@@ -220,6 +224,7 @@ def test_under_backup_workers_a_late_or_dead_rank_is_dropped_not_blamed(case, st
         ("chain", 4, ["rank 3 ", "chain of waits: rank 0 -> rank 1 -> rank 2 -> rank 3"]),
     ],
 )
+@pytest.mark.slow
 def test_over_mpi_every_live_rank_prints_the_same_verdict(case, live, named):
     proc = mpiexec(4, "verdict_worker.py", case, "mpi", timeout=BOUND_S, check=False,
                    env={"COMMRT_STALL_S": STALL_S})  # fmt: skip
@@ -237,11 +242,16 @@ def test_over_mpi_every_live_rank_prints_the_same_verdict(case, live, named):
 
 # -- a timeout within the default watch: the verdict forms at the timeout, in the error
 
-TIMEOUT_S = 20  # tests/workers/verdict_worker.py's TIMEOUT_S
+#: the timeout of the cases that stall within the default watch (VERDICT_TIMEOUT_S, which
+#: both workers read): the default watch (60 s) is longer, so the timeout declares the
+#: stall; short, as the wait is all these tests spend their time on
+TIMEOUT_S = 6
+TIMEOUT_ENV = {"VERDICT_TIMEOUT_S": str(TIMEOUT_S)}
 
 
 @pytest.mark.parametrize("backend", ["gloo", "shm"])
 @pytest.mark.parametrize("case", ["timeout", "caught"])
+@pytest.mark.slow
 def test_a_timeout_within_the_default_watch_still_names_the_rank_and_line(case, backend, tmp_path):
     codes, outs, _ = run(case, tmp_path, backend=backend, watch_s=TIMEOUT_S)
     assert all(c != 0 for c in codes), "\n".join(outs)
@@ -260,10 +270,8 @@ def test_a_timeout_within_the_default_watch_still_names_the_rank_and_line(case, 
 # must have its verdict out before any rank can leave
 
 #: runs per backend (the ranks race each other's exits, so one run proves little); the
-#: first of each runs in the inner loop (-m "not slow")
+#: first over gloo runs in the inner loop (-m "not slow")
 CAUGHT_RUNS = 5
-#: the timeout of those runs (the default watch is longer: the timeout declares the stall)
-CAUGHT_TIMEOUT_S = "6"
 
 
 def by_rank(out: str, n: int) -> list[str]:
@@ -288,7 +296,7 @@ def assert_every_rank_names_the_culprit(outs: list[str]) -> None:
 @pytest.mark.parametrize(
     "backend, run_index",
     [
-        pytest.param(b, i, marks=[pytest.mark.slow] if i else [])
+        pytest.param(b, i, marks=[pytest.mark.slow] if i or b != "gloo" else [])
         for b in ("gloo", "shm", "mpi")
         for i in range(CAUGHT_RUNS)
     ],
@@ -296,7 +304,7 @@ def assert_every_rank_names_the_culprit(outs: list[str]) -> None:
 def test_with_rank_0_hosting_the_store_every_rank_that_caught_its_timeout_names_the_culprit(
     backend, run_index
 ):
-    env = {"VERDICT_TIMEOUT_S": CAUGHT_TIMEOUT_S}
+    env = dict(TIMEOUT_ENV)
     if backend == "mpi":
         proc = mpiexec(4, "verdict_worker.py", "caught", "mpi", timeout=BOUND_S, check=False,
                        env=env | {"COMMRT_STALL_S": ""}, flags=["-prepend-rank"])  # fmt: skip
@@ -312,6 +320,7 @@ def test_with_rank_0_hosting_the_store_every_rank_that_caught_its_timeout_names_
     assert_every_rank_names_the_culprit(outs)
 
 
+@pytest.mark.slow
 def test_a_timeout_within_the_default_watch_under_ddp_names_the_rank_and_line(tmp_path):
     codes, outs, _ = run("timeout", tmp_path, script="verdict_ddp_worker.py", watch_s=TIMEOUT_S)
     assert all(c != 0 for c in codes), "\n".join(outs)
@@ -322,6 +331,7 @@ def test_a_timeout_within_the_default_watch_under_ddp_names_the_rank_and_line(tm
         assert f"verdict_ddp_worker.py:{hang} in load_next_batch" in flat, out
 
 
+@pytest.mark.slow
 def test_under_torchrun_a_timeout_within_the_default_watch_names_the_rank_and_line():
     """torchrun itself, DDP on backend commrt: the first rank that ends after its timeout
     makes torchrun stop the others, so the job's merged output (not each rank's) must name
@@ -329,7 +339,7 @@ def test_under_torchrun_a_timeout_within_the_default_watch_names_the_rank_and_li
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4"]
     cmd += ["--standalone", os.path.join(TESTS, "workers", "verdict_ddp_worker.py")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMRT_", "TORCH_DIST"))}
-    env.update(OMP_NUM_THREADS="1")
+    env.update(OMP_NUM_THREADS="1", **TIMEOUT_ENV)
     proc = subprocess.run(
         [*cmd, "timeout"], env=env, capture_output=True, text=True, timeout=BOUND_S + TIMEOUT_S
     )
@@ -347,9 +357,10 @@ def test_under_torchrun_a_timeout_within_the_default_watch_names_the_rank_and_li
     assert all(len(line) <= 80 or " " not in line.strip() for line in block), block
 
 
+@pytest.mark.slow
 def test_over_mpi_a_timeout_within_the_default_watch_names_the_rank_and_line():
     proc = mpiexec(4, "verdict_worker.py", "timeout", "mpi", timeout=BOUND_S, check=False,
-                   env={"COMMRT_STALL_S": ""})  # fmt: skip
+                   env={"COMMRT_STALL_S": ""} | TIMEOUT_ENV)  # fmt: skip
     ended, out = time.time(), proc.stdout + proc.stderr
     assert proc.returncode != 0 and "finished" not in out, out
     took = ended - float(re.search(r"stall from ([\d.]+)", out).group(1))
@@ -458,6 +469,7 @@ def killed_job(transport: str) -> list[str]:
 @pytest.mark.parametrize(
     "transport, run_index", [*(("shm", i) for i in range(KILL_RUNS)), ("gloo", 0)]
 )
+@pytest.mark.slow
 def test_a_killed_rank_under_ddp_is_the_only_rank_named_gone(transport, run_index):
     for out in killed_job(transport):
         flat = " ".join(out.split())

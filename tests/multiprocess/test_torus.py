@@ -188,6 +188,7 @@ def test_executor_exact(shape):
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("nranks,shapes", [(4, "2x2,1x4,2x2s3,2x2s2r"), (6, "2x3,3x2,3x2s4")])
+@pytest.mark.slow
 def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
     out = tmp_path / "report.json"
     mpiexec(nranks, "torus_worker.py", out, shapes, timeout=600)

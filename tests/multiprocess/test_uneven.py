@@ -142,6 +142,7 @@ def test_join_refuses_a_step_in_flight():
         ("gradsync", "exit"),
     ],
 )
+@pytest.mark.slow
 def test_a_rank_that_leaves_early_is_named_to_the_ranks_waiting(backend, loop, mode, tmp_path):
     first, second = _reports(backend, 2, mode, loop, tmp_path)
     assert first == {"rank": 0, "steps": STEPS}, first

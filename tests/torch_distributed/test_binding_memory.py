@@ -4,6 +4,7 @@ once kept up to 32 of the shards' fresh work buffers alive: gigabytes at 32 MB e
 
 import json
 
+import pytest
 from helpers.mp import gloo_ranks
 
 
@@ -16,6 +17,7 @@ def _growth(backend: str, tmp_path) -> list[float]:
     return report["growth_mb"]
 
 
+@pytest.mark.slow
 def test_fresh_reduce_scatter_inputs_hold_no_more_memory_than_gloo(tmp_path):
     commrt_mb, gloo_mb = _growth("commrt", tmp_path), _growth("gloo", tmp_path)
     # gloo's own growth is the allocator's steady state for these calls; a floor of one

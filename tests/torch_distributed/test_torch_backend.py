@@ -36,6 +36,7 @@ def _check_ddp(report, n, algorithms, transport):
 
 
 @pytest.mark.parametrize("transport", ["shm", "gloo"])
+@pytest.mark.slow
 def test_ddp_over_commrt_equals_ddp_over_gloo_torchrun_style(tmp_path, transport):
     """COMMRT_ALGORITHM=ring for the default group, then torus2d and auto for groups made
     with the variable set to them: one launch of 4 ranks. On one host the CPU transport is
@@ -74,6 +75,7 @@ def test_ddp_large_buckets_run_where_the_cores_say_and_equal_gloo(tmp_path, one_
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("transport", ["shm", "mpi"])
+@pytest.mark.slow
 def test_ddp_over_commrt_equals_ddp_over_gloo_under_mpiexec(tmp_path, transport):
     """On one host the world group goes through shared memory; COMMRT_CPU_TRANSPORT=mpi
     keeps MPI's path tested."""
@@ -95,6 +97,7 @@ def test_world_group_under_mpiexec_runs_over_mpi_in_torch_rank_order(tmp_path):
 
 
 @pytest.mark.parametrize("nranks", [3, 4])
+@pytest.mark.slow
 def test_every_collective_equals_gloo(nranks, tmp_path):
     out = tmp_path / "report.json"
     _ok(*gloo_ranks(nranks, "td_collectives_worker.py", out, timeout=300))
@@ -103,6 +106,7 @@ def test_every_collective_equals_gloo(nranks, tmp_path):
     assert report["cases"] >= 35
 
 
+@pytest.mark.slow
 def test_gossip_and_allreduce_hooks_inside_ddp(tmp_path):
     out = tmp_path / "report.json"
     _ok(*gloo_ranks(4, "td_hooks_worker.py", out, timeout=400))

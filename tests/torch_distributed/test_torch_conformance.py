@@ -108,6 +108,7 @@ def _suite(tmp_path, name, cases, exact, **env):
     return _finish(_start(tmp_path, name, cases, exact, **env))
 
 
+@pytest.mark.slow
 def test_pytorch_distributed_suite_selection(tmp_path):
     report = _suite(tmp_path, "commrt", CASES, exact=True)
     assert report["failed"] == {}, json.dumps(report["failed"], indent=1)[:4000]

@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CASE = "cpu-1MB-resnet50-copy"
 
@@ -21,6 +23,7 @@ def _bench_as(rank: int, out) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_only_rank_0_writes_the_json_report(tmp_path):
     out = tmp_path / "report.json"
     # a rank other than 0 writes nothing and prints nothing (pytest-benchmark before 5.3

@@ -15,6 +15,7 @@ import textwrap
 import time
 
 import gpu_check as G  # tools/ is on sys.path (tests/conftest.py)
+import pytest
 
 REPO = os.path.dirname(G.TOOLS)
 
@@ -275,6 +276,7 @@ def test_the_gpu_tests_come_first_in_a_short_budget(tmp_path):
         assert want - 2 < got <= want, (budget, got)
 
 
+@pytest.mark.slow
 def test_a_test_file_killed_at_its_limit_says_how_to_give_it_more(tmp_path):
     slow = tmp_path / "test_slow.py"
     slow.write_text("import time\n\ndef test_slow():\n    time.sleep(60)\n")
@@ -315,6 +317,7 @@ def test_a_pytest_that_crashes_after_a_pass_fails_its_row_with_the_log_tail(tmp_
     assert "Fatal Python error: Segmentation fault" in tail, tail
 
 
+@pytest.mark.slow
 def test_a_step_killed_at_its_limit_takes_its_whole_group_and_keeps_its_output(tmp_path):
     """A benchmark's ranks are the step's children's children: killed with it, never left
     running into the next step; what the step printed before is kept."""

@@ -32,6 +32,7 @@ def depth(rows, cols, direct):
 
 
 @pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.slow
 def test_every_grid_and_segment_count_is_a_correct_all_reduce(direct):
     for p in list(range(1, 17)) + [24, 36]:
         for rows, cols in grids(p):

@@ -5,9 +5,11 @@ rank's output with its Python stacks, and each output saved where COMMRT_TEST_LO
 import signal
 import time
 
+import pytest
 from helpers.mp import GlooJob
 
 
+@pytest.mark.slow
 def test_a_hung_job_ends_with_each_ranks_stacks_and_its_outputs_saved(tmp_path, monkeypatch):
     monkeypatch.setenv("COMMRT_TEST_LOGS", str(tmp_path))
     job = GlooJob("hang_worker.py", [], 2)
