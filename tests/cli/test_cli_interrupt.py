@@ -65,7 +65,6 @@ def _group(pgid: int) -> list[int]:
 @pytest.mark.parametrize(
     "backend,marker,after_s",
     [
-        ("gloo", "starting 2 ranks", 0.0),  # the launcher may still be starting them
         ("gloo", "starting 2 ranks", 1.0),  # the ranks are importing torch
         ("gloo", "epoch 1/300", 0.3),  # mid-step: in the backward's hooks or a wait
         *(
@@ -112,6 +111,17 @@ def test_a_signal_to_the_launcher_alone_stops_every_rank(backend, sig):
     assert err.strip().splitlines()[-1:] == [f"commrt: got {sig.name}; stopped the job"], err
     assert took < 15, took
     assert left == [], f"processes of the job still running: {left}"
+
+
+def test_a_ctrl_c_before_the_launcher_supervises_leaves_the_same_line(monkeypatch, capsys):
+    """Interrupted while it starts (before it supervises the ranks), the launcher says
+    what it says when it supervises: it printed only 'commrt: interrupted'."""
+    from commrt.cli import launch
+
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "WORLD_SIZE", launch.CHILD_ENV):
+        monkeypatch.delenv(var, raising=False)
+    assert launch.interrupted() == 130
+    assert capsys.readouterr().err.strip() == STOPPED
 
 
 def test_the_line_a_ctrl_c_leaves_is_the_one_the_quick_start_promises():
