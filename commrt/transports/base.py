@@ -139,6 +139,12 @@ class Transport(abc.ABC):
     #: True where a receive can be tested without blocking (MPI): a closing rank's
     #: farewell then travels as a message; elsewhere through the store (commrt.runtime.departures)
     pollable: bool = False
+    #: True where a wait whose deadline has already passed only tests the operation (an
+    #: MPI_Test; shm's and cuda_ipc's host counters: cuda_ipc issues a receive's copy only
+    #: once the data was sent): it neither blocks nor breaks anything, so a waiter may poll,
+    #: and a message may stay travelling past a deadline of the caller's (gossip's). NCCL's
+    #: posted receive holds its stream until the data comes and cannot be withdrawn
+    testable: bool = False
     #: True for a replacement process that rejoined a running job (:class:`GlooRejoined`):
     #: the job's group does not reach it, only groups made after it came back do
     rejoined: bool = False
@@ -258,6 +264,7 @@ class Forwarding(Transport):
     name = property(lambda self: self.inner.name)
     stream_ordered = property(lambda self: self.inner.stream_ordered)
     pollable = property(lambda self: self.inner.pollable)
+    testable = property(lambda self: self.inner.testable)
     rejoined = property(lambda self: self.inner.rejoined)
     waits_break_on_timeout = property(lambda self: self.inner.waits_break_on_timeout)
     store = property(lambda self: self.inner.store)

@@ -93,13 +93,20 @@ class Link:
 
 
 class Message:
-    """One send or receive: its memory, how many pieces are issued, the last slot used."""
+    """One send or receive: its tensor, how many pieces are issued, the last slot used.
 
-    __slots__ = ("ptr", "nbytes", "pieces", "issued", "last")
+    The message holds its tensor, so memory a queued piece will copy cannot be freed
+    and reused before the piece is issued (a caller may drop the tensor as soon as the
+    call returns: gossip's late letters, a cancelled exchange). Once issued, the
+    stream's copy is covered by ``begin`` (``record_stream`` on CUDA), and on the
+    stand-in by the host waits; the pending exchange holds the message until then."""
+
+    __slots__ = ("tensor", "ptr", "nbytes", "pieces", "issued", "last")
 
     def __init__(self, t: torch.Tensor, slot_bytes: int):
         if not t.is_contiguous():
             raise ValueError(f"cuda_ipc moves contiguous tensors only; got strides {t.stride()}")
+        self.tensor = t
         self.ptr, self.nbytes = t.data_ptr(), t.numel() * t.element_size()
         self.pieces = max(1, -(-self.nbytes // slot_bytes))
         self.issued, self.last = 0, -1
@@ -133,6 +140,7 @@ class CudaIpcTransport(Transport):
 
     name = "cuda_ipc"
     stream_ordered = True
+    testable = True
     progress_in_calls = True
     # device work cannot be withdrawn: a wait that times out breaks the transport
     waits_break_on_timeout = True

@@ -100,6 +100,7 @@ class MpiTransport(Transport):
 
     name = "mpi"
     pollable = True
+    testable = True
     progress_in_calls = True
     meets_through_mpi = True
 

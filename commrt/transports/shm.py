@@ -136,6 +136,7 @@ class ShmTransport(Transport):
 
     name = "shm"
     pollable = True
+    testable = True
     adds_on_receive = True
     #: the store the ranks met through (the stall watch meets there too); set by connect()
     store = None

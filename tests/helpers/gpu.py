@@ -99,3 +99,12 @@ def check_gradsync(report: dict) -> None:
             assert isinstance(got, dict) and got["vs rank 0"] == 0.0, (name, wire, got)
             assert got.get("vs float64", 0.0) < tol, (name, wire, got)
         assert report[f"overlap ring {wire}"] is True, report
+
+
+def check_deadline(report: dict) -> None:
+    """ipc_worker.py gradsync's gossip with a deadline, its ranks late in turn: the ranks
+    agree after averaging, some messages were late, none lost, and over every rank what
+    was computed is what was applied plus what was held at close."""
+    got = report["gossip deadline float32"]
+    assert isinstance(got, dict) and got["vs rank 0"] == 0.0, got
+    assert got["late"] > 0 and got["lost"] == 0 and got["accounting"] < 1e-6, got

@@ -37,6 +37,7 @@ def _load(tmp_path, ranks):
         (4, "sync"),
         (4, "dissemination"),
         pytest.param(4, "mpi", marks=pytest.mark.mpi),
+        (4, "cuda_ipc"),
         (8, "sync"),
         (8, "async"),
     ],

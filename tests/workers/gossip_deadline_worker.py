@@ -6,7 +6,8 @@ Every rank computes integer-valued gradients (distinct per rank, step and
 element) on a model whose learning rate is 0, so the gradients stay exact.
 Before each step a rank sleeps a random delay drawn per (rank, step): mostly
 none, sometimes several deadlines long. ``MODE``: ``sync``, ``mpi`` (sync, over
-MPI: run under mpiexec), ``async`` (asynchronous gossip), ``dissemination``, ``kill`` (training steps with lr > 0;
+MPI: run under mpiexec), ``cuda_ipc`` (sync, over ``cuda_ipc`` on the strict CPU
+stand-in device, slots of 4 KiB: every message spans several), ``async`` (asynchronous gossip), ``dissemination``, ``kill`` (training steps with lr > 0;
 rank 1 kills itself with SIGKILL KILL_AFTER_MS after it started its first step,
 wherever it is then) or ``plain`` (the same training with plain gossip: no
 deadline, no delays, no death, the reference for the disagreement).
@@ -28,6 +29,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from helpers.gossip import gossip_model, gossip_targets  # noqa: E402
+from helpers.ipc_standin import StandInDevice  # noqa: E402
 
 import commrt  # noqa: E402
 from commrt.algorithms import Gossip  # noqa: E402
@@ -56,8 +58,17 @@ def delay(rank: int, step: int) -> float:
     return r.choice([0.0] * 6 + [2 * DEADLINE_S, 5 * DEADLINE_S])
 
 
+def connect(mode: str) -> commrt.Communicator:
+    """The mode's communicator: MPI, ``cuda_ipc`` on the stand-in device, or gloo."""
+    if mode == "cuda_ipc":
+        os.environ["COMMRT_CUDA_IPC_SLOT_BYTES"] = "4096"
+        dev = StandInDevice(seed=int(os.environ["RANK"]))
+        return commrt.init("cuda_ipc", ipc_device=dev, timeout=120, stall_s=0)
+    return commrt.init("mpi" if mode == "mpi" else "gloo", timeout=120)
+
+
 def main(out_dir: str, mode: str, steps: int, kill_after_ms: int = -1) -> None:
-    comm = commrt.init("mpi" if mode == "mpi" else "gloo", timeout=120)
+    comm = connect(mode)
     alg = Gossip(
         topology="dissemination" if mode == "dissemination" else "hypercube",
         rotate=True,

@@ -93,6 +93,10 @@ def _err(t, ref) -> float:
 
 
 STEPS = 3
+#: gossip's deadline (seconds), and how long a rank is away on its late steps (every
+#: other step, alternating between ranks): its partners go on without its message, which
+#: lands and is applied at a later step (or held at close)
+DEADLINE_S, LATE_S = 0.05, 0.3
 
 
 class _Slow(torch.autograd.Function):
@@ -156,7 +160,7 @@ def _algorithms(p):
         "ring": Ring(),
         "torus2d": Torus2D(rows=2, cols=p // 2) if p % 2 == 0 else Torus2D(),
         "gossip": Gossip(),
-        "gossip deadline": Gossip(deadline_s=60.0),
+        "gossip deadline": Gossip(deadline_s=DEADLINE_S),
         "backup": BackupWorkers(backups=1),
     }
 
@@ -166,13 +170,28 @@ def _train(comm, alg, wire, trace):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sync = commrt.GradientSync(model, comm, algorithm=alg, bucket_mb=0.1, first_bucket_mb=0.01,
                                comm_dtype=wire, trace=trace)  # fmt: skip
+    late = getattr(alg, "deadline_s", None) is not None
     for s in range(STEPS):
+        if late and (s + comm.rank) % 2:
+            time.sleep(LATE_S)
         x, y = _batch(s, comm.rank, comm.device)
         torch.nn.functional.mse_loss(model(x), y).backward()
         sync.step(opt)
     overlapped = _overlapped(sync.tracer) if trace else None
     sync.close()
-    return model, overlapped
+    return model, overlapped, _account(comm, sync.policy.ledger) if late else None
+
+
+def _account(comm, ledger) -> dict:
+    """Gossip with a deadline's ledger over every rank: what was computed against what
+    was applied plus what was held at close (relative), and how many messages were late."""
+    sums = torch.tensor([ledger.computed, ledger.applied, ledger.unapplied, ledger.late,
+                         ledger.lost + ledger.lost_sends], dtype=torch.float64,
+                        device=comm.device)  # fmt: skip
+    commrt.all_reduce(sums, comm)
+    computed, applied, unapplied, late, lost = sums.tolist()
+    return {"accounting": abs(computed - applied - unapplied) / abs(computed), "late": late,
+            "lost": lost}  # fmt: skip
 
 
 def gradsync(out):
@@ -189,7 +208,7 @@ def gradsync(out):
         alg = _algorithms(p)[name]
         key = f"{name} {str(wire).split('.')[1]}"
         try:
-            model, overlapped = _train(comm, alg, wire, trace=name == "ring")
+            model, overlapped, account = _train(comm, alg, wire, trace=name == "ring")
             if name.startswith("gossip"):
                 commrt.average_parameters(model, comm)
             flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
@@ -198,6 +217,8 @@ def gradsync(out):
             report[key] = {"vs rank 0": (flat - zero).abs().max().item()}
             if name in ("ring", "torus2d"):
                 report[key]["vs float64"] = _err(flat, ref) / ref.abs().max().item()
+            if account is not None:
+                report[key].update(account)
             if overlapped is not None:
                 report[f"overlap {key}"] = overlapped
         except Exception as e:  # noqa: BLE001 (the report names it)

@@ -44,6 +44,17 @@ in the ledger as ``unapplied``, with the asynchronous mode's last own ½.
 then satisfies, summed over ranks, ``computed == applied + unapplied``
 exactly when ``lost == 0``.
 
+**On a device stream** (``cuda_ipc``; ``transport.testable``): a letter
+lands once its copies are *issued* on the transport's stream, which the
+transport does only after the sender's host posted the piece, so a late
+message never holds the stream. Each posting orders the transport's
+stream after the caller's writes to its buffers (the exchange's ``begin``),
+and every landed buffer is read or reused only after ``end`` ordered the
+caller's stream after those copies. A rank whose process died breaks the
+transport (device copies cannot be withdrawn): survivors' next call names
+it, rather than training on. NCCL is refused: its posted receive holds the
+stream until the data comes.
+
 **Memory**: one send and one receive buffer per bucket per message in
 flight (a straggler's partners hold their messages to it until it takes
 them), reused once free.
@@ -78,11 +89,12 @@ class DeadlineGossipPolicy(Policy):
         alg = self.algorithm
         self.world_size, self.rank = comm.world_size, comm.rank
         alg.period_length(self.world_size)  # a hypercube on a bad p raises on every rank
-        if comm.transport.stream_ordered:
+        if comm.transport.stream_ordered and not comm.transport.testable:
             raise ValueError(
                 f"Gossip(deadline_s=...) needs a transport that can leave a message "
-                f"travelling (gloo, mpi), not {comm.transport.name}: a device stream (nccl, "
-                f"cuda_ipc) cannot cancel a transfer; use Gossip() without a deadline there"
+                f"travelling (gloo, mpi, shm, cuda_ipc), not {comm.transport.name}: its "
+                f"posted receive holds the device stream until the data comes and cannot "
+                f"be withdrawn; use Gossip() without a deadline there"
             )
         if len(ctx.buffers) > tags.GOSSIP_BUCKETS:
             raise ValueError(
@@ -180,7 +192,7 @@ class DeadlineGossipPolicy(Policy):
         keep = []
         for letter in inbox:
             if letter.state == ARRIVED and letter.step + self._lag <= step:
-                buf.add_(letter.buf)
+                buf.add_(self._landed(letter))
                 self._count_applied(step, letter)
                 self._spares[bucket].append(letter.buf)
             elif letter.state == FAILED:
@@ -200,6 +212,13 @@ class DeadlineGossipPolicy(Policy):
             ledger.late += 1
         self.clock.observe(letter.latency)
 
+    def _landed(self, letter: Letter) -> torch.Tensor:
+        """``letter``'s buffer, with the caller's later work ordered after the transport's
+        copies into or out of it (a device stream's, on cuda_ipc; nothing elsewhere): a
+        landed letter's copies were all issued before it was marked landed."""
+        self.ctx.comm.transport.end(letter.buf)
+        return letter.buf
+
     def _spare(self, bucket: int, like: torch.Tensor) -> torch.Tensor:
         spares = self._spares[bucket]
         return spares.pop() if spares else torch.empty_like(like)
@@ -213,7 +232,7 @@ class DeadlineGossipPolicy(Policy):
                 continue
             if letter.state == FAILED:
                 self.ledger.lost_sends += 1
-            self._spares[letter.bucket].append(letter.buf)
+            self._spares[letter.bucket].append(self._landed(letter))
         self._outbox = still
 
     def apply(self, optimizer: torch.optim.Optimizer) -> int:
@@ -285,7 +304,7 @@ class DeadlineGossipPolicy(Policy):
             for letter in box:
                 if letter.state == ARRIVED:
                     self.ledger.received += 1
-                    self.ledger.hold(bucket, letter.buf)
+                    self.ledger.hold(bucket, self._landed(letter))
                 else:
                     self.ledger.lost += 1
             box.clear()

@@ -45,9 +45,11 @@ class GossipLedger:
     staleness: Counter = field(default_factory=Counter)
 
     def hold(self, bucket: int, buf: torch.Tensor) -> None:
-        """``buf`` stays unapplied at close (it counts under ``unapplied``)."""
-        add = buf.to(torch.float64)
-        self.unapplied_buckets[bucket] += add
+        """``buf`` (on any device) stays unapplied at close (it counts under ``unapplied``,
+        summed in float64 where the ledger keeps its sums: on the host)."""
+        held = self.unapplied_buckets[bucket]
+        add = buf.to(device=held.device, dtype=torch.float64)
+        held += add
         self.unapplied += float(add.sum())
 
     def as_dict(self) -> dict:

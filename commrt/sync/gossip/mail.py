@@ -19,9 +19,13 @@ sends one peer's letters over such a group (by its number there); the
 others keep the communicator's transport.
 
 Each posting is one :class:`~commrt.schedule.p2p.Exchange`, started under
-the communicator's lock. On MPI (``transport.pollable``) the waiter polls under the communicator's
-lock instead, a test every half millisecond. NCCL cannot cancel or poll a
-transfer and is refused by the policy.
+the communicator's lock. Where a wait can be a mere test
+(``transport.testable``: MPI, shm, ``cuda_ipc``) the waiter polls under the
+communicator's lock instead, a test every half millisecond. On ``cuda_ipc`` a
+test issues a receive's device copy only once the sender's host posted the
+piece, so a late message holds no stream: it is issued when it comes.
+NCCL's posted receive holds its stream until its data comes and cannot be
+withdrawn: the policy refuses it.
 """
 
 from __future__ import annotations
@@ -182,7 +186,7 @@ class Postbox:
         deadline = time.monotonic() + self.timeout_s
         wait = ex.recv_landed if kind == "recv" else ex.send_landed
         try:
-            if not self.transport.pollable:
+            if not self.transport.testable:
                 return wait(i, deadline), None
             while True:
                 with self.comm.lock:
