@@ -31,6 +31,10 @@ From the repository root, on a machine with a CUDA GPU (step 5 of
   rank 0, the median of 5 timed blocks, each ended by a synchronisation (the bytes moved are
   nothing, so this is the executor and the transport's host work per step),
   beside the goal of 15 µs.
+* ``test_all_reduce_gbs_over_cuda_ipc``: the same two ranks, a ring all-reduce
+  (AVG, fp32) of 1, 4, 16 and 64 MB: GB/s (the tensor's bytes over the wall
+  time per call, median of 5 blocks) against ``Tensor.copy_`` of the same
+  bytes on rank 0 alone (the GPU's copy bandwidth, counted the same way).
 
 Not here, and reported as such by tools/gpu_check.py: a bucket's schedule
 replayed as one CUDA graph (not built in the library). Every case is skipped
@@ -44,6 +48,7 @@ import queue
 import socket
 import statistics
 import time
+from functools import partial
 
 import pytest
 import torch
@@ -53,6 +58,8 @@ from cuda_timing import host_seconds
 PACK_GOAL_US, REDUCE_GOAL_US, IPC_STEP_GOAL_US = 8.0, 6.0, 15.0
 #: timed blocks of calls in each cuda_ipc rank (the figure is the median block's)
 IPC_BLOCKS = 5
+#: all-reduce sizes over cuda_ipc (MB) -> calls per timed block
+IPC_MB = {1: 40, 4: 20, 16: 10, 64: 5}
 #: goals of a step over the plain step, and of DDP on commrt over DDP on NCCL
 STEP_GOALS = {"sync fp32": 1.01, "sync bf16": 1.03, "ddp commrt": 1.02}
 #: tensor count -> (bench_kernels layout, bucket MB) that holds that many tensors
@@ -229,34 +236,48 @@ def test_step_at_one_rank(benchmark, record_bandwidth, tmp_path):
         record_bandwidth(benchmark.group, k, "25.6M", **cols)
 
 
-def ipc_rank(rank: int, n: int, port: int, calls: int, q, make_device=None) -> None:
-    """(A spawned rank.) :data:`IPC_BLOCKS` blocks of ``calls`` ring all-reduces of 64
-    floats over ``cuda_ipc``, each timed, after a warm-up; rank 0 puts (the median
-    block's µs per step, steps) on ``q``, any rank its error.
-    ``make_device``: a factory of the transport's device (a CPU stand-in); default the GPU."""
+def ipc_comm(rank: int, n: int, port: int, make_device=None):
+    """(In a spawned rank.) A ``cuda_ipc`` communicator of ``n`` ranks meeting at ``port``;
+    ``make_device``: a factory of the transport's device (a CPU stand-in), default the GPU."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
+    import commrt
+
+    dev = make_device() if make_device else None
+    return commrt.init("cuda_ipc", ipc_device=dev, timeout=120, stall_s=0)
+
+
+def blocks_median(call, calls: int, comm) -> float:
+    """Seconds per ``call()``: the median of :data:`IPC_BLOCKS` blocks of ``calls`` calls,
+    each block started together on every rank and ended by a synchronisation."""
+    sync = torch.cuda.synchronize if comm.device.type == "cuda" else (lambda: None)
+    blocks = []
+    for _ in range(IPC_BLOCKS):
+        sync()
+        comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync()
+        blocks.append((time.perf_counter() - t0) / calls)
+    return statistics.median(blocks)
+
+
+def ipc_rank(rank: int, n: int, port: int, q, calls: int, make_device=None) -> None:
+    """(A spawned rank.) :func:`blocks_median` of ``calls`` ring all-reduces of 64 floats
+    over ``cuda_ipc``, after a warm-up; rank 0 puts (µs per step, steps) on ``q``, any
+    rank its error."""
     try:
         import commrt
         from commrt.algorithms import resolve
 
-        dev = make_device() if make_device else None
-        comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=120, stall_s=0)
+        comm = ipc_comm(rank, n, port, make_device)
         x = torch.ones(64, device=comm.device)
-        sync = torch.cuda.synchronize if comm.device.type == "cuda" else (lambda: None)
         for _ in range(20):
             commrt.all_reduce(x, comm, algorithm="ring", op="sum")
-        blocks = []
-        for _ in range(IPC_BLOCKS):
-            sync()
-            comm.barrier()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                commrt.all_reduce(x, comm, algorithm="ring", op="sum")
-            sync()
-            blocks.append((time.perf_counter() - t0) / calls)
-        seconds = statistics.median(blocks)
+        seconds = blocks_median(lambda: commrt.all_reduce(x, comm, algorithm="ring", op="sum"),
+                                calls, comm)  # fmt: skip
         steps = resolve("ring").schedule(n).num_steps
         comm.close()
         if rank == 0:
@@ -265,8 +286,46 @@ def ipc_rank(rank: int, n: int, port: int, calls: int, q, make_device=None) -> N
         q.put(repr(e))
 
 
-def run_ipc_ranks(n: int = 2, calls: int = 500, make_device=None, timeout: float = 90):
-    """(µs per step, steps) of rank 0 of ``n`` spawned :func:`ipc_rank` processes."""
+def ipc_bandwidth_rank(rank: int, n: int, port: int, q, sizes: dict, make_device=None) -> None:
+    """(A spawned rank.) Per size in ``sizes`` (MB -> calls per block): seconds per ring
+    all-reduce (AVG, fp32) over ``cuda_ipc``, and, on rank 0 alone while the others wait,
+    seconds per ``Tensor.copy_`` of the same bytes; rank 0 puts {MB: (all-reduce s,
+    copy s)} on ``q``, any rank its error."""
+    try:
+        import commrt
+
+        comm = ipc_comm(rank, n, port, make_device)
+        got = {}
+        for mb, calls in sizes.items():
+            x = torch.ones(mb * MB // 4, device=comm.device)
+            reduce = partial(commrt.all_reduce, x, comm, algorithm="ring", op="avg")
+            for _ in range(3):
+                reduce()
+            seconds = blocks_median(reduce, calls, comm)
+            y = torch.empty_like(x)
+            copy = blocks_median(partial(y.copy_, x), calls, _Alone(comm)) if rank == 0 else 0.0
+            comm.barrier()
+            got[mb] = (seconds, copy)
+        comm.close()
+        if rank == 0:
+            q.put(got)
+    except Exception as e:  # reported by the benchmark
+        q.put(repr(e))
+
+
+class _Alone:
+    """A communicator's device, with a barrier of one rank (rank 0 times alone)."""
+
+    def __init__(self, comm):
+        self.device = comm.device
+
+    def barrier(self) -> None:
+        pass
+
+
+def run_ipc_ranks(target=ipc_rank, *args, n: int = 2, make_device=None, timeout: float = 90):
+    """What rank 0 of ``n`` spawned ``target(rank, n, port, q, *args, make_device)``
+    processes put on its queue (:func:`ipc_rank`, :func:`ipc_bandwidth_rank`)."""
     import torch.multiprocessing as mp
 
     with socket.socket() as sock:
@@ -274,7 +333,7 @@ def run_ipc_ranks(n: int = 2, calls: int = 500, make_device=None, timeout: float
         port = sock.getsockname()[1]
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=ipc_rank, args=(r, n, port, calls, q, make_device))
+    procs = [ctx.Process(target=target, args=(r, n, port, q, *args, make_device))
              for r in range(n)]  # fmt: skip
     for p in procs:
         p.start()
@@ -296,7 +355,19 @@ def test_executor_step_over_cuda_ipc(benchmark, record_bandwidth):
     got = []
     benchmark.group = "executor per step over cuda_ipc, 2 ranks on one GPU"
     # one launch (the ranks' start-up is seconds); the blocks are timed in the ranks
-    benchmark.pedantic(lambda: got.append(run_ipc_ranks()), rounds=1, iterations=1)
+    benchmark.pedantic(lambda: got.append(run_ipc_ranks(ipc_rank, 500)), rounds=1, iterations=1)
     us, steps = got[0]
     benchmark.extra_info.update(us_step=us, steps=steps, goal_us=IPC_STEP_GOAL_US)
     record_bandwidth(benchmark.group, "ring p=2", "256B", us_step=us, goal=IPC_STEP_GOAL_US)
+
+
+def test_all_reduce_gbs_over_cuda_ipc(benchmark, record_bandwidth):
+    got = []
+    benchmark.group = "all-reduce over cuda_ipc, 2 ranks on one GPU"
+    run = lambda: got.append(run_ipc_ranks(ipc_bandwidth_rank, IPC_MB))  # noqa: E731
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    for mb, (seconds, copy) in got[0].items():
+        gbs, copy_gbs = mb * MB / seconds / 1e9, mb * MB / copy / 1e9
+        benchmark.extra_info[f"{mb}MB"] = {"GB/s": gbs, "copy GB/s": copy_gbs}
+        record_bandwidth(benchmark.group, "ring avg fp32", f"{mb}MB", GB_s=gbs,
+                         copy_GB_s=copy_gbs, of_copy=gbs / copy_gbs)  # fmt: skip

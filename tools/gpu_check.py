@@ -13,9 +13,12 @@ such. The GPU tests come first: a short budget leaves the benchmark steps
 what the tests do not use. Each step runs in a child process of its own
 session (killed as a group: no rank of a step runs on into the next) with
 ``TRITON_INTERPRET`` removed. Each row is written to ``summary.txt`` under
-``--out`` as soon as it is known, and every rank job's output to
-``ranks/`` there (a hung rank's ends in its Python stacks), so that a run
-cut short still leaves its evidence:
+``--out`` as soon as it is known; every log (each test file's, every rank
+job's output under ``ranks/``: a hung rank's ends in its Python stacks)
+goes to ``--logs`` (a new temporary folder unless named), packed into
+``--out``'s ``gpu_check_logs.tar.gz`` after every step, so that a run cut
+short still leaves its evidence. ``--out`` holds only :data:`OUT_FILES`
+(the lent GPU machine gives back at most 8 files):
 
 1. what is installed: Python, torch and its CUDA, the GPU, Triton, cupy,
    NCCL, and whether the cupy matches ``torch.version.cuda`` (the extra to
@@ -26,7 +29,7 @@ cut short still leaves its evidence:
    else ``pip install --no-build-isolation --no-deps --no-index -e .``
    (offline; the build uses the installed setuptools); if that fails, a
    path-based import that needs nothing installed: a folder of links under
-   ``--out`` that maps ``kernels/`` and ``algorithms/`` to
+   ``--logs`` that maps ``kernels/`` and ``algorithms/`` to
    ``commrt.kernels`` and ``commrt.algorithms`` (``package-dir`` does that
    for an install), first on every child's ``PYTHONPATH``; then one child
    compiles the kernels (each wire dtype, a few sizes), so that the ranks of
@@ -83,6 +86,8 @@ import os
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import tomllib
 from collections import Counter
@@ -124,8 +129,12 @@ LIMITS = {
 BUDGET_S = 420
 #: the file under --out that holds the table's rows as soon as each is known
 SUMMARY = "summary.txt"
-#: where every rank job's output is saved (the tests' helpers.mp.LOGS_ENV), under --out
+#: where every rank job's output is saved (the tests' helpers.mp.LOGS_ENV), under --logs
 RANK_LOGS_ENV, RANK_LOGS = "COMMRT_TEST_LOGS", "ranks"
+#: the archive of --logs under --out, rewritten after every step
+LOGS_ARCHIVE = "gpu_check_logs.tar.gz"
+#: every file --out holds: the rows, the two benchmarks' tables, the logs' archive
+OUT_FILES = (SUMMARY, "gpu_check_bench.txt", "gpu_check_hotpath.txt", LOGS_ARCHIVE)
 #: lines of a crashed pytest's log shown in its row's file
 CRASH_TAIL = 40
 #: the hot path's measurements that have nothing to run yet: (row, why)
@@ -298,10 +307,11 @@ def bench_result(tests: dict[str, dict], log: str = "gpu_check_bench.txt") -> tu
 
 
 class Steps:
-    """The environment every child starts with, and the time left to them."""
+    """The environment every child starts with, the time left to them, and where their
+    files go: tables under ``out``, logs under ``logs`` (``out`` itself unless named)."""
 
-    def __init__(self, out: str, budget: float):
-        self.out = out
+    def __init__(self, out: str, budget: float, logs: str | None = None):
+        self.out, self.logs = out, logs or out
         self.deadline = time.monotonic() + budget
         self.extra: dict[str, str] = {}  # what the import step added (path-based import)
         self.given: dict[str, float] = {}  # seconds each step was given
@@ -313,6 +323,17 @@ class Steps:
         rest = os.environ.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join(paths + ([rest] if rest else []))
         return env
+
+    def pack(self) -> None:
+        """Write ``logs`` (but the import's links) to :data:`LOGS_ARCHIVE` under ``out``,
+        replacing the last one whole: a run cut short leaves a readable archive."""
+        if os.path.abspath(self.logs) == os.path.abspath(self.out):
+            return
+        path = os.path.join(self.out, LOGS_ARCHIVE)
+        with tarfile.open(path + ".part", "w:gz") as tar:
+            tar.add(self.logs, arcname="gpu_check_logs",
+                    filter=lambda t: None if LINKS in t.name.split("/") else t)  # fmt: skip
+        os.replace(path + ".part", path)
 
     def limit(self, step: str) -> float:
         """Seconds ``step`` may run: its own limit, or what is left of the budget if less.
@@ -457,11 +478,15 @@ def pip_install(steps: Steps) -> tuple[bool, str]:
     return code == 0, (out.strip().splitlines() or ["?"])[-1]
 
 
+#: the folder of links of the path-based import, under --logs
+LINKS = "gpu_check_import"
+
+
 def link_farm(out: str) -> str:
     """A folder holding ``commrt/``: links to every entry of this tree's commrt/, plus each
     folder that package-dir maps under it (``kernels`` as commrt.kernels). Returns the
     folder to put on PYTHONPATH."""
-    top = os.path.join(os.path.abspath(out), "gpu_check_import")
+    top = os.path.join(os.path.abspath(out), LINKS)
     pkg = os.path.join(top, "commrt")
     os.makedirs(pkg, exist_ok=True)
     links = {e: os.path.join(ROOT, "commrt", e) for e in os.listdir(os.path.join(ROOT, "commrt"))}
@@ -492,7 +517,7 @@ def import_step(steps: Steps, how: str) -> str:
             return row("import commrt", FAILED, why)
     # the links: PYTHONSAFEPATH keeps the tree itself (the working directory) off sys.path,
     # where its commrt/ would come first and lack commrt.kernels
-    steps.extra = {"PYTHONPATH": link_farm(steps.out), "PYTHONSAFEPATH": "1"}
+    steps.extra = {"PYTHONPATH": link_farm(steps.logs), "PYTHONSAFEPATH": "1"}
     ok, why = imports_from_here(steps)
     if ok:
         return row("import commrt", PASSED, "path-based, nothing installed")
@@ -551,13 +576,13 @@ def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], lis
     procs = []
     for f in files:
         stem = os.path.splitext(os.path.basename(f))[0]
-        results = os.path.join(steps.out, f"gpu_check_{stem}.jsonl")
+        results = os.path.join(steps.logs, f"gpu_check_{stem}.jsonl")
         if os.path.exists(results):
             os.remove(results)
-        log = open(os.path.join(steps.out, f"gpu_check_{stem}.txt"), "w")
+        log = open(os.path.join(steps.logs, f"gpu_check_{stem}.txt"), "w")
         cmd = [sys.executable, "-m", "pytest", f, "-q", "-rA", "-p", "gpu_check"]
         cmd += ["-p", "no:cacheprovider"]
-        logs = os.path.join(steps.out, RANK_LOGS)
+        logs = os.path.join(steps.logs, RANK_LOGS)
         env = steps.env(**{RESULTS_ENV: results, RANK_LOGS_ENV: logs})
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # fmt: skip
@@ -613,7 +638,7 @@ BENCHES = {
 def run_bench(steps: Steps, step: str = "bench") -> tuple[str, str]:
     """The CUDA cases of ``step``'s benchmark file (:data:`BENCHES`); (result, detail)."""
     path, stem = BENCHES[step]
-    results, log = os.path.join(steps.out, f"{stem}.jsonl"), f"{stem}.txt"
+    results, log = os.path.join(steps.logs, f"{stem}.jsonl"), f"{stem}.txt"
     if os.path.exists(results):
         os.remove(results)
     cmd = [sys.executable, "-m", "pytest", path, "-m", "gpu", "-rs"]
@@ -691,14 +716,16 @@ class Summary:
     short, or a machine taken back, still leaves what it found), and the whole table
     written over it at the end."""
 
-    def __init__(self, out: str):
-        self.path = os.path.join(out, SUMMARY)
+    def __init__(self, out: str, after=lambda: None):
+        self.path, self.after = os.path.join(out, SUMMARY), after
         with open(self.path, "w") as f:
             f.write(f"commrt GPU check, rows as they come ({time.strftime('%H:%M:%S')})\n")
 
     def note(self, *rows: str) -> list[str]:
+        """Append ``rows``, then call ``after`` (the logs' archive follows each step)."""
         with open(self.path, "a") as f:
             f.write("".join(r + "\n" for r in rows))
+        self.after()
         return list(rows)
 
     def final(self, lines: list[str]) -> None:
@@ -710,7 +737,10 @@ def check(a) -> tuple[list[str], int]:
     """Run every step; the table's lines and the exit status."""
     start = time.monotonic()
     os.makedirs(a.out, exist_ok=True)
-    steps, table = Steps(a.out, a.budget), Summary(a.out)
+    logs = a.logs or tempfile.mkdtemp(prefix="gpu_check_logs-")
+    os.makedirs(logs, exist_ok=True)
+    steps = Steps(a.out, a.budget, logs)
+    table = Summary(a.out, after=steps.pack)
     note = table.note
     rule = "-" * WIDTH
     lines = ["=" * WIDTH, row("commrt GPU check", "result", "detail"), rule]
@@ -744,9 +774,11 @@ def check(a) -> tuple[list[str], int]:
     results += [result_of(ln) for ln in summary]
     status = exit_status(results)
     verdict = {0: PASSED, 1: FAILED, 2: NOT_RUN}[status]
-    lines += [rule, row("result", verdict, f"exit {status}, {time.monotonic() - start:.0f} s")]
+    lines += [rule, row("logs", "info", f"{LOGS_ARCHIVE}; unpacked: {logs}")]
+    lines.append(row("result", verdict, f"exit {status}, {time.monotonic() - start:.0f} s"))
     lines.append("=" * WIDTH)
     table.final(lines)
+    steps.pack()
     return lines, status
 
 
@@ -754,7 +786,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     # the device machine brings back only what is written under $OUT
     out = os.environ.get("OUT") or os.path.join("out", "gpu_check")
-    ap.add_argument("--out", default=out, help="folder for logs (default: $OUT, else %(default)s)")
+    ap.add_argument("--out", default=out,
+                    help="folder for the table and the logs' archive (default: $OUT, else "
+                    "%(default)s)")  # fmt: skip
+    ap.add_argument("--logs", help="folder for every log, packed into --out after each step "
+                    "(default: a new temporary folder)")  # fmt: skip
     ap.add_argument("--budget", type=float, default=BUDGET_S,
                     help="seconds for the whole check (default: %(default)s)")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="no benchmark; one bucket size")

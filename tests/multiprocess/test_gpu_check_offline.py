@@ -24,7 +24,9 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 
+import gpu_check as G  # tools/ is on sys.path (tests/conftest.py)
 import pytest
 import torch
 
@@ -106,6 +108,7 @@ def test_the_check_runs_offline_from_a_copy_and_says_why_it_stops(tmp_path):
     assert "No module named 'commrt'" in _where(python, env, str(tmp_path))  # still nothing
 
     # the whole check: pip installs from the copy, offline; every GPU step says why it stops
+    out = str(tmp_path / "back")  # what the lent machine gives back: at most 8 files
     proc = subprocess.run(
         [python, "tools/gpu_check.py", "--out", out],
         cwd=tree,
@@ -140,5 +143,9 @@ def test_the_check_runs_offline_from_a_copy_and_says_why_it_stops(tmp_path):
     assert rows["test_kernels_compile_for_sm90"].startswith("passed"), table
     assert rows["CUDA graph replay per bucket"].startswith("not built"), table
     assert rows["result"].startswith("NOT RUN   exit 2"), table
+    assert set(os.listdir(out)) <= set(G.OUT_FILES) and len(G.OUT_FILES) <= 8, os.listdir(out)
+    with tarfile.open(os.path.join(out, G.LOGS_ARCHIVE)) as tar:
+        logs = tar.getnames()
+    assert "gpu_check_logs/gpu_check_test_gpu_ranks.txt" in logs, logs
     print(proc.stdout)  # the table, for -s
     assert _where(python, env, str(tmp_path)) == os.path.join(tree, "kernels", "__init__.py")

@@ -47,7 +47,16 @@ def test_the_cuda_ipc_step_runs_two_ranks_and_names_a_rank_that_failed(H):
     meet, all-reduce and time; rank 0 reports. Its time says nothing of a GPU."""
     from helpers.ipc_standin import StandInDevice
 
-    us, steps = H.run_ipc_ranks(2, calls=10, make_device=partial(StandInDevice, latency_s=0.0))
+    standin = partial(StandInDevice, latency_s=0.0)
+    us, steps = H.run_ipc_ranks(H.ipc_rank, 10, make_device=standin)
     assert steps == 2 and us > 0
     with pytest.raises(RuntimeError, match="a cuda_ipc rank failed: .*no such device"):
-        H.run_ipc_ranks(2, calls=10, make_device=_no_device)
+        H.run_ipc_ranks(H.ipc_rank, 10, make_device=_no_device)
+
+
+def test_the_cuda_ipc_bandwidth_ranks_time_each_size_and_the_copy(H):
+    from helpers.ipc_standin import StandInDevice
+
+    standin = partial(StandInDevice, latency_s=0.0)
+    got = H.run_ipc_ranks(H.ipc_bandwidth_rank, {1: 2}, make_device=standin)
+    assert list(got) == [1] and all(s > 0 for s in got[1]), got

@@ -365,7 +365,7 @@ def test_the_hot_path_step_without_a_gpu_is_not_run_and_says_why(tmp_path):
     result, detail = G.run_bench(steps, "hotpath")
     assert result == G.NOT_RUN, detail
     assert detail.startswith("no CUDA GPU on this machine"), detail
-    assert "0 of 10 CUDA cases ran" in detail, detail
+    assert "0 of 11 CUDA cases ran" in detail, detail
     assert "skipped" in (tmp_path / "gpu_check_hotpath.txt").read_text()
     line = G.row("GPU hot path (CUDA cases)", result, detail)
     assert len(line) <= 80 and G.exit_status(["info", G.result_of(line)]) == 2
