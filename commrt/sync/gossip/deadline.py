@@ -51,9 +51,9 @@ message never holds the stream. Each posting orders the transport's
 stream after the caller's writes to its buffers (the exchange's ``begin``),
 and every landed buffer is read or reused only after ``end`` ordered the
 caller's stream after those copies. A rank whose process died breaks the
-transport (device copies cannot be withdrawn): survivors' next call names
-it, rather than training on. NCCL is refused: its posted receive holds the
-stream until the data comes.
+transport (device copies cannot be withdrawn), so training on past a death
+(above) holds on gloo and MPI. NCCL is refused: its posted receive holds
+the stream until the data comes.
 
 **Memory**: one send and one receive buffer per bucket per message in
 flight (a straggler's partners hold their messages to it until it takes
