@@ -108,8 +108,13 @@ def __dir__() -> list[str]:
 
 
 def _register_torch_backend() -> None:
-    """Register the ``"commrt"`` torch.distributed backend (idempotent)."""
-    from commrt.distributed import register
+    """Register the ``"commrt"`` torch.distributed backend (idempotent). Where torch is
+    being imported by :mod:`commrt.distributed`'s own import (``import
+    commrt.distributed`` came first), that import registers it once done."""
+    importing = _sys.modules.get("commrt.distributed.register")
+    if importing is not None and not hasattr(importing, "register"):
+        return
+    from commrt.distributed.register import register
 
     register()
 

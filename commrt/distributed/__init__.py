@@ -27,6 +27,8 @@ import typing as _typing
 
 from commrt.distributed.register import BACKEND_NAME, register
 
+register()  # (torch is imported by now; ``import commrt`` registers where it came first)
+
 #: the other public names and their modules, imported on first use: registering the
 #: backend (``import commrt`` does, once torch is imported) needs none of them
 _PUBLIC = {

@@ -29,7 +29,9 @@ def test_help_and_a_mistaken_flag_import_no_torch(argv):
 
 @pytest.mark.parametrize(
     "first", ["import commrt\nimport torch.distributed as dist", "import torch\nimport commrt",
-              "import commrt\nimport torch\nimport torch.distributed as dist"],
+              "import commrt\nimport torch\nimport torch.distributed as dist",
+              "import commrt.distributed", "from commrt.distributed import Options",
+              "import commrt.distributed.group"],
 )  # fmt: skip
 def test_the_backend_is_registered_whichever_comes_first(first):
     out = run(f"{first}\nimport torch.distributed as dist\nprint(dist.Backend.backend_list)")
