@@ -20,11 +20,23 @@
   pair of ranks, as ProcessGroupNCCL makes (:meth:`DeviceComms.pair`), made
   on the caller's thread by just the two peers (the group's communicator
   is collective: only two ranks reach a send and its receive), its unique
-  id under a ``cuda/p2p/<low>:<high>/`` prefix. NCCL has no tags: it
+  id under a ``cuda/p2p/<low>:<high>/`` prefix. A group of 3 to
+  ``Options.eager_pairs`` ranks makes every pair, and connects it, right
+  after its CUDA communicator, all ranks in one fixed order (pairs sorted
+  by their two ranks: the first unmade pair always has both its ranks at
+  it, so none waits forever): a ring of sends to rank r + 1 before the
+  receives from r − 1 (each rank's first send blocking until its pair
+  exists and is connected) then finds every pair ready. A pair made at
+  its first use waits for the peer's first use, and in such a ring every
+  rank waits for the next. NCCL has no tags: it
   matches messages per peer in the order they were issued, so a send on
   the caller's thread on the group's communicator could land in the
   receive of a collective the call thread issues; on a communicator of
-  its own it never can.
+  its own it never can. The pairs and the group's communicator may run
+  kernels at once on one device: NCCL's documentation asks, of several
+  communicators used concurrently, that their operations be issued in the
+  same order on every rank, which a program's own point-to-point order
+  (a pipeline's schedule) and the group's collectives must then keep.
 """
 
 from __future__ import annotations
@@ -57,6 +69,8 @@ from commrt.runtime.environment import LaunchInfo, detect_launch
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, check_timeout
 from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.threads import one_core_each
+from commrt.schedule import tags
+from commrt.schedule.p2p import Exchange, Where
 
 #: the environment variable that picks the all-reduce algorithm (Options() default)
 ALGORITHM_ENV = "COMMRT_ALGORITHM"
@@ -95,6 +109,11 @@ class Options:
     ``warm_dtypes``: the dtypes whose reduce kernel is warmed when the CUDA
     communicator is made (:func:`warm_kernels`); None: the dtype of the call
     that made it (float32 if the kernels do not handle that one); ``()``: none.
+    ``eager_pairs``: a group of 3 to this many ranks makes and connects every
+    point-to-point pair communicator with its CUDA communicator (module
+    docs); a larger group makes each at its first send or receive (fewer
+    communicators, and a ring of sends issued before their receives waits
+    until the timeout there). 0: always at first use.
     """
 
     algorithm: object = None
@@ -102,6 +121,7 @@ class Options:
     piece_bytes: int = 4 << 20
     debug: bool | None = None
     warm_dtypes: tuple | None = None
+    eager_pairs: int = 8
 
     def resolved_algorithm(self):
         """The group's all-reduce: ``algorithm``, else ``COMMRT_ALGORITHM``, else auto.
@@ -383,7 +403,22 @@ class DeviceComms:
         if warm is None:
             warm = (dtype if dtype in KERNEL_DTYPES else torch.float32,)
         warm_kernels(dc.comm, warm)
+        if 3 <= self.size <= self.options.eager_pairs:
+            self._make_pairs(dc.comm.device)
         return dc
+
+    def _make_pairs(self, device: torch.device) -> None:
+        """Make and connect every pair communicator of this rank, in the order of the
+        pairs sorted by their two ranks (module docs): a message each way on each."""
+        for peer in range(self.size):
+            if peer == self.rank:
+                continue
+            comm = self.pair(peer, device)
+            mine, theirs = torch.zeros(1, device=device), torch.empty(1, device=device)
+            low, high = sorted((self.rank, peer))
+            where = Where(f"connecting pair communicator {low}:{high}")
+            pair = [(mine, 1 - comm.rank)], [(theirs, 1 - comm.rank)]
+            Exchange(comm, *pair, tags.torch_p2p(0), where).complete()
 
     def close(self) -> None:
         with self.lock:

@@ -48,9 +48,11 @@ class ThreadRank(DeviceComms):
     """One rank's DeviceComms: no CPU communicator (none of these calls use it), the
     CUDA ones made by the real code."""
 
+    OPTIONS = Options()
+
     def __init__(self, store, rank: int, size: int):
         self.store, self.rank, self.size, self.group_id = store, rank, size, "threads"
-        self.timeout, self.options, self.algorithm, self.tracer = 20.0, Options(), Ring(), None
+        self.timeout, self.options, self.algorithm, self.tracer = 20.0, self.OPTIONS, Ring(), None
         self.global_ranks = [100 + r for r in range(size)]  # no stall watch for a sub-group
         self.one_core_each = False
         self.lock, self.pick_lock = threading.Lock(), threading.Lock()
@@ -207,3 +209,45 @@ def test_a_peer_that_is_no_other_rank_is_refused_by_name(cuda):
         bad(pg)
     finally:
         pg.shutdown()
+
+
+def _ring(pg, rank: int, n: int, got: list) -> None:
+    """Rank ``rank`` sends to the next rank before it receives from the one before."""
+    pg.allreduce([on_cuda(torch.ones(1))]).wait()  # the group's CUDA communicator
+    x = torch.full((3,), float(rank))
+    into = torch.zeros(3)
+    sent = pg.send([on_cuda(x)], (rank + 1) % n)
+    pg.recv([on_cuda(into)], (rank - 1) % n).wait()
+    sent.wait()
+    got[rank] = into
+
+
+@pytest.fixture
+def native(monkeypatch):
+    """The group's all-reduce as its NCCL transport's own (the stand-in's CPU buffers)."""
+    monkeypatch.setattr(G.ops, "allreduce", lambda dc, t, op: dc.comm.transport.native_all_reduce(
+        t.as_subclass(torch.Tensor)))  # fmt: skip
+
+
+def test_a_ring_of_sends_before_receives_finds_every_pair_made(cuda, native):
+    """Four ranks: each sends to rank r + 1 before it receives from r - 1. Pairs made at
+    first use waited round the ring (rank r for r + 1, which waits for r + 2...) until the
+    stand-in's hang; made with the group's communicator, in one order on every rank, they
+    are all there and connected, and each rank gets its predecessor's tensor."""
+    n, got = 4, [None] * 4
+    ranks(n, [lambda pg, r=r: _ring(pg, r, n, got) for r in range(n)])
+    for r in range(n):
+        assert torch.equal(got[r], torch.full((3,), float((r - 1) % n))), got
+    pairs = sorted(size for _, size, _ in cuda if size == 2)
+    assert len(pairs) == n * (n - 1), cuda  # every rank made its three pairs
+
+
+@pytest.mark.slow
+def test_pairs_made_at_first_use_wait_round_a_ring(cuda, native, monkeypatch):
+    """The same ring with ``eager_pairs=0`` (pairs made at first use, as for groups larger
+    than ``eager_pairs``): it does not finish (its ranks end later, at their timeouts)."""
+    monkeypatch.setattr(ThreadRank, "OPTIONS", Options(eager_pairs=0))
+    n, got = 4, [None] * 4
+    with pytest.raises(AssertionError, match="a rank still runs"):
+        ranks(n, [lambda pg, r=r: _ring(pg, r, n, got) for r in range(n)], limit=8)
+    assert got == [None] * n
