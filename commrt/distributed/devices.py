@@ -426,6 +426,6 @@ class DeviceComms:
                 dc.comm.close()
             self.by_type.clear()
         with self.pick_lock:
-            pairs, self.pairs = list(self.pairs.values()), {}
-        for comm in pairs:
-            comm.close()
+            pairs, self.pairs = self.pairs, {}
+        for peer in sorted(pairs):  # every rank in the pairs' order: a close waits for the peer's
+            pairs[peer].close()

@@ -67,6 +67,11 @@ from commrt.transports.processes import start_time
 SLOTS = 4
 #: bytes per slot, unless asked otherwise
 SLOT_BYTES = 4 << 20
+#: seconds :meth:`CudaIpcTransport.close` waits for its own stream to run, and then for
+#: every peer's to have run too, before it frees what the peers' streams may touch
+CLOSE_S = 30.0
+#: seconds between two looks at the store while close() waits for the peers
+CLOSE_POLL_S = 0.01
 #: a link's block in the receiver's counters file: ``posted`` (the sender's cache line),
 #: ``consumed`` (the receiver's), then one size header per slot (the sender's)
 HEAD = 128
@@ -144,8 +149,9 @@ class CudaIpcTransport(Transport):
     progress_in_calls = True
     # device work cannot be withdrawn: a wait that times out breaks the transport
     waits_break_on_timeout = True
-    #: the store the ranks met through; set by connect()
-    store = None
+    #: the store the ranks met through, and the prefix of this transport's keys in it
+    #: (a rank that closed says so there); set by connect()
+    store, keys = None, ""
 
     def __init__(self, rank, world_size, dev: IpcDevice, links, pids, slot_bytes, release):
         """``links``: peer -> (outbound :class:`Link`, inbound :class:`Link`); ``pids``:
@@ -344,8 +350,11 @@ class CudaIpcTransport(Transport):
             tensor.div_(self.world_size)
 
     def close(self) -> None:
-        """Wait (bounded) for the stream, then unmap the peers' memory and free this rank's;
-        a broken transport frees nothing a pending copy may still touch."""
+        """Wait (bounded) for this rank's stream, then for every peer's (:meth:`_all_ran`),
+        then unmap the peers' memory and free this rank's slab and events. A broken
+        transport, or a peer still running that does not close within :data:`CLOSE_S`,
+        frees nothing a pending copy or a stream's wait may still touch (the process's
+        end frees it)."""
         with self.lock:
             release, self._release = self._release, None
         if release is None:
@@ -353,8 +362,26 @@ class CudaIpcTransport(Transport):
         clean = self.broken is None
         if clean:
             try:
-                clean = self.sync(time.monotonic() + 30.0)
+                clean = self.sync(time.monotonic() + CLOSE_S)
+                clean = clean and self._all_ran(time.monotonic() + CLOSE_S)
             except (CommError, RuntimeError):
                 clean = False
         self.broken = self.broken or "the transport is closed"
         release(clean)
+
+    def _all_ran(self, deadline: float) -> bool:
+        """Say in the store that this rank's stream ran to its end, and wait until every
+        peer said so or its process is gone: then no stream still copies into this rank's
+        slab or waits on its events. False at ``deadline``, or if the store is gone."""
+        if self.store is None or self.world_size == 1:
+            return True
+        self.store.set(f"{self.keys}closed/{self.rank}", "1")
+        waiting = [p for p in self.pids if p != self.rank]
+        while waiting:
+            waiting = [p for p in waiting if not self.store.check([f"{self.keys}closed/{p}"])
+                       and start_time(self.pids[p][0]) == self.pids[p][1]]  # fmt: skip
+            if waiting and time.monotonic() > deadline:
+                return False
+            if waiting:
+                time.sleep(CLOSE_POLL_S)
+        return True

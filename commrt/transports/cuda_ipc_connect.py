@@ -222,7 +222,7 @@ def connect(
     dev.exports_opened()
     pids = {p: (o["pid"], o["start"]) for p, o in enumerate(about) if p != rank}
     transport = CudaIpcTransport(rank, world_size, dev, links, pids, slot_bytes, made.release)
-    transport.store = store
+    transport.store, transport.keys = store, key
     return transport
 
 

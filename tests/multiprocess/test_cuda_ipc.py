@@ -80,3 +80,17 @@ def test_devices_without_peer_access_are_refused_on_every_rank_alike(tmp_path):
     assert len(errors) == 1, errors
     (error,) = errors
     assert "rank 0: standin" in error and "has no peer access to rank 1's" in error, error
+
+
+def test_a_close_waits_for_the_peers_streams_before_it_frees(tmp_path):
+    """A peer's stream may still copy into this rank's slab or wait on its events until
+    the peer has closed too: rank 0's close waits for rank 1's (1.5 s late), then frees;
+    past the bound, with rank 1 alive and not closing, it frees nothing."""
+    codes, outs = gloo_ranks(2, "ipc_worker.py", "close_waits", tmp_path, timeout=120)
+    assert codes == [0, 0], "\n---\n".join(outs)
+    first = _reports(tmp_path, 2)[0]
+    assert first["close_s"] > 1.0 and first["freed"], first
+    codes, outs = gloo_ranks(2, "ipc_worker.py", "close_leaves", tmp_path, timeout=120)
+    assert codes == [0, 0], "\n---\n".join(outs)
+    first = _reports(tmp_path, 2)[0]
+    assert 0.9 < first["close_s"] < 3.5 and not first["freed"], first

@@ -20,6 +20,8 @@ Every rank writes OUTDIR/rank<r>.json. Modes:
 * ``timeout``: rank 1 stays away for longer than the 3 s timeout: rank 0's all-reduce is
   a CommTimeoutError, and the transport is unusable afterwards, by name.
 * ``refuse``: "GPUs" without peer access: init refuses on every rank alike.
+* ``close_waits``, ``close_leaves``: rank 1 closes late; rank 0's close waits for it
+  before it frees its slab, or (past the bound) frees nothing.
 """
 
 import json
@@ -390,6 +392,36 @@ def timeout(out):
             report[key] = f"{type(e).__name__}: {e}"
         report[key + "_s"] = time.monotonic() - start
     return report
+
+
+def _closing(late_s: float, close_s: float | None = None) -> dict:
+    """Rank 1 closes ``late_s`` after rank 0; rank 0's close: how long, and whether it
+    freed its slab (``close_s``: the transport's bound on waiting for the peers)."""
+    import commrt.transports.cuda_ipc as ipc
+
+    if close_s is not None:
+        ipc.CLOSE_S = close_s
+    dev = StandInDevice(seed=RANK)
+    freed = []
+    free = dev.free
+    dev.free = lambda ptr: (freed.append(ptr), free(ptr))[1]
+    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=30, stall_s=0)
+    commrt.all_reduce(torch.ones(10), comm)
+    if comm.rank == 1:
+        time.sleep(late_s)
+    start = time.monotonic()
+    comm.close()
+    return {"close_s": time.monotonic() - start, "freed": bool(freed)}
+
+
+def close_waits(out):
+    """A close waits for the peer's stream to have run (its close) before it frees."""
+    return _closing(late_s=1.5)
+
+
+def close_leaves(out):
+    """A peer alive that does not close within the bound: nothing is freed."""
+    return _closing(late_s=4.0, close_s=1.0)
 
 
 def refuse(out):
