@@ -34,7 +34,12 @@ short still leaves its evidence. ``--out`` holds only :data:`OUT_FILES`
    for an install), first on every child's ``PYTHONPATH``; then one child
    compiles the kernels (each wire dtype, a few sizes), so that the ranks of
    the next step load them from Triton's cache rather than all compiling at
-   once within their limit;
+   once within their limit; then the IPC smoke: a slab and an event exported
+   here and used by another process within 20 s, through the ``cuda_ipc``
+   transport's own device calls, with the GPU's compute mode; where CUDA
+   IPC is refused (a sandbox may), the multi-rank files
+   (:data:`IPC_FILES`) do not run and each of their checks says NOT RUN
+   with the reason;
 3. every file of tests/gpu/ at once, each in its own pytest (one GPU is
    plenty for them together), one row per test: passed, FAILED (the first
    line of the error), skipped (the reason) or killed; a pytest that
@@ -101,12 +106,17 @@ RESULTS_ENV = "COMMRT_GPU_CHECK_RESULTS"
 #: GradientSync's ring, torus2d and gossip, fp32 and bf16 wire, and overlap in its trace
 SYNC = "test_gradient_sync_ring_torus2d_gossip_fp32_bf16_with_overlap"
 #: the checks the GPU run is for, each shown by one test; skipped or missing = NOT RUN
-REQUIRED = {
+ONE_RANK = {
     "kernels vs torch on CUDA": "test_triton_on_cuda_matches_torch_and_float64",
     "NCCL, world of 1": "test_nccl_world_of_one_on_gpu",
     'DDP "commrt" vs NCCL, world of 1': "test_ddp_on_commrt_matches_nccl_on_one_gpu",
     "GradientSync bf16 wire": "test_bf16_wire_dtype_through_the_compiled_kernels",
-    # several ranks on the one GPU over cuda_ipc (tests/gpu/test_gpu_ranks*.py)
+}
+#: the test files that run several ranks on the one GPU over cuda_ipc: not run where the
+#: IPC smoke step (step 2) finds CUDA IPC refused
+IPC_FILES = ("test_gpu_ranks.py", "test_gpu_ranks_sync.py", "test_gpu_ranks_torch.py")
+#: the checks of those files
+IPC_RANKS = {
     "cuda_ipc collectives, 2 ranks": "test_collectives_on_one_gpu_over_cuda_ipc[2]",
     "cuda_ipc collectives, 4 ranks": "test_collectives_on_one_gpu_over_cuda_ipc[4]",
     "GradientSync 1 GPU, 2 ranks": SYNC + "[2 ranks]",
@@ -116,15 +126,18 @@ REQUIRED = {
     "DDP, FSDP2 on cuda:commrt, 2 ranks": "test_ddp_and_fsdp2_on_cuda_commrt_at_two_ranks_on_one_gpu",
     "stall verdict, 4 GPU ranks": "test_stall_verdict_names_a_gpu_rank_stuck_in_user_code",
 }
+REQUIRED = {**ONE_RANK, **IPC_RANKS}
 PASSED, FAILED, NOT_RUN, KILLED = "passed", "FAILED", "NOT RUN", "killed"
 #: seconds the steps may take at most (the rest of the budget permitting), in the order they
 #: run, which is their order of importance; the tests' limit holds a rank job's (90 s, where
 #: a hung one is dumped and killed) twice over; the benchmarks' leave each a turn in the
 #: default budget after GPU tests of a few minutes
 LIMITS = {
-    "probe": 60, "import": 120, "warmup": 60, "tests": 210, "bench": 90, "hotpath": 90,
-    "kernels": 60,
+    "probe": 60, "import": 120, "warmup": 60, "ipc": 30, "tests": 210, "bench": 90,
+    "hotpath": 90, "kernels": 60,
 }  # fmt: skip
+#: seconds the IPC smoke's other process has to open, wait and answer
+IPC_PEER_S = 20
 #: the whole check's default budget (seconds): see the module docs
 BUDGET_S = 420
 #: the file under --out that holds the table's rows as soon as each is known
@@ -267,14 +280,17 @@ def tests_result(tests: dict[str, dict]) -> tuple[str, str]:
     return PASSED, f"{len(ran)} ran on the GPU, {len(skipped)} skipped"
 
 
-def required_rows(tests: dict[str, dict]) -> tuple[list[str], list[str]]:
+def required_rows(tests: dict[str, dict], ipc_refused: str | None = None):
     """A row per check of :data:`REQUIRED`: passed or FAILED as its test, NOT RUN when the
-    test skipped or did not run at all. Returns (rows, results)."""
+    test skipped or did not run at all (``ipc_refused``: why the checks of
+    :data:`IPC_RANKS` did not). Returns (rows, results)."""
     by_name = {nodeid.split("::")[-1]: t for nodeid, t in tests.items()}
     rows, results = [], []
     for label, name in REQUIRED.items():
         t = by_name.get(name)
-        if t is None:
+        if t is None and ipc_refused and label in IPC_RANKS:
+            result, detail = NOT_RUN, ipc_refused
+        elif t is None:
             result, detail = NOT_RUN, f"its test did not run: {name}"
         elif t["outcome"] == "failed":
             result, detail = FAILED, t["message"]
@@ -559,6 +575,67 @@ def warm_up(steps: Steps) -> str:
     return row("kernels compiled (warm-up)", PASSED, f"pack, unpack, reduce_ in {lines[-1]}")
 
 
+_SMOKE = r"""
+import subprocess, sys, time, torch
+if not torch.cuda.is_available():
+    print("no CUDA GPU"); sys.exit(3)
+from commrt.transports.cuda_ipc_device import CudaDevice
+MODES = {0: "default", 1: "exclusive thread", 2: "prohibited", 3: "exclusive process"}
+start = time.monotonic()
+dev = CudaDevice(torch.device("cuda", 0))
+mode = "compute mode " + MODES.get(dev.rt.deviceGetAttribute(20, 0), "?")  # ComputeMode
+why = dev.unusable()
+if why:
+    print(f"{mode}; {why}"); sys.exit(4)
+value = torch.tensor([42], dtype=torch.int32, device="cuda")
+try:
+    slab, stream, event = dev.allocate(4), dev.new_stream(), dev.create_event()
+    dev.copy(slab, value.data_ptr(), 4, stream)
+    dev.record(event, stream)
+    handles = [dev.export_memory(slab).hex(), dev.export_event(event).hex()]
+    child = subprocess.run([sys.executable, "-c", sys.argv[1], *handles],
+                           capture_output=True, text=True, timeout=float(sys.argv[2]))
+except subprocess.TimeoutExpired:
+    print(f"{mode}; the other process did not answer in {sys.argv[2]} s"); sys.exit(4)
+except Exception as e:
+    print(f"{mode}; CUDA IPC refused here: {e}"); sys.exit(4)
+said = (child.stdout.strip().splitlines() or child.stderr.strip().splitlines() or ["?"])[-1]
+if child.returncode != 0 or said != "42":
+    print(f"{mode}; CUDA IPC refused here: {said}"); sys.exit(4)
+print(f"{mode}; a slab and an event crossed processes in {time.monotonic() - start:.1f} s")
+"""
+
+#: the other process of the IPC smoke step: opens the slab and the event, waits for the
+#: event on a stream of its own, reads the value back
+_SMOKE_PEER = r"""
+import sys, torch
+from commrt.transports.cuda_ipc_device import CudaDevice
+dev = CudaDevice(torch.device("cuda", 0))
+slab, event = dev.open_memory(bytes.fromhex(sys.argv[1])), dev.open_event(bytes.fromhex(sys.argv[2]))
+out, stream = torch.zeros(1, dtype=torch.int32, device="cuda"), dev.new_stream()
+dev.wait_event(stream, event)
+dev.copy(out.data_ptr(), slab, 4, stream)
+stream.synchronize()
+print(int(out.item()))
+"""
+
+
+def ipc_smoke(steps: Steps) -> tuple[str, str | None]:
+    """(The row of step 2's IPC smoke, why the cuda_ipc checks cannot run or None): one
+    slab and one event exported here and used by another process, within
+    ``LIMITS["ipc"]``, through the transport's own device calls; the GPU's compute mode."""
+    code, out = steps.run([sys.executable, "-c", _SMOKE, _SMOKE_PEER, str(IPC_PEER_S)], "ipc")
+    last = (out.strip().splitlines() or ["(no output)"])[-1]
+    if code is None:
+        result, detail = steps.cut("ipc")
+        return row("CUDA IPC smoke", result, detail), f"the IPC smoke step was {result}"
+    if code == 3:
+        return row("CUDA IPC smoke", NOT_RUN, last), None
+    if code != 0:
+        return row("CUDA IPC smoke", NOT_RUN, last), f"CUDA IPC refused: {last}"
+    return row("CUDA IPC smoke", PASSED, last), None
+
+
 # ------------------------------------------------------------ 3. the GPU tests
 
 
@@ -753,11 +830,16 @@ def check(a) -> tuple[list[str], int]:
         warm = note(warm_up(steps))[0]
         lines.append(warm)
         results.append(result_of(warm))
+        smoke, ipc_refused = ipc_smoke(steps)
+        lines.append(note(smoke)[0])
+        results.append(result_of(smoke))
         files = sorted(glob.glob(os.path.join(ROOT, "tests", "gpu", "test_*.py")))
+        if ipc_refused:
+            files = [f for f in files if os.path.basename(f) not in IPC_FILES]
         tests, killed = run_test_files(steps, [os.path.relpath(f, ROOT) for f in files])
         lines += [rule] + note(*case_rows(tests), *killed_rows(killed, steps.cut("tests")))
         whole = steps.cut("tests") if killed else tests_result(tests)
-        summary += note(row("GPU tests", *whole), *required_rows(tests)[0])
+        summary += note(row("GPU tests", *whole), *required_rows(tests, ipc_refused)[0])
         if a.quick:
             summary += note(row("kernel benchmark (CUDA cases)", "omitted", "--quick"))
             summary += note(row("GPU hot path (CUDA cases)", "omitted", "--quick"))

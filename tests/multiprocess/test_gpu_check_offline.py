@@ -124,6 +124,7 @@ def test_the_check_runs_offline_from_a_copy_and_says_why_it_stops(tmp_path):
     assert rows["import commrt"].startswith("passed    pip -e, offline, no build isolation"), table
     for step in (
         "kernels vs torch on CUDA",
+        "CUDA IPC smoke",
         "GradientSync bf16 wire",
         "kernel benchmark (CUDA cases)",
         "GPU hot path (CUDA cases)",

@@ -7,6 +7,7 @@ The check's run from a copy of the tree, offline, is tests/multiprocess/test_gpu
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -387,3 +388,23 @@ def test_every_required_checks_label_fits_the_name_column_whole():
     could not be found by its name in the table."""
     long = [label for label in G.REQUIRED if len(label) > 34]
     assert not long, long
+
+
+def test_the_ipc_smoke_without_a_gpu_is_not_run_and_refuses_nothing(tmp_path):
+    smoke, refused = G.ipc_smoke(G.Steps(str(tmp_path), 120))
+    assert G.result_of(smoke) == G.NOT_RUN and "no CUDA GPU" in smoke, smoke
+    assert refused is None
+
+
+def test_where_cuda_ipc_is_refused_each_multi_rank_check_says_why():
+    """The multi-rank files did not run: each of their checks is NOT RUN with the smoke's
+    reason, and a one-rank check that did not run still names its test."""
+    rows, results = G.required_rows({}, "CUDA IPC refused: operation not permitted")
+    by_label = {r[:34].rstrip(): r[35:] for r in rows}
+    for label in G.IPC_RANKS:
+        assert by_label[label].startswith("NOT RUN   CUDA IPC refused"), by_label[label]
+    for label in G.ONE_RANK:
+        assert by_label[label].startswith("NOT RUN   its test did not run"), by_label[label]
+    assert set(results) == {G.NOT_RUN} and set(G.REQUIRED) == {*G.ONE_RANK, *G.IPC_RANKS}
+    files = {os.path.basename(f) for f in glob.glob(os.path.join(G.ROOT, "tests/gpu/*.py"))}
+    assert set(G.IPC_FILES) <= files, G.IPC_FILES
