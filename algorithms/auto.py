@@ -56,6 +56,7 @@ from commrt.algorithms.pipelined_torus import PipelinedTorus2D
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
 from commrt.algorithms.torus import Torus2D
+from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule
 
 __all__ = ["Auto", "Choice", "choices", "candidates", "learning"]
@@ -131,6 +132,7 @@ class Choice:
         )
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Auto(Algorithm):
     """Chooses ring, halving-doubling or a torus shape per buffer size (module doc).

@@ -31,9 +31,11 @@ from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.names import BACKUP, key, named
+from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule
 
 
+@named_keywords
 @dataclass(frozen=True)
 class BackupWorkers(Algorithm):
     """First N of N + ``backups`` gradients per global step; ``inner`` all-reduces them.

@@ -65,6 +65,7 @@ from typing import Sequence
 import numpy as np
 
 from commrt.algorithms.base import Algorithm, participants
+from commrt.errors import named_keywords
 from commrt.schedule import RECV_REDUCE, SEND, Collective, Schedule, Step
 
 __all__ = ["Gossip", "Topology", "auto_deadline"]
@@ -100,6 +101,7 @@ class Topology(enum.Enum):
     DISSEMINATION = "dissemination"
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Gossip(Algorithm):
     """One-peer gossip (see the module docs for the partner rules).

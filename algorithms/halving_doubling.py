@@ -17,9 +17,11 @@ from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import fold_in, fold_out, split_core
+from commrt.errors import named_keywords
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step
 
 
+@named_keywords
 @dataclass(frozen=True)
 class HalvingDoubling(Algorithm):
     """Rabenseifner's all-reduce: the ring's bytes in 2·log2 p steps.

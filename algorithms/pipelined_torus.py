@@ -61,6 +61,7 @@ from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.torus import PHASES, Torus2D, grid_phases, nodes_of
+from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule, Step, Steps
 
 __all__ = ["PipelinedTorus2D", "segments_for", "MAX_SEGMENTS"]
@@ -107,6 +108,7 @@ def pipeline(segments: Sequence[Sequence[Step]], phase_of) -> Steps:
     return Steps(depth + len(segs) - 1 if depth else 0, make)
 
 
+@named_keywords
 @dataclass(frozen=True)
 class PipelinedTorus2D(Algorithm):
     """The 2D torus on ``segments`` staggered segments of the buffer (see the module doc).

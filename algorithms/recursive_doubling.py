@@ -20,9 +20,11 @@ from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import fold_in, fold_out, pairwise_exchange, split_core
+from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule
 
 
+@named_keywords
 @dataclass(frozen=True)
 class RecursiveDoubling(Algorithm):
     """Latency-optimal all-reduce: log2 p steps (+2 to fold in extras), whole buffer each.

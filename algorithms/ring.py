@@ -12,9 +12,11 @@ from typing import Sequence
 
 from commrt.algorithms.base import Algorithm, participants
 from commrt.algorithms.fragments import ring_all_gather, ring_reduce_scatter
+from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule, Steps
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Ring(Algorithm):
     """Ring all-reduce (also reduce-scatter and all-gather).

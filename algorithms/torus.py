@@ -64,6 +64,7 @@ from commrt.algorithms.fragments import (
     ring_reduce_scatter,
     split_block,
 )
+from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule, Steps, parallel
 
 __all__ = ["Torus2D", "square_shape", "grid_phases", "nodes_of"]
@@ -145,6 +146,7 @@ def _check_dim(name: str, v) -> None:
         raise ValueError(f"Torus2D {name} must be a positive integer or None, got {v!r}")
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Torus2D(Algorithm):
     """2D-torus all-reduce on a ``rows`` × ``cols`` grid (see the module doc).

@@ -53,6 +53,7 @@ from commrt.algorithms import resolve
 from commrt.algorithms.names import NAMES
 from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
+from commrt.errors import named_keywords
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
 from commrt.runtime.choice import (
@@ -93,6 +94,7 @@ NOT_ALL_REDUCE = {
 }
 
 
+@named_keywords
 @dataclass(frozen=True)
 class Options:
     """``pg_options`` for ``dist.init_process_group("commrt", pg_options=...)``.

@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from commrt.errors import CommError, CommTimeoutError, PeerFailedError, did_you_mean
+from commrt.errors import CommError, CommTimeoutError, PeerFailedError, did_you_mean, named_keywords
 from commrt.runtime.abort import abort_on_error_wanted, cause_of, env_flag, install_abort_hook
 from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose, why
 from commrt.runtime.connect import make_transport
@@ -365,6 +365,7 @@ def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size
     return choose(s)
 
 
+@named_keywords
 def init(
     backend: "str | Backend" = "auto",
     *,

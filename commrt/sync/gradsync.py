@@ -47,6 +47,7 @@ from typing import Iterator
 import torch
 
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm
+from commrt.errors import named_keywords
 from commrt.runtime.communicator import Communicator
 from commrt.runtime.trace import Tracer
 from commrt.sync.buckets import MB, Bucket, assign_buckets, check_layout, describe
@@ -67,6 +68,7 @@ from commrt.sync.unused import Unused, raise_if_unused, unready_parameters
 __all__ = ["GradientSync", "Unused"]
 
 
+@named_keywords
 class GradientSync:
     """Bucketed, overlapped gradient averaging for a custom training loop.
 

@@ -460,6 +460,7 @@ DISCOVERY_ALLOWED = {
     ("commrt.distributed.dispatch", "asyncOp"): "torch's options object: older torch lacks it",
     ("commrt.distributed.register", "PartialState"): "accelerate's module, by version",
     ("commrt.distributed.register", "_shared_state"): "accelerate's PartialState's own",
+    ("commrt", "register"): "whether commrt.distributed.register's import is still under way",
 }
 
 
