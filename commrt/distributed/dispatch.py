@@ -12,6 +12,8 @@ the group's :class:`~commrt.distributed.observe.Observer`.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from commrt.distributed.devices import DeviceComms
@@ -93,7 +95,13 @@ class Dispatch:
 
 
 def start_p2p(
-    devices: DeviceComms, what: str, t: torch.Tensor, peer: int, tag: int, send: bool
+    devices: DeviceComms,
+    what: str,
+    t: torch.Tensor,
+    peer: int,
+    tag: int,
+    send: bool,
+    observer: Observer | None = None,
 ) -> P2PWork:
     """A send or receive, started on the caller's thread: over the CPU communicator
     (tagged), or on CUDA over the pair's own NCCL communicator
@@ -114,6 +122,12 @@ def start_p2p(
     ex = Exchange(
         comm, pair if send else [], [] if send else pair, tags.torch_p2p(tag), Where(where)
     )
+    completed = None if observer is None else partial(observer.p2p, what, t, comm)
     return P2PWork(
-        f"{what} {'to' if send else 'from'} rank {peer}", devices.rank, [t], comm.timeout, ex
+        f"{what} {'to' if send else 'from'} rank {peer}",
+        devices.rank,
+        [t],
+        comm.timeout,
+        ex,
+        completed,
     )

@@ -221,10 +221,10 @@ class ProcessGroupCommrt(NamedGroup):
     alltoall_base = all_to_all_single
 
     def send(self, tensors, dst: int, tag: int = 0) -> CommrtWork:
-        return start_p2p(self.devices, "send", tensors[0], dst, tag, send=True)
+        return start_p2p(self.devices, "send", tensors[0], dst, tag, True, self.dispatch.observer)
 
     def recv(self, tensors, src: int, tag: int = 0) -> CommrtWork:
-        return start_p2p(self.devices, "recv", tensors[0], src, tag, send=False)
+        return start_p2p(self.devices, "recv", tensors[0], src, tag, False, self.dispatch.observer)
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise _unsupported("recv_anysource (recv without src)", "pass src= to dist.recv")

@@ -5,8 +5,10 @@ is shown three ways (``docs/from-ddp.md``, "Seeing what commrt did"):
 
 * **stats**, always kept: :func:`commrt.distributed.stats` gives the
   group's :class:`GroupStats`, one :class:`CallStats` per (op, size, dtype)
-  of its collectives (point-to-point ``send``/``recv`` are not counted):
-  calls, bytes, seconds the calls took, the algorithm each call ran
+  of its calls, collectives and point-to-point alike (``send``/``recv``,
+  what ``batch_isend_irecv`` and pipelining issue: seconds from the call's
+  start to its completion): calls, bytes, seconds the calls took, the
+  algorithm each call ran
   (``auto:ring`` when ``auto`` chose ring) and why ``auto`` chose it.
 * **a log line** the first time each (op, size, dtype) is seen, with
   ``COMMRT_LOG=info`` (or torch's ``TORCH_DISTRIBUTED_DEBUG=INFO`` or
@@ -220,6 +222,8 @@ class Observer:
         self.speaks = self.level == "debug" or (self.level == "info" and rank == 0)
         self.tracer = tracer
         self.named: set[int] = set()  # threads whose row in the trace has its name
+        #: point-to-point calls complete on the callers' threads, beside the call thread
+        self.lock = threading.Lock()
 
     def run(self, what: str, tensors: list, run, dc) -> None:
         """``run(dc)`` (one call), then record it, on the thread that runs the call (calls
@@ -254,6 +258,17 @@ class Observer:
                 f"commrt/{what}", t0_us, tracer.now_us(), bytes=nbytes, dtype=dtype,
                 algorithm=ran or "-", group=self.stats.group,
             )  # fmt: skip
+
+    def p2p(self, what: str, tensor, comm, seconds: float) -> None:
+        """Record a ``send`` or ``recv`` of ``tensor`` over ``comm`` that took ``seconds``
+        (on the thread that completed it)."""
+        dtype = str(tensor.dtype).replace("torch.", "")
+        with self.lock:
+            entry = self._entry(what, tensor.nbytes, dtype, "", comm)
+            entry.calls += 1
+            entry.seconds += seconds
+            if entry.calls == 1:
+                entry.first_seconds = seconds
 
     def _entry(self, what: str, nbytes: int, dtype: str, ran: str, comm) -> CallStats:
         key = (what, nbytes, dtype)

@@ -50,6 +50,7 @@ import datetime
 import queue
 import textwrap
 import threading
+import time
 
 import torch
 
@@ -84,10 +85,12 @@ class CallState:
         self.error: BaseException | None = None
         self.lock = threading.Lock()
         self.waited = False  # someone is (or was) blocked in wait(): errors go there
-        # a point-to-point call's (P2PWork): what completes it, and the thread that
-        # completes it for get_future()
+        # a point-to-point call's (P2PWork): what completes it, the thread that completes
+        # it for get_future(), and what it tells once complete (its seconds: the stats)
         self.exchange = None
         self.helper: threading.Thread | None = None
+        self.completed = lambda seconds: None
+        self.started = 0.0
 
 
 class CommrtWork(Work):
@@ -286,9 +289,14 @@ class P2PWork(CommrtWork):
     pair with the peer's, not with the group's order), completed by ``wait()``, or for
     ``get_future()`` by a helper thread that waits for it."""
 
-    def __init__(self, what: str, rank: int, result, timeout: float, exchange):
+    def __init__(self, what: str, rank: int, result, timeout: float, exchange,
+                 completed=None):  # fmt: skip
+        """``completed(seconds)`` is told, once, how long the call took from its start to
+        its completion (:meth:`commrt.distributed.observe.Observer.p2p`)."""
         super().__init__(what, rank, result, timeout)
-        self.commrt.exchange = exchange
+        self.commrt.exchange, self.commrt.started = exchange, time.monotonic()
+        if completed is not None:
+            self.commrt.completed = completed
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         self.mark_waited()
@@ -305,6 +313,7 @@ class P2PWork(CommrtWork):
                 return
             try:
                 state.exchange.complete()
+                state.completed(time.monotonic() - state.started)
             except BaseException as e:  # noqa: BLE001 - named commrt errors, to the waiter
                 state.error = e
                 state.done.set()

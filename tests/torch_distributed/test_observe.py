@@ -44,6 +44,10 @@ for _ in range(int(sys.argv[2])):
     ddp(torch.randn(8, 32)).sum().backward()
     opt.step()
     opt.zero_grad()
+peer = 1 - dist.get_rank()  # pipelining's calls: sends and receives, counted too
+for _ in range(3):
+    t = torch.arange(100, dtype=torch.float32)
+    dist.send(t, peer) if dist.get_rank() == 0 else dist.recv(t, peer)
 s = commrt.distributed.stats()
 rows = [dict(op=e.op, nbytes=e.nbytes, calls=e.calls, algorithm=e.algorithm,
              ran=e.ran, why=e.why, seconds=e.seconds) for e in s.entries.values()]
@@ -105,6 +109,15 @@ def test_stats_name_autos_choice_and_why_for_every_bucket(job):
     # auto's choices are agreed: both ranks ran the same schedules
     ran = [[_allreduces(r["rows"])[n]["ran"] for n in BUCKETS] for r in ranks]
     assert ran[0] == ran[1]
+
+
+def test_stats_count_sends_and_receives_beside_the_collectives(job):
+    ranks, _, _ = job
+    for rank, stats in enumerate(ranks):
+        op = "send" if rank == 0 else "recv"
+        (row,) = [r for r in stats["rows"] if r["op"] == op]
+        assert row["nbytes"] == 400 and row["calls"] == 3 and row["seconds"] > 0, row
+        assert row["algorithm"] == "" and f"\n{op} " in stats["text"], stats["text"]
 
 
 def test_log_says_each_size_once_on_rank_0_with_autos_reason(job):
