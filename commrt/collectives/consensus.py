@@ -14,6 +14,7 @@ import torch
 
 from commrt.collectives.coalesce import coalesced
 from commrt.collectives.core import all_reduce, gather_rows
+from commrt.transports.base import average_factor
 
 #: float64 elements averaged per all-reduce (bounds the temporary copy: 64 MiB)
 GROUP_ELEMS = 8 << 20
@@ -81,8 +82,8 @@ def average_parameters(
     p = comm.world_size
     with torch.no_grad():
         for group in coalesced(params + state, max_bytes=GROUP_ELEMS * 8, wire=torch.float64):
+            group.flat.mul_(average_factor(p))  # the rule: scaled before the sum
             all_reduce(group.flat, comm, op="sum")
-            group.flat.div_(p)
             for t, mean in group.views():
                 if id(t) in model_tensors:  # the disagreement is about the model, not its state
                     num += float((t.detach().to(torch.float64) - mean).square().sum())

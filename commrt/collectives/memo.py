@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from commrt.collectives.reductions import REDUCERS, ReduceOp
+from commrt.transports.base import average_factor
 
 __all__ = ["SettledCall", "MAX_SETTLED", "remember", "counted", "keeps", "last_settled"]
 
@@ -65,10 +66,9 @@ class SettledCall:
 
 def average_scale(parsed: ReduceOp, p: int) -> float | None:
     """What an all-reduce with ``parsed`` scales its tensor by before the sum, on ``p``
-    ranks: one over ``p`` for an average, None (nothing) for any other op. The one rule
-    for an average in commrt: the 1/p is applied to the input, before the reduction, as
-    the pack kernel applies it to GradientSync's buckets, never divided out after."""
-    return 1.0 / p if parsed is ReduceOp.AVG and p > 1 else None
+    ranks: :func:`~commrt.transports.base.average_factor` for an average (the one rule),
+    None (nothing) for any other op."""
+    return average_factor(p) if parsed is ReduceOp.AVG and p > 1 else None
 
 
 def remember(slots, settled: SettledCall) -> SettledCall:

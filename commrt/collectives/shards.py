@@ -29,6 +29,7 @@ import torch
 
 from commrt.algorithms import Algorithm, resolve
 from commrt.collectives.core import ReduceOp, agree_call, check_tensor
+from commrt.collectives.memo import average_scale
 from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
 from commrt.kernels import pack
 from commrt.runtime.communicator import Communicator
@@ -98,7 +99,7 @@ def reduce_scatter(
     sched = shard_schedule(alg, p, Collective.REDUCE_SCATTER)
     shards = _shards(input, p)
     work = torch.empty(input.numel(), dtype=input.dtype, device=input.device)
-    scale = 1.0 / p if op is ReduceOp.AVG else 1.0
+    scale = average_scale(op, p) or 1.0
     ordered = [shards[o] for o in sched.owners]  # chunk c ends on owners[c]: its shard goes there
     if input.dtype in PACK_DTYPES:
         pack([s.contiguous() for s in ordered], work, scale=scale)

@@ -42,6 +42,7 @@ from commrt.algorithms import Gossip, resolve
 from commrt.collectives.core import all_reduce
 from commrt.kernels import pack, unpack
 from commrt.runtime.communicator import Communicator
+from commrt.transports.base import average_factor
 
 __all__ = ["AllReduceState", "allreduce_hook", "GossipState", "gossip_hook"]
 
@@ -83,7 +84,7 @@ def allreduce_hook(state: AllReduceState, bucket) -> torch.futures.Future[torch.
         all_reduce(buf, state.comm, resolve(state.algorithm), op="avg")
         return _done(buf)
     wire = state.wire(bucket.index(), buf)
-    pack([buf], wire, scale=1.0 / p)
+    pack([buf], wire, scale=average_factor(p))
     all_reduce(wire, state.comm, resolve(state.algorithm), op="sum")
     unpack(wire, [buf])
     return _done(buf)

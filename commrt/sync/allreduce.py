@@ -15,6 +15,7 @@ import torch
 
 from commrt.sync.join import JoinCount
 from commrt.sync.policy import Policy, SyncContext
+from commrt.transports.base import average_factor
 from commrt.tuning.hook_comm import HookComm
 
 
@@ -35,7 +36,7 @@ class AllReducePolicy(Policy):
         ]
         for schedule, buf in zip(self.schedules, ctx.buffers):
             ctx.warm(schedule, buf)
-        self._scale = 1.0 / comm.world_size
+        self._scale = average_factor(comm.world_size)
         return tuple(s.name for s in self.schedules)
 
     def join(self) -> JoinCount:

@@ -26,6 +26,17 @@ CHECK_EVERY_S = 0.02
 ON_A_CPU = "on a CPU use backend='shm', 'gloo' or 'mpi'"
 
 
+def average_factor(world_size: int) -> float:
+    """What each rank's input is multiplied by for an average over ``world_size`` ranks.
+
+    The one rule of AVG in commrt, on every path (the collectives, GradientSync, the DDP
+    hook, ``average_parameters``, each transport's native all-reduce): the 1/p is applied
+    to every input *before* the sum, in the input's dtype (the pack kernel applies it to
+    GradientSync's buckets), never divided out after it, so an fp16 or bf16 sum whose
+    average fits cannot overflow on the way."""
+    return 1.0 / world_size
+
+
 def poll_until(
     done: Callable[[], bool],
     deadline: float,

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from commrt.transports.base import Pair, Pending, Transport
+from commrt.transports.base import Pair, Pending, Transport, average_factor
 
 
 def _wire(t: torch.Tensor) -> torch.Tensor:
@@ -89,9 +89,9 @@ class GlooTransport(Transport):
         return wait_work(self.pg.barrier(), time.monotonic() + timeout)
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
+        if op == "avg" and self.world_size > 1:  # the rule: scaled before the sum
+            tensor.mul_(average_factor(self.world_size))
         self.pg.allreduce([tensor]).wait()
-        if op == "avg":
-            tensor.div_(self.world_size)
 
     def abort(self) -> None:
         """Close this group's connections now: a peer blocked on this rank gets an error at

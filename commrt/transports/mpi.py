@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from commrt.transports.base import Pair, Pending, Prepared, Transport, poll_until
+from commrt.transports.base import Pair, Pending, Prepared, Transport, average_factor, poll_until
 
 
 def load_mpi():
@@ -132,9 +132,9 @@ class MpiTransport(Transport):
         MPI = load_mpi()
         if tensor.dtype in (torch.bfloat16,):
             raise TypeError("MPI has no bfloat16 reduction; reduce a float32 copy instead")
+        if op == "avg" and self.world_size > 1:  # the rule: scaled before the sum
+            tensor.mul_(average_factor(self.world_size))
         self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
-        if op == "avg":
-            tensor.div_(self.world_size)
 
     def close(self) -> None:
         comm, self.comm = self.comm, None
