@@ -118,7 +118,7 @@ class Setup:
     """One rank's training ingredients (built by :func:`set_up`)."""
 
     opts: TrainOptions
-    comm: object
+    comm: commrt.Communicator
     data: Digits
     sharding: Sharding
     model: torch.nn.Module

@@ -10,7 +10,6 @@ Example::
 
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
 import weakref
@@ -18,7 +17,7 @@ import weakref
 import torch
 
 from commrt.errors import CommError, CommTimeoutError, PeerFailedError, did_you_mean, named_keywords
-from commrt.runtime.abort import abort_on_error_wanted, cause_of, env_flag, install_abort_hook
+from commrt.runtime.abort import abort_on_error_wanted, cause_of, env_flag, install_abort_hook, say
 from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose, why
 from commrt.runtime.connect import make_transport
 from commrt.runtime.departures import CLOSED, FAILED, Departures, track
@@ -319,11 +318,7 @@ def log_transport(comm: Communicator) -> None:
     memory says so at once."""
     level = log_level()
     if level == "debug" or (level == "info" and comm.rank == 0):
-        print(
-            f"commrt: rank {comm.rank} of {comm.world_size}: transport {comm.transport_text}",
-            file=sys.stderr,
-            flush=True,
-        )
+        say(f"commrt: rank {comm.rank} of {comm.world_size}: transport {comm.transport_text}")
 
 
 def _spin_s(local_size: int | None) -> float:

@@ -16,16 +16,16 @@ def test_a_communicator_says_its_transport_and_why(monkeypatch):
         assert comm.transport_text == "gloo (auto: where no transport above it fits)"
 
 
-def test_the_info_log_names_the_transport_init_chose(monkeypatch, capsys):
+def test_the_info_log_names_the_transport_init_chose(monkeypatch, capfd):
     monkeypatch.setenv("COMMRT_LOG", "info")
     with commrt.init("auto", rank=0, world_size=1):
         pass
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err  # one write to the process's stderr (abort.say)
     assert "commrt: rank 0 of 1: transport gloo (auto: " in err, err
     monkeypatch.setenv("COMMRT_LOG", "off")
     with commrt.init("auto", rank=0, world_size=1):
         pass
-    assert "transport" not in capsys.readouterr().err
+    assert "transport" not in capfd.readouterr().err
 
 
 def test_sync_stats_are_labelled_with_the_rank_and_name_the_transport(monkeypatch):
