@@ -55,6 +55,8 @@ import torch
 from bench_kernels import bucket_shapes, cuda_skip_reason
 from cuda_timing import host_seconds
 
+from commrt.cli.bench import time_calls
+
 PACK_GOAL_US, REDUCE_GOAL_US, IPC_STEP_GOAL_US = 8.0, 6.0, 15.0
 #: timed blocks of calls in each cuda_ipc rank (the figure is the median block's)
 IPC_BLOCKS = 5
@@ -248,26 +250,11 @@ def ipc_comm(rank: int, n: int, port: int, make_device=None):
     return commrt.init("cuda_ipc", ipc_device=dev, timeout=120, stall_s=0)
 
 
-def blocks_median(call, calls: int, comm) -> float:
-    """Seconds per ``call()``: the median of :data:`IPC_BLOCKS` blocks of ``calls`` calls,
-    each block started together on every rank and ended by a synchronisation."""
-    sync = torch.cuda.synchronize if comm.device.type == "cuda" else (lambda: None)
-    blocks = []
-    for _ in range(IPC_BLOCKS):
-        sync()
-        comm.barrier()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            call()
-        sync()
-        blocks.append((time.perf_counter() - t0) / calls)
-    return statistics.median(blocks)
-
-
 def ipc_rank(rank: int, n: int, port: int, q, calls: int, make_device=None) -> None:
-    """(A spawned rank.) :func:`blocks_median` of ``calls`` ring all-reduces of 64 floats
-    over ``cuda_ipc``, after a warm-up; rank 0 puts (µs per step, steps) on ``q``, any
-    rank its error."""
+    """(A spawned rank.) Seconds per ring all-reduce of 64 floats over ``cuda_ipc``
+    (:func:`~commrt.cli.bench.time_calls`: the median of :data:`IPC_BLOCKS` blocks of
+    ``calls``), after a warm-up; rank 0 puts (µs per step, steps) on ``q``, any rank its
+    error."""
     try:
         import commrt
         from commrt.algorithms import resolve
@@ -276,8 +263,8 @@ def ipc_rank(rank: int, n: int, port: int, q, calls: int, make_device=None) -> N
         x = torch.ones(64, device=comm.device)
         for _ in range(20):
             commrt.all_reduce(x, comm, algorithm="ring", op="sum")
-        seconds = blocks_median(lambda: commrt.all_reduce(x, comm, algorithm="ring", op="sum"),
-                                calls, comm)  # fmt: skip
+        reduce = partial(commrt.all_reduce, x, comm, algorithm="ring", op="sum")
+        seconds = time_calls(comm, reduce, calls, IPC_BLOCKS)
         steps = resolve("ring").schedule(n).num_steps
         comm.close()
         if rank == 0:
@@ -301,9 +288,10 @@ def ipc_bandwidth_rank(rank: int, n: int, port: int, q, sizes: dict, make_device
             reduce = partial(commrt.all_reduce, x, comm, algorithm="ring", op="avg")
             for _ in range(3):
                 reduce()
-            seconds = blocks_median(reduce, calls, comm)
+            seconds = time_calls(comm, reduce, calls, IPC_BLOCKS)
             y = torch.empty_like(x)
-            copy = blocks_median(partial(y.copy_, x), calls, _Alone(comm)) if rank == 0 else 0.0
+            alone = _Alone(comm)
+            copy = time_calls(alone, partial(y.copy_, x), calls, IPC_BLOCKS) if rank == 0 else 0.0
             comm.barrier()
             got[mb] = (seconds, copy)
         comm.close()

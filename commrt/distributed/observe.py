@@ -70,6 +70,13 @@ class CallStats:
     #: the transport the calls went over: ``shm``, ``gloo``, ``mpi`` or ``nccl``
     transport: str = ""
 
+    def count(self, seconds: float) -> None:
+        """One more call, which took ``seconds`` (the first is also kept apart)."""
+        self.calls += 1
+        self.seconds += seconds
+        if self.calls == 1:
+            self.first_seconds = seconds
+
     @property
     def bytes(self) -> int:
         """Bytes of every call's tensors together."""
@@ -241,10 +248,7 @@ class Observer:
             ran = sched.name if sched is not None else ""
         dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else "-"
         entry = self._entry(what, nbytes, dtype, ran, comm)
-        entry.calls += 1
-        entry.seconds += seconds
-        if entry.calls == 1:
-            entry.first_seconds = seconds
+        entry.count(seconds)
         if ran:
             entry.ran[ran] = entry.ran.get(ran, 0) + 1
             if ran != entry.algorithm:  # first call, a trial, or what auto learned
@@ -264,11 +268,7 @@ class Observer:
         (on the thread that completed it)."""
         dtype = str(tensor.dtype).replace("torch.", "")
         with self.lock:
-            entry = self._entry(what, tensor.nbytes, dtype, "", comm)
-            entry.calls += 1
-            entry.seconds += seconds
-            if entry.calls == 1:
-                entry.first_seconds = seconds
+            self._entry(what, tensor.nbytes, dtype, "", comm).count(seconds)
 
     def _entry(self, what: str, nbytes: int, dtype: str, ran: str, comm) -> CallStats:
         key = (what, nbytes, dtype)

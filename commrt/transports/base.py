@@ -37,6 +37,13 @@ def average_factor(world_size: int) -> float:
     return 1.0 / world_size
 
 
+def average_first(tensor: torch.Tensor, op: str, world_size: int) -> None:
+    """Apply the rule of :func:`average_factor` to ``tensor`` in place where ``op`` is
+    ``"avg"`` over more than one rank: a native all-reduce then sums it as it is."""
+    if op == "avg" and world_size > 1:
+        tensor.mul_(average_factor(world_size))
+
+
 def poll_until(
     done: Callable[[], bool],
     deadline: float,

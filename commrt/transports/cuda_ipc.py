@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
-from commrt.transports.base import Pair, Pending, Transport, average_factor, poll_until
+from commrt.transports.base import Pair, Pending, Transport, average_first, poll_until
 from commrt.transports.cuda_ipc_device import IpcDevice
 from commrt.transports.processes import start_time
 
@@ -328,8 +328,7 @@ class CudaIpcTransport(Transport):
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
         """Every rank sends its tensor to every other and sums them all in rank order, so
         every rank's result is the same to the bit: the oracle, not a tuned algorithm."""
-        if op == "avg" and self.world_size > 1:  # the rule: scaled before the sum
-            tensor.mul_(average_factor(self.world_size))
+        average_first(tensor, op, self.world_size)  # the rule: scaled before the sum
         if self.world_size > 1:
             deadline = time.monotonic() + 300.0
             peers = [r for r in range(self.world_size) if r != self.rank]

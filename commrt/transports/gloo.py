@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from commrt.transports.base import Pair, Pending, Transport, average_factor
+from commrt.transports.base import Pair, Pending, Transport, average_first
 
 
 def _wire(t: torch.Tensor) -> torch.Tensor:
@@ -89,8 +89,7 @@ class GlooTransport(Transport):
         return wait_work(self.pg.barrier(), time.monotonic() + timeout)
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
-        if op == "avg" and self.world_size > 1:  # the rule: scaled before the sum
-            tensor.mul_(average_factor(self.world_size))
+        average_first(tensor, op, self.world_size)  # the rule: scaled before the sum
         self.pg.allreduce([tensor]).wait()
 
     def abort(self) -> None:

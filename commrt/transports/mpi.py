@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from commrt.transports.base import Pair, Pending, Prepared, Transport, average_factor, poll_until
+from commrt.transports.base import Pair, Pending, Prepared, Transport, average_first, poll_until
 
 
 def load_mpi():
@@ -132,8 +132,7 @@ class MpiTransport(Transport):
         MPI = load_mpi()
         if tensor.dtype in (torch.bfloat16,):
             raise TypeError("MPI has no bfloat16 reduction; reduce a float32 copy instead")
-        if op == "avg" and self.world_size > 1:  # the rule: scaled before the sum
-            tensor.mul_(average_factor(self.world_size))
+        average_first(tensor, op, self.world_size)  # the rule: scaled before the sum
         self.comm.Allreduce(MPI.IN_PLACE, tensor.numpy(), op=MPI.SUM)
 
     def close(self) -> None:

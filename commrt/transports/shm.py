@@ -46,7 +46,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from commrt.transports.base import Pair, Pending, Prepared, Transport, average_factor, poll_until
+from commrt.transports.base import Pair, Pending, Prepared, Transport, average_first, poll_until
 from commrt.transports.processes import start_time
 from commrt.transports.shm_rings import RING_HEAD, Inbound, Op, Ring, Truncated
 
@@ -219,8 +219,7 @@ class ShmTransport(Transport):
         """Every rank sends its tensor to every other and sums all of them in rank order, so
         each rank's result is the same to the bit: a direct exchange, the oracle the
         schedules are tested against, not a tuned algorithm."""
-        if op == "avg" and self.world_size > 1:  # the rule: scaled before the sum
-            tensor.mul_(average_factor(self.world_size))
+        average_first(tensor, op, self.world_size)  # the rule: scaled before the sum
         if self.world_size > 1:
             deadline = time.monotonic() + 300.0
             peers = [r for r in range(self.world_size) if r != self.rank]
