@@ -378,6 +378,18 @@ def _timeout(
     raise timeout_error(prepared.transport.rank, what, peer, timeout, where)
 
 
+def _sync(transport: Transport, timeout: float, bound: Bound, bucket) -> bool:
+    """The host's bounded wait for the stream's work; an engine's error meanwhile (a peer's
+    process gone while a copy from it still runs) is named as a step's would be."""
+    try:
+        return transport.sync(time.monotonic() + timeout)
+    except CommError:
+        raise
+    except RuntimeError as e:
+        peers = [x.peer for step in bound.steps for x in step[0].sends + step[0].recvs]
+        raise engine_error(transport, e, peers, Where(bound.schedule.name, bucket=bucket)) from e
+
+
 def _run_ordered(
     pos: Position, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
     bucket, tracer,
@@ -396,7 +408,7 @@ def _run_ordered(
                 f"commrt/{schedule.name}/step{sp.index}", phase=sp.phase, bucket=bucket
             ):
                 _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)
-    if not transport.sync(time.monotonic() + timeout):
+    if not _sync(transport, timeout, bound, bucket):
         raise CommTimeoutError(
             rank=transport.rank,
             peer=None,

@@ -9,7 +9,7 @@ import torch
 from helpers.local_transport import run_ranks
 
 from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring
-from commrt.errors import CommTimeoutError
+from commrt.errors import CommError, CommTimeoutError
 from commrt.schedule import Collective
 from commrt.schedule.executor import Executor, compile_plan
 
@@ -317,3 +317,24 @@ def test_a_same_dtype_sum_off_the_cpu_is_one_add_not_a_kernel_launch(dtype):
     wire = torch.empty(64, dtype=torch.bfloat16 if dtype is not torch.bfloat16 else torch.float16)
     mixed = _applier(dst, wire.to("meta"), True, default_reduce)
     assert mixed.func is reduce_
+
+
+def test_a_peer_gone_while_the_stream_still_runs_is_named_as_a_steps_failure(monkeypatch):
+    """On a stream-ordered transport the host's last wait is for the stream itself; a peer
+    whose process ended meanwhile (its copies may never run) is named there as in a step:
+    the transport, the algorithm and bucket, the peers, and what it most likely means."""
+    from helpers.local_transport import LocalTransport
+
+    def gone(self, deadline):
+        raise RuntimeError(f"local: rank 1's process (pid 7) is gone while rank {self.rank} waits")
+
+    monkeypatch.setattr(LocalTransport, "stream_ordered", True)
+    monkeypatch.setattr(LocalTransport, "sync", gone)
+    with pytest.raises(CommError) as ei:
+        run_ranks(
+            2, lambda tr: Executor().run(Ring().schedule(2), torch.ones(10), tr, 5.0, bucket=3)
+        )
+    said = str(ei.value)
+    assert said.startswith("commrt: rank ") and "local failed in algorithm ring, bucket 3" in said
+    assert "(peers [" in said and "process ended without a farewell" in said, said
+    assert ei.value.where == "algorithm ring, bucket 3"
