@@ -195,21 +195,25 @@ class Communicator:
 
     def verdict_at_timeout(self, error: CommTimeoutError) -> None:
         """Before ``error`` (a wait ran out of this communicator's timeout) is raised: the
-        stall verdict joins its message (:meth:`commrt.runtime.stall.StallWatch.at_timeout`).
+        stall verdict joins its message (:meth:`commrt.runtime.stall.StallWatch.at_error`).
         Not for backup workers' steps (their family goes on without ranks that fail)."""
         if self.stall is not None and self.departures.waits_on_all:
-            self.stall.at_timeout(error)
+            self.stall.at_error(error)
 
     def failed_in_call(self, error: CommError) -> None:
         """Before ``error`` is raised, where the engine broke under a call (a peer's
         connection closed) or a peer failed: a farewell saying that this rank failed, and
         at which rank the failure began where the error names one. Whatever the program
         then does (it may catch the error and exit), the peers' errors and a stall verdict
-        follow the chain past this rank instead of taking it for the cause. Not for
-        backup workers' steps (their family goes on without ranks that fail)."""
+        follow the chain past this rank instead of taking it for the cause. Then the stall
+        verdict joins the error's message, as at a timeout (a peer that timed out may have
+        closed the connection this rank waited on: this rank's own timeout never comes).
+        Not for backup workers' steps (their family goes on without ranks that fail)."""
         broke = type(error) is CommError and error.peers is not None
         if (broke or isinstance(error, PeerFailedError)) and self.departures.waits_on_all:
             self.departures.announce(FAILED, cause_of(error))
+            if self.stall is not None:
+                self.stall.at_error(error)
 
     # -- what collectives and GradientSync need from each other, through the communicator
 
@@ -377,36 +381,48 @@ def init(
     stall_s: float | None = None,
     ipc_device=None,
 ) -> Communicator:
-    """Create a :class:`Communicator`.
+    """Create a :class:`Communicator`: every rank of the job calls it.
 
-    ``backend``: ``"auto"``, the one order of :mod:`commrt.runtime.choice`
-    (auto: nccl for CUDA tensors where CuPy with NCCL is installed and no two
-    ranks share a GPU, else cuda_ipc for CUDA tensors where CuPy is installed
-    and every rank is on one host, else shm where every rank is on one host, else mpi under mpiexec, else gloo; only
-    gloo where the job must outlive a dead rank; a CUDA machine without
-    CuPy/NCCL falls back with a warning that says what to install; shared
-    memory that the ranks turn out not to share falls back on every rank
-    alike), ``"nccl"``, ``"cuda_ipc"``, ``"mpi"``, ``"gloo"`` or ``"shm"`` (ranks of one host
-    through shared-memory rings, :mod:`commrt.transports.shm`; refused with
-    the reason where the ranks cannot share memory). Rank and
-    world size come from the launcher (mpiexec or torchrun); explicit
-    arguments override them. ``timeout`` bounds every wait (seconds, at most
-    :data:`MAX_TIMEOUT_S`, about 3 years; the reason is beside it in :mod:`commrt.runtime.rendezvous`).
-    ``piece_bytes`` is the pipelining granularity of large transfers.
-    ``debug`` (default: the ``COMMRT_DEBUG`` environment variable) checks
-    every collective's arguments across ranks first and names mismatches.
-    ``abort_on_error`` (default True, or ``COMMRT_ABORT_ON_ERROR``): an
-    exception that nobody catches ends the whole job with exit status 1
-    (``MPI_Abort`` under MPI) instead of leaving the other ranks waiting;
-    turn it off if your program handles rank failures itself.
-    ``device`` (nccl only): default, or ``"cuda"`` without an index, is
-    ``cuda:<local_rank % device_count>``.
-    ``nccl_module`` replaces ``cupy.cuda.nccl`` (for tests).
-    ``"cuda_ipc"``: ranks of one host, several per GPU if need be (:mod:`commrt.transports.cuda_ipc`);
-    ``ipc_device`` replaces its CUDA device (an ``IpcDevice``, for tests).
-    ``stall_s`` (default ``COMMRT_STALL_S``, else half the timeout, between 60 s and 5 minutes;
-    0: off; not shorter than the timeout: the verdict forms at the timeout, in the error):
-    see :mod:`commrt.runtime.stall`.
+    Rank and world size come from the launcher (mpiexec, torchrun, ``commrt train``);
+    the arguments override them.
+
+    Args:
+        backend: ``"auto"``, ``"nccl"``, ``"cuda_ipc"``, ``"mpi"``, ``"gloo"`` or
+            ``"shm"`` (or a :class:`Backend`). ``"auto"`` takes the one order of
+            :mod:`commrt.runtime.choice`: nccl for CUDA tensors where CuPy with NCCL
+            is installed and no two ranks share a GPU, else cuda_ipc for CUDA tensors
+            where every rank is on one host, else shm where every rank is on one host,
+            else mpi under mpiexec, else gloo; only gloo where the job must outlive a
+            dead rank. A CUDA machine without CuPy/NCCL falls back with a warning that
+            says what to install; shared memory that the ranks turn out not to share
+            falls back on every rank alike. ``"shm"`` (:mod:`commrt.transports.shm`)
+            and ``"cuda_ipc"`` (several ranks per GPU if need be,
+            :mod:`commrt.transports.cuda_ipc`) are refused, with the reason, where
+            the ranks cannot share memory.
+        rank: this process's rank (default: the launcher's).
+        world_size: the number of ranks (default: the launcher's).
+        timeout: seconds that bound every wait, at most :data:`MAX_TIMEOUT_S` (about 3
+            years; :mod:`commrt.runtime.rendezvous` says why).
+        master_addr: the rendezvous host (default: the launcher's ``MASTER_ADDR``).
+        master_port: the rendezvous port (default: the launcher's ``MASTER_PORT``).
+        device: nccl only; the default, or ``"cuda"`` without an index, is
+            ``cuda:<local_rank % device_count>``.
+        piece_bytes: the pipelining granularity of large transfers (at least 1024).
+        debug: check every collective's arguments across ranks first and name the
+            mismatches (default: ``COMMRT_DEBUG``).
+        abort_on_error: an exception that nobody catches ends the whole job with exit
+            status 1 (``MPI_Abort`` under MPI) instead of leaving the other ranks
+            waiting (default: True, or ``COMMRT_ABORT_ON_ERROR``); turn it off where
+            the program handles rank failures itself.
+        nccl_module: replaces ``cupy.cuda.nccl`` (for tests).
+        stall_s: seconds without progress inside a collective before the stall watch
+            gives its verdict (:mod:`commrt.runtime.stall`); default ``COMMRT_STALL_S``,
+            else half the timeout, between 60 s and 5 minutes; 0: off; not shorter
+            than the timeout: the verdict forms at the timeout, in the error.
+        ipc_device: replaces cuda_ipc's CUDA device (an ``IpcDevice``, for tests).
+
+    Returns:
+        This rank's communicator.
 
     Example::
 

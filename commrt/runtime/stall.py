@@ -15,9 +15,10 @@ every :data:`tick <StallWatch.tick>` seconds
   Where that is not shorter than the timeout, the watch still beats and
   answers, but declares nothing itself: the timeout declares the stall.
 
-When a wait of the communicator times out, :meth:`StallWatch.at_timeout`
+When a wait of the communicator times out, :meth:`StallWatch.at_error`
 forms the verdict *before* the error is raised and appends its text to the
-error's message, so that a program which catches the error and exits still
+error's message (as it does where a call broke under the rank or a peer
+failed: a peer's timeout may close the connection this rank waits on), so that a program which catches the error and exits still
 has it. On a stall, and when a rank dies of an uncaught commrt error (the
 abort-on-error hook, :mod:`commrt.runtime.abort`), :meth:`StallWatch.diagnose`
 runs once per process. Either way the verdict is formed once per process
@@ -105,7 +106,7 @@ def stall_seconds(value=None, timeout: float | None = None) -> float | None:
 def declares(stall_s: float, timeout: float | None) -> float | None:
     """The seconds without progress after which the watch declares a stall itself: ``stall_s``
     where it is shorter than ``timeout``; else None, and the timeout declares it
-    (:meth:`StallWatch.at_timeout`): a rank that pauses on purpose for less than the
+    (:meth:`StallWatch.at_error`): a rank that pauses on purpose for less than the
     timeout is never ended by a watch the user did not ask to be shorter."""
     return stall_s if timeout is None or stall_s < timeout else None
 
@@ -228,7 +229,7 @@ class StallWatch:
         for the judge's. Once per process: a second caller waits for the first and gets
         the same verdict. None where the store failed (said on stderr). ``failed``: for an
         error this rank dies of (its position is where its last collective raised);
-        ``told``: an error's message will carry the verdict (:meth:`at_timeout`)."""
+        ``told``: an error's message will carry the verdict (:meth:`at_error`)."""
         with self._forming:
             self.told = self.told or told
             if self.verdict is None:
@@ -248,10 +249,12 @@ class StallWatch:
                     return None
             return self.verdict
 
-    def at_timeout(self, error) -> None:
-        """Form the verdict before ``error`` (a :class:`~commrt.errors.CommTimeoutError`
-        of this communicator's) is raised, and append its text to the error's message:
-        whoever catches the error has it, even a program that then exits at once."""
+    def at_error(self, error) -> None:
+        """Form the verdict before ``error`` is raised, and append its text to the error's
+        message: whoever catches the error has it, even a program that then exits at once.
+        ``error``: a :class:`~commrt.errors.CommTimeoutError` of this communicator's, or
+        the failure of a call that broke under this rank (a peer's connection closed as
+        the peer timed out) or whose peer failed: such a rank's own timeout never comes."""
         verdict = self.form(str(error).splitlines()[0], failed=True, told=True)
         if verdict is not None:
             error.add_verdict(render(verdict))

@@ -13,7 +13,9 @@ A view is a dict:
 * ``state``: ``"published"`` (it answered), ``"dead"`` (process gone, no
   heartbeat), ``"stopped"`` (SIGSTOP: alive, not scheduled), ``"lost"`` (no
   heartbeat, on another host: dead or stopped, unknown), ``"silent"``
-  (alive, did not answer), ``"dropped"`` (backup workers dropped it: not a
+  (alive, did not answer: where its last heartbeat had it waiting on a peer
+  in the others' call, the chain goes on through it, and it is a root only
+  where the chain leads back to it), ``"dropped"`` (backup workers dropped it: not a
   hang); ``"left"`` (it ended after a call of its own failed, a peer's
   connection closing under it, and said so in its farewell: never a root
   cause; the chain of waits goes on through its last heartbeat's position);
@@ -67,18 +69,19 @@ def judge(views: list[dict], stall_s: float | None = None) -> dict:
     calls = {r: _signature(v) for r, v in by_rank.items() if _in_call(v)}
     common = _majority(calls)
     terminal = {}  # rank -> kind, for every rank that is not waiting in the common call
+    passing = {r for r, v in by_rank.items() if _waited_when_last_seen(v, common)}
     for r, v in sorted(by_rank.items()):
         kind = _kind(v, calls.get(r), common)
-        if kind is not None:
+        if kind is not None and r not in passing:
             terminal[r] = kind
-    roots, chains = {}, {}
-    for r in sorted(calls):
-        if r in terminal:
-            continue
-        chain = _follow(r, by_rank, terminal)
-        chains[r] = chain
-        roots.setdefault(chain[-1], []).append(r)
+    roots, chains = _chains(calls, by_rank, terminal)
+    looped = {next(r for r in c if r in passing) for c in chains.values()
+              if c[-1] is None and passing.intersection(c)}  # fmt: skip
+    if looped:  # a silent rank the others' waits lead back to holds them: it is a root
+        terminal |= dict.fromkeys(looped, "silent")
+        roots, chains = _chains(calls, by_rank, terminal)
     blamed = {r: k for r, k in terminal.items() if k not in ("dropped",)}
+    blamed |= {r: "silent" for r in passing if r not in blamed}
     if not chains and not any(k in KINDS[:4] for k in blamed.values()):  # nobody waits
         return {"kind": "none", "root": None, "lines": ["commrt: no stall: every rank runs."]}
     root = _pick_root(blamed, roots, chains)
@@ -154,6 +157,31 @@ def _kind(view: dict, call: tuple | None, common: tuple | None) -> str | None:
     if call is None:
         return "user code"
     return None if call == common else "other collective"
+
+
+def _waited_when_last_seen(view: dict, common: tuple | None) -> bool:
+    """Whether ``view`` is a rank that did not answer (``silent``: alive, perhaps merely
+    slow to answer under load) whose last heartbeat had it waiting on a peer in the call
+    the others are in: the chain of waits goes on through it, as through a rank that
+    ``left``; it is a root only where the chain leads back to it."""
+    p = view.get("position", {})
+    return (
+        view.get("state") == "silent" and bool(p.get("in_call")) and p.get("peer") is not None
+        and common is not None and _signature(view) == common
+    )  # fmt: skip
+
+
+def _chains(calls: dict, by_rank: dict, terminal: dict) -> tuple[dict, dict]:
+    """(roots, chains): each waiting rank's chain of waits (:func:`_follow`), and the
+    waiting ranks grouped by the rank their chain ends at."""
+    roots, chains = {}, {}
+    for r in sorted(calls):
+        if r in terminal:
+            continue
+        chain = _follow(r, by_rank, terminal)
+        chains[r] = chain
+        roots.setdefault(chain[-1], []).append(r)
+    return roots, chains
 
 
 def _follow(rank: int, by_rank: dict, terminal: dict) -> list[int]:

@@ -193,3 +193,22 @@ def test_a_path_longer_than_the_width_stays_whole_on_a_line_of_its_own():
     path = "/tmp/" + "a-long-checkout-folder/" * 4 + "tests/workers/verdict_worker.py:32"
     lines = wrap(f"    {path} in load_next_batch")
     assert lines == [f"    {path}", "        in load_next_batch"], lines
+
+
+def test_a_silent_rank_last_seen_waiting_passes_the_chain_on_to_the_rank_it_waits_on():
+    """Under load a rank may miss the judge's gather: alive, it did not answer, and its
+    last heartbeat had it waiting in the others' call on rank 3, which is in user code.
+    Rank 3 holds everyone; the silent rank is named beside it, never the root."""
+    late = absent(0, "silent") | {"position": dict(CALL, in_call=True, step=0, peer=3)}
+    v = judge([late, waiting(1, 0), waiting(2, 1), idle(3)])
+    assert (v["kind"], v["root"], v["chain"]) == ("user code", 3, [2, 1, 0, 3])
+    assert v["others"] == {"0": "silent"} and "also: rank 0 is silent" in text(v)
+
+
+def test_a_silent_rank_the_chain_leads_back_to_is_the_root():
+    """The chain through a silent rank loops back to it (its peer waits on it): it is
+    what holds the others."""
+    late = absent(0, "silent") | {"position": dict(CALL, in_call=True, step=0, peer=1)}
+    v = judge([late, waiting(1, 0), waiting(2, 1), waiting(3, 2)])
+    assert (v["kind"], v["root"]) == ("silent", 0)
+    assert v["waiting"] == [1, 2, 3], v
