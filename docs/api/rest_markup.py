@@ -12,7 +12,11 @@ extension rewrites each docstring once Griffe has loaded its package:
   dotted part as the title, as in Sphinx; ``Title <target>`` keeps the title);
   a name relative to the docstring's module or class is resolved by Griffe;
 * a literal block becomes a fenced code block (Python where it holds Python,
-  else plain), and its ``::`` a single ``:`` (dropped when it stands alone).
+  else plain), and its ``::`` a single ``:`` (dropped when it stands alone);
+* a doctest directive (``# doctest: +SKIP``) is dropped from an example: it is
+  for the doctest runner, not the reader;
+* a parameter's default that names a module's constant (``DEFAULT_ALGORITHM``)
+  shows the constant's value (``'ring'``), where the value is a plain literal.
 
 mkdocs.yml loads it after :mod:`package_dirs`, so the packages that setuptools
 maps from other folders are rewritten too. Build code for the docs, not part
@@ -33,6 +37,10 @@ ROLE = re.compile(
 )
 #: the line that opens a literal block: text ending in "::" (or "::" alone)
 OPENS = re.compile(r"^(?P<indent>\s*)(?P<text>.*?)::\s*$")
+#: a doctest directive at the end of an example's line, with the spaces before it
+DOCTEST = re.compile(r"[ \t]*#\s*doctest:\s*[+-]\w+(?:\s*,\s*[+-]\w+)*[ \t]*$", re.MULTILINE)
+#: a default shown as its value: a number, a string, True, False or None
+LITERAL = re.compile(r"""^(-?[\d_.]+(?:e-?\d+)?|'[^'\\]*'|"[^"\\]*"|True|False|None)$""")
 PYTHON = re.compile(r"^\s*(>>>|import |from \w|def |class |with |for |\w+ = )", re.MULTILINE)
 
 
@@ -95,12 +103,42 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
+def constant_value(obj: griffe.Object, default) -> str | None:
+    """The literal value of the constant that ``default`` (a parameter's default in
+    ``obj``) names, else None (not a name, not found, or not a plain literal)."""
+    if not isinstance(default, griffe.ExprName):
+        return None
+    try:
+        found = obj.modules_collection.get_member(default.canonical_path)
+        while found.is_alias:
+            found = found.target
+    except (griffe.AliasResolutionError, griffe.CyclicAliasError, KeyError, AttributeError):
+        return None
+    value = getattr(found, "value", None) if found.is_attribute else None
+    return str(value) if value is not None and LITERAL.match(str(value)) else None
+
+
+def show_constant_defaults(obj: griffe.Function) -> None:
+    """Each parameter default of ``obj`` (a function) that names a constant, as its value."""
+    for parameter in obj.parameters:
+        value = constant_value(obj, parameter.default)
+        if value is not None:
+            parameter.default = value
+
+
 def rewrite(obj: griffe.Object) -> None:
     """Rewrite ``obj``'s docstring and its members' (aliases are their targets' business)."""
     if obj.docstring is not None and not getattr(obj.docstring, "rewritten", False):
-        value = fence_literal_blocks(obj.docstring.value)
+        value = DOCTEST.sub("", fence_literal_blocks(obj.docstring.value))
         obj.docstring.value = ROLE.sub(lambda m: cross_reference(m, obj), value)
         obj.docstring.rewritten = True
+    if obj.is_function:
+        show_constant_defaults(obj)
+    elif obj.is_attribute and obj.parent is not None and obj.parent.is_class:
+        # a dataclass field's default: its __init__'s parameter is made from it
+        value = constant_value(obj, obj.value)
+        if value is not None:
+            obj.value = value
     for member in obj.members.values():
         if not member.is_alias:
             rewrite(member)

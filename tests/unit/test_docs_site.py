@@ -7,6 +7,7 @@ fenced code. One build, into a temporary folder, then a scan of every page.
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import os
 import re
@@ -35,14 +36,19 @@ def _extension():
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def built(tmp_path_factory) -> Path:
     pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]')")
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {p.relative_to(out): p.read_text("utf-8") for p in out.rglob("*.html")}
+    return out
+
+
+@pytest.fixture(scope="module")
+def site(built):
+    return {p.relative_to(built): p.read_text("utf-8") for p in built.rglob("*.html")}
 
 
 def test_the_site_shows_no_raw_role_and_no_literal_block_marker(site):
@@ -60,7 +66,7 @@ def test_a_role_became_a_link_and_a_literal_block_code(site):
         r'Create a <a class="autorefs autorefs-internal"[^>]*><code>Communicator', page
     )
     assert link, "init's ':class:`Communicator`' is no link"
-    assert '<p>Example:</p>\n<div class="highlight">' in page
+    assert '<p>Example:</p>\n<div class="language-python highlight">' in page
 
 
 def test_roles_become_optional_cross_references():
@@ -88,3 +94,93 @@ def test_literal_blocks_become_fenced_code():
         "```text\ncommrt probe\n```\n"
     )
     assert ext.fence_literal_blocks("a :: b\nno block::\nnext") == "a :: b\nno block::\nnext"
+
+
+def _module(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _text(page: str) -> str:
+    return html.unescape(re.sub(r"<[^>]+>", "", page))
+
+
+def test_no_doctest_directive_shows_in_an_example(site):
+    shown = {str(p): _text(t).count("doctest:") for p, t in site.items() if "doctest:" in _text(t)}
+    assert not shown, f"'# doctest: ...' on the pages: {shown}"
+
+
+def test_the_reference_shows_only_the_communicator_methods_a_user_page_names(site):
+    """The API page's Communicator lists what users call: each member it shows is named on
+    a page of the docs (or the README); the bookkeeping other modules call is left out."""
+    page = site[Path("api/commrt/index.html")]
+    shown = set(re.findall(r'id="commrt\.Communicator\.(\w+)"', page))
+    assert {"barrier", "run_schedule", "close"} <= shown, shown
+    pages = [p for p in (ROOT / "docs").glob("*.md")] + [ROOT / "README.md"]
+    named = " ".join(p.read_text("utf-8") for p in pages)
+    unnamed = sorted(m for m in shown if not re.search(rf"\b{m}\b", named))
+    assert not unnamed, f"Communicator members on the API page that no user page names: {unnamed}"
+    internal = {"note_op", "admit_collective", "quiesce_syncs", "begin_sync_step", "run_held",
+                "check_open", "register_sync", "failed_in_call", "verdict_at_timeout"}  # fmt: skip
+    assert not shown & internal, shown & internal
+
+
+def test_a_default_that_names_a_constant_shows_its_value(site):
+    """GradientSync(algorithm=DEFAULT_ALGORITHM) reads algorithm="ring" on the page, init's
+    timeout its seconds: a reader cannot look a constant's name up from a signature."""
+    signatures = re.findall(
+        r'<div class="[^"]*doc-signature[^"]*">(.*?)</div>', "".join(site.values()), re.S
+    )
+    assert signatures
+    named = sorted(
+        {m for s in signatures for m in re.findall(r"=\s*([A-Z][A-Z0-9_]{3,})\b", _text(s))}
+    )
+    assert not named, f"signature defaults shown as a constant's name: {named}"
+    text = _text(site[Path("api/commrt/index.html")])
+    assert re.search(
+        r"GradientSync\(.*?algorithm: \"str \| Algorithm\" = \"ring\"", " ".join(text.split())
+    )
+
+
+def test_init_has_a_parameter_table_with_every_parameter(site):
+    import inspect
+
+    import commrt
+
+    page = site[Path("api/commrt/index.html")]
+    section = page[page.index('id="commrt.init"') : page.index('id="commrt.Communicator"')]
+    table = re.search(r"<table>.*?</table>", section, re.S)
+    assert table, "init documents its parameters in a paragraph, not a table"
+    first = r'<tr class="doc-section-item">\s*<td>\s*<code>(.*?)</code>'
+    rows = {_text(cell) for cell in re.findall(first, table.group(0))}
+    assert rows == set(inspect.signature(commrt.init).parameters), rows
+
+
+def test_table_code_breaks_after_dots_and_parentheses_never_inside_a_name():
+    hook = _module("docs/hooks/table_code.py", "table_code")
+    pieces = re.findall(
+        r'<span class="nobr">(.*?)</span>', hook.wrap_code("commrt.init(debug=None)")
+    )
+    assert pieces == ["commrt.", "init(", "debug=", "None)"]
+    assert re.findall(r'<span class="nobr">(.*?)</span>', hook.wrap_code("--max-restarts N")) == [
+        "--max-restarts",
+        "N",
+    ]
+    cell = hook.wrap_cells("<td><code>COMMRT_DEBUG</code></td><p><code>a.b</code></p>")
+    assert (
+        cell
+        == '<td><code><span class="nobr">COMMRT_DEBUG</span><wbr></code></td><p><code>a.b</code></p>'
+    )
+
+
+def test_in_a_real_browser_at_1280_px_no_name_breaks_no_line_hides_and_no_table_overflows(built):
+    """tools/docs_check.py on every page, in headless Chromium: no name or flag in a table
+    cell broken over two lines, no first line of a code block under its copy button, no
+    table wider than the page's column."""
+    check = _module("tools/docs_check.py", "docs_check")
+    browser = check.chromium()
+    if browser is None:
+        pytest.skip("no Chromium here (.ci/run installs Debian's chromium where apt-get can)")
+    assert check.check(built, browser) == []
