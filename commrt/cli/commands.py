@@ -37,6 +37,7 @@ from commrt import __version__
 from commrt.cli import extras
 from commrt.cli import launch as launcher
 from commrt.cli.flags import unknown_flags
+from commrt.cli.startup import launcher_line, rank_startup
 from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
 from commrt.cli.units import cuda_available
 from commrt.runtime.choice import LOCAL, ONLY_GLOO_SURVIVES, Situation, choose
@@ -178,7 +179,7 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     if args.nproc > 1 and not launcher.already_launched():
         child = list(argv) + ["--backend", backend]
         # the ranks take seconds to import torch and meet: say so at once
-        print(f"starting {args.nproc} ranks ({backend})…", flush=True)
+        print(launcher_line(args.nproc, backend), flush=True)
         # backup workers: the launcher hosts the control store (so any worker may die) and
         # lets up to b workers die without stopping the others
         code = launcher.launch(
@@ -251,7 +252,12 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.run is None:  # "commrt", "commrt bench": which one?
         sub.error(f"choose one of: {', '.join(args.subcommands)} (then --help for its flags)")
     extras.check(args)  # scikit-learn, matplotlib: one line and status 2 if one is missing
+    # a rank of commrt train: its start-up's phases from here (checking the flags imports torch)
+    rank = args.command == "train" and launcher.already_launched()
+    startup = rank_startup(launcher.launched_at()) if rank else None
     options = check_train(sub, args) if args.command == "train" else None
+    if startup is not None:
+        options = dataclasses.replace(options, startup=startup)
     if args.algorithms:
         _check_algorithms(sub, args.algorithms)
     if args.single_process:

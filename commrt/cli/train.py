@@ -31,6 +31,7 @@ import torch
 import commrt
 from commrt.algorithms import Algorithm
 from commrt.cli.launch import launched_at
+from commrt.cli.startup import BROADCAST, DATA, MEETING, PROCESSES, Startup
 from commrt.cli.traces import merge_rank_traces, save_rank_trace
 from commrt.cli.train_data import Digits, Sharding, evaluate, load_digits
 from commrt.cli.train_faults import Stragglers, peer_failed
@@ -93,6 +94,9 @@ class TrainOptions:
     quiet: bool = False
     #: a peer's failure with its traceback (else one line: train_faults.peer_failed)
     verbose: bool = False
+    #: this rank's start-up phases, begun before the flags were checked (None: one begins
+    #: at run(), from the launch)
+    startup: Startup | None = field(default=None, compare=False)
 
     def ranks_may_die(self, nproc: int) -> int:
         """How many of ``nproc`` ranks may die while the others carry on: b for backup
@@ -173,6 +177,8 @@ class Outcome:
     step_no: int = 0
     #: seconds from the launch to the first step: processes, imports, init, set-up
     startup_s: float = 0.0
+    #: the start-up's phases and their seconds (:class:`commrt.cli.startup.Startup`)
+    startup_phases: list[tuple[str, float]] = field(default_factory=list)
 
 
 def _done(sync: commrt.GradientSync, traits: SyncReport, total_steps: int) -> bool:
@@ -212,15 +218,15 @@ def _epoch(
     return losses
 
 
-def train(s: Setup, sync: commrt.GradientSync, bar: ProgressBar) -> Outcome:
+def train(s: Setup, sync: commrt.GradientSync, bar: ProgressBar, startup: Startup) -> Outcome:
     """Every epoch: its steps, then (models that drift) exact averaging, then evaluation.
 
     Each epoch ends with its line, the last one too (a family whose ranks stop at the
     planned global step may stop inside an epoch), so the last line shows the last
-    evaluation."""
+    evaluation. ``startup`` ends at the first step."""
     opts, comm = s.opts, s.comm
     traits = sync.report()
-    out = Outcome(startup_s=max(0.0, time.time() - launched_at()))
+    out = Outcome(startup_s=max(0.0, startup.end()), startup_phases=startup.breakdown())
     t_start = time.perf_counter()
     for epoch in range(opts.epochs):
         gb = opts.batch_schedule.batch_size(epoch)
@@ -264,16 +270,23 @@ def open_sync(s: Setup):
 
 def run(opts: TrainOptions) -> int:
     """One rank of ``commrt train`` (the CLI launches the ranks)."""
+    startup = opts.startup
+    if startup is None:  # started otherwise than by commrt's own entry: from the launch
+        startup = Startup(launched_at(), say=False)
+        startup.begin(PROCESSES, now=launched_at())
+    startup.begin(MEETING)
     comm = commrt.init(opts.backend, timeout=opts.timeout)
+    startup.begin(DATA)
     s = set_up(opts, comm)
     bar = ProgressBar(s.total_steps, enabled=comm.rank == 0 and not opts.quiet)
+    startup.begin(BROADCAST)
     sync = open_sync(s)
     if sync is None:
         comm.close()
         return 0
     with sync:
         try:
-            out = train(s, sync, bar)
+            out = train(s, sync, bar, startup)
         except CommError as e:  # a peer died or stopped: one line, unless --verbose
             if opts.verbose:
                 raise

@@ -9,9 +9,12 @@ downloaded. :class:`Sharding` gives each rank its batches every epoch
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 
 import commrt
@@ -32,18 +35,29 @@ class Digits:
     y_test: torch.Tensor
 
 
+def digits_file() -> Path:
+    """The digits' file inside the installed scikit-learn (``datasets/data/digits.csv.gz``:
+    one row per image, its 64 pixels then its label, the file scikit-learn's own
+    ``load_digits`` reads). Found without importing scikit-learn, whose ``datasets``
+    package takes about a second to import: a second of every rank's start-up."""
+    spec = importlib.util.find_spec("sklearn")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            return path
+    where = f"in scikit-learn at {folders[0]}" if folders else "(no scikit-learn installed)"
+    raise RuntimeError(
+        f"commrt train needs scikit-learn's digits dataset, not found {where}: "
+        "pip install 'commrt[train]'"
+    )
+
+
 def load_digits(seed: int = 0) -> Digits:
     """The digits data as float tensors scaled to [0, 1], split 80/20 with a fixed seed."""
-    try:
-        from sklearn.datasets import load_digits as sk_digits
-    except ImportError as e:  # the command line says so before any rank starts (extras)
-        raise RuntimeError(
-            "commrt train needs scikit-learn (its digits dataset ships inside it): "
-            "pip install 'commrt[train]'"
-        ) from e
-    d = sk_digits()
-    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(d.target, dtype=torch.int64)
+    rows = np.loadtxt(digits_file(), delimiter=",")
+    x = torch.tensor(rows[:, :-1], dtype=torch.float32) / 16.0
+    y = torch.tensor(rows[:, -1].astype(np.int64))
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))
     n_test = int(len(x) * TEST_FRACTION)
     test, train = perm[:n_test], perm[n_test:]

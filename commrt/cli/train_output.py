@@ -141,6 +141,7 @@ def summary_rows(
     rows = [
         ("final test accuracy", f"{out.accuracy:.4f}"),
         ("start-up", f"{out.startup_s:.2f} s (launch to first step)"),
+        *((f"  {name}", f"{seconds:.2f} s") for name, seconds in out.startup_phases),
         ("training", f"{ph.wall_s:.2f} s (steps and evaluations)"),
         ("throughput", f"{out.samples / ph.wall_s:,.0f} samples/s"),
         ("ranks × backend", _ranks_row(comm)),

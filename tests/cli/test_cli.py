@@ -2,6 +2,7 @@
 the progress output at 80 columns, and a rank killed mid-run."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,6 +53,12 @@ def test_train_end_to_end(algorithm, backend, tmp_path):
     assert s["ranks × backend"] == f"2 × {backend}"
     assert s["trace"] == str(trace) and trace.exists()
     assert "exposed (blocked in wait)" in proc.stdout and "samples/s" in s["throughput"]
+    # the start-up, phase by phase: the phases add up to it
+    phases = re.findall(r"^  (processes and imports|meeting the other ranks|data and model|"
+                        r"first broadcast of the model)\s+([\d.]+) s$", proc.stdout, re.M)  # fmt: skip
+    assert len(phases) == 4, proc.stdout
+    total = float(s["start-up"].split()[0])
+    assert abs(sum(float(t) for _, t in phases) - total) <= 0.03, proc.stdout
 
 
 def test_bench_allreduce_writes_a_png(tmp_path):
