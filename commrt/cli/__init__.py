@@ -7,7 +7,8 @@
 * :mod:`commrt.cli.launch`: starting N local ranks (mpiexec or subprocesses);
 * ``commrt train``: :mod:`~commrt.cli.train_args` (its flags, checked before any rank
   starts), :mod:`~commrt.cli.train` (one rank of it), :mod:`~commrt.cli.train_data`,
-  :mod:`~commrt.cli.train_faults`, :mod:`~commrt.cli.train_output`;
+  :mod:`~commrt.cli.train_faults`, :mod:`~commrt.cli.train_output`,
+  :mod:`~commrt.cli.startup` (its start-up's phases);
 * ``commrt bench``: :mod:`~commrt.cli.bench_command`; its measurements,
   :mod:`commrt.cli.bench`, are shared with ``bench/``;
 * ``commrt simulate``: :mod:`~commrt.cli.simulate`, its sections and figures
