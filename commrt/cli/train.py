@@ -218,15 +218,15 @@ def _epoch(
     return losses
 
 
-def train(s: Setup, sync: commrt.GradientSync, bar: ProgressBar, startup: Startup) -> Outcome:
-    """Every epoch: its steps, then (models that drift) exact averaging, then evaluation.
+def train(s: Setup, sync: commrt.GradientSync, bar: ProgressBar, out: Outcome) -> Outcome:
+    """Every epoch: its steps, then (models that drift) exact averaging, then evaluation;
+    ``out`` (the start-up's already) filled as they go.
 
     Each epoch ends with its line, the last one too (a family whose ranks stop at the
     planned global step may stop inside an epoch), so the last line shows the last
-    evaluation. ``startup`` ends at the first step."""
+    evaluation."""
     opts, comm = s.opts, s.comm
     traits = sync.report()
-    out = Outcome(startup_s=max(0.0, startup.end()), startup_phases=startup.breakdown())
     t_start = time.perf_counter()
     for epoch in range(opts.epochs):
         gb = opts.batch_schedule.batch_size(epoch)
@@ -278,15 +278,17 @@ def run(opts: TrainOptions) -> int:
     comm = commrt.init(opts.backend, timeout=opts.timeout)
     startup.begin(DATA)
     s = set_up(opts, comm)
-    bar = ProgressBar(s.total_steps, enabled=comm.rank == 0 and not opts.quiet)
     startup.begin(BROADCAST)
     sync = open_sync(s)
     if sync is None:
         comm.close()
         return 0
     with sync:
+        # the start-up ends here, at the first step: no phase is named over the bar
+        out = Outcome(startup_s=max(0.0, startup.end()), startup_phases=startup.breakdown())
+        bar = ProgressBar(s.total_steps, enabled=comm.rank == 0 and not opts.quiet)
         try:
-            out = train(s, sync, bar, startup)
+            out = train(s, sync, bar, out)
         except CommError as e:  # a peer died or stopped: one line, unless --verbose
             if opts.verbose:
                 raise
