@@ -245,9 +245,10 @@ def ipc_comm(rank: int, n: int, port: int, make_device=None):
                       LOCAL_WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
     import commrt
+    from commrt.testing import engines
 
-    dev = make_device() if make_device else None
-    return commrt.init("cuda_ipc", ipc_device=dev, timeout=120, stall_s=0)
+    with engines(cuda_ipc=make_device() if make_device else None):
+        return commrt.init("cuda_ipc", timeout=120, stall_s=0)
 
 
 def ipc_rank(rank: int, n: int, port: int, q, calls: int, make_device=None) -> None:

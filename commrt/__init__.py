@@ -27,6 +27,8 @@ Everything else lives in packages and modules with one job each:
 * :mod:`commrt.sync`: gradient synchronisation (:class:`GradientSync`);
 * :mod:`commrt.distributed`: the torch.distributed backend ``"commrt"`` and DDP hooks;
 * :mod:`commrt.data`: the public path of :class:`~commrt.data.GossipShuffle`;
+* :mod:`commrt.testing`: stand-ins for the device transports' engines, plugged in by
+  tests (never ``init``'s arguments);
 * :mod:`commrt.cli`: the ``commrt`` command line, which :mod:`commrt.__main__`
   runs as ``python -m commrt``.
 """

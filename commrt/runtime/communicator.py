@@ -377,9 +377,7 @@ def init(
     piece_bytes: int = 4 << 20,
     debug: bool | None = None,
     abort_on_error: bool | None = None,
-    nccl_module=None,
     stall_s: float | None = None,
-    ipc_device=None,
 ) -> Communicator:
     """Create a :class:`Communicator`: every rank of the job calls it.
 
@@ -414,12 +412,10 @@ def init(
             status 1 (``MPI_Abort`` under MPI) instead of leaving the other ranks
             waiting (default: True, or ``COMMRT_ABORT_ON_ERROR``); turn it off where
             the program handles rank failures itself.
-        nccl_module: replaces ``cupy.cuda.nccl`` (for tests).
         stall_s: seconds without progress inside a collective before the stall watch
             gives its verdict (:mod:`commrt.runtime.stall`); default ``COMMRT_STALL_S``,
             else half the timeout, between 60 s and 5 minutes; 0: off; not shorter
             than the timeout: the verdict forms at the timeout, in the error.
-        ipc_device: replaces cuda_ipc's CUDA device (an ``IpcDevice``, for tests).
 
     Returns:
         This rank's communicator.
@@ -440,10 +436,7 @@ def init(
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     order = _candidates(backend, launch, device, world_size)
     address = (master_addr, master_port)
-    engine = ipc_device if order[0] is Backend.CUDA_IPC else nccl_module
-    be, transport = make_transport(
-        order, launch, rank, world_size, timeout, address, device, engine
-    )
+    be, transport = make_transport(order, launch, rank, world_size, timeout, address, device)
     auto = not isinstance(backend, Backend) and str(backend).lower() == "auto"
     comm = Communicator(transport, be, launch, timeout, piece_bytes, bool(debug), why(be, auto))
     log_transport(comm)

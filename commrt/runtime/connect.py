@@ -12,24 +12,26 @@ from commrt.runtime.rendezvous import tcp_store as _tcp_store
 from commrt.transports.base import Transport
 from commrt.transports.cuda_ipc_connect import init_cuda_ipc
 from commrt.transports.shm_connect import shm_transport
+from commrt.transports.stand_ins import stand_in
 
 
-def make_transport(order, launch, rank, world_size, timeout, address, device, nccl):
+def make_transport(order, launch, rank, world_size, timeout, address, device):
     """(backend, transport): the first of ``order`` that can be made;
-    ``address``: (master_addr, master_port); ``nccl``: the NCCL module, or for cuda_ipc
-    its device (None: the real ones)."""
+    ``address``: (master_addr, master_port). The NCCL module and cuda_ipc's device are
+    the real ones unless a test plugged stand-ins in (:mod:`commrt.transports.stand_ins`)."""
     master_addr, master_port = address
     if rejoining():
         return order[0], _rejoined(order[0], rank, world_size)
     if order[0] is Backend.NCCL:
         made = _nccl_transport(
-            launch, rank, world_size, master_addr, master_port, timeout, device, nccl
-        )
+            launch, rank, world_size, master_addr, master_port, timeout, device,
+            stand_in("nccl"),
+        )  # fmt: skip
         return Backend.NCCL, made
     if order[0] is Backend.CUDA_IPC:
         store = _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
         return order[0], init_cuda_ipc(
-            store, rank, world_size, device, launch.local_rank, timeout, nccl
+            store, rank, world_size, device, launch.local_rank, timeout, stand_in("cuda_ipc")
         )
     return cpu_transport(
         order,

@@ -19,5 +19,7 @@
 * :mod:`~commrt.transports.watchdog` and :mod:`~commrt.transports.bounded`: calls
   that block in C code (NCCL's), given a timer or a bound;
 * :mod:`~commrt.transports.processes`: what ``/proc`` says of a process on this host
-  (a dead peer, a stopped rank).
+  (a dead peer, a stopped rank);
+* :mod:`~commrt.transports.stand_ins`: the engines under the NCCL and cuda_ipc
+  transports, replaceable for tests (through :mod:`commrt.testing`).
 """

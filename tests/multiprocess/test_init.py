@@ -12,6 +12,8 @@ from helpers.local_transport import run_ranks
 from helpers.mp import TESTS
 
 import commrt
+import commrt.testing
+import commrt.transports.stand_ins
 from commrt.runtime.communicator import Communicator
 from commrt.runtime.environment import LaunchInfo, detect_launch
 
@@ -153,7 +155,8 @@ def test_a_process_group_timeout_is_checked_alike():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when no GPU exists")
 def test_nccl_without_gpu_says_so():
     with pytest.raises(RuntimeError, match="needs a CUDA GPU.*backend='mpi'.*'gloo'"):
-        commrt.init("nccl", nccl_module=object())
+        with commrt.testing.engines(nccl=object()):
+            commrt.init("nccl")
 
 
 def test_all_reduce_input_errors():
@@ -191,3 +194,23 @@ def test_under_torchrun_on_one_host_init_picks_shared_memory_as_the_torch_backen
         report = json.loads((tmp_path / f"{r}.json").read_text())
         assert report["init"] == "shm" and report["process_group"] == ["shm"], report
         assert report["init_sum"] == [0.0, 3.0, 6.0] and report["process_group_sum"] == [3.0] * 3
+
+
+def test_init_holds_no_test_seam_and_a_stand_in_plugs_in_through_commrt_testing():
+    """commrt.init's signature holds what users set; a test's engine plugs in through
+    commrt.testing.engines, for the calls inside the block only."""
+    import inspect
+
+    from commrt.transports.stand_ins import stand_in
+
+    params = set(inspect.signature(commrt.init).parameters)
+    assert not params & {"nccl_module", "ipc_device"}, params
+    sentinel = object()
+    with commrt.testing.engines(nccl=sentinel):
+        assert stand_in("nccl") is sentinel and stand_in("cuda_ipc") is None
+        with commrt.testing.engines(cuda_ipc=sentinel):
+            assert stand_in("nccl") is sentinel and stand_in("cuda_ipc") is sentinel
+    assert stand_in("nccl") is None
+    with pytest.raises(TypeError, match="no engine 'gloo' to replace"):
+        with commrt.transports.stand_ins.plugged(gloo=sentinel):
+            pass

@@ -225,7 +225,7 @@ LAYERS = (
     ("training",),
     ("sync",),
     ("distributed",),
-    ("data",),  # commrt.data, the public path of GossipShuffle
+    ("data", "testing"),  # commrt.data (GossipShuffle); commrt.testing (tests' stand-ins)
     ("commrt",),  # commrt/__init__.py: the public names
     ("cli",),
     ("__main__",),

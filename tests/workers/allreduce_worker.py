@@ -15,6 +15,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from helpers.engines import init_with
 from helpers.nccl_standin import StandInNccl  # noqa: E402
 
 import commrt  # noqa: E402
@@ -50,11 +51,11 @@ def main(out_path):
         "mpi": commrt.init("mpi", timeout=60),
         "gloo": commrt.init("gloo", timeout=60),
         "shm": commrt.init("shm", timeout=60),
-        "nccl-standin": commrt.init("nccl", nccl_module=standin, device="cpu", timeout=60),
+        "nccl-standin": init_with("nccl", standin, device="cpu", timeout=60),
         # second NCCL rendezvous path: the unique id through a TCPStore
-        "nccl-standin-store": commrt.init(
+        "nccl-standin-store": init_with(
             "nccl",
-            nccl_module=StandInNccl(),
+            StandInNccl(),
             device="cpu",
             timeout=60,
             master_addr="127.0.0.1",

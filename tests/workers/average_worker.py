@@ -17,6 +17,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from helpers.engines import init_with  # noqa: E402
 from helpers.ipc_standin import StandInDevice  # noqa: E402
 
 import commrt  # noqa: E402
@@ -83,7 +84,7 @@ def _paths(comm, dtype):
 def main(backend: str, out: str) -> None:
     if backend == "cuda_ipc":
         dev = StandInDevice(seed=int(os.environ["RANK"]))
-        comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=60, stall_s=0)
+        comm = init_with("cuda_ipc", dev, timeout=60, stall_s=0)
     else:
         comm = commrt.init(backend, timeout=60)
     report = {}

@@ -36,6 +36,7 @@ import sys
 import time
 
 import torch
+from helpers.engines import init_with
 
 import commrt
 from commrt.algorithms import BackupWorkers
@@ -159,12 +160,8 @@ def make_comm(backend, timeout):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from helpers.nccl_strict import StrictNccl
 
-    return commrt.init(
-        "nccl",
-        nccl_module=StrictNccl(hang_s=2 * timeout),
-        device="cpu",
-        timeout=timeout,
-        abort_on_error=False,
+    return init_with(
+        "nccl", StrictNccl(hang_s=2 * timeout), device="cpu", timeout=timeout, abort_on_error=False
     )
 
 

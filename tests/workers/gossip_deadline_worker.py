@@ -28,6 +28,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from helpers.engines import init_with  # noqa: E402
 from helpers.gossip import gossip_model, gossip_targets  # noqa: E402
 from helpers.ipc_standin import StandInDevice  # noqa: E402
 
@@ -63,7 +64,7 @@ def connect(mode: str) -> commrt.Communicator:
     if mode == "cuda_ipc":
         os.environ["COMMRT_CUDA_IPC_SLOT_BYTES"] = "4096"
         dev = StandInDevice(seed=int(os.environ["RANK"]))
-        return commrt.init("cuda_ipc", ipc_device=dev, timeout=120, stall_s=0)
+        return init_with("cuda_ipc", dev, timeout=120, stall_s=0)
     return commrt.init("mpi" if mode == "mpi" else "gloo", timeout=120)
 
 

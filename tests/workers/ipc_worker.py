@@ -33,6 +33,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from helpers.engines import init_with  # noqa: E402
 from helpers.ipc_standin import StandInDevice  # noqa: E402
 from helpers.mp import die_after_one_all_reduce  # noqa: E402
 
@@ -56,7 +57,7 @@ def init(latency_s=0.002, timeout=120, **kw):
     """A cuda_ipc communicator on the stand-in device, or on the GPU under ``IPC_ON_GPU``."""
     dev = None if ON_GPU else StandInDevice(latency_s=latency_s, seed=RANK, **kw)
     timeout, stall_s = (min(timeout, GPU_TIMEOUT_S), GPU_STALL_S) if ON_GPU else (timeout, 0)
-    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=timeout, stall_s=stall_s,
+    comm = init_with("cuda_ipc", dev, timeout=timeout, stall_s=stall_s,
                        abort_on_error=False)  # fmt: skip
     return comm, dev
 
@@ -372,13 +373,13 @@ def mismatch(out):
 
 def death(out):
     dev = StandInDevice(seed=RANK)
-    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=120, stall_s=0)
+    comm = init_with("cuda_ipc", dev, timeout=120, stall_s=0)
     die_after_one_all_reduce(comm, out)
 
 
 def timeout(out):
     dev = StandInDevice(seed=RANK)
-    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=3, stall_s=0, abort_on_error=False)
+    comm = init_with("cuda_ipc", dev, timeout=3, stall_s=0, abort_on_error=False)
     report = {}
     if comm.rank == 1:
         time.sleep(8)
@@ -405,7 +406,7 @@ def _closing(late_s: float, close_s: float | None = None) -> dict:
     freed = []
     free = dev.free
     dev.free = lambda ptr: (freed.append(ptr), free(ptr))[1]
-    comm = commrt.init("cuda_ipc", ipc_device=dev, timeout=30, stall_s=0)
+    comm = init_with("cuda_ipc", dev, timeout=30, stall_s=0)
     commrt.all_reduce(torch.ones(10), comm)
     if comm.rank == 1:
         time.sleep(late_s)
@@ -427,7 +428,7 @@ def close_leaves(out):
 def refuse(out):
     dev = StandInDevice(seed=RANK, name=f"gpu{RANK}", peer_access=False)
     try:
-        commrt.init("cuda_ipc", ipc_device=dev, timeout=30, stall_s=0)
+        init_with("cuda_ipc", dev, timeout=30, stall_s=0)
     except ValueError as e:
         return {"init_error": str(e)}
     return {"init_error": None}

@@ -40,6 +40,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+from helpers.engines import init_with  # noqa: E402
 from helpers.gossip import gossip_model, gossip_steps, gossip_targets  # noqa: E402
 from helpers.nccl_strict import StrictNccl  # noqa: E402
 
@@ -50,9 +51,9 @@ SIZES = (1, 7, 1000, 40_003)
 
 
 def strict_comm(timeout=60.0, hang_s=30.0, **modes):
-    return commrt.init(
+    return init_with(
         "nccl",
-        nccl_module=StrictNccl(hang_s=hang_s, **modes),
+        StrictNccl(hang_s=hang_s, **modes),
         device="cpu",
         timeout=timeout,
         abort_on_error=False,
