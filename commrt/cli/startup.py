@@ -24,7 +24,7 @@ SLOW_S = 2.0
 PROCESSES = "processes and imports"
 MEETING = "meeting the other ranks"
 DATA = "data and model"
-BROADCAST = "first broadcast of the model"
+BROADCAST = "broadcasting the model"
 
 
 class Startup:

@@ -205,15 +205,17 @@ class Communicator:
         connection closed) or a peer failed: a farewell saying that this rank failed, and
         at which rank the failure began where the error names one. Whatever the program
         then does (it may catch the error and exit), the peers' errors and a stall verdict
-        follow the chain past this rank instead of taking it for the cause. Then the stall
-        verdict joins the error's message, as at a timeout (a peer that timed out may have
-        closed the connection this rank waited on: this rank's own timeout never comes).
+        follow the chain past this rank instead of taking it for the cause. Where a stall
+        was declared (a peer that timed out may have closed the connection this rank
+        waited on: this rank's own timeout never comes), its verdict joins the error's
+        message (:meth:`commrt.runtime.stall.StallWatch.after_broken_call`).
         Not for backup workers' steps (their family goes on without ranks that fail)."""
         broke = type(error) is CommError and error.peers is not None
         if (broke or isinstance(error, PeerFailedError)) and self.departures.waits_on_all:
             self.departures.announce(FAILED, cause_of(error))
             if self.stall is not None:
-                self.stall.at_error(error)
+                peers = error.peers if error.peers is not None else [error.peer]
+                self.stall.after_broken_call(error, [p for p in peers if p is not None])
 
     # -- what collectives and GradientSync need from each other, through the communicator
 

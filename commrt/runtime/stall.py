@@ -17,8 +17,9 @@ every :data:`tick <StallWatch.tick>` seconds
 
 When a wait of the communicator times out, :meth:`StallWatch.at_error`
 forms the verdict *before* the error is raised and appends its text to the
-error's message (as it does where a call broke under the rank or a peer
-failed: a peer's timeout may close the connection this rank waits on), so that a program which catches the error and exits still
+error's message (as :meth:`StallWatch.after_broken_call` does where a call
+broke under the rank or a peer failed while a stall was declared: a peer's
+timeout may close the connection this rank waits on), so that a program which catches the error and exits still
 has it. On a stall, and when a rank dies of an uncaught commrt error (the
 abort-on-error hook, :mod:`commrt.runtime.abort`), :meth:`StallWatch.diagnose`
 runs once per process. Either way the verdict is formed once per process
@@ -253,12 +254,37 @@ class StallWatch:
         """Form the verdict before ``error`` is raised, and append its text to the error's
         message: whoever catches the error has it, even a program that then exits at once.
         ``error``: a :class:`~commrt.errors.CommTimeoutError` of this communicator's, or
-        the failure of a call that broke under this rank (a peer's connection closed as
-        the peer timed out) or whose peer failed: such a rank's own timeout never comes."""
+        (:meth:`after_broken_call`) the failure of a call that broke under this rank
+        while a stall was declared: such a rank's own timeout never comes."""
         verdict = self.form(str(error).splitlines()[0], failed=True, told=True)
         if verdict is not None:
             error.add_verdict(render(verdict))
             self._tell(verdict)
+
+    def after_broken_call(self, error, peers) -> None:
+        """Where a call broke under this rank (a peer's connection closed) or a peer
+        failed (``peers``: the call's): join the stall verdict, if a stall was declared,
+        as :meth:`at_error`. A peer that timed out closes the connection this rank waits
+        on a moment before it declares, so while the peers live their declaration is
+        awaited (at most :data:`GATHER_S`). A peer whose process is gone (on this host)
+        died: no verdict is awaited and the error goes on at once (the launcher, or
+        the abort-on-error hook's verdict, names the death)."""
+        try:
+            store = self.client()
+            if any(self._gone(store, p) for p in peers):
+                return
+            if not _poll(lambda: store.check(["declared"]), GATHER_S):
+                return
+        except Exception:  # the store is gone (the job is ending): no verdict to join
+            return
+        self.at_error(error)
+
+    def _gone(self, store, rank: int) -> bool:
+        """Whether ``rank``'s process, on this host by its last heartbeat, is gone."""
+        beat = _read(store, f"beat/{rank}") or {}
+        if beat.get("host") != self.host or not beat.get("pid"):
+            return False  # another host's, or never beat: unknown
+        return process_state(beat["pid"]) in (None, "Z", "X")
 
     def diagnose(self, reason: str, failed: bool = False) -> None:
         """Form the verdict (:meth:`form`), print it (unless an error's message carried it),

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import types
 
@@ -143,3 +144,30 @@ def test_the_docs_table_of_every_timeout_and_watch_setting_is_what_the_watch_doe
         assert does == said, (timeout, setting, said, does)
     assert f"up to {stall.GATHER_S:g} s for every rank" in " ".join(table.split())
     assert f"up to {stall.PRINTED_S:g} s for the others to print" in " ".join(table.split())
+
+
+def test_a_broken_call_joins_a_stall_declared_a_moment_later_but_not_a_peers_death():
+    """A peer that timed out closes the connection this rank waits on a moment before it
+    declares the stall: the rank whose call broke waits for the declaration and joins
+    the verdict (the error then carries it). A peer whose process is gone died: nothing
+    is awaited, the error goes on at once, with no verdict."""
+    store = dist.HashStore()
+    watch = _watch(store, 1)
+    joined = []
+    watch.at_error = joined.append
+    child = subprocess.Popen(["sleep", "30"])  # rank 0, alive on this host
+    try:
+        beat = {"beat": 1, "time": time.time(), "host": watch.host, "pid": child.pid}
+        store.set("beat/0", json.dumps(beat))
+        declare = threading.Timer(0.3, lambda: store.set("declared", "1"))
+        declare.start()
+        start = time.monotonic()
+        watch.after_broken_call("broken", [0])
+        assert joined == ["broken"] and 0.25 < time.monotonic() - start < stall.GATHER_S
+    finally:
+        child.kill()
+        child.wait()
+    # rank 0 is dead now: a death, never a stall's verdict; no wait
+    start = time.monotonic()
+    watch.after_broken_call("died", [0])
+    assert joined == ["broken"] and time.monotonic() - start < 1.0
