@@ -246,7 +246,7 @@ class StallWatch:
                         verdict = self._wait_verdict(store)
                     self.verdict, self._board = verdict, store
                 except Exception as e:  # the store died under us: say so
-                    print(f"commrt: rank {self.rank}: no stall verdict ({e})", file=_err())
+                    say(f"commrt: rank {self.rank}: no stall verdict ({e})")
                     return None
             return self.verdict
 
@@ -388,10 +388,6 @@ class StallWatch:
         with open(path + ".tmp", "w") as f:
             json.dump(data, f, indent=1)
         os.replace(path + ".tmp", path)
-
-
-def _err():
-    return sys.__stderr__ or sys.stderr
 
 
 def _read(store, key: str):
