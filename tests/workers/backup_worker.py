@@ -36,7 +36,6 @@ import sys
 import time
 
 import torch
-from helpers.engines import init_with
 
 import commrt
 from commrt.algorithms import BackupWorkers
@@ -158,6 +157,7 @@ def make_comm(backend, timeout):
     if backend != "nccl-strict":
         return commrt.init(backend, timeout=timeout, abort_on_error=False)
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from helpers.engines import init_with
     from helpers.nccl_strict import StrictNccl
 
     return init_with(
