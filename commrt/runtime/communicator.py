@@ -388,17 +388,17 @@ def init(
 
     Args:
         backend: ``"auto"``, ``"nccl"``, ``"cuda_ipc"``, ``"mpi"``, ``"gloo"`` or
-            ``"shm"`` (or a :class:`Backend`). ``"auto"`` takes the one order of
-            :mod:`commrt.runtime.choice`: nccl for CUDA tensors where CuPy with NCCL
-            is installed and no two ranks share a GPU, else cuda_ipc for CUDA tensors
-            where every rank is on one host, else shm where every rank is on one host,
-            else mpi under mpiexec, else gloo; only gloo where the job must outlive a
-            dead rank. A CUDA machine without CuPy/NCCL falls back with a warning that
-            says what to install; shared memory that the ranks turn out not to share
-            falls back on every rank alike. ``"shm"`` (:mod:`commrt.transports.shm`)
-            and ``"cuda_ipc"`` (several ranks per GPU if need be,
-            :mod:`commrt.transports.cuda_ipc`) are refused, with the reason, where
-            the ranks cannot share memory.
+            ``"shm"`` (or a :class:`Backend`). ``"auto"`` follows the one order of
+            :mod:`commrt.runtime.choice` (auto: nccl for CUDA tensors where CuPy with NCCL
+            is installed and no two ranks share a GPU, else cuda_ipc for CUDA tensors where
+            CuPy is installed and every rank is on one host, else shm where every rank is
+            on one host, else mpi under mpiexec, else gloo; only gloo where the job must
+            outlive a dead rank). A CUDA machine without CuPy/NCCL falls back with a
+            warning that says what to install; shared memory that the ranks turn out not
+            to share falls back on every rank alike. ``"shm"``
+            (:mod:`commrt.transports.shm`) and ``"cuda_ipc"`` (several ranks per GPU if
+            need be, :mod:`commrt.transports.cuda_ipc`) are refused, with the reason,
+            where the ranks cannot share memory.
         rank: this process's rank (default: the launcher's).
         world_size: the number of ranks (default: the launcher's).
         timeout: seconds that bound every wait, at most :data:`MAX_TIMEOUT_S` (about 3
