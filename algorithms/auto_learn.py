@@ -84,6 +84,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
+from commrt import settings
+
 __all__ = [
     "MARGIN",
     "WINDOW",
@@ -111,19 +113,27 @@ WARMUP = 1
 #: passes of the trial over the tried candidates and the choice (every other one reversed),
 #: at least; a block's timed calls are ⌈WINDOW / TRIAL_PASSES⌉
 TRIAL_PASSES = 2
-#: more passes, up to MAX_TRIAL_PASSES, while a candidate's blocks take at most this long at
-#: the baseline's time a call (calls of a few ms get 6 passes; calls of ~150 ms, 2)
-TRIAL_BUDGET_S = 0.25
+TRIAL_BUDGET_S = settings.Seconds(
+    0.25,
+    "a trial takes more passes while a candidate's blocks take at most this long",
+    "`auto`'s learning",
+    settings.AUTO,
+)
 MAX_TRIAL_PASSES = 6
 #: the trial also runs every candidate predicted within this factor of the choice: where
 #: the model errs by tens of percent (small buffers, a loaded machine) its order among
 #: them says little, and the runner-up alone can miss the fastest
 CONTENDERS = 1.5
-#: seconds of a settled size's calls before its kept schedule is timed again (a recheck),
-#: doubling after each recheck that finds it still the fastest, up to RECHECK_MAX_S: a
-#: kept schedule can drift into a slower mode, and without a recheck nothing learns it
-RECHECK_S = 2.0
-RECHECK_MAX_S = 64.0
+RECHECK_S = settings.Seconds(
+    2.0,
+    "seconds of a settled size's calls before its kept schedule is timed again; doubling after "
+    "each recheck that keeps it",
+    "`auto`'s learning",
+    settings.AUTO,
+)
+RECHECK_MAX_S = settings.Seconds(
+    64.0, "the longest time between two rechecks", "`auto`'s learning", settings.AUTO
+)
 #: settled calls between rechecks, at least: a recheck costs one small gather
 RECHECK_MIN_CALLS = 50
 

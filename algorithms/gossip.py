@@ -64,6 +64,7 @@ from typing import Sequence
 
 import numpy as np
 
+from commrt import settings
 from commrt.algorithms.base import Algorithm, participants
 from commrt.errors import named_keywords
 from commrt.schedule import RECV_REDUCE, SEND, Collective, Schedule, Step
@@ -77,8 +78,12 @@ AUTO_WARMUP = 8
 AUTO_FACTOR = 4.0
 #: ... over this many of the latest exchanges ...
 AUTO_WINDOW = 64
-#: ... and never less than this many seconds (the engine's own jitter)
-AUTO_MIN_S = 2e-3
+AUTO_MIN_S = settings.Seconds(
+    2e-3,
+    "the least automatic gossip deadline (4 × the median exchange time otherwise)",
+    "`--gossip-deadline auto`",
+    settings.AUTO,
+)
 
 
 def auto_deadline(latencies) -> float:

@@ -32,6 +32,8 @@ import time
 
 import pytest
 
+from commrt import settings
+
 RANKS = 8
 SLOW = RANKS - 1
 COMPUTE_S = 0.02
@@ -82,7 +84,7 @@ def worker(name: str, delayed: bool, out_dir: str) -> None:
 
 def run_steps(name: str, delayed: bool) -> dict:
     """One job of RANKS gloo ranks: the median step of the ranks that are not delayed."""
-    from commrt.runtime.store import STORE_ENV, host_store
+    from commrt.runtime.store import host_store
 
     store = host_store()
     env = dict(
@@ -94,7 +96,7 @@ def run_steps(name: str, delayed: bool) -> dict:
         TORCHELASTIC_USE_AGENT_STORE="true",
         OMP_NUM_THREADS="1",
     )
-    env.pop(STORE_ENV, None)
+    env.pop(settings.STORE.name, None)
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, __file__, "worker", name, str(int(delayed)), out]
         procs = [

@@ -12,6 +12,8 @@ Example::
 Everything else lives in packages and modules with one job each:
 
 * :mod:`commrt.errors`: the errors commrt raises, each named for what failed;
+* :mod:`commrt.settings`: every environment variable and time bound, each declared
+  once (``docs/configuration.md`` is written from them);
 * :mod:`commrt.transports`: how bytes move between ranks (nccl, mpi, gloo, shared
   memory, CUDA IPC);
 * :mod:`commrt.kernels`: the fused pack, unpack and reduce kernels;

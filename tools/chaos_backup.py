@@ -30,6 +30,8 @@ import textwrap
 import threading
 import time
 
+from commrt import settings
+
 RANKS, BACKUPS, STEPS = 4, 1, 24
 HERE = os.path.abspath(__file__)
 
@@ -134,7 +136,7 @@ def worker(out: str, seed: int) -> None:
 
 # ----------------------------------------------------------------------------- the trials
 def trial(seed: int, out: str, limit_s: float) -> dict:
-    from commrt.runtime.store import STORE_ENV, host_store
+    from commrt.runtime.store import host_store
 
     os.makedirs(out, exist_ok=True)
     for name in os.listdir(out):
@@ -143,7 +145,7 @@ def trial(seed: int, out: str, limit_s: float) -> dict:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
     env.update(WORLD_SIZE=str(RANKS), LOCAL_WORLD_SIZE=str(RANKS), OMP_NUM_THREADS="1")
     env.update(TORCHELASTIC_USE_AGENT_STORE="true", PYTHONUNBUFFERED="1")
-    env.pop(STORE_ENV, None)
+    env.pop(settings.STORE.name, None)
     procs = [
         subprocess.Popen(
             [sys.executable, HERE, "--worker", out, str(seed)],

@@ -40,7 +40,7 @@ from commrt.cli.flags import unknown_flags
 from commrt.cli.startup import launcher_line, rank_startup
 from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
 from commrt.cli.units import cuda_available
-from commrt.runtime.choice import LOCAL, ONLY_GLOO_SURVIVES, Situation, choose
+from commrt.runtime.choice import LOCAL, ONLY_GLOO_SURVIVES, Backend, Situation, choose
 
 __all__ = ["main", "build_parser", "check_train"]
 
@@ -97,17 +97,18 @@ def check_backend(
     backend = args.backend
     if backend == "auto":
         return auto_backend(args.nproc, survives, who)
-    if backend == "mpi" and survives and kill:
+    traits = Backend(backend)
+    if traits.one_death_ends_all and survives and kill:
         parser.error(
             f"--kill with --backend mpi: {MPI_KILLS_ALL}, so the whole job would end; "
             f"pass --backend gloo (or leave --backend out) to carry on past a dead rank"
         )
-    if backend in ("nccl", "cuda_ipc") and not cuda_available():
+    if traits.moves_cuda and not cuda_available():
         parser.error(
             f"--backend {backend} needs a CUDA GPU and none is available here; use --backend "
             "mpi or gloo"
         )
-    if backend == "mpi":
+    if traits.started_by_mpiexec:
         try:
             import mpi4py  # noqa: F401
         except ImportError:
@@ -170,7 +171,7 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
     who = "backup workers run" if backups else "gossip with a deadline runs"
     who = who if backups or not restarts else "a job with --max-restarts runs"
     backend = check_backend(parser, args, survives=survives, kill=kill, who=who)
-    if restarts and backend != "gloo":
+    if restarts and not Backend(backend).takes_a_replacement:
         parser.error(
             f"--max-restarts with --backend {backend}: only gloo lets a replacement rejoin "
             f"a running job ({MPI_KILLS_ALL}; NCCL cannot add a rank either); pass "
@@ -185,7 +186,7 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
         code = launcher.launch(
             child,
             args.nproc,
-            use_mpiexec=backend == "mpi",
+            use_mpiexec=Backend(backend).started_by_mpiexec,
             host_store=backups or may_die > 0,
             tolerate=may_die,
             restarts=restarts,

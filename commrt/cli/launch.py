@@ -47,8 +47,8 @@ import threading
 import time
 from typing import Sequence
 
-#: set in the children so they know not to launch again
-CHILD_ENV = "COMMRT_LAUNCHED"
+from commrt import settings
+
 #: the one line a Ctrl-C leaves, whenever it comes (the docs' quick start promises it)
 STOPPED = "commrt: interrupted; stopped the job"
 #: how a rank starts under mpiexec, which passes a Ctrl-C on to the ranks as SIGINT: it
@@ -58,13 +58,6 @@ _QUIET_CTRL_C = (
     "import os, signal; signal.signal(signal.SIGINT, lambda *_: os._exit(130)); "
     "import runpy; runpy.run_module('commrt', run_name='__main__', alter_sys=True)"
 )
-#: when the launcher started (time.time() seconds), so that a rank can say how long
-#: the start-up took from the user's point of view
-LAUNCHED_AT_ENV = "COMMRT_LAUNCHED_AT"
-#: a folder this launcher gives its ranks: a rank that a peer failed under writes what it
-#: was doing there (``<rank>.json``, :func:`commrt.cli.train_faults.peer_failed`) instead of
-#: printing it, and :func:`_what_happened` adds it to the dead rank's line, cause first
-REPORTS_ENV = "COMMRT_PEER_REPORTS"
 _reports: dict[str, str] = {}
 
 
@@ -82,7 +75,7 @@ def launched_at() -> float:
     """When this job was launched: the launcher's start, handed down in the environment,
     else commrt's start in this process."""
     try:
-        return float(os.environ[LAUNCHED_AT_ENV])
+        return float(os.environ[settings.LAUNCHED_AT.name])
     except (KeyError, ValueError):
         return process_started_at()
 
@@ -91,7 +84,7 @@ def already_launched() -> bool:
     """True inside a rank started by mpiexec, torchrun or :func:`launch`."""
     env = os.environ
     return bool(
-        env.get(CHILD_ENV)
+        env.get(settings.LAUNCHED.name)
         or "PMI_RANK" in env
         or "OMPI_COMM_WORLD_RANK" in env
         or ("RANK" in env and "WORLD_SIZE" in env)
@@ -144,8 +137,8 @@ def launch(
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     cmd = [sys.executable, "-m", "commrt", *argv]
     mpi_cmd = [sys.executable, "-c", _QUIET_CTRL_C, *argv]
-    env = dict(os.environ, **{CHILD_ENV: "1", "PYTHONUNBUFFERED": "1"})
-    env.setdefault(LAUNCHED_AT_ENV, repr(process_started_at()))
+    env = dict(os.environ, **{settings.LAUNCHED.name: "1", "PYTHONUNBUFFERED": "1"})
+    env.setdefault(settings.LAUNCHED_AT.name, repr(process_started_at()))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     # every rank is on this host: keep gloo's sockets on loopback too (it would bind to
     # the address of the host name otherwise); the stores listen on 127.0.0.1 (store.serve)
@@ -154,11 +147,10 @@ def launch(
         env.setdefault("GLOO_SOCKET_IFNAME", lo)
     store = None
     if host_store:
-        from commrt.runtime.store import STORE_ENV
         from commrt.runtime.store import host_store as make_store
 
         store = make_store()  # lives as long as this process: the workers' control plane
-        env[STORE_ENV] = f"127.0.0.1:{store.port}"
+        env[settings.STORE.name] = f"127.0.0.1:{store.port}"
     if use_mpiexec:
         exe = mpiexec_path()
         if exe is None:
@@ -179,7 +171,7 @@ def launch(
             WORLD_SIZE=str(nproc),
             LOCAL_WORLD_SIZE=str(nproc),
         )
-        env[REPORTS_ENV] = _reports["dir"] = tempfile.mkdtemp(prefix="commrt-peers-")
+        env[settings.PEER_REPORTS.name] = _reports["dir"] = tempfile.mkdtemp(prefix="commrt-peers-")
         if store is not None:  # the rendezvous too, so that rank 0 is not special
             env.update(MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="true")
 
@@ -395,11 +387,10 @@ def tolerated_lines(codes: list[int | None], tolerate: int) -> list[str]:
 
 
 def _stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP, a debugger): its state letter in /proc is
-    T or t (False where unknown)."""
-    from commrt.transports.processes import state
+    """Whether the process is stopped (SIGSTOP, a debugger); False where unknown."""
+    from commrt.transports.processes import stopped
 
-    return state(pid) in ("T", "t")
+    return stopped(pid)
 
 
 def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
@@ -433,7 +424,7 @@ def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
 
 
 def peer_reports(folder: str | None) -> list[dict]:
-    """What the ranks that a peer failed under were doing (see :data:`REPORTS_ENV`)."""
+    """What the ranks that a peer failed under were doing (see ``COMMRT_PEER_REPORTS``)."""
     found = []
     for name in sorted(os.listdir(folder)) if folder and os.path.isdir(folder) else []:
         try:
@@ -468,7 +459,7 @@ def interrupted() -> int:
     line as :func:`_supervise`'s."""
     sys.stdout.flush()
     if already_launched():
-        if not os.environ.get(CHILD_ENV):
+        if not settings.LAUNCHED.text():
             print("\ncommrt: interrupted", file=sys.stderr, flush=True)
         sys.stderr.flush()
         os._exit(130)

@@ -18,8 +18,14 @@ import sys
 import threading
 import time
 
-#: seconds into the start-up from which rank 0 names each phase that is still running
-SLOW_S = 2.0
+from commrt import settings
+
+SLOW_S = settings.Seconds(
+    2.0,
+    "seconds into the start-up from which rank 0 names each phase still running",
+    "`commrt train`'s start-up",
+    settings.COMMAND_LINE,
+)
 #: the phases, in order (the first begins at the launch)
 PROCESSES = "processes and imports"
 MEETING = "meeting the other ranks"

@@ -292,7 +292,7 @@ def run(opts: TrainOptions) -> int:
         except CommError as e:  # a peer died or stopped: one line, unless --verbose
             if opts.verbose:
                 raise
-            peer_failed(comm.rank, sync.global_step, e, comm.backend.value)
+            peer_failed(comm.rank, sync.global_step, e, comm.backend)
         save_rank_trace(opts.trace, sync, comm.rank)
         if sync.report().closing:  # say what the pause before the summary is
             bar.line(sync.report().closing)
@@ -313,7 +313,7 @@ def run(opts: TrainOptions) -> int:
     if comm.rank == 0:
         rows = summary_rows(opts, comm, out, phases, report, trace_path)
         print(render_summary(rows, one_rank=report.ranks_may_fail))
-    if not (report.missing_ranks and comm.backend.value == "mpi"):
+    if not (report.missing_ranks and comm.backend.one_death_ends_all):
         comm.close()  # (MPI's communicator free would wait on the dead rank)
     return 0
 

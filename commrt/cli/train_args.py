@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 
+from commrt import settings
 from commrt.cli import launch as launcher
 from commrt.cli.flags import rank_flags
 from commrt.cli.units import (
@@ -315,7 +315,7 @@ def _train_batches(
     if not args.batch_schedule and args.batch_size is None and base % nproc:
         base = nearest_multiple(DEFAULT_BATCH, nproc)
         # the launcher says it once; its ranks (and mpiexec's other ranks) stay quiet
-        if announce and not os.environ.get(launcher.CHILD_ENV):
+        if announce and not settings.LAUNCHED.text():
             print(
                 f"global batch {base} ({base // nproc} per rank): {DEFAULT_BATCH} does not "
                 f"split over {nproc} ranks (--batch-size)",

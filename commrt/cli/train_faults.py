@@ -20,13 +20,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commrt import sim
-from commrt.cli.launch import REPORTS_ENV
+from commrt import settings, sim
 from commrt.errors import CommError
 from commrt.runtime.abort import end_job
+from commrt.runtime.choice import Backend
 
 
-def peer_failed(rank: int, step: int, error: CommError, backend: str) -> None:
+def peer_failed(rank: int, step: int, error: CommError, backend: Backend) -> None:
     """End this rank after ``error`` (a :class:`~commrt.errors.CommError`: a peer died or
     stopped) in training step ``step``, with one line and no traceback (``--verbose`` keeps
     the traceback). Under commrt's own launcher the line's parts go to it instead (over gloo:
@@ -37,8 +37,8 @@ def peer_failed(rank: int, step: int, error: CommError, backend: str) -> None:
         "peers": error.peers or [error.peer],
         "where": error.where or None,
     }
-    folder = os.environ.get(REPORTS_ENV)
-    if folder and backend != "mpi":
+    folder = settings.PEER_REPORTS.text()
+    if folder and not backend.one_death_ends_all:
         with open(os.path.join(folder, f"{rank}.json"), "w") as f:
             json.dump(report, f)
         sys.stdout.flush()

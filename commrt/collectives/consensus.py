@@ -91,7 +91,7 @@ def average_parameters(
                 t.copy_(mean)
     mine = math.sqrt(num) / math.sqrt(den) if den > 0 else (0.0 if num == 0 else math.inf)
     worst = max(row[0] for row in gather_rows(comm, [mine], torch.float64))
-    for sync in comm.open_syncs():
+    for sync in comm.syncs.open():
         if sync.model is model:
             sync.stats.disagreement = worst
     return worst

@@ -26,6 +26,7 @@ import zlib
 
 import torch
 
+from commrt import settings
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.algorithms import broadcast as _bcast
 from commrt.collectives.memo import SettledCall, average_scale, counted, keeps, remember
@@ -153,7 +154,6 @@ def all_reduce(
         and tensor.shape == last.shape
         and not tensor.requires_grad
         and tensor.is_contiguous()
-        and not comm.debug
     ):
         comm.admit_collective()
         if last.scale is not None:
@@ -167,7 +167,7 @@ def all_reduce(
     alg = resolve(algorithm)
     check_tensor(tensor, comm, parsed)
     known = (alg, parsed, tensor.dtype, tensor.shape)
-    settled = None if comm.debug else comm.slots.settled_calls.get(known)
+    settled = comm.slots.settled_calls.get(known)  # none kept under debug (_first_call)
     comm.admit_collective()
     if settled is None:
         return _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer)
@@ -198,12 +198,13 @@ def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer
     nothing more to learn for this size."""
     slots = comm.slots
     key = ("all_reduce", tensor.shape, tensor.dtype, _AGREED_AS[parsed], alg.name)
-    if comm.debug or key not in slots.agreed_calls:
+    if key not in slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, parsed.value, alg.name), key)
     context = HookComm(comm)  # what select and observe may ask of the communicator
     observe = alg.observe if alg.learns else None
     scale, reduce = average_scale(parsed, comm.world_size), REDUCERS.get(parsed)
     ran = _run(tensor, comm, alg.select, timeout, tracer, observe, context, scale, reduce)
+    # under debug nothing is kept: every call comes back here, to be checked again
     if ran is None or comm.debug or not keeps(slots, known, alg.learns, ran[1]):
         return tensor
     # what select chose for this call is kept: a fixed algorithm's on its first call; one
@@ -249,7 +250,7 @@ def broadcast(
     comm.admit_collective()
     name = algorithm.name if algorithm is not None else "auto"
     key = ("broadcast", tensor.shape, tensor.dtype, root, name)
-    if comm.debug or key not in comm.slots.agreed_calls:
+    if key not in comm.slots.agreed_calls:
         _agree(comm, _Call("broadcast", tensor.shape, tensor.dtype, f"root{root}", name), key)
 
     def pick(world_size: int, nbytes: int, comm: Communicator):
@@ -268,7 +269,7 @@ def agree_call(
     :class:`~commrt.errors.CollectiveMismatchError` on every rank unless all make this call.
     ``kind`` is one of ``_Call.KINDS`` ("other" for the process group's remaining calls)."""
     key = (kind, tuple(shape), dtype, op, algorithm)
-    if comm.debug or key not in comm.slots.agreed_calls:
+    if key not in comm.slots.agreed_calls:
         _agree(comm, _Call(kind, tuple(shape), dtype, op, algorithm), key)
 
 
@@ -381,7 +382,8 @@ def _untext(codes) -> str:
 
 def _agree(comm: Communicator, call: _Call, key) -> None:
     """Raise on every rank unless every rank makes the same ``call``; else remember
-    ``key`` (the caller's cheap form of ``call``) as agreed on ``comm``."""
+    ``key`` (the caller's cheap form of ``call``) as agreed on ``comm``, unless
+    ``comm.debug``: then nothing is remembered, so that every call is checked."""
     pos, done = comm.executor.position, False
     pos.check(CallCheck(call.kind, call.algorithm, call.numel, str(call.dtype)))
     try:  # the stall watch sees this rank in the call, waiting on every rank
@@ -390,7 +392,8 @@ def _agree(comm: Communicator, call: _Call, key) -> None:
     finally:
         pos.end(done)
     if all(r == rows[0] for r in rows):
-        comm.slots.agreed_calls.add(key)
+        if not comm.debug:
+            comm.slots.agreed_calls.add(key)
         return
     calls = [_Call.from_row(r) for r in rows]
     mine = calls[comm.rank]
@@ -404,7 +407,7 @@ def _agree(comm: Communicator, call: _Call, key) -> None:
     )
     sizes = len({c.numel for c in calls}) > 1
     how = (
-        "COMMRT_DEBUG"
+        settings.DEBUG.name
         if comm.debug
         else "checked on a call signature's first use; COMMRT_DEBUG=1 checks every call"
     )
@@ -476,7 +479,7 @@ def gather_rows(comm: Communicator, row, dtype: torch.dtype = torch.float64) -> 
 
     def agree(length: int) -> None:
         key = ("gather_rows", length, dtype)
-        if comm.debug or key not in comm.slots.agreed_calls:
+        if key not in comm.slots.agreed_calls:
             _agree(comm, _Call("gather_rows", (length,), dtype, "", "rows"), key)
 
     return _rows.gather(comm, row, dtype, agree)

@@ -42,20 +42,20 @@
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from commrt import settings
 from commrt.algorithms import resolve
 from commrt.algorithms.names import NAMES
 from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
 from commrt.errors import named_keywords
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
-from commrt.runtime.abort import abort_on_error_wanted, env_flag, install_abort_hook
+from commrt.runtime.abort import abort_on_error_wanted, install_abort_hook
 from commrt.runtime.choice import (
     CUDA_BACKENDS,
     Backend,
@@ -73,10 +73,6 @@ from commrt.runtime.threads import one_core_each
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
 
-#: the environment variable that picks the all-reduce algorithm (Options() default)
-ALGORITHM_ENV = "COMMRT_ALGORITHM"
-#: the environment variable that picks the CPU transport where Options() says "auto"
-CPU_TRANSPORT_ENV = "COMMRT_CPU_TRANSPORT"
 #: the CPU transports a group can ask for
 CPU_TRANSPORTS = ("auto", "shm", "gloo", "mpi")
 #: families that are no all-reduce, so no torch.distributed collective can run them: why, and
@@ -134,8 +130,8 @@ class Options:
         which would otherwise pass init and end the job at DDP's first all-reduce."""
         given, source = self.algorithm, "pg_options algorithm"
         if given is None:
-            given = os.environ.get(ALGORITHM_ENV, "").strip() or "auto"
-            source = ALGORITHM_ENV
+            given = settings.ALGORITHM.text() or "auto"
+            source = settings.ALGORITHM.name
         try:
             alg = resolve(given)
         except ValueError:
@@ -337,7 +333,7 @@ class DeviceComms:
 
     def _wrap(self, transport, backend: Backend) -> DeviceContext:
         o = self.options
-        debug = bool(env_flag("COMMRT_DEBUG")) if o.debug is None else o.debug
+        debug = bool(settings.DEBUG.flag()) if o.debug is None else o.debug
         comm = Communicator(
             transport, backend, self._launch(), self.timeout, o.piece_bytes, debug=debug
         )
@@ -352,17 +348,18 @@ class DeviceComms:
     def _cpu(self) -> DeviceContext:
         want = self.options.cpu_transport
         if want == "auto":
-            want = os.environ.get(CPU_TRANSPORT_ENV, "").strip().lower() or "auto"
+            want = settings.CPU_TRANSPORT.text().lower() or "auto"
         if want not in CPU_TRANSPORTS:
             raise ValueError(
                 f"commrt process group: cpu transport {want!r} is none of "
-                f"{', '.join(CPU_TRANSPORTS)} (pg_options cpu_transport or {CPU_TRANSPORT_ENV})"
+                f"{', '.join(CPU_TRANSPORTS)} (pg_options cpu_transport or "
+                f"{settings.CPU_TRANSPORT.name})"
             )
         # the world is MPI's whole world: compared with MPI's size, not WORLD_SIZE, which
         # init_process_group(init_method=..., rank=, world_size=) leaves unset (the DDP
         # benchmark ran over gloo that way)
         world = self.size == _mpi_world_size() and self.global_ranks == list(range(self.size))
-        if want == "mpi" and not world:
+        if want != "auto" and Backend(want).started_by_mpiexec and not world:
             raise ValueError(
                 "commrt process group: cpu_transport='mpi' needs the group to be mpiexec's "
                 f"whole world (this one is ranks {self.global_ranks}); use 'gloo' or 'auto'"

@@ -36,12 +36,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from commrt import settings
 from commrt.algorithms.auto import choices
 from commrt.runtime.environment import log_level
 from commrt.runtime.trace import Tracer
 
-#: the directory the per-rank trace files go to
-TRACE_ENV = "COMMRT_TRACE"
 #: the calls whose body runs a schedule through the communicator's executor (so its last
 #: schedule is what they ran); the others are point-to-point groups or a barrier
 SCHEDULED = ("allreduce", "reduce", "broadcast", "allgather", "all_gather", "reduce_scatter")
@@ -173,7 +172,7 @@ def _wrap(text: str, prefix: str) -> str:
 
 
 class _Traces:
-    """The process's tracer for :data:`TRACE_ENV` (every commrt group of a process records
+    """The process's tracer for ``COMMRT_TRACE`` (every commrt group of a process records
     into one file, named after the global rank) and its saving at exit."""
 
     lock = threading.Lock()
@@ -182,7 +181,7 @@ class _Traces:
 
     @classmethod
     def get(cls, global_rank: int) -> Tracer | None:
-        folder = os.environ.get(TRACE_ENV, "").strip()
+        folder = settings.TRACE.text()
         if not folder:
             return None
         with cls.lock:
@@ -192,10 +191,12 @@ class _Traces:
                 except OSError as e:
                     why = e.strerror or e
                     raise ValueError(
-                        f"{TRACE_ENV}={folder}: cannot make that folder ({why})"
+                        f"{settings.TRACE.name}={folder}: cannot make that folder ({why})"
                     ) from None
                 if not os.access(folder, os.W_OK | os.X_OK):
-                    raise ValueError(f"{TRACE_ENV}={folder}: this process cannot write there")
+                    raise ValueError(
+                        f"{settings.TRACE.name}={folder}: this process cannot write there"
+                    )
                 cls.tracer = Tracer(rank=global_rank)
                 cls.path = os.path.join(folder, f"rank{global_rank}.json")
                 atexit.register(cls.save)
@@ -210,12 +211,12 @@ class _Traces:
 
 def process_tracer(global_rank: int) -> Tracer | None:
     """The tracer this process's commrt groups record into (None without
-    :data:`TRACE_ENV`); its file is saved when a group shuts down and at exit."""
+    ``COMMRT_TRACE``); its file is saved when a group shuts down and at exit."""
     return _Traces.get(global_rank)
 
 
 def save_traces() -> None:
-    """Write the process's trace file now (nothing without :data:`TRACE_ENV`)."""
+    """Write the process's trace file now (nothing without ``COMMRT_TRACE``)."""
     _Traces.save()
 
 

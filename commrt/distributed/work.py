@@ -54,15 +54,21 @@ import time
 
 import torch
 
+from commrt import settings
 from commrt.distributed.torch_api import Work
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.abort import abort_on_error_wanted, end_job_after
+from commrt.runtime.threads import background_thread, next_job
 
 #: errors raised before anything reached the wire (bad input, a call the ranks disagree on,
 #: raised on every rank alike): the group stays usable after them; any other breaks it
 LOCAL_ERRORS = (ValueError, TypeError, NotImplementedError)
-#: seconds a wait allows beyond the group's timeout (the collective itself times out first)
-WAIT_SLACK_S = 30.0
+WAIT_SLACK_S = settings.Seconds(
+    30.0,
+    "what `Work.wait()` allows beyond the group's timeout (the collective itself times out first)",
+    "the torch.distributed backend",
+    settings.TIMEOUT,
+)
 
 
 class CallState:
@@ -239,12 +245,12 @@ class CallQueue:
     def _ensure_thread(self) -> None:
         with self.start_lock:
             if self.thread is None:
-                self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+                self.thread = background_thread(self._loop, self.name)
                 self.thread.start()
 
     def _loop(self) -> None:
         while True:
-            item = self.queue.get()
+            item = next_job(self.queue)  # None also once the program ended (never closed)
             if item is None:
                 return
             self._run_one(*item)
@@ -326,6 +332,7 @@ class P2PWork(CommrtWork):
         state = self.commrt
         with state.lock:
             if state.helper is None and not state.done.is_set():
-                state.helper = threading.Thread(target=self._complete, daemon=True)
+                # in gloo's wait until the call completes: held by the exit (threads.py)
+                state.helper = background_thread(self._complete, "commrt-p2p-wait")
                 state.helper.start()
         return state.future

@@ -3,6 +3,7 @@
 :mod:`commrt.runtime.communicator` (``init``, ``Communicator``),
 :mod:`commrt.runtime.connect` (making the transport ``init`` chose),
 :mod:`commrt.runtime.slots` (``CommSlots``: what is derived once per communicator),
+:mod:`commrt.runtime.syncs` (``OpenSyncs``: the GradientSyncs open on a communicator),
 :mod:`commrt.runtime.choice` (which transport ``auto`` takes, for every caller),
 :mod:`commrt.runtime.environment` (rank and world size from the launcher's
 variables), :mod:`commrt.runtime.rendezvous` and :mod:`commrt.runtime.store`
@@ -14,6 +15,6 @@ others), :mod:`commrt.runtime.abort` (ending the whole job when a rank fails),
 :mod:`commrt.runtime.stall` (the stall watch: who is stuck and where, on every
 rank), :mod:`commrt.runtime.frames` (which frames of a stack are the user's), :mod:`commrt.runtime.verdict` (the stall verdict as a pure function of
 every rank's view), :mod:`commrt.runtime.threads` (each rank's share of the
-node's cores) and :mod:`commrt.runtime.trace` (Chrome-trace timelines and NVTX
+node's cores, and the rule commrt's own threads follow) and :mod:`commrt.runtime.trace` (Chrome-trace timelines and NVTX
 ranges: what every layer above records, GradientSync and the torch backend).
 """

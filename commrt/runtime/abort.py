@@ -16,6 +16,7 @@ import time
 import traceback
 import weakref
 
+from commrt import settings
 from commrt.errors import (
     CollectiveMismatchError,
     CommError,
@@ -25,21 +26,14 @@ from commrt.errors import (
 )
 from commrt.runtime.departures import FAILED
 
-#: seconds an aborting rank waits for the launcher to forward its last output
-ABORT_GRACE_S = 0.5
+ABORT_GRACE_S = settings.Seconds(
+    0.5,
+    "how long an aborting rank waits for the launcher to forward its last output",
+    "the abort-on-error hook",
+    settings.STALLS,
+)
 #: where mpich keeps its shared-memory segment for the ranks of a node
 MPICH_SHM = "/dev/shm/mpich_shm_"
-
-
-def env_flag(name: str) -> bool | None:
-    v = os.environ.get(name, "").strip().lower()
-    if not v:
-        return None
-    if v in ("1", "true", "yes", "on", "detail"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"environment variable {name}={v!r}: use 1 or 0")
 
 
 class _AbortOnError:
@@ -188,14 +182,14 @@ def cause_of(error: BaseException) -> int | None:
     return peers[0] if peers is not None and len(peers) == 1 else None
 
 
-def install_abort_hook(comm, advice: str = "COMMRT_ABORT_ON_ERROR=0") -> None:
+def install_abort_hook(comm, advice: str = f"{settings.ABORT_ON_ERROR.name}=0") -> None:
     """Install the abort-on-error hook (see :class:`_AbortOnError`) for ``comm``."""
     _AbortOnError.install(comm, advice)
 
 
 def abort_on_error_wanted() -> bool:
     """Whether ``COMMRT_ABORT_ON_ERROR`` leaves the abort-on-error hook on (the default)."""
-    return env_flag("COMMRT_ABORT_ON_ERROR") is not False
+    return settings.ABORT_ON_ERROR.flag() is not False
 
 
 def stall_worth_a_verdict(error: BaseException) -> bool:

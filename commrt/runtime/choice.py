@@ -26,6 +26,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from commrt import settings
+
 
 class Backend(enum.Enum):
     """The transports a communicator can run on (``commrt.init(backend=...)``)."""
@@ -38,6 +40,32 @@ class Backend(enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    # What a backend is, declared here once (as NCCL asks each transport canConnect), so
+    # that no caller compares a backend's name: a new backend states each of these.
+
+    @property
+    def moves_cuda(self) -> bool:
+        """It moves CUDA tensors (and needs a GPU); the others move CPU tensors."""
+        return self in CUDA_BACKENDS
+
+    @property
+    def started_by_mpiexec(self) -> bool:
+        """Its ranks are mpiexec's processes: the command line starts them with mpiexec,
+        and a group on it must be mpiexec's whole world."""
+        return self is Backend.MPI
+
+    @property
+    def one_death_ends_all(self) -> bool:
+        """A rank's death ends every rank (the mpich wheel's MPI does), so nothing that
+        must go on past a dead rank runs on it, and no rank waits on a dead one to close."""
+        return self is Backend.MPI
+
+    @property
+    def takes_a_replacement(self) -> bool:
+        """A replacement process may rejoin a running job under a dead rank's ``RANK``
+        (``COMMRT_REJOIN=1``, ``commrt train --max-restarts``)."""
+        return self is Backend.GLOO
 
 
 #: the launcher name of the command line's own ranks (``commrt train --nproc N``): all on
@@ -60,20 +88,19 @@ ORDER: tuple[tuple[Backend, str], ...] = (
 #: the transports that move CUDA tensors; the others move CPU tensors
 CUDA_BACKENDS = frozenset({Backend.NCCL, Backend.CUDA_IPC})
 
-#: the environment variable that picks the transport of CUDA tensors: nccl, cuda_ipc or auto
-CUDA_TRANSPORT_ENV = "COMMRT_CUDA_TRANSPORT"
 CUDA_TRANSPORTS = ("auto", "nccl", "cuda_ipc")
 
 
 def cuda_transport_wanted(env=None) -> str:
-    """:data:`CUDA_TRANSPORT_ENV` (default "auto"): "nccl" or "cuda_ipc" leaves auto only
+    """``COMMRT_CUDA_TRANSPORT`` (default "auto"): "nccl" or "cuda_ipc" leaves auto only
     that one for CUDA tensors, wherever it runs (NCCL then says itself that it refuses
     ranks sharing a GPU); anything else is a ValueError that names the variable."""
-    import os
 
-    text = (os.environ if env is None else env).get(CUDA_TRANSPORT_ENV, "").strip().lower()
+    text = settings.CUDA_TRANSPORT.text(env).lower()
     if text and text not in CUDA_TRANSPORTS:
-        raise ValueError(f"{CUDA_TRANSPORT_ENV}={text!r} is none of {', '.join(CUDA_TRANSPORTS)}")
+        raise ValueError(
+            f"{settings.CUDA_TRANSPORT.name}={text!r} is none of {', '.join(CUDA_TRANSPORTS)}"
+        )
     return text or "auto"
 
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import threading
 import warnings
-import weakref
 
 import torch
 
+from commrt import settings
 from commrt.errors import CommError, CommTimeoutError, PeerFailedError, did_you_mean, named_keywords
-from commrt.runtime.abort import abort_on_error_wanted, cause_of, env_flag, install_abort_hook, say
+from commrt.runtime.abort import abort_on_error_wanted, cause_of, install_abort_hook, say
 from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose, why
 from commrt.runtime.connect import make_transport
 from commrt.runtime.departures import CLOSED, FAILED, Departures, track
@@ -25,11 +25,17 @@ from commrt.runtime.environment import LaunchInfo, detect_launch, log_level, rej
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout  # noqa: F401  (init names the limit)
 from commrt.runtime.slots import CommSlots
 from commrt.runtime.stall import stall_seconds, start_watch
+from commrt.runtime.syncs import OpenSyncs
 from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
 
-#: how long a blocking collective polls before yielding its core, when every local rank has one
-SPIN_S = 100e-6
+SPIN_S = settings.Seconds(
+    100e-6,
+    "how long a blocking collective polls before yielding its core, where every local rank has a "
+    "core",
+    "every blocking collective (`Communicator.spin_s`)",
+    settings.POLLING,
+)
 
 
 class Communicator:
@@ -79,23 +85,19 @@ class Communicator:
         self.launcher = launch.launcher
         self.timeout = float(timeout)
         self.piece_bytes = int(piece_bytes)
-        self.debug = bool(debug)
+        self._debug = bool(debug)
         self.spin_s = _spin_s(launch.local_size)
         if self.world_size > 1:  # as torchrun would have (commrt.runtime.threads)
             fit_torch_threads(launch.local_size)
         self.lock = threading.RLock()
         #: what other modules derive once per communicator (a probed network, auto's choices)
         self.slots = CommSlots()
-        #: the GradientSync whose step is in flight (its buckets own the message sequence)
-        self._active_sync = None
-        #: open GradientSyncs (weak references), whose after-step work must finish before
-        #: another collective; a list, so that "none open" is one C-level truth test on every
-        #: collective's entry (a WeakSet's len() runs Python code)
-        self._syncs: list[weakref.ref] = []
         self._closed = False
         #: what this rank began, and which peers left (commrt.runtime.departures); waits consult it
         self.departures = Departures(transport)
         transport.attach_departures(self.departures)
+        #: the GradientSyncs open on it, and the one whose step is on the wire
+        self.syncs = OpenSyncs(self.departures)
         track(self)
         from commrt.schedule.executor import Executor  # executor imports kernels; keep init light
 
@@ -103,10 +105,29 @@ class Communicator:
         #: the stall watch (commrt.runtime.stall), started by init(); None when off
         self.stall = None
 
+    @property
+    def debug(self) -> bool:
+        """Whether every collective's arguments are checked across ranks first
+        (``COMMRT_DEBUG``). Checked calls are remembered only while it is off
+        (:mod:`commrt.collectives.core`), so the collectives' path asks nothing of it;
+        turning it on forgets what was agreed and settled, so every call from then on
+        is checked."""
+        return self._debug
+
+    @debug.setter
+    def debug(self, on: bool) -> None:
+        self._debug = bool(on)
+        if on:
+            self.slots.agreed_calls.clear()
+            self.slots.settled_calls.clear()
+            last = self.executor.last
+            if last is not None:
+                self.executor.forget(last.call)
+
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""
         self.check_open()
-        self.quiesce_syncs()
+        self.syncs.quiesce()
         self.departures.begin_call()
         t = self.timeout if timeout is None else check_timeout(timeout)
         with self.lock:
@@ -217,61 +238,19 @@ class Communicator:
                 peers = error.peers if error.peers is not None else [error.peer]
                 self.stall.after_broken_call(error, [p for p in peers if p is not None])
 
-    # -- what collectives and GradientSync need from each other, through the communicator
-
     def admit_collective(self) -> None:
         """Check that a collective may start now; every collective calls this first.
 
         Raises if the communicator is closed or a GradientSync step is on the
-        wire (its buckets are mid-sequence: interleaving another collective
-        would pair this rank's messages with a peer's buckets); otherwise lets
-        open syncs' after-step work finish, so every rank issues the
-        collective after it, in the same order.
+        wire; otherwise lets open syncs' after-step work finish, so every rank
+        issues the collective after it, in the same order
+        (:meth:`commrt.runtime.syncs.OpenSyncs.check_idle`).
         """
         if self._closed:  # check_open(), inline: this runs before every collective
             raise CommError(f"rank {self.rank}: communicator is closed")
-        if self._active_sync is not None:
-            raise RuntimeError(
-                "commrt: a GradientSync step is in flight on this communicator; "
-                "call sync.wait() before other collectives (or use a second "
-                "communicator)"
-            )
-        if self._syncs:
-            self.quiesce_syncs()
+        if self.syncs.busy:
+            self.syncs.check_idle()
         self.departures.begin_checked_call()
-
-    def quiesce_syncs(self) -> None:
-        """Let GradientSync work that outlives wait() (asynchronous families) finish
-        first, so that every rank issues the next collective after it, in the same order."""
-        for sync in self.open_syncs():
-            sync.quiesce()
-
-    def register_sync(self, sync) -> None:
-        """Note an open GradientSync (held weakly): later collectives quiesce it first."""
-        if not any(s is sync for s in self.open_syncs()):
-            self._syncs.append(weakref.ref(sync))
-
-    def unregister_sync(self, sync) -> None:
-        self._syncs = [r for r in self._syncs if r() is not None and r() is not sync]
-        if self._active_sync is sync:
-            self._active_sync = None
-
-    def open_syncs(self) -> tuple:
-        """The GradientSyncs open on this communicator (references to dropped ones pruned)."""
-        live = [s for s in (r() for r in self._syncs) if s is not None]
-        if len(live) < len(self._syncs):
-            self._syncs = [r for r in self._syncs if r() is not None]
-        return tuple(live)
-
-    def begin_sync_step(self, sync) -> None:
-        """``sync``'s buckets own the wire until :meth:`end_sync_step`."""
-        self._active_sync = sync
-        self.departures.begin_sync(waits_on_all=not sync.policy.ranks_may_fail)
-
-    def end_sync_step(self, sync) -> None:
-        if self._active_sync is sync:
-            self._active_sync = None
-        self.departures.end_sync()
 
     def check_open(self) -> None:
         """Raise :class:`CommError` if the communicator was closed."""
@@ -289,7 +268,7 @@ class Communicator:
         if self._closed:
             return
         try:
-            for sync in self.open_syncs():
+            for sync in self.syncs.open():
                 sync.close()
         finally:
             self._closed = True
@@ -330,7 +309,7 @@ def log_transport(comm: Communicator) -> None:
 def _spin_s(local_size: int | None) -> float:
     """:data:`SPIN_S` if ``local_size`` ranks fit on this process's cores, else 0 (also when
     unknown)."""
-    return SPIN_S if local_size is not None and local_size <= usable_cores() else 0.0
+    return float(SPIN_S) if local_size is not None and local_size <= usable_cores() else 0.0
 
 
 def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size: int):
@@ -429,7 +408,7 @@ def init(
     timeout = check_timeout(timeout)
     if piece_bytes < 1024:
         raise ValueError(f"piece_bytes must be at least 1024, got {piece_bytes}")
-    debug = env_flag("COMMRT_DEBUG") if debug is None else debug
+    debug = settings.DEBUG.flag() if debug is None else debug
     abort_on_error = abort_on_error_wanted() if abort_on_error is None else abort_on_error
     launch = detect_launch()
     rank = launch.rank if rank is None else int(rank)

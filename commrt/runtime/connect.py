@@ -5,8 +5,9 @@ rejoins a running job, and NCCL's. The communicator stands on what this returns.
 
 from __future__ import annotations
 
+from commrt import settings
 from commrt.runtime.choice import Backend
-from commrt.runtime.environment import REJOIN_ENV, rejoining
+from commrt.runtime.environment import rejoining
 from commrt.runtime.rendezvous import mpi_world
 from commrt.runtime.rendezvous import tcp_store as _tcp_store
 from commrt.transports.base import Transport
@@ -86,10 +87,10 @@ def _rejoined(be: Backend, rank: int, world_size: int) -> Transport:
     backup workers' policy checks that the job's store outlives every rank."""
     from commrt.transports.gloo import GlooRejoined
 
-    if be is not Backend.GLOO:
+    if not be.takes_a_replacement:
         raise ValueError(
-            f"{REJOIN_ENV}=1: only the gloo backend lets a replacement rejoin a running job "
-            f"(backup workers), not {be}; pass backend='gloo'"
+            f"{settings.REJOIN.name}=1: only the gloo backend lets a replacement rejoin a "
+            f"running job (backup workers), not {be}; pass backend='gloo'"
         )
     return GlooRejoined(rank, world_size)
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from commrt import settings
 from commrt.errors import PeerClosedError, PeerFailedError
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
@@ -55,8 +56,12 @@ HOW = {CLOSED: "closed its communicator", EXITED: "exited", FAILED: "failed"}
 UNKNOWN = -1
 #: marks a farewell row ("farewel" in ASCII), so a stray message is never read as one
 MAGIC = 0x6661726577656C
-#: how long a leaving rank waits for its farewell messages to leave (a peer may be gone)
-SEND_S = 1.0
+SEND_S = settings.Seconds(
+    1.0,
+    "how long a leaving rank waits for its farewell messages to leave (a peer may be gone)",
+    "`Communicator.close`, a rank's exit",
+    settings.STALLS,
+)
 #: what a farewell's exchange names
 WHERE = Where("farewell")
 
@@ -86,8 +91,9 @@ class Farewell:
         return cls(peer, v[1], v[2], v[3], v[4])
 
 
-#: how often check() tests for farewells (seconds): the waits' own check period
-CHECK_POLL_S = 0.02
+CHECK_POLL_S = settings.Seconds(
+    0.02, "how often a wait tests for farewells", "every wait on a peer", settings.STALLS
+)
 
 
 class Departures:

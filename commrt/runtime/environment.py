@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from commrt import settings
+
 
 @dataclass(frozen=True)
 class LaunchInfo:
@@ -42,7 +44,9 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     env = os.environ if env is None else env
     port = _int(env, "MASTER_PORT")
     addr = env.get("MASTER_ADDR") or None
-    copied = FROM_MPI_ENV in env and env.get(FROM_MPI_ENV) == env.get("RANK")
+    copied = settings.RANK_FROM_MPI.name in env and env.get(settings.RANK_FROM_MPI.name) == env.get(
+        "RANK"
+    )
     if "RANK" in env and "WORLD_SIZE" in env and not copied:
         return LaunchInfo(
             "torchrun",
@@ -62,19 +66,10 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     return LaunchInfo("none", 0, 1, 0, 1, addr, port)
 
 
-#: set to 1 in a replacement process that rejoins a running job under a dead rank's RANK
-#: (backup workers on gloo, :mod:`commrt.sync.backup.rejoin`)
-REJOIN_ENV = "COMMRT_REJOIN"
-
-
 def rejoining(env: Mapping[str, str] | None = None) -> bool:
     """Whether this process was started to rejoin a running job (``COMMRT_REJOIN=1``)."""
     env = os.environ if env is None else env
-    return env.get(REJOIN_ENV, "") not in ("", "0")
-
-
-#: set (to the rank) by :func:`mpi_env_for_torch` when it wrote RANK and WORLD_SIZE
-FROM_MPI_ENV = "COMMRT_RANK_FROM_MPI"
+    return env.get(settings.REJOIN.name, "") not in ("", "0")
 
 
 def mpi_env_for_torch(env: "dict | None" = None) -> bool:
@@ -93,27 +88,24 @@ def mpi_env_for_torch(env: "dict | None" = None) -> bool:
     env.setdefault("LOCAL_RANK", str(info.local_rank))
     if info.local_size is not None:
         env.setdefault("LOCAL_WORLD_SIZE", str(info.local_size))
-    env[FROM_MPI_ENV] = str(info.rank)
+    env[settings.RANK_FROM_MPI.name] = str(info.rank)
     return True
 
 
-#: the variable that turns commrt's log lines on (``info``: rank 0, ``debug``: every rank):
-#: the transport ``init`` chose, and each call a process group sees first
-LOG_ENV = "COMMRT_LOG"
 #: torch's own debug variable: INFO and DETAIL turn commrt's log on as ``info`` does
 TORCH_DEBUG_ENV = "TORCH_DISTRIBUTED_DEBUG"
 LEVELS = ("off", "info", "debug")
 
 
 def log_level() -> str:
-    """``off``, ``info`` or ``debug`` from :data:`LOG_ENV` (else torch's debug variable);
+    """``off``, ``info`` or ``debug`` from ``COMMRT_LOG`` (else torch's debug variable);
     ValueError naming the variable for any other value."""
-    given = os.environ.get(LOG_ENV, "").strip().lower()
+    given = settings.LOG.text().lower()
     if not given:
         torch_debug = os.environ.get(TORCH_DEBUG_ENV, "").strip().upper()
         return "info" if torch_debug in ("INFO", "DETAIL") else "off"
     if given in ("0", "none", "false", "no"):
         return "off"
     if given not in LEVELS:
-        raise ValueError(f"{LOG_ENV}={given!r}: choose one of {', '.join(LEVELS)}")
+        raise ValueError(f"{settings.LOG.name}={given!r}: choose one of {', '.join(LEVELS)}")
     return given

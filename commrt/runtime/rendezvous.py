@@ -13,16 +13,22 @@ import datetime
 import numbers
 import os
 
-#: the longest timeout commrt takes, in seconds (about 3 years): far past any real wait,
-#: and well inside what the timeout passes through. Longer ones broke in a new-user trial,
-#: far from the call that took them: torch's store failed at 1e10 s (its milliseconds
-#: overflow), a timedelta cannot hold 1e30 s, and a thread's wait overflows time_t past
-#: threading.TIMEOUT_MAX (9.2e9 s).
-MAX_TIMEOUT_S = 1e8
-#: the timeout, in seconds, of every wait where none is given: ``commrt.init``'s, the
-#: command line's ``--timeout``, and a torch.distributed process group made without one
-#: (torch itself passes its own default, 30 minutes, to a group it makes)
-DEFAULT_TIMEOUT_S = 300.0
+from commrt import settings
+
+MAX_TIMEOUT_S = settings.Seconds(
+    1e8,
+    "the longest timeout commrt takes (about 3 years): longer ones overflow torch's store, "
+    "`timedelta` or a thread's wait",
+    "every timeout given",
+    settings.TIMEOUT,
+)
+DEFAULT_TIMEOUT_S = settings.Seconds(
+    300.0,
+    "the timeout of every wait where none is given",
+    "`commrt.init`, `--timeout`, a process group made without one (torch itself passes its own "
+    "default, 30 min)",
+    settings.TIMEOUT,
+)
 
 
 def check_timeout(timeout, what: str = "timeout") -> float:

@@ -55,27 +55,29 @@ import time
 import traceback
 from collections import deque
 
+from commrt import settings
 from commrt.runtime.abort import end_job, say
 from commrt.runtime.departures import FAILED
 from commrt.runtime.frames import is_user, short
 from commrt.runtime.polling import poll
 from commrt.runtime.threads import background_thread, program_ending
 from commrt.runtime.verdict import judge, pointer, printer, render
-from commrt.transports.processes import state as process_state
+from commrt.transports import processes
 
-#: environment variable: seconds without progress inside a collective before a stall is
-#: declared (0 or "off": no watch)
-STALL_ENV = "COMMRT_STALL_S"
-#: environment variable: a folder where each rank writes its last positions and the verdict
-DUMP_ENV = "COMMRT_DUMP"
-#: the default stall watch lies between these (seconds): :func:`default_stall_s`
-DEFAULT_STALL_S, MAX_DEFAULT_STALL_S = 60.0, 300.0
-#: how long the judge waits for every rank's view
-GATHER_S = 3.0
-#: how long a rank waits for the others to print the verdict before the job ends
-PRINTED_S = 3.0
-#: positions kept for the post-mortem file
-KEEP = 16
+_APPLIES = "the stall watch"
+DEFAULT_STALL_S = settings.Seconds(
+    60.0, "the least default stall period", _APPLIES, settings.STALLS
+)
+MAX_DEFAULT_STALL_S = settings.Seconds(
+    300.0, "the most default stall period", _APPLIES, settings.STALLS
+)
+GATHER_S = settings.Seconds(
+    3.0, "how long the judge waits for every rank's view of a stall", _APPLIES, settings.STALLS
+)
+PRINTED_S = settings.Seconds(
+    3.0, "how long a rank waits for the others to print the verdict", _APPLIES, settings.STALLS
+)
+KEEP = 16  # positions kept for the post-mortem file
 
 
 def default_stall_s(timeout: float | None) -> float:
@@ -91,16 +93,18 @@ def default_stall_s(timeout: float | None) -> float:
 def stall_seconds(value=None, timeout: float | None = None) -> float | None:
     """The stall watch's period from ``value`` or ``COMMRT_STALL_S``; None when off (0 or
     off). A period not shorter than ``timeout`` still runs the watch (:func:`declares`)."""
-    text = os.environ.get(STALL_ENV, "") if value is None else str(value)
+    text = settings.STALL.text() if value is None else str(value)
     text = text.strip().lower()
     if text in ("0", "off", "no", "false"):
         return None
     try:
         s = float(text) if text else default_stall_s(timeout)
     except ValueError:
-        raise ValueError(f"{STALL_ENV}={text!r}: give seconds (a number) or 0 for off") from None
+        raise ValueError(
+            f"{settings.STALL.name}={text!r}: give seconds (a number) or 0 for off"
+        ) from None
     if not s > 0:
-        raise ValueError(f"{STALL_ENV} must be positive seconds or 0 (off), got {text!r}")
+        raise ValueError(f"{settings.STALL.name} must be positive seconds or 0 (off), got {text!r}")
     return s
 
 
@@ -284,7 +288,7 @@ class StallWatch:
         beat = _read(store, f"beat/{rank}") or {}
         if beat.get("host") != self.host or not beat.get("pid"):
             return False  # another host's, or never beat: unknown
-        return process_state(beat["pid"]) in (None, "Z", "X")
+        return processes.gone(beat["pid"])
 
     def diagnose(self, reason: str, failed: bool = False) -> None:
         """Form the verdict (:meth:`form`), print it (unless an error's message carried it),
@@ -367,8 +371,9 @@ class StallWatch:
             return view | {"state": "left", "cause": None if farewell.cause < 0 else farewell.cause}
         alive = before is not None and after is not None and after["beat"] != before["beat"]
         if beat.get("host") == self.host and beat.get("pid"):
-            state = {"T": "stopped", "t": "stopped", None: "dead", "Z": "dead", "X": "dead"}
-            state = state.get(process_state(beat["pid"]), "silent")
+            letter = processes.state(beat["pid"])
+            stopped = "stopped" if letter in processes.STOPPED else "silent"
+            state = "dead" if processes.ended(letter) else stopped
         else:
             state = "silent" if alive else "lost"  # another host: dead or stopped, unknown
         return view | {"state": state}
@@ -379,7 +384,7 @@ class StallWatch:
         return self.judge_views(store)  # the judge died on the way: judge here
 
     def _dump(self, verdict: dict) -> None:
-        folder = os.environ.get(DUMP_ENV)
+        folder = settings.DUMP.text() or None
         if not folder:
             return
         os.makedirs(folder, exist_ok=True)

@@ -32,11 +32,9 @@ import enum
 import os
 from dataclasses import dataclass
 
+from commrt import settings
 from commrt.runtime import rows
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, serve
-
-#: environment variable naming a launcher-hosted store, ``host:port``
-STORE_ENV = "COMMRT_STORE"
 
 
 class Host(enum.Enum):
@@ -48,15 +46,17 @@ class Host(enum.Enum):
 def _parse(spec: str) -> tuple[str, int]:
     host, sep, port = spec.rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"{STORE_ENV}={spec!r}: expected host:port, e.g. 127.0.0.1:29500")
+        raise ValueError(
+            f"{settings.STORE.name}={spec!r}: expected host:port, e.g. 127.0.0.1:29500"
+        )
     return host, int(port)
 
 
 def launcher_store(env=None) -> tuple[str, int, Host] | None:
     """(host, port, who) of a store hosted outside the workers, if the launcher says so."""
     env = os.environ if env is None else env
-    if env.get(STORE_ENV):
-        return (*_parse(env[STORE_ENV]), Host.LAUNCHER)
+    if env.get(settings.STORE.name):
+        return (*_parse(env[settings.STORE.name]), Host.LAUNCHER)
     if (
         env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         and env.get("MASTER_ADDR")

@@ -29,13 +29,25 @@ program (the stall watch, backup workers' heartbeat and waiter).
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import warnings
 from typing import Callable, Mapping
 
 import torch
 
+from commrt import settings
+
 __all__ = ["threads_for", "usable_cores", "fit_torch_threads", "one_core_each"]
+
+IDLE_CHECK_S = settings.Seconds(
+    0.2,
+    "how often an idle background thread (the torch backend's call thread, GradientSync's "
+    "progress thread, gossip's and backup workers' waiters) looks whether the program is ending, "
+    "so that it ends with it",
+    "commrt's threads beside the program",
+    settings.POLLING,
+)
 
 
 def threads_for(local_size: int | None, threads: int, cores: int) -> int | None:
@@ -87,8 +99,13 @@ def background_thread(target: Callable[[], None], name: str) -> threading.Thread
     """A thread (not started) for commrt's work beside the program that calls into C++:
     store calls, gloo waits. Not a daemon: a daemon thread that comes back from C++ while
     the interpreter shuts down aborts the process ("terminate called without an active
-    exception"). So ``target``'s loop must end once :func:`program_ending` says so, and the
-    interpreter's exit waits for that, in a program that never closes what runs it."""
+    exception"). So ``target``'s loop must end once :func:`program_ending` says so (an
+    idle loop looks every :data:`IDLE_CHECK_S`: :func:`next_job`), and the interpreter's
+    exit waits for that, in a program that never closes what runs it. A call the thread
+    is in when the program ends runs to its end first: a gloo wait cannot be cut short
+    (a second wait on a work that timed out never returns), so the exit waits at most
+    until that call's deadline (its timeout), and at once when its peers finish it or
+    leave."""
     # daemon=False said outright: a thread inherits its maker's flag, and some are made on
     # GradientSync's progress thread, a daemon
     return threading.Thread(target=target, name=name, daemon=False)
@@ -97,3 +114,14 @@ def background_thread(target: Callable[[], None], name: str) -> threading.Thread
 def program_ending() -> bool:
     """Whether the main thread has ended: a :func:`background_thread`'s loop stops then."""
     return not threading.main_thread().is_alive()
+
+
+def next_job(jobs: queue.SimpleQueue | queue.Queue):
+    """The next item of ``jobs`` for a :func:`background_thread`'s loop, or None once the
+    program has ended and nothing is queued (what was queued before still runs)."""
+    while True:
+        try:
+            return jobs.get(timeout=IDLE_CHECK_S)
+        except queue.Empty:
+            if program_ending():
+                return None

@@ -16,10 +16,7 @@ travel in the buffer's dtype.
 
 from __future__ import annotations
 
-import dataclasses
 import time
-import weakref
-from collections import OrderedDict
 from typing import Callable
 
 import torch
@@ -27,45 +24,17 @@ import torch
 from commrt.errors import CommError, CommTimeoutError, PeerClosedError, PeerFailedError
 from commrt.schedule import Schedule
 from commrt.schedule.binding import Bound, default_reduce
+from commrt.schedule.bindings import Bindings, Run, piece_elems
 from commrt.schedule.p2p import Where, engine_error, timeout_error
-from commrt.schedule.plan import Plan, StepPlan, compile_plan
+from commrt.schedule.plan import StepPlan
 from commrt.schedule.position import Position
 from commrt.transports.base import Prepared, Transport
 
-_MAX_PLANS = 64
-_MAX_BOUND = 32
-
-
-@dataclasses.dataclass(slots=True, eq=False)
-class Run:
-    """One run's binding and what identifies it: the one memo of the last call
-    (:attr:`Executor.last`), and the :class:`~commrt.schedule.position.Position` record of
-    the run begun last (the stall watch reads ``schedule``, ``numel`` and ``dtype``).
-    ``kept``: the binding is cached (its owner bounds its life); else it lives for this run
-    alone. ``call``: the caller's record of the call that ran it
-    (:class:`commrt.collectives.memo.SettledCall` for a settled all-reduce; None for any
-    other), which a repeat of that call compares instead of resolving it again: so the
-    call and its binding are one memo, checked once (:meth:`Executor.repeat`)."""
-
-    schedule: Schedule
-    data_ptr: int
-    numel: int
-    dtype: torch.dtype
-    transport: Transport
-    piece_bytes: int
-    reduce: Callable | None
-    bound: Bound
-    kept: bool
-    call: object | None = None
-
-
-def _piece_elems(piece_bytes: int, buf: torch.Tensor) -> int:
-    return max(1, piece_bytes // buf.element_size())
-
 
 class Executor:
-    """Runs schedules; caches compiled plans, bindings and one scratch buffer per dtype/device
-    (each cache's key, bound and lifetime: :mod:`commrt.collectives`).
+    """Runs schedules on the bindings its :class:`~commrt.schedule.bindings.Bindings`
+    keeps: compiled plans, bindings and one scratch buffer per dtype/device (each cache's
+    key, bound and lifetime: :mod:`commrt.collectives`).
 
     ``reduce``: what a received piece meets unless a run names its own (default: a sum).
     Not thread-safe by itself: the :class:`~commrt.Communicator` lock
@@ -74,14 +43,8 @@ class Executor:
 
     def __init__(self, reduce: Callable[[torch.Tensor, torch.Tensor], object] | None = None):
         self.reduce = reduce or default_reduce
-        self._plans: OrderedDict = OrderedDict()
-        self._scratch: dict[tuple, torch.Tensor] = {}
-        self._bound: OrderedDict = OrderedDict()
-        self._dead: list = []  # keys whose owner tensor died (filled by weakref finalizers)
-        #: the last cached binding run, with what identifies it and the call that ran it: a
-        #: loop on one buffer (a benchmark, one bucket, a settled all-reduce) skips bind()'s
-        #: key tuple, hashing and LRU update
-        self._last: Run | None = None
+        #: plans, bindings, scratch and the memo of the last call
+        self.bindings = Bindings(self.reduce)
         self._ran: Schedule | None = None  # the last run's schedule, cached or not
         #: where this rank is (commrt.schedule.position): what the stall watch samples
         self.position = Position()
@@ -93,92 +56,23 @@ class Executor:
 
     @property
     def last(self) -> Run | None:
-        """The last cached binding run, with the call that ran it (:class:`Run`); None when
-        there is none, or when a binding whose owner died is still to be freed (the next
-        run frees it). A caller that finds its own call there runs it with :meth:`repeat`."""
-        return None if self._dead else self._last
+        """The last cached binding run, with the call that ran it, or None
+        (:attr:`commrt.schedule.bindings.Bindings.last`). A caller that finds its own call
+        there runs it with :meth:`repeat`."""
+        return self.bindings.memo  # not through Bindings.last: one property per call
 
     def forget(self, call) -> None:
         """Forget that the last run was ``call``'s (its caller dropped that memo): the next
         such call looks its binding up again."""
-        last = self._last
-        if last is not None and last.call is call:
-            last.call = None
+        self.bindings.forget(call)
 
-    def bind(
-        self,
-        schedule: Schedule,
-        buf: torch.Tensor,
-        transport: Transport,
-        piece_elems: int,
-        owner: torch.Tensor | None = None,
-        reduce: Callable | None = None,
-    ) -> Bound:
-        """The cached :class:`Bound` for ``schedule`` on ``buf``, compiled and made on first use;
-        ``reduce``: what a received piece meets (None: this executor's own, ``self.reduce``).
+    def scratch_bytes(self) -> int:
+        """Bytes of scratch memory held for receives (kept between calls)."""
+        return self.bindings.scratch_bytes()
 
-        One dictionary lookup when warm. The key holds the buffer's address:
-        a binding holds views of ``buf``, so that address cannot be reused
-        by another tensor while the binding lives. It is dropped when
-        ``owner`` (the caller's tensor) is garbage collected, or when it
-        falls out of the small LRU, so the cache never keeps much memory
-        alive.
-        """
-        key = (
-            id(schedule),
-            buf.data_ptr(),
-            buf.numel(),
-            buf.dtype,
-            piece_elems,
-            id(transport),
-            reduce,
-        )
-        hit = self._bound.get(key)
-        if hit is not None and hit.schedule is schedule:
-            self._bound.move_to_end(key)
-            return hit
-        self._drop_dead()
-        old = self._bound.pop(key, None)
-        if old is not None:
-            old.free()
-        bound = self._bound[key] = self._make(schedule, buf, transport, piece_elems, reduce)
-        if owner is not None:
-            weakref.finalize(owner, self._dead.append, key)
-        if len(self._bound) > _MAX_BOUND:
-            self._bound.popitem(last=False)[1].free()
-        return bound
-
-    def _make(self, schedule, buf: torch.Tensor, transport, piece_elems: int, reduce) -> Bound:
-        # views of a detached alias: a view of ``buf`` itself would hold ``buf`` (its base)
-        # alive, and with it the owner whose collection is to free the binding
-        flat = buf.detach().view(-1)
-        plan = self.plan(schedule, transport.rank, flat.numel(), piece_elems)
-        scratch = self.scratch(plan.scratch_numel, flat.dtype, flat.device)
-        reducer = self.reduce if reduce is None else reduce
-        return Bound(schedule, plan, flat, scratch, transport, reducer)
-
-    def _drop_dead(self) -> None:
-        """Free the bindings whose owner died (their views are all that keeps the owner's
-        memory alive), and forget the memo, which may be one of them."""
-        self._last = None
-        while self._dead:
-            dead = self._bound.pop(self._dead.pop(), None)
-            if dead is not None:
-                dead.free()
-
-    def plan(self, schedule: Schedule, rank: int, numel: int, piece_elems: int) -> Plan:
-        # Keyed on the schedule object itself: algorithms cache their
-        # schedules, so this is an identity hit in the common case.
-        key = (id(schedule), rank, numel, piece_elems)
-        hit = self._plans.get(key)
-        if hit is not None and hit[0] is schedule:
-            self._plans.move_to_end(key)
-            return hit[1]
-        plan = compile_plan(schedule, rank, numel, piece_elems)
-        self._plans[key] = (schedule, plan)
-        if len(self._plans) > _MAX_PLANS:
-            self._plans.popitem(last=False)
-        return plan
+    def release(self) -> None:
+        """Drop cached scratch memory and bindings (re-made on next use)."""
+        self.bindings.release()
 
     def warm(self, schedule: Schedule, rank: int, buf: torch.Tensor, piece_bytes: int) -> int:
         """Launch the reduce once per distinct piece size ``schedule`` will sum into ``buf``,
@@ -186,67 +80,12 @@ class Executor:
         (:func:`commrt.kernels.configs.launch_config`) and dtype compiles the kernel, which
         must not happen on the progress thread during the first backward. Returns the
         number of launches."""
-        plan = self.plan(schedule, rank, buf.numel(), _piece_elems(piece_bytes, buf))
+        plan = self.bindings.plan(schedule, rank, buf.numel(), piece_elems(piece_bytes, buf))
         sizes = sorted({x.stop - x.start for st in plan.steps for x in st.recvs if x.reduce})
         for n in sizes:
             dst = torch.zeros(n, dtype=buf.dtype, device=buf.device)
             self.reduce(dst, torch.zeros_like(dst))
         return len(sizes)
-
-    def scratch(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        key = (dtype, device)
-        buf = self._scratch.get(key)
-        if buf is None or buf.numel() < numel:
-            buf = torch.empty(max(numel, 1), dtype=dtype, device=device)
-            self._scratch[key] = buf
-        return buf
-
-    def scratch_bytes(self) -> int:
-        """Bytes of scratch memory held for receives (kept between calls)."""
-        return sum(s.numel() * s.element_size() for s in self._scratch.values())
-
-    def release(self) -> None:
-        """Drop cached scratch memory and bindings (re-made on next use)."""
-        for b in self._bound.values():
-            b.free()
-        self._bound.clear()
-        self._last = None
-        self._scratch.clear()
-
-    def _bound_for(self, schedule, buf, transport, piece_bytes, reduce, owner, call) -> Run:
-        """The binding for this call, as a :class:`Run`: the last call's when it had the same
-        schedule, buffer, transport, piece size and reducer (one comparison per field, the
-        hot path of a repeated collective); else a cached one, remembered as the last, when
-        ``owner`` bounds its life; else (no owner) one made for this run alone, which the
-        run frees, so that no binding outlives a buffer its caller is done with."""
-        last = self._last
-        if (
-            last is not None
-            and last.schedule is schedule
-            and last.data_ptr == buf.data_ptr()
-            and last.numel == buf.numel()
-            and last.dtype is buf.dtype
-            and last.transport is transport
-            and last.piece_bytes == piece_bytes
-            and last.reduce is reduce
-            and not self._dead
-        ):
-            last.call = call
-            return last
-        if self._dead:  # whichever path this call takes, a dead owner's binding goes now
-            self._drop_dead()
-        piece_elems = _piece_elems(piece_bytes, buf)
-        if owner is None:
-            bound = self._make(schedule, buf, transport, piece_elems, reduce)
-        else:
-            bound = self.bind(schedule, buf, transport, piece_elems, owner, reduce)
-        run = Run(
-            schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes, reduce,
-            bound, owner is not None, call,
-        )  # fmt: skip
-        if run.kept:
-            self._last = run
-        return run
 
     def run(
         self,
@@ -277,9 +116,9 @@ class Executor:
         ``spin_s``: how long a wait polls before it yields the core
         (:func:`~commrt.transports.base.poll_until`); for callers that block.
         ``call``: the caller's record of this call, kept with a cached binding
-        (:attr:`Run.call`).
+        (:attr:`commrt.schedule.bindings.Run.call`).
         """
-        run = self._bound_for(schedule, buf, transport, piece_bytes, reduce, owner, call)
+        run = self.bindings.for_call(schedule, buf, transport, piece_bytes, reduce, owner, call)
         if run.kept:
             return self._run(run, buf, timeout, bucket, tracer, spin_s)
         try:
@@ -293,7 +132,7 @@ class Executor:
         against it, so that nothing is looked up twice. Should another run have come
         between (another thread), the binding is looked up as :meth:`run` would. Returns
         the bytes this rank sent."""
-        if run is not self._last or self._dead:
+        if run is not self.bindings.memo:  # forgotten once an owner died
             return self.run(
                 run.schedule, buf, run.transport, timeout, run.piece_bytes, run.reduce, None,
                 tracer, buf, spin_s, run.call,

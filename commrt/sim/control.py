@@ -87,13 +87,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from commrt import settings
 from commrt.sim.links import check_number
 
 __all__ = ["StoreCost", "ControlCost", "control_cost", "first_saturated"]
 
-#: heartbeat period of :mod:`commrt.sync.backup.liveness` (``HEARTBEAT_S``; the simulator
-#: does not import the runtime's policy modules)
-HEARTBEAT_S = 0.25
+HEARTBEAT_S = settings.Seconds(
+    0.25,
+    "backup workers' heartbeat period (`commrt.sync.backup.liveness.HEARTBEAT_S`), as the control "
+    "plane's model prices it",
+    "`commrt simulate`",
+    settings.POLLING,
+)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ One post-accumulate-grad hook per trainable parameter tells the progress
 thread (:class:`~commrt.sync.progress.ProgressThread`) that the parameter's
 gradient is in; a bucket whose parameters are all in may leave. The first
 gradient of a step hands the wire to the GradientSync
-(``comm.begin_sync_step``). Inside ``no_sync()`` the hooks do nothing.
+(``comm.syncs.begin_step``). Inside ``no_sync()`` the hooks do nothing.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class GradReadyHooks:
                     "each backward, and wrap accumulation steps in sync.no_sync()."
                 )
             if progress.arrived(b, id(p), now):
-                self.comm.begin_sync_step(self.sync)
+                self.comm.syncs.begin_step(self.sync)
 
     def arrive_all(self) -> None:
         """Count every parameter in, as it stands (a step of a rank that ran out of data:

@@ -179,7 +179,7 @@ class GradientSync:
 
         # -- the gradient hooks (autograd calls them as each .grad is accumulated)
         self.hooks = GradReadyHooks(self, self.buckets, self._progress, comm, named)
-        comm.register_sync(self)
+        comm.syncs.register(self)
         self._progress.start()
 
     # -- the API
@@ -197,7 +197,7 @@ class GradientSync:
         t_wait, wait_us = self._recorder.now()
         with self._progress.cv:
             state = self._progress.state
-            self.comm.begin_sync_step(self)  # also a step in which no gradient arrived
+            self.comm.syncs.begin_step(self)  # also a step in which no gradient arrived
             unused = unready_parameters(self.buckets, state, self._progress.mark_ready)
             # each bucket's own waits (and the previous step's after-step work) are bounded
             # by comm.timeout per schedule step; this is the backstop
@@ -206,7 +206,7 @@ class GradientSync:
             self._record(state, t_wait, wait_us)
             # the one place a step's state is reset
             self._progress.state = StepState.fresh(self.buckets, state.step + 1)
-            self.comm.end_sync_step(self)
+            self.comm.syncs.end_step(self)
         if self.unused is Unused.ERROR:
             raise_if_unused(self.comm, self.buckets, unused)
 
@@ -305,7 +305,7 @@ class GradientSync:
         if not self._progress.stop(self.comm.timeout):
             return
         self.hooks.remove()
-        self.comm.unregister_sync(self)
+        self.comm.syncs.unregister(self)
         self.policy.close()
 
     def __enter__(self) -> "GradientSync":

@@ -21,6 +21,7 @@ import time
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
+from commrt.runtime.threads import IDLE_CHECK_S, background_thread, program_ending
 from commrt.sync.buffers import BucketBuffers
 from commrt.sync.policy import Policy
 from commrt.sync.stepstate import StepState
@@ -93,7 +94,7 @@ class ProgressThread:
         #: the policy's after_step() is running
         self.background = False
 
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread = background_thread(self._loop, name)
 
     def start(self) -> None:
         self._thread.start()
@@ -127,12 +128,14 @@ class ProgressThread:
         self.cv.notify_all()
 
     def _next_bucket(self) -> tuple[int, int, object] | None:
-        """Block until the next bucket is ready; (bucket, step, ready event), None at close."""
+        """Block until the next bucket is ready; (bucket, step, ready event), None at close
+        or once the program ended with no bucket ready (never closed)."""
         with self.cv:
             while not self.closing and not (
                 self.state.next < self.buckets and self.state.ready[self.state.next]
             ):
-                self.cv.wait()
+                if not self.cv.wait(IDLE_CHECK_S) and program_ending():
+                    return None
             if self.closing:
                 return None
             s = self.state

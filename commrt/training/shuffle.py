@@ -249,7 +249,7 @@ class _Swap:
         blocking = comm.transport.stream_ordered
         if blocking:
             # NCCL: no other thread may enqueue a group meanwhile; let gradient work finish first
-            comm.quiesce_syncs()
+            comm.syncs.quiesce()
         self.exchange = Exchange(
             comm,
             self.sends,

@@ -17,11 +17,17 @@ from typing import Callable, Sequence
 
 import torch
 
+from commrt import settings
+
 Pair = tuple[torch.Tensor, int]  # (contiguous tensor, peer rank)
 
 
-#: how often a long wait asks its ``check`` whether a peer has left (seconds)
-CHECK_EVERY_S = 0.02
+CHECK_EVERY_S = settings.Seconds(
+    0.02,
+    "how often a long wait asks whether a peer has left",
+    "every transport's waits",
+    settings.STALLS,
+)
 #: what every refusal of a GPU-only backend on a machine without one suggests instead
 ON_A_CPU = "on a CPU use backend='shm', 'gloo' or 'mpi'"
 

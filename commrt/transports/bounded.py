@@ -31,11 +31,17 @@ import sys
 import threading
 from typing import Callable
 
-#: seconds an abort may take before the caller goes on without it (the abort goes on alone)
-ABORT_S = 10.0
-#: seconds a healthy close() lets ncclCommDestroy take (pending work already finished, so
-#: only the other ranks can hold it: past this, the communicator is left to the process's end)
-DESTROY_S = 10.0
+from commrt import settings
+
+ABORT_S = settings.Seconds(
+    10.0,
+    "how long an abort may take before the caller goes on without it",
+    "NCCL's abort",
+    settings.NCCL,
+)
+DESTROY_S = settings.Seconds(
+    10.0, "how long a healthy close lets `ncclCommDestroy` take", "NCCL's close", settings.NCCL
+)
 
 
 def call_bounded(fn: Callable[[], object], seconds: float, what: str) -> bool:

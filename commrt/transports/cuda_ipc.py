@@ -58,6 +58,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from commrt import settings
 from commrt.errors import CommError, CommTimeoutError
 from commrt.transports.base import Pair, Pending, Transport, average_first, poll_until
 from commrt.transports.cuda_ipc_device import IpcDevice
@@ -67,11 +68,19 @@ from commrt.transports.processes import start_time
 SLOTS = 4
 #: bytes per slot, unless asked otherwise
 SLOT_BYTES = 4 << 20
-#: seconds :meth:`CudaIpcTransport.close` waits for its own stream to run, and then for
-#: every peer's to have run too, before it frees what the peers' streams may touch
-CLOSE_S = 30.0
-#: seconds between two looks at the store while close() waits for the peers
-CLOSE_POLL_S = 0.01
+CLOSE_S = settings.Seconds(
+    30.0,
+    "how long a closing rank waits for its stream, then for every peer's, before it frees what "
+    "their copies touch (past it, with a peer still running, it frees nothing)",
+    "`close()` of the `cuda_ipc` transport",
+    settings.STALLS,
+)
+CLOSE_POLL_S = settings.Seconds(
+    0.01,
+    "how often that close looks in the store for the peers' word",
+    "`close()` of the `cuda_ipc` transport",
+    settings.STALLS,
+)
 #: a link's block in the receiver's counters file: ``posted`` (the sender's cache line),
 #: ``consumed`` (the receiver's), then one size header per slot (the sender's)
 HEAD = 128

@@ -28,15 +28,13 @@ import secrets
 import numpy as np
 import torch
 
+from commrt import settings
 from commrt.transports.base import ON_A_CPU
 from commrt.transports.cuda_ipc import SLOT_BYTES, SLOTS, CudaIpcTransport, Link, link_bytes
 from commrt.transports.cuda_ipc_device import CudaDevice, IpcDevice, import_runtime
 from commrt.transports.processes import start_time
 from commrt.transports.shm_connect import SHM_DIR, gather
 from commrt.transports.shm_connect import unusable as host_unusable
-
-#: the environment variable that sets a slot's bytes (:func:`slot_bytes_from_env`)
-SLOT_ENV = "COMMRT_CUDA_IPC_SLOT_BYTES"
 
 
 def boot_id() -> str:
@@ -259,13 +257,16 @@ def slot_bytes_from_env(env=None) -> int:
     """``COMMRT_CUDA_IPC_SLOT_BYTES`` (default :data:`SLOT_BYTES`): the bytes of one slot.
     Each rank holds ``(world_size - 1) * SLOTS`` of them in device memory; larger slots
     mean fewer pieces per message, smaller ones less memory."""
-    text = (os.environ if env is None else env).get(SLOT_ENV, "")
+    text = settings.CUDA_IPC_SLOT_BYTES.text(env)
     try:
         value = int(text) if text else SLOT_BYTES
     except ValueError:
         value = -1
     if value < 16 or value % 16:
-        raise ValueError(f"{SLOT_ENV} must be a positive multiple of 16 bytes, got {text!r}")
+        raise ValueError(
+            f"{settings.CUDA_IPC_SLOT_BYTES.name} must be a positive multiple of 16 bytes, got "
+            f"{text!r}"
+        )
     return value
 
 

@@ -35,9 +35,15 @@ import threading
 import time
 from typing import Callable
 
-#: seconds a call may stay blocked after its timeout (and the ``on_expire`` started then)
-#: before the process is ended
-GRACE_S = 5.0
+from commrt import settings
+
+GRACE_S = settings.Seconds(
+    5.0,
+    "how long an NCCL call may stay blocked after its timeout (and the abort started then) before "
+    "the process ends",
+    "NCCL calls that block in C code",
+    settings.NCCL,
+)
 
 
 class GuardedCall:

@@ -111,16 +111,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from commrt import settings
 from commrt.schedule import Collective, Op, OpKind, Schedule, Step, Steps
 from commrt.sim import Network, Overhead
 from commrt.tuning.probe_checks import ALPHA_BOUND_S, RETRIES, ProbeWarning, conservative, problems
 from commrt.tuning.probe_steps import agreed, measure_overheads, time_runs
 
-__all__ = ["ProbeResult", "probe", "SIZES", "CALIBRATION_ENV", "ProbeWarning", "ALPHA_BOUND_S"]
+__all__ = ["ProbeResult", "probe", "SIZES", "ProbeWarning", "ALPHA_BOUND_S"]
 #: probed message sizes in bytes; the first one measures α
 SIZES = (8, 1 << 20, 4 << 20)
-#: the variable that names a saved calibration for :func:`probe` to load instead of measuring
-CALIBRATION_ENV = "COMMRT_CALIBRATION"
 _MIN_BETA = 1e-13  # 10 TB/s: a floor so a noisy fit never gives zero or negative β
 
 
@@ -210,7 +209,8 @@ class ProbeResult:
             raise ValueError(
                 f"saved calibration was taken on {have[0]} ranks, {have[1]} per node, over "
                 f"{have[2]}; this job has {want[0]} ranks, {want[1]} per node, over {want[2]}: "
-                f"probe this job again (commrt probe --save FILE) or unset {CALIBRATION_ENV}"
+                "probe this job again (commrt probe --save FILE) or unset "
+                f"{settings.CALIBRATION.name}"
             )
 
     def __str__(self) -> str:
@@ -458,7 +458,7 @@ def probe(
         )
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be a positive integer, got {repeats!r}")
-    path = calibration if calibration is not None else os.environ.get(CALIBRATION_ENV) or None
+    path = calibration if calibration is not None else settings.CALIBRATION.text() or None
     t_start = time.perf_counter()
     p = comm.world_size
     from commrt.tuning.topology import ranks_per_node

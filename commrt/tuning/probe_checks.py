@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import warnings
 
+from commrt import settings
+
 __all__ = ["ALPHA_BOUND_S", "RETRIES", "ProbeWarning", "problems", "conservative"]
 
-#: α above this is a burst, not a link: longer than a Linux scheduler slice (~4 ms), so the
-#: rank waited for a core more than once per message
-ALPHA_BOUND_S = 5e-3
+ALPHA_BOUND_S = settings.Seconds(
+    5e-3,
+    "α above this is a burst (a rank waiting for a core), not a link: measured again, then priced "
+    "as measured with a warning",
+    "`auto`'s probe",
+    settings.AUTO,
+)
 #: how many times a tier that fails a sanity check is measured again
 RETRIES = 1
 

@@ -16,7 +16,10 @@ extension rewrites each docstring once Griffe has loaded its package:
 * a doctest directive (``# doctest: +SKIP``) is dropped from an example: it is
   for the doctest runner, not the reader;
 * a parameter's default that names a module's constant (``DEFAULT_ALGORITHM``)
-  shows the constant's value (``'ring'``), where the value is a plain literal.
+  shows the constant's value (``'ring'``), where the value is a plain literal
+  or a bound declared as ``settings.Seconds(value, help, ...)`` (its value);
+* such a bound, where the page shows it, reads as its value with its help as
+  its docstring (:mod:`commrt.settings` declares a bound's meaning in the call).
 
 mkdocs.yml loads it after :mod:`package_dirs`, so the packages that setuptools
 maps from other folders are rewritten too. Build code for the docs, not part
@@ -114,8 +117,31 @@ def constant_value(obj: griffe.Object, default) -> str | None:
             found = found.target
     except (griffe.AliasResolutionError, griffe.CyclicAliasError, KeyError, AttributeError):
         return None
-    value = getattr(found, "value", None) if found.is_attribute else None
+    value = seconds_value(getattr(found, "value", None)) if found.is_attribute else None
     return str(value) if value is not None and LITERAL.match(str(value)) else None
+
+
+def is_seconds(value) -> bool:
+    """Whether ``value`` (an attribute's value) is a ``Seconds(...)`` declaration."""
+    function = getattr(value, "function", None)
+    return function is not None and str(function).split(".")[-1] == "Seconds"
+
+
+def seconds_value(value):
+    """A ``Seconds(value, help, ...)`` declaration's value; any other value as it is."""
+    return value.arguments[0] if is_seconds(value) and value.arguments else value
+
+
+def show_declared_bound(obj: griffe.Attribute) -> None:
+    """A module's ``NAME_S = Seconds(value, help, applies, group)`` as ``value``, its help
+    the docstring."""
+    if not is_seconds(obj.value) or len(obj.value.arguments) < 3:
+        return
+    value, help_, applies = obj.value.arguments[:3]
+    if obj.docstring is None:
+        text = f"{str(help_).strip(chr(34) + chr(39))} ({str(applies).strip(chr(34) + chr(39))})"
+        obj.docstring = griffe.Docstring(text, parent=obj)
+    obj.value = value
 
 
 def show_constant_defaults(obj: griffe.Function) -> None:
@@ -134,6 +160,8 @@ def rewrite(obj: griffe.Object) -> None:
         obj.docstring.rewritten = True
     if obj.is_function:
         show_constant_defaults(obj)
+    elif obj.is_attribute and obj.parent is not None and obj.parent.is_module:
+        show_declared_bound(obj)
     elif obj.is_attribute and obj.parent is not None and obj.parent.is_class:
         # a dataclass field's default: its __init__'s parameter is made from it
         value = constant_value(obj, obj.value)

@@ -11,6 +11,7 @@ import time
 import pytest
 from helpers.layout import ROOT
 
+from commrt import settings
 from commrt.cli.launch import STOPPED, mpiexec_path
 
 
@@ -118,7 +119,7 @@ def test_a_ctrl_c_before_the_launcher_supervises_leaves_the_same_line(monkeypatc
     what it says when it supervises: it printed only 'commrt: interrupted'."""
     from commrt.cli import launch
 
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "WORLD_SIZE", launch.CHILD_ENV):
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "WORLD_SIZE", settings.LAUNCHED.name):
         monkeypatch.delenv(var, raising=False)
     assert launch.interrupted() == 130
     assert capsys.readouterr().err.strip() == STOPPED

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+from commrt import settings
+
 #: the tests/ folder (workers live in tests/workers)
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: environment variable: a folder where every rank job's outputs are saved
@@ -63,7 +65,7 @@ class GlooJob:
     hosts the store, and whatever it takes with it when it ends, the test sees."""
 
     def __init__(self, script: str, args, n: int, drop_env=(), env=None, rank0_hosts=False):
-        from commrt.runtime.store import STORE_ENV, host_store
+        from commrt.runtime.store import host_store
 
         self.store = None if rank0_hosts else host_store()
         self.env = dict(
@@ -80,7 +82,7 @@ class GlooJob:
             self.env["TORCHELASTIC_USE_AGENT_STORE"] = "true"
         self.env.update(env or {})  # the caller's variables win over torchrun's
         agent = () if not rank0_hosts else ("TORCHELASTIC_USE_AGENT_STORE",)
-        for name in (STORE_ENV, *agent, *drop_env):
+        for name in (settings.STORE.name, *agent, *drop_env):
             self.env.pop(name, None)
         self.cmd = [sys.executable, os.path.join(TESTS, "workers", script), *map(str, args)]
         self.procs: list[subprocess.Popen] = []

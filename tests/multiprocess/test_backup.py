@@ -17,8 +17,9 @@ import torch
 from helpers.mp import TESTS, gloo_ranks, mpiexec
 
 import commrt
+from commrt import settings
 from commrt.algorithms import BackupWorkers, HalvingDoubling, Ring, Torus2D, resolve
-from commrt.runtime.store import STORE_ENV, Host, launcher_store
+from commrt.runtime.store import Host, launcher_store
 from commrt.sync.backup import load_snapshot, pack_snapshot
 
 sys.path.insert(0, os.path.join(TESTS, "workers"))
@@ -204,11 +205,15 @@ def test_a_snapshot_restores_parameters_and_optimizer_state_bit_for_bit(make):
 
 def test_the_store_a_launcher_hosts_is_found():
     assert launcher_store({}) is None
-    assert launcher_store({STORE_ENV: "10.0.0.2:29400"}) == ("10.0.0.2", 29400, Host.LAUNCHER)
+    assert launcher_store({settings.STORE.name: "10.0.0.2:29400"}) == (
+        "10.0.0.2",
+        29400,
+        Host.LAUNCHER,
+    )
     agent = {"TORCHELASTIC_USE_AGENT_STORE": "true", "MASTER_ADDR": "h", "MASTER_PORT": "7"}
     assert launcher_store(agent) == ("h", 7, Host.AGENT)
     with pytest.raises(ValueError, match="host:port"):
-        launcher_store({STORE_ENV: "nonsense"})
+        launcher_store({settings.STORE.name: "nonsense"})
 
 
 def test_all_reduce_refuses_backup_workers():

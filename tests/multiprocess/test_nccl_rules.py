@@ -255,7 +255,7 @@ def test_the_reduce_kernel_is_warmed_at_construction_on_every_piece_size(monkeyp
     ex = Executor(reduce=lambda dst, src: seen.append((dst.numel(), dst.sum().item())))
     buf = torch.arange(numel, dtype=torch.float32)
     assert ex.warm(sched, 1, buf, piece_bytes) == len(seen) > 1
-    plan = ex.plan(sched, 1, numel, 100)
+    plan = ex.bindings.plan(sched, 1, numel, 100)
     reduced = {x.stop - x.start for st in plan.steps for x in st.recvs if x.reduce}
     assert sorted(n for n, _ in seen) == sorted(reduced) and all(v == 0 for _, v in seen)
     assert torch.equal(buf, torch.arange(numel, dtype=torch.float32))  # the buffer untouched

@@ -297,10 +297,10 @@ def test_close_stops_open_gradient_syncs():
     model(torch.ones(3, 4)).sum().backward()
     sync.step(torch.optim.SGD(model.parameters(), lr=0.1))
     (thread,) = _progress_threads() - before
-    assert thread.is_alive() and comm.open_syncs() == (sync,)
+    assert thread.is_alive() and comm.syncs.open() == (sync,)
     comm.close()
     assert not thread.is_alive()
-    assert comm.open_syncs() == () and comm.closed
+    assert comm.syncs.open() == () and comm.closed
     sync.close()  # still idempotent
 
 

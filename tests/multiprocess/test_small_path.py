@@ -14,6 +14,7 @@ from helpers.mp import mpiexec
 import commrt
 from commrt.errors import CommTimeoutError
 from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.schedule.bindings import Bindings
 from commrt.schedule.executor import Executor
 
 
@@ -22,16 +23,28 @@ def _comm(tr, timeout=10.0):
     return Communicator(tr, Backend.GLOO, info, timeout, 1 << 20)
 
 
-class _CountingExecutor(Executor):
+class _CountingBindings(Bindings):
     """Counts bind() calls: the memo must spare a repeated call from making its key."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, reduce):
+        super().__init__(reduce)
         self.binds = 0
 
     def bind(self, *args, **kwargs):
         self.binds += 1
         return super().bind(*args, **kwargs)
+
+
+class _CountingExecutor(Executor):
+    """An executor whose bindings count bind() calls (``binds``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bindings = _CountingBindings(self.reduce)
+
+    @property
+    def binds(self) -> int:
+        return self.bindings.binds
 
 
 def test_a_repeated_call_skips_bind_and_a_changed_buffer_does_not():
@@ -68,7 +81,7 @@ def test_the_memo_never_runs_a_binding_the_cache_freed():
         # 40 other bindings push x's, the memo's, out of the LRU (its requests are freed)
         others = [torch.ones(n + 4) for n in range(40)]
         for o in others:
-            ex.bind(sched, o, tr, 1 << 20)
+            ex.bindings.bind(sched, o, tr, 1 << 20)
         x.fill_(tr.rank + 1)
         ex.run(sched, x, tr, timeout=10)
         return x.tolist()

@@ -68,3 +68,29 @@ def test_omp_num_threads_set_keeps_the_users_threads():
     assert codes == [0, 0], outs
     for had, now, warned in _lines("".join(outs)).values():
         assert (now, warned) == (had, 0), outs
+
+
+@pytest.mark.parametrize("thread", ["call", "p2p", "progress", "gossip"])
+def test_a_program_that_ends_while_a_thread_is_in_a_gloo_call_exits_with_its_own_code(thread):
+    """Rank 0 leaves main (``sys.exit(3)``) while one of commrt's threads is in gloo: the
+    torch backend's call thread (an async all-reduce), its point-to-point helper (an
+    ``irecv``'s ``get_future()``), GradientSync's progress thread, or gossip's waiter.
+    Rank 1 joins that call only while rank 0's interpreter finalizes. As daemons, each of
+    the four came back from C++ then and aborted the process (``terminate called without
+    an active exception``, exit -6); as background threads the exit waits for the call."""
+    codes, outs = gloo_ranks(2, "exit_mid_call_worker.py", thread, timeout=60)
+    joined = "\n".join(outs)
+    assert codes == [3, 0], joined
+    assert "rank 0 leaves main" in outs[0] and "rank 1 done" in outs[1], joined
+    assert "terminate called" not in joined and "Fatal Python error" not in joined, joined
+
+
+def test_next_job_runs_what_was_queued_and_ends_once_the_program_has(monkeypatch):
+    import queue
+
+    jobs = queue.SimpleQueue()
+    jobs.put("queued")
+    monkeypatch.setattr(threads, "IDLE_CHECK_S", 0.01)
+    monkeypatch.setattr(threads, "program_ending", lambda: True)
+    assert threads.next_job(jobs) == "queued"
+    assert threads.next_job(jobs) is None

@@ -252,7 +252,7 @@ def test_warming_covers_every_piece_size_class():
     ex = Executor()
     for p in (2, 3, 5, 8):
         for numel in (1, 7, 999, 1000, 1001, 123_457):
-            plan = ex.plan(Ring().schedule(p), 1, numel, piece_bytes // 4)
+            plan = ex.bindings.plan(Ring().schedule(p), 1, numel, piece_bytes // 4)
             reduced = {x.stop - x.start for st in plan.steps for x in st.recvs if x.reduce}
             assert {n.bit_length() for n in reduced if n} <= classes, (p, numel, reduced)
     cpu = types.SimpleNamespace(device=torch.device("cpu"), world_size=4)

@@ -5,6 +5,7 @@ so), and refuses ``--backend mpi`` with ``--kill``."""
 import pytest
 import torch
 
+from commrt import settings
 from commrt.cli import commands, main
 from commrt.cli import launch as launcher
 from commrt.transports import shm_connect
@@ -16,7 +17,7 @@ BACKUP = ["train", "--nproc", "4", "--algorithm", "backup", "--backups", "1"]
 def launched(monkeypatch):
     """Calls to the launcher, recorded instead of starting ranks; MPI looks installed, and
     shared memory unusable (auto's choice is then mpi), on a machine without a GPU."""
-    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "WORLD_SIZE", launcher.CHILD_ENV):
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "WORLD_SIZE", settings.LAUNCHED.name):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(commands, "_mpi_installed", lambda: True)
     monkeypatch.setattr(shm_connect, "unusable", lambda: "no /dev/shm here")

@@ -1,39 +1,59 @@
-"""docs/configuration.md lists every COMMRT_* variable the library reads and every
-timeout and bound (the ``*_S`` constants), and nothing the library no longer has.
+"""Every setting is declared once (commrt.settings): each ``COMMRT_*`` variable in
+``VARIABLES``, each module-level ``*_S`` bound as a ``Seconds`` beside its use; and
+docs/configuration.md is what tools/configuration_page.py writes from the declarations.
 
-The library's side is a scan of its source (commrt/, algorithms/, kernels/), so a new
-variable or bound fails here until the page names it, with its default and meaning.
+The library's side is a scan of its source (commrt/, algorithms/, kernels/), so a variable
+named without a declaration, or a bound kept as a bare number, fails here.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 from pathlib import Path
 
 from helpers.layout import library_sources
 
-from commrt.cli.launch import CHILD_ENV, LAUNCHED_AT_ENV, REPORTS_ENV
-from commrt.runtime.environment import FROM_MPI_ENV
+from commrt import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "configuration.md"
 VARIABLE = re.compile(r"\bCOMMRT_[A-Z][A-Z0-9_]*\b")
 BOUND = re.compile(r"^[A-Z][A-Z0-9_]*_S$")
-ROW = re.compile(r"^\| `([\w.]+)` \|", re.MULTILINE)
+DECLARATIONS = ROOT / "commrt" / "settings.py"
 
 
-sources = library_sources
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        "configuration_page", ROOT / "tools" / "configuration_page.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def variables_read() -> set[str]:
-    return {v for _, path in sources() for v in VARIABLE.findall(path.read_text("utf-8"))}
+def undeclared(source: str) -> set[str]:
+    """The ``COMMRT_*`` names ``source`` mentions that no declaration has."""
+    return set(VARIABLE.findall(source)) - {v.name for v in settings.VARIABLES}
+
+
+def names_spelt_out(source: str) -> set[str]:
+    """String constants of ``source`` that are a variable's bare name: how a read looks
+    (``os.environ.get("COMMRT_X")``) where it does not go through the declaration."""
+    return {
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and re.fullmatch(VARIABLE, node.value)
+    }
 
 
 def bounds_kept() -> set[str]:
-    """``module.NAME`` of every module-level ``*_S`` constant."""
+    """``module.NAME`` of every module-level ``*_S`` constant in the source."""
     found = set()
-    for module, path in sources():
+    for module, path in library_sources():
         for node in ast.parse(path.read_text("utf-8")).body:
             targets = node.targets if isinstance(node, ast.Assign) else []
             targets = [node.target] if isinstance(node, ast.AnnAssign) else targets
@@ -43,39 +63,75 @@ def bounds_kept() -> set[str]:
     return {name for name in found if BOUND.match(name.rsplit(".", 1)[1])}
 
 
-def rows(text: str) -> set[str]:
-    return set(ROW.findall(text))
-
-
-def section(text: str, heading: str) -> str:
-    return text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
-
-
-def test_the_scans_find_what_the_library_has():
-    assert {"COMMRT_DEBUG", "COMMRT_STALL_S", "COMMRT_ALGORITHM"} <= variables_read()
+def test_the_scans_see_what_they_look_for():
+    assert undeclared('x = os.environ.get("COMMRT_NEW_KNOB")') == {"COMMRT_NEW_KNOB"}
+    assert undeclared("f'{settings.DEBUG.name}=1, as COMMRT_DEBUG=1 says'") == set()
+    assert names_spelt_out('os.environ.get("COMMRT_DEBUG", "")') == {"COMMRT_DEBUG"}
+    assert names_spelt_out('"set COMMRT_DEBUG=1 to check"') == set()  # a message
     assert "commrt.runtime.rendezvous.DEFAULT_TIMEOUT_S" in bounds_kept()
-    assert "commrt.runtime.stall.MAX_DEFAULT_STALL_S" in bounds_kept()  # one of a pair
     assert "commrt.algorithms.auto_learn.RECHECK_S" in bounds_kept()  # algorithms/ installed
 
 
-def test_the_page_lists_every_variable_the_library_reads():
-    listed = {r for r in rows(PAGE.read_text("utf-8")) if r.startswith("COMMRT_")}
-    read = variables_read()
-    assert not read - listed, f"read but not on docs/configuration.md: {sorted(read - listed)}"
-    assert not listed - read, f"on the page but read nowhere: {sorted(listed - read)}"
+def test_every_variable_the_library_names_is_declared():
+    found = {str(path): undeclared(path.read_text("utf-8")) for _, path in library_sources()}
+    assert {p: n for p, n in found.items() if n} == {}
+
+
+def test_a_variable_is_read_through_its_declaration_only():
+    found = {
+        str(path.relative_to(ROOT)): names_spelt_out(path.read_text("utf-8"))
+        for _, path in library_sources()
+        if path != DECLARATIONS
+    }
+    assert {p: n for p, n in found.items() if n} == {}
+
+
+def test_every_bound_is_declared_as_seconds_with_its_meaning():
+    declared = dict(_tool().bounds())  # raises naming any *_S kept as a bare number
+    assert set(declared) == bounds_kept()
+    for name, bound in declared.items():
+        assert isinstance(bound, settings.Seconds) and bound.help and bound.applies, name
+        assert bound.group in settings.GROUPS, name
+
+
+def test_a_bound_in_no_group_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="group 'Misc' is not one of"):
+        settings.Seconds(1.0, "help", "applies", "Misc")
+
+
+def test_the_page_is_written_from_the_declarations():
+    assert PAGE.read_text("utf-8") == _tool().render(), (
+        "docs/configuration.md differs from the declarations: run "
+        "python tools/configuration_page.py"
+    )
 
 
 def test_the_variables_the_launcher_sets_are_marked_so():
+    internal = {v.name for v in settings.VARIABLES if v.set_by}
+    assert {"COMMRT_LAUNCHED", "COMMRT_LAUNCHED_AT", "COMMRT_PEER_REPORTS"} <= internal
+    assert "COMMRT_RANK_FROM_MPI" in internal
     text = PAGE.read_text("utf-8")
-    internal = rows(section(text, "Set by commrt for its own processes"))
-    assert {CHILD_ENV, LAUNCHED_AT_ENV, REPORTS_ENV, FROM_MPI_ENV} <= internal
-    assert not internal & rows(section(text, "Environment variables you set"))
+    yours = text.split("## Environment variables you set", 1)[1].split("\n## ", 1)[0]
+    assert not any(f"`{name}`" in yours for name in internal)
 
 
-def test_the_page_lists_every_timeout_and_bound():
-    listed = {
-        r for r in rows(PAGE.read_text("utf-8")) if "." in r and BOUND.match(r.split(".")[-1])
-    }
-    kept = bounds_kept()
-    assert not kept - listed, f"kept but not on docs/configuration.md: {sorted(kept - listed)}"
-    assert not listed - kept, f"on the page but kept nowhere: {sorted(listed - kept)}"
+def test_flag_variables_read_as_the_page_says():
+    import pytest
+
+    assert settings.DEBUG.flag({"COMMRT_DEBUG": "detail"}) is True
+    assert settings.DEBUG.flag({"COMMRT_DEBUG": " Off "}) is False
+    assert settings.DEBUG.flag({}) is None
+    with pytest.raises(ValueError, match="COMMRT_DEBUG='maybe': use 1 or 0"):
+        settings.DEBUG.flag({"COMMRT_DEBUG": "maybe"})
+
+
+def test_a_bound_is_its_float_wherever_it_goes():
+    import copy
+    import pickle
+
+    bound = settings.Seconds(2.5, "help", "applies", settings.POLLING)
+    assert bound == 2.5 and bound * 2 == 5.0 and f"{bound:g}" == "2.5"
+    for copied in (pickle.loads(pickle.dumps(bound)), copy.deepcopy(bound)):
+        assert type(copied) is float and copied == 2.5

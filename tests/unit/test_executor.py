@@ -11,7 +11,8 @@ from helpers.local_transport import run_ranks
 from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring
 from commrt.errors import CommError, CommTimeoutError
 from commrt.schedule import Collective
-from commrt.schedule.executor import Executor, compile_plan
+from commrt.schedule.executor import Executor
+from commrt.schedule.plan import compile_plan
 
 
 def _inputs(p, n, dtype=torch.float64):
@@ -198,7 +199,7 @@ def test_swap_in_place_waits_for_the_send_before_writing_back():
 
 def test_steady_state_call_reuses_its_binding_and_compiles_nothing(monkeypatch):
     import commrt
-    import commrt.schedule.executor as ex_mod
+    import commrt.schedule.bindings as ex_mod
 
     compiled = []
     real = ex_mod.compile_plan
@@ -210,10 +211,10 @@ def test_steady_state_call_reuses_its_binding_and_compiles_nothing(monkeypatch):
         bindings = []
         for _ in range(5):
             commrt.all_reduce(x, comm, algorithm="recursive_doubling", op="sum")
-            bindings.append(tuple(comm.executor._bound.values()))
+            bindings.append(comm.executor.bindings.cached())
         y = torch.ones(7, dtype=torch.float64)  # another buffer: its own binding, same plan
         commrt.all_reduce(y, comm, algorithm="rd", op="sum")
-        return x, y, bindings, len(comm.executor._bound)
+        return x, y, bindings, len(comm.executor.bindings)
 
     for x, y, bindings, n_bound in run_ranks(2, body):
         assert torch.equal(x, torch.full((7,), 32.0)) and torch.equal(y, torch.full((7,), 2.0))
@@ -264,13 +265,13 @@ def test_a_dead_owners_binding_is_freed_by_the_next_run_even_one_without_an_owne
         x = torch.ones(1000)
         ex.run(sched, x, tr, 10.0, 4 << 20, None, None, None, x)
         storage = weakref.ref(x.untyped_storage())
-        cached = len(ex._bound)
+        cached = len(ex.bindings)
         del x
         gc.collect()
         y = torch.ones(10)
         ex.run(sched, y, tr, 10.0)  # no owner: bound for this run alone
         gc.collect()
-        return cached, len(ex._bound), storage() is None, y.tolist()
+        return cached, len(ex.bindings), storage() is None, y.tolist()
 
     for cached, left, freed, y in run_ranks(2, body):
         assert (cached, left, freed) == (1, 0, True) and y == [2.0] * 10

@@ -214,7 +214,7 @@ def test_the_cycle_finder_finds_a_cycle():
 #: the rooms, bottom to top (docs/ARCHITECTURE.md's diagram): a room imports only rooms on a
 #: lower line, or its own; rooms on one line import neither of each other
 LAYERS = (
-    ("errors",),
+    ("errors", "settings"),  # settings: every setting's declaration (commrt.settings)
     ("transports", "kernels"),
     ("schedule",),
     ("algorithms",),
@@ -586,3 +586,43 @@ def test_nobody_imports_another_modules_private_names():
 def test_the_private_import_check_sees_what_it_should(importer, source, found):
     hits = private_imports(importer, ast.parse(source))
     assert [dotted for _, dotted in hits] == found
+
+
+# -- no transport or backend told by its name
+
+#: the names transports and backends go by
+NAMES = {"mpi", "gloo", "shm", "nccl", "cuda_ipc"}
+
+
+def names_compared(source: str) -> int:
+    """How many comparisons (``==``, ``!=``, ``in``) hold a transport's or backend's name
+    as a string literal."""
+    count = 0
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        literals = [
+            e.value
+            for side in sides
+            for e in (side.elts if isinstance(side, (ast.Tuple, ast.Set, ast.List)) else [side])
+            if isinstance(e, ast.Constant)
+        ]
+        count += any(v in NAMES for v in literals)
+    return count
+
+
+def test_the_name_check_sees_a_comparison():
+    assert names_compared('if t.name == "gloo" or b in ("mpi", "cuda_ipc"): pass') == 2
+    assert names_compared('if t.survives_peer_death and x == "ring": pass') == 0
+
+
+def test_no_transport_is_told_by_its_name():
+    """What a transport is, it declares (a trait on Transport, asked as NCCL asks each
+    transport canConnect); runtime/choice.py alone maps names to backends."""
+    found = {}
+    for _, path in library_sources():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel != "commrt/runtime/choice.py" and (n := names_compared(path.read_text("utf-8"))):
+            found[rel] = n
+    assert found == {}

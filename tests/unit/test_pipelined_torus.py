@@ -12,7 +12,7 @@ from commrt.algorithms import PipelinedTorus2D, Torus2D, resolve
 from commrt.algorithms.fragments import direct_all_gather, direct_reduce_scatter
 from commrt.algorithms.pipelined_torus import segments_for
 from commrt.schedule import Collective, Schedule, Steps
-from commrt.schedule.executor import compile_plan
+from commrt.schedule.plan import compile_plan
 
 ROW, COLUMN = (
     ("row reduce-scatter", "row all-gather"),

@@ -184,6 +184,28 @@ def test_debug_checks_every_call_and_never_takes_the_settled_path(asked):
     assert sum(r == 0 and what == "select" for r, what, _ in asked) == CALLS
 
 
+def test_debug_turned_on_after_calls_settled_checks_the_next_call():
+    """Under debug nothing is remembered, so the collectives' path never asks whether it
+    is on; turning it on later forgets what was agreed and settled. Both ranks settled
+    two calls of the same bytes in two shapes; then each makes one of them: only a check
+    tells them apart."""
+
+    def body(tr):
+        comm = _comm(tr)
+        x = torch.ones(2)
+        tall, wide = x.view(2, 1), x.view(1, 2)
+        for _ in range(3):
+            commrt.all_reduce(tall, comm, algorithm="rd", op="sum")
+            commrt.all_reduce(wide, comm, algorithm="rd", op="sum")
+        assert last_settled(comm) is not None
+        comm.debug = True
+        with pytest.raises(CollectiveMismatchError, match=r"COMMRT_DEBUG"):
+            commrt.all_reduce(tall if tr.rank == 0 else wide, comm, algorithm="rd", op="sum")
+        return last_settled(comm) is None
+
+    assert run_ranks(2, body) == [True, True]
+
+
 def test_calls_alternating_between_settled_sizes_skip_select_and_observe(asked):
     auto = Auto(network=SLOW_NET)
 

@@ -14,13 +14,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from commrt import settings
 from commrt.runtime import frames, stall
-from commrt.runtime.stall import StallWatch, process_state, stall_seconds
+from commrt.runtime.stall import StallWatch, stall_seconds
 from commrt.schedule.position import Position
+from commrt.transports.processes import state as process_state
 
 
 def test_the_stall_setting(monkeypatch):
-    monkeypatch.delenv(stall.STALL_ENV, raising=False)
+    monkeypatch.delenv(settings.STALL.name, raising=False)
     assert stall_seconds() == stall.DEFAULT_STALL_S
     # half the timeout, from a minute to five: commrt.init's 300 s, torch's 30 minutes
     assert stall_seconds(timeout=300.0) == 150.0 and stall_seconds(timeout=1800.0) == 300.0
@@ -29,7 +31,7 @@ def test_the_stall_setting(monkeypatch):
     assert stall.declares(150.0, 300.0) == 150.0 and stall.declares(20.0, 20.0) is None
     for off in ("0", "off"):
         assert stall_seconds(off) is None
-    monkeypatch.setenv(stall.STALL_ENV, "2.5")
+    monkeypatch.setenv(settings.STALL.name, "2.5")
     assert stall_seconds() == 2.5 and stall_seconds(7) == 7.0
     with pytest.raises(ValueError, match="COMMRT_STALL_S"):
         stall_seconds("soon")
@@ -123,7 +125,7 @@ def test_a_dropped_rank_is_reported_dropped():
 
 def test_the_docs_table_of_every_timeout_and_watch_setting_is_what_the_watch_does(monkeypatch):
     """docs/stalls.md's table, row by row, against stall_seconds and declares."""
-    monkeypatch.delenv(stall.STALL_ENV, raising=False)
+    monkeypatch.delenv(settings.STALL.name, raising=False)
     docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "stalls.md")
     with open(docs) as f:
         text = f.read()

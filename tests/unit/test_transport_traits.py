@@ -9,11 +9,8 @@ reported its own default would send a counted MPI transport down gloo's path.
 
 from __future__ import annotations
 
-import ast
-
 import pytest
 import torch
-from helpers.layout import ROOT, library_sources
 
 from commrt.sync.backup.waiter import WaiterTransport
 from commrt.transports.base import Transport
@@ -66,48 +63,11 @@ def test_a_counted_mpi_transport_is_pollable_as_gossip_asks():
     assert counted.pollable and counted.name == "mpi"
 
 
-#: the names transports and backends go by
-NAMES = {"mpi", "gloo", "shm", "nccl", "cuda_ipc"}
-#: where a name is still compared: the command line's own --backend flag (a user's word, not a
-#: transport) and the torch backend's cpu_transport option. Each should become a trait
-#: declared on commrt.runtime.choice.Backend; the count here may only go down
-COMPARED_STILL = {
-    "commrt/cli/commands.py": 5,
-    "commrt/cli/train.py": 1,
-    "commrt/cli/train_faults.py": 1,
-    "commrt/distributed/devices.py": 1,
-}
+def test_each_backend_declares_what_the_command_line_asks_of_it():
+    """The command line and the process groups ask a backend's traits, never its name."""
+    from commrt.runtime.choice import Backend
 
-
-def names_compared(source: str) -> int:
-    """How many comparisons (``==``, ``!=``, ``in``) hold a transport's or backend's name
-    as a string literal."""
-    count = 0
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.Compare):
-            continue
-        sides = [node.left, *node.comparators]
-        literals = [
-            e.value
-            for side in sides
-            for e in (side.elts if isinstance(side, (ast.Tuple, ast.Set, ast.List)) else [side])
-            if isinstance(e, ast.Constant)
-        ]
-        count += any(v in NAMES for v in literals)
-    return count
-
-
-def test_the_name_check_sees_a_comparison():
-    assert names_compared('if t.name == "gloo" or b in ("mpi", "cuda_ipc"): pass') == 2
-    assert names_compared('if t.survives_peer_death and x == "ring": pass') == 0
-
-
-def test_no_transport_is_told_by_its_name():
-    """What a transport is, it declares (a trait on Transport, asked as NCCL asks each
-    transport canConnect); runtime/choice.py alone maps names to backends."""
-    found = {}
-    for _, path in library_sources():
-        rel = path.relative_to(ROOT).as_posix()
-        if rel != "commrt/runtime/choice.py" and (n := names_compared(path.read_text("utf-8"))):
-            found[rel] = n
-    assert {f: n for f, n in found.items() if n > COMPARED_STILL.get(f, 0)} == {}, found
+    assert {b.value for b in Backend if b.moves_cuda} == {"nccl", "cuda_ipc"}
+    assert {b.value for b in Backend if b.started_by_mpiexec} == {"mpi"}
+    assert {b.value for b in Backend if b.one_death_ends_all} == {"mpi"}
+    assert {b.value for b in Backend if b.takes_a_replacement} == {"gloo"}

@@ -70,6 +70,7 @@ from functools import partial
 
 import torch
 
+from commrt import settings
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.polling import poll
 from commrt.schedule.p2p import Exchange, timeout_error
@@ -78,8 +79,12 @@ from commrt.sync.backup.serving import Server, start_transfer
 from commrt.sync.backup.waiter import MemberRecordedDead, WaiterSlot
 from commrt.sync.snapshot import load_snapshot
 
-#: how often a late rank waiting for a snapshot asks whether its server was recorded dead
-CHECK_S = 0.25
+CHECK_S = settings.Seconds(
+    0.25,
+    "how often a late rank waiting for a snapshot asks whether its server was recorded dead",
+    "backup workers' catch-up",
+    settings.POLLING,
+)
 
 
 class ServerDied(RuntimeError):

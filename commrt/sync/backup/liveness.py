@@ -54,13 +54,18 @@ import json
 import threading
 import time
 
+from commrt import settings
 from commrt.errors import CommError
 from commrt.runtime.store import ControlStore
 from commrt.runtime.threads import background_thread, program_ending
 from commrt.sync.backup.keys import Keys
 
-#: seconds between heartbeats (at most; see :func:`beat_period`)
-HEARTBEAT_S = 0.25
+HEARTBEAT_S = settings.Seconds(
+    0.25,
+    "the longest time between two heartbeats of a backup worker",
+    "backup workers' liveness",
+    settings.POLLING,
+)
 
 
 def beat_period(dead_after_s: float) -> float:

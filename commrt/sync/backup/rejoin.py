@@ -68,10 +68,11 @@ rank times out).
 
 from __future__ import annotations
 
+from commrt import settings
 from commrt.algorithms.auto import Auto
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.polling import poll
-from commrt.runtime.store import STORE_ENV, launcher_store
+from commrt.runtime.store import launcher_store
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import BACK, log
 
@@ -82,7 +83,7 @@ def check_rejoin(inner) -> None:
     if launcher_store() is None:
         raise ValueError(
             f"commrt: COMMRT_REJOIN=1 needs the job's control store hosted outside the "
-            f"ranks ({STORE_ENV}=host:port, as `commrt train` sets, or torchrun's agent "
+            f"ranks ({settings.STORE.name}=host:port, as `commrt train` sets, or torchrun's agent "
             "store: TORCHELASTIC_USE_AGENT_STORE=true with MASTER_ADDR/MASTER_PORT); a "
             "store hosted by rank 0 cannot be found again by a new process"
         )

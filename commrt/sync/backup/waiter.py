@@ -22,13 +22,16 @@ import threading
 from collections.abc import Callable
 from typing import Sequence
 
-from commrt.runtime.threads import background_thread, program_ending
+from commrt import settings
+from commrt.runtime.threads import background_thread, next_job
 from commrt.transports.base import Forwarding, ForwardingPending, Pair, Pending, Transport
 
-#: how often a waiting caller asks whether a member was recorded dead
-SLICE_S = 0.05
-#: how often an idle waiter looks whether the program is ending
-IDLE_CHECK_S = 0.2
+SLICE_S = settings.Seconds(
+    0.05,
+    "how often a waiting caller asks whether a member was recorded dead",
+    "backup workers' reductions",
+    settings.POLLING,
+)
 
 
 class MemberRecordedDead(RuntimeError):
@@ -51,12 +54,7 @@ class Waiter:
 
     def _serve(self) -> None:
         while True:
-            try:
-                job = self._jobs.get(timeout=IDLE_CHECK_S)
-            except queue.Empty:
-                if program_ending():  # never closed: do not hold the exit
-                    return
-                continue
+            job = next_job(self._jobs)  # None also once the program ended (never closed)
             if job is None:
                 return
             fn, done, out = job

@@ -36,6 +36,8 @@ from collections import deque
 
 import torch
 
+from commrt import settings
+from commrt.runtime.threads import IDLE_CHECK_S, background_thread, program_ending
 from commrt.schedule.p2p import Exchange, Where
 
 #: a letter still travelling
@@ -45,8 +47,12 @@ ARRIVED = "arrived"
 #: a letter whose peer's connection broke, or that timed out: it will never land
 FAILED = "failed"
 
-#: seconds between two polls of a pollable (MPI) transport
-POLL_S = 5e-4
+POLL_S = settings.Seconds(
+    5e-4,
+    "the time between two polls of an MPI transport for gossip's messages",
+    "gossip with a deadline",
+    settings.POLLING,
+)
 #: what an error about a letter's exchange names
 WHERE = Where("gossip with a deadline")
 
@@ -144,8 +150,9 @@ class Postbox:
             self.wait(letter, deadline)
 
     def close(self) -> None:
-        """Stop the waiter threads once their current wait ends (they are daemons: one still
-        waiting on a letter that will never land ends at the timeout, or with the process)."""
+        """Stop the waiter threads once their current wait ends (one still waiting on a
+        letter that will never land ends at the timeout: the program's exit waits for it,
+        :func:`~commrt.runtime.threads.background_thread`)."""
         with self.cv:
             self._closing = True
             self.cv.notify_all()
@@ -158,11 +165,8 @@ class Postbox:
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = deque()
-                thread = threading.Thread(
-                    target=self._waiter,
-                    args=(queue, kind),
-                    name=f"commrt-gossip-{kind}-{peer}",
-                    daemon=True,
+                thread = background_thread(
+                    lambda: self._waiter(queue, kind), f"commrt-gossip-{kind}-{peer}"
                 )
                 self._threads.append(thread)
                 thread.start()
@@ -173,7 +177,8 @@ class Postbox:
         while True:
             with self.cv:
                 while not queue and not self._closing:
-                    self.cv.wait()
+                    if not self.cv.wait(IDLE_CHECK_S) and program_ending():
+                        return  # never closed: do not hold the exit
                 if not queue:
                     return
                 ex, i, letter = queue[0]

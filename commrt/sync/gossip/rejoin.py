@@ -68,9 +68,10 @@ import time
 
 import torch
 
+from commrt import settings
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.polling import poll
-from commrt.runtime.store import STORE_ENV, ControlStore, launcher_store
+from commrt.runtime.store import ControlStore, launcher_store
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
 from commrt.sync.backup.rejoin import RejoinedTooLate
@@ -169,8 +170,8 @@ class Members:
         if launcher_store() is None or board is None or board.store is None:
             raise ValueError(
                 f"commrt: COMMRT_REJOIN=1 with gossip needs at least 3 ranks and the job's "
-                f"control store hosted outside the ranks ({STORE_ENV}=host:port, as `commrt "
-                "train` sets, or torchrun's agent store)"
+                f"control store hosted outside the ranks ({settings.STORE.name}=host:port, as "
+                "`commrt train` sets, or torchrun's agent store)"
             )
         store = board.store
         inc = int(store.add(f"inc/{self.rank}", 1))
