@@ -79,15 +79,14 @@ def bounds() -> list[tuple[str, object]]:
             if info.name not in names and info.name != "commrt.__main__":
                 names.append(info.name)
     for name in names:
-        info = argparse.Namespace(name=name)
-        module = importlib.import_module(info.name)
+        module = importlib.import_module(name)
         assigned = set(re.findall(r"^([A-Z][A-Z0-9_]*_S) = ", inspect.getsource(module), re.M))
-        for name in sorted(assigned, key=list(vars(module)).index):
-            value = getattr(module, name)
+        for constant in sorted(assigned, key=list(vars(module)).index):
+            value = getattr(module, constant)
             if isinstance(value, Seconds):
-                found.append((f"{info.name}.{name}", value))
+                found.append((f"{name}.{constant}", value))
             else:
-                undeclared.append(f"{info.name}.{name}")
+                undeclared.append(f"{name}.{constant}")
     if undeclared:
         raise SystemExit(f"*_S constants not declared as commrt.settings.Seconds: {undeclared}")
     return found

@@ -248,7 +248,7 @@ class Communicator:
         """
         if self._closed:  # check_open(), inline: this runs before every collective
             raise CommError(f"rank {self.rank}: communicator is closed")
-        if self.syncs.busy:
+        if self.syncs.refs:  # a step on the wire is an open sync's: none open, none on it
             self.syncs.check_idle()
         self.departures.begin_checked_call()
 

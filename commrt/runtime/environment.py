@@ -44,9 +44,8 @@ def detect_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     env = os.environ if env is None else env
     port = _int(env, "MASTER_PORT")
     addr = env.get("MASTER_ADDR") or None
-    copied = settings.RANK_FROM_MPI.name in env and env.get(settings.RANK_FROM_MPI.name) == env.get(
-        "RANK"
-    )
+    mpi = settings.RANK_FROM_MPI
+    copied = mpi.is_set(env) and env.get(mpi.name) == env.get("RANK")
     if "RANK" in env and "WORLD_SIZE" in env and not copied:
         return LaunchInfo(
             "torchrun",

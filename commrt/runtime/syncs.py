@@ -20,18 +20,14 @@ class OpenSyncs:
     is on the wire."""
 
     def __init__(self, departures):
-        #: the GradientSync whose step is in flight (its buckets own the message sequence)
+        #: the GradientSync whose step is in flight (its buckets own the message sequence);
+        #: always one of :attr:`refs` (a sync registers before its first step, and is held
+        #: here while active), so an empty ``refs`` says there is none
         self.active = None
         #: open GradientSyncs (weak references); a list, so that "none open" is one C-level
         #: truth test on every collective's entry (a WeakSet's len() runs Python code)
         self.refs: list[weakref.ref] = []
-        #: a step is on the wire or a sync is open: what every collective's entry asks
-        #: (one attribute, kept by each change below)
-        self.busy = False
         self._departures = departures
-
-    def _changed(self) -> None:
-        self.busy = self.active is not None or bool(self.refs)
 
     def check_idle(self) -> None:
         """Raise if a step is on the wire; let open syncs' after-step work finish."""
@@ -54,32 +50,27 @@ class OpenSyncs:
         """Note an open GradientSync (held weakly): later collectives quiesce it first."""
         if not any(s is sync for s in self.open()):
             self.refs.append(weakref.ref(sync))
-        self._changed()
 
     def unregister(self, sync) -> None:
         """Forget ``sync`` (it closed)."""
         self.refs = [r for r in self.refs if r() is not None and r() is not sync]
         if self.active is sync:
             self.active = None
-        self._changed()
 
     def open(self) -> tuple:
         """The GradientSyncs open on this communicator (references to dropped ones pruned)."""
         live = [s for s in (r() for r in self.refs) if s is not None]
         if len(live) < len(self.refs):
             self.refs = [r for r in self.refs if r() is not None]
-            self._changed()
         return tuple(live)
 
     def begin_step(self, sync) -> None:
         """``sync``'s buckets own the wire until :meth:`end_step`."""
         self.active = sync
-        self.busy = True
         self._departures.begin_sync(waits_on_all=not sync.policy.ranks_may_fail)
 
     def end_step(self, sync) -> None:
         """``sync``'s step left the wire."""
         if self.active is sync:
             self.active = None
-            self._changed()
         self._departures.end_sync()

@@ -116,6 +116,13 @@ def program_ending() -> bool:
     return not threading.main_thread().is_alive()
 
 
+def idle_wait(cv: threading.Condition) -> bool:
+    """One wait of a :func:`background_thread`'s idle loop on ``cv`` (held by the caller):
+    False once the program has ended with nothing notified, so that the loop ends; True
+    otherwise (notified, or woken to look again)."""
+    return cv.wait(IDLE_CHECK_S) or not program_ending()
+
+
 def next_job(jobs: queue.SimpleQueue | queue.Queue):
     """The next item of ``jobs`` for a :func:`background_thread`'s loop, or None once the
     program has ended and nothing is queued (what was queued before still runs)."""

@@ -29,7 +29,7 @@ _MAX_BOUND = 32
 @dataclasses.dataclass(slots=True, eq=False)
 class Run:
     """One run's binding and what identifies it: the one memo of the last call
-    (:attr:`Bindings.last`), and the :class:`~commrt.schedule.position.Position` record of
+    (:attr:`Bindings.memo`), and the :class:`~commrt.schedule.position.Position` record of
     the run begun last (the stall watch reads ``schedule``, ``numel`` and ``dtype``).
     ``kept``: the binding is cached (its owner bounds its life); else it lives for this run
     alone. ``call``: the caller's record of the call that ran it
@@ -72,7 +72,8 @@ class Bindings:
         self._dead: list = []
         #: the last cached binding run, with what identifies it and the call that ran it: a
         #: loop on one buffer (a benchmark, one bucket, a settled all-reduce) skips bind()'s
-        #: key tuple, hashing and LRU update
+        #: key tuple, hashing and LRU update. None when there is none, and from the moment
+        #: an owner dies until the next lookup frees its binding (:meth:`_died`)
         self.memo: Run | None = None
 
     def __len__(self) -> int:
@@ -82,13 +83,6 @@ class Bindings:
     def cached(self) -> tuple[Bound, ...]:
         """The bindings cached now, least recently used first."""
         return tuple(self._bound.values())
-
-    @property
-    def last(self) -> Run | None:
-        """The last cached binding run, with the call that ran it (:class:`Run`); None when
-        there is none, or when a binding whose owner died is still to be freed (the next
-        run frees it)."""
-        return self.memo  # forgotten whenever an owner dies (_died)
 
     def forget(self, call) -> None:
         """Forget that the last run was ``call``'s (its caller dropped that memo): the next

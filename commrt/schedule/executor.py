@@ -57,9 +57,9 @@ class Executor:
     @property
     def last(self) -> Run | None:
         """The last cached binding run, with the call that ran it, or None
-        (:attr:`commrt.schedule.bindings.Bindings.last`). A caller that finds its own call
+        (:attr:`commrt.schedule.bindings.Bindings.memo`). A caller that finds its own call
         there runs it with :meth:`repeat`."""
-        return self.bindings.memo  # not through Bindings.last: one property per call
+        return self.bindings.memo
 
     def forget(self, call) -> None:
         """Forget that the last run was ``call``'s (its caller dropped that memo): the next

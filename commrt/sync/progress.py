@@ -21,7 +21,7 @@ import time
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.threads import IDLE_CHECK_S, background_thread, program_ending
+from commrt.runtime.threads import background_thread, idle_wait
 from commrt.sync.buffers import BucketBuffers
 from commrt.sync.policy import Policy
 from commrt.sync.stepstate import StepState
@@ -134,7 +134,7 @@ class ProgressThread:
             while not self.closing and not (
                 self.state.next < self.buckets and self.state.ready[self.state.next]
             ):
-                if not self.cv.wait(IDLE_CHECK_S) and program_ending():
+                if not idle_wait(self.cv):
                     return None
             if self.closing:
                 return None

@@ -139,7 +139,8 @@ def show_declared_bound(obj: griffe.Attribute) -> None:
         return
     value, help_, applies = obj.value.arguments[:3]
     if obj.docstring is None:
-        text = f"{str(help_).strip(chr(34) + chr(39))} ({str(applies).strip(chr(34) + chr(39))})"
+        quotes = "\"'"
+        text = f"{str(help_).strip(quotes)} ({str(applies).strip(quotes)})"
         obj.docstring = griffe.Docstring(text, parent=obj)
     obj.value = value
 

@@ -94,3 +94,14 @@ def test_next_job_runs_what_was_queued_and_ends_once_the_program_has(monkeypatch
     monkeypatch.setattr(threads, "program_ending", lambda: True)
     assert threads.next_job(jobs) == "queued"
     assert threads.next_job(jobs) is None
+
+
+def test_idle_wait_ends_an_idle_loop_once_the_program_has(monkeypatch):
+    import threading
+
+    cv = threading.Condition()
+    monkeypatch.setattr(threads, "IDLE_CHECK_S", 0.01)
+    with cv:
+        assert threads.idle_wait(cv)  # the program runs: look again
+        monkeypatch.setattr(threads, "program_ending", lambda: True)
+        assert not threads.idle_wait(cv)  # ended, nothing notified: the loop ends

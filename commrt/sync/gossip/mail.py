@@ -37,7 +37,7 @@ from collections import deque
 import torch
 
 from commrt import settings
-from commrt.runtime.threads import IDLE_CHECK_S, background_thread, program_ending
+from commrt.runtime.threads import background_thread, idle_wait
 from commrt.schedule.p2p import Exchange, Where
 
 #: a letter still travelling
@@ -177,7 +177,7 @@ class Postbox:
         while True:
             with self.cv:
                 while not queue and not self._closing:
-                    if not self.cv.wait(IDLE_CHECK_S) and program_ending():
+                    if not idle_wait(self.cv):
                         return  # never closed: do not hold the exit
                 if not queue:
                     return
