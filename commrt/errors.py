@@ -1,11 +1,29 @@
-"""Errors raised by commrt.
+"""Errors raised by commrt, and how they reach the user.
 
 Every error that comes from waiting on another rank carries enough context to
 find the culprit without a debugger: this rank, the peer, the algorithm, the
 schedule step and (under GradientSync) the bucket.
+
+An error that leaves commrt through a public call (:func:`api_boundary`) shows the
+user's frames and commrt's message, as JAX and TensorFlow filter their own frames out of
+their users' tracebacks: the twenty frames of commrt's progress thread, executor and
+transport under ``sync.step(opt)`` say nothing a user can act on, and bury the message.
+``COMMRT_TRACEBACK=full`` shows the error as raised, chain and all.
 """
 
 from __future__ import annotations
+
+import functools
+import os
+import types
+
+from commrt import settings
+
+#: the line a shortened error ends with, where more than a wrapper's frame was left out
+SHORTENED = (
+    "(commrt left out its own frames and the errors behind this one; "
+    f"{settings.TRACEBACK.name}=full shows them)"
+)
 
 
 def did_you_mean(name, choices) -> str:
@@ -21,10 +39,10 @@ def did_you_mean(name, choices) -> str:
 def named_keywords(target):
     """A function, or a class's ``__init__``, that answers a misspelt keyword argument as
     the command line answers a misspelt flag: ``TypeError: init() got an unexpected
-    keyword argument 'timout'; did you mean 'timeout'?`` (without the chain). A call
-    whose arguments bind costs one ``try`` more; a TypeError raised inside is untouched.
+    keyword argument 'timout'; did you mean 'timeout'?`` (without the chain, and without
+    this wrapper's frame). A call whose arguments bind costs one ``try`` more; any other
+    error raised inside leaves as through :func:`api_boundary`.
     """
-    import functools
     import inspect
 
     func = target.__init__ if isinstance(target, type) else target
@@ -34,23 +52,161 @@ def named_keywords(target):
     def call(*args, **kwargs):
         try:
             return func(*args, **kwargs)
-        except TypeError:
-            params = inspect.signature(func).parameters.values()
-            if any(p.kind is p.VAR_KEYWORD for p in params):
+        except TypeError as error:
+            better = _keyword_error(inspect.signature(func), name, kwargs)
+            if better is None:
+                shorten(error)
                 raise
-            named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-            unknown = next((k for k in kwargs if k not in named), None)
-            if unknown is None:
+            try:
+                raise better from None
+            except TypeError:
+                # a bare raise adds no frame of its own: the user's call is the last one
+                shorten(better)
                 raise
-            hint = did_you_mean(unknown, [n for n in named if n != "self"])
-            raise TypeError(
-                f"{name}() got an unexpected keyword argument {unknown!r}{hint}"
-            ) from None
+        except Exception as error:
+            shorten(error)
+            raise
 
     if isinstance(target, type):
         target.__init__ = call
         return target
     return call
+
+
+def _keyword_error(signature, name: str, kwargs: dict) -> TypeError | None:
+    """The TypeError that names a keyword of ``kwargs`` that ``signature`` does not take,
+    with the one it may have meant; None where every keyword is known (the TypeError came
+    from inside) or the signature takes any keyword."""
+    params = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = next((k for k in kwargs if k not in named), None)
+    if unknown is None:
+        return None
+    hint = did_you_mean(unknown, [n for n in named if n != "self"])
+    return TypeError(f"{name}() got an unexpected keyword argument {unknown!r}{hint}")
+
+
+def api_boundary(func):
+    """``func`` as a public call: an exception that leaves it is :func:`shorten`-ed first,
+    so that the user sees the frames down to their own call of ``func`` and commrt's
+    message, not the runtime underneath. Costs one frame per call; nothing while no error
+    leaves."""
+
+    @functools.wraps(func)
+    def boundary(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except Exception as error:
+            shorten(error)
+            raise  # bare: it adds no frame of this wrapper's
+
+    return boundary
+
+
+def shorten(error: BaseException) -> None:
+    """Leave commrt's frames out of ``error``'s traceback, and the errors behind it that
+    commrt raised or passed through (a transport's ``ConnectionResetError`` under a
+    :class:`CommError`), keeping the first of its chain that is the user's own. A line
+    (:data:`SHORTENED`) says so, where more than a wrapper's frame went. Nothing changes
+    under ``COMMRT_TRACEBACK=full``; idempotent, so nested public calls may each shorten."""
+    mode = settings.TRACEBACK.text().lower() or "short"
+    if mode != "short":
+        if mode != "full":
+            _note(error, f"({settings.TRACEBACK.name}={mode!r} is neither short nor full: "
+                  "the traceback is shown as raised)")  # fmt: skip
+        return
+    kept, hid_frames = _user_frames(error.__traceback__)
+    error.__traceback__ = kept
+    if _drop_commrt_chain(error) or hid_frames:
+        _note(error, SHORTENED)
+
+
+def _note(error: BaseException, line: str) -> None:
+    if line not in getattr(error, "__notes__", ()):
+        error.add_note(line)
+
+
+def _user_frames(tb: types.TracebackType | None) -> tuple[types.TracebackType | None, bool]:
+    """``tb`` without commrt's frames (the same object where it has none), and whether a
+    frame other than a public call's wrapper was among those left out."""
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    if not any(_in_commrt(t.tb_frame.f_code.co_filename) for t in entries):
+        return (entries[0] if entries else None), False
+    out, hid = None, False
+    for t in reversed(entries):
+        code = t.tb_frame.f_code
+        if _in_commrt(code.co_filename):
+            hid = hid or code not in _WRAPPERS
+        else:
+            out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out, hid
+
+
+def _chained(error: BaseException) -> BaseException | None:
+    """The error printed above ``error`` in a traceback (its cause, else its context)."""
+    if error.__cause__ is not None:
+        return error.__cause__
+    return None if error.__suppress_context__ else error.__context__
+
+
+def _drop_commrt_chain(error: BaseException) -> bool:
+    """Unlink the errors chained under ``error`` whose tracebacks pass through commrt, up
+    to the first that does not (the user's own error, which a failure in commrt's
+    cleanup came during); whether any went."""
+    first = kept = _chained(error)
+    seen = set()
+    while kept is not None and id(kept) not in seen and _through_commrt(kept):
+        seen.add(id(kept))
+        kept = _chained(kept)
+    if kept is first:
+        return False
+    error.__cause__ = None
+    if kept is not None:
+        error.__context__ = kept
+    error.__suppress_context__ = kept is None
+    return True
+
+
+def _through_commrt(error: BaseException) -> bool:
+    tb = error.__traceback__
+    while tb is not None:
+        if _in_commrt(tb.tb_frame.f_code.co_filename):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+@functools.lru_cache(maxsize=1)
+def _commrt_dirs() -> tuple[str, ...]:
+    """The folders of commrt's code: the package, and those of ``commrt.algorithms`` and
+    ``commrt.kernels`` (found without importing them: in a source tree they lie beside
+    it)."""
+    import importlib.util
+
+    dirs = [os.path.dirname(os.path.abspath(__file__))]
+    for name in ("commrt.algorithms", "commrt.kernels"):
+        spec = importlib.util.find_spec(name)
+        dirs += list(spec.submodule_search_locations or ()) if spec is not None else []
+    return tuple(os.path.realpath(d) + os.sep for d in dirs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _in_commrt(filename: str) -> bool:
+    """Whether code in ``filename`` is commrt's (an error leaves it through a public call)."""
+    return not filename.startswith("<") and os.path.realpath(filename).startswith(_commrt_dirs())
+
+
+def _nothing() -> None:
+    pass
+
+
+#: the wrappers' own code: leaving out only their frames is not worth a line
+_WRAPPERS = frozenset({api_boundary(_nothing).__code__, named_keywords(_nothing).__code__})
 
 
 class CommError(RuntimeError):

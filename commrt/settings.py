@@ -99,6 +99,15 @@ DEBUG = Variable(
     "ranks first and name the mismatch; `0` off",
     "`commrt.init(debug=None)`, the torch.distributed backend (`Options(debug=None)`)",
 )
+TRACEBACK = Variable(
+    "COMMRT_TRACEBACK",
+    "name",
+    "`short`",
+    "`full`: an error that leaves commrt shows commrt's own frames and the errors behind it "
+    "(its chain); `short`: your frames and commrt's message only, with a line saying so",
+    "every public call (`commrt.init`, the collectives, `GradientSync`, ...) and the "
+    "abort-on-error hook ([When something goes wrong](training-loop.md#short-tracebacks))",
+)
 ABORT_ON_ERROR = Variable(
     "COMMRT_ABORT_ON_ERROR",
     "flag",
@@ -236,6 +245,7 @@ RANK_FROM_MPI = Variable(
 #: every variable, in the configuration page's order
 VARIABLES = (
     DEBUG,
+    TRACEBACK,
     ABORT_ON_ERROR,
     STALL,
     DUMP,

@@ -14,6 +14,7 @@ import torch
 
 from commrt.collectives.coalesce import coalesced
 from commrt.collectives.core import all_reduce, gather_rows
+from commrt.errors import api_boundary
 from commrt.transports.base import average_factor
 
 #: float64 elements averaged per all-reduce (bounds the temporary copy: 64 MiB)
@@ -34,6 +35,7 @@ def _state_tensors(model: torch.nn.Module, optimizer) -> list[torch.Tensor]:
     return out
 
 
+@api_boundary
 def average_parameters(
     model: torch.nn.Module, comm, optimizer: torch.optim.Optimizer | None = None
 ) -> float:

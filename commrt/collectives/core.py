@@ -39,7 +39,7 @@ from commrt.collectives.reductions import (
     DtypeRules,
     ReduceOp,
 )
-from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError
+from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError, api_boundary
 from commrt.runtime import rows as _rows
 from commrt.runtime.communicator import Communicator
 from commrt.runtime.rendezvous import check_timeout
@@ -106,6 +106,7 @@ def use_dtype_rules(comm: Communicator, rules: DtypeRules) -> None:
     comm.slots.dtype_rules = rules
 
 
+@api_boundary
 def all_reduce(
     tensor: torch.Tensor,
     comm: Communicator,
@@ -215,6 +216,7 @@ def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer
     return tensor
 
 
+@api_boundary
 def broadcast(
     tensor: torch.Tensor,
     comm: Communicator,

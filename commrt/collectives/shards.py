@@ -30,6 +30,7 @@ import torch
 from commrt.algorithms import Algorithm, resolve
 from commrt.collectives.core import ReduceOp, agree_call, check_tensor
 from commrt.collectives.memo import average_scale
+from commrt.errors import api_boundary
 from commrt.kernels import SUPPORTED_DTYPES as PACK_DTYPES
 from commrt.kernels import pack
 from commrt.runtime.communicator import Communicator
@@ -72,6 +73,7 @@ def _check_sizes(out: torch.Tensor, inp: torch.Tensor, p: int, what: str) -> Non
         raise ValueError(f"commrt.{what}: the output must be contiguous")
 
 
+@api_boundary
 def reduce_scatter(
     output: torch.Tensor,
     input: torch.Tensor,
@@ -113,6 +115,7 @@ def reduce_scatter(
     return output
 
 
+@api_boundary
 def all_gather(
     output: torch.Tensor,
     input: torch.Tensor,

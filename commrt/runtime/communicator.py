@@ -16,7 +16,14 @@ import warnings
 import torch
 
 from commrt import settings
-from commrt.errors import CommError, CommTimeoutError, PeerFailedError, did_you_mean, named_keywords
+from commrt.errors import (
+    CommError,
+    CommTimeoutError,
+    PeerFailedError,
+    api_boundary,
+    did_you_mean,
+    named_keywords,
+)
 from commrt.runtime.abort import abort_on_error_wanted, cause_of, install_abort_hook, say
 from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose, why
 from commrt.runtime.connect import make_transport
@@ -124,6 +131,7 @@ class Communicator:
             if last is not None:
                 self.executor.forget(last.call)
 
+    @api_boundary
     def barrier(self, timeout: float | None = None) -> None:
         """Block until every rank arrives; raise CommTimeoutError after ``timeout`` s."""
         self.check_open()
@@ -261,6 +269,7 @@ class Communicator:
     def closed(self) -> bool:
         return self._closed
 
+    @api_boundary
     def close(self) -> None:
         """Close open GradientSyncs (each waits at most ``timeout`` for its progress thread),
         tell the peers this rank left (:mod:`commrt.runtime.departures`), then release the transport.

@@ -47,7 +47,7 @@ from typing import Iterator
 import torch
 
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm
-from commrt.errors import named_keywords
+from commrt.errors import api_boundary, named_keywords
 from commrt.runtime.communicator import Communicator
 from commrt.runtime.trace import Tracer
 from commrt.sync.buckets import MB, Bucket, assign_buckets, check_layout, describe
@@ -183,6 +183,7 @@ class GradientSync:
         self._progress.start()
 
     # -- the API
+    @api_boundary
     def wait(self) -> None:
         """Block until every bucket is reduced and unpacked into ``.grad``.
 
@@ -216,6 +217,7 @@ class GradientSync:
         self._recorder.waited(state, t_wait, time.perf_counter(), self.policy.step_stats(), memory)
         self._recorder.trace_wait(state, t_wait, wait_us)
 
+    @api_boundary
     def step(self, optimizer: torch.optim.Optimizer, zero_grad: bool = True) -> int:
         """``wait()``, then ``optimizer.step()``, then ``optimizer.zero_grad()``
 
@@ -300,6 +302,7 @@ class GradientSync:
         on the communicator, which would otherwise interleave with it)."""
         self._progress.quiesce(self.comm.timeout, self.comm.rank, self.algorithm.name)
 
+    @api_boundary
     def close(self) -> None:
         """Finish work in flight, stop the progress thread and remove the hooks. Idempotent."""
         if not self._progress.stop(self.comm.timeout):

@@ -214,7 +214,8 @@ def test_the_cycle_finder_finds_a_cycle():
 #: the rooms, bottom to top (docs/ARCHITECTURE.md's diagram): a room imports only rooms on a
 #: lower line, or its own; rooms on one line import neither of each other
 LAYERS = (
-    ("errors", "settings"),  # settings: every setting's declaration (commrt.settings)
+    ("settings",),  # every setting's declaration (commrt.settings)
+    ("errors",),  # the errors, and how they reach the user (COMMRT_TRACEBACK)
     ("transports", "kernels"),
     ("schedule",),
     ("algorithms",),
