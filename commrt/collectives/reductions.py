@@ -27,6 +27,8 @@ import enum
 
 import torch
 
+from commrt.errors import did_you_mean
+
 __all__ = ["ReduceOp", "SPELLINGS", "REDUCERS", "BITWISE", "DtypeRules", "COMMRT", "TORCH"]
 __all__ += ["SUPPORTED_DTYPES", "NAMED_DTYPES"]
 
@@ -66,13 +68,18 @@ class ReduceOp(enum.Enum):
             found = SPELLINGS.get(str(op).lower())
         if found is None:
             choices = ", ".join(f"'{m.value}'" for m in cls)
-            raise ValueError(f"unknown op {op!r}; choose one of {choices}")
+            near = OTHER_NAMES.get(str(op).lower())
+            hint = f"; did you mean {near!r}?" if near else did_you_mean(op, (m.value for m in cls))
+            raise ValueError(f"unknown op {op!r}; choose one of {choices}{hint}")
         return found
 
 
 #: every spelling :meth:`ReduceOp.parse` takes, looked up without the enum machinery
 SPELLINGS: dict = {m.value: m for m in ReduceOp} | {m: m for m in ReduceOp}
 SPELLINGS["product"] = ReduceOp.PROD
+#: what other libraries call an op (numpy's mean, Python's and/or/xor), for the hint of an
+#: unknown op: spelling alone finds no op near "mean"
+OTHER_NAMES = {"mean": "avg", "average": "avg", "and": "band", "or": "bor", "xor": "bxor"}
 
 #: the ops defined on integers and bool only
 BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})

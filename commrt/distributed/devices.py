@@ -53,7 +53,7 @@ from commrt.algorithms import resolve
 from commrt.algorithms.names import NAMES
 from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
-from commrt.errors import named_keywords
+from commrt.errors import did_you_mean, named_keywords
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.runtime.abort import abort_on_error_wanted, install_abort_hook
 from commrt.runtime.choice import (
@@ -137,9 +137,10 @@ class Options:
         except ValueError:
             if not isinstance(given, str):
                 raise
-            usable = ", ".join(n for n in NAMES if n not in NOT_ALL_REDUCE)
+            usable = [n for n in NAMES if n not in NOT_ALL_REDUCE]
             raise ValueError(
-                f"{source}={given!r} is no algorithm; choose one of {usable}"
+                f"{source}={given!r} is no algorithm; choose one of {', '.join(usable)}"
+                + did_you_mean(given, usable)
             ) from None
         if alg.family in NOT_ALL_REDUCE:
             why = NOT_ALL_REDUCE[alg.family]

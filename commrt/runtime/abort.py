@@ -70,25 +70,30 @@ class _AbortOnError:
 
     def __call__(self, kind, value, tb) -> None:
         self.await_verdict()
-        self.previous(kind, value, tb)
-        if sys.stderr is not sys.__stderr__ and sys.__stderr__ is not None:
-            # a hook installed after this one (torch.distributed's prefixes "[rankN]:") may
-            # be capturing stderr to print it after us: we end the process first, so print
-            # the traceback where it is seen
-            traceback.print_exception(kind, value, tb, file=sys.__stderr__)
         live = [c for c in self.comms if not c.closed]
         if not live:
+            self.show(kind, value, tb)
             return
         comm = live[0]
         # the traceback just printed holds the message: this line names the rank and the
         # exit without saying it again (each rank prints its error once); a Ctrl-C is no error
         what = f"the uncaught {kind.__name__} above"
         what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
-        self.fail(value, str(value).splitlines()[0] if str(value) else what)
+        reason = str(value).splitlines()[0] if str(value) else what
+        self.fail(value, reason, then=lambda: self.show(kind, value, tb))
         end_job(
             f"commrt: rank {comm.rank}: {what}; ending the whole job "
             f"({self.comms.get(comm, 'COMMRT_ABORT_ON_ERROR=0')} to keep it running)"
         )
+
+    def show(self, kind, value, tb) -> None:
+        """The traceback, as the hook before this one shows it."""
+        self.previous(kind, value, tb)
+        if sys.stderr is not sys.__stderr__ and sys.__stderr__ is not None:
+            # a hook installed after this one (torch.distributed's prefixes "[rankN]:") may
+            # be capturing stderr to print it after us: we end the process first, so print
+            # the traceback where it is seen
+            traceback.print_exception(kind, value, tb, file=sys.__stderr__)
 
     def await_verdict(self) -> None:
         """Where a stall verdict is being given in this process, let it end the job (an
@@ -98,16 +103,21 @@ class _AbortOnError:
             judging[0].diagnose("", failed=True)
             os._exit(1)
 
-    def fail(self, error: BaseException, reason: str) -> None:
+    def fail(self, error: BaseException, reason: str, then=None) -> None:
         """Before this process ends the job for ``error``: the stall verdict where the error
         is worth one (which ends the job, with a farewell naming the verdict's root), else
         a farewell on every open communicator naming the rank the error points at
-        (:mod:`commrt.runtime.departures`), so that the peers' errors follow the chain."""
+        (:mod:`commrt.runtime.departures`), so that the peers' errors follow the chain.
+        ``then()`` (the error's own text) runs after the verdict: the verdict comes first,
+        within a moment of the failure, before a launcher (torchrun) can stop the process."""
         live = [c for c in self.comms if not c.closed]
         for comm in live:
             if comm.stall is not None and stall_worth_a_verdict(error):
-                comm.stall.diagnose(reason, failed=True)
+                comm.stall.diagnose(reason, failed=True, then=then)
+                then = None
                 break
+        if then is not None:
+            then()
         for comm in live:
             comm.departures.announce(FAILED, cause_of(error))
 
@@ -159,14 +169,16 @@ def unlink_mpich_segments() -> None:
 
 def end_job_after(error: BaseException, message: str) -> None:
     """:func:`end_job` for an ``error`` that has nobody to raise to (a torch.distributed
-    call whose future alone DDP holds): ``message`` first, then, as for an uncaught
-    error, the stall verdict or a farewell that names where the failure began."""
+    call whose future alone DDP holds): as for an uncaught error, the stall verdict
+    first (then ``message``) or ``message`` and a farewell that names where the failure
+    began."""
     hook = _AbortOnError.installed
-    if hook is not None:
+    if hook is None:
+        say(message)
+    else:
         hook.await_verdict()
-    say(message)
-    if hook is not None:
-        hook.fail(error, str(error).splitlines()[0] if str(error) else type(error).__name__)
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        hook.fail(error, reason, then=lambda: say(message))
     end_job("commrt: ending the whole job after the error above")
 
 

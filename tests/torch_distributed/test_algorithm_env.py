@@ -33,6 +33,12 @@ def test_an_unknown_name_is_named_with_the_variable_and_the_choices(tmp_path, mo
     assert "torus2d" in str(caught.value) and "gossip" not in str(caught.value)
 
 
+def test_a_misspelt_name_gets_the_near_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("COMMRT_ALGORITHM", "rign")
+    with pytest.raises(ValueError, match="did you mean 'ring'"):
+        _init(tmp_path)
+
+
 def test_pg_options_instance_of_gossip_is_refused(tmp_path):
     from commrt.algorithms import Gossip
 

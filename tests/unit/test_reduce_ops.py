@@ -90,6 +90,10 @@ def test_dtypes_an_op_does_not_take_are_refused_before_any_message():
             commrt.all_reduce(torch.ones(2, dtype=torch.int8), comm, op="sum")
         with pytest.raises(ValueError, match="unknown op 'mean'; choose one of 'sum', 'avg'"):
             commrt.all_reduce(torch.ones(2), comm, op="mean")
+        with pytest.raises(ValueError, match="did you mean 'avg'"):  # numpy's name
+            commrt.all_reduce(torch.ones(2), comm, op="mean")
+        with pytest.raises(ValueError, match="did you mean 'max'"):  # a slip of the key
+            commrt.all_reduce(torch.ones(2), comm, op="mxa")
         with pytest.raises(ValueError, match="reduce_scatter: op must be 'sum' or 'avg'"):
             commrt.reduce_scatter(torch.empty(1), torch.ones(2), comm, op="max")
         # a torch.distributed group's communicator takes gloo's dtypes: an int8 sum wraps
