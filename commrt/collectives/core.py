@@ -116,7 +116,13 @@ def all_reduce(
     timeout: float | None = None,
     tracer=None,
 ) -> torch.Tensor:
-    """Reduce ``tensor`` across all ranks of ``comm``, in place; returns it.
+    """Average ``tensor`` across all ranks of ``comm`` (``op="sum"`` sums, as torch's does).
+
+    In place; returns it. The default averages, unlike ``torch.distributed.all_reduce``,
+    because averaging gradients is what data parallelism asks of it (GradientSync, the
+    hooks and ``average_parameters`` all average), and a changed default would quietly
+    change what existing programs compute. ``dist.all_reduce`` on the ``"commrt"``
+    backend sums, as on any backend.
 
     ``algorithm`` is a name (``"ring"``, ``"halving_doubling"``, ...) or an
     instance carrying options. ``op``: ``"sum"``, ``"avg"``, ``"min"``,

@@ -102,3 +102,15 @@ def test_dtypes_an_op_does_not_take_are_refused_before_any_message():
         return commrt.all_reduce(x, comm, algorithm="rd", op="sum").tolist()
 
     assert run_ranks(2, body) == [[-56, -56]] * 2
+
+
+def test_the_default_average_is_said_where_a_torch_user_looks_first():
+    """torch sums by default and commrt.all_reduce averages: its docstring's first line
+    and the from-DDP page say so."""
+    import inspect
+    from pathlib import Path
+
+    first = inspect.getdoc(commrt.all_reduce).splitlines()[0]
+    assert first.startswith("Average") and 'op="sum"' in first
+    page = (Path(__file__).parents[2] / "docs" / "from-ddp.md").read_text()
+    assert "`commrt.all_reduce(t, comm)` **averages** by default" in page
