@@ -14,7 +14,8 @@ the store with growing pauses, up to a timeout), :mod:`commrt.runtime.rows`
 others), :mod:`commrt.runtime.abort` (ending the whole job when a rank fails),
 :mod:`commrt.runtime.stall` (the stall watch: who is stuck and where, on every
 rank), :mod:`commrt.runtime.frames` (which frames of a stack are the user's), :mod:`commrt.runtime.verdict` (the stall verdict as a pure function of
-every rank's view), :mod:`commrt.runtime.threads` (each rank's share of the
+every rank's view), :mod:`commrt.runtime.elastic` (the verdict where torchrun
+reads it: its error file, and a SIGTERM that waits for the verdict), :mod:`commrt.runtime.threads` (each rank's share of the
 node's cores, and the rule commrt's own threads follow) and :mod:`commrt.runtime.trace` (Chrome-trace timelines and NVTX
 ranges: what every layer above records, GradientSync and the torch backend).
 """

@@ -162,3 +162,29 @@ def bcast_text(world, text: str, size: int = 256) -> str:
         buf[: len(data)] = data
     world.Bcast([buf, load_mpi().BYTE], root=0)
     return bytes(buf).rstrip(b"\0").decode()
+
+
+def reachable_by_all(world, addressed: bool) -> bool:
+    """Whether every rank can reach a store rank 0 hosts (agreed by all, over MPI): not
+    when ranks span hosts and ``MASTER_ADDR`` is unset (``addressed`` False: the loopback
+    address would be another machine's). Rank 0 then says once that the job runs without
+    a stall watch (:mod:`commrt.runtime.stall`, which asks)."""
+    import socket
+    import sys
+
+    import numpy as np
+
+    from commrt.transports.mpi import load_mpi
+
+    same_host = bcast_text(world, socket.gethostname()) == socket.gethostname()
+    here = addressed or same_host
+    ok = np.array([int(here)], dtype=np.int32)
+    world.Allreduce(load_mpi().IN_PLACE, [ok, load_mpi().INT], op=load_mpi().MIN)
+    if not ok[0] and world.Get_rank() == 0:
+        print(
+            "commrt: no stall watch: the ranks span hosts and MASTER_ADDR is unset; set it "
+            "to rank 0's address for the verdict (see Stalls in commrt's documentation)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return bool(ok[0])

@@ -58,6 +58,7 @@ from collections import deque
 from commrt import settings
 from commrt.runtime.abort import end_job, say
 from commrt.runtime.departures import FAILED
+from commrt.runtime.elastic import guard_sigterm, write_error_file
 from commrt.runtime.frames import is_user, short
 from commrt.runtime.polling import poll
 from commrt.runtime.threads import background_thread, program_ending
@@ -141,6 +142,7 @@ class StallWatch:
         self.verdict: dict | None = None
         self.told = False
         self._printed = False  # whether this process printed its verdict (:meth:`_tell`)
+        self.said = threading.Event()  # set once its line is out
         self._forming = threading.Lock()
         self._board = None  # the store connection the verdict was formed through
         self._store = client()
@@ -275,7 +277,7 @@ class StallWatch:
         the abort-on-error hook's verdict, names the death)."""
         try:
             store = self.client()
-            if any(self._gone(store, p) for p in peers):
+            if any(self.peer_gone(store, p) for p in peers):
                 return
             if not _poll(lambda: store.check(["declared"]), GATHER_S):
                 return
@@ -283,17 +285,17 @@ class StallWatch:
             return
         self.at_error(error)
 
-    def _gone(self, store, rank: int) -> bool:
+    def peer_gone(self, store, rank: int) -> bool:
         """Whether ``rank``'s process, on this host by its last heartbeat, is gone."""
         beat = _read(store, f"beat/{rank}") or {}
         if beat.get("host") != self.host or not beat.get("pid"):
             return False  # another host's, or never beat: unknown
         return processes.gone(beat["pid"])
 
-    def diagnose(self, reason: str, failed: bool = False) -> None:
+    def diagnose(self, reason: str, failed: bool = False, then=None) -> None:
         """Form the verdict (:meth:`form`), print it (unless an error's message carried it),
-        dump it, end the job. Once per process; a second caller waits for the first (which
-        ends the job)."""
+        dump it, call ``then()`` (the abort hook's traceback: the verdict comes first), end
+        the job. Once per process; a second caller waits for the first (which ends it)."""
         if not self._once.acquire(blocking=False):
             time.sleep(GATHER_S + 2 * PRINTED_S + 5)
             return
@@ -303,6 +305,8 @@ class StallWatch:
             return
         if verdict is not None:
             self._tell(verdict)
+        if then is not None:
+            then()
         if self.ends_job:  # a farewell first: a peer that sees this rank go blames the root
             self.departures.announce(FAILED, (verdict or {}).get("root"))
             end_job(f"commrt: rank {self.rank}: ending the whole job after the stall verdict")
@@ -326,7 +330,9 @@ class StallWatch:
             else:
                 said = pointer(verdict, self.rank, f"rank {first} prints it in full")
             say(said)
+            self.said.set()
             self._dump(verdict)
+            write_error_file(render(verdict), time.time() - _root_idle_s(verdict))
             store.add("printed", 1)
             answered = sum(v["state"] == "published" for v in verdict.get("views", []))
             _poll(lambda: int(store.add("printed", 0)) >= answered, PRINTED_S)
@@ -348,7 +354,8 @@ class StallWatch:
         the missing ones (:meth:`_absent`), and return the verdict with the views."""
         ranks = range(self.world_size)
         before = {r: _read(store, f"beat/{r}") for r in ranks}
-        _poll(lambda: store.check([f"view/{r}" for r in ranks]), GATHER_S)
+        # a rank whose process is gone never answers: nobody waits for it
+        _poll(lambda: all(self._answered(store, r) for r in ranks), GATHER_S)
         views, dropped = [], self.dropped()
         for r in ranks:
             view = _read(store, f"view/{r}")
@@ -357,6 +364,9 @@ class StallWatch:
             views.append(view | ({"state": "dropped"} if r in dropped else {}))
         verdict = judge(views, self.stall_s)
         return verdict | {"views": views}
+
+    def _answered(self, store, rank: int) -> bool:
+        return store.check([f"view/{rank}"]) or self.peer_gone(store, rank)
 
     def _absent(self, rank: int, before: dict | None, after: dict | None) -> dict:
         """The view of a rank that did not answer, from its heartbeats and process state,
@@ -402,6 +412,13 @@ def _read(store, key: str):
         return None
 
 
+def _root_idle_s(verdict: dict) -> float:
+    """How long ago the verdict's root last moved (its last heartbeat, where it answered
+    nothing): when the failure began, as far as the job can tell."""
+    views = {v["rank"]: v for v in verdict.get("views", [])}
+    return views.get(verdict.get("root"), {}).get("idle_s") or 0.0
+
+
 def _poll(done, timeout: float) -> bool:
     # a verdict's waits ask the store at most every 50 ms: every rank asks at once
     return poll(done, timeout, most_pause_s=0.05)
@@ -432,13 +449,15 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
     watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it
     mpi = comm.transport.meets_through_mpi
     watch.hosting = server is not None if mpi else comm.rank == 0
+    if ends_job:
+        guard_sigterm(watch)
     return watch.start()
 
 
 def _store_address(comm):
     """(host, port, server) of the store the watch meets in: the gloo rendezvous store's,
     or one rank 0 hosts under MPI (the server on rank 0, else None)."""
-    from commrt.runtime.rendezvous import bcast_text, mpi_world, serve
+    from commrt.runtime.rendezvous import bcast_text, mpi_world, reachable_by_all, serve
 
     tcp = tcp_under(comm.transport.store)
     if tcp is not None:
@@ -447,7 +466,7 @@ def _store_address(comm):
         return None
     world = mpi_world()
     host = os.environ.get("MASTER_ADDR") or "127.0.0.1"
-    if not _reachable(world, bool(os.environ.get("MASTER_ADDR"))):
+    if not reachable_by_all(world, bool(os.environ.get("MASTER_ADDR"))):
         return None
     # MPI's rank 0 hosts it (a torch.distributed group may number the ranks otherwise)
     server = serve(host, 0, comm.timeout) if world.Get_rank() == 0 else None
@@ -464,29 +483,6 @@ def tcp_under(store):
     while isinstance(store, dist.PrefixStore):
         store = store.underlying_store
     return store if isinstance(store, dist.TCPStore) else None
-
-
-def _reachable(world, addressed: bool) -> bool:
-    """Whether every rank can reach the store rank 0 hosts (agreed by all): not when ranks
-    span hosts and ``MASTER_ADDR`` is unset (``addressed`` False: the loopback address
-    would be another machine's). Rank 0 then says once that the job runs without a watch."""
-    import numpy as np
-
-    from commrt.runtime.rendezvous import bcast_text
-    from commrt.transports.mpi import load_mpi
-
-    same_host = bcast_text(world, socket.gethostname()) == socket.gethostname()
-    here = addressed or same_host
-    ok = np.array([int(here)], dtype=np.int32)
-    world.Allreduce(load_mpi().IN_PLACE, [ok, load_mpi().INT], op=load_mpi().MIN)
-    if not ok[0] and world.Get_rank() == 0:
-        print(
-            "commrt: no stall watch: the ranks span hosts and MASTER_ADDR is unset; set it "
-            "to rank 0's address for the verdict (see Stalls in commrt's documentation)",
-            file=sys.stderr,
-            flush=True,
-        )
-    return bool(ok[0])
 
 
 def _client(host: str, port: int, timeout: float):

@@ -29,7 +29,7 @@ A view is a dict:
 * ``error``: the error it died of, if any (first line).
 
 Root causes, in the order a tie is broken: dead, stopped, lost, silent, in
-another collective, in user code. A rank in the collective most ranks are
+another collective, in user code; a dead rank is the root whoever waits on it. A rank in the collective most ranks are
 in waits on a peer; the chain of waits is followed to a rank that is not
 waiting in that collective: that rank is a root, and the ranks whose chains
 end there are grouped under it.
@@ -203,12 +203,16 @@ def _on_all(roots: dict, by_rank: dict) -> list[int]:
 
 
 def _pick_root(blamed: dict, roots: dict, chains: dict) -> int | None:
-    """The root with the most waiters; a tie goes to the most decisive kind, then the
-    lowest rank. None where every chain loops (no rank holds the others)."""
+    """A dead rank, else the root with the most waiters; a tie goes to the most decisive
+    kind, then the lowest rank. None where every chain loops (no rank holds the others).
+    A death comes first whoever waits on it: the job cannot go on without that rank, and
+    a survivor that was in its own code at the moment (its data loader) only seems to hold
+    the ranks that wait on it."""
     real = [r for r in blamed if r is not None]
     if not real:
         return None
-    return min(real, key=lambda r: (-len(roots.get(r, [])), KINDS.index(blamed[r]), r))
+    return min(real, key=lambda r: (blamed[r] != "dead", -len(roots.get(r, [])),
+                                    KINDS.index(blamed[r]), r))  # fmt: skip
 
 
 def _longest(chains: dict, root: int | None) -> list:

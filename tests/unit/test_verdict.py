@@ -102,6 +102,13 @@ def test_a_dead_rank_beats_a_rank_in_user_code_on_a_tie():
     assert (v["kind"], v["root"]) == ("dead", 3)
 
 
+def test_a_dead_rank_is_the_root_though_more_ranks_wait_on_one_in_user_code():
+    """Under torchrun a survivor of a killed rank may be in its data loader at that moment,
+    and the ranks after it in the ring wait on it: the death is still the cause."""
+    v = judge([waiting(0, 2), absent(1, "dead"), idle(2), waiting(3, 2)])
+    assert (v["kind"], v["root"]) == ("dead", 1) and v["others"] == {"2": "user code"}
+
+
 def test_a_dropped_rank_is_never_blamed():
     v = judge([waiting(0, 1), idle(1), waiting(2, 1), absent(3, "dropped")])
     assert v["root"] == 1 and v["dropped"] == [3]
