@@ -40,6 +40,7 @@ from commrt import settings
 from commrt.algorithms.auto import choices
 from commrt.runtime.environment import log_level
 from commrt.runtime.trace import Tracer
+from commrt.sim.links import fmt_bytes
 
 #: the calls whose body runs a schedule through the communicator's executor (so its last
 #: schedule is what they ran); the others are point-to-point groups or a barrier
@@ -137,32 +138,38 @@ class GroupStats:
     def summary(self) -> str:
         head = (
             f"commrt group {self.group}, rank {self.rank} of {self.world_size}: "
-            f"{self.calls} calls, {_size(self.bytes)}, {self.seconds * 1e3:.1f} ms"
+            f"{self.calls} calls, {fmt_bytes(self.bytes)}, {self.seconds * 1e3:.1f} ms"
         )
         if self.transports:
             head += f" over {', '.join(self.transports)}"
         rows = [("op", "size", "dtype", "calls", "ms/call", "algorithm")]
+        # a row of one call, whose time is its set-up's too, is marked (decimals aligned)
+        lone = any(e.calls == 1 for e in list(self.entries.values()))
         for e in list(self.entries.values()):
-            per = e.per_call_s * 1e3
-            rows.append((e.op, _size(e.nbytes), e.dtype, str(e.calls), f"{per:.3f}", e.algorithm))
+            per = f"{e.per_call_s * 1e3:.3f}" + ("*" if e.calls == 1 else " " * lone)
+            rows.append((e.op, fmt_bytes(e.nbytes), e.dtype, str(e.calls), per, e.algorithm))
         widths = [max(len(r[i]) for r in rows) for i in range(6)]
         lines = [head]
         for r in rows:
             cells = [r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2])]
             cells += [r[3].rjust(widths[3]), r[4].rjust(widths[4]), r[5]]
             lines.append("  ".join(cells).rstrip())
+        if lone:
+            lines.append(_wrap(f"* {LONE_CALL}", ""))
         whys = dict.fromkeys(e.why for e in list(self.entries.values()) if e.why)
         return "\n".join(lines + [_wrap(w, "") for w in whys])
 
     def __str__(self) -> str:
-        return self.summary()
+        # a newline at the end: each rank's print is then whole lines (under torchrun or
+        # mpiexec, two ranks' tables otherwise ran together mid-line)
+        return self.summary() + "\n"
 
 
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
+#: the note under a row of one call: ms/call leaves the first call out where it can
+LONE_CALL = (
+    "one call only: its time includes its set-up (the check of the call across ranks; "
+    "under auto, the network probe), which later calls do without"
+)
 
 
 def _wrap(text: str, prefix: str) -> str:

@@ -19,10 +19,12 @@ GB = 1e9
 
 
 def fmt_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'."""
+    """1536 -> '1.5 KiB', 41943 -> '40.96 KiB': the one format of every size commrt
+    prints (binary units, as its size flags and ``bucket_mb`` count; four significant
+    digits at most)."""
     for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= k:
-            return f"{n / k:g} {unit}"
+            return f"{n / k:.4g} {unit}"
     return f"{int(n)} B"
 
 

@@ -227,6 +227,26 @@ def test_the_time_a_call_leaves_out_the_first_call():
     assert alone.per_call_s == 0.2
 
 
+def test_a_lone_first_call_is_marked_as_including_its_set_up():
+    """A row of one call shows that call's time, set-up included: the table marks it and
+    says so; sizes are in the one unit system (binary: KiB); the text ends a line."""
+    s = observe.GroupStats(0, 2, "0")
+    lone = observe.CallStats("broadcast", 11264, "float32", transport="shm")
+    lone.count(0.781504)
+    many = observe.CallStats("allreduce(sum)", 2600, "float32", algorithm="ring")
+    for seconds in [0.5] + [0.000382] * 18:
+        many.count(seconds)
+    s.entries = {"a": lone, "b": many}
+    text = str(s)
+    rows = {line.split()[0]: line for line in text.splitlines()}
+    assert "781.504*" in rows["broadcast"] and rows["allreduce(sum)"].endswith(" 0.382   ring")
+    assert "* one call only: its time includes its set-up" in text
+    assert "11 KiB" in rows["broadcast"] and "2.539 KiB" in rows["allreduce(sum)"]
+    assert text.endswith("\n") and not text.endswith("\n\n")
+    s.entries = {"b": many}
+    assert "one call only" not in str(s) and str(s).endswith(" 0.382  ring\n")  # no pad
+
+
 def test_a_trace_folder_it_cannot_make_is_refused_at_init_naming_it(tmp_path, monkeypatch):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
