@@ -2,19 +2,26 @@
 
 Definitions (seconds, per step, this rank):
 
-* ``pack_s`` / ``comm_s`` / ``unpack_s``: summed over buckets, measured on
-  the thread that moves them;
-* ``exposed_s``: how long :meth:`GradientSync.wait` blocked, i.e. the
-  communication *not* hidden behind backward;
 * ``step_s``: from the end of the previous step's ``wait``/``step`` to the
-  end of this one (the training iteration as the loop sees it);
+  end of this one (the training iteration as the loop sees it). Its parts,
+  which tile it: ``backward_s`` (first gradient ready to last), ``exposed_s``
+  (how long :meth:`GradientSync.wait` blocked, i.e. the communication *not*
+  hidden behind backward), ``optimizer_s`` (in :meth:`GradientSync.step`),
+  and the rest (forward, data, the loop's own code);
+* ``pack_s`` / ``comm_s`` / ``unpack_s``: summed over buckets, measured on
+  the progress thread that moves them, beside the step: not parts of it;
 * ``bytes_sent``: bytes this rank put on the wire.
+
+Sizes print in binary units (KiB, MiB, GiB: :func:`commrt.sim.links.fmt_bytes`, the
+one format of every size commrt prints).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field, fields
+
+from commrt.sim.links import fmt_bytes
 
 
 @dataclass
@@ -87,33 +94,74 @@ class SyncStats:
         return out
 
     def summary(self) -> str:
+        """The means as a labelled block (:meth:`rows`), one line each; it ends with a
+        newline, so that ``print(sync.stats)`` writes each rank's block as whole lines
+        (under mpiexec, ranks' prints otherwise ran together mid-line)."""
+        rows = self.rows()
+        w = max(len(k) for k, _ in rows) + 2
+        head = f"rank {self.rank} of {self.world_size}, transport {self.transport}\n"
+        return head + "".join(f"{k.ljust(w)}{v}".rstrip() + "\n" for k, v in rows)
+
+    def rows(self) -> list[tuple[str, str]]:
+        """(label, value) per line of :meth:`summary` below its head. The step's parts add
+        up to its time, the rest named; pack, comm and unpack run on the progress thread,
+        beside the step, so they are not among its parts (what of them the step waited for
+        is "waiting")."""
         m = self.mean()
-        ms = lambda x: f"{x * 1e3:8.2f} ms"  # noqa: E731
-        return "\n".join(
-            [
-                f"rank {self.rank} of {self.world_size}, transport {self.transport}",
-                f"steps recorded      {len(self.steps)}",
-                f"step time           {ms(m.step_s)}",
-                f"  backward          {ms(m.backward_s)}",
-                f"  exposed comm      {ms(m.exposed_s)}   ({m.overlap:.0%} of communication hidden)",
-                f"  optimizer         {ms(m.optimizer_s)}",
-                f"pack / comm / unpack {ms(m.pack_s)} / {ms(m.comm_s)} / {ms(m.unpack_s)}",
-                f"bytes sent per step {m.bytes_sent / 1e6:10.2f} MB in {m.buckets} buckets",
-                f"algorithm per bucket {per_bucket(self.algorithms)}",
-                f"extra memory        {self.buffer_bytes / 1e6:.1f} MB (gradients {self.grad_bytes / 1e6:.1f} MB)",
-            ]
-            + (
-                [
-                    f"disagreement        {self.disagreement:.3e} (max over ranks of |θ_r − θ̄| / |θ̄|, "
-                    f"at the last average_parameters)"
-                ]
-                if self.disagreement is not None
-                else []
-            )
+        skipped = " (the first left out)" if len(self.steps) > 1 else ""
+        backward, waiting, optimizer, other = tile(
+            m.step_s, [m.backward_s, m.exposed_s, m.optimizer_s]
         )
+        busy = m.pack_s + m.comm_s + m.unpack_s
+        n = m.buckets
+        rows = [
+            ("steps recorded", f"{len(self.steps)}{skipped}"),
+            ("step time", f"{m.step_s * 1e3:.2f} ms, made of"),
+            ("  backward", f"{backward:.2f} ms"),
+            ("  waiting", f"{waiting:.2f} ms (in wait(): communication not hidden)"),
+            ("  optimizer", f"{optimizer:.2f} ms (in step())"),
+            ("  the rest", f"{other:.2f} ms (forward, data, the loop's own code)"),
+            (
+                "progress thread",
+                f"{busy * 1e3:.2f} ms: pack {m.pack_s * 1e3:.2f} + comm {m.comm_s * 1e3:.2f} "
+                f"+ unpack {m.unpack_s * 1e3:.2f} ({m.overlap:.0%} hidden)",
+            ),
+            (
+                "bytes sent per step",
+                f"{fmt_bytes(m.bytes_sent)} in {n} bucket{'' if n == 1 else 's'}",
+            ),
+            ("algorithm per bucket", per_bucket(self.algorithms)),
+            (
+                "extra memory",
+                f"{fmt_bytes(self.buffer_bytes)} (gradients {fmt_bytes(self.grad_bytes)})",
+            ),
+        ]
+        if self.disagreement is not None:
+            rows.append(
+                (
+                    "disagreement",
+                    f"{self.disagreement:.3e} (max over ranks of |θ_r − θ̄| / |θ̄|, at the "
+                    "last average_parameters)",
+                )
+            )
+        return rows
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def tile(total_s: float, parts_s: list[float]) -> list[float]:
+    """``parts_s`` and the rest of ``total_s``, in milliseconds rounded to 0.01, so that the
+    rounded numbers add up to the rounded total as printed (a rest that rounds below zero
+    is taken from the largest part)."""
+    total = round(total_s * 1e5)
+    cents = [round(p * 1e5) for p in parts_s]
+    rest = total - sum(cents)
+    if rest < 0:
+        big = cents.index(max(cents))
+        cents[big] += rest
+        rest = 0
+    return [c / 100 for c in cents + [rest]]
 
 
 def per_bucket(algorithms: tuple[str, ...]) -> str:

