@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from commrt.algorithms.auto_learn import CONTENDERS, RECHECK_S, Tuning, agree
+from commrt.algorithms.auto_learn import CONTENDERS, MARGIN, RECHECK_S, Tuning, agree
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.pipelined_torus import PipelinedTorus2D
@@ -226,11 +226,12 @@ class Auto(Algorithm):
         if tuning is None:
             runner = _second(choice) and label(_second(choice))
             priced = dict(choice.candidates).get(runner)
-            near = CONTENDERS * choice.predicted_s
+            # those the model cannot tell from the choice, or from the runner-up it tries
+            near = max(CONTENDERS * choice.predicted_s, (1 + MARGIN) * (priced or 0.0))
             others = tuple(n for n, t in choice.candidates[2:] if t <= near)
             tuning = Tuning(
                 choice.label, choice.predicted_s, runner, priced, others,
-                recheck_after_s=self.recheck_s,
+                dict(choice.candidates), recheck_after_s=self.recheck_s,
             )  # fmt: skip
             comm.slots.auto_tuning[key] = tuning
             comm.slots.auto_tried[(*key, choice.label)] = choice  # the model's own, as it ran
@@ -242,20 +243,23 @@ class Auto(Algorithm):
         """After ``commrt.all_reduce`` ran :meth:`select`'s schedule (started at
         ``time.perf_counter()`` = ``started_s``): time it, and at the end of a phase agree
         and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`).
-        Returns whether this size is settled: :meth:`select` gives the same schedule from
-        now on and wants no more observing (the same on every rank, as the phase is), so
+        Returns whether this size is settled or held (its leader alone for a while):
+        :meth:`select` gives the same schedule until its counter says otherwise, and wants
+        no observing (the same on every rank, as the phase is), so
         the caller may keep that schedule (``commrt.collectives.memo.SettledCall``)."""
         key = (self, comm.world_size, int(nbytes))
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
             return True
-        if tuning.phase == "settled":  # a call past the memo (COMMRT_DEBUG): counted here
+        if tuning.phase in ("settled", "hold"):  # past the memo (COMMRT_DEBUG): counted here
             return not tuning.settled_call()
         if tuning.timing and comm.device.type == "cuda":
             comm.synchronize()  # NCCL calls return once enqueued: time the work itself
         if not tuning.record(time.perf_counter() - started_s):
             return False
         tuning.advance(agree(comm, tuning))
+        if tuning.phase == "hold":  # the leader alone for a while: kept like a settled call
+            return True
         if tuning.phase != "settled":
             return False
         current = comm.slots.auto_choices[key]

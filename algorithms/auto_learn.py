@@ -10,69 +10,73 @@ schedule compiles its plan and allocates scratch):
 1. **baseline**: time the model's choice. Its time is agreed across ranks as the
    median over the window of each call's *slowest* rank (a synchronous
    collective ends when its last rank does). If it is within
-   ``MARGIN`` (10%) of its prediction, either way, and the runner-up is not a
-   close call (predicted within the same margin of the choice: closer
-   than the model can tell apart), the choice stays: **settled**.
-2. Else **trial**: the next calls run the runner-up for that size (the
-   model's second cheapest, even one pricing had left out as a sure loser),
-   every other candidate predicted within :data:`CONTENDERS` × the
-   choice, and the choice, each in blocks of back-to-back calls, as the
-   kept one will run: passes over them, every other one in reverse order
-   so that a drift in the machine's load meets all alike, each block
-   :data:`WARMUP` untimed calls and then ⌈WINDOW / TRIAL_PASSES⌉ timed
-   ones. A block's time is its slowest rank's mean call: the throughput
-   of back-to-back calls, which is what the kept schedule will cost; a
-   candidate's, the median of its blocks. There are :data:`TRIAL_PASSES`
-   passes, or as many more (up to :data:`MAX_TRIAL_PASSES`) as fit in
-   :data:`TRIAL_BUDGET_S` per candidate at the baseline's time a call: where
-   calls take milliseconds, one stall of another process swamps a block,
-   and only a median over many blocks is steady. Blocks of back-to-back
-   calls, timed by their mean, rather than single calls in turn timed by
-   their median: a schedule whose calls alternate fast and slow has a
-   median call well below the mean it really costs.
-   **Rematch**: if the fastest is not the model's choice, the two meet
-   again on fresh blocks and the verdict is on those alone: overturning
-   the model takes two trials that agree (one trial can time the model's
-   choice in a slow spell and keep a slower schedule). If the choice is the
-   fastest but the runner-up in the trial came within ``MARGIN`` of it,
-   closer than one trial's blocks can tell apart on a loaded machine
-   (where single calls spike to several times their median), those two run one
-   more trial, and the verdict is on every block each has had. One
-   rematch at most.
-3. **verdict**: the fastest by the median of its blocks is kept for
-   that size from then on (``commrt.algorithms.auto.choices`` shows it,
-   with ``learned=True`` if it is the runner-up), and the size is settled.
+   ``MARGIN`` (10%) of its prediction, either way, and the runner-up is
+   predicted above :data:`CONTENDERS` × the choice (a loss the model's
+   errors of tens of percent cannot undo), the choice stays: **settled**.
+2. Else **trial**, in passes. A pass runs each live candidate (the
+   runner-up, every other candidate predicted within :data:`CONTENDERS` ×
+   the choice, and the choice) in a block of back-to-back calls, as the
+   kept one will run: :data:`WARMUP` untimed calls, then ⌈WINDOW /
+   TRIAL_PASSES⌉ timed ones; every other pass in reverse order, so that a
+   drift in the machine's load meets all alike. A block's time is its
+   slowest rank's mean call (the throughput of back-to-back calls: a median
+   of single calls favours a schedule whose calls alternate fast and slow);
+   a candidate's, the median of its blocks, so that one block in which a
+   rank was descheduled decides nothing. After each pass (one gather):
+
+   * a candidate that lost to the leader by a wide margin, even its fastest
+     of two blocks or more over :data:`WIDE` × the leader's median, is out,
+     and is never tried again for that size (one block in which a rank was
+     descheduled puts nothing out: a stall slows a block, never speeds one);
+   * the trial stops once the answer is clear: one candidate left, or, after
+     :data:`TRIAL_PASSES` passes (a median of three discards one stalled
+     block), every other one slower than the leader by more than
+     ``MARGIN``; else it goes on, up to :data:`TRIAL_PASSES` passes or as
+     many more (up to :data:`MAX_TRIAL_PASSES`) as fit in
+     :data:`TRIAL_BUDGET_S` per candidate at the baseline's time a call,
+     and keeps the leader (the others are then within the margin of it).
+
+   **Paced**: exploring costs the calls that run a slower candidate.
+   Before each pass, its expected excess over the leader (measured where a
+   candidate ran, else the model's price scaled by how far the baseline
+   missed it, half of that where it missed by more than the margin) is
+   weighed against the size's calls so far: where the excess of every
+   pass so far and of this one would pass :data:`EXPLORE` of their time,
+   the leader first runs alone (**hold**) for as many calls as it takes,
+   at most :data:`MAX_HOLD`. A user's first calls then cost the model's
+   choice plus at most that fraction, and a job with many calls still
+   learns.
+3. **verdict**: the leader is kept for that size from then on
+   (``commrt.algorithms.auto.choices`` shows it, with ``learned=True``
+   where it is not the model's choice), and the size is settled.
    ``commrt.all_reduce`` then runs the kept schedule for repeats of that
-   call without asking ``select`` or ``observe`` (``commrt.collectives.memo.SettledCall``),
-   only counting them.
+   call without asking ``select`` or ``observe``
+   (``commrt.collectives.memo.SettledCall``), only counting them (so does
+   a hold).
 4. **recheck**: after :data:`RECHECK_S` seconds' worth of the kept
    schedule's calls (at its measured time a call; at least
    :data:`RECHECK_MIN_CALLS` calls), the next calls are timed again, as a
-   trial block (the slowest rank's mean call). A machine drifts, and a
-   schedule's calls can settle into a slower mode: the winner of a trial
-   may fall behind the schedule it beat. If the kept schedule is now
-   slower than the trial's fastest other candidate by more than ``MARGIN``,
-   the two meet again on fresh blocks (a rematch; their old blocks are
-   dropped) and the faster is kept. A kept schedule that replaced the
-   model's choice meets that choice again on fresh blocks at each recheck,
+   trial block (the slowest rank's mean call). A machine drifts: the winner
+   of a trial may fall behind the schedule it beat. If the kept schedule is
+   now slower than the trial's fastest other candidate still in by more
+   than ``MARGIN``, the two meet again in a fresh trial (their old blocks
+   dropped), paced as above, and the faster is kept. A kept schedule that
+   replaced the model's choice meets that choice again at each recheck,
    where :data:`TRIAL_PASSES` of its blocks fit in :data:`TRIAL_BUDGET_S`
-   at its trial time: two trials can fall in one slow spell of a loaded
-   machine. A choice that settled without a trial is
-   held to its own baseline time instead, and the whole trial runs if it
-   drifted past it. Each recheck that keeps the same schedule doubles the
-   wait before the next, up to :data:`RECHECK_MAX_S`; a change starts it
-   again. ``Auto(recheck_s=None)`` never rechecks.
+   at its trial time. A choice that settled without a trial is held to
+   its own baseline time instead, and the whole trial runs if it drifted
+   past it. Each recheck that keeps the same schedule doubles the wait
+   before the next, up to :data:`RECHECK_MAX_S`; a change starts it again.
+   ``Auto(recheck_s=None)`` never rechecks.
 
 Every rank decides from the same numbers: a phase's times reach every
 rank in one small gather (:func:`commrt.runtime.rows.gather`, an exact all-reduce
-of a p × (timed calls) table) at the end of the phase, never per call, so
-a size costs at most three such gathers (one or two more per recheck), and WINDOW + P ×
-⌈WINDOW / TRIAL_PASSES⌉ × (k + 1 + 2) timed calls for k tried candidates
-and a rematch, P the trial's passes (2 where a call takes over 21 ms, 6
-where it takes 10 ms or less), in the life of a communicator. Calls
-through ``commrt.all_reduce`` are the ones timed; GradientSync and the
-torch.distributed backend use what was learned for the same communicator
-(a GradientSync picks its schedules when it is made).
+of a p × (timed calls) table) at the end of the phase or pass, never per
+call; a hold's length is computed from agreed numbers only. A size settles
+within :func:`calls_to_settle` calls. Calls through ``commrt.all_reduce``
+are the ones timed; GradientSync and the torch.distributed backend use
+what was learned for the same communicator (a GradientSync picks its
+schedules when it is made).
 
 :class:`Tuning` is the pure decision state (tested with injected timings,
 no processes); :func:`agree` is the one collective step.
@@ -97,6 +101,9 @@ __all__ = [
     "RECHECK_S",
     "RECHECK_MAX_S",
     "RECHECK_MIN_CALLS",
+    "WIDE",
+    "EXPLORE",
+    "MAX_HOLD",
     "Tuning",
     "calls_to_settle",
     "agree",
@@ -112,7 +119,7 @@ WINDOW = 5
 WARMUP = 1
 #: passes of the trial over the tried candidates and the choice (every other one reversed),
 #: at least; a block's timed calls are ⌈WINDOW / TRIAL_PASSES⌉
-TRIAL_PASSES = 2
+TRIAL_PASSES = 3
 TRIAL_BUDGET_S = settings.Seconds(
     0.25,
     "a trial takes more passes while a candidate's blocks take at most this long",
@@ -136,6 +143,14 @@ RECHECK_MAX_S = settings.Seconds(
 )
 #: settled calls between rechecks, at least: a recheck costs one small gather
 RECHECK_MIN_CALLS = 50
+#: a candidate whose fastest of two or more blocks took over this many times the leader's
+#: median is out of the trial: a loss that wide is no noise
+WIDE = 1.3
+#: the most that trying slower candidates may add to a size's calls, as a fraction of their
+#: time so far (a hold of the leader comes first where a pass would pass it)
+EXPLORE = 0.05
+#: calls of a hold, at most (so that a size settles within calls_to_settle)
+MAX_HOLD = 400
 
 
 @dataclass
@@ -145,11 +160,13 @@ class Tuning:
     ``predicted_s``: the model's time for its choice; ``runner_up``: the
     label of the model's second choice (None: nothing to try), predicted at
     ``runner_predicted_s``; ``others``: further candidates the trial runs
-    beside it (those predicted within :data:`CONTENDERS` × the choice).
-    ``phase`` is ``"baseline"``, ``"trial"`` or ``"settled"``; ``kept`` the
-    label kept once settled; ``chosen_s`` the choice's agreed time in the
-    baseline, ``trial_s`` every tried label's agreed time in the trial
-    (``runner_s`` and ``beside_s``: the runner-up's and the choice's).
+    beside it (those predicted within :data:`CONTENDERS` × the choice);
+    ``predicted``: the model's seconds per label (those it priced).
+    ``phase`` is ``"baseline"``, ``"hold"``, ``"trial"``, ``"settled"`` or
+    ``"recheck"``; ``kept`` the label kept once settled; ``chosen_s`` the
+    choice's agreed time in the baseline, ``trial_s`` every tried label's
+    median block, ``lost`` the labels out of the trial (by how many times
+    the leader's time), ``live`` the current trial's candidates.
     """
 
     choice: str
@@ -157,27 +174,35 @@ class Tuning:
     runner_up: str | None
     runner_predicted_s: float | None = None  # None: not priced (left out as a sure loser)
     others: tuple[str, ...] = ()
+    predicted: dict = field(default_factory=dict)
     margin: float = MARGIN
     window: int = WINDOW
     warmup: int = WARMUP
     passes: int = TRIAL_PASSES  # the trial's passes, at least (see trial_passes)
     budget_s: float = TRIAL_BUDGET_S
+    explore: float = EXPLORE
     phase: str = "baseline"
     kept: str | None = None
     chosen_s: float | None = None
     trial_s: dict = field(default_factory=dict)
-    #: the current trial's calls as (label, timed), laid out when it starts (see trial_plan)
-    plan: tuple = ()
-    #: the rematch's two labels, once the trial's two fastest came out close (else empty)
-    finalists: tuple = ()
-    #: every tried label's block times (the slowest rank's mean call), trial and rematch
+    #: every tried label's block times (the slowest rank's mean call)
     samples: dict = field(default_factory=dict)
+    lost: dict = field(default_factory=dict)
+    live: tuple = ()
+    #: passes run in the current trial; the current pass's calls as (label, timed)
+    passes_run: int = 0
+    plan: tuple = ()
+    #: agreed seconds of this size's calls so far (untimed ones at their block's time), and
+    #: of them the excess of the blocks slower than their pass's fastest
+    elapsed_s: float = 0.0
+    explored_s: float = 0.0
     #: this rank's seconds in the current phase, and the calls made in it (timed or not)
     times: list = field(default_factory=list)
     calls: int = 0
     #: seconds of settled calls before the first recheck (None: never recheck); rechecks
     #: in a row that found the kept schedule still the fastest (each doubles the wait);
-    #: settled calls left before the next; the kept schedule's time at the last recheck
+    #: settled (or held) calls left before the next recheck (or pass); the kept schedule's
+    #: time at the last recheck
     recheck_after_s: float | None = RECHECK_S
     confirmed: int = 0
     until_recheck: int = 0
@@ -186,26 +211,18 @@ class Tuning:
     @property
     def rotation(self) -> tuple[str, ...]:
         """The trial's candidates in their first pass's order: the runner-up, the others,
-        then the choice (in a rematch, its two finalists)."""
-        return self.finalists or (self.runner_up, *self.others, self.choice)
+        then the choice; those out (:attr:`lost`) left out."""
+        return tuple(x for x in (self.runner_up, *self.others, self.choice) if x not in self.lost)
 
     def trial_plan(self) -> tuple[tuple[str, bool], ...]:
-        """The current trial's calls in order, as ``(label, timed)``: :attr:`trial_passes`
-        passes over :attr:`rotation` (every other one reversed), a block of back-to-back
-        calls for each, its first :attr:`warmup` untimed. Laid out once when the trial
-        (or its rematch) starts: every call of it asks."""
+        """The current pass's calls in order, as ``(label, timed)``: a block of back-to-back
+        calls for each live candidate, its first :attr:`warmup` untimed. Laid out when the
+        pass starts: every call of it asks."""
         return self.plan
-
-    def _lay_out(self) -> tuple[tuple[str, bool], ...]:
-        per_block = self._per_block()
-        plan = []
-        for label in self._blocks():
-            plan += [(label, False)] * self.warmup + [(label, True)] * per_block
-        return tuple(plan)
 
     @property
     def trial_passes(self) -> int:
-        """The trial's passes: :attr:`passes`, or as many more (up to
+        """The trial's passes, at most: :attr:`passes`, or as many more (up to
         :data:`MAX_TRIAL_PASSES`) as fit in :attr:`budget_s` a candidate at the baseline's
         time a call."""
         if self.chosen_s is None:
@@ -217,19 +234,34 @@ class Tuning:
     def _per_block(self) -> int:
         return -(-self.window // self.passes)
 
-    def _blocks(self) -> list[str]:
-        """The trial's blocks in order, by label: each pass over :attr:`rotation`, every
-        other one reversed."""
-        rotation = self.rotation
-        return [x for k in range(self.trial_passes) for x in rotation[:: -1 if k % 2 else 1]]
+    def _blocks(self) -> tuple[str, ...]:
+        """The current pass's blocks in order: :attr:`live`, reversed on every other pass."""
+        return self.live[:: -1 if self.passes_run % 2 else 1]
+
+    @property
+    def leader(self) -> str:
+        """The fastest candidate measured so far (the model's choice before any trial)."""
+        order = (self.choice, self.runner_up, *self.others)
+        among = self.live or self.trial_s  # in a trial, its live candidates only
+        pool = [x for x in among if x in self.trial_s and x not in self.lost]
+        if not pool:
+            return self.kept or self.choice
+        return min(pool, key=lambda x: (self.trial_s[x], order.index(x)))
 
     @property
     def running(self) -> str:
         """The label of the candidate the next call runs (in the trial, as
-        :meth:`trial_plan` lays the calls out)."""
-        if self.phase != "trial":
-            return self.kept or self.choice
-        return self.plan[self.calls][0]
+        :meth:`trial_plan` lays the calls out; in a hold, the leader)."""
+        if self.phase == "trial":
+            return self.plan[self.calls][0]
+        if self.phase == "hold":
+            return self.leader
+        return self.kept or self.choice
+
+    @property
+    def learning(self) -> bool:
+        """Whether this size has not settled yet (its first baseline, hold or trial)."""
+        return self.kept is None
 
     @property
     def runner_s(self) -> float | None:
@@ -247,9 +279,16 @@ class Tuning:
         return self.phase in ("baseline", "recheck") and self.calls >= self.warmup
 
     def settled_call(self) -> bool:
-        """Count one call of the settled schedule (every rank counts the same calls); True
-        when it was the last before a recheck: the caller must then bring the next calls
-        back to :meth:`record` (``commrt.collectives.memo`` drops its memo of the call)."""
+        """Count one call of the settled (or held) schedule (every rank counts the same
+        calls); True when it was the last before a recheck or the hold's end: the caller
+        must then bring the next calls back to :meth:`record` (``commrt.collectives.memo``
+        drops its memo of the call)."""
+        if self.phase == "hold":
+            self.until_recheck -= 1
+            if self.until_recheck > 0:
+                return False
+            self.phase, self.plan = "trial", self._lay_out()
+            return True
         if self.phase != "settled" or self.recheck_after_s is None:
             return False
         self.until_recheck -= 1
@@ -261,7 +300,7 @@ class Tuning:
     def record(self, seconds: float) -> bool:
         """Note one call's time on this rank; True when the phase's window is full (then
         every rank calls :meth:`advance` with every rank's times, in the same call)."""
-        if self.phase == "settled":
+        if self.phase in ("settled", "hold"):
             return False
         timed = self.timing
         self.calls += 1
@@ -274,31 +313,85 @@ class Tuning:
 
     def advance(self, table) -> None:
         """End the phase with every rank's times (``table``: one row per rank, the same on
-        every rank): the choice's, or in the trial every tried candidate's and the
-        choice's as :meth:`trial_plan` laid them out, a sample per block."""
+        every rank): the choice's, or in a trial pass every live candidate's as
+        :meth:`trial_plan` laid them out, a sample per block."""
         self.times, self.calls = [], 0
         if self.phase == "baseline":
             self.chosen_s = agreed_time(table)
-            bound = (1.0 + self.margin) * self.predicted_s
+            self.elapsed_s += self.chosen_s * (self.warmup + self.window)
+            # a contender, paced, costs little: tried wherever the model cannot rule it out
+            bound = CONTENDERS * self.predicted_s
             close = self.runner_predicted_s is not None and self.runner_predicted_s <= bound
             # a miss either way: a model far off where the choice ran fast may be as far off
             # for the others, and one of them may run faster still
-            missed = abs(self.chosen_s - self.predicted_s) > self.margin * self.predicted_s
-            if (missed or close) and self.runner_up is not None:
-                self.phase, self.plan = "trial", self._lay_out()
-                return
+            if (self._missed() or close) and self.runner_up is not None:
+                return self._start_trial(self.rotation)
             self._settle(self.choice)
         elif self.phase == "trial":
-            self._end_trial(table)
+            self._end_pass(table)
         elif self.phase == "recheck":
             self._end_recheck(table)
+
+    def _missed(self) -> bool:
+        return abs(self.chosen_s - self.predicted_s) > self.margin * self.predicted_s
+
+    def _start_trial(self, live: tuple) -> None:
+        """Run passes over ``live``, after a hold of the leader if the next pass's expected
+        excess would take exploring past :attr:`explore` of the size's time."""
+        self.live, self.passes_run = tuple(live), 0
+        self._next_pass()
+
+    def _next_pass(self) -> None:
+        hold = self._hold()
+        if hold > 0:
+            self.phase, self.until_recheck = "hold", hold
+            self.elapsed_s += hold * self._lead_s()
+            return
+        self.phase, self.plan = "trial", self._lay_out()
+
+    def _lay_out(self) -> tuple[tuple[str, bool], ...]:
+        per_block = self._per_block()
+        plan = []
+        for label in self._blocks():
+            plan += [(label, False)] * self.warmup + [(label, True)] * per_block
+        return tuple(plan)
+
+    def _lead_s(self) -> float:
+        return self.trial_s.get(self.leader) or self.chosen_s or self.predicted_s
+
+    def _expected_s(self, label: str) -> float:
+        """What a call of ``label`` is expected to take: its median block where it ran, else
+        the model's price scaled by the baseline's measured / predicted (half-way to the
+        leader's time where the baseline missed: the model's order is then uncertain too),
+        and never under ``1 + margin`` × the leader's (a candidate not yet run is assumed
+        that much slower, so that a job's first calls run the leader alone)."""
+        if label in self.trial_s:
+            return self.trial_s[label]
+        lead = self._lead_s()
+        priced = self.predicted.get(label)
+        if priced is None or not self.predicted_s or self.chosen_s is None:
+            return lead * WIDE  # not priced: a sure loser on the model's lower bound
+        scaled = priced * self.chosen_s / self.predicted_s
+        guess = lead + (scaled - lead) / 2 if self._missed() else scaled
+        return max(guess, (1.0 + self.margin) * lead)
+
+    def _hold(self) -> int:
+        """Calls of the leader alone before the next pass (0: none needed)."""
+        lead = self._lead_s()
+        calls = self.warmup + self._per_block()
+        excess = sum(calls * max(0.0, self._expected_s(x) - lead) for x in self.live)
+        pass_s = sum(calls * max(self._expected_s(x), lead) for x in self.live)
+        need = (self.explored_s + excess) / self.explore - self.elapsed_s - pass_s
+        if need <= 0 or lead <= 0:
+            return 0
+        return min(MAX_HOLD, math.ceil(need / lead))
 
     def _settle(self, label: str) -> None:
         """Keep ``label``, and count down to its next recheck: ``recheck_after_s``, doubled
         for each recheck in a row that kept the same schedule, of its calls."""
         if self.kept is not None:  # after a recheck: the same one kept, or a new one
             self.confirmed = self.confirmed + 1 if label == self.kept else 0
-        self.kept, self.phase = label, "settled"
+        self.kept, self.phase, self.live = label, "settled", ()
         if self.recheck_after_s is None:
             return
         wait_s = min(RECHECK_MAX_S, self.recheck_after_s * 2**self.confirmed)
@@ -309,81 +402,85 @@ class Tuning:
     def _end_recheck(self, table) -> None:
         # The kept schedule's calls, timed again. Against a candidate the trial measured,
         # as a trial block (its slowest rank's mean call); beaten by more than the margin
-        # there, the two meet again on fresh blocks (a rematch, the old blocks forgotten);
-        # so do it and the model's choice it replaced, where that is cheap. Never tried
-        # against one: against its own baseline, as the baseline timed it.
+        # there, the two meet again in a fresh trial (the old blocks forgotten); so do it
+        # and the model's choice it replaced, where that is cheap. Never tried against
+        # one: against its own baseline, as the baseline timed it.
         now = max(statistics.fmean(row) for row in table)
         self.recheck_s = now
-        rivals = {k: t for k, t in self.trial_s.items() if k != self.kept}
+        self.elapsed_s += now * (self.warmup + self.window)
+        rivals = {k: t for k, t in self.trial_s.items() if k != self.kept and k not in self.lost}
         rival = min(rivals, key=rivals.get) if rivals else None
         if rival is not None and now > (1.0 + self.margin) * rivals[rival]:
-            self.finalists = (self.kept, rival)
+            finalists = (self.kept, rival)
         elif self._overturned_cheaply():
-            # the model's choice lost two trials, perhaps both in one slow spell of a loaded
+            # the model's choice lost a trial, perhaps in one slow spell of a loaded
             # machine: it is timed afresh
-            self.finalists = (self.kept, self.choice)
+            finalists = (self.kept, self.choice)
         elif rival is not None or self.runner_up is None:
             return self._settle(self.kept)
         elif agreed_time(table) <= (1.0 + self.margin) * self.chosen_s:
             return self._settle(self.kept)
-        for label in self.finalists:  # (none where nothing was tried yet: a whole trial)
+        else:  # settled without a trial, and drifted: the whole trial
+            finalists = self.rotation
+        for label in finalists:
             self.samples.pop(label, None)
-        self.phase, self.plan = "trial", self._lay_out()
+            self.trial_s.pop(label, None)
+        self.trial_s[self.kept] = now  # the leader until the fresh blocks say otherwise
+        self._start_trial(finalists)
 
     def _overturned_cheaply(self) -> bool:
-        """Whether the kept schedule replaced the model's choice, and a rematch's blocks of
-        the choice fit in :attr:`budget_s` at its trial time a call."""
+        """Whether the kept schedule replaced the model's choice (still in), and a pass of
+        the choice's blocks fits in :attr:`budget_s` at its trial time a call."""
         t = self.trial_s.get(self.choice)
         blocks = self.passes * (self.warmup + self._per_block())
-        return self.kept != self.choice and t is not None and t * blocks <= self.budget_s
+        cheap = t is not None and t * blocks <= self.budget_s
+        return self.kept != self.choice and self.choice not in self.lost and cheap
 
-    def _end_trial(self, table) -> None:
-        # side by side in the same passes: all met the same load (the baseline's time of the
-        # choice was taken earlier, perhaps on a quieter or busier machine). A block's
-        # sample is its slowest rank's mean call, the throughput of back-to-back calls: a
-        # median of single calls favoured a schedule whose calls alternate fast and slow
-        # (its median call is well below its mean)
-        n = self._per_block()
+    def _end_pass(self, table) -> None:
+        # side by side in the same pass: all met the same load (the baseline's time of the
+        # choice was taken earlier, perhaps on a quieter or busier machine)
+        n, calls = self._per_block(), self.warmup + self._per_block()
+        means = []
         for b, label in enumerate(self._blocks()):
             mean = max(statistics.fmean(row[b * n : (b + 1) * n]) for row in table)
             self.samples.setdefault(label, []).append(mean)
-        self.trial_s = {label: statistics.median(t) for label, t in self.samples.items()}
-        # ties go to the model's choice, then to the runner-up, then the others' order; a
-        # rematch decides between its two finalists only
-        order = (self.choice, self.runner_up, *self.others)
-        pool = self.finalists or order
-        best, second = sorted(pool, key=lambda x: (self.trial_s[x], order.index(x)))[:2]
-        if self.finalists:
-            return self._settle(best)
-        if best != self.choice:
-            # overturning the model takes a second look on fresh blocks: one trial can time
-            # the model's choice in a slow spell and keep a slower schedule
-            self.finalists = (best, self.choice)
-            for label in self.finalists:
-                self.samples.pop(label)
-        elif self.trial_s[second] <= (1.0 + self.margin) * self.trial_s[best]:
-            self.finalists = (best, second)
-        else:
-            return self._settle(best)
-        self.plan = self._lay_out()
+            means.append(mean)
+        self.elapsed_s += calls * sum(means)
+        self.explored_s += calls * sum(m - min(means) for m in means)
+        self.passes_run += 1
+        self.trial_s.update({x: statistics.median(self.samples[x]) for x in self.live})
+        lead = self.leader
+        best = self.trial_s[lead]
+        for x in self.live:
+            fastest = min(self.samples[x])
+            if x != lead and len(self.samples[x]) > 1 and fastest > WIDE * best:
+                self.lost[x] = self.trial_s[x] / best  # never tried again for this size
+        self.live = tuple(x for x in self.live if x not in self.lost)
+        close = [x for x in self.live if x != lead and self.trial_s[x] <= (1 + self.margin) * best]
+        done = len(self.live) == 1 or self.passes_run >= self.trial_passes
+        if done or (self.passes_run >= self.passes and not close):
+            return self._settle(lead)
+        self._next_pass()
 
     def __str__(self) -> str:
         def ms(t):
             return "-" if t is None else f"{t * 1e3:.2f} ms"
 
         tried = ", ".join(f"{k} {ms(t)}" for k, t in self.trial_s.items()) or "-"
+        out = ", ".join(self.lost) or "-"
         again = f", rechecked at {ms(self.recheck_s)}" if self.recheck_s is not None else ""
         return (
             f"{self.choice}: predicted {ms(self.predicted_s)}, measured {ms(self.chosen_s)}; "
-            f"tried: {tried}; {self.phase}, kept {self.kept}{again}"
+            f"tried: {tried}; out: {out}; {self.phase}, kept {self.kept}{again}"
         )
 
 
 def calls_to_settle(candidates: int) -> int:
     """Calls within which a size settles at the defaults, whatever the timings: the baseline,
-    a trial of ``candidates`` (the choice among them) at the most passes, and a rematch."""
+    then a trial of ``candidates`` (the choice among them) at the most passes, each after
+    the longest hold."""
     block = WARMUP + -(-WINDOW // TRIAL_PASSES)
-    return WARMUP + WINDOW + MAX_TRIAL_PASSES * block * (candidates + 2)
+    return WARMUP + WINDOW + MAX_TRIAL_PASSES * (MAX_HOLD + block * candidates)
 
 
 def agreed_time(table) -> float:

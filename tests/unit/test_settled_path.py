@@ -10,7 +10,8 @@ from helpers.local_transport import run_ranks
 
 import commrt
 from commrt.algorithms import Auto
-from commrt.algorithms.auto import choices, learning
+from commrt.algorithms.auto import candidates, choices, learning
+from commrt.algorithms.auto_learn import calls_to_settle
 from commrt.collectives.memo import last_settled
 from commrt.errors import CollectiveMismatchError
 from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
@@ -19,9 +20,8 @@ from commrt.sim import Network
 #: a model 1000x slower than the threads' mailbox: auto's choice misses its prediction, so
 #: its runner-up and contenders are tried beside it before it settles
 SLOW_NET = Network.flat(alpha_s=5e-3, beta_s_per_byte=1e-6)
-CALLS = (
-    160  # 2 ranks, µs calls: settled within 6 + 6 passes x 4 blocks x 4 calls, a rematch 48 more
-)
+#: 2 ranks: settled within calls_to_settle, and 20 calls more
+CALLS = calls_to_settle(len(candidates(2))) + 20
 
 
 def _comm(tr, timeout=10.0):
@@ -69,6 +69,8 @@ def test_a_settled_auto_call_runs_the_kept_schedule_without_select_or_observe(as
             assert torch.allclose(x.double(), want, rtol=1e-6, atol=1e-7), (k, x, want)
             made = sum(r == tr.rank for r, _, _ in asked) - before
             history.append((made, learning(comm)[12].phase))
+            if len(history) > 20 and history[-20][1] == "settled":
+                break
         kept = choices(comm)[12]
         return history, last_settled(comm).schedule is kept.schedule, learning(comm)[12]
 
@@ -77,10 +79,15 @@ def test_a_settled_auto_call_runs_the_kept_schedule_without_select_or_observe(as
         assert tuning.trial_s, "the slow model should have made auto try other candidates"
         assert 5 < settled_at < CALLS - 10
         # every call up to the one after it settled selected once and observed once (that
-        # one's select gave the schedule to keep: select never runs twice in a call); none
-        # after it did
-        assert [made for made, _ in history[: settled_at + 2]] == [2] * (settled_at + 2)
-        assert [made for made, _ in history[settled_at + 2 :]] == [0] * (CALLS - settled_at - 2)
+        # one's select gave the schedule to keep: select never runs twice in a call), but
+        # those of a hold past its first two (the leader alone, kept as a settled call is);
+        # none after it did
+        for k in range(settled_at + 2):
+            held = k > 1 and history[k - 2][1] == history[k - 1][1] == "hold"
+            assert history[k][0] == (0 if held else 2), (k, history[k - 3 : k + 1])
+        assert [made for made, _ in history[settled_at + 2 :]] == [0] * (
+            len(history) - settled_at - 2
+        )
         assert runs_kept  # the memo holds what auto kept (the learned choice, if it changed)
 
 
