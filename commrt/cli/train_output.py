@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from commrt.cli.units import fmt_bytes
 from commrt.sync.report import SyncReport
 
 
@@ -158,14 +159,18 @@ def summary_rows(
     ]
     if opts.straggler:
         rows.append(("stragglers", str(opts.straggler)))
+    # the step's two parts add up to it; the traffic runs beside it on the progress thread
+    # (its shares of the step would add up to more than the step)
+    busy_s = ph.pack_s + ph.comm_s + ph.unpack_s
     return rows + [
         ("time per step", ms(ph.step_s)),
         ("  compute (fwd+bwd+opt)", f"{ms(compute_s)} {share(compute_s)}"),
-        ("  pack", f"{ms(ph.pack_s)} {share(ph.pack_s)}"),
-        ("  communication", f"{ms(ph.comm_s)} {share(ph.comm_s)}"),
-        ("  unpack", f"{ms(ph.unpack_s)} {share(ph.unpack_s)}"),
         ("  exposed (blocked in wait)", f"{ms(ph.exposed_s)} {share(ph.exposed_s)}"),
-        ("bytes sent per step", f"{ph.bytes_sent / 1e3:,.1f} KB per rank"),
+        ("traffic, beside the step", ms(busy_s)),
+        ("  pack", ms(ph.pack_s)),
+        ("  communication", ms(ph.comm_s)),
+        ("  unpack", ms(ph.unpack_s)),
+        ("bytes sent per step", f"{fmt_bytes(ph.bytes_sent)} per rank"),
         ("trace", trace_path or "off (use --trace out/trace.json)"),
     ]
 

@@ -59,6 +59,14 @@ def test_train_end_to_end(algorithm, backend, tmp_path):
     assert len(phases) == 4, proc.stdout
     total = float(s["start-up"].split()[0])
     assert abs(sum(float(t) for _, t in phases) - total) <= 0.03, proc.stdout
+    # the step's parts add up to it; sizes in the one binary unit system
+    step = float(s["time per step"].split()[0])
+    compute, exposed = (
+        float(re.search(rf"^  {re.escape(k)}\s+([\d.]+) ms", proc.stdout, re.M)[1])
+        for k in ("compute (fwd+bwd+opt)", "exposed (blocked in wait)")
+    )
+    assert abs(compute + exposed - step) <= 0.002, proc.stdout
+    assert re.fullmatch(r"[\d.]+ (B|KiB|MiB) per rank", s["bytes sent per step"]), proc.stdout
 
 
 def test_bench_allreduce_writes_a_png(tmp_path):

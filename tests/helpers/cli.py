@@ -38,6 +38,13 @@ def parse_summary(out: str) -> dict:
     return rows
 
 
+def size_bytes(text: str) -> float:
+    """Bytes of a size as commrt prints it ("340 KiB per rank" -> 348160.0)."""
+    m = re.match(r"\s*([\d.]+) (B|KiB|MiB|GiB)\b", text)
+    assert m, f"no size in {text!r}"
+    return float(m.group(1)) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m[2]]
+
+
 def run_in_pty(argv, cols=80, rows=24, timeout=300):
     """Run ``argv`` with stdout/stderr on a pseudo-terminal of ``cols`` columns; return (rc, text)."""
     master, slave = pty.openpty()
