@@ -5,6 +5,7 @@
   the argparse types (sizes, files);
 * :mod:`commrt.cli.extras`: the optional packages a command needs (the ``train`` extra);
 * :mod:`commrt.cli.launch`: starting N local ranks (mpiexec or subprocesses);
+* :mod:`commrt.cli.output`: a command whose reader leaves (``| head``) ends quietly;
 * ``commrt train``: :mod:`~commrt.cli.train_args` (its flags, checked before any rank
   starts), :mod:`~commrt.cli.train` (one rank of it), :mod:`~commrt.cli.train_data`,
   :mod:`~commrt.cli.train_faults`, :mod:`~commrt.cli.train_output`,

@@ -34,7 +34,7 @@ import warnings
 from typing import Sequence
 
 from commrt import __version__
-from commrt.cli import extras
+from commrt.cli import extras, output
 from commrt.cli import launch as launcher
 from commrt.cli.flags import unknown_flags
 from commrt.cli.startup import launcher_line, rank_startup
@@ -221,7 +221,9 @@ def _negative_values(argv: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``commrt`` command; a Ctrl-C ends it with status 130 and one line, not a
-    traceback per rank (:func:`commrt.cli.launch.interrupted`)."""
+    traceback per rank (:func:`commrt.cli.launch.interrupted`); a reader that leaves
+    (``commrt simulate | head``) ends it quietly (:mod:`commrt.cli.output`)."""
+    output.watch_stdout()
     warnings.formatwarning = fit_warning
     try:
         return _main(argv)

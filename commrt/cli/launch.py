@@ -48,6 +48,7 @@ import time
 from typing import Sequence
 
 from commrt import settings
+from commrt.cli import output
 
 #: the one line a Ctrl-C leaves, whenever it comes (the docs' quick start promises it)
 STOPPED = "commrt: interrupted; stopped the job"
@@ -135,6 +136,7 @@ def launch(
     """
     if nproc < 1:
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
+    output.supervising()  # the reader leaving stops the ranks here (_poll_ranks)
     cmd = [sys.executable, "-m", "commrt", *argv]
     mpi_cmd = [sys.executable, "-c", _QUIET_CTRL_C, *argv]
     env = dict(os.environ, **{settings.LAUNCHED.name: "1", "PYTHONUNBUFFERED": "1"})
@@ -291,9 +293,15 @@ def _supervise(
 def _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger) -> int:
     """:func:`_supervise`'s loop: poll the ranks until the job's outcome is known."""
     while True:
+        codes = [p.poll() for p in procs]
+        if output.READER_LEFT in codes or output.reader_left():
+            # `commrt train | head`: every rank ends at once and nothing is said. Rank 0,
+            # which hosts the store, last: a rank that outlived it would report its loss
+            _stop(procs[::-1])
+            return output.READER_LEFT
         if replace is not None:
             replace(procs)
-        codes = [p.poll() for p in procs]
+            codes = [p.poll() for p in procs]
         overdue = [] if linger is None or not ranks_known else linger.overdue(codes)
         if overdue:
             said = linger.lines(procs, overdue) + tolerated_lines(codes, tolerate)

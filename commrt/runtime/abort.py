@@ -11,6 +11,7 @@ the one verdict of who is stuck and where. Re-exported by
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 import traceback
@@ -23,6 +24,7 @@ from commrt.errors import (
     CommTimeoutError,
     PeerClosedError,
     PeerFailedError,
+    shorten,
 )
 from commrt.runtime.departures import FAILED
 
@@ -69,6 +71,11 @@ class _AbortOnError:
         hook.comms[comm] = advice  # how to keep it running: fits how comm was made
 
     def __call__(self, kind, value, tb) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            self.interrupted()
+        if value is not None and tb is value.__traceback__:
+            shorten(value)  # an error no public call shortened: raised under a `with`, say
+            tb = value.__traceback__
         self.await_verdict()
         live = [c for c in self.comms if not c.closed]
         if not live:
@@ -76,9 +83,8 @@ class _AbortOnError:
             return
         comm = live[0]
         # the traceback just printed holds the message: this line names the rank and the
-        # exit without saying it again (each rank prints its error once); a Ctrl-C is no error
+        # exit without saying it again (each rank prints its error once)
         what = f"the uncaught {kind.__name__} above"
-        what = "interrupted (KeyboardInterrupt)" if kind is KeyboardInterrupt else what
         reason = str(value).splitlines()[0] if str(value) else what
         self.fail(value, reason, then=lambda: self.show(kind, value, tb))
         end_job(
@@ -94,6 +100,25 @@ class _AbortOnError:
             # be capturing stderr to print it after us: we end the process first, so print
             # the traceback where it is seen
             traceback.print_exception(kind, value, tb, file=sys.__stderr__)
+
+    def interrupted(self) -> None:
+        """A Ctrl-C: one line naming the rank, and exit status 130 (the shell's for it, as
+        ``commrt train``'s), at once. No traceback: the user knows where they were, and
+        the terminal signals every process of the job (torchrun and mpiexec pass it on).
+        A farewell tells a peer that was not interrupted (its error then names this rank,
+        whose line says why)."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # torchrun's second SIGINT, say
+        ranks = [c.rank for c in self.comms]
+        for comm in [c for c in self.comms if not c.closed]:
+            comm.departures.announce(FAILED)
+        try:
+            sys.stdout.flush()  # what the program printed: os._exit leaves buffers behind
+        except (OSError, ValueError):  # a reader that left, a closed stream
+            pass
+        rank = f" rank {ranks[0]}:" if ranks else ""
+        say(f"commrt:{rank} interrupted (Ctrl-C or SIGINT); ending this rank")
+        unlink_mpich_segments()
+        os._exit(130)
 
     def await_verdict(self) -> None:
         """Where a stall verdict is being given in this process, let it end the job (an
