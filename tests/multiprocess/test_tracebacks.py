@@ -128,3 +128,38 @@ def test_a_ctrl_c_ends_each_rank_with_one_line_and_130(tmp_path):
         said = [line for line in out.splitlines() if line and line != "training"]
         assert said == [f"commrt: rank {r}: interrupted (Ctrl-C or SIGINT); ending this rank"], out
     assert codes == [130, 130], outs
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_under_torchrun_leaves_one_line_per_rank(tmp_path):
+    # the terminal's Ctrl-C reaches torchrun and its workers (and torchrun passes one on):
+    # each rank says it was interrupted, once, with no traceback of its own and no advice
+    # to keep it running; torchrun's own report of the workers it stopped is torch's
+    script = tmp_path / "user_script.py"
+    script.write_text(FOREVER)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env.pop(settings.TRACEBACK.name, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           "2", str(script)]  # fmt: skip
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=tmp_path, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while (tmp_path / "out.txt").read_text().count("training") < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, (
+                tmp_path / "out.txt"
+            ).read_text()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = (tmp_path / "out.txt").read_text()
+    for r in range(2):
+        line = f"commrt: rank {r}: interrupted (Ctrl-C or SIGINT); ending this rank"
+        assert said.count(line) == 1, said
+    assert "user_script.py" not in said and "KeyboardInterrupt" not in said, said
+    assert "to keep it running" not in said, said
