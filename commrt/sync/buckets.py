@@ -88,10 +88,10 @@ def assign_buckets(
 
 
 def describe(buckets: Sequence[Bucket], element_size: int, shown: int = 6) -> str:
-    """``"3 buckets [1.00, 4.20, 0.31] MB"``: the first ``shown`` sizes in wire MB."""
+    """``"3 buckets [1.00, 4.20, 0.31] MiB"``: the first ``shown`` sizes in wire MiB."""
     sizes = ", ".join(f"{b.numel * element_size / MB:.2f}" for b in buckets[:shown])
     more = ", ..." if len(buckets) > shown else ""
-    return f"{len(buckets)} buckets [{sizes}{more}] MB"
+    return f"{len(buckets)} buckets [{sizes}{more}] MiB"
 
 
 def _fingerprint(buckets: Sequence[Bucket], extra: str) -> list[int]:
