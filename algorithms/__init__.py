@@ -12,7 +12,8 @@ One module per job:
   (ring reduce-scatter and all-gather, the power-of-two fold);
 * all-reduce: :mod:`~commrt.algorithms.ring`, :mod:`~commrt.algorithms.halving_doubling`
   (Rabenseifner), :mod:`~commrt.algorithms.recursive_doubling` (the fewest steps, for
-  small buffers), :mod:`~commrt.algorithms.torus` (the 2D torus) and
+  small buffers), :mod:`~commrt.algorithms.one_shot` (one-shot and two-shot: every
+  rank with every other, directly), :mod:`~commrt.algorithms.torus` (the 2D torus) and
   :mod:`~commrt.algorithms.pipelined_torus` (the torus in pipelined segments);
 * :mod:`~commrt.algorithms.broadcast`: a binomial tree and a pipelined chain;
 * :mod:`~commrt.algorithms.auto`: ``"auto"``, which picks an algorithm per buffer size
@@ -39,6 +40,7 @@ from commrt.algorithms.base import Algorithm
 from commrt.algorithms.broadcast import BinomialTree, PipelinedChain
 from commrt.algorithms.gossip import Gossip
 from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.one_shot import OneShot, TwoShot
 from commrt.algorithms.pipelined_torus import PipelinedTorus2D
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.registry import DEFAULT_ALGORITHM, NAMES, resolve
@@ -50,6 +52,8 @@ __all__ = [
     "Ring",
     "HalvingDoubling",
     "RecursiveDoubling",
+    "OneShot",
+    "TwoShot",
     "Torus2D",
     "PipelinedTorus2D",
     "Auto",

@@ -20,6 +20,7 @@ from commrt.algorithms.auto import Auto
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.gossip import Gossip
 from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.one_shot import OneShot, TwoShot
 from commrt.algorithms.pipelined_torus import PipelinedTorus2D
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
@@ -38,6 +39,8 @@ _BY_NAME = {
     "torus2d_pipelined": PipelinedTorus2D,
     "auto": Auto,
     "gossip": Gossip,
+    "one_shot": OneShot,
+    "two_shot": TwoShot,
 }
 #: the name of :class:`~commrt.algorithms.BackupWorkers` (b = 1), which the registry adds
 BACKUP = "backup"
