@@ -59,7 +59,7 @@ from commrt.algorithms.torus import Torus2D
 from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule
 
-__all__ = ["Auto", "Choice", "choices", "candidates", "learning"]
+__all__ = ["Auto", "Choice", "choices", "candidates", "learning", "status"]
 #: the size :meth:`Auto.schedule` chooses for when no size is given: DDP's 25 MB bucket
 DEFAULT_NBYTES = 25 << 20
 
@@ -363,3 +363,31 @@ def choices(comm) -> dict[int, Choice]:
     """
     store = comm.slots.auto_choices
     return {nbytes: c for (_, p, nbytes), c in store.items() if p == comm.world_size}
+
+
+def status(comm, nbytes: int) -> tuple[str, str]:
+    """What ``auto`` runs for calls of ``nbytes`` on ``comm``, and why: ``(row, note)`` for
+    stats and logs, both from the same state so that they never disagree (``("", "")`` where
+    auto chose nothing for that size).
+
+    Settled: ``auto:<kept>`` and the :class:`Choice`'s own line. Still learning (or
+    rechecking): ``auto:<label>``, where ``<label>`` is what it runs meanwhile, between its
+    trial's blocks (the fastest measured so far, else the model's choice; never the
+    candidate a block happens to be timing), and a note that starts ``auto: learning``
+    (``auto: rechecking``), names it, and names what it is timing against it."""
+    choice = choices(comm).get(nbytes)
+    if choice is None:
+        return "", ""
+    tuning = learning(comm).get(nbytes)
+    if tuning is None or tuning.phase == "settled":
+        return f"auto:{choice.label}", str(choice)
+    doing = "learning" if tuning.kept is None else "rechecking"
+    now = tuning.leader if tuning.kept is None else tuning.kept
+    rivals = [x for x in (tuning.live or tuning.rotation) if x != now]
+    note = (
+        f"auto: {doing} for {nbytes} B on {choice.world_size} ranks; runs {now} meanwhile "
+        f"(the model chose {tuning.choice}, predicted {tuning.predicted_s * 1e6:.1f} µs)"
+    )
+    if rivals and tuning.phase != "baseline":
+        note += f", timing {', '.join(rivals)} against it"
+    return f"auto:{now}", note

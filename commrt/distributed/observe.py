@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 
 from commrt import settings
-from commrt.algorithms.auto import choices
+from commrt.algorithms.auto import status
 from commrt.runtime.environment import log_level
 from commrt.runtime.trace import Tracer
 from commrt.sim.links import fmt_bytes
@@ -46,6 +46,8 @@ from commrt.sim.links import fmt_bytes
 #: schedule is what they ran); the others are point-to-point groups or a barrier
 SCHEDULED = ("allreduce", "reduce", "broadcast", "allgather", "all_gather", "reduce_scatter")
 WIDTH = 80
+#: how ``auto``'s note starts while it learns (commrt.algorithms.auto.status)
+LEARNING = ("auto: learning", "auto: rechecking")
 
 
 @dataclass
@@ -63,10 +65,17 @@ class CallStats:
     first_seconds: float = 0.0
     #: calls per schedule that ran (``auto`` tries a runner-up before it settles)
     ran: dict = field(default_factory=dict)
-    #: what the last call ran, e.g. ``auto:ring`` (``""``: no schedule: a p2p call)
+    #: what the calls run, e.g. ``auto:ring``; while ``auto`` learns, what it runs between
+    #: its trial's blocks (``""``: no schedule: a p2p call)
     algorithm: str = ""
-    #: why: ``auto``'s choice with its predicted time and the runners-up (else ``""``)
+    #: why: ``auto``'s choice with its predicted time and the runners-up, or while it
+    #: learns what it runs meanwhile and is timing against it (else ``""``)
     why: str = ""
+    #: the schedule the last call ran (a trial's candidate, while ``auto`` learns)
+    ran_last: str = ""
+    #: whether ``auto`` is still learning (or rechecking) for these calls: :attr:`why` says
+    #: so, and what it runs meanwhile, which :attr:`algorithm` names too
+    learning: bool = False
     #: the transport the calls went over: ``shm``, ``gloo``, ``mpi`` or ``nccl``
     transport: str = ""
 
@@ -259,8 +268,11 @@ class Observer:
         entry.count(seconds)
         if ran:
             entry.ran[ran] = entry.ran.get(ran, 0) + 1
-            if ran != entry.algorithm:  # first call, a trial, or what auto learned
-                entry.algorithm, entry.why = ran, _why(ran, nbytes, comm)
+            # a first call, or auto while it learns: its row and note from one state
+            if ran != entry.ran_last or entry.learning:
+                entry.ran_last = ran
+                entry.algorithm, entry.why = _shown(ran, nbytes, comm)
+                entry.learning = entry.why.startswith(LEARNING)
         if tracer is not None:
             here = threading.get_ident()
             if here not in self.named:  # the call thread, or a caller a call ran on
@@ -286,7 +298,7 @@ class Observer:
         entry = self.stats.entries[key] = CallStats(what, nbytes, dtype)
         entry.transport = comm.transport.name
         if self.speaks:
-            self._say(entry, ran, _why(ran, nbytes, comm))
+            self._say(entry, *_shown(ran, nbytes, comm))
         return entry
 
     def _say(self, entry: CallStats, ran: str, why: str) -> None:
@@ -297,14 +309,11 @@ class Observer:
         print(text, file=sys.stderr, flush=True)
 
 
-def _why(ran: str, nbytes: int, comm) -> str:
-    """``auto``'s reason for what a call of ``nbytes`` ran (``""`` when auto did not choose)."""
+def _shown(ran: str, nbytes: int, comm) -> tuple[str, str]:
+    """The row's algorithm and the note for calls of ``nbytes`` that last ran ``ran``: for
+    ``auto``, both from :func:`commrt.algorithms.auto.status` (what it runs meanwhile while
+    it learns, never the candidate a trial happens to be timing)."""
     if not ran.startswith("auto:"):
-        return ""
-    choice = choices(comm).get(nbytes)
-    if choice is None:
-        return ""
-    why = str(choice)
-    if ran != f"auto:{choice.label}":
-        why += f"; auto is timing {ran[5:]} against it"
-    return why
+        return ran, ""
+    row, why = status(comm, nbytes)
+    return (row or ran), why

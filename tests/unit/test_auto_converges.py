@@ -17,6 +17,7 @@ import commrt.algorithms.auto as auto_module
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import candidates, choices, label, learning
 from commrt.algorithms.auto_learn import EXPLORE, calls_to_settle
+from commrt.distributed.observe import Observer
 from commrt.runtime.slots import CommSlots
 from commrt.sim import Network
 
@@ -60,8 +61,10 @@ class Job:
         monkeypatch.setattr(auto_module, "agree", self._gather)
         self.p, self.nbytes, self.table, self.stall = p, nbytes, table, stall
         self.comm = types.SimpleNamespace(
-            slots=CommSlots(), world_size=p, device=torch.device("cpu")
-        )
+            slots=CommSlots(), world_size=p, device=torch.device("cpu"),
+            executor=types.SimpleNamespace(last_schedule=None),
+            transport=types.SimpleNamespace(name="shm"),
+        )  # fmt: skip
         self.auto = Auto(network=NET, recheck_s=None)
         self.calls, self.ran, self.spent, self.timed = 0, [], 0.0, []
         self.stalled = {}  # this phase's call index -> the descheduled rank's time
@@ -75,7 +78,7 @@ class Job:
         return rows
 
     def call(self) -> None:
-        sched = self.auto.select(self.p, self.nbytes, self.comm)
+        sched = self.comm.executor.last_schedule = self.auto.select(self.p, self.nbytes, self.comm)
         name = sched.name.removeprefix("auto:")
         cost = _cost(self.table, name)
         tuning = learning(self.comm).get(self.nbytes)
@@ -172,3 +175,33 @@ def test_no_fixed_choice_passes_every_table():
     # and the model's own first choice is wrong for some of them
     wrong = [(p, n) for p, n, t in TABLES if Auto(network=NET).choose(p, n).label != _best(t)]
     assert len(wrong) >= 3
+
+
+@pytest.mark.parametrize("p, nbytes, table", [TABLES[1], TABLES[5]])
+def test_stats_row_and_note_agree_while_auto_learns_and_once_it_settled(
+    monkeypatch, p, nbytes, table
+):
+    # commrt.distributed.stats(): the row showed auto:ring (a trial's block) while its note
+    # said auto chose recursive doubling and was timing ring against it
+    job = Job(monkeypatch, p, nbytes, table)
+    seen = Observer(0, p, "g", None)
+    x, dc = torch.empty(nbytes // 4), types.SimpleNamespace(comm=job.comm)
+    shown = set()
+    for _ in range(calls_to_settle(len(candidates(p))) + 5):
+        seen.run("allreduce(sum)", [x], lambda dc: job.call(), dc)
+        (entry,) = seen.stats.entries.values()
+        row, note, tuning = entry.algorithm, entry.why, job.tuning
+        name = row.removeprefix("auto:").split(" ")[0]
+        if tuning.phase == "settled":
+            assert row == f"auto:{tuning.kept}" and note.startswith(f"auto: {tuning.kept} for")
+            assert "learning" not in note and not entry.learning
+        else:  # what it runs between the trial's blocks, never the block it is timing
+            assert row == f"auto:{tuning.leader}", (row, str(tuning))
+            assert note.startswith("auto: learning for") and f"runs {name} meanwhile" in note
+            assert entry.learning
+        shown.add((row, entry.learning))
+        if tuning.phase == "settled" and len(shown) > 1:
+            break
+    assert job.tuning.phase == "settled" and "learned" in entry.why
+    assert any(learning for _, learning in shown)
+    assert f"auto:{_best(table)}" in str(seen.stats)
