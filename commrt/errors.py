@@ -281,15 +281,21 @@ class ScheduleError(ValueError):
     """A schedule does not implement its collective, or is malformed."""
 
 
+#: the number of each unit's first (a unit not here counts from 1, as "call 7" is the
+#: seventh): GradientSync steps count from 0, as its stats, its trace and a loop over
+#: range() count them, so that an error names the step the user's loop index names
+FIRST_NUMBER = {"GradientSync step": 0}
+
+
 class PeerClosedError(CommError):
     """A peer closed its communicator (or its process exited) before a call this rank
     waits in: it will never take part, so the wait is over.
 
     Attributes: ``rank`` (this rank), ``peer`` (the rank that left), ``how``
     (``"closed its communicator"`` or ``"exited"``), ``unit`` (``"collective call"`` or
-    ``"GradientSync step"``), ``peer_done`` (how many of those the peer finished, counted
-    from 1) and ``waiting_in`` (the one this rank waits in), ``where`` (algorithm,
-    schedule step and bucket, where known).
+    ``"GradientSync step"``), ``peer_done`` (the last of those the peer finished) and
+    ``waiting_in`` (the one this rank waits in), numbered as :data:`FIRST_NUMBER` says,
+    ``where`` (algorithm, schedule step and bucket, where known).
     """
 
     def __init__(
@@ -305,8 +311,10 @@ class PeerClosedError(CommError):
     ):
         self.rank, self.peer, self.how, self.unit = rank, peer, how, unit
         self.peer_done, self.waiting_in, self.where = peer_done, waiting_in, where
+        first = FIRST_NUMBER.get(unit, 1)
+        done = f"after {unit} {peer_done}" if peer_done >= first else f"before {unit} {first}"
         super().__init__(
-            f"commrt: rank {peer} {how} after {unit} {peer_done} while rank {rank} waits in "
+            f"commrt: rank {peer} {how} {done} while rank {rank} waits in "
             f"{unit} {waiting_in}" + (f" ({where})" if where else "") + f": rank {peer} will "
             "not take part again. Make every rank run the same number of steps, or wrap the "
             "training loop in GradientSync.join(optimizer) (under DDP: `with ddp_model.join():`) "

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from commrt import settings
-from commrt.errors import PeerClosedError, PeerFailedError
+from commrt.errors import FIRST_NUMBER, PeerClosedError, PeerFailedError
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
 
@@ -186,21 +186,23 @@ class Departures:
             unit, mine = "GradientSync step", self.sync_steps + 1
         else:
             unit, mine = "collective call", self.calls
+        # counts from 1 here; the errors name GradientSync steps from 0 (FIRST_NUMBER)
+        shift = 1 - FIRST_NUMBER.get(unit, 1)
         for peer in sorted(self.left):
             f = self.left[peer]
             theirs = f.sync_steps if self.in_sync else f.calls
             if f.how == FAILED and mine >= theirs:
                 cause = None if f.cause in (UNKNOWN, peer) else f.cause
                 return PeerFailedError(rank=self.rank, peer=peer, cause=cause, unit=unit,
-                                       waiting_in=mine)  # fmt: skip
+                                       waiting_in=mine - shift)  # fmt: skip
             if mine > theirs:
                 return PeerClosedError(
                     rank=self.rank,
                     peer=peer,
                     how=HOW[f.how],
                     unit=unit,
-                    peer_done=theirs,
-                    waiting_in=mine,
+                    peer_done=theirs - shift,
+                    waiting_in=mine - shift,
                 )
         return None
 

@@ -227,7 +227,9 @@ class StallWatch:
         d = self.departures
         return self.position.describe(failed) | {
             "seq": d.calls,
-            "sync_step": d.sync_steps + 1 if d.in_sync else None,
+            # counted from 0, as GradientSync's own steps (its stats, its trace) and a
+            # loop over range() count them
+            "sync_step": d.sync_steps if d.in_sync else None,
         }
 
     # -- the verdict

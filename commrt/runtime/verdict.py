@@ -270,6 +270,12 @@ def where_text(view: dict, frames: int = 3) -> list[str]:
     return shown
 
 
+def _code_at(frame) -> str:
+    """A user frame as the advice names it: its function, or its file and line where it
+    has no name of its own (``<module>``, a ``<lambda>``, a comprehension)."""
+    return f"{frame[0]}:{frame[1]}" if frame[2].startswith("<") else frame[2]
+
+
 def _who(view: dict) -> str:
     return f"rank {view['rank']} (host {view.get('host')}, pid {view.get('pid')})"
 
@@ -320,7 +326,7 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
         user = [f for f in view.get("stack") or [] if len(f) > 3 and f[3]]
         advice = ADVICE[verdict["kind"]].format(
             rank=root, host=view.get("host"), pid=view.get("pid"),
-            where=user[-1][2] if user else "that code",
+            where=_code_at(user[-1]) if user else "that code",
         )  # fmt: skip
     if verdict["waiting"] and root is not None:
         sample = by_rank[verdict["waiting"][0]].get("position", {})

@@ -149,7 +149,11 @@ def test_a_rank_that_leaves_early_is_named_to_the_ranks_waiting(backend, loop, m
     assert second["error"] == "PeerClosedError", second
     unit = "collective call" if loop == "allreduce" else "GradientSync step"
     how = "exited" if mode == "exit" else "closed its communicator"
-    said = f"rank 0 {how} after {unit} {STEPS} while rank 1 waits in {unit} {STEPS + 1}"
+    first = 0 if loop == "gradsync" else 1  # GradientSync steps count from 0, as range()
+    said = (
+        f"rank 0 {how} after {unit} {STEPS - 1 + first} while rank 1 waits in "
+        f"{unit} {STEPS + first}"
+    )
     assert said in second["message"], second["message"]
     # the way out, for commrt's own loop and for DDP over the commrt backend
     assert "GradientSync.join(optimizer) (under DDP: `with ddp_model.join():`)" in second["message"]
@@ -203,16 +207,16 @@ def test_a_farewell_ends_only_waits_the_peer_will_never_join():
     assert "rank 0 closed its communicator after collective call 5 while rank 1" in str(err)
     # GradientSync steps are counted apart from calls
     d.left[2] = Farewell(2, calls=99, sync_steps=3, how=EXITED)
-    d.begin_sync()  # waits in GradientSync step 1
-    assert d.blocking().peer == 0  # rank 0 finished no step at all
+    d.begin_sync()  # waits in GradientSync step 0 (named from 0, as a loop over range())
+    assert "before GradientSync step 0 while" in str(d.blocking())  # rank 0 finished none
     del d.left[0]
-    assert d.blocking() is None  # rank 2 finished steps 1 to 3
+    assert d.blocking() is None  # rank 2 finished steps 0 to 2
     for _ in range(3):
         d.end_sync()
         d.begin_sync()
     err = d.blocking()
-    assert (err.peer, err.unit, err.peer_done, err.waiting_in) == (2, "GradientSync step", 3, 4)
-    assert "rank 2 exited after GradientSync step 3 while rank 1 waits in GradientSync step 4" in (
+    assert (err.peer, err.unit, err.peer_done, err.waiting_in) == (2, "GradientSync step", 2, 3)
+    assert "rank 2 exited after GradientSync step 2 while rank 1 waits in GradientSync step 3" in (
         str(err)
     )
 

@@ -219,3 +219,13 @@ def test_a_silent_rank_the_chain_leads_back_to_is_the_root():
     v = judge([late, waiting(1, 0), waiting(2, 1), waiting(3, 2)])
     assert (v["kind"], v["root"]) == ("silent", 0)
     assert v["waiting"] == [1, 2, 3], v
+
+
+def test_code_at_module_level_is_named_by_its_file_and_line():
+    """The advice named the innermost user frame's function, which at a script's top level
+    is ``<module>`` ("look at what <module> does"); such a frame is named by file and line."""
+    top = [["train.py", 13, "<module>", True], ["/usr/lib/python3.12/socket.py", 9, "recv", False]]
+    out = " ".join(text(judge([waiting(0, 1), idle(1, stack=top)])).split())
+    assert "look at what train.py:13 does" in out and "<module> does" not in out, out
+    out = " ".join(text(judge([waiting(0, 1), idle(1)])).split())
+    assert "look at what load_next_batch does" in out, out
