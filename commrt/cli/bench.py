@@ -7,6 +7,13 @@ need, comparable across world sizes and with link bandwidth.
 Every rank runs the same number of iterations (fixed by the message size,
 never by timing), so ranks can never disagree on how many collectives to
 run. Times are rank 0's, median of ``repeats`` runs of ``iters`` calls.
+
+Every table has a real anchor: what a user would otherwise run on the same ranks
+(:func:`anchors`): gloo's all-reduce always, and ``MPI_Allreduce`` where mpi4py is
+installed and the ranks were started by mpiexec (``commrt bench allreduce`` starts them so
+where it can). Over shm and cuda_ipc the transport's own "native" all-reduce is the tests'
+oracle (every rank sums every rank's tensor in rank order), not a tuned all-reduce: it is
+no anchor and is not timed here.
 """
 
 from __future__ import annotations
@@ -53,10 +60,14 @@ class DelayBackward(torch.autograd.Function):
 NATIVE_NAMES = {
     "mpi": "MPI_Allreduce",
     "gloo": "gloo allreduce",
-    "shm": "shm ordered sum",  # its ranks' values summed in rank order
+    "shm": "shm ordered sum",  # its ranks' values summed in rank order: the tests' oracle
     "nccl": "ncclAllReduce",
     "cuda_ipc": "cuda_ipc ordered sum",
 }
+#: the anchors' rows, as :func:`anchors` names them; the ratio column is over gloo's
+GLOO_ANCHOR, MPI_ANCHOR = "gloo allreduce", "MPI_Allreduce"
+#: the transports whose native all-reduce is a real one a user would run (not an oracle)
+REAL_NATIVE = ("mpi", "gloo", "nccl")
 #: the algorithm column of the table: the longest "native (...)" whole, in 80 columns
 NAME_W = 29
 
@@ -125,6 +136,36 @@ def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> 
     return statistics.median(times)
 
 
+def anchors(comm, dtype: torch.dtype = torch.float32) -> tuple[list[tuple[str, Callable]], list]:
+    """What a user would otherwise run on ``comm``'s ranks: ``[(row name, all_reduce(t))]``,
+    gloo's all-reduce first, then ``MPI_Allreduce`` where mpi4py is installed and the ranks
+    are mpiexec's (and the dtype is one MPI reduces); and the communicators opened for them,
+    for the caller to close (collective: every rank, same call)."""
+    import os
+
+    out, opened = [], []
+    name = comm.backend.value
+    if name == "gloo":
+        out.append((f"native ({GLOO_ANCHOR})", comm.transport.native_all_reduce))
+    else:
+        gloo = commrt.init("gloo", timeout=comm.timeout)
+        opened.append(gloo)
+        out.append((GLOO_ANCHOR, gloo.transport.native_all_reduce))
+    if dtype not in (torch.float32, torch.float64) or comm.device.type != "cpu":
+        return out, opened
+    if name == "mpi":
+        out.append((f"native ({MPI_ANCHOR})", comm.transport.native_all_reduce))
+    elif "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
+        try:
+            from mpi4py import MPI
+        except ImportError:
+            return out, opened
+        world = MPI.COMM_WORLD
+        if world.Get_size() == comm.world_size:
+            out.append((MPI_ANCHOR, lambda t: world.Allreduce(MPI.IN_PLACE, t.numpy(), MPI.SUM)))
+    return out, opened
+
+
 def measure_allreduce(
     comm,
     sizes: Sequence[int] = DEFAULT_SIZES,
@@ -135,10 +176,23 @@ def measure_allreduce(
     iters: int | None = None,
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """Time ``commrt.all_reduce`` (sum) per algorithm and the native all-reduce per size."""
+    """Time ``commrt.all_reduce`` (sum) per algorithm, and with ``native`` the anchors per
+    size (:func:`anchors`), each in its own timed runs."""
     algs = [resolve(a) for a in algorithms]
     esize = torch.empty((), dtype=dtype).element_size()
     rows = []
+    engines, opened = anchors(comm, dtype) if native else ([], [])
+    try:
+        _measure(comm, sizes, algs, engines, dtype, repeats, iters, on_row, rows, esize)
+    finally:
+        for c in opened:
+            c.close()
+    return rows
+
+
+def _measure(comm, sizes, algs, engines, dtype, repeats, iters, on_row, rows, esize) -> None:
+    """:func:`measure_allreduce`'s sweep: per size, each algorithm, then each anchor, into
+    ``rows`` (kept by the caller, which closes the anchors' communicators however it ends)."""
     for nbytes in sizes:
         count = max(1, nbytes // esize)
         x = timing_buffer(count, dtype, comm.device)
@@ -152,35 +206,33 @@ def measure_allreduce(
                 repeats,
             )
             row.results.append(Result(alg.name, t))
-        if native:
-            t = time_calls(
-                comm, lambda x=x: comm.transport.native_all_reduce(x, "sum"), n_iter, repeats
-            )
-            row.results.append(Result(f"native ({NATIVE_NAMES[comm.backend.value]})", t))
+        for name, run in engines:
+            t = time_calls(comm, lambda x=x, run=run: run(x), n_iter, repeats)
+            row.results.append(Result(name, t))
         rows.append(row)
         if on_row is not None:
             on_row(row)
-    return rows
 
 
 def table_header(names: Sequence[str], world_size: int, title: str) -> str:
-    """One line per algorithm and size (fits 80 columns); the last name is the native one."""
+    """One line per algorithm and size (fits 80 columns); the anchors' rows come last."""
     factor = busbw_factor(world_size)
     return (
-        f"# {title}\n# busbw = algbw × 2(p-1)/p = algbw × {factor:.3g}; × native: time over "
-        f"the native one's\n#{'size':>8} {'algorithm':<{NAME_W}}{'time µs':>10}"
-        f"{'algbw GB/s':>11}{'busbw GB/s':>11}{'× native':>9}"
+        f"# {title}\n# busbw = algbw × 2(p-1)/p = algbw × {factor:.3g}; × gloo: time over "
+        f"gloo's all-reduce's\n#{'size':>8} {'algorithm':<{NAME_W}}{'time µs':>10}"
+        f"{'algbw GB/s':>11}{'busbw GB/s':>11}{'× gloo':>9}"
     )
 
 
-def _native(row: Row) -> Result | None:
-    last = row.results[-1] if row.results else None
-    return last if last is not None and last.name.startswith("native") else None
+def _anchor(row: Row, name: str = GLOO_ANCHOR) -> Result | None:
+    """The row's result of the anchor ``name`` (its own or, as the transport's native one,
+    ``native (name)``), or None."""
+    return next((r for r in row.results if r.name in (name, f"native ({name})")), None)
 
 
 def table_row(row: Row, world_size: int) -> str:
     """The lines of one size: one per algorithm, the size on the first."""
-    native = _native(row)
+    native = _anchor(row)
     lines = []
     for i, r in enumerate(row.results):
         size = fmt_bytes(row.nbytes) if i == 0 else ""
@@ -196,7 +248,7 @@ def records(rows: Sequence[Row], world_size: int) -> list[dict]:
     """Every measured point with all its columns, for --csv and --json."""
     out = []
     for row in rows:
-        native = _native(row)
+        gloo, mpi = _anchor(row), _anchor(row, MPI_ANCHOR)
         for r in row.results:
             out.append(
                 {
@@ -206,7 +258,8 @@ def records(rows: Sequence[Row], world_size: int) -> list[dict]:
                     "time_us": r.time_s * 1e6,
                     "algbw_GBps": r.algbw(row.nbytes),
                     "busbw_GBps": r.busbw(row.nbytes, world_size),
-                    "x_native": r.time_s / native.time_s if native is not None else None,
+                    "x_gloo": r.time_s / gloo.time_s if gloo is not None else None,
+                    "x_mpi": r.time_s / mpi.time_s if mpi is not None else None,
                 }
             )
     return out

@@ -1,7 +1,9 @@
 """``commrt bench``: its flags and its two commands.
 
 * ``commrt bench allreduce`` (every rank): all-reduce per algorithm next to
-  the engine's own, an nccl-tests style table, optional plot, CSV and JSON;
+  what a user would otherwise run (gloo's all-reduce, and MPI_Allreduce where
+  mpi4py is installed: the ranks start under mpiexec then), an nccl-tests style
+  table, optional plot, CSV and JSON;
 * ``commrt bench kernels`` (one process): pack/unpack GB/s.
 
 The measurements, tables and plots are :mod:`commrt.cli.bench`'s, which
@@ -20,7 +22,7 @@ def register(sub) -> None:
     """Add ``bench`` (with ``allreduce`` and ``kernels``) to ``commrt``'s sub-commands."""
     bench = sub.add_parser("bench", help="measure collectives")
     bsub = bench.add_subparsers(dest="what")
-    ar = bsub.add_parser("allreduce", help="all-reduce: commrt algorithms vs the native engine")
+    ar = bsub.add_parser("allreduce", help="all-reduce: commrt algorithms vs gloo's and MPI's")
     rank_flags(ar)
     ar.add_argument(
         "--algorithms",
@@ -47,7 +49,7 @@ def register(sub) -> None:
     )
     plot_flag(ar, "busbw vs size")
     file_flags(ar, "every point with its element count")
-    ar.set_defaults(run=cmd_bench_allreduce, parser=ar)
+    ar.set_defaults(run=cmd_bench_allreduce, parser=ar, under_mpiexec=mpi_anchor)
     kb = bsub.add_parser(
         "kernels", help="pack/unpack GB/s vs a plain copy and cat+scale (one process)"
     )
@@ -60,6 +62,18 @@ def register(sub) -> None:
     file_flags(kb, "every point with its element count, bytes moved and time")
     kb.set_defaults(run=cmd_bench_kernels, single_process=True, parser=kb)
     bench.set_defaults(parser=bench, subcommands=tuple(bsub.choices))
+
+
+def mpi_anchor(backend: str) -> bool:
+    """Whether ``commrt bench allreduce`` starts its ranks under mpiexec, so that its table
+    has MPI_Allreduce beside gloo's: on CPU transports, where mpiexec and mpi4py are
+    installed."""
+    import importlib.util
+
+    from commrt.cli.launch import mpiexec_path
+
+    cpu = backend in ("shm", "gloo", "mpi")
+    return cpu and mpiexec_path() is not None and importlib.util.find_spec("mpi4py") is not None
 
 
 def cmd_bench_kernels(args) -> int:
@@ -97,9 +111,8 @@ def cmd_bench_allreduce(args) -> int:
         f"commrt bench allreduce · backend {comm.backend.value} · {comm.world_size} ranks · "
         f"{args.dtype} · op sum"
     )
-    native = f"native ({bench.NATIVE_NAMES[comm.backend.value]})"
     if comm.rank == 0:
-        print(bench.table_header([*algorithms, native], comm.world_size, title), flush=True)
+        print(bench.table_header(algorithms, comm.world_size, title), flush=True)
 
     def show(row):
         if comm.rank == 0:

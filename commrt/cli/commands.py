@@ -186,7 +186,8 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
         code = launcher.launch(
             child,
             args.nproc,
-            use_mpiexec=Backend(backend).started_by_mpiexec,
+            use_mpiexec=Backend(backend).started_by_mpiexec
+            or getattr(args, "under_mpiexec", lambda b: False)(backend),
             host_store=backups or may_die > 0,
             tolerate=may_die,
             restarts=restarts,
