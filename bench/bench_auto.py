@@ -1,0 +1,134 @@
+"""``auto`` against the best fixed algorithm: what choosing costs, settled and while it learns.
+
+From the repository root, on 2 and 4 ranks (every rank runs it; rank 0 prints)::
+
+    mpiexec -n 2 python bench/bench_auto.py              # shm, mpi, gloo; 8 B .. 16 MiB
+    mpiexec -n 4 python bench/bench_auto.py --transports shm --sizes 8,64K --rounds 3
+
+Per transport and size, in rounds that alternate the sides (every other round in reverse
+order, so that a drift in the machine's load meets all alike):
+
+* every fixed candidate ``auto`` chooses among (:func:`commrt.algorithms.auto.candidates`):
+  a warm-up call, then ``iters`` calls back to back (``commrt bench allreduce``'s count);
+* ``auto`` settled: the same, once it has settled for the size (it learns first, untimed);
+* ``auto`` as a user's first calls see it: everything ``auto`` learned on the communicator
+  forgotten (the probe too) before each round, then a warm-up call (which probes, as the
+  warm-up of ``commrt bench allreduce`` does) and ``5 × iters`` calls, exploration included.
+
+Each side's figure is the median of its rounds' mean call, never a minimum across noisy
+rounds; the best fixed algorithm is the one with the lowest median. ``× best`` is auto's
+figure over it. What ``auto`` learns is kept per communicator (so per job, world size and
+transport) and per buffer size, in ``comm.slots``; nothing outlives the job, so every round
+of the first calls starts as a first job does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import commrt
+from commrt.algorithms import Auto
+from commrt.algorithms.auto import candidates, label
+from commrt.algorithms.auto_learn import calls_to_settle
+from commrt.cli.bench import DEFAULT_SIZES, default_iterations, timing_buffer
+from commrt.cli.units import fmt_bytes, size_list
+
+#: calls of the first-calls figure: a user's ``--repeats 5`` runs of ``--iters`` calls
+FIRST_RUNS = 5
+
+
+def _round(comm, call, calls: int) -> float:
+    """Mean seconds a call of ``calls`` back-to-back calls of ``call`` (after a barrier)."""
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - t0) / calls
+
+
+def _forget(comm, auto: Auto) -> None:
+    """Drop everything ``auto`` learned on ``comm`` (its choices, trials, memos) and the
+    probe: the next call starts as a new job's first call does."""
+    slots = comm.slots
+    for store in (slots.auto_choices, slots.auto_tuning, slots.auto_tried):
+        for key in [k for k in store if k[0] is auto]:
+            del store[key]
+    slots.settled_calls.clear()
+    slots.settling.clear()
+    slots.probe = None
+
+
+def measure(comm, nbytes: int, rounds: int) -> dict:
+    """The medians (seconds a call) of every side at ``nbytes``, and what auto kept."""
+    x = timing_buffer(max(1, nbytes // 4))
+    iters = default_iterations(nbytes)
+    settled, first = Auto(), Auto(recheck_s=None)  # two instances: two learning states
+    fixed = {label(a): a for a in candidates(comm.world_size)}
+
+    def run(alg):
+        return lambda: commrt.all_reduce(x, comm, algorithm=alg, op="sum")
+
+    key = (settled, comm.world_size, x.nbytes)
+    for _ in range(calls_to_settle(len(fixed))):  # settle first, untimed
+        run(settled)()
+        if comm.slots.auto_tuning[key].phase == "settled":
+            break
+    sides = {name: run(a) for name, a in fixed.items()}
+    sides["auto settled"] = run(settled)
+    times = {name: [] for name in [*sides, "auto first calls"]}
+    for r in range(rounds):
+        order = list(times)
+        for name in order[:: -1 if r % 2 else 1]:
+            if name == "auto first calls":
+                _forget(comm, first)
+                run(first)()  # the warm-up call: it probes
+                times[name].append(_round(comm, run(first), FIRST_RUNS * iters))
+            else:
+                sides[name]()  # warm-up (a memo the first-calls side dropped)
+                times[name].append(_round(comm, sides[name], iters))
+    # rank 0 prints its own medians (the ranks ran every round together)
+    med = {name: statistics.median(t) for name, t in times.items()}
+    kept = comm.slots.auto_tuning[key].kept
+    return {"median": med, "kept": kept, "iters": iters, "fixed": list(fixed)}
+
+
+def table(transport: str, p: int, rows: list[tuple[int, dict]]) -> str:
+    head = (
+        f"# auto vs the best fixed algorithm · {transport} · {p} ranks · float32 · µs a call\n"
+        f"#{'size':>8} {'best fixed':<20}{'µs':>9}{'settled':>9}{'×':>6}"
+        f"{'first':>9}{'×':>6}  auto kept"
+    )
+    lines = [head]
+    for nbytes, m in rows:
+        med = m["median"]
+        best = min(m["fixed"], key=lambda n: med[n])
+        b, s, f = med[best], med["auto settled"], med["auto first calls"]
+        lines.append(
+            f" {fmt_bytes(nbytes):>8} {best[:20]:<20}{b * 1e6:9.1f}{s * 1e6:9.1f}{s / b:6.2f}"
+            f"{f * 1e6:9.1f}{f / b:6.2f}  {m['kept']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--transports", default="shm,mpi,gloo")
+    ap.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES))
+    ap.add_argument("--rounds", type=int, default=5, help="alternated rounds (default 5)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    for transport in args.transports.split(","):
+        comm = commrt.init(transport)
+        rows = [(n, measure(comm, n, args.rounds)) for n in args.sizes]
+        if comm.rank == 0:
+            print(table(transport, comm.world_size, rows), flush=True)
+        comm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
