@@ -224,12 +224,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The ``commrt`` command; a Ctrl-C ends it with status 130 and one line, not a
     traceback per rank (:func:`commrt.cli.launch.interrupted`); a reader that leaves
     (``commrt simulate | head``) ends it quietly (:mod:`commrt.cli.output`)."""
-    output.watch_stdout()
     warnings.formatwarning = fit_warning
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        return launcher.interrupted()
+    with output.watching_stdout():
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:
+            return launcher.interrupted()
 
 
 _PYTHON_FORMAT = warnings.formatwarning

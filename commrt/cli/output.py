@@ -4,7 +4,7 @@ command ends quietly, as a Unix command does, with exit status :data:`READER_LEF
 Python turns the write into a ``BrokenPipeError`` wherever it happens: in the progress
 bar's thread, in the main loop, in the launcher. Left alone, each prints a traceback, and
 a rank that dies of one makes its peers fail loudly too. Here the command's stdout is
-wrapped (:func:`watch_stdout`) so that the first failed write ends the process at once,
+wrapped (:func:`watching_stdout`) so that the first failed write ends the process at once,
 with nothing on stderr: a single process (``commrt simulate``, ``commrt diagnose``)
 exits; a rank of ``commrt train`` waits for its launcher, which shares the same pipe,
 sees the reader gone (:func:`reader_left`) and stops every rank together, so that no
@@ -13,6 +13,7 @@ rank sees a peer vanish and says so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import stat
@@ -63,10 +64,19 @@ class _Watched:
         return getattr(self._stream, name)
 
 
-def watch_stdout() -> None:
-    """Wrap ``sys.stdout`` (once) so that the reader's leaving ends this command quietly."""
-    if sys.stdout is not None and not isinstance(sys.stdout, _Watched):
-        sys.stdout = _Watched(sys.stdout)
+@contextlib.contextmanager
+def watching_stdout():
+    """Inside, ``sys.stdout`` is wrapped (once) so that the reader's leaving ends this
+    command quietly; after, it is the stream it was (a caller that runs the command in its
+    own process, a test, keeps its stdout as it was)."""
+    previous = sys.stdout
+    if previous is not None and not isinstance(previous, _Watched):
+        sys.stdout = _Watched(previous)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stdout, _Watched) and not isinstance(previous, _Watched):
+            sys.stdout = previous
 
 
 def supervising() -> None:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from commrt.cli.launch import mpiexec_path
 from commrt.cli.output import READER_LEFT
 
 
@@ -60,10 +61,19 @@ def _session(sid: int) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "auto",  # shm here: the launcher's own ranks
+        pytest.param(
+            "mpi", marks=pytest.mark.skipif(mpiexec_path() is None, reason="needs mpiexec")
+        ),  # mpiexec's ranks, whose output reaches the pipe through mpiexec
+    ],
+)
 @pytest.mark.slow
-def test_train_into_head_ends_every_rank_quietly(tmp_path):
+def test_train_into_head_ends_every_rank_quietly(backend, tmp_path):
     # the launcher's line and rank 0's first phase: every line after them fails
-    code, err, left = _piped(["train", "--epochs", "300"], 2, tmp_path)
+    code, err, left = _piped(["train", "--epochs", "300", "--backend", backend], 2, tmp_path)
     assert (code, err) == (READER_LEFT, ""), err[-3000:]
     assert left == [], f"processes of the job still running: {left}"
 
