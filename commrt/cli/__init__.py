@@ -9,6 +9,7 @@
 * ``commrt train``: :mod:`~commrt.cli.train_args` (its flags, checked before any rank
   starts), :mod:`~commrt.cli.train` (one rank of it), :mod:`~commrt.cli.train_data`,
   :mod:`~commrt.cli.train_faults`, :mod:`~commrt.cli.train_output`,
+  :mod:`~commrt.cli.train_options` (its checked options: no torch, for the launcher),
   :mod:`~commrt.cli.startup` (its start-up's phases);
 * ``commrt bench``: :mod:`~commrt.cli.bench_command`; its measurements,
   :mod:`commrt.cli.bench`, are shared with ``bench/``;

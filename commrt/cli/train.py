@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 import torch
 
 import commrt
-from commrt.algorithms import Algorithm
 from commrt.cli.launch import launched_at
 from commrt.cli.startup import BROADCAST, DATA, MEETING, PROCESSES, Startup
 from commrt.cli.traces import merge_rank_traces, save_rank_trace
 from commrt.cli.train_data import Digits, Sharding, evaluate, load_digits
-from commrt.cli.train_faults import Stragglers, peer_failed
+from commrt.cli.train_faults import peer_failed
+from commrt.cli.train_options import TrainOptions
 from commrt.cli.train_output import (
     ProgressBar,
     caught_up_line,
@@ -47,7 +47,6 @@ from commrt.errors import CommError
 from commrt.runtime.environment import rejoining
 from commrt.sync.backup import RejoinedTooLate
 from commrt.sync.report import SyncReport
-from commrt.training.recipe import BatchSizeSchedule
 
 
 def make_model(seed: int, hidden: int = 256) -> torch.nn.Module:
@@ -60,58 +59,6 @@ def make_model(seed: int, hidden: int = 256) -> torch.nn.Module:
         nn.ReLU(),
         nn.Linear(hidden, 10),
     )
-
-
-# ----------------------------------------------------------------- options
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """``commrt train``'s flags, checked, with the objects they name
-    (built by :func:`commrt.cli.train_args.check_train`)."""
-
-    # -- where the ranks run
-    backend: str
-    timeout: float
-    # -- what they train, and how
-    algorithm: Algorithm
-    epochs: int
-    lr: float
-    batch_schedule: BatchSizeSchedule
-    label_smoothing: float
-    #: wire dtype (None: the gradients' own)
-    comm_dtype: torch.dtype | None
-    bucket_mb: float
-    seed: int
-    # -- fault and delay injection
-    straggler: Stragglers | None = None
-    #: (rank, step) at which that rank kills itself (its replacement does not)
-    kill: tuple[int, int] | None = None
-    #: replacements the launcher may start for workers that died (backup workers, gloo)
-    max_restarts: int = 0
-    # -- output
-    trace: str | None = None
-    quiet: bool = False
-    #: a peer's failure with its traceback (else one line: train_faults.peer_failed)
-    verbose: bool = False
-    #: this rank's start-up phases, begun before the flags were checked (None: one begins
-    #: at run(), from the launch)
-    startup: Startup | None = field(default=None, compare=False)
-
-    def ranks_may_die(self, nproc: int) -> int:
-        """How many of ``nproc`` ranks may die while the others carry on: b for backup
-        workers, all but one for gossip with a deadline (its survivors never wait on the
-        dead), none otherwise."""
-        alg = self.algorithm
-        if alg.family == "backup":
-            return alg.backups
-        return nproc - 1 if alg.family == "gossip-deadline" else 0
-
-    @property
-    def averages_each_epoch(self) -> bool:
-        """Models that drift are averaged exactly at each epoch's end, unless --kill will
-        leave a dead rank that such a collective would wait on (gossip with a deadline)."""
-        return self.kill is None or self.algorithm.family != "gossip-deadline"
 
 
 # ----------------------------------------------------------- data, set-up
@@ -155,7 +102,7 @@ def gradient_sync(s: Setup) -> commrt.GradientSync:
         algorithm=opts.algorithm,
         bucket_mb=opts.bucket_mb,
         first_bucket_mb=min(1.0, opts.bucket_mb),
-        comm_dtype=opts.comm_dtype,
+        comm_dtype=None if opts.comm_dtype is None else getattr(torch, opts.comm_dtype),
         trace=bool(opts.trace),
     )
 

@@ -22,7 +22,6 @@ from commrt.cli.units import (
     output_file,
     positive_int,
     positive_number,
-    torch_dtype,
 )
 from commrt.errors import did_you_mean
 
@@ -179,8 +178,9 @@ def unknown_algorithm(name: str, names: tuple[str, ...], flag: str = "--algorith
 
 def check_train(parser: argparse.ArgumentParser, args):
     """Reject bad flags before any rank starts, with the reason; the checked options
-    (a :class:`commrt.cli.train.TrainOptions`; ``args`` stays as parsed)."""
-    from commrt.cli.train import TrainOptions
+    (a :class:`commrt.cli.train_options.TrainOptions`; ``args`` stays as parsed). Imports
+    no torch: the launcher checks them too, and only its ranks import torch."""
+    from commrt.cli.train_options import TrainOptions
 
     nproc, rank = args.nproc, 0
     if launcher.already_launched():
@@ -203,7 +203,7 @@ def check_train(parser: argparse.ArgumentParser, args):
         lr=args.lr,
         batch_schedule=sched,
         label_smoothing=args.label_smoothing,
-        comm_dtype=torch_dtype(args.comm_dtype),
+        comm_dtype=DTYPES[args.comm_dtype],
         bucket_mb=args.bucket_mb,
         seed=args.seed,
         straggler=straggler,
@@ -308,7 +308,7 @@ def _train_batches(
 ):
     """The batch-size schedule, checked to split over ``nproc`` ranks and fit the data
     (``announce``: say on stdout when a default batch was changed to split)."""
-    from commrt.cli.train_data import TRAIN_SAMPLES
+    from commrt.cli.train_options import TRAIN_SAMPLES
     from commrt.training.recipe import BatchSizeSchedule
 
     base = DEFAULT_BATCH if args.batch_size is None else args.batch_size

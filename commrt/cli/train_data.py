@@ -19,12 +19,7 @@ import torch
 
 import commrt
 from commrt.algorithms import Algorithm, Gossip
-
-#: the share of the digits held out for testing
-TEST_FRACTION = 0.2
-#: digits samples in scikit-learn's copy, and how many of them are training data
-DIGITS_SAMPLES = 1797
-TRAIN_SAMPLES = DIGITS_SAMPLES - int(DIGITS_SAMPLES * TEST_FRACTION)
+from commrt.cli.train_options import DIGITS_SAMPLES, TEST_FRACTION, TRAIN_SAMPLES  # noqa: F401
 
 
 @dataclass

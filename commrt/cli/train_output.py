@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
 from commrt.cli.units import fmt_bytes
 from commrt.sync.report import SyncReport
 
@@ -152,7 +150,7 @@ def summary_rows(
         d = out.disagreements
         rows.append(("disagreement (‖θ_r−θ̄‖/‖θ̄‖)", f"{d[-1]:.2e} last epoch, {max(d):.2e} max"))
     rows += [
-        ("wire dtype", str(opts.comm_dtype or torch.float32).replace("torch.", "")),
+        ("wire dtype", opts.comm_dtype or "float32"),
         ("batch schedule", str(opts.batch_schedule)),
         ("label smoothing", f"{opts.label_smoothing:g}"),
         *report.rows,

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import importlib.util
 import os
 import re
+import sys
 import tempfile
 
 from commrt.cli.extras import installed
@@ -35,10 +38,42 @@ def torch_dtype(name: str):
 
 
 def cuda_available() -> bool:
-    """Whether torch sees a CUDA GPU (torch imported here, when a command runs)."""
-    import torch
+    """Whether torch sees a CUDA GPU. Told without importing torch where it is not imported
+    yet (the launcher of ``commrt train`` imports none: each rank imports it once, and two
+    imports of a CUDA build were seconds of its start-up): torch is a CUDA build (its
+    ``version.py`` names a CUDA version) and the CUDA driver counts a device, as
+    ``torch.cuda.is_available()`` asks the driver."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].cuda.is_available()
+    return _torch_cuda_version() is not None and _driver_devices() > 0
 
-    return torch.cuda.is_available()
+
+def _torch_cuda_version() -> str | None:
+    """The CUDA version torch was built for, read from its ``version.py`` (None: a CPU or
+    ROCm build, or no torch)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        with open(path) as f:
+            m = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", f.read(), re.M)
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def _driver_devices() -> int:
+    """The CUDA devices the driver counts for this process (CUDA_VISIBLE_DEVICES applied by
+    the driver itself); 0 without a driver."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
 
 
 def named(name: str):

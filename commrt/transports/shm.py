@@ -48,18 +48,20 @@ import torch
 
 from commrt.transports.base import Pair, Pending, Prepared, Transport, average_first, poll_until
 from commrt.transports.processes import start_time
-from commrt.transports.shm_rings import RING_HEAD, Inbound, Op, Ring, Truncated
+from commrt.transports.shm_rings import (  # noqa: F401  (the ring files' constants, here too)
+    MIN_RING_BYTES,
+    ORDERED_ARCHES,
+    RING_BYTES,
+    RING_HEAD,
+    SHM_DIR,
+    Inbound,
+    Op,
+    Ring,
+    Truncated,
+)
 
-#: where the ring files live
-SHM_DIR = "/dev/shm"
-#: a ring's data bytes, unless /dev/shm is too small for every rank's rings
-RING_BYTES = 1 << 20
-#: the smallest ring worth having (a header and a little data)
-MIN_RING_BYTES = 64 << 10
 #: tags the transport keeps for itself (the job's tags are never negative)
 BARRIER_TAG, NATIVE_TAG = -1, -2
-#: architectures whose stores and loads keep their program order (see the module docs)
-ORDERED_ARCHES = ("x86_64", "amd64")
 
 
 def _bytes_of(t: torch.Tensor) -> np.ndarray:

@@ -12,16 +12,19 @@ import os
 import platform
 import secrets
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from commrt.transports.processes import start_time
-from commrt.transports.shm import (
+from commrt.transports.shm_rings import (
     MIN_RING_BYTES,
     ORDERED_ARCHES,
     RING_BYTES,
     RING_HEAD,
     SHM_DIR,
-    ShmTransport,
 )
+
+if TYPE_CHECKING:
+    from commrt.transports.shm import ShmTransport
 
 
 def unusable() -> str | None:
@@ -61,6 +64,9 @@ def connect(store, rank: int, world_size: int, timeout: float) -> "ShmTransport 
     its file of inbound rings, maps every peer's, and checks that it sees every peer's
     process. Returns the transport, or, on every rank alike, why the ranks cannot share
     memory (another host, another /dev/shm or pid namespace, no room)."""
+    # here, not at the top: unusable() (a launcher's check) needs no torch, the transport does
+    from commrt.transports.shm import ShmTransport
+
     if world_size == 1:  # nobody to share with: no files
         alone = ShmTransport(rank, 1, {}, RING_BYTES, {})
         alone.store = store

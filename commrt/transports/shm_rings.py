@@ -16,6 +16,15 @@ import numpy as np
 
 #: the bytes before a ring's data: the writer's counter, then the reader's, a cache line apart
 RING_HEAD = 128
+#: where the ring files live
+SHM_DIR = "/dev/shm"
+#: a ring's data bytes, unless /dev/shm is too small for every rank's rings
+RING_BYTES = 1 << 20
+#: the smallest ring worth having (a header and a little data)
+MIN_RING_BYTES = 64 << 10
+#: architectures whose stores and loads keep their program order (see
+#: :mod:`commrt.transports.shm`'s docs)
+ORDERED_ARCHES = ("x86_64", "amd64")
 #: an adding receive up to this size is staged (:attr:`Op.staged`)
 STAGED_BYTES = 4096
 
