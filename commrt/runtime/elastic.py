@@ -99,16 +99,16 @@ class _Guard:
                 self.answer()
 
     def answer(self) -> None:
-        """The job is failing: give the verdict (which ends the job), else end as SIGTERM
-        does. A verdict an error raised here carries is printed by the thread raising it:
-        its line comes out first (at most :data:`PRINT_WAIT_S`)."""
+        """Where the job is failing, the verdict's line first (given here, or by the thread
+        that gives it already: at most :data:`PRINT_WAIT_S`); then, or at once where the
+        job is not failing, end as SIGTERM does."""
         watch = self.watch
-        if watch.judging:
-            return  # this process gives the verdict, and ends the job after
-        if watch.verdict is None:
+        if not watch.judging and watch.verdict is None:
             if not failing(watch):
                 die_of_sigterm()
             watch.diagnose("torchrun stopped this rank (SIGTERM) after another rank failed")
+        # the verdict is given here (by this thread or another): once its line is out, the
+        # rest (waiting for the others to print, ending the job) is torchrun's to cut short
         watch.said.wait(PRINT_WAIT_S)
         die_of_sigterm()
 

@@ -357,6 +357,9 @@ def test_under_torchrun_a_timeout_within_the_default_watch_names_the_rank_and_li
     # a file's path longer than that, which stays whole on a line of its own)
     block = verdict_of(out).splitlines()
     assert all(len(line) <= 80 or " " not in line.strip() for line in block), block
+    # torchrun's own summary names the same root cause: its error file holds the verdict
+    root = out[out.index("Root Cause (first observed failure):") :]
+    assert "root cause: rank 3 (host" in root and "IN USER CODE" in root, root
 
 
 @pytest.mark.slow
