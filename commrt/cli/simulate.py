@@ -111,9 +111,24 @@ def _sections(text: str) -> tuple[str, ...]:
     return names
 
 
+#: the default run's knobs, a few seconds: (--max-p, --at-p, --samples); --full's, about a
+#: minute on two busy cores, the paper-scale sweep the docs' figures come from
+SHORT = (64, 64, 100)
+FULL = (4096, 1024, 400)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--max-p", type=_pow2, default=4096, help="largest world size (power of two, default 4096)"
+        "--full",
+        action="store_true",
+        help=f"the long sweep: --max-p {FULL[0]}, --at-p {FULL[1]}, --samples {FULL[2]} "
+        f"(about a minute; default a short run: {SHORT[0]}, {SHORT[1]}, {SHORT[2]})",
+    )
+    p.add_argument(
+        "--max-p",
+        type=_pow2,
+        default=None,
+        help=f"largest world size (power of two; default {SHORT[0]}, {FULL[0]} with --full)",
     )
     p.add_argument(
         "--sizes",
@@ -124,8 +139,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--at-p",
         type=_pow2,
-        default=1024,
-        help="world size of the time-vs-size sweep (default 1024)",
+        default=None,
+        help=f"world size of the time-vs-size sweep (default {SHORT[1]}, {FULL[1]} with --full)",
     )
     p.add_argument(
         "--network",
@@ -164,7 +179,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mean per-rank delay (default 5 ms)",
     )
     p.add_argument(
-        "--samples", type=positive_int, default=400, help="sampled steps per point (default 400)"
+        "--samples",
+        type=positive_int,
+        default=None,
+        help=f"sampled steps per point (default {SHORT[2]}, {FULL[2]} with --full)",
     )
     p.add_argument("--seed", type=int, default=0)
     simulate_control.add_arguments(p)
@@ -256,9 +274,23 @@ def figures_wanted(args) -> bool:
     return not args.no_plots and any(s != "control" for s in args.only)
 
 
+def scoped(args) -> argparse.Namespace:
+    """``args`` with the sweep's knobs the user left out filled in: the short run's, or
+    with ``--full`` the long one's (a given knob stands either way)."""
+    if "short_run" in vars(args):  # scoped already
+        return args
+    given = (args.max_p, args.at_p, args.samples)
+    wanted = FULL if args.full else SHORT
+    max_p, at_p, samples = (w if g is None else g for g, w in zip(given, wanted))
+    short = wanted is SHORT and given[0] is None  # said under the tables
+    knobs = {"max_p": max_p, "at_p": at_p, "samples": samples, "short_run": short}
+    return argparse.Namespace(**{**vars(args), **knobs})
+
+
 def run(args, out=print) -> dict:
     """Every section (``--only``: those) in turn, each table printed row by row as it is
     swept; then the figures. Returns the report the figures are drawn from."""
+    args = scoped(args)
     net = network_from_args(args)
     names = allreduce_names(args.algorithms)
     setup = StepSetup.from_args(args)
@@ -289,6 +321,8 @@ def run(args, out=print) -> dict:
     if "gossip-deadline" in only:
         report["gossip_deadline"] = deadline_section(sw, algs, ps, setup, out)
     out(f"\n# swept in {time.perf_counter() - t_start:.1f} s")
+    if args.short_run:
+        out(f"# a short run, p up to {args.max_p}: --full sweeps p up to {FULL[0]}")
     if figures_wanted(args):
         os.makedirs(args.out_dir, exist_ok=True)
         paths = plot_all(report, names, args.out_dir, net.describe())

@@ -201,15 +201,20 @@ def choice(lab: str, width: int = 18) -> str:
     return lab if len(lab) <= width else short(name, 4) + paren + rest
 
 
-#: names :func:`choice` abbreviates, for the header of a table with ``auto``'s column
+#: names :func:`choice` abbreviates, under a table that shows one (:func:`choice_legend`)
 CHOICE_LEGEND = "# auto's choice: tp = torus2d_pipelined"
+
+
+def choice_legend(labels: Iterable[str]) -> list[str]:
+    """:data:`CHOICE_LEGEND`, if :func:`choice` abbreviated one of ``labels`` (printed under
+    the table, whose rows are streamed: a legend above one that had no tp misled)."""
+    return [CHOICE_LEGEND] if any(choice(lab) != lab for lab in labels) else []
 
 
 def vs_p_header(names: Sequence[str], nbytes: int) -> list[str]:
     return [
         f"\n## time per all-reduce vs p · {fmt_bytes(nbytes)}",
         *legend(names),
-        *([CHOICE_LEGEND] if "auto" in names else []),
         f"{'p':>6}"
         + "".join(
             f"{n:>10} {'(its choice)':<18}" if n == "auto" else f"{short(n):>11}" for n in names
@@ -232,6 +237,8 @@ def vs_p_section(sw: Sweeper, names: Sequence[str], ps: Sequence[int], nbytes: i
         vs_p_rows(sw, names, ps, nbytes),
         lambda row: vs_p_line(*row),
     )
+    for line in choice_legend(cells["auto"][1] for _, cells in rows if "auto" in cells):
+        out(line)
     return {n: [cells[n] for _, cells in rows] for n in names}
 
 
@@ -273,10 +280,11 @@ def vs_size_section(sw: Sweeper, names: Sequence[str], p: int, out) -> dict:
     header = [
         f"\n## time vs message size at p={p}",
         *legend(names),
-        *([CHOICE_LEGEND] if "auto" in names or "torus2d_pipelined" in names else []),
         f"{'size':>8}" + "".join(f"{short(n):>11}" for n in names) + "  fastest",
     ]
     rows = stream(out, header, vs_size_rows(sw, names, p, sizes), lambda row: vs_size_line(*row))
+    for line in choice_legend(fastest for _, _, fastest in rows):
+        out(line)
     times = {n: [t[n] for _, t, _ in rows] for n in names}
     cross = {n: crossover(sizes, times[n]) for n in names}
     for line in crossover_lines(sizes, cross):
