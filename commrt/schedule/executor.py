@@ -148,7 +148,8 @@ class Executor:
         pos = self.position  # a few attribute writes: no lock, no clock, no allocation
         pos.run, pos.bucket, pos.runs = run, bucket, pos.runs + 1
         if run.transport.stream_ordered:
-            return _run_ordered(pos, bound, buf, run.transport, timeout, bucket, tracer)
+            whole = run.transport.runs_whole(schedule, buf, run.reduce)
+            return _run_ordered(pos, bound, buf, run.transport, timeout, bucket, tracer, whole)
         return _run_blocking(pos, bound, timeout, bucket, tracer, spin_s)
 
 
@@ -229,15 +230,34 @@ def _sync(transport: Transport, timeout: float, bound: Bound, bucket) -> bool:
         raise engine_error(transport, e, peers, Where(bound.schedule.name, bucket=bucket)) from e
 
 
+def _run_whole(transport: Transport, buf, timeout: float, bound: Bound, bucket) -> None:
+    """The engine's own fused run of the whole schedule; a wait that timed out, or an
+    engine's error (a peer's process gone), named as a step's would be."""
+    schedule = bound.schedule
+    try:
+        late = transport.run_whole(buf, time.monotonic() + timeout)
+    except CommError:
+        raise
+    except RuntimeError as e:
+        peers = [x.peer for step in bound.steps for x in step[0].sends + step[0].recvs]
+        raise engine_error(transport, e, peers, Where(schedule.name, bucket=bucket)) from e
+    if late is not None:
+        raise CommTimeoutError(rank=transport.rank, peer=late, what="recv", timeout_s=timeout,
+                               algorithm=schedule.name, bucket=bucket)  # fmt: skip
+
+
 def _run_ordered(
     pos: Position, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
-    bucket, tracer,
+    bucket, tracer, whole: bool = False,
 ) -> int:  # fmt: skip
-    """:meth:`Executor.run` on a stream-ordered transport: everything is enqueued on its stream."""
+    """:meth:`Executor.run` on a stream-ordered transport: everything is enqueued on its stream
+    (``whole``: by the transport itself, :meth:`~commrt.transports.base.Transport.run_whole`)."""
     schedule = bound.schedule
     transport.begin(buf)
     with transport.stream():
-        for step in bound.steps:
+        if whole:
+            _run_whole(transport, buf, timeout, bound, bucket)
+        for step in () if whole else bound.steps:
             pos.step = step[0]  # enqueued: the watchdog's wait names the last
             if tracer is None:
                 _run_step(step, time.monotonic() + timeout, schedule, timeout, bucket)

@@ -13,7 +13,8 @@
   making (:mod:`~commrt.transports.shm_connect`);
 * :mod:`~commrt.transports.cuda_ipc`: device memory between the ranks of one host
   through CUDA IPC, made by :mod:`~commrt.transports.cuda_ipc_connect`, on the
-  device of :mod:`~commrt.transports.cuda_ipc_device`;
+  device of :mod:`~commrt.transports.cuda_ipc_device`, with a one-shot all-reduce
+  through each rank's workspace (:mod:`~commrt.transports.cuda_ipc_direct`);
 * :mod:`~commrt.transports.counting`: a wrapper that counts the messages and bytes
   a rank sends;
 * :mod:`~commrt.transports.watchdog` and :mod:`~commrt.transports.bounded`: calls

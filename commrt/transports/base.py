@@ -240,6 +240,19 @@ class Transport(abc.ABC):
         """For stream-ordered transports: wait (bounded) until enqueued work ran."""
         return True
 
+    def runs_whole(self, schedule, buf: torch.Tensor, reduce) -> bool:
+        """Whether :meth:`run_whole` runs ``schedule`` on ``buf`` as one fused operation of
+        the engine's own (``cuda_ipc``'s one-shot workspace) instead of step by step;
+        ``reduce`` is the run's (None: the sum). Default: never. A wrapper
+        (:class:`Forwarding`) keeps the default, so it sees every message."""
+        return False
+
+    def run_whole(self, buf: torch.Tensor, deadline: float) -> int | None:
+        """Enqueue the schedule :meth:`runs_whole` accepted on ``buf`` (inside
+        :meth:`stream`, between :meth:`begin` and :meth:`sync`); the peer a wait timed out
+        on, or None once all is enqueued."""
+        raise NotImplementedError(f"the {self.name} transport runs schedules step by step")
+
     def attach_departures(self, departures) -> None:
         """Let this transport's waits ask ``departures`` whether a peer has left."""
         self.departures = departures

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Sequence
 
 import numpy as np
@@ -62,6 +62,7 @@ from commrt import settings
 from commrt.errors import CommError, CommTimeoutError
 from commrt.transports.base import Pair, Pending, Transport, average_first, poll_until
 from commrt.transports.cuda_ipc_device import IpcDevice
+from commrt.transports.cuda_ipc_direct import SUMS, Workspace
 from commrt.transports.processes import start_time
 
 #: slots per direction (pieces in flight between two ranks)
@@ -89,6 +90,25 @@ HEAD = 128
 def link_bytes(slots: int) -> int:
     """Bytes of one link's counters block (a multiple of a cache line)."""
     return HEAD + ((8 * slots + 63) // 64) * 64
+
+
+class Tally:
+    """What this rank's transport waited on and launched, counted as it happens (tests
+    read it through :func:`commrt.testing.counted`).
+
+    ``peer_waits``: per peer, the cross-process waits: each wait whose end depends on
+    that peer (a poll of its counter in ``/dev/shm``, a stream's wait on its IPC event);
+    ``launches``: copies, sums and host functions enqueued on the stream;
+    ``stream_waits``: the host's waits for this rank's own stream."""
+
+    __slots__ = ("peer_waits", "launches", "stream_waits")
+
+    def __init__(self):
+        self.peer_waits: Counter = Counter()
+        self.launches = self.stream_waits = 0
+
+    def peer_wait(self, peer: int, n: int = 1) -> None:
+        self.peer_waits[peer] += n
 
 
 class Link:
@@ -180,6 +200,9 @@ class CudaIpcTransport(Transport):
         #: why the transport can no longer be used (None while it can)
         self.broken: str | None = None
         self._release = release
+        self.tally = Tally()
+        #: the one-shot workspace (commrt.transports.cuda_ipc_direct), made at the first call
+        self.workspace: Workspace | None = None
 
     # -- the ordering rules, one method each (see the module docs)
     def can_write(self, link: Link, n: int) -> bool:
@@ -202,6 +225,9 @@ class CudaIpcTransport(Transport):
     def _write(self, link: Link, msg: Message) -> None:
         n, slot, size = link.next, link.next % len(link.ready), self.slot_bytes
         off = msg.issued * size
+        if n >= len(link.ready):  # the slot was used: its counter and event are the peer's
+            self.tally.peer_wait(link.peer, 2)
+        self.tally.launches += 1
         self.wait_consumed(link, slot)
         self.dev.copy(link.slab + slot * size, msg.ptr + off, min(size, msg.nbytes - off),
                       self.dev_stream)  # fmt: skip
@@ -220,6 +246,8 @@ class CudaIpcTransport(Transport):
             )
             raise RuntimeError(f"cuda_ipc: rank {self.rank}: {self.broken}")
         off = msg.issued * size
+        self.tally.peer_wait(link.peer, 2)  # its posted counter, then its ready event
+        self.tally.launches += 1
         self.wait_ready(link, slot)
         self.dev.copy(msg.ptr + off, link.slab + slot * size, min(size, msg.nbytes - off),
                       self.dev_stream)  # fmt: skip
@@ -276,6 +304,7 @@ class CudaIpcTransport(Transport):
                     return False
             return not self.host_waits or self.dev.query(events[msg.last])
 
+        self.tally.stream_waits += self.host_waits
         if poll_until(done, deadline, check=lambda: self.check_peers([peer])):
             return True
         if deadline > asked:
@@ -317,12 +346,35 @@ class CudaIpcTransport(Transport):
         with self.lock:
             self._usable()
             self.dev.record(self.mark, self.dev_stream)
+        self.tally.stream_waits += 1
         peers = list(self.pids)
         if poll_until(lambda: self.dev.query(self.mark), deadline,
                       check=lambda: self.check_peers(peers)):  # fmt: skip
             return True
         self.broken = "the stream's work did not finish in time"
         return False
+
+    def runs_whole(self, schedule, buf: torch.Tensor, reduce) -> bool:
+        """A one-shot all-reduce of every rank, summed, in a dtype the workspace sums:
+        through the workspace (:mod:`commrt.transports.cuda_ipc_direct`)."""
+        return (
+            schedule.name.rpartition(":")[2] == "one_shot"  # also auto's "auto:one_shot"
+            and reduce is None
+            and buf.dtype in SUMS
+            and schedule.span is None
+            and len(schedule.ranks) == self.world_size > 1
+        )
+
+    def run_whole(self, buf: torch.Tensor, deadline: float) -> int | None:
+        with self.lock:
+            self._usable()
+            if self.workspace is None:
+                self.workspace = Workspace(self)
+                self.workspace.make(max(1.0, deadline - time.monotonic()))
+            late = self.workspace.all_reduce(buf, deadline)
+            if late is not None:
+                self.broken = f"the one-shot wait on rank {late} timed out"
+            return late
 
     def barrier(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -375,6 +427,8 @@ class CudaIpcTransport(Transport):
             except (CommError, RuntimeError):
                 clean = False
         self.broken = self.broken or "the transport is closed"
+        if self.workspace is not None:
+            self.workspace.release(clean)
         release(clean)
 
     def _all_ran(self, deadline: float) -> bool:

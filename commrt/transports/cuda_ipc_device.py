@@ -103,6 +103,18 @@ class IpcDevice(abc.ABC):
         """Enqueue a copy of ``nbytes`` from ``src`` to ``dst`` on ``stream``."""
 
     @abc.abstractmethod
+    def sum_into(self, dst: int, srcs: list[int], count: int, dtype: torch.dtype, stream) -> None:
+        """Enqueue on ``stream``: ``dst`` = the sum of the ``count`` elements of ``dtype`` at
+        each of ``srcs``, added in the order given (fp16 and bf16 in fp32, rounded once),
+        so every process that sums the same sources in the same order gets the same bits.
+        ``dst`` may be one of ``srcs``."""
+
+    @abc.abstractmethod
+    def host_func(self, stream, fn) -> None:
+        """Enqueue ``fn()`` on ``stream``: it runs on the host once the work before it has
+        run (``cudaLaunchHostFunc``); ``fn`` must not call the device."""
+
+    @abc.abstractmethod
     def after_caller(self, stream, tensor: torch.Tensor) -> None:
         """Order ``stream``'s later work after the caller's writes to ``tensor``."""
 
@@ -206,6 +218,29 @@ class CudaDevice(IpcDevice):
     def copy(self, dst: int, src: int, nbytes: int, stream) -> None:
         if nbytes:
             self.rt.memcpyAsync(dst, src, nbytes, COPY_D2D, stream.cuda_stream)
+
+    def _tensor(self, ptr: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """``count`` elements of ``dtype`` at the device address ``ptr`` (this process's
+        memory or a peer's opened slab), as a torch tensor that does not own them."""
+        cupy = importlib.import_module("cupy")
+        nbytes = count * torch.tensor([], dtype=dtype).element_size()
+        mem = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, nbytes, None), 0)
+        raw = cupy.ndarray((nbytes,), cupy.uint8, mem)  # bytes: cupy has no bf16
+        return torch.as_tensor(raw, device=self.device).view(dtype)
+
+    def sum_into(self, dst: int, srcs: list[int], count: int, dtype: torch.dtype, stream) -> None:
+        if not count:
+            return
+        wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+        with torch.cuda.stream(stream):
+            parts = [self._tensor(p, count, dtype) for p in srcs]
+            acc = parts[0].to(wide, copy=True)
+            for part in parts[1:]:
+                acc.add_(part)
+            self._tensor(dst, count, dtype).copy_(acc)
+
+    def host_func(self, stream, fn) -> None:
+        self.rt.launchHostFunc(stream.cuda_stream, lambda _: fn(), 0)
 
     def after_caller(self, stream, tensor: torch.Tensor) -> None:
         stream.wait_stream(torch.cuda.current_stream(self.device))

@@ -57,6 +57,12 @@ def _map(path: str, size: int | None = None, create: bool = False) -> mmap.mmap:
         os.close(fd)
 
 
+def _tensor(ptr: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """``count`` elements of ``dtype`` at the address ``ptr``, not owned."""
+    nbytes = count * torch.tensor([], dtype=dtype).element_size()
+    return torch.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=dtype)
+
+
 class Stream:
     """A thread that runs work items in order, each at least half its device's
     ``latency_s`` (as it is at the issue) after its issue."""
@@ -162,6 +168,23 @@ class StandInDevice(IpcDevice):
     def copy(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
         if nbytes:
             stream.enqueue(lambda: ctypes.memmove(dst, src, nbytes))
+
+    def sum_into(self, dst: int, srcs: list, count: int, dtype: torch.dtype, stream) -> None:
+        if not count:
+            return
+        wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+        def run() -> None:
+            parts = [_tensor(p, count, dtype) for p in srcs]
+            acc = parts[0].to(wide, copy=True)
+            for part in parts[1:]:
+                acc.add_(part)
+            _tensor(dst, count, dtype).copy_(acc)
+
+        stream.enqueue(run)
+
+    def host_func(self, stream, fn) -> None:
+        stream.enqueue(fn)
 
     def after_caller(self, stream, tensor: torch.Tensor) -> None:
         """The caller's CPU writes are done when it calls: nothing to order."""
