@@ -294,11 +294,8 @@ def _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger
     """:func:`_supervise`'s loop: poll the ranks until the job's outcome is known."""
     while True:
         codes = [p.poll() for p in procs]
-        if output.READER_LEFT in codes or output.reader_left():
-            # `commrt train | head`: every rank ends at once and nothing is said. Rank 0,
-            # which hosts the store, last: a rank that outlived it would report its loss
-            _stop(procs[::-1])
-            return output.READER_LEFT
+        if output.READER_LEFT in codes or output.reader_left():  # `commrt train | head`
+            return output.stop_quietly(procs, _stop)
         if replace is not None:
             replace(procs)
             codes = [p.poll() for p in procs]

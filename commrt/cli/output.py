@@ -21,6 +21,7 @@ import sys
 import time
 
 from commrt import settings
+from commrt.transports.processes import MPICH_SHM, descendants, unlink_mapped
 
 #: the exit status when the reader left: 128 + SIGPIPE, what a shell shows for ``cat``
 #: or ``yes`` cut short by ``head``, so that a script under ``set -o pipefail`` tells a
@@ -92,6 +93,16 @@ def reader_left() -> bool:
     if not _state["gone"] and _closed_pipe(1):
         _silence()
     return _state["gone"]
+
+
+def stop_quietly(procs, stop) -> int:
+    """The launcher's answer to a reader that left: ``stop(procs)`` every rank at once,
+    say nothing, and return :data:`READER_LEFT`. Rank 0, which hosts the store, goes last:
+    a rank that outlived it would report its loss. mpiexec's ranks, stopped, would leave
+    mpich's segment in /dev/shm: it is unlinked first."""
+    unlink_mapped(MPICH_SHM, [d for p in procs for d in descendants(p.pid)])
+    stop(procs[::-1])
+    return READER_LEFT
 
 
 def _closed_pipe(fd: int) -> bool:

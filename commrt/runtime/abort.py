@@ -27,6 +27,7 @@ from commrt.errors import (
     shorten,
 )
 from commrt.runtime.departures import FAILED
+from commrt.transports.processes import MPICH_SHM, unlink_mapped
 
 ABORT_GRACE_S = settings.Seconds(
     0.5,
@@ -34,8 +35,6 @@ ABORT_GRACE_S = settings.Seconds(
     "the abort-on-error hook",
     settings.STALLS,
 )
-#: where mpich keeps its shared-memory segment for the ranks of a node
-MPICH_SHM = "/dev/shm/mpich_shm_"
 
 
 class _AbortOnError:
@@ -179,17 +178,7 @@ def unlink_mpich_segments() -> None:
     the ranks of a node, which ``MPI_Abort`` would leave behind (a few MB per job). The
     other ranks of the node map the same file; their mappings outlive its name. Only
     files this process maps are touched, never another job's."""
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split(None, 5)[-1].strip() for line in f if MPICH_SHM in line}
-    except OSError:  # no /proc here: nothing to clean that we can find
-        return
-    for path in paths:
-        if path.startswith(MPICH_SHM) and not path.endswith("(deleted)"):
-            try:
-                os.unlink(path)
-            except OSError:  # another rank of the node was first
-                pass
+    unlink_mapped(MPICH_SHM)
 
 
 def end_job_after(error: BaseException, message: str) -> None:
