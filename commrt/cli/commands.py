@@ -106,7 +106,8 @@ def check_backend(
     if traits.moves_cuda and not cuda_available():
         parser.error(
             f"--backend {backend} needs a CUDA GPU and none is available here; use --backend "
-            "mpi or gloo"
+            "shm (the ranks on this host, through shared memory), gloo or mpi, or leave "
+            "--backend out"
         )
     if traits.started_by_mpiexec:
         try:

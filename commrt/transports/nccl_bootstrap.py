@@ -40,8 +40,9 @@ def nccl_device(device, local_rank: int, device_count: Callable[[], int] | None 
     count = (device_count or torch.cuda.device_count)()
     if count < 1:
         raise RuntimeError(
-            "backend 'nccl' needs a CUDA GPU and none is available here; "
-            "use backend='mpi' (under mpiexec) or backend='gloo'"
+            "backend 'nccl' needs a CUDA GPU and none is available here; use backend='shm' "
+            "(ranks on one host), backend='mpi' (under mpiexec) or backend='gloo', or "
+            "backend='auto'"
         )
     return torch.device("cuda", local_rank % count)
 

@@ -162,11 +162,12 @@ def test_help_has_no_raw_markup(argv, capsys):
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU message")
-def test_nccl_without_gpu_suggests_mpi_or_gloo(capsys):
+def test_nccl_without_gpu_suggests_shm_gloo_or_mpi(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--backend", "nccl"])
-    err = capsys.readouterr().err
-    assert "needs a CUDA GPU" in err and "--backend mpi or gloo" in err
+    err = " ".join(capsys.readouterr().err.split())
+    assert "needs a CUDA GPU" in err and "--backend shm (the ranks on this host" in err
+    assert "gloo or mpi, or leave --backend out" in err
 
 
 @pytest.mark.mpi

@@ -154,7 +154,9 @@ def test_a_process_group_timeout_is_checked_alike():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given when no GPU exists")
 def test_nccl_without_gpu_says_so():
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU.*backend='mpi'.*'gloo'"):
+    with pytest.raises(
+        RuntimeError, match="needs a CUDA GPU.*backend='shm'.*backend='mpi'.*'gloo'"
+    ):
         with commrt.testing.engines(nccl=object()):
             commrt.init("nccl")
 
