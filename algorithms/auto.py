@@ -382,7 +382,7 @@ def status(comm, nbytes: int) -> tuple[str, str]:
     if tuning is None or tuning.phase == "settled":
         return f"auto:{choice.label}", str(choice)
     doing = "learning" if tuning.kept is None else "rechecking"
-    now = tuning.leader if tuning.kept is None else tuning.kept
+    now = tuning.kept if tuning.phase == "recheck" else tuning.leader  # what a hold runs
     rivals = [x for x in (tuning.live or tuning.rotation) if x != now]
     note = (
         f"auto: {doing} for {nbytes} B on {choice.world_size} ranks; runs {now} meanwhile "

@@ -422,10 +422,9 @@ class Tuning:
             return self._settle(self.kept)
         else:  # settled without a trial, and drifted: the whole trial
             finalists = self.rotation
-        for label in finalists:
+        for label in finalists:  # fresh blocks decide; the old medians only pace the trial
             self.samples.pop(label, None)
-            self.trial_s.pop(label, None)
-        self.trial_s[self.kept] = now  # the leader until the fresh blocks say otherwise
+        self.trial_s[self.kept] = now
         self._start_trial(finalists)
 
     def _overturned_cheaply(self) -> bool:

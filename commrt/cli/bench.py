@@ -66,8 +66,6 @@ NATIVE_NAMES = {
 }
 #: the anchors' rows, as :func:`anchors` names them; the ratio column is over gloo's
 GLOO_ANCHOR, MPI_ANCHOR = "gloo allreduce", "MPI_Allreduce"
-#: the transports whose native all-reduce is a real one a user would run (not an oracle)
-REAL_NATIVE = ("mpi", "gloo", "nccl")
 #: the algorithm column of the table: the longest "native (...)" whole, in 80 columns
 NAME_W = 29
 
@@ -143,9 +141,10 @@ def anchors(comm, dtype: torch.dtype = torch.float32) -> tuple[list[tuple[str, C
     for the caller to close (collective: every rank, same call)."""
     import os
 
+    from commrt.runtime.choice import Backend
+
     out, opened = [], []
-    name = comm.backend.value
-    if name == "gloo":
+    if comm.backend is Backend.GLOO:
         out.append((f"native ({GLOO_ANCHOR})", comm.transport.native_all_reduce))
     else:
         gloo = commrt.init("gloo", timeout=comm.timeout)
@@ -153,7 +152,7 @@ def anchors(comm, dtype: torch.dtype = torch.float32) -> tuple[list[tuple[str, C
         out.append((GLOO_ANCHOR, gloo.transport.native_all_reduce))
     if dtype not in (torch.float32, torch.float64) or comm.device.type != "cpu":
         return out, opened
-    if name == "mpi":
+    if comm.backend is Backend.MPI:
         out.append((f"native ({MPI_ANCHOR})", comm.transport.native_all_reduce))
     elif "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
         try:

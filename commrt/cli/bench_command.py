@@ -49,7 +49,7 @@ def register(sub) -> None:
     )
     plot_flag(ar, "busbw vs size")
     file_flags(ar, "every point with its element count")
-    ar.set_defaults(run=cmd_bench_allreduce, parser=ar, under_mpiexec=mpi_anchor)
+    ar.set_defaults(run=cmd_bench_allreduce, parser=ar, mpi_anchor=True)
     kb = bsub.add_parser(
         "kernels", help="pack/unpack GB/s vs a plain copy and cat+scale (one process)"
     )
@@ -64,16 +64,17 @@ def register(sub) -> None:
     bench.set_defaults(parser=bench, subcommands=tuple(bsub.choices))
 
 
-def mpi_anchor(backend: str) -> bool:
-    """Whether ``commrt bench allreduce`` starts its ranks under mpiexec, so that its table
-    has MPI_Allreduce beside gloo's: on CPU transports, where mpiexec and mpi4py are
+def mpi_anchor(backend) -> bool:
+    """Whether ``commrt bench allreduce`` on ``backend`` (a
+    :class:`~commrt.runtime.choice.Backend`) starts its ranks under mpiexec, so that its
+    table has MPI_Allreduce beside gloo's: on CPU transports, where mpiexec and mpi4py are
     installed."""
     import importlib.util
 
     from commrt.cli.launch import mpiexec_path
 
-    cpu = backend in ("shm", "gloo", "mpi")
-    return cpu and mpiexec_path() is not None and importlib.util.find_spec("mpi4py") is not None
+    found = mpiexec_path() is not None and importlib.util.find_spec("mpi4py") is not None
+    return not backend.moves_cuda and found
 
 
 def cmd_bench_kernels(args) -> int:

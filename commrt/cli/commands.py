@@ -34,7 +34,7 @@ import warnings
 from typing import Sequence
 
 from commrt import __version__
-from commrt.cli import extras, output
+from commrt.cli import bench_command, extras, output
 from commrt.cli import launch as launcher
 from commrt.cli.flags import unknown_flags
 from commrt.cli.startup import launcher_line, rank_startup
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     # defaults (its parser, its run, its flags') replace these
     parser.set_defaults(
         parser=parser, subcommands=tuple(sub.choices), run=None, what=None, plot=None,
-        algorithms=None, single_process=False, timeout=None,
+        algorithms=None, single_process=False, timeout=None, mpi_anchor=False,
     )  # fmt: skip
     return parser
 
@@ -188,7 +188,7 @@ def _relaunch_or_run(args, argv: Sequence[str], parser, options=None) -> int:
             child,
             args.nproc,
             use_mpiexec=Backend(backend).started_by_mpiexec
-            or getattr(args, "under_mpiexec", lambda b: False)(backend),
+            or (args.mpi_anchor and bench_command.mpi_anchor(Backend(backend))),
             host_store=backups or may_die > 0,
             tolerate=may_die,
             restarts=restarts,

@@ -28,8 +28,9 @@ Fit: α = the 8 B step time; β = the least-squares slope of (time − α)
 against bytes over the larger sizes, less γ. 4 MiB is the default
 ``piece_bytes``, so β is measured on full-size pieces, the way big buckets
 send them. γ, the time per byte of the executor's reduction, is timed on
-its own (an add of the 4 MiB buffer's two halves, no messages) and taken
-out of the slope, which includes it: the step adds what it receives.
+its own (an add of two 32 MiB halves, no messages: out of the caches, as a
+large bucket's reduction runs) and taken out of the slope, which includes
+it: the step adds what it receives.
 
 Ranks on several nodes
 ----------------------
@@ -120,6 +121,8 @@ from commrt.tuning.probe_steps import agreed, measure_overheads, time_runs
 __all__ = ["ProbeResult", "probe", "SIZES", "ProbeWarning", "ALPHA_BOUND_S"]
 #: probed message sizes in bytes; the first one measures α
 SIZES = (8, 1 << 20, 4 << 20)
+#: bytes of the add that times γ, at least: past a last-level cache (32 MiB here)
+GAMMA_BYTES = 32 << 20
 _MIN_BETA = 1e-13  # 10 TB/s: a floor so a noisy fit never gives zero or negative β
 
 
@@ -288,9 +291,14 @@ def _plan(sizes: tuple[int, ...], per_node: int | None) -> dict[str, _Tier]:
 
 
 def _time_reduce(comm, nbytes: int, repeats: int) -> float:
-    """Seconds per byte of the executor's reduction: add ``nbytes`` of float32 into as many."""
-    half = max(1, nbytes // 4)
-    buf = torch.zeros(2 * half, dtype=torch.float32, device=comm.device)
+    """Seconds per byte of the executor's reduction: add at least :data:`GAMMA_BYTES` of
+    float32 into as many, in memory the add must read and write (ones, not calloc's zero
+    pages). Out of the caches, as a large bucket's reduction runs: an add of 4 MiB halves
+    runs from a last-level cache about ten times faster, and priced recursive doubling at
+    16 MiB on 2 ranks (it adds the whole buffer, the ring half of it) level with the ring,
+    which runs 1.5× faster."""
+    half = max(1, max(nbytes, GAMMA_BYTES) // 4)
+    buf = torch.ones(2 * half, dtype=torch.float32, device=comm.device)
     dst, src = buf[half:], buf[:half]
     sync = torch.cuda.synchronize if buf.device.type == "cuda" else (lambda: None)
     times = []

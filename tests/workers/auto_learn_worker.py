@@ -21,14 +21,15 @@ from mpi_report import write_ranks
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
 from commrt.algorithms import Auto  # noqa: E402
-from commrt.algorithms.auto import choices, learning  # noqa: E402
+from commrt.algorithms.auto import candidates, choices, learning  # noqa: E402
+from commrt.algorithms.auto_learn import calls_to_settle  # noqa: E402
 from commrt.tuning.probe import probe  # noqa: E402
 
 N = 1024  # floats: 4 KiB
 # watch: 1 + 5 calls; trial: 5 calls per candidate predicted near the choice. How many
 # that is depends on the candidate list, so the loop runs until every rank's (agreed)
 # state is settled, up to a bound that only a learning stuck in its trial reaches.
-MAX_CALLS = 400
+MAX_CALLS = calls_to_settle(len(candidates(4))) + 10
 
 
 def main(out_path, calib):
