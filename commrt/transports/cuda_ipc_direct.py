@@ -50,8 +50,9 @@ class Workspace:
     """One rank's workspace and its view of every peer's (see the module docs). Made by
     :meth:`make`, every rank together, at the first one-shot call."""
 
-    def __init__(self, transport, half_bytes: int = HALF_BYTES):
-        self.tr, self.dev, self.half = transport, transport.dev, half_bytes
+    def __init__(self, transport, half_bytes: int | None = None):
+        self.tr, self.dev = transport, transport.dev
+        self.half = half_bytes or HALF_BYTES
         self.rounds = 0  # rounds this rank has begun
         self.bases: list[int] = []  # per rank: its workspace's address here
         self.posted: list[np.ndarray] = []  # per rank: its counter (one uint64)
@@ -97,7 +98,7 @@ class Workspace:
         peers = [q for q in range(tr.world_size) if q != tr.rank]
         for lo in range(0, numel, per):
             count = min(per, numel - lo)
-            r, off = self.rounds, (self.rounds % 2) * self.half
+            r, off = self.rounds, self.offset(self.rounds)
             self.rounds += 1
             dev.copy(self.mine + off, ptr + lo * size, count * size, stream)
             dev.host_func(stream, self._poster(r + 1))
@@ -108,6 +109,10 @@ class Workspace:
             dev.sum_into(ptr + lo * size, [b + off for b in self.bases], count, buf.dtype, stream)
             tr.tally.launches += 1
         return None
+
+    def offset(self, r: int) -> int:
+        """Where round ``r``'s piece goes in a workspace: the half of its parity."""
+        return (r % 2) * self.half
 
     def _posted(self, peer: int, value: int, deadline: float) -> bool:
         """The one wait on ``peer`` in a round: until its counter reaches ``value`` (its

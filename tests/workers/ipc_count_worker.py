@@ -2,6 +2,7 @@
 CPU stand-in device (tests/multiprocess/test_cuda_ipc_counts.py).
 
     ipc_count_worker.py OUTDIR ALGORITHMS SIZES
+    ipc_count_worker.py OUTDIR order
 
 ALGORITHMS and SIZES (bytes) are comma-separated. For each algorithm, size and dtype
 (fp32, bf16) a rank runs the all-reduce :data:`WARM` times, then once counted
@@ -9,7 +10,13 @@ ALGORITHMS and SIZES (bytes) are comma-separated. For each algorithm, size and d
 agreement and auto's learning. Every rank writes OUTDIR/rank<r>.json: per case, the
 cross-process waits per peer, launches, host waits for the stream, the error against a
 float64 sum of the same inputs, and a hash of the result's bytes (every rank must get
-the same bits). None of this is a GPU result.
+the same bits).
+
+``order``: the one-shot workspace's three rules, each removed in turn (replaced on the
+objects) while rank 1's stream runs 0.2 s behind its host: the wait on each peer's
+counter, the counter raised by the stream (not the host) once the copy ran, and the two
+halves by parity; the report says, per case, whether every call's result was exact.
+None of this is a GPU result.
 """
 
 import hashlib
@@ -25,6 +32,7 @@ from helpers.engines import init_with  # noqa: E402
 from helpers.ipc_standin import StandInDevice  # noqa: E402
 
 import commrt  # noqa: E402
+import commrt.transports.cuda_ipc_direct as direct  # noqa: E402
 from commrt.testing import counted  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
@@ -72,5 +80,52 @@ def main(outdir, algorithms, sizes):
         json.dump(report, f)
 
 
+#: each rule of the workspace, and how a case removes it (on the workspace, the device)
+RULES = {
+    "wait": lambda ws, dev: setattr(ws, "_posted", lambda peer, value, deadline: True),
+    "posted by the stream": lambda ws, dev: setattr(dev, "host_func", lambda stream, fn: fn()),
+    "two halves": lambda ws, dev: setattr(ws, "offset", lambda r: 0),
+}
+
+
+def _exact_calls(comm, salt) -> bool:
+    """Four one-shot calls of three rounds each (halves of 4 KiB), integer-valued data
+    that differs per call: whether every result is the exact sum."""
+    ok, p = True, comm.world_size
+    for call in range(4):
+        mine = torch.arange(3000, dtype=torch.float32) + 1000 * (salt * 4 + call) + comm.rank
+        want = p * (torch.arange(3000, dtype=torch.float32) + 1000 * (salt * 4 + call))
+        want += sum(range(p))
+        t = mine.clone()
+        commrt.all_reduce(t, comm, algorithm="one_shot", op="sum")
+        ok = ok and torch.equal(t, want)
+    return ok
+
+
+def order(outdir):
+    direct.HALF_BYTES = 4096
+    dev = StandInDevice(seed=RANK)
+    comm = init_with("cuda_ipc", dev, timeout=60, stall_s=0, abort_on_error=False)
+    _exact_calls(comm, 0)  # the workspace made, at the stand-in's usual latency
+    ws, report = comm.transport.workspace, {}
+    for salt, (rule, remove) in enumerate(RULES.items(), start=1):
+        for removed in (False, True):
+            dev.latency_s = 0.2 if RANK == 1 else 0.002
+            if removed:
+                remove(ws, dev)
+            report[f"{rule} {'removed' if removed else 'kept'}"] = _exact_calls(comm, salt)
+            for name in ("_posted", "offset"):
+                ws.__dict__.pop(name, None)  # the class's own rule again
+            dev.__dict__.pop("host_func", None)
+            dev.latency_s = 0.002
+            comm.barrier()
+    comm.close()
+    with open(os.path.join(outdir, f"rank{RANK}.json"), "w") as f:
+        json.dump(report, f)
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:])
+    if sys.argv[2] == "order":
+        order(sys.argv[1])
+    else:
+        main(*sys.argv[1:])
