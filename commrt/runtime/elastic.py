@@ -38,14 +38,17 @@ ERROR_FILE, RUN_ID = "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID"
 PRINT_WAIT_S = 10.0
 
 
-def write_error_file(text: str, began: float) -> None:
-    """Write ``text`` (the verdict) to torchrun's error file where there is one, in the
-    format of torch's ``ErrorHandler.record_exception``; ``began``: when the failure began
-    (module docs: dated the second before)."""
+def write_error_file(verdict: dict, text: str) -> None:
+    """Write ``text`` (``verdict``'s) to torchrun's error file where there is one, in the
+    format of torch's ``ErrorHandler.record_exception``, dated the second before the failure
+    began (module docs): when the verdict's root last moved, or last beat where it could
+    not answer."""
     path = os.environ.get(ERROR_FILE)
     if not path:
         return
-    stamp = str(int(began) - 1)
+    views = {v["rank"]: v for v in verdict.get("views", [])}
+    idle_s = views.get(verdict.get("root"), {}).get("idle_s") or 0.0
+    stamp = str(int(time.time() - idle_s) - 1)
     data = {"message": {"message": text, "extraInfo": {"py_callstack": text, "timestamp": stamp}}}
     try:
         with open(path + ".tmp", "w") as f:

@@ -334,7 +334,7 @@ class StallWatch:
             say(said)
             self.said.set()
             self._dump(verdict)
-            write_error_file(render(verdict), time.time() - _root_idle_s(verdict))
+            write_error_file(verdict, render(verdict))
             store.add("printed", 1)
             answered = sum(v["state"] == "published" for v in verdict.get("views", []))
             _poll(lambda: int(store.add("printed", 0)) >= answered, PRINTED_S)
@@ -352,12 +352,17 @@ class StallWatch:
         }  # fmt: skip
 
     def judge_views(self, store) -> dict:
-        """As the judge: wait for every rank's view (at most :data:`GATHER_S`), make up
-        the missing ones (:meth:`_absent`), and return the verdict with the views."""
+        """As the judge: wait for every rank's view (at most :data:`GATHER_S`; as long
+        again for a rank that beat meanwhile), make up the missing ones (:meth:`_absent`),
+        and return the verdict with the views."""
         ranks = range(self.world_size)
         before = {r: _read(store, f"beat/{r}") for r in ranks}
-        # a rank whose process is gone never answers: nobody waits for it
-        _poll(lambda: all(self._answered(store, r) for r in ranks), GATHER_S)
+        # a rank whose process is gone never answers: nobody waits for it. One that beat
+        # since the stall was declared has seen it (a watch beats, then looks): its view is
+        # on its way, however slow the machine (without it: NOT ANSWERING, on every rank)
+        if not _poll(lambda: all(self._answered(store, r) for r in ranks), GATHER_S):
+            late = [r for r in ranks if _beat_of(before[r]) != _beat_of(_read(store, f"beat/{r}"))]
+            _poll(lambda: all(self._answered(store, r) for r in late), GATHER_S)
         views, dropped = [], self.dropped()
         for r in ranks:
             view = _read(store, f"view/{r}")
@@ -414,11 +419,8 @@ def _read(store, key: str):
         return None
 
 
-def _root_idle_s(verdict: dict) -> float:
-    """How long ago the verdict's root last moved (its last heartbeat, where it answered
-    nothing): when the failure began, as far as the job can tell."""
-    views = {v["rank"]: v for v in verdict.get("views", [])}
-    return views.get(verdict.get("root"), {}).get("idle_s") or 0.0
+def _beat_of(beat: dict | None):
+    return None if beat is None else beat.get("beat")
 
 
 def _poll(done, timeout: float) -> bool:

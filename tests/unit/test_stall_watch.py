@@ -123,6 +123,45 @@ def test_a_dropped_rank_is_reported_dropped():
     assert verdict["views"][1]["state"] == "dropped" and verdict["kind"] == "none"
 
 
+def test_a_rank_whose_watch_saw_the_stall_is_judged_from_its_view_though_it_comes_late(monkeypatch):
+    """Issue 70's 13th run, its timing injected: rank 1 sits in its data loader, its watch
+    beats (so it has seen the stall declared) but its view reaches the store only after
+    the judge's :data:`~commrt.runtime.stall.GATHER_S` (a loaded machine). Judged without
+    its view, rank 1 was NOT ANSWERING on every rank, and no rank named the line it was
+    stuck at; the judge now waits for a rank that beats."""
+    monkeypatch.setattr(stall, "GATHER_S", 2.0)
+    store = dist.HashStore()
+    judge = _watch(store, 0)
+    judging, read = threading.Event(), stall._read
+    monkeypatch.setattr(stall, "_read", lambda s, key: judging.set() or read(s, key))
+    waits = dict(CALL, in_call=True, step=0, peer=1)
+    store.set("view/0", json.dumps(view(0, waits, [])))
+    loader = [["train.py", 12, "load_next_batch", True]]
+
+    def rank_1():  # beats every 0.2 s from the judge's start; its view after 3 s
+        assert judging.wait(30)
+        for n in range(15):
+            beat = {"beat": n, "time": time.time(), "host": judge.host, "pid": os.getpid()}
+            store.set("beat/1", json.dumps(beat | {"position": {}}))
+            time.sleep(0.2)
+        store.set("view/1", json.dumps(view(1, dict(CALL, in_call=False), loader)))
+
+    late = threading.Thread(target=rank_1)
+    late.start()
+    verdict = judge.judge_views(store)
+    late.join()
+    assert verdict["views"][1]["state"] == "published", verdict["views"][1]
+    assert (verdict["root"], verdict["kind"]) == (1, "user code"), verdict["lines"]
+
+
+CALL = {"kind": "all_reduce", "algorithm": "ring", "numel": 8, "dtype": "float32", "seq": 5}
+
+
+def view(rank: int, position: dict, stack: list) -> dict:
+    return {"rank": rank, "host": "vm", "pid": 100 + rank, "state": "published",
+            "position": position, "idle_s": 9.0, "stack": stack}  # fmt: skip
+
+
 def test_the_docs_table_of_every_timeout_and_watch_setting_is_what_the_watch_does(monkeypatch):
     """docs/stalls.md's table, row by row, against stall_seconds and declares."""
     monkeypatch.delenv(settings.STALL.name, raising=False)
