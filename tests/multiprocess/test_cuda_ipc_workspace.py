@@ -2,12 +2,14 @@
 cuda_ipc_direct): with it every call's sum is exact; without it, while one rank's stream
 runs behind its host on the strict stand-in device, a rank sums a piece that is not yet
 (or no longer) there. The rules: the wait on each peer's counter; the counter raised by
-the stream once the copy ran, not by the host; two halves used by the round's parity."""
+the stream once the copy ran, not by the host; two halves used by the round's parity.
+And a peer that dies while the others wait on its counter is named."""
 
 import json
+import re
 
 import pytest
-from helpers.mp import gloo_ranks
+from helpers.mp import gloo_ranks, killed_peer_said
 
 # one worker runs the whole module under pytest-xdist: its tests share one started job
 pytestmark = pytest.mark.xdist_group("test_cuda_ipc_workspace")
@@ -32,3 +34,9 @@ def test_with_the_rule_every_sum_is_exact(reports, rule):
 @pytest.mark.parametrize("rule", RULES)
 def test_without_the_rule_a_rank_sums_the_wrong_piece(reports, rule):
     assert any(r[f"{rule} removed"] is False for r in reports), reports
+
+
+def test_a_peer_killed_while_the_others_wait_on_its_counter_is_named(tmp_path):
+    said = killed_peer_said(3, "ipc_count_worker.py", tmp_path, within_s=20)
+    assert re.search(r"rank 2's process \(pid \d+\) is gone", said), said
+    assert "one_shot" in said, said

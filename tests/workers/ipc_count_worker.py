@@ -3,6 +3,7 @@ CPU stand-in device (tests/multiprocess/test_cuda_ipc_counts.py).
 
     ipc_count_worker.py OUTDIR ALGORITHMS SIZES
     ipc_count_worker.py OUTDIR order
+    ipc_count_worker.py death OUTDIR
 
 ALGORITHMS and SIZES (bytes) are comma-separated. For each algorithm, size and dtype
 (fp32, bf16) a rank runs the all-reduce :data:`WARM` times, then once counted
@@ -16,6 +17,8 @@ the same bits).
 objects) while rank 1's stream runs 0.2 s behind its host: the wait on each peer's
 counter, the counter raised by the stream (not the host) once the copy ran, and the two
 halves by parity; the report says, per case, whether every call's result was exact.
+``death``: after one one-shot call the last rank SIGKILLs itself; the others' next
+one-shot call, waiting on its counter, must fail naming it (the abort hook ends the job).
 None of this is a GPU result.
 """
 
@@ -23,6 +26,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 
 import torch
 
@@ -124,8 +128,23 @@ def order(outdir):
         json.dump(report, f)
 
 
+def death(outdir):
+    import signal
+
+    comm = init_with("cuda_ipc", StandInDevice(seed=RANK), timeout=120, stall_s=0)
+    t = torch.ones(1000)
+    commrt.all_reduce(t, comm, algorithm="one_shot")
+    if comm.rank == comm.world_size - 1:
+        with open(os.path.join(outdir, "killed"), "w") as f:
+            f.write(str(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    commrt.all_reduce(t, comm, algorithm="one_shot")
+
+
 if __name__ == "__main__":
-    if sys.argv[2] == "order":
+    if sys.argv[1] == "death":
+        death(sys.argv[2])
+    elif sys.argv[2] == "order":
         order(sys.argv[1])
     else:
         main(*sys.argv[1:])
