@@ -380,8 +380,8 @@ class Tuning:
         lead = self._lead_s()
         calls = self.warmup + self._per_block()
         excess = sum(calls * max(0.0, self._expected_s(x) - lead) for x in self.live)
-        pass_s = sum(calls * max(self._expected_s(x), lead) for x in self.live)
-        need = (self.explored_s + excess) / self.explore - self.elapsed_s - pass_s
+        # the calls before the pass pay for it: a pass never pays for itself
+        need = (self.explored_s + excess) / self.explore - self.elapsed_s
         if need <= 0 or lead <= 0:
             return 0
         return min(MAX_HOLD, math.ceil(need / lead))
