@@ -117,7 +117,8 @@ SHORT = (64, 64, 100)
 FULL = (4096, 1024, 400)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def _scope_flags(p: argparse.ArgumentParser) -> None:
+    """The sweep's size: --full, and the knobs it sets (:func:`scoped` fills them in)."""
     p.add_argument(
         "--full",
         action="store_true",
@@ -130,6 +131,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"largest world size (power of two; default {SHORT[0]}, {FULL[0]} with --full)",
     )
+    p.add_argument(
+        "--samples",
+        type=positive_int,
+        default=None,
+        help=f"sampled steps per point (default {SHORT[2]}, {FULL[2]} with --full)",
+    )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _scope_flags(p)
     p.add_argument(
         "--sizes",
         type=size_list,
@@ -177,12 +188,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=non_negative_number,
         default=5.0,
         help="mean per-rank delay (default 5 ms)",
-    )
-    p.add_argument(
-        "--samples",
-        type=positive_int,
-        default=None,
-        help=f"sampled steps per point (default {SHORT[2]}, {FULL[2]} with --full)",
     )
     p.add_argument("--seed", type=int, default=0)
     simulate_control.add_arguments(p)
