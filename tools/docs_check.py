@@ -1,6 +1,7 @@
-"""Look at the docs site as a reader does: headless Chromium, 1280 pixels wide.
+"""Look at the docs site as a reader does: headless Chromium, on a laptop and on a phone.
 
     python tools/docs_check.py                  # build the site, check every page
+    python tools/docs_check.py --width 390      # as a phone shows it
     python tools/docs_check.py --site DIR       # a site built already
     python tools/docs_check.py --shots DIR      # also a screenshot of each page, DIR/NAME.png
 
@@ -10,9 +11,12 @@ measures what a stylesheet or a long line can spoil and no HTML scan can see:
 
 * a name or a flag in a table cell's code that the browser broke over two lines
   (``COMMRT_DEBU`` / ``G``; a line may end between words or after a dot);
-* a code block whose first line runs under the copy button at its top right corner
-  (the end of a comment hidden there);
-* a table wider than the page's column (its last column behind a sideways scroll).
+* a code block with a line under the copy button at its top right corner (the end of a
+  comment or a command hidden there);
+* a table wider than the page's column (its last column behind a sideways scroll). On a
+  phone (under :data:`PHONE_BELOW` pixels) only the API reference's tables count: a table
+  of numbers or of settings on a prose page scrolls sideways there, as wide tables do on
+  any phone, while a function's parameters must read without it.
 
 Prints one line per finding and exits 1 where there is any; 2 where no Chromium is
 installed (Debian's ``chromium`` package). ``tests/unit/test_docs_site.py`` runs the same
@@ -35,8 +39,11 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the width the docs are judged at: a laptop's browser window
+#: the widths the docs are judged at: a laptop's browser window and a phone's screen
 WIDTH = 1280
+PHONE = 390
+#: the theme's phone layout is narrower than this (45em)
+PHONE_BELOW = 720
 #: seconds one page may take in the browser
 PAGE_S = 60
 #: what the browser runs at the end of each page (after the stylesheets, which a script at
@@ -56,20 +63,34 @@ PROBE = """<script>(function () {
       }
     }
   });
-  // the theme's copy button: 1.5em square, 0.5em from the block's top right corner
+  // the theme's copy button, as its script places it (in a nav before the code, inside
+  // the pre) and as the stylesheets show it: which lines of the code run under it. The
+  // script adds it after this probe has run, so the probe adds the same markup a moment.
   document.querySelectorAll("pre > code").forEach(function (c) {
-    if (c.closest(".language-text")) return;  // output: no copy button (extra.css)
-    var box = c.getBoundingClientRect(), em = parseFloat(getComputedStyle(c).fontSize);
-    var range = document.createRange(), right = 0;
-    range.selectNodeContents(c);
-    Array.prototype.forEach.call(range.getClientRects(), function (r) {
-      if (r.width > 0 && r.top < box.top + 2.2 * em) right = Math.max(right, r.right);
-    });
-    if (right > box.right - 2.2 * em) found.hidden.push(c.textContent.split("\\n")[0]);
+    var nav = c.parentElement.querySelector(".md-code__nav"), added = !nav;
+    if (added) {
+      nav = document.createElement("nav");
+      nav.className = "md-code__nav";
+      nav.innerHTML = '<button class="md-code__button" data-md-type="copy"></button>';
+      c.parentElement.insertBefore(nav, c);
+    }
+    var button = nav.querySelector(".md-code__button, .md-clipboard").getBoundingClientRect();
+    var range = document.createRange(), under = false;
+    if (button.width > 0) {  // shown: extra.css hides it on output and signatures
+      range.selectNodeContents(c);
+      Array.prototype.forEach.call(range.getClientRects(), function (r) {
+        if (r.width > 0 && r.top < button.bottom && r.bottom > button.top &&
+            r.right > button.left && r.left < button.right) under = true;
+      });
+    }
+    if (added) nav.remove();
+    if (under) found.hidden.push(c.textContent.split("\\n")[0]);
   });
   // a table wider than the page's column: the reader scrolls sideways for its last column
   document.querySelectorAll(".md-typeset table:not([class])").forEach(function (t) {
-    if (t.scrollWidth > t.clientWidth + 1) found.wide.push(t.rows[0].textContent.trim());
+    if (t.scrollWidth > t.clientWidth + 1) {
+      found.wide.push({head: t.rows[0].textContent.trim(), api: !!t.closest(".doc-contents")});
+    }
   });
   var out = document.createElement("pre");
   out.id = "commrt-probe";
@@ -140,8 +161,9 @@ def _browser(browser: str, width: int, height: int, *args: str) -> list[str]:
 
 def measure(browser: str, url: str, width: int = WIDTH) -> dict:
     """The findings on the page at ``url``: ``broken`` (table-cell code words over two lines)
-    ``hidden`` (the first line of each code block that runs under the copy button) and
-    ``wide`` (the header row of each table wider than the page's column)."""
+    ``hidden`` (the first line of each code block with a line under the copy button) and
+    ``wide`` (each table wider than the page's column: its header row, ``head``, and
+    whether it is an API table, ``api``)."""
     cmd = _browser(browser, width, 900, "--dump-dom", url)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PAGE_S)
     match = FOUND.search(proc.stdout)
@@ -170,7 +192,11 @@ def check(site: Path, browser: str, width: int = WIDTH, shots: Path | None = Non
                 f"{name}: a name in a table cell broken over lines: {c!r}" for c in found["broken"]
             ]
             findings += [f"{name}: code line under the copy button: {c!r}" for c in found["hidden"]]
-            findings += [f"{name}: table wider than the page, headed {c!r}" for c in found["wide"]]
+            findings += [
+                f"{name}: table wider than the page, headed {t['head']!r}"
+                for t in found["wide"]
+                if t["api"] or width >= PHONE_BELOW
+            ]
             if shots is not None:
                 screenshot(browser, url, shots / (name.replace("/", "-") + ".png"), width)
     finally:

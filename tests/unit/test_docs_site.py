@@ -1,8 +1,11 @@
-"""The docs site builds (``mkdocs build --strict``) and its API reference shows no reST.
+"""The docs site builds (``mkdocs build --strict``) without commrt's dependencies, and its
+API reference shows no reST and reads on a laptop and on a phone.
 
 The docstrings cross-reference with Sphinx roles and introduce code with reST literal
 blocks; ``docs/api/rest_markup.py`` (a Griffe extension) turns them into links and
-fenced code. One build, into a temporary folder, then a scan of every page.
+fenced code. One build, into a temporary folder, with torch and numpy made unimportable
+(the site reads the code without importing it, so ``docs/requirements.txt`` holds no
+torch), then a scan of every page.
 """
 
 from __future__ import annotations
@@ -35,11 +38,22 @@ def _extension():
     return module
 
 
+#: what commrt itself needs, which the docs build must not: an import of either fails there
+BLOCKED = ("torch", "numpy")
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    pytest.importorskip("mkdocs", reason="the docs extra (pip install -e '.[docs]')")
+    pytest.importorskip("mkdocs", reason="the docs' requirements (docs/requirements.txt)")
     out = tmp_path_factory.mktemp("site")
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    blocker = tmp_path_factory.mktemp("blocked")
+    for name in BLOCKED:
+        (blocker / name).mkdir()
+        (blocker / name / "__init__.py").write_text(
+            f"raise ImportError('the docs build imported {name}')\n"
+        )
+    path = os.pathsep.join(p for p in (str(blocker), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1", PYTHONPATH=path)
     cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -153,7 +167,7 @@ def test_init_has_a_parameter_table_with_every_parameter(site):
     section = page[page.index('id="commrt.init"') : page.index('id="commrt.Communicator"')]
     table = re.search(r"<table>.*?</table>", section, re.S)
     assert table, "init documents its parameters in a paragraph, not a table"
-    first = r'<tr class="doc-section-item">\s*<td>\s*<code>(.*?)</code>'
+    first = r'<tr class="doc-section-item">\s*<td[^>]*>\s*<code>(.*?)</code>'
     rows = {_text(cell) for cell in re.findall(first, table.group(0))}
     assert rows == set(inspect.signature(commrt.init).parameters), rows
 
@@ -177,10 +191,72 @@ def test_table_code_breaks_after_dots_and_parentheses_never_inside_a_name():
 
 def test_in_a_real_browser_at_1280_px_no_name_breaks_no_line_hides_and_no_table_overflows(built):
     """tools/docs_check.py on every page, in headless Chromium: no name or flag in a table
-    cell broken over two lines, no first line of a code block under its copy button, no
-    table wider than the page's column."""
+    cell broken over two lines, no line of a code block under its copy button, no table
+    wider than the page's column."""
     check = _module("tools/docs_check.py", "docs_check")
     browser = check.chromium()
     if browser is None:
         pytest.skip("no Chromium here (.ci/run installs Debian's chromium where apt-get can)")
     assert check.check(built, browser) == []
+
+
+def _requirements(lines) -> list[str]:
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+def test_the_docs_requirements_are_the_docs_extra_with_a_signature_formatter():
+    """docs/requirements.txt (what CI's docs step installs, without commrt's own
+    dependencies) is the ``docs`` extra, and both hold a formatter: without Black or Ruff
+    mkdocstrings prints each signature on one cut-off line."""
+    import tomllib
+
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"][
+        "optional-dependencies"
+    ]["docs"]
+    listed = _requirements((ROOT / "docs/requirements.txt").read_text("utf-8").splitlines())
+    assert listed == extra
+    assert {re.split(r"[<>=\[]", r)[0] for r in listed} & {"ruff", "black"}
+
+
+def test_a_long_signature_is_laid_out_one_parameter_a_line(site):
+    """Every signature longer than mkdocs.yml's line_length spans several lines, and init's
+    puts each parameter on a line of its own (a formatter ran)."""
+    import yaml
+
+    config = yaml.load((ROOT / "mkdocs.yml").read_text("utf-8"), Loader=yaml.BaseLoader)
+    (plugin,) = [p for p in config["plugins"] if isinstance(p, dict) and "mkdocstrings" in p]
+    limit = int(plugin["mkdocstrings"]["handlers"]["python"]["options"]["line_length"])
+    signatures = [
+        _text(s).strip()
+        for page in site.values()
+        for s in re.findall(r'<div class="[^"]*doc-signature[^"]*">(.*?)</div>', page, re.S)
+    ]
+    one_line = [s for s in signatures if "\n" not in s and len(s) > limit]
+    assert not one_line, f"signatures on one line past {limit} characters: {one_line[:3]}"
+    text = _text(site[Path("api/commrt/index.html")])
+    init = text[text.index("init(") : text.index(") -> Communicator")]
+    assert "\n    rank: int | None = None,\n    world_size: int | None = None,\n" in init
+
+
+def test_api_table_cells_carry_their_column_names():
+    hook = _module("docs/hooks/api_tables.py", "api_tables")
+    table = (
+        "<table><thead><tr><th>Name</th><th>Type</th></tr></thead><tbody>"
+        '<tr class="doc-section-item"><td><code>a</code></td><td>int</td></tr></tbody></table>'
+    )
+    assert hook.on_page_content(f"<p>x</p>{table}<table><tr><td>1</td></tr></table>") == (
+        "<p>x</p><table><thead><tr><th>Name</th><th>Type</th></tr></thead><tbody>"
+        '<tr class="doc-section-item"><td data-label="Name"><code>a</code></td>'
+        '<td data-label="Type">int</td></tr></tbody></table><table><tr><td>1</td></tr></table>'
+    )
+
+
+def test_on_a_phone_no_api_table_scrolls_sideways_and_no_copy_button_covers_code(built):
+    """tools/docs_check.py at 390 pixels, every page: the API tables fit the column (their
+    cells stack, extra.css), no line of code runs under a copy button, and no name in a
+    table cell is broken over two lines."""
+    check = _module("tools/docs_check.py", "docs_check")
+    browser = check.chromium()
+    if browser is None:
+        pytest.skip("no Chromium here (.ci/run installs Debian's chromium where apt-get can)")
+    assert check.check(built, browser, check.PHONE) == []
