@@ -343,7 +343,8 @@ class PeerFailedError(CommError):
     that an error follows the chain to it rather than blaming the rank that left.
 
     Attributes: ``rank`` (this rank), ``peer`` (the rank that failed), ``cause`` (the rank
-    the failure began at, or None where unknown), ``unit`` and ``waiting_in`` (as
+    the failure began at: ``peer`` itself where an error not commrt's ended it; None where
+    unknown), ``unit`` and ``waiting_in`` (as
     :class:`PeerClosedError`'s), ``where``.
     """
 
@@ -353,7 +354,7 @@ class PeerFailedError(CommError):
     ):  # fmt: skip
         self.rank, self.peer, self.cause, self.unit = rank, peer, cause, unit
         self.waiting_in, self.where = waiting_in, where
-        began = f"at rank {cause}" if cause is not None else f"at rank {peer} itself"
+        began = f"at rank {peer} itself" if cause in (None, peer) else f"at rank {cause}"
         read = f"rank {cause if cause is not None else peer}'s output says why"
         super().__init__(
             f"commrt: rank {peer} ended after a failure that began {began}, while rank "

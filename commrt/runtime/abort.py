@@ -142,8 +142,9 @@ class _AbortOnError:
                 break
         if then is not None:
             then()
-        for comm in live:
-            comm.departures.announce(FAILED, cause_of(error))
+        for comm in live:  # an error not commrt's (DDP's own check, say) began here
+            own = comm.rank if not isinstance(error, CommError) else None
+            comm.departures.announce(FAILED, cause_of(error) if own is None else own)
 
 
 def end_job(message: str) -> None:
@@ -223,4 +224,6 @@ def stall_worth_a_verdict(error: BaseException) -> bool:
     out or broke (a peer died), not an error that names its cause on every rank already (a
     peer that closed, ranks that called different collectives)."""
     named = (PeerClosedError, CollectiveMismatchError)
+    if isinstance(error, PeerFailedError) and error.cause == error.peer:
+        return False  # the peer failed of its own error, which its output and this name
     return isinstance(error, CommError) and not isinstance(error, named)

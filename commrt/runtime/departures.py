@@ -192,7 +192,7 @@ class Departures:
             f = self.left[peer]
             theirs = f.sync_steps if self.in_sync else f.calls
             if f.how == FAILED and mine >= theirs:
-                cause = None if f.cause in (UNKNOWN, peer) else f.cause
+                cause = None if f.cause == UNKNOWN else f.cause  # its own rank: its own error
                 return PeerFailedError(rank=self.rank, peer=peer, cause=cause, unit=unit,
                                        waiting_in=mine - shift)  # fmt: skip
             if mine > theirs:

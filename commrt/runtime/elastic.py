@@ -118,15 +118,22 @@ class _Guard:
 
 def failing(watch) -> bool:
     """Whether, now, a stall was declared in the job's store, or a peer's process on this
-    host (by its heartbeat) is gone: what a SIGTERM that follows a failure finds, and one
+    host (by its heartbeat) died: what a SIGTERM that follows a failure finds, and one
     that stops a healthy job does not (its peers die of the same signal, after it)."""
     try:
         store = watch.client()
         if store.check(["declared"]):
             return True
-        return any(watch.peer_gone(store, r) for r in range(watch.world_size) if r != watch.rank)
+        peers = [r for r in range(watch.world_size) if r != watch.rank]
+        return any(watch.peer_gone(store, r) and died(watch, r) for r in peers)
     except Exception:  # the store is gone: the job is ending, nothing to give
         return False
+
+
+def died(watch, rank: int) -> bool:
+    """Whether ``rank``, whose process is gone, died: it left no farewell (one that closed,
+    exited or failed of its own error said so, and its own output says why)."""
+    return watch.departures.farewell_of(rank) is None
 
 
 def die_of_sigterm() -> None:
