@@ -41,3 +41,35 @@ def netns_cluster():
     yield make
     for c in made:
         c.close()
+
+
+# Where the suite's time goes, a line per folder under tests/ (beside --durations' 25
+# slowest), so that the next person sees what to cut. The sums are of the tests' own
+# durations (set-up, call and tear-down); under xdist they run side by side, so the folders'
+# sums add up to more than the wall-clock time, and each folder's share is what it costs.
+_FOLDER_SECONDS: dict[str, float] = {}
+_FOLDER_TESTS: dict[str, set[str]] = {}
+
+
+def _folder(nodeid: str) -> str:
+    parts = nodeid.split("::", 1)[0].split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+def pytest_runtest_logreport(report):
+    folder = _folder(report.nodeid)
+    _FOLDER_SECONDS[folder] = _FOLDER_SECONDS.get(folder, 0.0) + report.duration
+    _FOLDER_TESTS.setdefault(folder, set()).add(report.nodeid)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    if not _FOLDER_SECONDS:
+        return
+    total = sum(_FOLDER_SECONDS.values())
+    terminalreporter.write_sep("=", "time per folder (the sum of its tests' durations)")
+    for folder, seconds in sorted(_FOLDER_SECONDS.items(), key=lambda kv: -kv[1]):
+        tests = len(_FOLDER_TESTS[folder])
+        share = 100 * seconds / total if total else 0.0
+        terminalreporter.write_line(f"{seconds:8.1f} s {share:5.1f} %  {tests:5d} tests  {folder}")
+    terminalreporter.write_line(f"{total:8.1f} s in all")

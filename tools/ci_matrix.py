@@ -2,7 +2,8 @@
 
 .ci/run calls this after the suite; ``.ci/matrix.toml`` declares what it runs::
 
-    python tools/ci_matrix.py prepare   # every venv below, made ahead (CI: during the suite)
+    python tools/ci_matrix.py all       # CI: the wheel, then each CI row (below)
+    python tools/ci_matrix.py prepare   # every venv below, made ahead, nothing run
     python tools/ci_matrix.py wheel     # build, install non-editable, use it
     python tools/ci_matrix.py torch     # the torch-facing tests on each CI row of the matrix
     python tools/ci_matrix.py torch --only 2.15.0   # one row, a by-hand one (ci = false) too
@@ -24,16 +25,18 @@ run there with ``torch_facing.pytest``'s options. pip's cap on torch on these ma
 (``/etc/xdg/pip``) is lifted for these venvs alone (``PIP_CONSTRAINT``):
 each pins its torch itself.
 
-``prepare`` makes every venv the other two use and installs into it (torch,
-the wheel, commrt's ``test`` extra), and nothing else: downloads and
-installs, about a core, which CI overlaps with the suite (the suite keeps the
-machine's two cores about half busy). ``wheel`` and ``torch`` use what
-``prepare`` made, or make it themselves.
+``all`` runs ``wheel`` and then ``torch``, making each venv while the one
+before it is used (``prepare --only``, in a second process whose output is
+shown when its venv is needed): one install at a time, beside a few minutes
+of tests, and never beside the suite. Each venv holds a CUDA build of torch
+(about 5 GB written, and the page cache that every rank's import of torch
+reads from flushed with it), which is why CI makes them after the suite and
+not during it. At most two venvs exist at once: the one in use and the next.
 
 Every step prints its time; the first failure ends the run with exit 1.
 The venvs live in one folder, ``COMMRT_CI_DIR`` (default
-``$TMPDIR/commrt-ci``); a row's venv is removed once its tests ran (a CUDA
-build of torch is ~5 GB), and the whole folder once ``torch`` is done.
+``$TMPDIR/commrt-ci``); a venv is removed once it has been used, and the
+whole folder once ``torch`` or ``all`` is done.
 """
 
 from __future__ import annotations
@@ -247,10 +250,59 @@ def torch_row(matrix: dict, row: dict, work: Path) -> None:
     shutil.rmtree(bin_.parent)
 
 
+class Ahead:
+    """A venv being made in a second process (``prepare --only``) while this one works.
+
+    ``ready()`` waits for it and shows its output; a failure there is raised as that
+    venv's :class:`Failed`, so the step that needed it is the one that fails.
+    """
+
+    def __init__(self, what: str, work: Path):
+        self.what = what
+        self.log = tempfile.TemporaryFile("w+")
+        me = [sys.executable, str(Path(__file__).resolve()), "prepare", "--only", what]
+        env = dict(os.environ, COMMRT_CI_DIR=str(work))
+        self.proc = subprocess.Popen(me, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.start = time.monotonic()
+
+    def ready(self) -> None:
+        code = self.proc.wait()
+        self.log.seek(0)
+        print(self.log.read().rstrip(), flush=True)
+        took = time.monotonic() - self.start
+        print(f"--- the {self.what} venv, made ahead: ready after {took:.0f} s", flush=True)
+        if code != 0:
+            raise Failed(f"making the {self.what} venv ahead exited {code}")
+
+
+def pipelined(matrix: dict, rows: list[dict], work: Path) -> None:
+    """``wheel`` and then each row's tests, the next venv made while one is used."""
+    order = ["wheel", *(row["torch"] for row in rows)]
+    ahead = Ahead(order[0], work)
+    for i, what in enumerate(order):
+        ahead.ready()
+        ahead = Ahead(order[i + 1], work) if i + 1 < len(order) else None
+        try:
+            if what == "wheel":
+                wheel(matrix, work)
+                shutil.rmtree(work / "venv-wheel", ignore_errors=True)
+            else:
+                torch_row(matrix, rows[i - 1], work)
+        except Failed:
+            if ahead is not None:
+                ahead.proc.kill()
+                ahead.proc.wait()
+            raise
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("what", choices=("prepare", "wheel", "torch", "all"))
-    parser.add_argument("--only", metavar="TORCH", help="the torch rows of this version alone")
+    parser.add_argument(
+        "--only",
+        metavar="TORCH",
+        help="the torch rows of this version alone (with prepare, also 'wheel': its venv alone)",
+    )
     args = parser.parse_args(argv)
     matrix = tomllib.loads(MATRIX.read_text("utf-8"))
     rows = [
@@ -258,19 +310,25 @@ def main(argv: list[str] | None = None) -> int:
         for r in matrix["torch_facing"]["run"]
         if (args.only is None and r["ci"]) or args.only == r["torch"]
     ]
-    if args.only and not rows:
+    just_wheel = args.what == "prepare" and args.only == "wheel"
+    if args.only and not rows and not just_wheel:
         parser.error(f"--only {args.only}: .ci/matrix.toml has no such torch row")
     work = Path(os.environ.get("COMMRT_CI_DIR") or Path(tempfile.gettempdir()) / "commrt-ci")
     start = time.monotonic()
     try:
         if args.what == "prepare":
-            shutil.rmtree(work, ignore_errors=True)
-            wheel_venv(matrix, work)
+            if args.only is None:
+                shutil.rmtree(work, ignore_errors=True)
+            if args.only in (None, "wheel"):
+                wheel_venv(matrix, work)
             for row in rows:
                 row_venv(row, work)
-        if args.what in ("wheel", "all"):
+        if args.what == "all":
+            shutil.rmtree(work, ignore_errors=True)
+            pipelined(matrix, rows, work)
+        if args.what == "wheel":
             wheel(matrix, work)
-        if args.what in ("torch", "all"):
+        if args.what == "torch":
             for row in rows:
                 torch_row(matrix, row, work)
     except Failed as e:
