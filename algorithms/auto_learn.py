@@ -58,9 +58,10 @@ schedule compiles its plan and allocates scratch):
    :data:`RECHECK_MIN_CALLS` calls), the next calls are timed again, as a
    trial block (the slowest rank's mean call). A machine drifts: the winner
    of a trial may fall behind the schedule it beat. If the kept schedule is
-   now slower than the trial's fastest other candidate still in by more
-   than ``MARGIN``, the two meet again in a fresh trial (their old blocks
-   dropped), paced as above, and the faster is kept. A kept schedule that
+   now slower than the trial's fastest other candidate by more than
+   ``MARGIN`` (one that was out too: it lost to a schedule that has slowed
+   since), the two meet again in a fresh trial (their old blocks dropped),
+   paced as above, and the faster is kept. A kept schedule that
    replaced the model's choice meets that choice again at each recheck,
    where :data:`TRIAL_PASSES` of its blocks fit in :data:`TRIAL_BUDGET_S`
    at its trial time. A choice that settled without a trial is held to
@@ -408,9 +409,11 @@ class Tuning:
         now = max(statistics.fmean(row) for row in table)
         self.recheck_s = now
         self.elapsed_s += now * (self.warmup + self.window)
-        rivals = {k: t for k, t in self.trial_s.items() if k != self.kept and k not in self.lost}
+        rivals = {k: t for k, t in self.trial_s.items() if k != self.kept}
         rival = min(rivals, key=rivals.get) if rivals else None
         if rival is not None and now > (1.0 + self.margin) * rivals[rival]:
+            # one that lost to the kept schedule is back where the kept one slowed past it
+            self.lost.pop(rival, None)
             finalists = (self.kept, rival)
         elif self._overturned_cheaply():
             # the model's choice lost a trial, perhaps in one slow spell of a loaded

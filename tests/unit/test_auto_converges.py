@@ -205,3 +205,22 @@ def test_stats_row_and_note_agree_while_auto_learns_and_once_it_settled(
     assert job.tuning.phase == "settled" and "learned" in entry.why
     assert any(learning for _, learning in shown)
     assert f"auto:{_best(table)}" in str(seen.stats)
+
+
+def test_a_kept_schedule_that_slows_past_the_ones_it_put_out_meets_them_again(monkeypatch):
+    # the candidates that lost by a wide margin are out, but only while the kept schedule
+    # stays that fast: slowed 200×, it meets the best of them again and is replaced
+    table = {"recursive_doubling": 100, "halving_doubling": 200, "torus2d(2x2)": 210, "ring": 300}
+    job = Job(monkeypatch, 4, 4096, table)
+    job.auto = Auto(network=NET, recheck_s=0.05)
+    job.settle(calls_to_settle(len(candidates(4))))
+    assert (job.tuning.kept, set(job.tuning.lost)) == (
+        "recursive_doubling",
+        {"halving_doubling", "torus2d(2x2)"},
+    )
+    table["recursive_doubling"] = 20000
+    # 0.05 s of its 0.1 ms calls before the recheck, then a paced rematch
+    bound = job.calls + 500 + calls_to_settle(2)
+    while job.tuning.kept == "recursive_doubling" and job.calls < bound:
+        job.call()
+    assert job.tuning.kept == "halving_doubling" and job.tuning.phase == "settled"

@@ -20,11 +20,14 @@ from mpi_report import write_ranks
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import commrt  # noqa: E402
 from commrt.algorithms import Auto  # noqa: E402
-from commrt.algorithms.auto import choices, learning  # noqa: E402
+from commrt.algorithms.auto import candidates, choices, learning  # noqa: E402
+from commrt.algorithms.auto_learn import calls_to_settle  # noqa: E402
 from commrt.collectives.memo import last_settled  # noqa: E402
 
 N = 1024  # floats: 4 KiB
-MAX_CALLS = 2000  # reached only if learning never settles or never moves on
+#: reached only if learning never settles or never moves on: settling, a recheck, and
+#: settling again, each within calls_to_settle
+MAX_CALLS = 2 * calls_to_settle(len(candidates(4))) + 100
 
 
 def main(out_path, mode):
