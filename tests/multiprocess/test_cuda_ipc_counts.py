@@ -46,7 +46,7 @@ def test_one_shot_waits_once_per_peer_and_every_rank_gets_the_same_bits(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("p", [2, 3, 4])
 def test_a_32_mib_one_shot_waits_once_per_peer_per_workspace_round(tmp_path, p):
     reports = _run(tmp_path, p, "one_shot", str(32 << 20))
     for dtype in DTYPES:
