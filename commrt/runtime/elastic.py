@@ -16,7 +16,7 @@ writes it) or, without one, "Signal 9 (SIGKILL) received by PID ...".
   names the root cause is commrt's verdict.
 * :func:`guard_sigterm`: under torchrun, a SIGTERM that finds the job failing
   (a verdict forming in this process, a stall declared in the store, or a
-  peer's process on this host gone) lets the verdict be given, and end the
+  peer on this host dead: gone without a farewell) lets the verdict be given, and end the
   job, first; a survivor of a killed rank is stopped about 0.1 s after the
   death, before it could print. Any other SIGTERM (the job stopped from
   outside) ends the process as the default action does, at once. A program's
@@ -32,10 +32,17 @@ import signal
 import threading
 import time
 
+from commrt import settings
+
 #: torchrun's variables: its error file, and its run's id (present under torchrun alone)
 ERROR_FILE, RUN_ID = "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_RUN_ID"
-#: the most a SIGTERM waits for a verdict being printed here (torchrun waits 30 s)
-PRINT_WAIT_S = 10.0
+PRINT_WAIT_S = settings.Seconds(
+    10.0,
+    "how long a rank that torchrun stops (SIGTERM) waits for the verdict it gives to be "
+    "printed (torchrun waits 30 s, then kills)",
+    "a rank under torchrun",
+    settings.STALLS,
+)
 
 
 def write_error_file(verdict: dict, text: str) -> None:
