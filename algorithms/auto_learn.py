@@ -16,9 +16,8 @@ schedule compiles its plan and allocates scratch):
 2. Else **trial**, in passes. A pass runs each live candidate (the
    runner-up, every other candidate predicted within :data:`CONTENDERS` ×
    the choice, and the choice) in a block of back-to-back calls, as the
-   kept one will run: :data:`WARMUP` untimed calls, then ⌈WINDOW /
-   TRIAL_PASSES⌉ timed ones; every other pass in reverse order, so that a
-   drift in the machine's load meets all alike. A block's time is its
+   kept one will run (:data:`WARMUP` untimed calls, then ⌈WINDOW /
+   TRIAL_PASSES⌉ timed ones), every other pass reversed. A block's time is its
    slowest rank's mean call (the throughput of back-to-back calls: a median
    of single calls favours a schedule whose calls alternate fast and slow);
    a candidate's, the median of its blocks, so that one block in which a
@@ -36,51 +35,32 @@ schedule compiles its plan and allocates scratch):
      :data:`TRIAL_BUDGET_S` per candidate at the baseline's time a call,
      and keeps the leader (the others are then within the margin of it).
 
-   **Paced**: exploring costs the calls that run a slower candidate.
-   Before each pass, its expected excess over the leader (measured where a
-   candidate ran, else the model's price scaled by how far the baseline
-   missed it, half of that where it missed by more than the margin) is
-   weighed against the size's calls so far: where the excess of every
-   pass so far and of this one would pass :data:`EXPLORE` of their time,
-   the leader first runs alone (**hold**) for as many calls as it takes,
-   at most :data:`MAX_HOLD`. A user's first calls then cost the model's
-   choice plus at most that fraction, and a job with many calls still
-   learns.
+   **Paced**: before the baseline and each pass, what it is expected to
+   cost beyond the leader's calls (slower candidates, the learning path's
+   own cost) is weighed against the size's calls so far; where all of it
+   would pass :data:`EXPLORE` of their time, the leader first runs alone on
+   the settled path (**hold**), at most :data:`MAX_HOLD` calls. A user's
+   first calls cost the model's choice plus at most that share.
 3. **verdict**: the leader is kept for that size from then on
-   (``commrt.algorithms.auto.choices`` shows it, with ``learned=True``
-   where it is not the model's choice), and the size is settled.
-   ``commrt.all_reduce`` then runs the kept schedule for repeats of that
-   call without asking ``select`` or ``observe``
-   (``commrt.collectives.memo.SettledCall``), only counting them (so does
-   a hold).
+   (``learned=True`` where not the model's), run by ``commrt.all_reduce``'s
+   memo (``commrt.collectives.memo.SettledCall``), which only counts calls.
 4. **recheck**: after :data:`RECHECK_S` seconds' worth of the kept
    schedule's calls (at its measured time a call; at least
    :data:`RECHECK_MIN_CALLS` calls), the next calls are timed again, as a
-   trial block (the slowest rank's mean call). A machine drifts: the winner
-   of a trial may fall behind the schedule it beat. If the kept schedule is
-   now slower than the trial's fastest other candidate by more than
+   trial block. If the kept schedule is now slower than the trial's fastest other candidate by more than
    ``MARGIN`` (one that was out too: it lost to a schedule that has slowed
-   since), the two meet again in a fresh trial (their old blocks dropped),
-   paced as above, and the faster is kept. A kept schedule that
-   replaced the model's choice meets that choice again at each recheck,
-   where :data:`TRIAL_PASSES` of its blocks fit in :data:`TRIAL_BUDGET_S`
-   at its trial time. A choice that settled without a trial is held to
-   its own baseline time instead, and the whole trial runs if it drifted
-   past it. Each recheck that keeps the same schedule doubles the wait
+   since), the two meet again in a fresh trial, and the faster is kept; so
+   do a kept schedule and the model's choice it replaced, where that is
+   cheap. One settled without a trial is held to its baseline time. Each
+   recheck that keeps the same schedule doubles the wait
    before the next, up to :data:`RECHECK_MAX_S`; a change starts it again.
    ``Auto(recheck_s=None)`` never rechecks.
 
-Every rank decides from the same numbers: a phase's times reach every
-rank in one small gather (:func:`commrt.runtime.rows.gather`, an exact all-reduce
-of a p × (timed calls) table) at the end of the phase or pass, never per
-call; a hold's length is computed from agreed numbers only. A size settles
-within :func:`calls_to_settle` calls. Calls through ``commrt.all_reduce``
-are the ones timed; GradientSync and the torch.distributed backend use
-what was learned for the same communicator (a GradientSync picks its
-schedules when it is made).
-
-:class:`Tuning` is the pure decision state (tested with injected timings,
-no processes); :func:`agree` is the one collective step.
+Every rank decides from the same numbers: a phase's times reach every rank in one small
+gather (:func:`commrt.runtime.rows.gather`) at the end of the phase or pass; a hold's length
+comes from agreed numbers only. A size settles within :func:`calls_to_settle` calls.
+:class:`Tuning` is the pure decision state (tested with injected timings, no processes);
+:func:`agree` is the one collective step.
 """
 
 from __future__ import annotations
@@ -152,6 +132,9 @@ WIDE = 1.3
 EXPLORE = 0.05
 #: calls of a hold, at most (so that a size settles within calls_to_settle)
 MAX_HOLD = 400
+#: what learning costs, paced as exploring is: a learning-path call beyond a settled one, and
+#: a phase's gather (2 shm ranks, 2 cores: 25 and 75 µs, where a settled 8 B call took 8)
+LEARN_CALL_S, GATHER_S = 25e-6, 75e-6
 
 
 @dataclass
@@ -194,9 +177,11 @@ class Tuning:
     passes_run: int = 0
     plan: tuple = ()
     #: agreed seconds of this size's calls so far (untimed ones at their block's time), and
-    #: of them the excess of the blocks slower than their pass's fastest
+    #: of them the excess of the blocks slower than their pass's fastest and what learning
+    #: cost (LEARN_CALL_S, GATHER_S); calls held before the baseline
     elapsed_s: float = 0.0
     explored_s: float = 0.0
+    held: int = 0
     #: this rank's seconds in the current phase, and the calls made in it (timed or not)
     times: list = field(default_factory=list)
     calls: int = 0
@@ -208,6 +193,15 @@ class Tuning:
     confirmed: int = 0
     until_recheck: int = 0
     recheck_s: float | None = None
+
+    def __post_init__(self):
+        # even the baseline is paced: where calls are cheap, the model's choice runs alone
+        # (as a hold, on the settled path) until the calls can pay for timing it
+        if self.phase == "baseline" and self.explore < math.inf and self.predicted_s > 0:
+            cost = (self.warmup + self.window) * LEARN_CALL_S + GATHER_S
+            self.held = min(MAX_HOLD, math.ceil(cost / self.explore / self.predicted_s) - 1)
+            if self.held > 0:
+                self.phase, self.until_recheck = "hold", self.held
 
     @property
     def rotation(self) -> tuple[str, ...]:
@@ -288,7 +282,10 @@ class Tuning:
             self.until_recheck -= 1
             if self.until_recheck > 0:
                 return False
-            self.phase, self.plan = "trial", self._lay_out()
+            if self.chosen_s is None:  # the hold before the baseline
+                self.phase, self.times, self.calls = "baseline", [], 0
+            else:
+                self.phase, self.plan = "trial", self._lay_out()
             return True
         if self.phase != "settled" or self.recheck_after_s is None:
             return False
@@ -319,7 +316,8 @@ class Tuning:
         self.times, self.calls = [], 0
         if self.phase == "baseline":
             self.chosen_s = agreed_time(table)
-            self.elapsed_s += self.chosen_s * (self.warmup + self.window)
+            self.elapsed_s += self.chosen_s * (self.held + self.warmup + self.window)
+            self.explored_s += (self.warmup + self.window) * LEARN_CALL_S + GATHER_S
             # a contender, paced, costs little: tried wherever the model cannot rule it out
             bound = CONTENDERS * self.predicted_s
             close = self.runner_predicted_s is not None and self.runner_predicted_s <= bound
@@ -381,6 +379,7 @@ class Tuning:
         lead = self._lead_s()
         calls = self.warmup + self._per_block()
         excess = sum(calls * max(0.0, self._expected_s(x) - lead) for x in self.live)
+        excess += len(self.live) * calls * LEARN_CALL_S + GATHER_S
         # the calls before the pass pay for it: a pass never pays for itself
         need = (self.explored_s + excess) / self.explore - self.elapsed_s
         if need <= 0 or lead <= 0:
@@ -449,6 +448,7 @@ class Tuning:
             means.append(mean)
         self.elapsed_s += calls * sum(means)
         self.explored_s += calls * sum(m - min(means) for m in means)
+        self.explored_s += len(means) * calls * LEARN_CALL_S + GATHER_S
         self.passes_run += 1
         self.trial_s.update({x: statistics.median(self.samples[x]) for x in self.live})
         lead = self.leader
@@ -482,7 +482,7 @@ def calls_to_settle(candidates: int) -> int:
     then a trial of ``candidates`` (the choice among them) at the most passes, each after
     the longest hold."""
     block = WARMUP + -(-WINDOW // TRIAL_PASSES)
-    return WARMUP + WINDOW + MAX_TRIAL_PASSES * (MAX_HOLD + block * candidates)
+    return MAX_HOLD + WARMUP + WINDOW + MAX_TRIAL_PASSES * (MAX_HOLD + block * candidates)
 
 
 def agreed_time(table) -> float:
