@@ -226,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     traceback per rank (:func:`commrt.cli.launch.interrupted`); a reader that leaves
     (``commrt simulate | head``) ends it quietly (:mod:`commrt.cli.output`)."""
     warnings.formatwarning = fit_warning
-    with output.watching_stdout():
+    with output.guarding_stdout():
         try:
             return _main(argv)
         except KeyboardInterrupt:

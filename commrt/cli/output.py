@@ -4,7 +4,7 @@ command ends quietly, as a Unix command does, with exit status :data:`READER_LEF
 Python turns the write into a ``BrokenPipeError`` wherever it happens: in the progress
 bar's thread, in the main loop, in the launcher. Left alone, each prints a traceback, and
 a rank that dies of one makes its peers fail loudly too. Here the command's stdout is
-wrapped (:func:`watching_stdout`) so that the first failed write ends the process at once,
+wrapped (:func:`guarding_stdout`) so that the first failed write ends the process at once,
 with nothing on stderr: a single process (``commrt simulate``, ``commrt diagnose``)
 exits; a rank of ``commrt train`` waits for its launcher, which shares the same pipe,
 sees the reader gone (:func:`reader_left`) and stops every rank together, so that no
@@ -41,7 +41,7 @@ READER_WAIT_S = settings.Seconds(
 _state = {"gone": False, "supervising": False}
 
 
-class _Watched:
+class _ReaderGuarded:
     """A text stream whose failed write or flush (the reader left) calls :func:`_gone`;
     everything else is the stream's own."""
 
@@ -66,17 +66,17 @@ class _Watched:
 
 
 @contextlib.contextmanager
-def watching_stdout():
+def guarding_stdout():
     """Inside, ``sys.stdout`` is wrapped (once) so that the reader's leaving ends this
     command quietly; after, it is the stream it was (a caller that runs the command in its
     own process, a test, keeps its stdout as it was)."""
     previous = sys.stdout
-    if previous is not None and not isinstance(previous, _Watched):
-        sys.stdout = _Watched(previous)
+    if previous is not None and not isinstance(previous, _ReaderGuarded):
+        sys.stdout = _ReaderGuarded(previous)
     try:
         yield
     finally:
-        if isinstance(sys.stdout, _Watched) and not isinstance(previous, _Watched):
+        if isinstance(sys.stdout, _ReaderGuarded) and not isinstance(previous, _ReaderGuarded):
             sys.stdout = previous
 
 

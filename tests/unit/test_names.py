@@ -24,7 +24,7 @@ ALLOWED = {
         "commrt/runtime/communicator.py",
         "commrt/distributed/devices.py",
     },
-    "watch": {"commrt/runtime/stall.py"},
+    "watch": {"commrt/runtime/stall.py", "commrt/runtime/elastic.py"},
     "Watchdog": {"commrt/transports/watchdog.py", "commrt/transports/nccl.py"},
     "watchdog": {"commrt/transports/nccl.py"},
     "watcher": {"commrt/sync/backup/liveness.py"},
