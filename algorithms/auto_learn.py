@@ -133,8 +133,8 @@ EXPLORE = 0.05
 #: calls of a hold, at most (so that a size settles within calls_to_settle)
 MAX_HOLD = 400
 #: what learning costs, paced as exploring is: a learning-path call beyond a settled one, and
-#: a phase's gather (2 shm ranks, 2 cores: 25 and 75 µs, where a settled 8 B call took 8)
-LEARN_CALL_S, GATHER_S = 25e-6, 75e-6
+#: a phase's gather (2 shm ranks, 2 cores: 25 µs, and 75 to 350 µs, where 8 B took 5)
+LEARN_CALL_S, GATHER_S = 25e-6, 300e-6
 
 
 @dataclass
