@@ -51,12 +51,15 @@ def _round(comm, call, calls: int) -> float:
 
 
 def _forget(comm, auto: Auto) -> None:
-    """Drop everything ``auto`` learned on ``comm`` (its choices, trials, memos) and the
-    probe: the next call starts as a new job's first call does."""
+    """Drop everything ``auto`` learned on ``comm`` (its choices, trials, the memos of
+    settled calls, the executor's of the last) and the probe: the next call starts as a new
+    job's first call does."""
     slots = comm.slots
     for store in (slots.auto_choices, slots.auto_tuning, slots.auto_tried):
         for key in [k for k in store if k[0] is auto]:
             del store[key]
+    for call in list(slots.settled_calls.values()):  # and the executor's memo of the last
+        comm.executor.forget(call)
     slots.settled_calls.clear()
     slots.settling.clear()
     slots.probe = None
