@@ -242,8 +242,14 @@ def _run_whole(transport: Transport, buf, timeout: float, bound: Bound, bucket) 
         peers = [x.peer for step in bound.steps for x in step[0].sends + step[0].recvs]
         raise engine_error(transport, e, peers, Where(schedule.name, bucket=bucket)) from e
     if late is not None:
-        raise CommTimeoutError(rank=transport.rank, peer=late, what="recv", timeout_s=timeout,
-                               algorithm=schedule.name, bucket=bucket)  # fmt: skip
+        raise CommTimeoutError(
+            rank=transport.rank,
+            peer=late,
+            what="recv",
+            timeout_s=timeout,
+            algorithm=schedule.name,
+            bucket=bucket,
+        )
 
 
 def _run_ordered(
