@@ -109,8 +109,7 @@ TRIAL_BUDGET_S = settings.Seconds(
 )
 MAX_TRIAL_PASSES = 6
 #: the trial also runs every candidate predicted within this factor of the choice: where
-#: the model errs by tens of percent (small buffers, a loaded machine) its order among
-#: them says little, and the runner-up alone can miss the fastest
+#: the model errs by tens of percent its order among them says little
 CONTENDERS = 1.5
 RECHECK_S = settings.Seconds(
     2.0,
@@ -132,9 +131,14 @@ WIDE = 1.3
 EXPLORE = 0.05
 #: calls of a hold, at most (so that a size settles within calls_to_settle)
 MAX_HOLD = 400
-#: what learning costs, paced as exploring is: a learning-path call beyond a settled one, and
-#: a phase's gather (2 shm ranks, 2 cores: 25 µs, and 75 to 350 µs, where 8 B took 5)
-LEARN_CALL_S, GATHER_S = 25e-6, 300e-6
+LEARN_CALL_S = settings.Seconds(
+    25e-6, "what a call on auto's learning path costs beyond a settled one, paced as exploring is",
+    "`auto`'s learning", settings.AUTO,
+)  # fmt: skip
+GATHER_S = settings.Seconds(
+    300e-6, "what a phase's gather of auto's timings costs, paced as exploring is",
+    "`auto`'s learning", settings.AUTO,
+)  # fmt: skip
 
 
 @dataclass
@@ -211,8 +215,7 @@ class Tuning:
 
     def trial_plan(self) -> tuple[tuple[str, bool], ...]:
         """The current pass's calls in order, as ``(label, timed)``: a block of back-to-back
-        calls for each live candidate, its first :attr:`warmup` untimed. Laid out when the
-        pass starts: every call of it asks."""
+        calls for each live candidate, its first :attr:`warmup` untimed."""
         return self.plan
 
     @property
@@ -258,13 +261,8 @@ class Tuning:
         """Whether this size has not settled yet (its first baseline, hold or trial)."""
         return self.kept is None
 
-    @property
-    def runner_s(self) -> float | None:
-        return self.trial_s.get(self.runner_up)
-
-    @property
-    def beside_s(self) -> float | None:
-        return self.trial_s.get(self.choice)
+    runner_s = property(lambda self: self.trial_s.get(self.runner_up))
+    beside_s = property(lambda self: self.trial_s.get(self.choice))
 
     @property
     def timing(self) -> bool:
