@@ -336,7 +336,7 @@ def run(args, out=print) -> dict:
         report["files"] = paths
     if args.json:
         write_json(report, args.json)
-        out(f"# wrote {os.path.abspath(args.json)}")
+        out(f"# wrote {args.json}")
     return report
 
 

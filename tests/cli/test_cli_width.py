@@ -44,9 +44,11 @@ def _fits(out: str, cols: int = 80) -> list[str]:
 def test_bench_allreduce_fits_80_columns_and_writes_the_detail(backend, tmp_path):
     csv_path, json_path = tmp_path / "ar.csv", tmp_path / "ar.json"
     argv = [*COMMRT, "bench", "allreduce", "--nproc", "2", "--backend", backend]
-    argv += ["--sizes", "8,64K", "--repeats", "1", "--csv", str(csv_path)]
-    argv += ["--json", str(json_path)]
-    rc, out = run_in_pty(argv)
+    # the files by the names a user in that folder gives: "# wrote ar.csv" is the program's
+    # own line, while a temporary folder's path (longer under xdist) is not its layout
+    argv += ["--sizes", "8,64K", "--repeats", "1", "--csv", csv_path.name]
+    argv += ["--json", json_path.name]
+    rc, out = run_in_pty(argv, cwd=tmp_path)
     assert rc == 0, out[-3000:]
     lines = _fits(out)
     assert lines[0].startswith(f"starting 2 ranks ({backend})"), lines[:3]
@@ -80,7 +82,7 @@ def test_every_native_baselines_name_shows_whole_within_80_columns():
 def test_bench_kernels_fits_80_columns(tmp_path):
     csv_path = tmp_path / "k.csv"
     argv = [*COMMRT, "bench", "kernels", "--sizes", "1M", "--device", "cpu"]
-    rc, out = run_in_pty([*argv, "--csv", str(csv_path)])
+    rc, out = run_in_pty([*argv, "--csv", csv_path.name], cwd=tmp_path)
     assert rc == 0, out[-3000:]
     _fits(out)
     assert "pack/copy" in out and "1 MiB" in out and "copy GB/s" in out
@@ -93,8 +95,8 @@ def test_bench_kernels_fits_80_columns(tmp_path):
 def test_simulate_fits_80_columns_and_writes_json(tmp_path):
     json_path = tmp_path / "sim.json"
     argv = [*COMMRT, "simulate", "--max-p", "4096", "--at-p", "1024", "--samples", "10"]
-    argv += ["--no-plots", "--json", str(json_path)]
-    rc, out = run_in_pty(argv)
+    argv += ["--no-plots", "--json", json_path.name]
+    rc, out = run_in_pty(argv, cwd=tmp_path)
     assert rc == 0, out[-3000:]
     lines = _fits(out)
     titles = ("time per all-reduce vs p", "synchronous step", "backup workers", "gossip step")

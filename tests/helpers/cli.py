@@ -45,8 +45,9 @@ def size_bytes(text: str) -> float:
     return float(m.group(1)) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[m[2]]
 
 
-def run_in_pty(argv, cols=80, rows=24, timeout=300):
-    """Run ``argv`` with stdout/stderr on a pseudo-terminal of ``cols`` columns; return (rc, text)."""
+def run_in_pty(argv, cols=80, rows=24, timeout=300, cwd=None):
+    """Run ``argv`` (in ``cwd``) with stdout/stderr on a pseudo-terminal of ``cols`` columns;
+    return (rc, text)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     env = {
@@ -54,7 +55,9 @@ def run_in_pty(argv, cols=80, rows=24, timeout=300):
         for k, v in os.environ.items()
         if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE", "COLUMNS", "LINES")
     }
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    proc = subprocess.Popen(
+        argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True, cwd=cwd
+    )
     os.close(slave)
     chunks = []
     while True:
