@@ -335,6 +335,11 @@ class Steps:
     def env(self, **more) -> dict:
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra, **more)
         env.pop("TRITON_INTERPRET", None)
+        # a child pytest is a session of its own: run from a pytest-xdist worker (the suite's
+        # own test of this check), the worker's variables made pytest-benchmark think xdist
+        # ran it, and refuse --benchmark-only
+        for name in [n for n in env if n.startswith("PYTEST_XDIST_")]:
+            del env[name]
         paths = [p for p in (self.extra.get("PYTHONPATH"), TOOLS) if p]
         rest = os.environ.get("PYTHONPATH")
         env["PYTHONPATH"] = os.pathsep.join(paths + ([rest] if rest else []))

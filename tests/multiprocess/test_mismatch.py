@@ -191,6 +191,10 @@ def test_a_repeat_beside_a_new_call_is_a_timeout_that_says_what_to_do():
 
     repeat, new = run_ranks(2, body)
     assert "algorithm ring, step 0" in str(new), new
-    assert not getattr(repeat, "__notes__", None), repeat.__notes__
-    assert new.__notes__ == [collectives.CHECK_NOTE]
+
+    def notes(error):  # the short traceback's own note says nothing of the call
+        return [n for n in getattr(error, "__notes__", []) if n != commrt.errors.SHORTENED]
+
+    assert not notes(repeat), repeat.__notes__
+    assert notes(new) == [collectives.CHECK_NOTE]
     assert "COMMRT_DEBUG=1" in collectives.CHECK_NOTE
