@@ -75,4 +75,5 @@ def test_abort_advice_fits_how_the_group_was_made(monkeypatch):
     abort.install_abort_hook(backend_comm)  # as the backend's devices install it
     sys.excepthook(RuntimeError, RuntimeError("peer gone"), None)
     assert "COMMRT_ABORT_ON_ERROR=0" in said[-1] and "commrt.init" not in said[-1]
-    assert len(farewells) == 1 and farewells[0][1] is None  # the error names no rank
+    # an error not commrt's names no peer: this rank is its own cause, and says so
+    assert len(farewells) == 1 and farewells[0][1] == backend_comm.rank
