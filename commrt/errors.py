@@ -19,10 +19,11 @@ import types
 
 from commrt import settings
 
-#: the line a shortened error ends with, where more than a wrapper's frame was left out
+#: the note a shortened error ends with, where more than a wrapper's frame was left out:
+#: two lines, each within 80 columns, as every message commrt prints
 SHORTENED = (
-    "(commrt left out its own frames and the errors behind this one; "
-    f"{settings.TRACEBACK.name}=full shows them)"
+    "(commrt left out its own frames and the errors behind this one;\n"
+    f" {settings.TRACEBACK.name}=full shows them)"
 )
 
 
