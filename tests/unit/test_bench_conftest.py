@@ -20,6 +20,8 @@ def _bench_as(rank: int, out) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pytest", "bench/bench_kernels.py", "-k", CASE, "-q"]
     cmd += ["-p", "no:cacheprovider", "--benchmark-only", "--benchmark-json", str(out)]
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2")
+    for name in [n for n in env if n.startswith("PYTEST_XDIST_")]:
+        del env[name]  # the child is a pytest session of its own, not an xdist worker
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
