@@ -147,7 +147,12 @@ def anchors(comm, dtype: torch.dtype = torch.float32) -> tuple[list[tuple[str, C
     if comm.backend is Backend.GLOO:
         out.append((f"native ({GLOO_ANCHOR})", comm.transport.native_all_reduce))
     else:
-        gloo = commrt.init("gloo", timeout=comm.timeout)
+        # its own rendezvous port: rank 0 already serves the job's store on MASTER_PORT, and
+        # a second store there is refused (EADDRINUSE, seen with torch 2.15)
+        port = os.environ.get("MASTER_PORT")
+        gloo = commrt.init(
+            "gloo", timeout=comm.timeout, master_port=int(port) + 1 if port else None
+        )
         opened.append(gloo)
         out.append((GLOO_ANCHOR, gloo.transport.native_all_reduce))
     if dtype not in (torch.float32, torch.float64) or comm.device.type != "cpu":
