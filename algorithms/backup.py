@@ -116,8 +116,7 @@ class BackupWorkers(Algorithm):
     ) -> Schedule:
         """The inner all-reduce over ``ranks``, the N on-time ranks of one step
         (default: the first N ranks)."""
-        if collective is not Collective.ALL_REDUCE:
-            raise ValueError(f"{self.name} implements all_reduce only, not {collective.value}")
+        self.refuse_unless_all_reduce(collective)
         n = self.participants(world_size)
         ranks = participants(world_size, ranks if ranks is not None else range(n))
         return self.inner.schedule(world_size, ranks)

@@ -64,6 +64,12 @@ class Algorithm(abc.ABC):
         """Whether :meth:`schedule` can build ``collective``. Default: all-reduce only."""
         return collective is Collective.ALL_REDUCE
 
+    def refuse_unless_all_reduce(self, collective: Collective) -> None:
+        """Raise :class:`ValueError` naming this algorithm where ``collective`` is not the
+        all-reduce: the one check of an algorithm that builds nothing else."""
+        if collective is not Collective.ALL_REDUCE:
+            raise ValueError(f"{self.name} implements all_reduce only, not {collective.value}")
+
     def observe(self, comm, nbytes: int, started_s: float) -> bool:
         """After a call ran :meth:`select`'s schedule for ``nbytes`` (started at
         ``time.perf_counter()`` = ``started_s``): learn from it. Called only where

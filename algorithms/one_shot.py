@@ -31,11 +31,6 @@ from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule, Steps
 
 
-def _all_reduce_only(name: str, collective: Collective) -> None:
-    if collective is not Collective.ALL_REDUCE:
-        raise ValueError(f"{name} implements all_reduce only, not {collective.value}")
-
-
 @named_keywords
 @dataclass(frozen=True)
 class OneShot(Algorithm):
@@ -58,7 +53,7 @@ class OneShot(Algorithm):
         ranks: Sequence[int] | None = None,
         collective: Collective = Collective.ALL_REDUCE,
     ) -> Schedule:
-        _all_reduce_only(self.name, collective)
+        self.refuse_unless_all_reduce(collective)
         ranks = participants(world_size, ranks)
         # every "block" is the whole buffer: position i sends it to j, adds j's
         steps, _ = direct_reduce_scatter(ranks, [(0, 1)] * len(ranks), "exchange")
@@ -87,7 +82,7 @@ class TwoShot(Algorithm):
         ranks: Sequence[int] | None = None,
         collective: Collective = Collective.ALL_REDUCE,
     ) -> Schedule:
-        _all_reduce_only(self.name, collective)
+        self.refuse_unless_all_reduce(collective)
         ranks = participants(world_size, ranks)
         m = len(ranks)
         blocks = [(k, k + 1) for k in range(m)]

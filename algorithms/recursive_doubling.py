@@ -45,8 +45,7 @@ class RecursiveDoubling(Algorithm):
         ranks: Sequence[int] | None = None,
         collective: Collective = Collective.ALL_REDUCE,
     ) -> Schedule:
-        if collective is not Collective.ALL_REDUCE:
-            raise ValueError(f"{self.name} implements all_reduce only, not {collective.value}")
+        self.refuse_unless_all_reduce(collective)
         ranks = participants(world_size, ranks)
         core, extras = split_core(ranks)
         whole = (0, 1)  # one chunk: every message carries the whole buffer
