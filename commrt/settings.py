@@ -169,6 +169,16 @@ CUDA_IPC_SLOT_BYTES = Variable(
     "message, smaller ones less memory",
     "the `cuda_ipc` transport",
 )
+CUDA_IPC_HOST_BYTES = Variable(
+    "COMMRT_CUDA_IPC_HOST_BYTES",
+    "bytes",
+    "1 MiB",
+    "the largest CUDA all-reduce that the CUDA IPC transport's one-shot sums on the host "
+    "(a copy to pinned host memory, the sum there, a copy back) rather than on the GPU: "
+    "ranks that time-share one GPU pay a context switch per cross-process wait on the "
+    "device; `0` sums every size on the GPU",
+    "the `cuda_ipc` transport",
+)
 LOG = Variable(
     "COMMRT_LOG",
     "level",
@@ -253,6 +263,7 @@ VARIABLES = (
     CPU_TRANSPORT,
     CUDA_TRANSPORT,
     CUDA_IPC_SLOT_BYTES,
+    CUDA_IPC_HOST_BYTES,
     LOG,
     TRACE,
     CALIBRATION,

@@ -63,6 +63,7 @@ from commrt.errors import CommError, CommTimeoutError
 from commrt.transports.base import Pair, Pending, Transport, average_first, poll_until
 from commrt.transports.cuda_ipc_device import IpcDevice
 from commrt.transports.cuda_ipc_direct import SUMS, Workspace
+from commrt.transports.cuda_ipc_host import HOST_BYTES, HostWorkspace
 from commrt.transports.processes import start_time
 
 #: slots per direction (pieces in flight between two ranks)
@@ -178,6 +179,7 @@ class CudaIpcTransport(Transport):
     progress_in_calls = True
     # device work cannot be withdrawn: a wait that times out breaks the transport
     waits_break_on_timeout = True
+    fuses_one_shot = True
     #: the store the ranks met through, and the prefix of this transport's keys in it
     #: (a rank that closed says so there); set by connect()
     store, keys = None, ""
@@ -203,6 +205,11 @@ class CudaIpcTransport(Transport):
         self.tally = Tally()
         #: the one-shot workspace (commrt.transports.cuda_ipc_direct), made at the first call
         self.workspace: Workspace | None = None
+        #: the one-shot summed on the host (commrt.transports.cuda_ipc_host), made likewise
+        self.host_workspace: HostWorkspace | None = None
+        #: the largest one-shot summed on the host (bytes; set by connect, the same on
+        #: every rank)
+        self.host_bytes = HOST_BYTES
 
     # -- the ordering rules, one method each (see the module docs)
     def can_write(self, link: Link, n: int) -> bool:
@@ -356,7 +363,9 @@ class CudaIpcTransport(Transport):
 
     def runs_whole(self, schedule, buf: torch.Tensor, reduce) -> bool:
         """A one-shot all-reduce of every rank, summed, in a dtype the workspace sums:
-        through the workspace (:mod:`commrt.transports.cuda_ipc_direct`)."""
+        through the workspace, summed on the host up to :attr:`host_bytes`
+        (:mod:`commrt.transports.cuda_ipc_host`), else on the device
+        (:mod:`commrt.transports.cuda_ipc_direct`)."""
         return (
             schedule.name.rpartition(":")[2] == "one_shot"  # also auto's "auto:one_shot"
             and reduce is None
@@ -368,13 +377,25 @@ class CudaIpcTransport(Transport):
     def run_whole(self, buf: torch.Tensor, deadline: float) -> int | None:
         with self.lock:
             self._usable()
-            if self.workspace is None:
-                self.workspace = Workspace(self)
-                self.workspace.make(max(1.0, deadline - time.monotonic()))
-            late = self.workspace.all_reduce(buf, deadline)
+            space = self._workspace(buf.numel() * buf.element_size(), deadline)
+            late = space.all_reduce(buf, deadline)
             if late is not None:
                 self.broken = f"the one-shot wait on rank {late} timed out"
             return late
+
+    def _workspace(self, nbytes: int, deadline: float) -> "Workspace | HostWorkspace":
+        """Where a one-shot of ``nbytes`` is summed: on the host up to :attr:`host_bytes`
+        (every rank decides alike), else on the device; made at its first call."""
+        timeout = max(1.0, deadline - time.monotonic())
+        if nbytes <= self.host_bytes:
+            if self.host_workspace is None:
+                self.host_workspace = HostWorkspace(self, self.host_bytes)
+                self.host_workspace.make(timeout)
+            return self.host_workspace
+        if self.workspace is None:
+            self.workspace = Workspace(self)
+            self.workspace.make(timeout)
+        return self.workspace
 
     def barrier(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -427,8 +448,9 @@ class CudaIpcTransport(Transport):
             except (CommError, RuntimeError):
                 clean = False
         self.broken = self.broken or "the transport is closed"
-        if self.workspace is not None:
-            self.workspace.release(clean)
+        for space in (self.workspace, self.host_workspace):
+            if space is not None:
+                space.release(clean)
         release(clean)
 
     def _all_ran(self, deadline: float) -> bool:

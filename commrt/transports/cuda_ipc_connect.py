@@ -32,6 +32,7 @@ from commrt import settings
 from commrt.transports.base import ON_A_CPU
 from commrt.transports.cuda_ipc import SLOT_BYTES, SLOTS, CudaIpcTransport, Link, link_bytes
 from commrt.transports.cuda_ipc_device import CudaDevice, IpcDevice, import_runtime
+from commrt.transports.cuda_ipc_host import HOST_BYTES
 from commrt.transports.processes import start_time
 from commrt.transports.shm_connect import SHM_DIR, gather
 from commrt.transports.shm_connect import unusable as host_unusable
@@ -182,16 +183,20 @@ class _Made:
 
 def connect(
     store, rank: int, world_size: int, dev: IpcDevice, timeout: float,
-    slot_bytes: int = SLOT_BYTES, slots: int = SLOTS,
+    slot_bytes: int = SLOT_BYTES, slots: int = SLOTS, host_bytes: int = HOST_BYTES,
 ) -> CudaIpcTransport | str:  # fmt: skip
     """Every rank of a group calls this together: the transport, or on every rank alike
-    the reason these ranks cannot share device memory (see the module docs)."""
+    the reason these ranks cannot share device memory (see the module docs).
+    ``host_bytes``: the largest one-shot summed on the host
+    (:mod:`commrt.transports.cuda_ipc_host`), the same on every rank or refused."""
     if slot_bytes < 16 or slot_bytes % 16 or slots < 1:
         raise ValueError(f"cuda_ipc: slot_bytes must be a positive multiple of 16 and slots "
                          f"at least 1, got {slot_bytes} and {slots}")  # fmt: skip
     made = _Made(dev, world_size, slots, slot_bytes)
     if world_size == 1:
-        return CudaIpcTransport(rank, 1, dev, {}, {}, slot_bytes, made.release)
+        transport = CudaIpcTransport(rank, 1, dev, {}, {}, slot_bytes, made.release)
+        transport.host_bytes = host_bytes
+        return transport
     key = f"cuda_ipc/{store.add(f'cuda_ipc_generation/{rank}', 1)}/"
     bad, about = refusal(store, key, rank, world_size, dev, timeout)
     if bad is not None:
@@ -203,9 +208,10 @@ def connect(
         except (OSError, RuntimeError) as e:
             mine, why = "{}", f"cannot make its slab, events or counters: {e}"
         handles = gather(store, key + "made/", rank, world_size, timeout,
-                         json.dumps({"why": why, "handles": json.loads(mine)}))  # fmt: skip
+                         json.dumps({"why": why, "handles": json.loads(mine),
+                                     "host_bytes": host_bytes}))  # fmt: skip
         handles = [json.loads(x) for x in handles]
-        bad = _first(h["why"] for h in handles)
+        bad = _first(h["why"] for h in handles) or _host_bytes_differ(handles)
         if bad is None:
             try:
                 links = made.open_links(rank, [h["handles"] for h in handles])
@@ -221,7 +227,18 @@ def connect(
     pids = {p: (o["pid"], o["start"]) for p, o in enumerate(about) if p != rank}
     transport = CudaIpcTransport(rank, world_size, dev, links, pids, slot_bytes, made.release)
     transport.store, transport.keys = store, key
+    transport.host_bytes = host_bytes
     return transport
+
+
+def _host_bytes_differ(handles: list[dict]) -> str | None:
+    """Why the ranks cannot agree on which all-reduces go through the host (None: they
+    agree): a rank that sums on the host would wait forever for one that does not."""
+    seen = [h["host_bytes"] for h in handles]
+    if len(set(seen)) == 1:
+        return None
+    per = ", ".join(f"rank {r}: {b}" for r, b in enumerate(seen))
+    return f"{settings.CUDA_IPC_HOST_BYTES.name} differs between ranks ({per})"
 
 
 def cuda_missing() -> str | None:
@@ -270,10 +287,27 @@ def slot_bytes_from_env(env=None) -> int:
     return value
 
 
+def host_bytes_from_env(env=None) -> int:
+    """``COMMRT_CUDA_IPC_HOST_BYTES`` (default :data:`HOST_BYTES`): the largest all-reduce
+    whose one-shot is summed on the host; 0: none is."""
+    text = settings.CUDA_IPC_HOST_BYTES.text(env)
+    try:
+        value = int(text) if text else HOST_BYTES
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(
+            f"{settings.CUDA_IPC_HOST_BYTES.name} must be a number of bytes, 0 or more, got "
+            f"{text!r}"
+        )
+    return value
+
+
 def make_transport(store, rank: int, world_size: int, dev: IpcDevice, timeout: float):
-    """:func:`connect` (slots of :func:`slot_bytes_from_env`), or, on every rank alike,
-    a ValueError that says why not."""
-    made = connect(store, rank, world_size, dev, timeout, slot_bytes_from_env())
+    """:func:`connect` (slots of :func:`slot_bytes_from_env`, the host sums' bound of
+    :func:`host_bytes_from_env`), or, on every rank alike, a ValueError that says why not."""
+    made = connect(store, rank, world_size, dev, timeout, slot_bytes_from_env(),
+                   host_bytes=host_bytes_from_env())  # fmt: skip
     if isinstance(made, str):
         dev.close()
         raise ValueError(

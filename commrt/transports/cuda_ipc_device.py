@@ -33,6 +33,8 @@ import torch
 EVENT_FLAGS = 0x2 | 0x4
 #: cudaMemcpyDeviceToDevice (also between a peer's opened memory and ours)
 COPY_D2D = 3
+#: cudaMemcpyDefault: the direction from the pointers (host memory, pinned or not)
+COPY_ANY = 4
 #: cudaDevAttrIpcEventSupport: whether the device can share events between processes
 ATTR_IPC_EVENTS = 125
 #: cudaErrorNotReady, what cudaEventQuery returns while the recorded work runs
@@ -101,6 +103,20 @@ class IpcDevice(abc.ABC):
     @abc.abstractmethod
     def copy(self, dst: int, src: int, nbytes: int, stream) -> None:
         """Enqueue a copy of ``nbytes`` from ``src`` to ``dst`` on ``stream``."""
+
+    @abc.abstractmethod
+    def host_copy(self, dst: int, src: int, nbytes: int, stream) -> None:
+        """Enqueue a copy of ``nbytes`` on ``stream`` between this device's memory and host
+        memory (either side; pinned by :meth:`pin` or not)."""
+
+    @abc.abstractmethod
+    def pin(self, ptr: int, nbytes: int) -> None:
+        """Page-lock ``nbytes`` of host memory at ``ptr`` for :meth:`host_copy` (a
+        RuntimeError where the system refuses)."""
+
+    @abc.abstractmethod
+    def unpin(self, ptr: int) -> None:
+        """Undo :meth:`pin` of the memory at ``ptr``."""
 
     @abc.abstractmethod
     def sum_into(self, dst: int, srcs: list[int], count: int, dtype: torch.dtype, stream) -> None:
@@ -218,6 +234,16 @@ class CudaDevice(IpcDevice):
     def copy(self, dst: int, src: int, nbytes: int, stream) -> None:
         if nbytes:
             self.rt.memcpyAsync(dst, src, nbytes, COPY_D2D, stream.cuda_stream)
+
+    def host_copy(self, dst: int, src: int, nbytes: int, stream) -> None:
+        if nbytes:  # the direction is read from the addresses (unified addressing)
+            self.rt.memcpyAsync(dst, src, nbytes, COPY_ANY, stream.cuda_stream)
+
+    def pin(self, ptr: int, nbytes: int) -> None:
+        self.rt.hostRegister(ptr, nbytes, 0)
+
+    def unpin(self, ptr: int) -> None:
+        self.rt.hostUnregister(ptr)
 
     def _tensor(self, ptr: int, count: int, dtype: torch.dtype) -> torch.Tensor:
         """``count`` elements of ``dtype`` at the device address ``ptr`` (this process's

@@ -1,5 +1,5 @@
 """Several ranks on ONE GPU over ``cuda_ipc``: collectives at 2 and 4 ranks (all_reduce
-with ring, halving-doubling and torus2d, reduce_scatter, all_gather, against float64),
+with ring, halving-doubling, torus2d, one-shot and two-shot, reduce_scatter, all_gather, against float64),
 and the stall verdict for a rank stuck in user code.
 How they run: helpers.gpu.gpu_ranks. Skipped where there is no CUDA GPU: tools/gpu_check.py
 then reports them as not run.

@@ -169,6 +169,15 @@ class StandInDevice(IpcDevice):
         if nbytes:
             stream.enqueue(lambda: ctypes.memmove(dst, src, nbytes))
 
+    def host_copy(self, dst: int, src: int, nbytes: int, stream: Stream) -> None:
+        self.copy(dst, src, nbytes, stream)
+
+    def pin(self, ptr: int, nbytes: int) -> None:
+        """Host memory is all this device has: nothing to pin."""
+
+    def unpin(self, ptr: int) -> None:
+        """Nothing was pinned."""
+
     def sum_into(self, dst: int, srcs: list, count: int, dtype: torch.dtype, stream) -> None:
         if not count:
             return

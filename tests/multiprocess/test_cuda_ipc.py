@@ -22,7 +22,7 @@ def test_collectives_match_float64_at_2_and_4_ranks(tmp_path, n):
     assert codes == [0] * n, "\n---\n".join(outs)
     for report in _reports(tmp_path, n):
         assert report.pop("ran on") == "cuda_ipc cpu", report  # the stand-in: never a GPU
-        assert len(report) == 2 * 3 * 5, report  # dtypes x sizes x (3 all-reduces, rs, ag)
+        assert len(report) == 2 * 3 * 7, report  # dtypes x sizes x (5 all-reduces, rs, ag)
         for case, err in report.items():
             assert err < (1e-5 if "float32" in case else 1e-12), (case, err)
 

@@ -1,12 +1,15 @@
 """Cross-process waits per all-reduce on the ``cuda_ipc`` transport, counted on the strict
 CPU stand-in device (tests/workers/ipc_count_worker.py, :func:`commrt.testing.counted`).
 
-A one-shot all-reduce goes through each rank's workspace
-(commrt.transports.cuda_ipc_direct): one wait per peer per round of the workspace's
-half (16 MiB), one host wait for the stream at the end (CPU tensors: the call returns
-with the result), three launches per round (copy in, post, sum). Every rank gets the same
-bits, within rounding of a float64 sum. The same schedule run step by step through the
-slots waits four times per peer per call. None of this is a GPU result."""
+A one-shot all-reduce of at most ``COMMRT_CUDA_IPC_HOST_BYTES`` (1 MiB) is summed on the
+host (commrt.transports.cuda_ipc_host): one wait per peer, two launches (the copy out
+and the copy back), two host waits for the stream (its copy out; at the end, as CPU
+tensors return with the result). Summed on the device (commrt.transports.cuda_ipc_direct,
+the variable at 0, or a larger call): one wait per peer per round of the workspace's half
+(16 MiB), three launches per round (copy in, post, sum), one host wait at the end. Every
+rank gets the same bits, within rounding of a float64 sum, on either path. The same
+schedule run step by step through the slots waits four times per peer per call. None of
+this is a GPU result."""
 
 import json
 
@@ -17,8 +20,13 @@ SMALL = "8,4096,1048576"
 DTYPES = ("float32", "bfloat16")
 
 
-def _run(tmp_path, p, algorithms, sizes):
-    codes, outs = gloo_ranks(p, "ipc_count_worker.py", tmp_path, algorithms, sizes, timeout=400)
+#: where the one-shot sums: (COMMRT_CUDA_IPC_HOST_BYTES, launches, host waits per call)
+PATHS = {"host": ("1048576", 2, 2), "device": ("0", 3, 1)}
+
+
+def _run(tmp_path, p, algorithms, sizes, host_bytes="1048576"):
+    codes, outs = gloo_ranks(p, "ipc_count_worker.py", tmp_path, algorithms, sizes, timeout=400,
+                             env={"COMMRT_CUDA_IPC_HOST_BYTES": host_bytes})  # fmt: skip
     assert codes == [0] * p, "\n---\n".join(outs)
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(p)]
     for report in reports:
@@ -32,17 +40,20 @@ def _same_bits_and_close(reports, key):
     assert all(r[key]["err"] < tol for r in reports), [r[key]["err"] for r in reports]
 
 
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("p", [2, pytest.param(3, marks=pytest.mark.slow),
                                pytest.param(4, marks=pytest.mark.slow)])  # fmt: skip
-def test_one_shot_waits_once_per_peer_and_every_rank_gets_the_same_bits(tmp_path, p):
-    reports = _run(tmp_path, p, "one_shot", SMALL)
+def test_one_shot_waits_once_per_peer_and_every_rank_gets_the_same_bits(tmp_path, p, path):
+    host_bytes, launches, stream_waits = PATHS[path]
+    reports = _run(tmp_path, p, "one_shot", SMALL, host_bytes)
     for nbytes in map(int, SMALL.split(",")):
         for dtype in DTYPES:
             key = f"one_shot {nbytes} {dtype}"
             _same_bits_and_close(reports, key)
             for report in reports:
                 assert report[key]["waits"] == [1] * (p - 1), (key, report[key])
-                assert report[key]["launches"] == 3 and report[key]["stream_waits"] == 1
+                assert report[key]["launches"] == launches, (key, report[key])
+                assert report[key]["stream_waits"] == stream_waits, (key, report[key])
 
 
 @pytest.mark.slow
@@ -66,3 +77,18 @@ def test_step_by_step_the_same_call_waits_on_every_piece(tmp_path):
         key = f"two_shot 4096 {dtype}"
         _same_bits_and_close(reports, key)
         assert all(r[key]["waits"] == [8] for r in reports), [r[key] for r in reports]
+
+
+@pytest.mark.parametrize("p", [2, pytest.param(3, marks=pytest.mark.slow),
+                               pytest.param(4, marks=pytest.mark.slow)])  # fmt: skip
+def test_auto_picks_the_one_shot_and_waits_once_per_peer(tmp_path, p):
+    """``auto`` weighs the one-shot where the transport runs it whole: at 8 B, 4 KiB and
+    1 MiB its steady-state call waits once per peer, with the same bits on every rank."""
+    reports = _run(tmp_path, p, "auto", SMALL)
+    for nbytes in map(int, SMALL.split(",")):
+        for dtype in DTYPES:
+            key = f"auto {nbytes} {dtype}"
+            _same_bits_and_close(reports, key)
+            for report in reports:
+                assert report[key]["runs"] == "auto:one_shot", (key, report[key])
+                assert report[key]["waits"] == [1] * (p - 1), (key, report[key])

@@ -5,7 +5,7 @@
 
 Every rank writes OUTDIR/rank<r>.json. Modes:
 
-* ``collectives``: all_reduce with ring, halving-doubling and torus2d, reduce_scatter
+* ``collectives``: all_reduce with ring, halving-doubling, torus2d, one-shot and two-shot, reduce_scatter
   and all_gather, fp32 and fp64, sizes that span many slots, each against a float64
   reference; results (max error per case) in the report.
 * ``order``: rank 0 sends rank 1 numbered messages of many pieces; each of the four
@@ -38,7 +38,15 @@ from helpers.ipc_standin import StandInDevice  # noqa: E402
 from helpers.mp import die_after_one_all_reduce  # noqa: E402
 
 import commrt  # noqa: E402
-from commrt.algorithms import BackupWorkers, Gossip, HalvingDoubling, Ring, Torus2D  # noqa: E402
+from commrt.algorithms import (  # noqa: E402
+    BackupWorkers,
+    Gossip,
+    HalvingDoubling,
+    OneShot,
+    Ring,
+    Torus2D,
+    TwoShot,
+)
 
 RANK = int(os.environ.get("RANK", "0"))
 #: 4 slots of 4 KiB per link: every message over 16 KiB reuses slots
@@ -65,7 +73,7 @@ def init(latency_s=0.002, timeout=120, **kw):
 def collectives(out):
     comm, _ = init()
     p, report = comm.world_size, {}
-    algos = {"ring": Ring(), "hd": HalvingDoubling()}
+    algos = {"ring": Ring(), "hd": HalvingDoubling(), "one_shot": OneShot(), "two_shot": TwoShot()}
     algos["torus2d"] = Torus2D(rows=2, cols=p // 2) if p % 2 == 0 else Torus2D()
     for dtype in (torch.float32, torch.float64):
         for n in (1, 1000, 30011):
