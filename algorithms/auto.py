@@ -52,6 +52,7 @@ from typing import Sequence
 from commrt.algorithms.auto_learn import CONTENDERS, MARGIN, RECHECK_S, Tuning, agree
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
+from commrt.algorithms.one_shot import OneShot
 from commrt.algorithms.pipelined_torus import PipelinedTorus2D
 from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.algorithms.ring import Ring
@@ -60,24 +61,35 @@ from commrt.errors import named_keywords
 from commrt.schedule import Collective, Schedule
 
 __all__ = ["Auto", "Choice", "choices", "candidates", "learning", "status"]
+#: the most ranks auto considers the one-shot for (each rank sends to p − 1 others; the
+#: anchors' one-shots stop at a node's 8 GPUs)
+ONE_SHOT_RANKS = 8
 #: the size :meth:`Auto.schedule` chooses for when no size is given: DDP's 25 MB bucket
 DEFAULT_NBYTES = 25 << 20
 
 
-def candidates(world_size: int) -> list[Algorithm]:
+def candidates(world_size: int, fused: bool = False) -> list[Algorithm]:
     """Ring, halving-doubling, recursive doubling, then every torus grid with both sides ≥ 2
     (rows ascending), then up to 64 ranks each grid pipelined in 4 and in 16 segments with
     ring columns (their replay costs ~S times the torus's: 0.5 s a size at p = 64, 3 s at
-    128)."""
-    out: list[Algorithm] = [Ring(), HalvingDoubling(), RecursiveDoubling()]
-    out += [
+    128).
+
+    ``fused``: the transport runs a one-shot all-reduce whole
+    (:attr:`~commrt.transports.base.Transport.fuses_one_shot`, ``cuda_ipc``): then, up to
+    :data:`ONE_SHOT_RANKS` ranks, the one-shot comes first. The model prices its steps,
+    not the fusion (one wait per peer in place of a step's handshakes), so a tie goes to
+    it; step by step it is no faster than recursive doubling, so it is left out there."""
+    out: list[Algorithm] = [OneShot()] if fused and world_size <= ONE_SHOT_RANKS else []
+    out += [Ring(), HalvingDoubling(), RecursiveDoubling()]
+    tori = [
         Torus2D(r, world_size // r)
         for r in range(2, world_size // 2 + 1)
         if world_size % r == 0 and world_size // r >= 2
     ]
+    out += tori
     out += [  # ring columns: on one link class they never beat the plain torus
         PipelinedTorus2D(t.rows, t.cols, s, False)
-        for t in out[3:]
+        for t in tori
         if world_size <= 64
         for s in (4, 16)
     ]
@@ -205,7 +217,8 @@ class Auto(Algorithm):
         if store is not None and key in store:
             return store[key]
         network = self._network(comm)
-        algs = candidates(world_size) if world_size > 1 else [Ring()]
+        fused = bool(getattr(comm, "fuses_one_shot", False))  # a stand-in comm may lack it
+        algs = candidates(world_size, fused) if world_size > 1 else [Ring()]
         itemsize = _itemsize(nbytes)
         times = network.price_all(algs, world_size, int(nbytes), itemsize=itemsize)
         priced = sorted((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
@@ -289,7 +302,7 @@ class Auto(Algorithm):
 
     def _priced(self, choice: Choice, name: str) -> Choice:
         p = choice.world_size
-        alg = next(a for a in candidates(p) if label(a) == name)
+        alg = next(a for a in candidates(p, fused=True) if label(a) == name)
         t = dict(choice.candidates).get(name)
         if t is None:  # left out of the table as a sure loser: priced now
             t = choice.network.estimate(alg, p, choice.nbytes, itemsize=_itemsize(choice.nbytes))

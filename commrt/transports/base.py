@@ -240,6 +240,9 @@ class Transport(abc.ABC):
         """For stream-ordered transports: wait (bounded) until enqueued work ran."""
         return True
 
+    #: whether :meth:`run_whole` runs a one-shot all-reduce whole (auto then weighs it)
+    fuses_one_shot = False
+
     def runs_whole(self, schedule, buf: torch.Tensor, reduce) -> bool:
         """Whether :meth:`run_whole` runs ``schedule`` on ``buf`` as one fused operation of
         the engine's own (``cuda_ipc``'s one-shot workspace) instead of step by step;

@@ -51,6 +51,12 @@ class HookComm:
         uneven. The communicator's own ``local_size`` is only what this rank's launcher said."""
         return ranks_per_node(self.comm)
 
+    @property
+    def fuses_one_shot(self) -> bool:
+        """Whether the transport runs a one-shot all-reduce whole (``auto`` then weighs
+        the one-shot: :func:`commrt.algorithms.auto.candidates`)."""
+        return self.comm.transport.fuses_one_shot
+
     def network(self, calibration: str | None = None):
         """The :class:`commrt.sim.Network` this job's links measure as
         (:func:`~commrt.tuning.probe.probe`: collective on first use, then cached), or the
