@@ -82,11 +82,11 @@ class Dispatch:
             # torch waits on a synchronous call's work itself: mark it waited before it
             # runs, so that an error is raised from that wait, never turned into an abort
             work.mark_waited()
-        after = None if cuda is None else caller_event(cuda)
+        after = None if cuda is None else partial(caller_event, cuda)  # made if queued
         observed = self.observer.run
         # the stall verdict names the op (commrt.schedule.position)
         call = lambda: observed(op, tensors, run, _noted(devices.get(device, dtype), op))  # noqa: E731
-        here = cuda is None and (sync or here_in_backward(tensors, devices))
+        here = sync or here_in_backward(tensors, devices)
         return self.calls.submit(call, work, cuda, after, here)
 
     def close(self) -> None:

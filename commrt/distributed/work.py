@@ -7,10 +7,11 @@ caller gets a :class:`CommrtWork` at once; the call thread completes its
 future when the collective is done. A synchronous call (``async_op=False``,
 ``asyncOp=False``) is simply waited on before the call returns. A call its
 caller would only wait for (a synchronous one, one inside backward that is
-small or made where each rank has one core: :mod:`commrt.distributed.dispatch`)
-runs on the caller's thread instead when nothing is queued before it
-(:meth:`CallQueue.submit`): the same code, in the same order, without the
-hand-off.
+small or made where each rank has one core: :mod:`commrt.distributed.dispatch`),
+on the CPU or on CUDA, runs on the caller's thread instead when nothing is
+queued before it (:meth:`CallQueue.submit`): the same code, in the same
+order, without the hand-off's two thread switches, its event and the group's
+stream.
 
 CUDA calls: current streams and the current device are per thread. So the
 call thread sets the group's device itself (``torch.cuda.set_device``, once:
@@ -46,6 +47,7 @@ ranks disagree on) leaves it usable.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import queue
 import textwrap
@@ -201,8 +203,8 @@ class CallQueue:
     def submit(self, run, work: CommrtWork, device=None, after=None, here=False) -> CommrtWork:
         """Queue ``run()`` (it does the call); the call thread completes ``work`` after
         it. ``device``: the CUDA device the call runs on, which the call thread makes its
-        own first; ``after``: an event (:func:`caller_event`) its current stream waits on
-        before ``run()``. ``here``: the caller would only wait for the call (a synchronous
+        own first; ``after``: what makes the event (:func:`caller_event`) its current
+        stream waits on before ``run()``, called now if the call is queued. ``here``: the caller would only wait for the call (a synchronous
         call, or one inside DDP's backward: ``commrt.distributed.dispatch``), so
         when nothing is queued or running it runs on the caller's thread, in the same
         order, without the two thread switches of a hand-off (a small call's latency)."""
@@ -213,20 +215,25 @@ class CallQueue:
             )
             work.fail(err)
             return work
-        item = (run, work, device, after)
         with self.count_lock:  # the order calls take this lock in is the order they run in
             here = here and self.pending == 0
             self.pending += 1
             if here:
                 self.here_running = True
-            elif self.here_running:
-                self.held.append(item)
-            else:
-                self._ensure_thread()
-                self.queue.put(item)
+            else:  # recorded now, on the caller's stream: the call follows what came before
+                item = (run, work, device, None if after is None else after())
+                if self.here_running:
+                    self.held.append(item)
+                else:
+                    self._ensure_thread()
+                    self.queue.put(item)
         if here:
             try:
-                self._run_one(run, work, device, after)
+                # on the caller's thread its own current stream is the one to follow (the
+                # transport orders itself after it and the caller after itself): no event,
+                # no stream of the group's, the caller's current device left as it was
+                with contextlib.nullcontext() if device is None else torch.cuda.device(device):
+                    self._run_one(run, work, None, None)
             finally:
                 with self.count_lock:  # what came meanwhile goes to the call thread, in order
                     self.pending -= 1

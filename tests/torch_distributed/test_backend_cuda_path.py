@@ -206,6 +206,46 @@ def test_a_call_runs_after_the_callers_work_before_it_and_not_after_later_work(m
     assert len(streams) == 2 and id(cuda.default) not in streams
 
 
+def test_a_synchronous_call_runs_on_the_callers_thread_and_stream(monkeypatch):
+    """``dist.all_reduce(t)`` of a CUDA tensor (``asyncOp`` False): the caller only waits,
+    so the call runs on its thread, on the tensor's device for the call's length only,
+    after the caller's own current stream (the transport orders itself after it): no
+    call thread, no stream of the group's, no event. A call behind a queued one still
+    waits its turn on the call thread."""
+    cuda = Cuda(monkeypatch)
+    entered = []
+
+    class Device:  # torch.cuda.device(d), faked: which device, on which thread
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append((threading.current_thread().name, self.device))
+
+        def __exit__(self, *exc):
+            entered.append((threading.current_thread().name, None))
+
+    monkeypatch.setattr(torch.cuda, "device", Device)
+
+    def allreduce(dc, t, op):
+        cuda.log.append(("run", threading.current_thread().name, torch.cuda.current_stream()))
+
+    monkeypatch.setattr(G.ops, "allreduce", allreduce)
+    pg = G.ProcessGroupCommrt(Devices(cuda.log))
+    tensor = types.SimpleNamespace(device=CUDA3, dtype=torch.float32, nbytes=4)
+    opts = dist.AllreduceOptions()
+    opts.asyncOp = False
+    try:
+        side = cuda.current["MainThread"] = FakeStream("side")
+        pg.allreduce([tensor], opts).wait()
+    finally:
+        pg.shutdown()
+    runs = [e for e in cuda.log if e[0] != "future.wait"]
+    assert runs == [("make NCCL", "MainThread", torch.float32), ("run", "MainThread", side)]
+    assert entered == [("MainThread", CUDA3), ("MainThread", None)]
+    assert side.ops == [] and cuda.made == 0  # no event waited on, no stream made
+
+
 def test_a_bad_device_is_the_callers_error_at_the_call(monkeypatch):
     Cuda(monkeypatch)
     devices = Devices([])
