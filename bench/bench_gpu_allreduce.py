@@ -115,9 +115,10 @@ def _synced(fn):
 
 def _part_rows(n, rank, args, barrier) -> dict:
     """The host path's parts, every rank at once (each synchronised per call): a copy to
-    pinned host memory; a copy back; the copy back through a device buffer of more than
-    64 KiB (a copy engine's, where small copies may ride the context's own channel);
-    one small kernel."""
+    pinned host memory; the two stream-to-stream waits a call's start and end enqueue; a
+    copy back; the copy back through a device buffer of more than 64 KiB (a copy
+    engine's, where small copies may ride the context's own channel); one small
+    kernel."""
     rows = {}
     for size in PART_SIZES:
         x = torch.zeros(max(size // 4, 1), device="cuda")
@@ -129,7 +130,14 @@ def _part_rows(n, rank, args, barrier) -> dict:
             dpad.copy_(hpad, non_blocking=True)
             x.copy_(dpad[: x.numel()])
 
+        side = torch.cuda.Stream()
+
+        def events(side=side):  # what the transport's begin and end enqueue
+            side.wait_stream(torch.cuda.current_stream())
+            torch.cuda.current_stream().wait_stream(side)
+
         fns = {"to host": partial(h.copy_, x),
+               "events": _synced(events),
                "to dev": _synced(partial(x.copy_, h, non_blocking=True)),
                "to dev pad": _synced(padded),
                "kernel": _synced(partial(x.add_, 0.0))}  # fmt: skip
