@@ -134,6 +134,8 @@ class Choice:
     schedule: Schedule = dataclasses.field(repr=False, compare=False)
     #: True when measurements replaced the model's choice by a candidate they tried (auto_learn)
     learned: bool = False
+    #: whether the transport runs a one-shot whole (the one-shot was a candidate)
+    fused: bool = False
 
     def __str__(self) -> str:
         others = ", ".join(f"{n} {t * 1e6:.1f}" for n, t in self.candidates[1:4])
@@ -223,7 +225,8 @@ class Auto(Algorithm):
         times = network.price_all(algs, world_size, int(nbytes), itemsize=itemsize)
         priced = sorted((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
         table = tuple((label(a), s) for s, _, a in priced)
-        choice = _choice(world_size, int(nbytes), priced[0][2], priced[0][0], table, network)
+        choice = _choice(world_size, int(nbytes), priced[0][2], priced[0][0], table, network,
+                         fused)  # fmt: skip
         if store is not None:
             store[key] = choice
         return choice
@@ -302,11 +305,11 @@ class Auto(Algorithm):
 
     def _priced(self, choice: Choice, name: str) -> Choice:
         p = choice.world_size
-        alg = next(a for a in candidates(p, fused=True) if label(a) == name)
+        alg = next(a for a in candidates(p, choice.fused) if label(a) == name)
         t = dict(choice.candidates).get(name)
         if t is None:  # left out of the table as a sure loser: priced now
             t = choice.network.estimate(alg, p, choice.nbytes, itemsize=_itemsize(choice.nbytes))
-        return _choice(p, choice.nbytes, alg, t, choice.candidates, choice.network)
+        return _choice(p, choice.nbytes, alg, t, choice.candidates, choice.network, choice.fused)
 
     def schedule(
         self,
@@ -345,7 +348,7 @@ def _itemsize(nbytes: int) -> int:
 def _second(choice: Choice) -> Algorithm | None:
     """The model's second choice, even where pricing left it out as a sure loser (on the
     bound that the measurements just contradicted)."""
-    others = [a for a in candidates(choice.world_size) if label(a) != choice.label]
+    others = [a for a in candidates(choice.world_size, choice.fused) if label(a) != choice.label]
     if len(choice.candidates) > 1:
         return next(a for a in others if label(a) == choice.candidates[1][0])
     if not others:
@@ -354,9 +357,10 @@ def _second(choice: Choice) -> Algorithm | None:
     return min(others, key=lambda a: net.estimate(a, p, n, itemsize=_itemsize(n)))
 
 
-def _choice(p: int, nbytes: int, alg: Algorithm, t: float, table, network) -> Choice:
+def _choice(p: int, nbytes: int, alg: Algorithm, t: float, table, network,
+            fused: bool = False) -> Choice:  # fmt: skip
     sched = dataclasses.replace(alg.schedule(p), name=f"auto:{label(alg)}")
-    return Choice(p, nbytes, alg, label(alg), t, table, network, sched)
+    return Choice(p, nbytes, alg, label(alg), t, table, network, sched, fused=fused)
 
 
 def learning(comm) -> dict[int, Tuning]:

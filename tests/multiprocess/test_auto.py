@@ -215,3 +215,17 @@ def test_probe_network_with_two_tiers_and_nic_sharing():
         "torus2d(4x2)",
         "torus2d_pipelined(4x2,s4,ring)",
     )
+
+
+def test_where_the_one_shot_is_the_runner_up_auto_tries_it():
+    """On a transport that runs the one-shot whole, the model may rank it second (here
+    at 6 MiB on 4 ranks, after recursive doubling): the trial takes it as the runner-up.
+    Its lookup once ignored the one-shot and raised StopIteration in the first call."""
+    net = sim.Network.flat(alpha_s=300e-6, beta_s_per_byte=1 / 20e9)
+    comm = SimpleNamespace(world_size=4, rank=0, slots=CommSlots(), fuses_one_shot=True)
+    auto = Auto(network=net)
+    choice = auto.choose(4, 6 << 20, comm)
+    assert [name for name, _ in choice.candidates[:2]] == ["recursive_doubling", "one_shot"]
+    assert auto.select(4, 6 << 20, comm).name.startswith("auto:")
+    (tuning,) = [t for (_, p, n), t in comm.slots.auto_tuning.items() if n == 6 << 20]
+    assert "one_shot" in (tuning.live or tuning.rotation), tuning
