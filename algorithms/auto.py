@@ -219,7 +219,7 @@ class Auto(Algorithm):
         if store is not None and key in store:
             return store[key]
         network = self._network(comm)
-        fused = bool(getattr(comm, "fuses_one_shot", False))  # a stand-in comm may lack it
+        fused = comm is not None and comm.fuses_one_shot
         algs = candidates(world_size, fused) if world_size > 1 else [Ring()]
         itemsize = _itemsize(nbytes)
         times = network.price_all(algs, world_size, int(nbytes), itemsize=itemsize)

@@ -14,7 +14,8 @@
 * :mod:`~commrt.transports.cuda_ipc`: device memory between the ranks of one host
   through CUDA IPC, made by :mod:`~commrt.transports.cuda_ipc_connect`, on the
   device of :mod:`~commrt.transports.cuda_ipc_device`, with a one-shot all-reduce
-  through each rank's workspace (:mod:`~commrt.transports.cuda_ipc_direct`);
+  through each rank's workspace (:mod:`~commrt.transports.cuda_ipc_direct`), summed
+  on the host for small buffers (:mod:`~commrt.transports.cuda_ipc_host`);
 * :mod:`~commrt.transports.counting`: a wrapper that counts the messages and bytes
   a rank sends;
 * :mod:`~commrt.transports.watchdog` and :mod:`~commrt.transports.bounded`: calls

@@ -18,7 +18,7 @@ SMALL, LARGE = 1 << 10, 256 << 20
 
 
 def _fake_comm(p):
-    return SimpleNamespace(world_size=p, slots=CommSlots())
+    return SimpleNamespace(world_size=p, slots=CommSlots(), fuses_one_shot=False)
 
 
 def test_candidates_are_ring_hd_rd_and_every_real_torus_grid():

@@ -63,7 +63,7 @@ class Job:
         self.comm = types.SimpleNamespace(
             slots=CommSlots(), world_size=p, device=torch.device("cpu"),
             executor=types.SimpleNamespace(last_schedule=None),
-            transport=types.SimpleNamespace(name="shm"),
+            transport=types.SimpleNamespace(name="shm"), fuses_one_shot=False,
         )  # fmt: skip
         self.auto = Auto(network=NET, recheck_s=None)
         self.calls, self.ran, self.spent, self.timed = 0, [], 0.0, []

@@ -1,5 +1,6 @@
 """The ``cuda_ipc`` transport's checks that need no second process: refused without CUDA
-(by name), ranks on another host named, the slot size's variable checked."""
+(by name), ranks on another host named, the slot size's variable and the host sum's
+bound checked, ranks that disagree on that bound refused."""
 
 import os
 
@@ -8,7 +9,12 @@ import torch
 from helpers.ipc_standin import StandInDevice
 
 import commrt
-from commrt.transports.cuda_ipc_connect import boot_id, reach_problem, slot_bytes_from_env
+from commrt.transports.cuda_ipc_connect import (
+    boot_id,
+    host_bytes_from_env,
+    reach_problem,
+    slot_bytes_from_env,
+)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -54,3 +60,40 @@ def test_the_slot_size_variable_is_checked():
     for bad in ("0", "17", "lots"):
         with pytest.raises(ValueError, match="COMMRT_CUDA_IPC_SLOT_BYTES"):
             slot_bytes_from_env({"COMMRT_CUDA_IPC_SLOT_BYTES": bad})
+
+
+def test_the_host_sum_bound_is_checked():
+    assert host_bytes_from_env({}) == 1 << 20
+    assert host_bytes_from_env({"COMMRT_CUDA_IPC_HOST_BYTES": "0"}) == 0
+    for bad in ("-1", "lots"):
+        with pytest.raises(ValueError, match="COMMRT_CUDA_IPC_HOST_BYTES"):
+            host_bytes_from_env({"COMMRT_CUDA_IPC_HOST_BYTES": bad})
+
+
+def test_ranks_that_bound_the_host_sum_differently_are_refused_alike():
+    """A rank that sums a call on the host would wait forever for one that sums it on the
+    device: connect refuses, on every rank, naming the variable and each rank's value."""
+    import threading
+
+    import torch.distributed as dist
+
+    from commrt.transports.cuda_ipc_connect import connect
+
+    store, got = dist.HashStore(), {}
+    devs = [StandInDevice(seed=r) for r in range(2)]
+
+    def rank(r):
+        got[r] = connect(store, r, 2, devs[r], 10.0, 4096, host_bytes=(1 << 20) * (r + 1))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert got[0] == got[1], got
+        assert "COMMRT_CUDA_IPC_HOST_BYTES differs" in got[0], got
+        assert "rank 0: 1048576, rank 1: 2097152" in got[0], got
+    finally:
+        for dev in devs:
+            dev.close()
