@@ -12,11 +12,12 @@ declaration here).
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["Variable", "Seconds", "VARIABLES", "GROUPS"]
+__all__ = ["Variable", "Seconds", "VARIABLES", "GROUPS", "misspelt"]
 
 
 @dataclass(frozen=True)
@@ -274,3 +275,17 @@ VARIABLES = (
     PEER_REPORTS,
     RANK_FROM_MPI,
 )
+
+
+def misspelt(env: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(name, the declared name it nearly is)`` for each ``COMMRT_*`` variable in ``env``
+    (``os.environ`` by default) that no declaration names but one nearly does: a typo (a
+    letter left out of an ``ALGORITHM``) that would otherwise be ignored without a word.
+    Names far from every declaration (a test harness's own) are left alone."""
+    env = os.environ if env is None else env
+    declared = [v.name for v in VARIABLES]
+    out = []
+    for name in sorted(n for n in env if n.startswith("COMMRT_") and n not in declared):
+        close = difflib.get_close_matches(name, declared, n=1, cutoff=0.85)
+        out += [(name, close[0])] if close else []
+    return out

@@ -29,9 +29,10 @@ def make_group(backend_opts, pg_options=None):
     """torch's factory (``extended_api=True``): the group for these options."""
     from commrt.distributed.devices import DeviceComms
     from commrt.distributed.group import ProcessGroupCommrt
-    from commrt.runtime.environment import log_level
+    from commrt.runtime.environment import log_level, warn_misspelt
 
     log_level()  # a COMMRT_LOG it cannot read is refused before anything is made
+    warn_misspelt(backend_opts.group_rank)
     if backend_opts.group_size > 1:  # once a process, whatever the number of groups
         atexit.unregister(warn_lone_accelerator)
         atexit.register(warn_lone_accelerator, backend_opts.group_size)

@@ -28,7 +28,13 @@ from commrt.runtime.abort import abort_on_error_wanted, cause_of, install_abort_
 from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose, why
 from commrt.runtime.connect import make_transport
 from commrt.runtime.departures import CLOSED, FAILED, Departures, track
-from commrt.runtime.environment import LaunchInfo, detect_launch, log_level, rejoining  # noqa: F401  (LaunchInfo moved; still importable)
+from commrt.runtime.environment import (  # noqa: F401  (LaunchInfo moved; still importable)
+    LaunchInfo,
+    detect_launch,
+    log_level,
+    rejoining,
+    warn_misspelt,
+)
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout  # noqa: F401  (init names the limit)
 from commrt.runtime.slots import CommSlots
 from commrt.runtime.stall import stall_seconds, start_watch
@@ -430,6 +436,7 @@ def init(
     auto = not isinstance(backend, Backend) and str(backend).lower() == "auto"
     comm = Communicator(transport, be, launch, timeout, piece_bytes, bool(debug), why(be, auto))
     log_transport(comm)
+    warn_misspelt(comm.rank)
     if abort_on_error is not False and world_size > 1:
         install_abort_hook(comm, "commrt.init(abort_on_error=False) or COMMRT_ABORT_ON_ERROR=0")
     comm.stall = start_watch(comm, stall_seconds(stall_s, timeout), abort_on_error is not False)

@@ -4,6 +4,7 @@ environment, and the bridge that lets torch's ``env://`` read MPI's variables.""
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -108,3 +109,13 @@ def log_level() -> str:
     if given not in LEVELS:
         raise ValueError(f"{settings.LOG.name}={given!r}: choose one of {', '.join(LEVELS)}")
     return given
+
+
+def warn_misspelt(rank: int, stacklevel: int = 3) -> None:
+    """On rank 0: warn of each ``COMMRT_*`` variable that is nearly, but not, a setting
+    (:func:`commrt.settings.misspelt`), naming the one it was probably meant to be."""
+    if rank != 0:
+        return
+    for name, near in settings.misspelt():
+        said = f"commrt: {name} is not a commrt setting and is ignored; did you mean {near}?"
+        warnings.warn(said, RuntimeWarning, stacklevel=stacklevel)
