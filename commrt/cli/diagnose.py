@@ -58,7 +58,7 @@ def cmd_diagnose(args) -> int:
     verdict = verdict_of(files)
     print(render(verdict) if verdict else "commrt diagnose: the files hold no verdict")
     if args.positions > 0:
-        print(f"\nlast positions ({len(files)} files):")
+        print(f"\nlast positions ({len(files)} file{'s' * (len(files) != 1)}):")
         for data in files:
             for pos in positions_of(data)[-args.positions :]:
                 for line in wrap(f"  rank {data.get('rank')}: {position_text(pos)}"):

@@ -401,14 +401,14 @@ class StallWatch:
         return self.judge_views(store)  # the judge died on the way: judge here
 
     def _dump(self, verdict: dict) -> None:
-        folder = settings.DUMP.text() or None
-        if not folder:
+        if not (folder := settings.DUMP.text()):
             return
         os.makedirs(folder, exist_ok=True)
-        data = {"rank": self.rank, "positions": list(self.history), "verdict": verdict}
+        kept = list(self.history)  # sampled at beats: the position now ends it, as judged
+        kept += [p for p in [self.where()] if p not in kept[-1:]]
         path = os.path.join(folder, f"rank{self.rank}.json")
         with open(path + ".tmp", "w") as f:
-            json.dump(data, f, indent=1)
+            json.dump({"rank": self.rank, "positions": kept, "verdict": verdict}, f, indent=1)
         os.replace(path + ".tmp", path)
 
 

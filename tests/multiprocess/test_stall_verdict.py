@@ -7,6 +7,7 @@ culprit stalled (it prints "stall from <time>"), as docs/stalls.md promises; eac
 a generous bound, and a rank that had to be killed at that bound fails the test.
 """
 
+import json
 import os
 import re
 import shutil
@@ -150,10 +151,16 @@ def test_a_stopped_rank_is_named_stopped(tmp_path):
 
 
 def test_a_killed_rank_is_named_dead(tmp_path):
-    codes, outs, _ = run("kill", tmp_path)
+    codes, outs, dump = run("kill", tmp_path)
     assert codes[:3] == [1, 1, 1] and codes[3] == -signal.SIGKILL
     v = one_verdict(outs[:3])
     assert "rank 3 " in v and "DEAD" in v and "ranks 0-2" in v
+    # each survivor's dump ends where the verdict saw it, not at its last beat's sample
+    # (the death is seen within milliseconds of the last call, between two beats)
+    for r in range(3):
+        data = json.loads((dump / f"rank{r}.json").read_text())
+        (seen,) = [x["position"] for x in data["verdict"]["views"] if x["rank"] == r]
+        assert data["positions"][-1]["seq"] == seen["seq"], (data["positions"], seen)
 
 
 def test_a_rank_in_another_collective_is_named_beside_the_others_call(tmp_path):
