@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 import textwrap
 import time
@@ -40,6 +41,7 @@ from commrt.cli.flags import unknown_flags
 from commrt.cli.startup import launcher_line, rank_startup
 from commrt.cli.train_args import algorithm_choices, check_train, unknown_algorithm
 from commrt.cli.units import cuda_available
+from commrt.errors import did_you_mean
 from commrt.runtime.choice import LOCAL, ONLY_GLOO_SURVIVES, Backend, Situation, choose
 
 __all__ = ["main", "build_parser", "check_train"]
@@ -130,12 +132,29 @@ class Parser(argparse.ArgumentParser):
     class too (``add_subparsers`` makes its parsers of its parent's class)."""
 
     def error(self, message: str):
+        message += _choice_hint(message)
         head = f"{self.prog}: error: "
         lines = textwrap.wrap(
             head + message, 80, subsequent_indent="  ",
             break_on_hyphens=False, break_long_words=False,
         )  # fmt: skip
         super().error("\n".join(lines)[len(head) :])
+
+
+#: argparse's refusal of a value outside ``choices`` (a flag's, or the command's name);
+#: the choices are quoted up to Python 3.12.7, bare from 3.12.8
+INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)$")
+
+
+def _choice_hint(message: str) -> str:
+    """``; did you mean 'shm'?`` for an invalid choice close to one of its choices
+    (argparse names the choices but not the nearest; Python 3.14 would, so a message that
+    already suggests one is left as it is)."""
+    m = INVALID_CHOICE.search(message)
+    if m is None or "you meant" in message or "did you mean" in message:
+        return ""
+    choices = [c.strip().strip("'") for c in m.group(2).split(",")]
+    return did_you_mean(m.group(1), choices)
 
 
 def build_parser() -> argparse.ArgumentParser:

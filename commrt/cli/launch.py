@@ -52,6 +52,13 @@ from commrt.cli import output
 
 #: the one line a Ctrl-C leaves, whenever it comes (the docs' quick start promises it)
 STOPPED = "commrt: interrupted; stopped the job"
+
+
+def _past_echo() -> str:
+    """A newline where stderr is a terminal (it echoed ``^C``); none into a file or pipe."""
+    return "\n" if sys.stderr.isatty() else ""
+
+
 #: how a rank starts under mpiexec, which passes a Ctrl-C on to the ranks as SIGINT: it
 #: ends the rank at once and quietly (see interrupted()), even in the middle of
 #: ``import torch``, where a KeyboardInterrupt would print a traceback per rank
@@ -276,7 +283,7 @@ def _supervise(
             return _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger)
     except KeyboardInterrupt:
         _stop(procs, grace_s=interrupt_grace_s)
-        print(f"\n{STOPPED}", file=sys.stderr)
+        print(f"{_past_echo()}{STOPPED}", file=sys.stderr)
         return 130
     except _Signalled as sig:
         # a scheduler's or a closed terminal's way to end the job: the ranks are this
@@ -286,7 +293,7 @@ def _supervise(
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
         _stop(procs, grace_s=interrupt_grace_s)
-        print(f"\ncommrt: got {_signame(sig.signum)}; stopped the job", file=sys.stderr)
+        print(f"{_past_echo()}commrt: got {_signame(sig.signum)}; stopped the job", file=sys.stderr)
         return 128 + sig.signum
 
 
@@ -468,7 +475,7 @@ def interrupted() -> int:
             print("\ncommrt: interrupted", file=sys.stderr, flush=True)
         sys.stderr.flush()
         os._exit(130)
-    print(f"\n{STOPPED}", file=sys.stderr, flush=True)
+    print(f"{_past_echo()}{STOPPED}", file=sys.stderr, flush=True)
     return 130
 
 

@@ -45,6 +45,7 @@ def register(sub) -> None:
 def cmd_probe(args) -> int:
     import commrt
     from commrt.algorithms import Auto
+    from commrt.sim.links import fmt_bytes
     from commrt.tuning.probe import probe
 
     comm = commrt.init(args.backend, timeout=args.timeout)
@@ -54,11 +55,11 @@ def cmd_probe(args) -> int:
         say(str(res))
         say(
             "step times: "
-            + ", ".join(f"{s} B {t * 1e6:.0f} µs" for s, t in zip(res.sizes, res.step_s))
+            + ", ".join(f"{fmt_bytes(s)} {t * 1e6:.0f} µs" for s, t in zip(res.sizes, res.step_s))
         )
         if res.two_tier:
             shared = ", ".join(
-                f"{s} B {t * 1e6:.0f} µs" for s, t in zip(res.sizes, res.inter_step_s)
+                f"{fmt_bytes(s)} {t * 1e6:.0f} µs" for s, t in zip(res.sizes, res.inter_step_s)
             )
             say(f"between hosts, every rank at once: {shared}")
         for w in res.warnings:

@@ -53,6 +53,22 @@ def test_a_misspelt_flag_gets_a_suggestion_and_the_subcommand_usage(argv, sugges
 
 
 @pytest.mark.parametrize(
+    "argv, suggestion",
+    [
+        (["train", "--backend", "shmm"], "did you mean 'shm'?"),
+        (["trian"], "did you mean 'train'?"),
+        (["bench", "allreduse"], "did you mean 'allreduce'?"),
+    ],
+)
+def test_a_misspelt_choice_or_command_gets_a_suggestion(argv, suggestion, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    said = " ".join(capsys.readouterr().err.split())  # wrapped at 80 columns
+    assert "invalid choice" in said and suggestion in said, said
+
+
+@pytest.mark.parametrize(
     "name, dtype",
     [
         ("bf16", torch.bfloat16),

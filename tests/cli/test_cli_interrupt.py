@@ -87,6 +87,7 @@ def test_ctrl_c_ends_the_job_with_one_line(backend, marker, after_s):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "BAD TERMINATION" not in out + err, (out + err)[-3000:]
     assert err.strip().splitlines()[-1:] == [STOPPED], err[-2000:]
+    assert not err.startswith("\n") and "\n\n" not in err, err  # a pipe: no ^C to step past
     assert took < 15, took
     assert left == [], f"processes of the job still running: {left}"
 

@@ -3,6 +3,7 @@ checks and saved calibration (commrt.tuning.probe, commrt.tuning.probe_checks)."
 
 import json
 import math
+import re
 import warnings
 
 import pytest
@@ -484,6 +485,8 @@ def test_commrt_probe_saves_a_calibration_that_a_mismatched_job_refuses(tmp_path
     )
     assert proc.returncode == 0, proc.stderr
     assert "probe (mpi, 2 ranks" in proc.stdout and "auto: " in proc.stdout
+    # sizes in binary units, as everywhere commrt prints one
+    assert re.search(r"step times: 8 B \d+ µs, 1 MiB \d+ µs", proc.stdout), proc.stdout
     # 80 columns, except where a path alone is wider (it is never broken)
     wide = [ln for ln in proc.stdout.splitlines() if len(ln) > 80 and str(tmp_path) not in ln]
     assert wide == [], proc.stdout
