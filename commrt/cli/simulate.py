@@ -202,7 +202,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--out-dir",
         default="out/sim",
         type=output_folder,
-        help="where the PNGs go (default out/sim, ignored by git)",
+        help="where the PNGs go (default out/sim)",
     )
     p.add_argument("--no-plots", action="store_true", help="tables only")
     p.add_argument(

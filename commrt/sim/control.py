@@ -120,7 +120,7 @@ class StoreCost:
         TCPStore over loopback, 16 client threads; the run is in docs/benchmarks.md). A
         store's costs vary with the machine and its load: give ``--store-cost`` with the
         bench's numbers for yours."""
-        return cls(75.5e-6, 45.8e-6, 3.37e-6, "bench_control_plane.py defaults")
+        return cls(75.5e-6, 45.8e-6, 3.37e-6, "loopback defaults; --store-cost sets yours")
 
     @classmethod
     def parse(cls, text: str) -> "StoreCost":
