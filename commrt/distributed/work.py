@@ -73,6 +73,14 @@ WAIT_SLACK_S = settings.Seconds(
 )
 
 
+def within_80(text: str) -> str:
+    """``text`` with each line over 80 columns wrapped (continuations indented; a path or
+    other long word kept whole); the verdict's block, already laid out, passes as it is."""
+    fill = dict(subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
+    lines = text.splitlines()
+    return "\n".join(textwrap.fill(x, 80, **fill) if len(x) > 80 else x for x in lines)
+
+
 class CallState:
     """What a :class:`CommrtWork` knows of its call. It lives in one attribute of the work,
     ``commrt``, rather than in attributes of the work itself: ``Work`` is torch's class,
@@ -165,7 +173,7 @@ class CommrtWork(Work):
                 80,
                 subsequent_indent="    ",
             )
-            end_job_after(error, f"{said}\n{type(error).__name__}: {error}")
+            end_job_after(error, f"{said}\n{within_80(f'{type(error).__name__}: {error}')}")
         state.future.set_exception(error)
 
 

@@ -488,6 +488,8 @@ def test_a_killed_rank_under_ddp_is_the_only_rank_named_gone(transport, run_inde
         named = {int(r) for pattern in NAMED_GONE for r in re.findall(pattern, flat)}
         assert named == {2}, f"run {run_index}: {named}\n{out}"
         assert told(out), f"run {run_index}\n{out}"
+        wide = [line for line in out.splitlines() if len(line) > 80 and "commrt" in line]
+        assert wide == [], f"run {run_index}: commrt's lines past 80 columns\n{out}"
 
 
 @pytest.mark.parametrize("case,n,thread", [("plain", 2, None), ("backup", 3, "commrt-backup-hb")])
