@@ -289,11 +289,12 @@ def table(report: dict) -> list[str]:
               f"{'size':>8} " + " ".join(f"{a:>9}" for a in algos)]  # fmt: skip
     for size, row in report["commrt.all_reduce"].items():
         lines.append(f"{fmt_size(int(size)):>8} " + " ".join(f"{row[a] * 1e3:9.3f}" for a in algos))
-    parts = report.get("parts") or {0: {}}
-    names = list(next(iter(parts.values())))
-    lines += ["host path's parts, every rank at once, ms per call",
-              f"{'size':>8} " + " ".join(f"{a[-9:]:>9}" for a in names)]  # fmt: skip
-    for size, row in parts.items() if names else ():
+    parts = report.get("parts", {})
+    names = list(next(iter(parts.values()), {}))
+    if names:
+        lines += ["host path's parts, every rank at once, ms per call",
+                  f"{'size':>8} " + " ".join(f"{a[-9:]:>9}" for a in names)]  # fmt: skip
+    for size, row in parts.items():
         lines.append(f"{fmt_size(int(size)):>8} " + " ".join(f"{row[a] * 1e3:9.3f}" for a in names))
     for what in ("pipe round trip us", "IPC event round trip us"):
         if report.get(what) is not None:
