@@ -26,7 +26,19 @@ BACKEND_NAME = "commrt"
 
 
 def make_group(backend_opts, pg_options=None):
-    """torch's factory (``extended_api=True``): the group for these options."""
+    """torch's factory (``extended_api=True``): the group for these options. A setting it
+    refuses (a ValueError naming it) also goes to torchrun's error file, where there is
+    one, so that torchrun's "Root Cause" block says it."""
+    from commrt.runtime.elastic import record_error
+
+    try:
+        return _make_group(backend_opts, pg_options)
+    except ValueError as e:
+        record_error(f"{type(e).__name__}: {e}")
+        raise
+
+
+def _make_group(backend_opts, pg_options):
     from commrt.distributed.devices import DeviceComms
     from commrt.distributed.group import ProcessGroupCommrt
     from commrt.runtime.environment import log_level, warn_misspelt

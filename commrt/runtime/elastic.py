@@ -9,6 +9,8 @@ smallest timestamp, read from the rank's error file
 ``torch.distributed.elastic.multiprocessing.errors.ErrorHandler.record_exception``
 writes it) or, without one, "Signal 9 (SIGKILL) received by PID ...".
 
+* :func:`record_error`: what a rank writes there (a configuration error the torch
+  backend refuses at the start goes there too, by :func:`record_error` itself);
 * :func:`write_error_file`: every rank that gives the verdict writes it there,
   dated the second before the failure began (its root's last sign of life):
   torchrun's stamps are whole seconds, and a tie goes to the rank it noticed
@@ -50,12 +52,19 @@ def write_error_file(verdict: dict, text: str) -> None:
     format of torch's ``ErrorHandler.record_exception``, dated the second before the failure
     began (module docs): when the verdict's root last moved, or last beat where it could
     not answer."""
+    views = {v["rank"]: v for v in verdict.get("views", [])}
+    idle_s = views.get(verdict.get("root"), {}).get("idle_s") or 0.0
+    record_error(text, int(time.time() - idle_s) - 1)
+
+
+def record_error(text: str, stamp: int | None = None) -> None:
+    """Write ``text`` to torchrun's error file where there is one (its "Root Cause" block
+    then shows it, not "To enable traceback see ..."), dated ``stamp`` (seconds; default
+    now): the stall verdict, or a configuration error every rank raises at the start."""
     path = os.environ.get(ERROR_FILE)
     if not path:
         return
-    views = {v["rank"]: v for v in verdict.get("views", [])}
-    idle_s = views.get(verdict.get("root"), {}).get("idle_s") or 0.0
-    stamp = str(int(time.time() - idle_s) - 1)
+    stamp = str(int(time.time()) if stamp is None else stamp)
     data = {"message": {"message": text, "extraInfo": {"py_callstack": text, "timestamp": stamp}}}
     try:
         with open(path + ".tmp", "w") as f:

@@ -61,3 +61,21 @@ def test_every_survivor_of_a_killed_rank_under_torchrun_names_it_dead_first(mode
     # torchrun's summary: its root cause is commrt's verdict, which names rank 1 dead
     root = said[said.index("Root Cause (first observed failure):") :]
     assert "root cause: rank 1 (host" in root and "is DEAD" in root, said
+
+
+def test_a_setting_refused_at_the_start_is_torchruns_root_cause(tmp_path):
+    """``COMMRT_ALGORITHM=rnig`` under torchrun: every rank refuses it in
+    ``init_process_group``, and torchrun's "Root Cause" block says so, with the nearest
+    algorithm, rather than "To enable traceback see ..."."""
+    script = tmp_path / "job.py"
+    script.write_text("import torch.distributed as dist\n\nimport commrt\n\n"
+                      "dist.init_process_group('commrt')\n")  # fmt: skip
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COMMRT_", "TORCH_DIST"))}
+    env.update(OMP_NUM_THREADS="1", COMMRT_ALGORITHM="rnig")
+    proc = subprocess.run([*cmd, str(script)], env=env, capture_output=True, text=True,
+                          timeout=BOUND_S)  # fmt: skip
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Root Cause" in said, said
+    root = flat(said[said.index("Root Cause") :])
+    assert "COMMRT_ALGORITHM='rnig'" in root and "did you mean 'ring'" in root, said
