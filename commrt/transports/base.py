@@ -300,7 +300,8 @@ class Forwarding(Transport):
 
     # every trait is read from ``inner``, as it is now: a wrapper changes operations, never
     # what the transport is (a counted MPI transport still takes gossip's MPI path).
-    # adds_on_receive stays False: receives go through exchange() here, as the class says
+    # adds_on_receive stays False: receives go through exchange() here, as the class says;
+    # fuses_one_shot too: runs_whole keeps its default, so the wrapper sees every message
     name = property(lambda self: self.inner.name)
     stream_ordered = property(lambda self: self.inner.stream_ordered)
     pollable = property(lambda self: self.inner.pollable)

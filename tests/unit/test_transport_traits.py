@@ -22,9 +22,10 @@ from commrt.transports.nccl import NcclTransport
 from commrt.transports.shm import ShmTransport
 
 ENGINES = [MpiTransport, GlooTransport, GlooRejoined, ShmTransport, NcclTransport, CudaIpcTransport]
-#: the wrapper's own, on purpose: receives never add on arrival through its exchange(), and
-#: the communicator attaches its record of departures to the transport it holds
-OWN = {"adds_on_receive", "departures"}
+#: the wrapper's own, on purpose: receives never add on arrival through its exchange(), it
+#: runs every schedule step by step (so that it sees every message: it never fuses the
+#: one-shot), and the communicator attaches its record of departures to the transport it holds
+OWN = {"adds_on_receive", "fuses_one_shot", "departures"}
 
 
 def traits() -> list[str]:
