@@ -233,8 +233,8 @@ def test_a_synchronous_call_runs_on_the_callers_thread_and_stream(monkeypatch):
     monkeypatch.setattr(G.ops, "allreduce", allreduce)
     pg = G.ProcessGroupCommrt(Devices(cuda.log))
     tensor = types.SimpleNamespace(device=CUDA3, dtype=torch.float32, nbytes=4)
-    opts = dist.AllreduceOptions()
-    opts.asyncOp = False
+    # torch's options as a synchronous dist.all_reduce passes them (asyncOp: torch 2.7+)
+    opts = types.SimpleNamespace(reduceOp=dist.ReduceOp.SUM, asyncOp=False)
     try:
         side = cuda.current["MainThread"] = FakeStream("side")
         pg.allreduce([tensor], opts).wait()
