@@ -61,6 +61,7 @@ from commrt.distributed.torch_api import Work
 from commrt.errors import CommError, CommTimeoutError
 from commrt.runtime.abort import abort_on_error_wanted, end_job_after
 from commrt.runtime.threads import background_thread, next_job
+from commrt.runtime.verdict import wrap
 
 #: errors raised before anything reached the wire (bad input, a call the ranks disagree on,
 #: raised on every rank alike): the group stays usable after them; any other breaks it
@@ -71,14 +72,6 @@ WAIT_SLACK_S = settings.Seconds(
     "the torch.distributed backend",
     settings.TIMEOUT,
 )
-
-
-def within_80(text: str) -> str:
-    """``text`` with each line over 80 columns wrapped (continuations indented; a path or
-    other long word kept whole); the verdict's block, already laid out, passes as it is."""
-    fill = dict(subsequent_indent="    ", break_long_words=False, break_on_hyphens=False)
-    lines = text.splitlines()
-    return "\n".join(textwrap.fill(x, 80, **fill) if len(x) > 80 else x for x in lines)
 
 
 class CallState:
@@ -173,7 +166,8 @@ class CommrtWork(Work):
                 80,
                 subsequent_indent="    ",
             )
-            end_job_after(error, f"{said}\n{within_80(f'{type(error).__name__}: {error}')}")
+            text = f"{type(error).__name__}: {error}".splitlines()  # each line within 80
+            end_job_after(error, "\n".join([said, *(x for line in text for x in wrap(line))]))
         state.future.set_exception(error)
 
 

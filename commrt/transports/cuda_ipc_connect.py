@@ -274,32 +274,31 @@ def slot_bytes_from_env(env=None) -> int:
     """``COMMRT_CUDA_IPC_SLOT_BYTES`` (default :data:`SLOT_BYTES`): the bytes of one slot.
     Each rank holds ``(world_size - 1) * SLOTS`` of them in device memory; larger slots
     mean fewer pieces per message, smaller ones less memory."""
-    text = settings.CUDA_IPC_SLOT_BYTES.text(env)
-    try:
-        value = int(text) if text else SLOT_BYTES
-    except ValueError:
-        value = -1
-    if value < 16 or value % 16:
-        raise ValueError(
-            f"{settings.CUDA_IPC_SLOT_BYTES.name} must be a positive multiple of 16 bytes, got "
-            f"{text!r}"
-        )
-    return value
+    valid = lambda v: v >= 16 and v % 16 == 0  # noqa: E731
+    return _bytes_from_env(
+        settings.CUDA_IPC_SLOT_BYTES, SLOT_BYTES, env, valid, "a positive multiple of 16 bytes"
+    )
 
 
 def host_bytes_from_env(env=None) -> int:
     """``COMMRT_CUDA_IPC_HOST_BYTES`` (default :data:`HOST_BYTES`): the largest all-reduce
     whose one-shot is summed on the host; 0: none is."""
-    text = settings.CUDA_IPC_HOST_BYTES.text(env)
+    valid = lambda v: v >= 0  # noqa: E731
+    return _bytes_from_env(
+        settings.CUDA_IPC_HOST_BYTES, HOST_BYTES, env, valid, "a number of bytes, 0 or more"
+    )
+
+
+def _bytes_from_env(variable, default: int, env, valid, what: str) -> int:
+    """``variable``'s value in bytes (``default`` where unset); a ValueError naming it
+    where the value is not an integer that ``valid`` accepts (``what`` says which)."""
+    text = variable.text(env)
     try:
-        value = int(text) if text else HOST_BYTES
+        value = int(text) if text else default
     except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            f"{settings.CUDA_IPC_HOST_BYTES.name} must be a number of bytes, 0 or more, got "
-            f"{text!r}"
-        )
+        value = None
+    if value is None or not valid(value):
+        raise ValueError(f"{variable.name} must be {what}, got {text!r}")
     return value
 
 

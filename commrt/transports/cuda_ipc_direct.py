@@ -46,7 +46,44 @@ HALF_BYTES = 16 << 20
 SUMS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
-class Workspace:
+def new_file(kind: str, size: int) -> str:
+    """A new file of ``size`` bytes (reserved) in ``/dev/shm`` for this rank's peers to
+    map, named for ``kind``; its path (unlinked once every peer opened it)."""
+    path = f"{SHM_DIR}/commrt-{kind}-{secrets.token_hex(8)}"
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    finally:
+        os.close(fd)
+    return path
+
+
+def map_file(path: str, size: int) -> mmap.mmap:
+    """The first ``size`` bytes of the file at ``path``, mapped shared."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+class PeerCounters:
+    """The one wait on a peer in a one-shot's round: its **posted** counter (``posted``,
+    one uint64 per rank, in files every rank maps) reaching the round's value."""
+
+    tr: object  # the transport (its rank, its tally, its peers' liveness)
+    posted: list[np.ndarray]
+
+    def _posted(self, peer: int, value: int, deadline: float) -> bool:
+        """The one wait on ``peer`` in a round: until its counter reaches ``value`` (its
+        piece is there); False at ``deadline``. A dead peer is named meanwhile."""
+        counter, tr = self.posted[peer], self.tr
+        tr.tally.peer_wait(peer)
+        return poll_until(lambda: int(counter[0]) >= value, deadline,
+                          check=lambda: tr.check_peers([peer]))  # fmt: skip
+
+
+class Workspace(PeerCounters):
     """One rank's workspace and its view of every peer's (see the module docs). Made by
     :meth:`make`, every rank together, at the first one-shot call."""
 
@@ -62,22 +99,13 @@ class Workspace:
     def make(self, timeout: float) -> None:
         """Allocate, export, and open every peer's workspace and counter (collective)."""
         tr, rank, p = self.tr, self.tr.rank, self.tr.world_size
-        path = f"{SHM_DIR}/commrt-ipc-posted-{secrets.token_hex(8)}"
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, 64)
-        finally:
-            os.close(fd)
+        path = new_file("ipc-posted", 64)
         self.mine = self.dev.allocate(2 * self.half)
         key = f"{tr.keys}workspace/"
         mine = json.dumps({"posted": path, "slab": self.dev.export_memory(self.mine).hex()})
         theirs = [json.loads(x) for x in gather(tr.store, key + "made/", rank, p, timeout, mine)]
         for r, h in enumerate(theirs):
-            fd = os.open(h["posted"], os.O_RDWR)
-            try:
-                self.maps.append(mmap.mmap(fd, 64))
-            finally:
-                os.close(fd)
+            self.maps.append(map_file(h["posted"], 64))
             self.posted.append(np.frombuffer(self.maps[-1], np.uint64, 1))
             if r == rank:
                 self.bases.append(self.mine)
@@ -113,14 +141,6 @@ class Workspace:
     def offset(self, r: int) -> int:
         """Where round ``r``'s piece goes in a workspace: the half of its parity."""
         return (r % 2) * self.half
-
-    def _posted(self, peer: int, value: int, deadline: float) -> bool:
-        """The one wait on ``peer`` in a round: until its counter reaches ``value`` (its
-        piece is in its workspace); False at ``deadline``. A dead peer is named meanwhile."""
-        counter, tr = self.posted[peer], self.tr
-        tr.tally.peer_wait(peer)
-        return poll_until(lambda: int(counter[0]) >= value, deadline,
-                          check=lambda: tr.check_peers([peer]))  # fmt: skip
 
     def _poster(self, value: int):
         counter = self.posted[self.tr.rank]

@@ -1,13 +1,13 @@
 """``cuda_ipc``'s one-shot all-reduce of small buffers, summed on the host.
 
-Ranks that time-share one GPU pay a context switch for every cross-process
-dependency between their device work (about 165 µs each way on an H100):
-the device one-shot (:mod:`commrt.transports.cuda_ipc_direct`) waits on its
-peers' copies and then launches a sum, so a 2-rank call of 8 bytes costs
-about 0.6 ms, where a message between the two processes through the host
-costs 15–56 µs. For a buffer of at most :data:`HOST_BYTES` (the crossover
-measured on the GPU, ``bench/bench_gpu_allreduce.py``) the sum is done on the
-host, with no device work that depends on another process:
+Ranks that time-share one GPU (separate CUDA contexts, no MPS) wait for their
+context's turn on the GPU for every kernel and every small copy to the device,
+and the device one-shot (:mod:`commrt.transports.cuda_ipc_direct`) adds a
+kernel that depends on the peers' copies; a message between two processes
+through the host costs far less (the figures are in ``docs/gpus.md``). For a
+buffer of at most :data:`HOST_BYTES` (where the two cross,
+``bench/bench_gpu_allreduce.py``) the sum is done on the host, with no device
+work that depends on another process:
 
 Each rank maps, in ``/dev/shm``, one file of its own: a **posted** counter
 and two halves of ``host_bytes``, used by the parity of a round (one round
@@ -36,14 +36,14 @@ from __future__ import annotations
 import json
 import mmap
 import os
-import secrets
 import warnings
 
 import numpy as np
 import torch
 
 from commrt.transports.base import poll_until
-from commrt.transports.shm_connect import SHM_DIR, gather
+from commrt.transports.cuda_ipc_direct import PeerCounters, map_file, new_file
+from commrt.transports.shm_connect import gather
 
 #: bytes of the largest all-reduce summed on the host (COMMRT_CUDA_IPC_HOST_BYTES)
 HOST_BYTES = 1 << 20
@@ -51,7 +51,7 @@ HOST_BYTES = 1 << 20
 HALVES_AT = 4096
 
 
-class HostWorkspace:
+class HostWorkspace(PeerCounters):
     """One rank's file of two halves and its view of every peer's (see the module
     docs). Made by :meth:`make`, every rank together, at the first call it serves."""
 
@@ -71,20 +71,11 @@ class HostWorkspace:
         """Map, pin and share every rank's file (collective)."""
         tr, rank, p = self.tr, self.tr.rank, self.tr.world_size
         size = HALVES_AT + 2 * self.half
-        path = f"{SHM_DIR}/commrt-ipc-host-{secrets.token_hex(8)}"
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.posix_fallocate(fd, 0, size)
-        finally:
-            os.close(fd)
+        path = new_file("ipc-host", size)
         key = f"{tr.keys}host-workspace/"
         paths = gather(tr.store, key + "made/", rank, p, timeout, json.dumps(path))
         for theirs in map(json.loads, paths):
-            fd = os.open(theirs, os.O_RDWR)
-            try:
-                self.maps.append(mmap.mmap(fd, size))
-            finally:
-                os.close(fd)
+            self.maps.append(map_file(theirs, size))
             self.posted.append(np.frombuffer(self.maps[-1], np.uint64, 1))
             whole = torch.frombuffer(self.maps[-1], dtype=torch.uint8)
             self.halves.append([whole[self._at(par) : self._at(par) + self.half] for par in (0, 1)])
@@ -155,14 +146,6 @@ class HostWorkspace:
         bytes are there); False at ``deadline``."""
         self.tr.tally.stream_waits += 1
         return poll_until(lambda: self.dev.query(self.copied), deadline)
-
-    def _posted(self, peer: int, value: int, deadline: float) -> bool:
-        """The one wait on ``peer`` in a round: until its counter reaches ``value``; False
-        at ``deadline``. A dead peer is named meanwhile."""
-        counter, tr = self.posted[peer], self.tr
-        tr.tally.peer_wait(peer)
-        return poll_until(lambda: int(counter[0]) >= value, deadline,
-                          check=lambda: tr.check_peers([peer]))  # fmt: skip
 
     def release(self, clean: bool) -> None:
         """Unpin and unmap, only if ``clean``: a copy still queued may use the memory, and
