@@ -21,7 +21,11 @@ gradients on both ranks.
 ``torch``: for each ``[[torch_facing.run]]`` with ``ci = true`` (or the
 one ``--only`` names), a fresh venv with that Python and torch, commrt
 installed editable with its ``test`` extra, and the ``torch_facing.tests``
-run there with ``torch_facing.pytest``'s options. pip's cap on torch on these machines
+run there with ``torch_facing.pytest``'s options. A row with ``wheel = true``
+(the wheel's Python, torch and build) makes no venv of its own: its tests run
+in the wheel's venv, against the wheel installed non-editable (its ``test``
+extra added), with the tree kept off ``sys.path`` (``python -P``), so one
+CUDA build of torch serves both. pip's cap on torch on these machines
 (``/etc/xdg/pip``) is lifted for these venvs alone (``PIP_CONSTRAINT``):
 each pins its torch itself.
 
@@ -226,8 +230,15 @@ def wheel(matrix: dict, work: Path) -> None:
         raise Failed("the DDP step did not report from both ranks")
 
 
-def row_venv(row: dict, work: Path) -> tuple[Path, dict]:
-    """A torch row's venv: its torch, then commrt editable with the ``test`` extra."""
+def row_venv(matrix: dict, row: dict, work: Path) -> tuple[Path, dict]:
+    """A torch row's venv: its torch, then commrt editable with the ``test`` extra; for a
+    row run in the wheel's venv, that venv with the wheel's ``test`` extra added."""
+    if row.get("wheel"):
+        bin_, env = wheel_venv(matrix, work)
+        (whl,) = (work / "dist").glob("commrt-*.whl")
+        pip = [str(bin_ / "python"), "-m", "pip", "install", "-q"]
+        step("install the wheel's test extra", [*pip, f"commrt[test] @ {whl.as_uri()}"], env=env)
+        return bin_, env
 
     def installs(pip, env):
         step(f"install torch {row['torch']}", [*pip, f"torch=={row['torch']}"], env=env)
@@ -238,13 +249,19 @@ def row_venv(row: dict, work: Path) -> tuple[Path, dict]:
 
 def torch_row(matrix: dict, row: dict, work: Path) -> None:
     """The torch-facing tests on one (Python, torch) of the matrix (module docs)."""
-    bin_, env = row_venv(row, work)
-    version = [str(bin_ / "python"), "-c", "import torch; print(torch.__version__)"]
-    got = step("torch", version, env=env).strip().splitlines()[-1]
+    bin_, env = row_venv(matrix, row, work)
+    # -P: the tree (the working folder) stays off sys.path, so a row in the wheel's venv
+    # tests the installed wheel, and the check below sees what the tests import
+    python = [str(bin_ / "python"), "-P"]
+    where = "import commrt, torch; print(torch.__version__, commrt.__file__)"
+    out = step("torch, and commrt as the tests import it", [*python, "-c", where], ROOT, env)
+    got, found = out.strip().splitlines()[-1].split(" ", 1)
     if not got.startswith(row["torch"]):
         raise Failed(f"asked for torch {row['torch']}, got {got}")
+    if row.get("wheel") and not Path(found).is_relative_to(bin_.parent):
+        raise Failed(f"the tests would import commrt from {found}, not the installed wheel")
     facing = matrix["torch_facing"]
-    tests = [str(bin_ / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    tests = [*python, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
     tests += [*facing["pytest"], *facing["tests"]]
     step(f"torch-facing tests on torch {row['torch']}", tests, ROOT, env)
     shutil.rmtree(bin_.parent)
@@ -276,8 +293,10 @@ class Ahead:
 
 
 def pipelined(matrix: dict, rows: list[dict], work: Path) -> None:
-    """``wheel`` and then each row's tests, the next venv made while one is used."""
-    order = ["wheel", *(row["torch"] for row in rows)]
+    """``wheel`` (and the rows run in its venv) and then each other row's tests, the next
+    venv made while one is used."""
+    own = [row for row in rows if not row.get("wheel")]
+    order = ["wheel", *(row["torch"] for row in own)]
     ahead = Ahead(order[0], work)
     for i, what in enumerate(order):
         ahead.ready()
@@ -285,9 +304,12 @@ def pipelined(matrix: dict, rows: list[dict], work: Path) -> None:
         try:
             if what == "wheel":
                 wheel(matrix, work)
+                for row in rows:
+                    if row.get("wheel"):
+                        torch_row(matrix, row, work)
                 shutil.rmtree(work / "venv-wheel", ignore_errors=True)
             else:
-                torch_row(matrix, rows[i - 1], work)
+                torch_row(matrix, own[i - 1], work)
         except Failed:
             if ahead is not None:
                 ahead.proc.kill()
@@ -322,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.only in (None, "wheel"):
                 wheel_venv(matrix, work)
             for row in rows:
-                row_venv(row, work)
+                if not row.get("wheel"):
+                    row_venv(matrix, row, work)
         if args.what == "all":
             shutil.rmtree(work, ignore_errors=True)
             pipelined(matrix, rows, work)

@@ -6,9 +6,10 @@ whether a backward pass is running. These lean on details that a torch release
 may change, so they are gathered here; no other module of commrt imports
 ``torch._C`` or subclasses a torch class.
 
-Tested on torch 2.11.0, 2.13.0, 2.14.1 and 2.15.0: CI runs the torch-facing
-tests on each (``.ci/matrix.toml``; tests/unit/test_torch_api.py checks that
-this list is that matrix's).
+Tested on torch 2.11.0, 2.13.0, 2.14.1 and 2.15.0: the whole suite on 2.13.0,
+the torch-facing tests on the others, 2.14.1 by hand before a release
+(``.ci/matrix.toml``; tests/unit/test_torch_api.py checks that this list is
+that matrix's).
 
 What each use relies on:
 

@@ -21,7 +21,12 @@ STEPS = [
     ("the whole suite", MATRIX["suite"]),
     ("the wheel, installed non-editable and used from outside the tree", MATRIX["wheel"]),
     *(
-        ("the torch-facing tests" + ("" if row["ci"] else " (by hand, before a release)"), row)
+        (
+            "the torch-facing tests"
+            + (", against the wheel installed non-editable" if row.get("wheel") else "")
+            + ("" if row["ci"] else " (by hand, before a release)"),
+            row,
+        )
         for row in MATRIX["torch_facing"]["run"]
     ),
 ]
@@ -74,3 +79,12 @@ def test_the_install_page_shows_the_matrix():
     ]
     want = [[what, row["python"], row["torch"], row["build"]] for what, row in STEPS]
     assert rows == want
+
+
+def test_a_row_in_the_wheels_venv_is_the_wheels_python_torch_and_build():
+    # it makes no venv of its own (tools/ci_matrix.py): it runs beside the wheel's torch
+    keys = ("python", "torch", "build")
+    in_wheel = [row for row in MATRIX["torch_facing"]["run"] if row.get("wheel")]
+    assert in_wheel, "no torch-facing row runs against the installed wheel"
+    for row in in_wheel:
+        assert {k: row[k] for k in keys} == {k: MATRIX["wheel"][k] for k in keys}, row
