@@ -17,7 +17,9 @@ schedule compiles its plan and allocates scratch):
    runner-up, every other candidate predicted within :data:`CONTENDERS` ×
    the choice, and the choice) in a block of back-to-back calls, as the
    kept one will run (:data:`WARMUP` untimed calls, then ⌈WINDOW /
-   TRIAL_PASSES⌉ timed ones), every other pass reversed. A block's time is its
+   TRIAL_PASSES⌉ timed ones), each pass's order rotated by one (over as many
+   passes as candidates, each runs once in every place of a pass: a block's
+   place can cost it, as below). A block's time is its
    slowest rank's mean call (the throughput of back-to-back calls: a median
    of single calls favours a schedule whose calls alternate fast and slow);
    a candidate's, the median of its blocks, so that one block in which a
@@ -98,7 +100,7 @@ MARGIN = 0.1
 WINDOW = 5
 #: untimed calls at the start of each phase (the plan compiles on a schedule's first call)
 WARMUP = 1
-#: passes of the trial over the tried candidates and the choice (every other one reversed),
+#: passes of the trial over the tried candidates and the choice (each rotated by one),
 #: at least; a block's timed calls are ⌈WINDOW / TRIAL_PASSES⌉
 TRIAL_PASSES = 3
 TRIAL_BUDGET_S = settings.Seconds(
@@ -233,8 +235,17 @@ class Tuning:
         return -(-self.window // self.passes)
 
     def _blocks(self) -> tuple[str, ...]:
-        """The current pass's blocks in order: :attr:`live`, reversed on every other pass."""
-        return self.live[:: -1 if self.passes_run % 2 else 1]
+        """The current pass's blocks in order: :attr:`live` rotated by one a pass.
+
+        A block's place in its pass can cost it. With more ranks than cores, the last block
+        before a pass's gather was measured at 3-5x the first (ranks already in the gather
+        take turns on the cores), and a pass reversed every other time kept a middle block
+        in the middle for good: 4 ranks on 2 cores kept torus2d(2x2), 1.5x slower than
+        recursive doubling, which ran last twice. Rotated, each candidate runs once in each
+        place over ``len(live)`` passes, and the median of its blocks leaves out one bad
+        place."""
+        k = self.passes_run % len(self.live)
+        return self.live[k:] + self.live[:k]
 
     @property
     def leader(self) -> str:

@@ -88,3 +88,9 @@ def test_a_row_in_the_wheels_venv_is_the_wheels_python_torch_and_build():
     assert in_wheel, "no torch-facing row runs against the installed wheel"
     for row in in_wheel:
         assert {k: row[k] for k in keys} == {k: MATRIX["wheel"][k] for k in keys}, row
+
+
+def test_the_torch_facing_rows_name_tests_that_exist_and_how_pytest_runs_them():
+    facing = MATRIX["torch_facing"]
+    assert facing["tests"] and all((ROOT / path).exists() for path in facing["tests"]), facing
+    assert "-n" in facing["pytest"], facing  # the rows run them as the suite's workers do
