@@ -24,8 +24,9 @@ installed editable with its ``test`` extra, and the ``torch_facing.tests``
 run there with ``torch_facing.pytest``'s options. A row with ``wheel = true``
 (the wheel's Python, torch and build) makes no venv of its own: its tests run
 in the wheel's venv, against the wheel installed non-editable (its ``test``
-extra added), with the tree kept off ``sys.path`` (``python -P``), so one
-CUDA build of torch serves both. pip's cap on torch on these machines
+extra added), so one CUDA build of torch serves both. Every row's tests run
+from a folder outside the tree, so that the tree's ``commrt/`` is never on
+``sys.path`` (neither pytest's nor that of a ``python -m commrt`` a test starts). pip's cap on torch on these machines
 (``/etc/xdg/pip``) is lifted for these venvs alone (``PIP_CONSTRAINT``):
 each pins its torch itself.
 
@@ -250,11 +251,13 @@ def row_venv(matrix: dict, row: dict, work: Path) -> tuple[Path, dict]:
 def torch_row(matrix: dict, row: dict, work: Path) -> None:
     """The torch-facing tests on one (Python, torch) of the matrix (module docs)."""
     bin_, env = row_venv(matrix, row, work)
-    # -P: the tree (the working folder) stays off sys.path, so a row in the wheel's venv
-    # tests the installed wheel, and the check below sees what the tests import
-    python = [str(bin_ / "python"), "-P"]
+    # run from a folder outside the tree, so that neither pytest nor the `python -m commrt`
+    # a test starts finds the tree's commrt/ on sys.path: a row in the wheel's venv tests the
+    # installed wheel, and the check below sees what the tests import
+    away = Path(tempfile.mkdtemp(prefix="elsewhere-", dir=work))
+    python = [str(bin_ / "python")]
     where = "import commrt, torch; print(torch.__version__, commrt.__file__)"
-    out = step("torch, and commrt as the tests import it", [*python, "-c", where], ROOT, env)
+    out = step("torch, and commrt as the tests import it", [*python, "-c", where], away, env)
     got, found = out.strip().splitlines()[-1].split(" ", 1)
     if not got.startswith(row["torch"]):
         raise Failed(f"asked for torch {row['torch']}, got {got}")
@@ -262,8 +265,8 @@ def torch_row(matrix: dict, row: dict, work: Path) -> None:
         raise Failed(f"the tests would import commrt from {found}, not the installed wheel")
     facing = matrix["torch_facing"]
     tests = [*python, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
-    tests += [*facing["pytest"], *facing["tests"]]
-    step(f"torch-facing tests on torch {row['torch']}", tests, ROOT, env)
+    tests += [*facing["pytest"], *(str(ROOT / path) for path in facing["tests"])]
+    step(f"torch-facing tests on torch {row['torch']}", tests, away, env)
     shutil.rmtree(bin_.parent)
 
 
