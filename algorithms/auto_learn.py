@@ -17,9 +17,10 @@ schedule compiles its plan and allocates scratch):
    runner-up, every other candidate predicted within :data:`CONTENDERS` ×
    the choice, and the choice) in a block of back-to-back calls, as the
    kept one will run (:data:`WARMUP` untimed calls, then ⌈WINDOW /
-   TRIAL_PASSES⌉ timed ones), each pass's order rotated by one (over as many
-   passes as candidates, each runs once in every place of a pass: a block's
-   place can cost it, as below). A block's time is its
+   TRIAL_PASSES⌉ timed ones), each pass's order rotated by one, and one
+   untimed call after its last block (see :meth:`Tuning._lay_out`: with more
+   ranks than cores the block just before the gather measured 3-5x slower).
+   A block's time is its
    slowest rank's mean call (the throughput of back-to-back calls: a median
    of single calls favours a schedule whose calls alternate fast and slow);
    a candidate's, the median of its blocks, so that one block in which a
@@ -237,13 +238,11 @@ class Tuning:
     def _blocks(self) -> tuple[str, ...]:
         """The current pass's blocks in order: :attr:`live` rotated by one a pass.
 
-        A block's place in its pass can cost it. With more ranks than cores, the last block
-        before a pass's gather was measured at 3-5x the first (ranks already in the gather
-        take turns on the cores), and a pass reversed every other time kept a middle block
-        in the middle for good: 4 ranks on 2 cores kept torus2d(2x2), 1.5x slower than
-        recursive doubling, which ran last twice. Rotated, each candidate runs once in each
-        place over ``len(live)`` passes, and the median of its blocks leaves out one bad
-        place."""
+        A block's place in its pass can cost it: with 4 ranks on 2 cores the block just
+        before a pass's gather measured 3-5x the first, and a pass reversed every other time
+        keeps a middle block in the middle for good. Rotated, each candidate meets each
+        place in turn, and the median of its blocks leaves out one bad place. (The untimed
+        call that ends a pass, :meth:`_lay_out`, removed most of that cost.)"""
         k = self.passes_run % len(self.live)
         return self.live[k:] + self.live[:k]
 
@@ -311,12 +310,11 @@ class Tuning:
             return False
         timed = self.timing
         self.calls += 1
-        if not timed:
-            return False
-        self.times.append(float(seconds))
-        if self.phase == "trial":
+        if timed:
+            self.times.append(float(seconds))
+        if self.phase == "trial":  # a pass ends with an untimed call (see _lay_out)
             return self.calls >= len(self.plan)
-        return len(self.times) >= self.window
+        return timed and len(self.times) >= self.window
 
     def advance(self, table) -> None:
         """End the phase with every rank's times (``table``: one row per rank, the same on
@@ -362,7 +360,10 @@ class Tuning:
         plan = []
         for label in self._blocks():
             plan += [(label, False)] * self.warmup + [(label, True)] * per_block
-        return tuple(plan)
+        # one untimed call after the last block: a rank done with its timed calls waits in it
+        # (as between blocks) instead of working on the pass's gather, which, with more ranks
+        # than cores, takes the core from a rank still in its timed calls
+        return tuple(plan) + ((plan[-1][0], False),)
 
     def _lead_s(self) -> float:
         return self.trial_s.get(self.leader) or self.chosen_s or self.predicted_s
@@ -491,7 +492,7 @@ def calls_to_settle(candidates: int) -> int:
     then a trial of ``candidates`` (the choice among them) at the most passes, each after
     the longest hold."""
     block = WARMUP + -(-WINDOW // TRIAL_PASSES)
-    return MAX_HOLD + WARMUP + WINDOW + MAX_TRIAL_PASSES * (MAX_HOLD + block * candidates)
+    return MAX_HOLD + WARMUP + WINDOW + MAX_TRIAL_PASSES * (MAX_HOLD + block * candidates + 1)
 
 
 def agreed_time(table) -> float:

@@ -62,24 +62,26 @@ def test_a_miss_tries_the_runner_up_beside_the_choice_and_keeps_the_faster():
     assert (t.phase, t.running, t.chosen_s) == ("trial", "torus2d(4x2)", 1.3)
     tried, choice = "torus2d(4x2)", "ring"
     turns = play(t, {tried: 1.0, choice: 1.5})
-    # passes of blocks, every other one reversed: a warm-up then ⌈3 / 3⌉ timed call each
-    assert turns == [tried, tried, choice, choice, choice, choice, tried, tried]
+    # passes of blocks, each rotated by one: a warm-up then ⌈3 / 3⌉ timed call each, and
+    # an untimed call after a pass's last block
+    assert turns == [tried, tried, choice, choice, choice, choice, choice, tried, tried, tried]
     # after one block each nothing is out (one block may have stalled); after two, the
     # choice's fastest block is past WIDE × the leader's median: out, and settled
     assert (t.phase, t.kept, t.running, t.lost) == ("settled", tried, tried, {choice: 1.5})
     assert (t.runner_s, t.beside_s, t.chosen_s) == (1.0, 1.5, 1.3)
 
 
-def test_the_trial_runs_each_candidate_back_to_back_and_the_second_pass_reversed():
+def test_the_trial_runs_each_candidate_back_to_back_and_the_second_pass_rotated():
     t = unpaced("rd", 1.0, "t4x2", others=("hd",), window=5, warmup=1, passes=3)
     feed(t, [9.0] + [3.0] * 5)
     block = lambda label: [(label, False)] + [(label, True)] * 2  # noqa: E731
-    assert list(t.trial_plan()) == [*block("t4x2"), *block("hd"), *block("rd")]
+    # and one untimed call after the last block: nothing timed sits just before the gather
+    assert list(t.trial_plan()) == [*block("t4x2"), *block("hd"), *block("rd"), ("rd", False)]
     # each block's first call is its untimed warm-up: a slow first call decides nothing
     times = {"t4x2": 1.0, "hd": 0.8, "rd": 1.2}
     feed(t, [50.0 if not timed else times[label] for label, timed in t.trial_plan()])
     assert t.trial_s == pytest.approx(times) and t.phase == "trial"
-    assert list(t.trial_plan()) == [*block("rd"), *block("hd"), *block("t4x2")]
+    assert list(t.trial_plan()) == [*block("hd"), *block("rd"), *block("t4x2"), ("t4x2", False)]
     play(t, times)
     assert (t.kept, set(t.lost)) == ("hd", {"rd"})  # t4x2 lost by less than WIDE
 
@@ -87,7 +89,8 @@ def test_the_trial_runs_each_candidate_back_to_back_and_the_second_pass_reversed
 def test_a_runner_up_that_is_slower_beside_the_choice_loses_the_trial():
     t = unpaced("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
     feed(t, [2.0, 2.0])  # baseline
-    feed(t, [2.5, 2.1, 2.0, 2.6, 2.0, 2.2])  # hd, ring, ring, hd, hd, ring
+    # hd, ring, then ring untimed; ring, hd, hd untimed; hd, ring, ring untimed
+    feed(t, [2.5, 2.1, 9.0, 2.0, 2.6, 9.0, 2.0, 2.2, 9.0])
     assert (t.phase, t.kept, t.running) == ("settled", "ring", "ring")
     assert (t.runner_s, t.beside_s) == (2.5, 2.1)
 
@@ -115,8 +118,12 @@ def test_contenders_near_the_choice_are_tried_in_turns_and_the_fastest_kept():
     t = unpaced("rd", 1.0, "t4x2", runner_predicted_s=1.05, others=("hd",), window=2, warmup=1)
     feed(t, [9.0, 1.0, 1.0])  # a close call: tried although the choice met its prediction
     turns = play(t, {"t4x2": 1.25, "hd": 0.75, "rd": 1.05})
-    # a warm-up and one timed call each: t4x2, hd, rd, then rd, hd, t4x2; both out
-    assert turns == [x for x in ("t4x2", "hd", "rd", "rd", "hd", "t4x2") for _ in range(2)]
+    # a warm-up and one timed call each: t4x2, hd, rd, then hd, rd, t4x2 (rotated), each
+    # pass ending in an untimed call of its last block's schedule; both out
+    first, second = ("t4x2", "hd", "rd"), ("hd", "rd", "t4x2")
+    want = [x for x in first for _ in range(2)] + ["rd"]
+    want += [x for x in second for _ in range(2)] + ["t4x2"]
+    assert turns == want
     assert t.trial_s == {"t4x2": 1.25, "hd": 0.75, "rd": 1.05}
     assert (t.phase, t.kept, t.running) == ("settled", "hd", "hd")
 
@@ -212,7 +219,7 @@ def test_cheap_calls_get_more_passes_and_one_stalled_block_decides_nothing():
     t = unpaced("rd", 0.010, "t2x2", window=5, warmup=1, budget_s=0.25)
     feed(t, [1.0] + [0.003] * 5)  # a miss: 3 ms a call, 9 ms a block: 27 fit, 6 passes
     assert (t.phase, t.trial_passes) == ("trial", 6)
-    assert [x for x, _ in t.trial_plan()] == ["t2x2"] * 3 + ["rd"] * 3
+    assert [x for x, _ in t.trial_plan()] == ["t2x2"] * 3 + ["rd"] * 3 + ["rd"]
     calls = {"rd": 0.003, "t2x2": 0.006}
     plan = t.trial_plan()
     times = [calls[label] if timed else 1.0 for label, timed in plan]
@@ -234,7 +241,7 @@ def test_a_close_trial_runs_on_to_its_most_passes_and_keeps_the_leader():
     feed(t, [25.0] * 3)  # baseline: far below its prediction, a miss
     trial = {"t2x4": [20.0, 21.0, 27.9], "hd": [33.0, 34.0, 33.5], "t4x2": [29.0, 30.0, 28.0]}
     while t.phase == "trial":
-        feed(t, [trial[label].pop() for label, _ in t.trial_plan()])
+        feed(t, [trial[label].pop() if timed else 99.0 for label, timed in t.trial_plan()])
     assert t.trial_s == {"t2x4": 21.0, "hd": 33.75, "t4x2": 29.0}  # hd out after two
     assert (t.phase, t.kept, set(t.lost)) == ("settled", "t2x4", {"hd", "t4x2"})
     # a close result at the most passes is decided, not measured again

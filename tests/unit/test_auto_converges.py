@@ -89,7 +89,8 @@ class Job:
         tuning = learning(self.comm).get(self.nbytes)
         if tuning is not None and tuning.phase == "trial":
             block = tuning.warmup + -(-tuning.window // tuning.passes)
-            if tuning.calls >= len(tuning.plan) - block:  # the pass's last block
+            tail = len(tuning.plan) - 1  # the untimed call after the last block
+            if tail - block <= tuning.calls < tail:  # the pass's last block
                 cost *= self.last_block
         started = self.now
         self.now += cost
