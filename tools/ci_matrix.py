@@ -26,9 +26,9 @@ run there with ``torch_facing.pytest``'s options. A row with ``wheel = true``
 in the wheel's venv, against the wheel installed non-editable (its ``test``
 extra added), so one CUDA build of torch serves both. Every row's tests run
 from a folder outside the tree, so that the tree's ``commrt/`` is never on
-``sys.path`` (neither pytest's nor that of a ``python -m commrt`` a test starts). pip's cap on torch on these machines
-(``/etc/xdg/pip``) is lifted for these venvs alone (``PIP_CONSTRAINT``):
-each pins its torch itself.
+``sys.path`` (neither pytest's nor that of a ``python -m commrt`` a test
+starts). pip's cap on torch on these machines (``/etc/xdg/pip``) is lifted
+for these venvs alone (``PIP_CONSTRAINT``): each pins its torch itself.
 
 ``all`` runs ``wheel`` and then ``torch``, making each venv while the one
 before it is used (``prepare --only``, in a second process whose output is
@@ -236,7 +236,7 @@ def row_venv(matrix: dict, row: dict, work: Path) -> tuple[Path, dict]:
     row run in the wheel's venv, that venv with the wheel's ``test`` extra added."""
     if row.get("wheel"):
         bin_, env = wheel_venv(matrix, work)
-        (whl,) = (work / "dist").glob("commrt-*.whl")
+        whl = built_wheel(work, str(bin_ / "python"), env)  # built already: found, checked
         pip = [str(bin_ / "python"), "-m", "pip", "install", "-q"]
         step("install the wheel's test extra", [*pip, f"commrt[test] @ {whl.as_uri()}"], env=env)
         return bin_, env
