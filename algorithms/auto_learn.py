@@ -2,68 +2,58 @@
 
 The policy
 ----------
-For each buffer size, ``commrt.all_reduce(..., algorithm="auto")`` times
-the calls it makes (:meth:`Tuning.record`), in phases of :data:`WINDOW`
-timed calls after :data:`WARMUP` untimed ones (the first call of a
-schedule compiles its plan and allocates scratch):
+For each buffer size, ``commrt.all_reduce(..., algorithm="auto")`` times the calls it makes
+(:meth:`Tuning.record`), in phases of :data:`WINDOW` timed calls after :data:`WARMUP` untimed
+ones (the first call of a schedule compiles its plan and allocates scratch):
 
-1. **baseline**: time the model's choice. Its time is agreed across ranks as the
-   median over the window of each call's *slowest* rank (a synchronous
-   collective ends when its last rank does). If it is within
-   ``MARGIN`` (10%) of its prediction, either way, and the runner-up is
-   predicted above :data:`CONTENDERS` × the choice (a loss the model's
-   errors of tens of percent cannot undo), the choice stays: **settled**.
-2. Else **trial**, in passes. A pass runs each live candidate (the
-   runner-up, every other candidate predicted within :data:`CONTENDERS` ×
-   the choice, and the choice) in a block of back-to-back calls, as the
-   kept one will run (:data:`WARMUP` untimed calls, then ⌈WINDOW /
-   TRIAL_PASSES⌉ timed ones), each pass's order rotated by one, and one
-   untimed call after its last block (see :meth:`Tuning._lay_out`: with more
-   ranks than cores the block just before the gather measured 3-5x slower).
-   A block's time is its
-   slowest rank's mean call (the throughput of back-to-back calls: a median
-   of single calls favours a schedule whose calls alternate fast and slow);
-   a candidate's, the median of its blocks, so that one block in which a
-   rank was descheduled decides nothing. After each pass (one gather):
+1. **baseline**: time the model's choice. Its time is agreed across ranks as the median over
+   the window of each call's *slowest* rank (a synchronous collective ends when its last rank
+   does). If it is within ``MARGIN`` (10%) of its prediction, either way, and the runner-up is
+   predicted above :data:`CONTENDERS` × the choice (a loss the model's errors of tens of
+   percent cannot undo), the choice stays: **settled**.
+2. Else **trial**, in passes. A pass runs each live candidate (the runner-up, every other
+   candidate predicted within :data:`CONTENDERS` × the choice, and the choice) in a block of
+   back-to-back calls, as the kept one will run (:data:`WARMUP` untimed calls, then ⌈WINDOW /
+   TRIAL_PASSES⌉ timed ones), each pass's order rotated by one, and one untimed call after its
+   last block (see :meth:`Tuning._lay_out`: with more ranks than cores the block just before
+   the gather measured 3-5x slower). A block's time is its slowest rank's mean call (the
+   throughput of back-to-back calls: a median of single calls favours a schedule whose calls
+   alternate fast and slow); a candidate's, the median of its blocks, so that one block in
+   which a rank was descheduled decides nothing. After each pass (one gather):
 
-   * a candidate that lost to the leader by a wide margin, even its fastest
-     of two blocks or more over :data:`WIDE` × the leader's median, is out,
-     and is never tried again for that size (one block in which a rank was
-     descheduled puts nothing out: a stall slows a block, never speeds one);
+   * a candidate that lost to the leader by a wide margin, even its fastest of two blocks or
+     more over :data:`WIDE` × the leader's median, is out, and is never tried again for that
+     size (one block in which a rank was descheduled puts nothing out: a stall slows a block,
+     never speeds one);
    * the trial stops once the answer is clear: one candidate left, or, after
-     :data:`TRIAL_PASSES` passes (a median of three discards one stalled
-     block), every other one slower than the leader by more than
-     ``MARGIN``; else it goes on, up to :data:`TRIAL_PASSES` passes or as
-     many more (up to :data:`MAX_TRIAL_PASSES`) as fit in
-     :data:`TRIAL_BUDGET_S` per candidate at the baseline's time a call,
-     and keeps the leader (the others are then within the margin of it).
+     :data:`TRIAL_PASSES` passes (a median of three discards one stalled block), every other
+     one slower than the leader by more than ``MARGIN``; else it goes on, up to
+     :data:`TRIAL_PASSES` passes or as many more (up to :data:`MAX_TRIAL_PASSES`) as fit in
+     :data:`TRIAL_BUDGET_S` per candidate at the baseline's time a call, and keeps the leader
+     (the others are then within the margin of it).
 
-   **Paced**: before the baseline and each pass, what it is expected to
-   cost beyond the leader's calls (slower candidates, the learning path's
-   own cost) is weighed against the size's calls so far; where all of it
-   would pass :data:`EXPLORE` of their time, the leader first runs alone on
-   the settled path (**hold**), at most :data:`MAX_HOLD` calls. A user's
+   **Paced**: before the baseline and each pass, what it is expected to cost beyond the
+   leader's calls (slower candidates, the learning path's own cost) is weighed against the
+   size's calls so far; where all of it would pass :data:`EXPLORE` of their time, the leader
+   first runs alone on the settled path (**hold**), at most :data:`MAX_HOLD` calls. A user's
    first calls cost the model's choice plus at most that share.
-3. **verdict**: the leader is kept for that size from then on
-   (``learned=True`` where not the model's), run by ``commrt.all_reduce``'s
-   memo (``commrt.collectives.memo.SettledCall``), which only counts calls.
-4. **recheck**: after :data:`RECHECK_S` seconds' worth of the kept
-   schedule's calls (at its measured time a call; at least
-   :data:`RECHECK_MIN_CALLS` calls), the next calls are timed again, as a
-   trial block. If the kept schedule is now slower than the trial's fastest other candidate by more than
-   ``MARGIN`` (one that was out too: it lost to a schedule that has slowed
-   since), the two meet again in a fresh trial, and the faster is kept; so
-   do a kept schedule and the model's choice it replaced, where that is
-   cheap. One settled without a trial is held to its baseline time. Each
-   recheck that keeps the same schedule doubles the wait
-   before the next, up to :data:`RECHECK_MAX_S`; a change starts it again.
+3. **verdict**: the leader is kept for that size (``learned=True`` where not the model's),
+   run by ``commrt.all_reduce``'s memo (``collectives.memo.SettledCall``): it counts calls.
+4. **recheck**: after :data:`RECHECK_S` seconds' worth of the kept schedule's calls (at its
+   measured time a call; at least :data:`RECHECK_MIN_CALLS` calls), the next calls are timed
+   again, as a trial block. If the kept schedule is now slower than the trial's fastest other
+   candidate by more than ``MARGIN`` (one that was out too: it lost to a schedule that has
+   slowed since), the two meet again in a fresh trial, and the faster is kept; so do a kept
+   schedule and the model's choice it replaced, where that is cheap. One settled without a
+   trial is held to its baseline time. Each recheck that keeps the same schedule doubles the
+   wait before the next, up to :data:`RECHECK_MAX_S`; a change starts it again.
    ``Auto(recheck_s=None)`` never rechecks.
 
-Every rank decides from the same numbers: a phase's times reach every rank in one small
-gather (:func:`commrt.runtime.rows.gather`) at the end of the phase or pass; a hold's length
-comes from agreed numbers only. A size settles within :func:`calls_to_settle` calls.
-:class:`Tuning` is the pure decision state (tested with injected timings, no processes);
-:func:`agree` is the one collective step.
+Every rank decides from the same numbers: a phase's times reach every rank in one small gather
+(:func:`commrt.runtime.rows.gather`) at the end of the phase or pass; a hold's length comes
+from agreed numbers only. A size settles within :func:`calls_to_settle` calls. :class:`Tuning`
+is the pure decision state (tested with injected timings, no processes); :func:`agree` is the
+one collective step.
 """
 
 from __future__ import annotations
