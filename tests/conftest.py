@@ -18,6 +18,17 @@ if TOOLS not in sys.path:
     sys.path.append(TOOLS)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def rank_zygote(tmp_path_factory):
+    """One zygote per pytest process, from which the helpers fork test ranks with torch
+    already imported (tests/helpers/zygote.py says why and what differs)."""
+    from helpers import zygote
+
+    proc = zygote.start(str(tmp_path_factory.mktemp("zygote")))
+    yield proc
+    zygote.stop(proc)
+
+
 @pytest.fixture
 def netns_cluster():
     """Make namespace hosts (tools/netns.py): ``netns_cluster(hosts, rate="1gbit")``.

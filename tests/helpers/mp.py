@@ -8,6 +8,7 @@ import sys
 import time
 
 from commrt import settings
+from helpers import zygote
 
 #: the tests/ folder (workers live in tests/workers)
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,25 +18,34 @@ LOGS_ENV = "COMMRT_TEST_LOGS"
 DUMP_S = 5
 
 
+def _rank_command(script: str, args, fresh: bool) -> list[str]:
+    """``tests/workers/<script> args`` as a rank: forked from the zygote
+    (:mod:`helpers.zygote`) unless ``fresh``."""
+    path = os.path.join(TESTS, "workers", script)
+    if fresh:
+        return [sys.executable, path, *map(str, args)]
+    return zygote.command(path, *args)
+
+
 def mpiexec(
-    n: int, script: str, *args, timeout: float = 300, check: bool = True, env=None, flags=()
+    n: int,
+    script: str,
+    *args,
+    timeout: float = 300,
+    check: bool = True,
+    env=None,
+    flags=(),
+    fresh: bool = False,
 ):
     """Run ``tests/workers/<script>`` on ``n`` MPI ranks; return the CompletedProcess.
     ``env``: variables added to this process's environment for the ranks; ``flags``:
-    mpiexec's own (``-prepend-rank``)."""
+    mpiexec's own (``-prepend-rank``); ``fresh``: each rank a fresh interpreter, not one
+    forked from the zygote."""
     exe = shutil.which("mpiexec")
     assert exe, (
         "mpiexec not found: install the dev extras (pip install -e '.[dev]' brings the mpich wheel)"
     )
-    cmd = [
-        exe,
-        *flags,
-        "-n",
-        str(n),
-        sys.executable,
-        os.path.join(TESTS, "workers", script),
-        *map(str, args),
-    ]
+    cmd = [exe, *flags, "-n", str(n), *_rank_command(script, args, fresh)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
@@ -46,11 +56,13 @@ def mpiexec(
     return proc
 
 
-def gloo_ranks(n: int, script: str, *args, timeout: float = 120, drop_env=(), env=None):
+def gloo_ranks(
+    n: int, script: str, *args, timeout: float = 120, drop_env=(), env=None, fresh=False
+):
     """Run ``tests/workers/<script>`` as ``n`` gloo ranks with torchrun's variables, the
     store hosted here; return (exit codes, outputs). Ranks still running at ``timeout``
-    are killed. ``env``: variables added for the ranks."""
-    job = GlooJob(script, args, n, drop_env, env)
+    are killed. ``env``: variables added for the ranks; ``fresh``: as :func:`mpiexec`."""
+    job = GlooJob(script, args, n, drop_env, env, fresh=fresh)
     for r in range(n):
         job.start(r)
     return job.finish(timeout)
@@ -62,9 +74,14 @@ class GlooJob:
 
     ``rank0_hosts``: launched as a user launches from the environment (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; no launcher, no agent): rank 0
-    hosts the store, and whatever it takes with it when it ends, the test sees."""
+    hosts the store, and whatever it takes with it when it ends, the test sees.
+    ``fresh``: each rank a fresh interpreter, not one forked from the zygote
+    (:mod:`helpers.zygote`), for a test that stops a rank from outside or reads its
+    process tree."""
 
-    def __init__(self, script: str, args, n: int, drop_env=(), env=None, rank0_hosts=False):
+    def __init__(
+        self, script: str, args, n: int, drop_env=(), env=None, rank0_hosts=False, fresh=False
+    ):
         from commrt.runtime.store import host_store
 
         self.store = None if rank0_hosts else host_store()
@@ -84,7 +101,8 @@ class GlooJob:
         agent = () if not rank0_hosts else ("TORCHELASTIC_USE_AGENT_STORE",)
         for name in (settings.STORE.name, *agent, *drop_env):
             self.env.pop(name, None)
-        self.cmd = [sys.executable, os.path.join(TESTS, "workers", script), *map(str, args)]
+        self.script, self.args = script, [str(a) for a in args]
+        self.cmd = _rank_command(script, args, fresh)
         self.procs: list[subprocess.Popen] = []
 
     def start(self, rank: int, **env) -> subprocess.Popen:
@@ -132,11 +150,13 @@ class GlooJob:
         if not folder:
             return
         os.makedirs(folder, exist_ok=True)
-        stem = f"{os.path.splitext(os.path.basename(self.cmd[1]))[0]}-{time.strftime('%H%M%S')}"
+        stem = f"{os.path.splitext(self.script)[0]}-{time.strftime('%H%M%S')}"
         for r, (p, out) in enumerate(zip(self.procs, outs)):
             note = " (hung: SIGABRT, stacks at the end)" if p in hung else ""
             with open(os.path.join(folder, f"{stem}-rank{r}.txt"), "w") as f:
-                f.write(f"# {' '.join(self.cmd[1:])}: exit {p.returncode}{note}\n{out}")
+                f.write(
+                    f"# {' '.join([self.script, *self.args])}: exit {p.returncode}{note}\n{out}"
+                )
 
 
 def free_port() -> int:
