@@ -320,8 +320,10 @@ def test_gpu_check_prints_one_table_within_80_columns(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("on a GPU the table holds results, not skip reasons: run it by hand")
     script = os.path.join(os.path.dirname(TESTS), "tools", "gpu_check.py")
+    # --import path: with "auto", a suite run from another tree than the installed one had the
+    # check pip-install this tree over the user's editable install
     proc = subprocess.run(
-        [sys.executable, script, "--quick", "--out", str(tmp_path)],
+        [sys.executable, script, "--quick", "--import", "path", "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=600,
