@@ -103,9 +103,9 @@ def test_random_stragglers_end_identical(scenario, tmp_path):
     recs, states = load(tmp_path, scenario)
     assert_identical(states)
     final = recs[0]["final"]
-    for r in recs:
-        assert r["global_step"] == final == sum(r["applied"]), r
-        assert r["updates"][str(r["rank"])] == final and r["missing"] == []
+    for r in recs:  # as in test_nccl_strict: close()'s catch-up may apply the last update
+        assert r["global_step"] == final == r["updates"][str(r["rank"])] >= sum(r["applied"]), r
+        assert r["missing"] == []
     parts = participants_by_step(recs)
     assert sorted(parts) == list(range(final))
     assert all(len(v) == N_RANKS - 1 for v in parts.values())

@@ -132,7 +132,11 @@ def test_backup_workers_with_catch_up_end_identical_and_exact(tmp_path):
     final = recs[0]["final"]
     for r in recs:
         assert "error" not in r, r
-        assert r["global_step"] == final == sum(r["applied"]), r
+        # every update applied once: by step() or, for a rank a step behind where the others
+        # ended, by close()'s catch-up (sync/backup/ending.py), so the report's count is exact
+        # and step()'s may be lower (seen once in CI: 12 of 13, states identical)
+        updates = r["updates"][str(r["rank"])]
+        assert r["global_step"] == final == updates >= sum(r["applied"]), r
     parts = TB.participants_by_step(recs)
     assert sorted(parts) == list(range(final)) and all(len(v) == 3 for v in parts.values())
     assert sum(recs[0]["dropped"].values()) >= 1, "no gradient was ever late"
