@@ -80,7 +80,8 @@ def test_a_rank_whose_start_up_variables_differ_runs_fresh(own_zygote, worker):
     assert got["ppid"] == os.getpid(), "the shim did not become the rank"
 
 
-def test_signals_reach_the_rank_and_the_shim_dies_as_it_did(own_zygote, tmp_path):
+def _sleeping_rank(tmp_path):
+    """A shim whose rank prints its pid and sleeps: (the shim's Popen, the rank's pid)."""
     (tmp_path / "sleeper.py").write_text(
         "import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n"
     )
@@ -90,7 +91,11 @@ def test_signals_reach_the_rank_and_the_shim_dies_as_it_did(own_zygote, tmp_path
         text=True,
         env=rank_env(),
     )
-    rank = int(proc.stdout.readline())
+    return proc, int(proc.stdout.readline())
+
+
+def test_signals_reach_the_rank_and_the_shim_dies_as_it_did(own_zygote, tmp_path):
+    proc, rank = _sleeping_rank(tmp_path)
     assert rank != proc.pid
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == -signal.SIGTERM
@@ -100,16 +105,7 @@ def test_signals_reach_the_rank_and_the_shim_dies_as_it_did(own_zygote, tmp_path
 
 
 def test_a_killed_shim_takes_its_rank_with_it(own_zygote, tmp_path):
-    (tmp_path / "sleeper.py").write_text(
-        "import os, sys, time\nprint(os.getpid(), flush=True)\ntime.sleep(60)\n"
-    )
-    proc = subprocess.Popen(
-        zygote.command(str(tmp_path / "sleeper.py")),
-        stdout=subprocess.PIPE,
-        text=True,
-        env=rank_env(),
-    )
-    rank = int(proc.stdout.readline())
+    proc, rank = _sleeping_rank(tmp_path)
     proc.kill()
     assert proc.wait(30) == -signal.SIGKILL
     deadline = time.monotonic() + 10
