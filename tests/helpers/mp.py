@@ -4,7 +4,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 from commrt import settings
@@ -18,34 +17,22 @@ LOGS_ENV = "COMMRT_TEST_LOGS"
 DUMP_S = 5
 
 
-def _rank_command(script: str, args, fresh: bool) -> list[str]:
-    """``tests/workers/<script> args`` as a rank: forked from the zygote
-    (:mod:`helpers.zygote`) unless ``fresh``."""
-    path = os.path.join(TESTS, "workers", script)
-    if fresh:
-        return [sys.executable, path, *map(str, args)]
-    return zygote.command(path, *args)
+def _worker(script: str) -> str:
+    return os.path.join(TESTS, "workers", script)
 
 
 def mpiexec(
-    n: int,
-    script: str,
-    *args,
-    timeout: float = 300,
-    check: bool = True,
-    env=None,
-    flags=(),
-    fresh: bool = False,
+    n: int, script: str, *args, timeout: float = 300, check: bool = True, env=None, flags=()
 ):
     """Run ``tests/workers/<script>`` on ``n`` MPI ranks; return the CompletedProcess.
     ``env``: variables added to this process's environment for the ranks; ``flags``:
-    mpiexec's own (``-prepend-rank``); ``fresh``: each rank a fresh interpreter, not one
-    forked from the zygote."""
+    mpiexec's own (``-prepend-rank``). Each rank is forked from the zygote
+    (:mod:`helpers.zygote`)."""
     exe = shutil.which("mpiexec")
     assert exe, (
         "mpiexec not found: install the dev extras (pip install -e '.[dev]' brings the mpich wheel)"
     )
-    cmd = [exe, *flags, "-n", str(n), *_rank_command(script, args, fresh)]
+    cmd = [exe, *flags, "-n", str(n), *zygote.command(_worker(script), *args)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     if check and proc.returncode != 0:
@@ -56,13 +43,11 @@ def mpiexec(
     return proc
 
 
-def gloo_ranks(
-    n: int, script: str, *args, timeout: float = 120, drop_env=(), env=None, fresh=False
-):
+def gloo_ranks(n: int, script: str, *args, timeout: float = 120, drop_env=(), env=None):
     """Run ``tests/workers/<script>`` as ``n`` gloo ranks with torchrun's variables, the
     store hosted here; return (exit codes, outputs). Ranks still running at ``timeout``
-    are killed. ``env``: variables added for the ranks; ``fresh``: as :func:`mpiexec`."""
-    job = GlooJob(script, args, n, drop_env, env, fresh=fresh)
+    are killed. ``env``: variables added for the ranks."""
+    job = GlooJob(script, args, n, drop_env, env)
     for r in range(n):
         job.start(r)
     return job.finish(timeout)
@@ -74,14 +59,10 @@ class GlooJob:
 
     ``rank0_hosts``: launched as a user launches from the environment (``RANK``,
     ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; no launcher, no agent): rank 0
-    hosts the store, and whatever it takes with it when it ends, the test sees.
-    ``fresh``: each rank a fresh interpreter, not one forked from the zygote
-    (:mod:`helpers.zygote`), for a test that stops a rank from outside or reads its
-    process tree."""
+    hosts the store, and whatever it takes with it when it ends, the test sees. Each rank
+    is forked from the zygote (:mod:`helpers.zygote`)."""
 
-    def __init__(
-        self, script: str, args, n: int, drop_env=(), env=None, rank0_hosts=False, fresh=False
-    ):
+    def __init__(self, script: str, args, n: int, drop_env=(), env=None, rank0_hosts=False):
         from commrt.runtime.store import host_store
 
         self.store = None if rank0_hosts else host_store()
@@ -102,7 +83,7 @@ class GlooJob:
         for name in (settings.STORE.name, *agent, *drop_env):
             self.env.pop(name, None)
         self.script, self.args = script, [str(a) for a in args]
-        self.cmd = _rank_command(script, args, fresh)
+        self.cmd = zygote.command(_worker(script), *args)
         self.procs: list[subprocess.Popen] = []
 
     def start(self, rank: int, **env) -> subprocess.Popen:

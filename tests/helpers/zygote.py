@@ -24,9 +24,9 @@ place) where the rank's environment differs from the zygote's in a variable read
 (:data:`AT_START`): ``PYTHON*`` (but ``PYTHONUNBUFFERED`` and ``PYTHONFAULTHANDLER``,
 applied here per rank), OpenMP's and BLAS's thread counts, ``LD_*``. What stays different:
 every forked rank has the zygote's string-hash seed, and ``numpy``'s global random state is
-reseeded. A test that stops a rank from outside (SIGSTOP cannot be forwarded) or that reads
-a rank's process tree passes ``fresh=True`` to its helper. ``TEST_FRESH_RANKS=1``
-makes every rank a fresh interpreter, as before.
+reseeded. A rank stopped from outside stays running (SIGSTOP cannot be forwarded), and a
+rank is not in its shim's process tree: no test does either to a helper's ranks.
+``TEST_FRESH_RANKS=1`` makes every rank a fresh interpreter, as before.
 """
 
 from __future__ import annotations
