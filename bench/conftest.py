@@ -44,6 +44,13 @@ _LOCAL = int(
 _ROWS_KEY = pytest.StashKey[list]()
 
 
+def pytest_xdist_auto_num_workers(config):
+    """No xdist workers for ``-n auto`` (pyproject.toml's addopts, there for the suite): a
+    benchmark is timed alone, every rank runs the same tests in order, and pytest-benchmark
+    turns itself off under xdist."""
+    return 0
+
+
 # pytest-benchmark's options that write files; a rank other than 0 turns each off
 _WRITERS = {
     "benchmark_json": None,

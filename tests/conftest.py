@@ -18,6 +18,27 @@ if TOOLS not in sys.path:
     sys.path.append(TOOLS)
 
 
+#: pytest-xdist workers for ``-n auto``, which pyproject.toml's addopts pass: the suite is kept
+#: passing at two (CI's 2 cores), with the modules that share a started job
+#: (``xdist_group``) each on one worker. ``-n N`` on the command line, or xdist's own
+#: PYTEST_XDIST_AUTO_NUM_WORKERS, chooses another count; ``-n 0`` runs one test at a time.
+WORKERS = 2
+
+
+def pytest_xdist_auto_num_workers(config):
+    """The worker count ``-n auto`` means for the suite (:data:`WORKERS`)."""
+    return int(os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or WORKERS)
+
+
+def pytest_collection_modifyitems(items):
+    """The GPU tests share the one GPU of the machines they run on: one worker runs them
+    all, one at a time."""
+    gpu = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu") + os.sep
+    for item in items:
+        if str(item.path).startswith(gpu):
+            item.add_marker(pytest.mark.xdist_group("gpu"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def rank_zygote(tmp_path_factory):
     """One zygote per pytest process, from which the helpers fork test ranks with torch

@@ -662,7 +662,8 @@ def run_test_files(steps: Steps, files: list[str]) -> tuple[dict[str, dict], lis
         if os.path.exists(results):
             os.remove(results)
         log = open(os.path.join(steps.logs, f"gpu_check_{stem}.txt"), "w")
-        cmd = [sys.executable, "-m", "pytest", f, "-q", "-rA", "-p", "gpu_check"]
+        # -n 0: the cases share the one GPU, one at a time (the suite's -n auto says 2)
+        cmd = [sys.executable, "-m", "pytest", f, "-q", "-rA", "-p", "gpu_check", "-n", "0"]
         cmd += ["-p", "no:cacheprovider"]
         logs = os.path.join(steps.logs, RANK_LOGS)
         env = steps.env(**{RESULTS_ENV: results, RANK_LOGS_ENV: logs})

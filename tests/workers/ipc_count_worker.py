@@ -6,7 +6,9 @@ CPU stand-in device (tests/multiprocess/test_cuda_ipc_counts.py).
     ipc_count_worker.py OUTDIR order_host
     ipc_count_worker.py death OUTDIR
 
-ALGORITHMS and SIZES (bytes) are comma-separated. For each algorithm, size and dtype
+ALGORITHMS and SIZES (bytes) are comma-separated; ``model`` is ``auto`` without learning
+(``Auto(learn=False)``: the cost model's choice, which no timing can change). For each
+algorithm, size and dtype
 (fp32, bf16) a rank runs the all-reduce :data:`WARM` times, then once counted
 (:func:`commrt.testing.counted`): a call in the steady state, past the first call's
 agreement and, with ``auto``, once it settled. Every rank writes OUTDIR/rank<r>.json: per case, the
@@ -40,6 +42,7 @@ from helpers.ipc_standin import StandInDevice  # noqa: E402
 
 import commrt  # noqa: E402
 import commrt.transports.cuda_ipc_direct as direct  # noqa: E402
+from commrt.algorithms import Auto  # noqa: E402
 from commrt.algorithms.auto import candidates, learning, status  # noqa: E402
 from commrt.algorithms.auto_learn import calls_to_settle  # noqa: E402
 from commrt.testing import counted  # noqa: E402
@@ -57,7 +60,7 @@ def _inputs(p, n, dtype):
             for r in range(p)]  # fmt: skip
 
 
-def case(comm, algorithm, nbytes, dtype) -> dict:
+def case(comm, name, algorithm, nbytes, dtype) -> dict:
     n = max(1, nbytes // dtype.itemsize)
     xs = _inputs(comm.world_size, n, dtype)
     want = torch.stack([x.double() for x in xs]).sum(0)
@@ -79,7 +82,7 @@ def case(comm, algorithm, nbytes, dtype) -> dict:
         "stream_waits": counts.stream_waits,
         "err": ((t.double() - want).abs().max() / want.abs().max()).item(),
         "sha": hashlib.sha256(t.view(torch.uint8).numpy().tobytes()).hexdigest(),
-        "runs": status(comm, nbytes)[0] if algorithm == "auto" else algorithm,
+        "runs": status(comm, nbytes)[0] if name in ("auto", "model") else name,
     }
 
 
@@ -87,11 +90,12 @@ def main(outdir, algorithms, sizes):
     comm = init_with("cuda_ipc", StandInDevice(seed=RANK), timeout=120, stall_s=0,
                      abort_on_error=False)  # fmt: skip
     report = {}
-    for algorithm in algorithms.split(","):
+    for name in algorithms.split(","):
+        algorithm = Auto(learn=False) if name == "model" else name
         for nbytes in map(int, sizes.split(",")):
             for dtype in (torch.float32, torch.bfloat16):
-                key = f"{algorithm} {nbytes} {str(dtype).split('.')[1]}"
-                report[key] = case(comm, algorithm, nbytes, dtype)
+                key = f"{name} {nbytes} {str(dtype).split('.')[1]}"
+                report[key] = case(comm, name, algorithm, nbytes, dtype)
     report["ran on"] = f"{comm.transport.name} {comm.device.type}"
     comm.close()
     with open(os.path.join(outdir, f"rank{RANK}.json"), "w") as f:
