@@ -171,6 +171,7 @@ def test_nccl_without_gpu_suggests_shm_gloo_or_mpi(capsys):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_train_runs_as_one_rank_under_mpiexec():
     import shutil
 
@@ -244,6 +245,7 @@ def _rank_of(pid):
         return -1
 
 
+@pytest.mark.slow
 def test_train_names_a_rank_killed_mid_run():
     env = {
         k: v

@@ -2,6 +2,7 @@
 with the rank, the signal, the algorithm, the bucket and the training step; the
 survivors' tracebacks only with --verbose (a new user saw 79 lines of traceback first)."""
 
+import pytest
 from helpers.cli import run_commrt
 
 TRAIN = ("train", "--nproc", "2", "--backend", "gloo", "--epochs", "1", "--quiet")
@@ -18,6 +19,7 @@ def test_a_killed_worker_is_named_first_in_one_line():
     assert len(lines) == 3, lines
 
 
+@pytest.mark.slow
 def test_verbose_keeps_the_survivors_traceback():
     proc = run_commrt(*TRAIN, "--kill", "1:3", "--verbose")
     assert proc.returncode != 0

@@ -37,7 +37,11 @@ def _fits(out: str, cols: int = 80) -> list[str]:
     [
         "gloo",
         pytest.param(
-            "mpi", marks=pytest.mark.skipif(not shutil.which("mpiexec"), reason="no mpiexec")
+            "mpi",
+            marks=[
+                pytest.mark.skipif(not shutil.which("mpiexec"), reason="no mpiexec"),
+                pytest.mark.slow,
+            ],
         ),
     ],
 )

@@ -479,6 +479,7 @@ def test_auto_moves_on_when_the_schedule_it_kept_slows_down(tmp_path, mode):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_commrt_probe_saves_a_calibration_that_a_mismatched_job_refuses(tmp_path):
     import os
     import subprocess

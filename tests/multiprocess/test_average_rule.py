@@ -18,7 +18,13 @@ def _reports(tmp_path, n):
 
 
 @pytest.mark.parametrize(
-    "backend", ["gloo", "shm", "cuda_ipc", pytest.param("mpi", marks=pytest.mark.mpi)]
+    "backend",
+    [
+        "gloo",
+        "shm",
+        pytest.param("cuda_ipc", marks=pytest.mark.slow),
+        pytest.param("mpi", marks=[pytest.mark.mpi, pytest.mark.slow]),
+    ],
 )
 def test_every_average_path_scales_before_the_sum_in_fp16_and_bf16(tmp_path, backend):
     if backend == "mpi":

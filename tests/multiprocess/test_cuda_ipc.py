@@ -27,6 +27,7 @@ def test_collectives_match_float64_at_2_and_4_ranks(tmp_path, n):
             assert err < (1e-5 if "float32" in case else 1e-12), (case, err)
 
 
+@pytest.mark.slow
 def test_gradient_sync_runs_on_the_stand_in_as_the_gpu_check_runs_it(tmp_path):
     """tests/gpu/test_gpu_ranks.py's GradientSync worker, here on CPU tensors: ring,
     torus2d and gossip, fp32 and a bf16 wire, agree across ranks and with float64 (ring,
@@ -82,6 +83,7 @@ def test_devices_without_peer_access_are_refused_on_every_rank_alike(tmp_path):
     assert "rank 0: standin" in error and "has no peer access to rank 1's" in error, error
 
 
+@pytest.mark.slow
 def test_a_close_waits_for_the_peers_streams_before_it_frees(tmp_path):
     """A peer's stream may still copy into this rank's slab or wait on its events until
     the peer has closed too: rank 0's close waits for rank 1's (1.5 s late), then frees;

@@ -183,6 +183,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_under_torchrun_on_one_host_init_picks_shared_memory_as_the_torch_backend_does(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += ["--master-port", str(_port()), os.path.join(TESTS, "workers", "choice_worker.py")]

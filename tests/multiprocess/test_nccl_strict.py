@@ -53,6 +53,7 @@ def test_a_count_mismatch_is_a_named_error_on_both_sides(tmp_path):
         assert rec["elapsed"] < 5, rec  # at once, not after the 60 s timeout
 
 
+@pytest.mark.slow
 def test_backup_catch_up_between_ranks_that_never_connected(tmp_path):
     """The late rank and its server never exchanged (the ring ran over ranks 0 and 1 only).
     Before the fix the late rank marked its receive posted only after its groupEnd, which

@@ -197,6 +197,7 @@ def test_mpi_peer_that_closed_is_named_on_a_warm_call():
     assert "rank 1 closed its communicator" in line, out
 
 
+@pytest.mark.slow
 def test_mpi_timeout_on_a_warm_call_names_the_peer_and_the_step():
     out = mpiexec(2, "small_worker.py", "timeout", timeout=120).stdout
     line = _lines(out)[0]

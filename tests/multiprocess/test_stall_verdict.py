@@ -171,6 +171,7 @@ def test_a_rank_in_another_collective_is_named_beside_the_others_call(tmp_path):
     assert "broadcast (" in v and "on rank 2, while ranks 0,1,3 are in all_reduce (ring" in v
 
 
+@pytest.mark.slow
 def test_a_chain_of_waits_is_followed_to_its_root(tmp_path):
     codes, outs, _ = run("chain", tmp_path)
     assert codes == [1, 1, 1, 1]
@@ -188,6 +189,7 @@ def test_ranks_merely_slower_than_each_other_are_never_blamed(tmp_path):
     assert not dump.exists()
 
 
+@pytest.mark.slow
 def test_under_ddp_on_backend_commrt_the_rank_in_its_data_loader_is_named(tmp_path):
     codes, outs, _ = run("ddp", tmp_path, script="verdict_ddp_worker.py")
     assert codes == [1, 1, 1, 1]
@@ -392,7 +394,11 @@ def assert_sizes_named(v: str) -> None:
 
 @pytest.mark.parametrize(
     "script, backend",
-    [("verdict_worker.py", "gloo"), ("verdict_worker.py", "shm"), ("verdict_ddp_worker.py", "-")],
+    [
+        pytest.param("verdict_worker.py", "gloo", marks=pytest.mark.slow),
+        ("verdict_worker.py", "shm"),
+        pytest.param("verdict_ddp_worker.py", "-", marks=pytest.mark.slow),
+    ],
 )
 def test_a_size_mismatch_after_agreed_calls_is_another_collective(script, backend, tmp_path):
     codes, outs, _ = run("size", tmp_path, script=script, backend=backend)
@@ -431,7 +437,7 @@ def assert_own_line_named(v: str, installed_script: str) -> None:
     assert "runpy" not in at.split("waiting for it")[0].replace("innermost", ""), v
 
 
-@pytest.mark.parametrize("backend", ["gloo", "shm"])
+@pytest.mark.parametrize("backend", [pytest.param("gloo", marks=pytest.mark.slow), "shm"])
 def test_a_script_in_site_packages_run_through_runpy_is_named_by_its_own_line(
     backend, installed_script, tmp_path
 ):
@@ -492,7 +498,10 @@ def test_a_killed_rank_under_ddp_is_the_only_rank_named_gone(transport, run_inde
         assert wide == [], f"run {run_index}: commrt's lines past 80 columns\n{out}"
 
 
-@pytest.mark.parametrize("case,n,thread", [("plain", 2, None), ("backup", 3, "commrt-backup-hb")])
+@pytest.mark.parametrize(
+    "case,n,thread",
+    [("plain", 2, None), pytest.param("backup", 3, "commrt-backup-hb", marks=pytest.mark.slow)],
+)
 def test_a_program_that_never_closes_its_communicator_exits_cleanly(tmp_path, case, n, thread):
     """Ranks return from main with their communicator (and, with backup workers, their
     GradientSync) open. The threads that beat to the store are not daemons (a daemon thread

@@ -70,7 +70,10 @@ def test_omp_num_threads_set_keeps_the_users_threads():
         assert (now, warned) == (had, 0), outs
 
 
-@pytest.mark.parametrize("thread", ["call", "p2p", "progress", "gossip"])
+@pytest.mark.parametrize(
+    "thread",
+    ["call", "p2p", *(pytest.param(t, marks=pytest.mark.slow) for t in ("progress", "gossip"))],
+)
 def test_a_program_that_ends_while_a_thread_is_in_a_gloo_call_exits_with_its_own_code(thread):
     """Rank 0 leaves main (``sys.exit(3)``) while one of commrt's threads is in gloo: the
     torch backend's call thread (an async all-reduce), its point-to-point helper (an

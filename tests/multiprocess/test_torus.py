@@ -23,6 +23,7 @@ def grids(p):
 # ------------------------------------------------------------------ symbolic
 
 
+@pytest.mark.slow
 def test_every_grid_shape_up_to_64_is_a_correct_all_reduce():
     n = 0
     for p in range(1, 65):

@@ -96,7 +96,7 @@ def test_join_ragged_shards_on_threads():
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("backend,n", [("mpi", 3), ("gloo", 2)])
+@pytest.mark.parametrize("backend,n", [pytest.param("mpi", 3, marks=pytest.mark.slow), ("gloo", 2)])
 def test_join_ragged_shards_on_real_ranks(backend, n, tmp_path):
     reports = _reports(backend, n, "join", "gradsync", tmp_path)
     assert [r.get("error") for r in reports] == [None] * n, reports

@@ -57,6 +57,7 @@ def test_readme_recipe_gives_multi_cpu_and_equal_parameters(tmp_path):
     assert "Accelerate ran this rank alone" not in err
 
 
+@pytest.mark.slow
 def test_accelerator_without_cpu_true_is_warned_of(tmp_path):
     script = _recipe().replace("Accelerator(cpu=not torch.cuda.is_available())", "Accelerator()")
     ranks, err = _torchrun(script, tmp_path)

@@ -44,7 +44,9 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c == "ddp" else c for c in sorted(CASES)]
+)
 def test_each_rank_prints_its_mismatch_error_once(case, tmp_path):
     script, marks = CASES[case]
     path = tmp_path / "job.py"

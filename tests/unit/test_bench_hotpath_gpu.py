@@ -42,6 +42,7 @@ def _no_device():
     raise RuntimeError("no such device")
 
 
+@pytest.mark.slow
 def test_the_cuda_ipc_step_runs_two_ranks_and_names_a_rank_that_failed(H):
     """On the strict CPU stand-in for the GPU (tests/helpers/ipc_standin.py): the ranks
     meet, all-reduce and time; rank 0 reports. Its time says nothing of a GPU."""

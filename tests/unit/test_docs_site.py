@@ -251,6 +251,7 @@ def test_api_table_cells_carry_their_column_names():
     )
 
 
+@pytest.mark.slow
 def test_on_a_phone_no_api_table_scrolls_sideways_and_no_copy_button_covers_code(built):
     """tools/docs_check.py at 390 pixels, every page: the API tables fit the column (their
     cells stack, extra.css), no line of code runs under a copy button, and no name in a
