@@ -158,7 +158,7 @@ def test_a_participant_hung_inside_the_all_reduce_is_redone_once_it_is_recorded_
     assert codes == [0] * N_RANKS, "\n".join(outs)
     recs = {r: json.loads((tmp_path / f"redo_rank{r}.json").read_text()) for r in range(4)}
     states = {r: torch.load(tmp_path / f"redo_rank{r}.pt") for r in (0, 2, 3)}
-    assert recs[1]["error_type"] == "RankDeclaredDeadError", recs[1]
+    assert recs[1].get("error_type") == "RankDeclaredDeadError", recs[1]
     for r in (0, 2, 3):
         rec = recs[r]
         assert "error" not in rec and not any(s in outs[r] for s in RAW), (rec, outs[r])
