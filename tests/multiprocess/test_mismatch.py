@@ -4,7 +4,6 @@ backend (not a C++ abort inside gloo, nor silently wrong math for equal sizes in
 different shapes), and a repeated call exchanges nothing extra."""
 
 import re
-import time
 
 import pytest
 import torch
@@ -158,13 +157,13 @@ SIDES = {
 @pytest.mark.parametrize("case", ["size", "shape", "broadcast"])
 def test_real_ranks_name_the_mismatch_without_debug_mode(backend, case, monkeypatch):
     monkeypatch.delenv("COMMRT_DEBUG", raising=False)
-    t0 = time.monotonic()
     if backend == "mpi":
         proc = mpiexec(2, "mismatch_worker.py", "mpi", case, timeout=60, check=False)
         codes, out = [proc.returncode], proc.stdout + proc.stderr
     else:
         codes, out = _spawn_gloo(2, "gloo", case)
-    assert time.monotonic() - t0 < 40, out  # not a timeout (60 s)
+    # not a timeout (60 s): each rank's own time to its error is held below, to 5 s; the job's
+    # wall time (start-ups included) took 40.5 s on a loaded machine
     assert codes == [0] * len(codes), (codes, out)  # no SIGABRT, no abort
     assert "EnforceNotMet" not in out and "no error" not in out, out
     lines = [ln for ln in out.splitlines() if " raised after " in ln]

@@ -171,8 +171,8 @@ def test_garbage_collection_never_waits_for_destroy():
     ts.clear()  # the last reference to rank 0's transport
     gc.collect()
     # a collection that waited for the destroy would wait until t1.close() below, for good:
-    # any bound tells, and 5 s holds for a collection on a loaded machine (1.5 s was seen)
-    assert time.monotonic() - start < 5.0
+    # any bound tells; 30 s holds on a loaded machine (5.5 s was seen beside 5 busy workers)
+    assert time.monotonic() - start < 30.0
     assert comm() is not None and not comm().destroyed  # its destroy waits for rank 1
     t1.close()
     deadline = time.monotonic() + 5
