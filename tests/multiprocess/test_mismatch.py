@@ -162,8 +162,8 @@ def test_real_ranks_name_the_mismatch_without_debug_mode(backend, case, monkeypa
         codes, out = [proc.returncode], proc.stdout + proc.stderr
     else:
         codes, out = _spawn_gloo(2, "gloo", case)
-    # not a timeout (60 s): each rank's own time to its error is held below, to 5 s; the job's
-    # wall time (start-ups included) took 40.5 s on a loaded machine
+    # not a timeout (60 s): each rank's own time to its error is held below, to 5 s, and not
+    # the job's wall time, whose start-ups a busy machine stretches
     assert codes == [0] * len(codes), (codes, out)  # no SIGABRT, no abort
     assert "EnforceNotMet" not in out and "no error" not in out, out
     lines = [ln for ln in out.splitlines() if " raised after " in ln]

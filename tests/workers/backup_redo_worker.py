@@ -17,8 +17,8 @@ lr 0.5), so every update is exact and the test replays it in float64.
   redo rounds) and its final state in redo_rank<r>.pt.
 * ``redo`` with ``COMMRT_TEST_KILL=...:STOP``: the named rank SIGSTOPs
   itself instead (a hung rank: its connections stay open); a helper wakes it
-  ``WAKE_S`` seconds after it stopped (counted from its start, a start slowed by a
-  busy machine woke it before the others could record it dead). The survivors' records carry when
+  ``WAKE_S`` seconds after it stopped (not after it started: a slow start must not wake
+  it before the others record it dead). The survivors' records carry when
   each step ended (``at``) and when the fatal step began (``step_began``).
 * ``toomany``: the same, but the killed ranks are more than the backups;
   each survivor records the error it got and when (error_at), and the time
@@ -45,8 +45,8 @@ SLOW_S = 1.0
 #: the communicator's timeout (REDO_TIMEOUT_S: longer, so that a wait that lasts it shows)
 TIMEOUT_S = float(os.environ.get("REDO_TIMEOUT_S", "6"))
 DEAD_AFTER_S = 2.0
-#: seconds a SIGSTOPped rank stays stopped: well past DEAD_AFTER_S, as it was on a quiet
-#: machine when the wake was counted from the start
+#: seconds a SIGSTOPped rank stays stopped: well past DEAD_AFTER_S, so the others have
+#: recorded it dead when it wakes
 WAKE_S = 10.0
 
 
