@@ -49,6 +49,7 @@ from typing import Sequence
 
 from commrt import settings
 from commrt.cli import output
+from commrt.cli.ctrl_c import deaf_to_ctrl_c, pass_on_again, quiet_rank_cmd
 
 #: the one line a Ctrl-C leaves, whenever it comes (the docs' quick start promises it)
 STOPPED = "commrt: interrupted; stopped the job"
@@ -59,13 +60,6 @@ def _past_echo() -> str:
     return "\n" if sys.stderr.isatty() else ""
 
 
-#: how a rank starts under mpiexec, which passes a Ctrl-C on to the ranks as SIGINT: it
-#: ends the rank at once and quietly (see interrupted()), even in the middle of
-#: ``import torch``, where a KeyboardInterrupt would print a traceback per rank
-_QUIET_CTRL_C = (
-    "import os, signal; signal.signal(signal.SIGINT, lambda *_: os._exit(130)); "
-    "import runpy; runpy.run_module('commrt', run_name='__main__', alter_sys=True)"
-)
 _reports: dict[str, str] = {}
 
 
@@ -145,7 +139,7 @@ def launch(
         raise ValueError(f"--nproc must be at least 1, got {nproc}")
     output.supervising()  # the reader leaving stops the ranks here (_poll_ranks)
     cmd = [sys.executable, "-m", "commrt", *argv]
-    mpi_cmd = [sys.executable, "-c", _QUIET_CTRL_C, *argv]
+    mpi_cmd = quiet_rank_cmd(argv)
     env = dict(os.environ, **{settings.LAUNCHED.name: "1", "PYTHONUNBUFFERED": "1"})
     env.setdefault(settings.LAUNCHED_AT.name, repr(process_started_at()))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
@@ -187,7 +181,7 @@ def launch(
         def start(r: int, **more) -> subprocess.Popen:
             out = subprocess.DEVNULL if (quiet_workers and r) else None
             rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r), **more)
-            with _deaf_to_ctrl_c():
+            with deaf_to_ctrl_c():
                 return subprocess.Popen(cmd, env=rank_env, stdout=out)
 
         procs = []
@@ -282,6 +276,8 @@ def _supervise(
         with _answering(signal.SIGTERM, signal.SIGHUP):
             return _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger)
     except KeyboardInterrupt:
+        if interrupt_grace_s:  # mpiexec: its ranks end by themselves, each with 130
+            pass_on_again(procs, after_s=interrupt_grace_s / 3)
         _stop(procs, grace_s=interrupt_grace_s)
         print(f"{_past_echo()}{STOPPED}", file=sys.stderr)
         return 130
@@ -366,24 +362,6 @@ def _answering(*signums):
     finally:
         for n, h in previous.items():
             signal.signal(n, h)
-
-
-@contextlib.contextmanager
-def _deaf_to_ctrl_c():
-    """Processes started inside ignore SIGINT for life: an ignored signal stays ignored
-    across exec, and Python then sets up no KeyboardInterrupt. The terminal sends a
-    Ctrl-C to the whole process group; the launcher alone answers it (SIGTERM to the
-    ranks, which end without a word) instead of each rank printing a traceback from
-    wherever it was, ``import torch`` included. (A Ctrl-C in the moment of a start is
-    lost; the next one works.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def tolerated_lines(codes: list[int | None], tolerate: int) -> list[str]:
