@@ -1,8 +1,6 @@
 """Run as a rank on namespace hosts (tools/netns.py): commrt across hosts over gloo.
 
-argv[1]: a directory; every rank writes ``rank<r>.json`` there. argv[2]:
-comma-separated buffer sizes in bytes at which to time every ``auto``
-candidate against ``auto``'s choice ("" = none).
+argv[1]: a directory; every rank writes ``rank<r>.json`` there.
 
 What each rank reports:
 
@@ -16,19 +14,15 @@ What each rank reports:
   the harness (GROUP_RANK), not from the rank numbering;
 * GradientSync against DDP (fp32, 10 steps) with ring, the default
   torus and auto, and a digest of the final parameters (equal on every rank);
-* with timing sizes: ``auto``'s and every candidate's measured time (the
-  slowest rank's, median of interleaved runs, once auto has settled), each
-  over the fastest candidate paired by round, and auto's choice with its
-  predictions.
+* ``auto``'s model's choice at 64 KiB and 16 MiB, with its predicted times
+  (bench/bench_sim_calibration.py times them all on these hosts).
 """
 
 import collections
 import hashlib
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -38,8 +32,7 @@ from ddp_reference import rel_err, train_commrt, train_ddp  # noqa: E402
 
 import commrt  # noqa: E402
 from commrt.algorithms import Torus2D  # noqa: E402
-from commrt.algorithms.auto import Auto, candidates, choices, label, learning  # noqa: E402
-from commrt.algorithms.auto_learn import calls_to_settle  # noqa: E402
+from commrt.algorithms.auto import Auto, choices  # noqa: E402
 from commrt.collectives.core import gather_rows  # noqa: E402
 from commrt.transports.counting import CountingTransport  # noqa: E402
 from commrt.tuning.hook_comm import HookComm  # noqa: E402
@@ -49,6 +42,7 @@ from commrt.tuning.topology import ranks_per_node  # noqa: E402
 ALGORITHMS = ("ring", "halving_doubling", "torus2d", "auto")
 SIZES = (1, 1000, 100_003)
 GRADSYNC_STEPS = 10
+MODEL_SIZES = (64 << 10, 16 << 20)
 
 
 def inputs(rank, n):
@@ -112,53 +106,19 @@ def gradsync_vs_ddp(comm):
     return out
 
 
-def time_candidates(comm, nbytes, repeats, iters=1):
-    """``auto`` as it runs (settled: it learns from its own calls) and every candidate: each
-    one's time per call (slowest rank, median of ``repeats`` interleaved runs of ``iters``
-    calls), each over the fastest candidate paired by round, the model's choice, the
-    choice auto settled on and its predictions."""
-    algs = candidates(comm.world_size)
-    x = torch.ones(nbytes // 4)
-    auto = Auto()
-    for _ in range(calls_to_settle(len(algs))):  # its watch, and a trial if it missed
-        commrt.all_reduce(x, comm, algorithm=auto, op="sum")
-        if learning(comm)[nbytes].phase == "settled":
-            break
-    runs = {label(a): a for a in algs}
-    runs["auto"] = auto
-    for a in runs.values():  # warm-up: plans, scratch, connections
-        commrt.all_reduce(x, comm, algorithm=a, op="sum")
-    mine = {n: [] for n in runs}
-    for _ in range(repeats):
-        for n, a in runs.items():
-            comm.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                commrt.all_reduce(x, comm, algorithm=a, op="sum")
-            mine[n].append((time.perf_counter() - t0) / iters)
-    rows = gather_rows(comm, [t for ts in mine.values() for t in ts])
-    slowest = [max(r[k] for r in rows) for k in range(len(runs) * repeats)]
-    times = {n: slowest[i * repeats : (i + 1) * repeats] for i, n in enumerate(runs)}
-    measured = {n: statistics.median(t) for n, t in times.items()}
-    fastest = min((n for n in measured if n != "auto"), key=measured.get)
-    # each over the fastest, paired by round: a round's runs met the same load on this
-    # shared machine (unpaired medians of one schedule differed by 34% here)
-    over = {
-        n: statistics.median(a / b for a, b in zip(t, times[fastest])) for n, t in times.items()
-    }
-    choice, tuning = choices(comm)[nbytes], learning(comm)[nbytes]
-    return {
-        "measured": measured,
-        "over_fastest": over,
-        "model_choice": tuning.choice,
-        "choice": choice.label,
-        "learned": choice.learned,
-        "tuning": str(tuning),
-        "predicted": dict(choice.candidates),  # the model's table, learned or not
-    }
+def model_choices(comm, sizes):
+    """What ``auto``'s model (not learning) picks at each size on this network, once
+    probed, and its predicted time per candidate."""
+    auto = Auto(learn=False)
+    out = {}
+    for nbytes in sizes:
+        commrt.all_reduce(torch.ones(nbytes // 4), comm, algorithm=auto, op="sum")
+        choice = choices(comm)[nbytes]
+        out[str(nbytes)] = {"choice": choice.label, "predicted": dict(choice.candidates)}
+    return out
 
 
-def main(out_dir, timing_sizes):
+def main(out_dir):
     comm = commrt.init(timeout=120)
     comm.transport = CountingTransport(comm.transport)
     host = int(os.environ["GROUP_RANK"])
@@ -184,16 +144,11 @@ def main(out_dir, timing_sizes):
     report["probe"] = pr.to_dict()
     report["network"] = pr.network().describe()
     report["overhead"] = repr(pr.network().overhead)  # what auto prices with
-    # small buffers: many short calls, each run long enough that a rank woken late by the
-    # barrier on this oversubscribed machine does not decide the time
-    report["timing"] = {
-        str(n): time_candidates(comm, n, *((7, 5) if n <= 1 << 20 else (3, 1)))
-        for n in timing_sizes
-    }
+    report["model"] = model_choices(comm, MODEL_SIZES)
     comm.close()
     with open(os.path.join(out_dir, f"rank{report['rank']}.json"), "w") as f:
         json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], [int(s) for s in sys.argv[2].split(",") if s] if len(sys.argv) > 2 else [])
+    main(sys.argv[1])
