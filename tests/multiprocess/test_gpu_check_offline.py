@@ -139,6 +139,9 @@ def test_the_check_runs_offline_from_a_copy_and_says_why_it_stops(tmp_path):
         "stall verdict, 4 GPU ranks",
     ):
         assert rows[step].startswith("NOT RUN   no CUDA GPU"), (step, table)
+    for name in ("test_bf16_wire_dtype", "test_a_communicator_timeout", "test_nccl_world_of"):
+        (case,) = [v for k, v in rows.items() if k.startswith(name)]  # a row per GPU test
+        assert case.startswith("skipped   no CUDA GPU"), (name, case)
     backup = [v for k, v in rows.items() if k.startswith("test_gradient_sync_backup")]
     assert backup and all(v.startswith("skipped") for v in backup), table  # (names cut alike)
     assert rows["test_kernels_compile_for_sm90"].startswith("passed"), table

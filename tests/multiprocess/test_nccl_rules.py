@@ -294,8 +294,6 @@ def test_gpu_workers_start_without_triton_interpret_and_hung_ones_are_killed():
     """tests/gpu/test_gpu.py's workers must run the compiled kernels: conftest's TRITON_INTERPRET
     is not inherited (the worker's Triton is not in interpreter mode), and a worker that hangs
     is killed at the timeout, failing its test."""
-    import os
-
     from helpers.gpu import spawn
 
     assert os.environ.get("TRITON_INTERPRET") == "1"  # conftest's, for the CPU tests
@@ -305,36 +303,6 @@ def test_gpu_workers_start_without_triton_interpret_and_hung_ones_are_killed():
     with pytest.raises(AssertionError, match="hung GPU workers killed"):
         spawn([(_hang, ())], timeout=3)
     assert time.monotonic() - start < 60
-
-
-@pytest.mark.slow
-def test_gpu_check_prints_one_table_within_80_columns(tmp_path):
-    """tools/gpu_check.py without a GPU: every GPU test is listed with its skip reason, the
-    steps that need a GPU say NOT RUN and why, nothing is wider than 80 columns, and the
-    exit status is 2 (nothing failed, something did not run)."""
-    import subprocess
-    import sys
-
-    from helpers.mp import TESTS
-
-    if torch.cuda.is_available():
-        pytest.skip("on a GPU the table holds results, not skip reasons: run it by hand")
-    script = os.path.join(os.path.dirname(TESTS), "tools", "gpu_check.py")
-    # --import path: with "auto", a suite run from another tree than the installed one had the
-    # check pip-install this tree over the user's editable install
-    proc = subprocess.run(
-        [sys.executable, script, "--quick", "--import", "path", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = proc.stdout.splitlines()
-    assert all(len(line) <= 80 for line in lines), [ln for ln in lines if len(ln) > 80]
-    for name in ("test_bf16_wire_dtype", "test_a_communicator_timeout", "test_nccl_world_of"):
-        (line,) = [ln for ln in lines if ln.startswith(name)]
-        assert "skipped   no CUDA GPU" in line, line
-    assert any(ln.startswith("kernel GB/s") and "NOT RUN   no CUDA GPU" in ln for ln in lines)
 
 
 def test_a_catch_up_nccl_cannot_retry_fails_the_policy_and_close_does_not_drain():
