@@ -180,11 +180,24 @@ def screenshot(browser: str, url: str, path: Path, width: int = WIDTH) -> None:
     subprocess.run(cmd, capture_output=True, timeout=PAGE_S, check=True)
 
 
-def check(site: Path, browser: str, width: int = WIDTH, shots: Path | None = None) -> list[str]:
-    """One line per finding over every page of ``site`` (none: the site reads well)."""
+def check(
+    site: Path,
+    browser: str,
+    width: int = WIDTH,
+    shots: Path | None = None,
+    only: list[str] | None = None,
+) -> list[str]:
+    """One line per finding over every page of ``site``, or over the pages ``only`` names
+    (as :func:`pages` names them); none: the site reads well."""
+    chosen = pages(site)
+    if only is not None:
+        missing = sorted(set(only) - set(chosen))
+        if missing:
+            raise ValueError(f"no such page in {site}: {', '.join(missing)}")
+        chosen = [p for p in chosen if p in only]
     served, findings = Served(site), []
     try:
-        for page in pages(site):
+        for page in chosen:
             url = served.url(page)
             found = measure(browser, url, width)
             name = page.removesuffix("index.html").rstrip("/") or "home"

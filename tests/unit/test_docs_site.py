@@ -189,6 +189,23 @@ def test_table_code_breaks_after_dots_and_parentheses_never_inside_a_name():
     )
 
 
+#: a page of each kind, for the quick loop: API tables, tables of settings, code blocks
+KINDS_OF_PAGE = ["api/commrt/index.html", "configuration/index.html", "quickstart/index.html"]
+
+
+def test_in_a_real_browser_a_page_of_each_kind_reads_well(built):
+    """As the whole-site check below, at 1280 pixels, on :data:`KINDS_OF_PAGE` only (a
+    second each, where the whole site takes a minute): the check in the quick loop."""
+    check = _module("tools/docs_check.py", "docs_check")
+    browser = check.chromium()
+    if browser is None:
+        pytest.skip("no Chromium here (.ci/run installs Debian's chromium where apt-get can)")
+    assert check.check(built, browser, only=KINDS_OF_PAGE) == []
+    with pytest.raises(ValueError, match="no such page"):
+        check.check(built, browser, only=["nowhere/index.html"])
+
+
+@pytest.mark.slow
 def test_in_a_real_browser_at_1280_px_no_name_breaks_no_line_hides_and_no_table_overflows(built):
     """tools/docs_check.py on every page, in headless Chromium: no name or flag in a table
     cell broken over two lines, no line of a code block under its copy button, no table
