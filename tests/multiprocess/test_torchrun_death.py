@@ -63,6 +63,7 @@ def test_every_survivor_of_a_killed_rank_under_torchrun_names_it_dead_first(mode
     assert "root cause: rank 1 (host" in root and "is DEAD" in root, said
 
 
+@pytest.mark.slow  # torchrun stays in the quick loop: the killed rank above
 def test_a_setting_refused_at_the_start_is_torchruns_root_cause(tmp_path):
     """``COMMRT_ALGORITHM=rnig`` under torchrun: every rank refuses it in
     ``init_process_group``, and torchrun's "Root Cause" block says so, with the nearest

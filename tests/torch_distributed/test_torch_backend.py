@@ -50,7 +50,8 @@ def test_ddp_over_commrt_equals_ddp_over_gloo_torchrun_style(tmp_path, transport
     _check_ddp(json.loads(out.read_text()), 4, ["ring", "torus2d", "auto"], transport)
 
 
-@pytest.mark.parametrize("one_core_each", [pytest.param(True, marks=pytest.mark.slow), False])
+@pytest.mark.parametrize("one_core_each", [True, False])
+@pytest.mark.slow  # DDP over commrt stays in the quick loop: the killed rank, Accelerate
 def test_ddp_large_buckets_run_where_the_cores_say_and_equal_gloo(tmp_path, one_core_each):
     """The model's 155 kB weight is a bucket of its own, above the 64 KiB of a small call.
     Where each rank has one core (LOCAL_WORLD_SIZE above any machine's cores) it runs on
