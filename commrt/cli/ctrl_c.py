@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from typing import Sequence
 
 #: how a rank starts under mpiexec, which passes a Ctrl-C on to the ranks as SIGINT: it
@@ -67,18 +66,12 @@ def deaf_to_ctrl_c():
         signal.signal(signal.SIGINT, previous)
 
 
-def pass_on_again(procs: list[subprocess.Popen], after_s: float) -> None:
-    """Wait up to ``after_s`` for ``procs`` (mpiexec) to end; then send SIGINT again to
-    the ranks under those still running. A rank that mpiexec started in the very moment
-    of the Ctrl-C ignored it (sh, before ``python -S`` held it) and would go on; once
-    running, it ends with 130 like the others. Ranks are told by their command line,
-    :func:`quiet_rank_cmd`'s, not by their place under mpiexec's proxies."""
-    end = time.monotonic() + after_s
-    for p in procs:
-        try:
-            p.wait(max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+def pass_on_again(procs: list[subprocess.Popen]) -> None:
+    """Send SIGINT again to the ranks under ``procs`` (mpiexec) still running. A rank that
+    mpiexec started in the very moment of the Ctrl-C ignored it (sh, before ``python -S``
+    held it) and would go on; once running, it ends with 130 like the others. Ranks are
+    told by their command line, :func:`quiet_rank_cmd`'s, not by their place under
+    mpiexec's proxies."""
     from commrt.transports.processes import descendants
 
     for p in procs:

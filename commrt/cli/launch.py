@@ -277,7 +277,8 @@ def _supervise(
             return _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger)
     except KeyboardInterrupt:
         if interrupt_grace_s:  # mpiexec: its ranks end by themselves, each with 130
-            pass_on_again(procs, after_s=interrupt_grace_s / 3)
+            _wait_all(procs, interrupt_grace_s / 3)
+            pass_on_again(procs)
         _stop(procs, grace_s=interrupt_grace_s)
         print(f"{_past_echo()}{STOPPED}", file=sys.stderr)
         return 130
@@ -457,15 +458,20 @@ def interrupted() -> int:
     return 130
 
 
-def _stop(procs: list[subprocess.Popen], grace_s: float = 0.0) -> None:
-    """Stop every process still running: those that do not exit within ``grace_s`` by
-    themselves get SIGTERM, and 5 s later SIGKILL."""
-    end = time.monotonic() + grace_s
+def _wait_all(procs: list[subprocess.Popen], seconds: float) -> None:
+    """Wait up to ``seconds`` in all for every process to end by itself."""
+    end = time.monotonic() + seconds
     for p in procs:
         try:
             p.wait(max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float = 0.0) -> None:
+    """Stop every process still running: those that do not exit within ``grace_s`` by
+    themselves get SIGTERM, and 5 s later SIGKILL."""
+    _wait_all(procs, grace_s)
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
