@@ -15,6 +15,13 @@ The same log carries returns: a replacement of a dead rank appends
 ``"{rank} back {incarnation}"`` (:mod:`commrt.sync.gossip.rejoin`); a reader
 takes the rank off its dead and hands the return to the caller
 (:meth:`DeathBoard.take_returns`), which admits it to the rotation.
+
+A death names the incarnation that died, ``"{rank} died {incarnation}"``:
+the one its teller last knew of (0, the rank's first process, until it read
+a return). A rank may learn of the old incarnation's death only after its
+replacement came back (a message to the dead process fails late); its entry
+then follows the return in the log, and a reader that read the return
+ignores it instead of dropping the replacement.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ log = logging.getLogger(__name__)
 PREFIX = "commrt/gossip/"
 #: the word of a return in the log: ``"{rank} back {incarnation}"``
 BACK = "back"
+#: the word of a death in the log: ``"{rank} died {incarnation}"``
+DIED = "died"
 
 
 class DeathBoard:
@@ -40,6 +49,8 @@ class DeathBoard:
         self._reported: set[int] = set()
         self._seen = 0
         self._returns: list[tuple[int, int]] = []
+        #: {rank: its latest incarnation this rank read of} (absent: 0, the first)
+        self.incarnation: dict[int, int] = {}
         self.rank = comm.rank
         try:  # collective when rank 0 hosts the store: called from setup, on every rank
             self._store = ControlStore.open(comm).client(PREFIX)
@@ -57,7 +68,9 @@ class DeathBoard:
         before = len(self.learned)
         for rank in broken - self._reported:
             self._reported.add(rank)
-            self.learned.setdefault(rank, step)
+            if rank in self.learned:  # read in the log already
+                continue
+            self.learned[rank] = step
             self._call(self._tell, rank)
         if read:
             self._call(self._read, step)
@@ -73,10 +86,11 @@ class DeathBoard:
         out, self._returns = self._returns, []
         return out
 
-    def readmit(self, rank: int) -> None:
-        """``rank`` is alive again (a replacement): a later break of it is news again."""
+    def readmit(self, rank: int, incarnation: int) -> None:
+        """``rank`` is alive again as ``incarnation``: a later break of it is news again."""
         self.learned.pop(rank, None)
         self._reported.discard(rank)
+        self.incarnation[rank] = incarnation
 
     def mark_dead(self, rank: int, step: int) -> None:
         """``rank`` is dead as far as this rank is concerned (its return failed here)."""
@@ -91,7 +105,7 @@ class DeathBoard:
         self._read(step)
 
     def _tell(self, rank: int) -> None:
-        self._log(str(rank))
+        self._log(f"{rank} {DIED} {self.incarnation.get(rank, 0)}")
 
     def _log(self, entry: str) -> None:
         n = self._store.add("ndead", 1)
@@ -104,13 +118,15 @@ class DeathBoard:
             if not self._store.check([key]):  # counted, not written yet: next period
                 return
             self._seen += 1
-            rank, *back = self._store.get(key).decode().split()
-            if not back:
-                self.learned.setdefault(int(rank), step)
+            rank, word, inc = self._store.get(key).decode().split()
+            rank, inc = int(rank), int(inc)
+            if word == DIED:
+                if inc >= self.incarnation.get(rank, 0):  # not an earlier one's, told late
+                    self.learned.setdefault(rank, step)
             else:  # a replacement came back: alive, admitted by the caller
-                self.readmit(int(rank))
-                if int(rank) != self.rank:
-                    self._returns.append((int(rank), int(back[1])))
+                self.readmit(rank, inc)
+                if rank != self.rank:
+                    self._returns.append((rank, inc))
 
     def _call(self, what, arg) -> None:
         if self._store is None:

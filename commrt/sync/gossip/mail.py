@@ -16,7 +16,11 @@ goes on whatever the answer.
 has no connection on the job's gloo group: the messages between it and any
 other rank travel on a two-rank group made for that pair. :meth:`Postbox.route`
 sends one peer's letters over such a group (by its number there); the
-others keep the communicator's transport.
+others keep the communicator's transport. A letter that fails on a route
+the peer no longer travels (the dead incarnation's, still in flight when
+the replacement was routed) breaks nothing: the peer stays whole. Each
+(peer, direction, transport) has its own waiter, so a letter on the new
+route never queues behind the old incarnation's.
 
 Each posting is one :class:`~commrt.schedule.p2p.Exchange`, started under
 the communicator's lock. Where a wait can be a mere test
@@ -126,12 +130,12 @@ class Postbox:
         except Exception as e:  # a peer's connection already broke: neither will land
             for letter in (send, recv):
                 if letter is not None:
-                    self._resolve(letter, False, e)
+                    self._resolve(letter, False, e, transport)
             return
         if recv is not None:
-            self._enqueue(recv.peer, "recv", (ex, 0, recv))
+            self._enqueue(recv.peer, "recv", transport, (ex, 0, recv))
         if send is not None:
-            self._enqueue(send.peer, "send", (ex, 0, send))
+            self._enqueue(send.peer, "send", transport, (ex, 0, send))
 
     def wait(self, letter: Letter, deadline: float) -> bool:
         """Wait until ``letter`` resolved or ``time.monotonic()`` reaches ``deadline``;
@@ -159,21 +163,21 @@ class Postbox:
 
     # -- the waiter threads
 
-    def _enqueue(self, peer: int, kind: str, item) -> None:
+    def _enqueue(self, peer: int, kind: str, transport, item) -> None:
         with self.cv:
-            key = (peer, kind)
+            key = (peer, kind, id(transport))
             queue = self._queues.get(key)
             if queue is None:
                 queue = self._queues[key] = deque()
                 thread = background_thread(
-                    lambda: self._waiter(queue, kind), f"commrt-gossip-{kind}-{peer}"
+                    lambda: self._waiter(queue, kind, transport), f"commrt-gossip-{kind}-{peer}"
                 )
                 self._threads.append(thread)
                 thread.start()
             queue.append(item)
             self.cv.notify_all()
 
-    def _waiter(self, queue: deque, kind: str) -> None:
+    def _waiter(self, queue: deque, kind: str, transport) -> None:
         while True:
             with self.cv:
                 while not queue and not self._closing:
@@ -185,13 +189,13 @@ class Postbox:
             ok, error = self._wait_one(ex, i, kind)
             with self.cv:
                 queue.popleft()
-            self._resolve(letter, ok, error)
+            self._resolve(letter, ok, error, transport)
 
     def _wait_one(self, ex: Exchange, i: int, kind: str) -> tuple[bool, BaseException | None]:
         deadline = time.monotonic() + self.timeout_s
         wait = ex.recv_landed if kind == "recv" else ex.send_landed
         try:
-            if not self.transport.testable:
+            if not ex.transport.testable:
                 return wait(i, deadline), None
             while True:
                 with self.comm.lock:
@@ -203,12 +207,13 @@ class Postbox:
         except Exception as e:  # the peer's connection broke (it died): never lands
             return False, e
 
-    def _resolve(self, letter: Letter, ok: bool, error: BaseException | None) -> None:
+    def _resolve(self, letter: Letter, ok: bool, error: BaseException | None, transport) -> None:
         with self.cv:
             if ok:
                 letter.state, letter.landed_at = ARRIVED, time.monotonic()
             else:
                 letter.state, letter.error = FAILED, error
-                if error is not None:
+                now = self._routes.get(letter.peer, (self.transport,))[0]
+                if error is not None and transport is now:  # not a dead incarnation's route
                     self.broken.add(letter.peer)
             self.cv.notify_all()

@@ -17,7 +17,7 @@ routes that peer's letters there). Keys under ``commrt/gossip/``:
 
 =====================  ========================================================
 ``inc/{r}``            incarnations of rank r (a replacement takes the next, j)
-``dead/{i}``           the log: ``"{r}"`` died, ``"{r} back {j}"`` came back
+``dead/{i}``           the log: ``"{r} died {j}"``, ``"{r} back {j}"`` came back
 ``from/{r}.{j}/``      ``"{server} {step}"``: the first rank that read the
                        return, and its step then (``compare_set``: one wins)
 ``ack/{r}.{j}/{s}``    the step from which rank s exchanges with the replacement
