@@ -49,7 +49,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from commrt.algorithms.auto_learn import CONTENDERS, MARGIN, RECHECK_S, Tuning, agree
+from commrt.algorithms.auto_learn import CONTENDERS, MARGIN, RECHECK_S, WIDE, Tuning, agree
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.one_shot import OneShot
@@ -240,20 +240,58 @@ class Auto(Algorithm):
         key = (self, world_size, int(nbytes))
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
-            runner = _second(choice) and label(_second(choice))
-            priced = dict(choice.candidates).get(runner)
-            # those the model cannot tell from the choice, or from the runner-up it tries
-            near = max(CONTENDERS * choice.predicted_s, (1 + MARGIN) * (priced or 0.0))
-            others = tuple(n for n, t in choice.candidates[2:] if t <= near)
-            tuning = Tuning(
-                choice.label, choice.predicted_s, runner, priced, others,
-                dict(choice.candidates), recheck_after_s=self.recheck_s,
-            )  # fmt: skip
+            tuning = self._remembered(comm, choice) or self._tuning(choice)
             comm.slots.auto_tuning[key] = tuning
             comm.slots.auto_tried[(*key, choice.label)] = choice  # the model's own, as it ran
         if tuning.running != choice.label:  # a tried candidate's turn in the trial
             return self._tried(comm, choice, tuning.running).schedule
         return choice.schedule
+
+    def _tuning(self, choice: Choice) -> Tuning:
+        """Learning that starts from the model's choice, its runner-up on trial."""
+        runner = _second(choice) and label(_second(choice))
+        priced = dict(choice.candidates).get(runner)
+        # those the model cannot tell from the choice, or from the runner-up it tries
+        near = max(CONTENDERS * choice.predicted_s, (1 + MARGIN) * (priced or 0.0))
+        others = tuple(n for n, t in choice.candidates[2:] if t <= near)
+        return Tuning(
+            choice.label, choice.predicted_s, runner, priced, others,
+            dict(choice.candidates), recheck_after_s=self.recheck_s,
+        )  # fmt: skip
+
+    def _remembered(self, comm, choice: Choice) -> Tuning | None:
+        """Learning that starts from an earlier job's verdict for this size class
+        (:mod:`commrt.tuning.memory`), None where there is none: its kept schedule is
+        timed against its time then, kept if it still takes that long, and else tried
+        against its measured rival (or the model's runner-up). Collective on the first
+        ask of a communicator."""
+        labels = tuple(label(a) for a in candidates(choice.world_size, choice.fused))
+        past = comm.memory(labels).recall(choice.nbytes)
+        if past is None:
+            return None
+        rival = past.rival
+        if rival is None:  # settled without a trial then: the model's best other one
+            rival = next((n for n, _ in choice.candidates if n != past.kept), None)
+        model = dict(choice.candidates)
+        prices = {**model, past.kept: past.kept_s}
+        if rival is not None:
+            prices[rival] = past.rival_s or model.get(rival) or WIDE * past.kept_s
+        # the model's own choice, which the verdict's `learned` is about
+        comm.slots.auto_remembered[(self, choice.world_size, choice.nbytes)] = choice.label
+        # runner_predicted_s None: a rival the baseline's confirmation rules out needs no
+        # trial (the last job ran it); a baseline that misses tries it
+        return Tuning(
+            past.kept, past.kept_s, rival, None, (), prices, recheck_after_s=self.recheck_s
+        )
+
+    def _remember(self, comm, tuning: Tuning, nbytes: int) -> None:
+        """Keep this size's verdict for later jobs (rank 0 writes; :mod:`commrt.tuning.memory`)."""
+        kept_s = tuning.trial_s.get(tuning.kept) or tuning.chosen_s
+        rivals = {k: t for k, t in tuning.trial_s.items() if k != tuning.kept}
+        rival = min(rivals, key=rivals.get) if rivals else None
+        if kept_s:
+            labels = tuple(label(a) for a in candidates(comm.world_size, comm.fuses_one_shot))
+            comm.memory(labels).keep(nbytes, tuning.kept, kept_s, rival, rivals.get(rival))
 
     def observe(self, comm, nbytes: int, started_s: float) -> bool:
         """After ``commrt.all_reduce`` ran :meth:`select`'s schedule (started at
@@ -281,9 +319,9 @@ class Auto(Algorithm):
         current = comm.slots.auto_choices[key]
         if current.label != tuning.kept:  # learned, or back to the model's choice
             kept = self._tried(comm, current, tuning.kept)
-            comm.slots.auto_choices[key] = dataclasses.replace(
-                kept, learned=tuning.kept != tuning.choice
-            )
+            model = comm.slots.auto_remembered.get(key, tuning.choice)
+            comm.slots.auto_choices[key] = dataclasses.replace(kept, learned=tuning.kept != model)
+        self._remember(comm, tuning, nbytes)
         return True
 
     def settled_counter(self, comm, nbytes: int) -> Tuning | None:
@@ -401,9 +439,11 @@ def status(comm, nbytes: int) -> tuple[str, str]:
     doing = "learning" if tuning.kept is None else "rechecking"
     now = tuning.kept if tuning.phase == "recheck" else tuning.leader  # what a hold runs
     rivals = [x for x in (tuning.live or tuning.rotation) if x != now]
+    remembered = any(k[1:] == (choice.world_size, nbytes) for k in comm.slots.auto_remembered)
+    began = "an earlier job kept {} at" if remembered else "the model chose {}, predicted"
     note = (
         f"auto: {doing} for {nbytes} B on {choice.world_size} ranks; runs {now} meanwhile "
-        f"(the model chose {tuning.choice}, predicted {tuning.predicted_s * 1e6:.1f} µs)"
+        f"({began.format(tuning.choice)} {tuning.predicted_s * 1e6:.1f} µs)"
     )
     if rivals and tuning.phase != "baseline":
         note += f", timing {', '.join(rivals)} against it"

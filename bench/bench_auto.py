@@ -15,6 +15,9 @@ order, so that a drift in the machine's load meets all alike):
   forgotten (the probe too) before each round, then a warm-up call (which probes, as the
   warm-up of ``commrt bench allreduce`` does) and ``5 × iters`` calls, exploration included.
 
+``auto``'s memory of earlier jobs (:mod:`commrt.tuning.memory`) is off here
+(``COMMRT_AUTO_MEMORY=off``), whatever the environment says: every figure is a first job's.
+
 Each side's figure is the median of its rounds' mean call, never a minimum across noisy
 rounds; the best fixed algorithm is the one with the lowest median. ``× best`` is auto's
 figure over it. What ``auto`` learns is kept per communicator (so per job, world size and
@@ -25,12 +28,14 @@ of the first calls starts as a first job does.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
 import torch
 
 import commrt
+from commrt import settings
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import candidates, label
 from commrt.algorithms.auto_learn import calls_to_settle
@@ -62,6 +67,7 @@ def _forget(comm, auto: Auto) -> None:
         comm.executor.forget(call)
     slots.settled_calls.clear()
     slots.settling.clear()
+    slots.auto_remembered.clear()
     slots.probe = None
 
 
@@ -123,6 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES))
     ap.add_argument("--rounds", type=int, default=5, help="alternated rounds (default 5)")
     args = ap.parse_args(argv)
+    os.environ[settings.AUTO_MEMORY.name] = "off"  # a first job's figures (module docs)
     torch.set_num_threads(1)
     for transport in args.transports.split(","):
         comm = commrt.init(transport)

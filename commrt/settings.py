@@ -202,6 +202,14 @@ CALIBRATION = Variable(
     "a saved calibration (`commrt probe --save`) that `auto`'s probe loads instead of measuring",
     '`algorithm="auto"` wherever it runs',
 )
+AUTO_MEMORY = Variable(
+    "COMMRT_AUTO_MEMORY",
+    "file",
+    "`$XDG_CACHE_HOME/commrt/auto-memory.json` (`~/.cache/...`)",
+    "where `auto` keeps what it learned for later jobs of the same shape "
+    "(`commrt.tuning.memory`); `off`: nothing is kept or read",
+    '`algorithm="auto"` wherever it runs',
+)
 STORE = Variable(
     "COMMRT_STORE",
     "host:port",
@@ -268,6 +276,7 @@ VARIABLES = (
     LOG,
     TRACE,
     CALIBRATION,
+    AUTO_MEMORY,
     STORE,
     REJOIN,
     LAUNCHED,

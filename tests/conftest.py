@@ -11,6 +11,9 @@ import sys
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# auto's memory of earlier jobs (commrt.tuning.memory) is one file per user: tests sharing it
+# would learn from each other in whatever order they ran. Its own tests name a file each.
+os.environ["COMMRT_AUTO_MEMORY"] = "off"
 
 # tools/ (the namespace-host harness, netns.py) is not a test module: tests import it from there
 TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")

@@ -80,6 +80,11 @@ dropped, and its bound.
     its timings, and the candidates it tried, identical on every rank. Dropped
     with the communicator. Unbounded: one entry per size ``auto`` was asked
     about (and per candidate tried).
+``comm.slots.auto_memory``, ``auto_remembered`` (:mod:`commrt.tuning.memory`)
+    Earlier jobs' verdicts by size class, as rank 0 read them from its file at
+    ``auto``'s first call (one per communicator), and the sizes that started from
+    one (the model's choice for each). Dropped with the communicator; the file
+    itself is bounded (512 entries, 7 days).
 ``comm.slots.probe``, ``comm.slots.node_layout`` (:mod:`commrt.tuning`)
     The measured network model and the agreed ranks per node, made by the first
     collective that asks; ``probe(comm, force=True)`` measures again. One each.

@@ -30,6 +30,11 @@ class CommSlots:
     auto_tuning: dict = field(default_factory=dict)
     #: commrt.algorithms.auto: (Auto, world size, bytes, label) -> a tried candidate's Choice
     auto_tried: dict = field(default_factory=dict)
+    #: commrt.tuning.memory: earlier jobs' verdicts, as rank 0 read them (an AutoMemory)
+    auto_memory: object | None = None
+    #: commrt.algorithms.auto: (Auto, world size, bytes) -> the model's choice, for a size
+    #: whose learning started from an earlier job's verdict (commrt.tuning.memory)
+    auto_remembered: dict = field(default_factory=dict)
     #: commrt.runtime.store: the job's control store (a ControlStore)
     control_store: object | None = None
     #: commrt.sync.backup: backup-worker policies made so far (each gets its own key space)

@@ -22,6 +22,7 @@ import torch
 
 from commrt.runtime import rows
 from commrt.runtime.communicator import Communicator
+from commrt.tuning.memory import CLASSES, AutoMemory, memory_path
 from commrt.tuning.probe import probe
 from commrt.tuning.topology import ranks_per_node
 
@@ -62,6 +63,24 @@ class HookComm:
         (:func:`~commrt.tuning.probe.probe`: collective on first use, then cached), or the
         one the ``calibration`` file holds."""
         return probe(self.comm, calibration=calibration).network()
+
+    def memory(self, labels: tuple[str, ...]):
+        """The verdicts of ``auto`` in earlier jobs of this job's shape
+        (:class:`~commrt.tuning.memory.AutoMemory`), as rank 0 read them: collective on
+        the first ask (one gather hands rank 0's to every rank), then cached. ``labels``:
+        every candidate's label, in an order every rank shares."""
+        slots = self.comm.slots
+        if slots.auto_memory is None:
+            path = memory_path()
+            mem = AutoMemory(AutoMemory.shape_of(self.comm, self.local_size), path,
+                             writes=self.rank == 0)  # fmt: skip
+            if self.rank == 0:
+                mem.verdicts = mem.read()
+            row = mem.encode(labels) if self.rank == 0 else [0.0] * (4 * CLASSES)
+            shared = rows.gather(self.comm, row)[0] if self.world_size > 1 else row
+            mem.verdicts = AutoMemory.decode(shared, labels)
+            slots.auto_memory = mem
+        return slots.auto_memory
 
     def gather_rows(self, row) -> list[list]:
         """Every rank's ``row`` on every rank, in rank order (collective:

@@ -11,14 +11,20 @@ from commrt import sim
 from commrt.algorithms import Auto, HalvingDoubling, RecursiveDoubling, Ring, Torus2D, resolve
 from commrt.algorithms.auto import candidates, choices
 from commrt.runtime.slots import CommSlots
+from commrt.tuning.memory import AutoMemory
 from commrt.tuning.probe import _fit
 
 FLAT = sim.Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)
 SMALL, LARGE = 1 << 10, 256 << 20
 
 
+def _first_job(labels):
+    """No earlier job's verdicts (commrt.tuning.memory): a first job's."""
+    return AutoMemory({}, None, writes=False)
+
+
 def _fake_comm(p):
-    return SimpleNamespace(world_size=p, slots=CommSlots(), fuses_one_shot=False)
+    return SimpleNamespace(world_size=p, slots=CommSlots(), fuses_one_shot=False, memory=_first_job)
 
 
 def test_candidates_are_ring_hd_rd_and_every_real_torus_grid():
@@ -222,7 +228,9 @@ def test_where_the_one_shot_is_the_runner_up_auto_tries_it():
     at 6 MiB on 4 ranks, after recursive doubling): the trial takes it as the runner-up.
     Its lookup once ignored the one-shot and raised StopIteration in the first call."""
     net = sim.Network.flat(alpha_s=300e-6, beta_s_per_byte=1 / 20e9)
-    comm = SimpleNamespace(world_size=4, rank=0, slots=CommSlots(), fuses_one_shot=True)
+    comm = SimpleNamespace(
+        world_size=4, rank=0, slots=CommSlots(), fuses_one_shot=True, memory=_first_job
+    )
     auto = Auto(network=net)
     choice = auto.choose(4, 6 << 20, comm)
     assert [name for name, _ in choice.candidates[:2]] == ["recursive_doubling", "one_shot"]

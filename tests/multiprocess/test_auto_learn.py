@@ -17,6 +17,7 @@ from commrt.algorithms.auto_learn import (
     Tuning,
     agreed_time,
 )
+from commrt.tuning.memory import AutoMemory
 from commrt.tuning.probe import ProbeResult
 from commrt.tuning.probe_checks import ALPHA_BOUND_S, ProbeWarning, conservative, problems
 
@@ -175,7 +176,8 @@ def test_a_tried_candidate_runs_one_schedule_object_from_its_trial_to_its_keepin
 
     monkeypatch.setattr(auto_module, "agree", lambda comm, tuning: [tuning.times])  # one rank
     comm = types.SimpleNamespace(slots=CommSlots(), world_size=8, device=torch.device("cpu"),
-                                 fuses_one_shot=False)  # fmt: skip
+                                 fuses_one_shot=False,  # no earlier job's verdicts:
+                                 memory=lambda labels: AutoMemory({}, None, writes=False))  # fmt: skip
     a, n = Auto(network=Network.flat(alpha_s=20e-6, beta_s_per_byte=1 / 5e9)), 1 << 16
     model = a.choose(8, n, comm).label
     ran = {}

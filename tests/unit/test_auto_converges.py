@@ -20,6 +20,7 @@ from commrt.algorithms.auto_learn import EXPLORE, calls_to_settle
 from commrt.distributed.observe import Observer
 from commrt.runtime.slots import CommSlots
 from commrt.sim import Network
+from commrt.tuning.memory import AutoMemory
 
 #: the model every case starts from: recursive doubling at every size at p = 2 and 4 up to
 #: 64 KiB; halving-doubling beyond at p = 4
@@ -69,7 +70,10 @@ class Job:
             slots=CommSlots(), world_size=p, device=torch.device("cpu"),
             executor=types.SimpleNamespace(last_schedule=None),
             transport=types.SimpleNamespace(name="shm"), fuses_one_shot=False,
+            memory=lambda labels: self.memory,
         )  # fmt: skip
+        #: earlier jobs' verdicts (none: a first job)
+        self.memory = AutoMemory({}, None, writes=False)
         self.auto = Auto(network=NET, recheck_s=None)
         self.calls, self.ran, self.spent, self.timed = 0, [], 0.0, []
         self.stalled = {}  # this phase's call index -> the descheduled rank's time
@@ -113,6 +117,10 @@ class Job:
         while self.calls < most and self.phase() != "settled":
             self.call()
         return self
+
+    def calls_settled(self) -> int:
+        """The call at which this size settled (its last call on the learning path)."""
+        return max(self.timed, default=-1) + 1
 
     def phase(self) -> str:
         t = learning(self.comm).get(self.nbytes)
@@ -248,3 +256,65 @@ def test_a_kept_schedule_that_slows_past_the_ones_it_put_out_meets_them_again(mo
     while job.tuning.kept == "recursive_doubling" and job.calls < bound:
         job.call()
     assert job.tuning.kept == "halving_doubling" and job.tuning.phase == "settled"
+
+
+def _second_job(monkeypatch, first: Job, table: dict, path) -> Job:
+    """A new job of the same shape after ``first``: what ``first`` kept in ``path`` is what
+    its rank 0 reads (commrt.tuning.memory)."""
+    job = Job(monkeypatch, first.p, first.nbytes, table)
+    job.memory = AutoMemory({}, str(path), writes=True)
+    job.memory.verdicts = job.memory.read()
+    return job
+
+
+@pytest.mark.parametrize("p, nbytes, table", [TABLES[1], TABLES[3], TABLES[4]])
+def test_a_second_job_starts_from_what_the_first_kept(monkeypatch, tmp_path, p, nbytes, table):
+    # the model's first choice is wrong in each table: the first job pays a trial to learn it
+    path = tmp_path / "auto-memory.json"
+    first = Job(monkeypatch, p, nbytes, table)
+    first.memory = AutoMemory({}, str(path), writes=True)
+    first.settle(calls_to_settle(len(candidates(p))))
+    assert first.tuning.kept == _best(table) != first.tuning.choice
+    assert len(set(first.ran)) > 1
+    second = _second_job(monkeypatch, first, table, path)
+    assert second.memory.recall(nbytes).kept == _best(table)
+    second.run(first.calls)
+    # it ran the fastest from its first call, settled without a trial, and says why
+    assert set(second.ran) == {_best(table)}, second.ran[:20]
+    assert second.calls_settled() < first.calls_settled(), str(second.tuning)
+    assert second.tuning.phase == "settled" and not second.tuning.trial_s
+    assert choices(second.comm)[nbytes].learned  # not the model's choice
+    row, note = auto_module.status(second.comm, nbytes)
+    assert row == f"auto:{_best(table)}" and "learned" in note
+
+
+def test_a_remembered_verdict_that_no_longer_holds_is_tried_again_and_replaced(
+    monkeypatch, tmp_path
+):
+    path = tmp_path / "auto-memory.json"
+    table = dict(TABLES[1][2])  # ring fastest, the model's recursive doubling not
+    first = Job(monkeypatch, 2, 8, table)
+    first.memory = AutoMemory({}, str(path), writes=True)
+    first.settle(calls_to_settle(3))
+    assert first.tuning.kept == "ring"
+    # the machine changed: ring is now 3x slower than its verdict said
+    later = {"recursive_doubling": 30, "ring": 63, "halving_doubling": 24}
+    second = _second_job(monkeypatch, first, later, path)
+    second.settle(calls_to_settle(3))
+    assert second.tuning.kept == "halving_doubling", str(second.tuning)
+    row, note = auto_module.status(second.comm, 8)
+    assert row == "auto:halving_doubling"
+    third = _second_job(monkeypatch, second, later, path)  # and the file says so now
+    assert third.memory.recall(8).kept == "halving_doubling"
+
+
+def test_a_descheduled_baseline_call_does_not_undo_a_remembered_verdict(monkeypatch, tmp_path):
+    path = tmp_path / "auto-memory.json"
+    p, nbytes, table = TABLES[4]
+    first = Job(monkeypatch, p, nbytes, table)
+    first.memory = AutoMemory({}, str(path), writes=True)
+    first.settle(calls_to_settle(len(candidates(p))))
+    second = _second_job(monkeypatch, first, table, path)
+    second.stall = 3  # a call of its baseline: one rank descheduled for 50x its cost
+    second.settle(calls_to_settle(len(candidates(p))))
+    assert second.tuning.kept == _best(table) and not second.tuning.trial_s
