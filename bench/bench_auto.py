@@ -13,23 +13,27 @@ order, so that a drift in the machine's load meets all alike):
 * ``auto`` settled: the same, once it has settled for the size (it learns first, untimed);
 * ``auto`` as a user's first calls see it: everything ``auto`` learned on the communicator
   forgotten (the probe too) before each round, then a warm-up call (which probes, as the
-  warm-up of ``commrt bench allreduce`` does) and ``5 × iters`` calls, exploration included.
-
-``auto``'s memory of earlier jobs (:mod:`commrt.tuning.memory`) is off here
-(``COMMRT_AUTO_MEMORY=off``), whatever the environment says: every figure is a first job's.
+  warm-up of ``commrt bench allreduce`` does) and ``5 × iters`` calls, exploration included;
+  with no memory of earlier jobs (:mod:`commrt.tuning.memory`): a first job's;
+* ``auto`` as a second job's first calls see it: the same, but starting from what the
+  settled side's job kept in the memory (a file of the bench's own, in a temporary folder,
+  whatever ``COMMRT_AUTO_MEMORY`` says), read afresh in the warm-up call.
 
 Each side's figure is the median of its rounds' mean call, never a minimum across noisy
 rounds; the best fixed algorithm is the one with the lowest median. ``× best`` is auto's
 figure over it. What ``auto`` learns is kept per communicator (so per job, world size and
-transport) and per buffer size, in ``comm.slots``; nothing outlives the job, so every round
-of the first calls starts as a first job does.
+transport) and per buffer size, in ``comm.slots``, and each verdict in the memory file too:
+every round of the first calls forgets both, so it starts as a first job does; every round
+of the second job's forgets the first only.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
+import tempfile
 import time
 
 import torch
@@ -41,6 +45,7 @@ from commrt.algorithms.auto import candidates, label
 from commrt.algorithms.auto_learn import calls_to_settle
 from commrt.cli.bench import DEFAULT_SIZES, default_iterations, timing_buffer
 from commrt.cli.units import fmt_bytes, size_list
+from commrt.tuning.memory import AutoMemory
 
 #: calls of the first-calls figure: a user's ``--repeats 5`` runs of ``--iters`` calls
 FIRST_RUNS = 5
@@ -69,13 +74,15 @@ def _forget(comm, auto: Auto) -> None:
     slots.settling.clear()
     slots.auto_remembered.clear()
     slots.probe = None
+    slots.auto_memory = None  # read again, at the next call's select
 
 
 def measure(comm, nbytes: int, rounds: int) -> dict:
     """The medians (seconds a call) of every side at ``nbytes``, and what auto kept."""
     x = timing_buffer(max(1, nbytes // 4))
     iters = default_iterations(nbytes)
-    settled, first = Auto(), Auto(recheck_s=None)  # two instances: two learning states
+    # three instances: three learning states
+    settled, first, second = Auto(), Auto(recheck_s=None), Auto(recheck_s=None)
     fixed = {label(a): a for a in candidates(comm.world_size)}
 
     def run(alg):
@@ -88,14 +95,18 @@ def measure(comm, nbytes: int, rounds: int) -> dict:
             break
     sides = {name: run(a) for name, a in fixed.items()}
     sides["auto settled"] = run(settled)
-    times = {name: [] for name in [*sides, "auto first calls"]}
+    learners = {"auto first calls": first, "auto second job": second}
+    times = {name: [] for name in [*sides, *learners]}
     for r in range(rounds):
         order = list(times)
         for name in order[:: -1 if r % 2 else 1]:
-            if name == "auto first calls":
-                _forget(comm, first)
-                run(first)()  # the warm-up call: it probes
-                times[name].append(_round(comm, run(first), FIRST_RUNS * iters))
+            if name in learners:
+                alg = learners[name]
+                _forget(comm, alg)
+                if alg is first:  # nothing remembered: a first job
+                    comm.slots.auto_memory = AutoMemory({}, None, writes=False)
+                run(alg)()  # the warm-up call: it probes (and reads the memory)
+                times[name].append(_round(comm, run(alg), FIRST_RUNS * iters))
             else:
                 sides[name]()  # warm-up (a memo the first-calls side dropped)
                 times[name].append(_round(comm, sides[name], iters))
@@ -109,16 +120,17 @@ def table(transport: str, p: int, rows: list[tuple[int, dict]]) -> str:
     head = (
         f"# auto vs the best fixed algorithm · {transport} · {p} ranks · float32 · µs a call\n"
         f"#{'size':>8} {'best fixed':<20}{'µs':>9}{'settled':>9}{'×':>6}"
-        f"{'first':>9}{'×':>6}  auto kept"
+        f"{'first':>9}{'×':>6}{'second':>9}{'×':>6}  auto kept"
     )
     lines = [head]
     for nbytes, m in rows:
         med = m["median"]
         best = min(m["fixed"], key=lambda n: med[n])
         b, s, f = med[best], med["auto settled"], med["auto first calls"]
+        j = med["auto second job"]
         lines.append(
             f" {fmt_bytes(nbytes):>8} {best[:20]:<20}{b * 1e6:9.1f}{s * 1e6:9.1f}{s / b:6.2f}"
-            f"{f * 1e6:9.1f}{f / b:6.2f}  {m['kept']}"
+            f"{f * 1e6:9.1f}{f / b:6.2f}{j * 1e6:9.1f}{j / b:6.2f}  {m['kept']}"
         )
     return "\n".join(lines)
 
@@ -129,7 +141,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", type=size_list, default=list(DEFAULT_SIZES))
     ap.add_argument("--rounds", type=int, default=5, help="alternated rounds (default 5)")
     args = ap.parse_args(argv)
-    os.environ[settings.AUTO_MEMORY.name] = "off"  # a first job's figures (module docs)
+    # the bench's own memory file: the settled side's verdicts, for the second job's side
+    folder = tempfile.mkdtemp(prefix="commrt-bench-auto-")
+    os.environ[settings.AUTO_MEMORY.name] = os.path.join(folder, "auto-memory.json")
     torch.set_num_threads(1)
     for transport in args.transports.split(","):
         comm = commrt.init(transport)
@@ -137,6 +151,7 @@ def main(argv=None) -> int:
         if comm.rank == 0:
             print(table(transport, comm.world_size, rows), flush=True)
         comm.close()
+    shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 
