@@ -66,7 +66,8 @@ def _forget(comm, auto: Auto) -> None:
     job's first call does."""
     slots = comm.slots
     for store in (slots.auto_choices, slots.auto_tuning, slots.auto_tried):
-        for key in [k for k in store if k[0] is auto]:
+        # equal Autos share their entries (a frozen dataclass's key): forget those too
+        for key in [k for k in store if k[0] == auto]:
             del store[key]
     for call in list(slots.settled_calls.values()):  # and the executor's memo of the last
         comm.executor.forget(call)
