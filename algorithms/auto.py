@@ -265,8 +265,7 @@ class Auto(Algorithm):
         timed against its time then, kept if it still takes that long, and else tried
         against its measured rival (or the model's runner-up). Collective on the first
         ask of a communicator."""
-        labels = tuple(label(a) for a in candidates(choice.world_size, choice.fused))
-        past = comm.memory(labels).recall(choice.nbytes)
+        past = comm.memory(_labels(choice.world_size, choice.fused)).recall(choice.nbytes)
         if past is None:
             return None
         rival = past.rival
@@ -290,8 +289,8 @@ class Auto(Algorithm):
         rivals = {k: t for k, t in tuning.trial_s.items() if k != tuning.kept}
         rival = min(rivals, key=rivals.get) if rivals else None
         if kept_s:
-            labels = tuple(label(a) for a in candidates(comm.world_size, comm.fuses_one_shot))
-            comm.memory(labels).keep(nbytes, tuning.kept, kept_s, rival, rivals.get(rival))
+            memory = comm.memory(_labels(comm.world_size, comm.fuses_one_shot))
+            memory.keep(nbytes, tuning.kept, kept_s, rival, rivals.get(rival))
 
     def observe(self, comm, nbytes: int, started_s: float) -> bool:
         """After ``commrt.all_reduce`` ran :meth:`select`'s schedule (started at
@@ -377,6 +376,12 @@ class Auto(Algorithm):
         best = self.choose(m, DEFAULT_NBYTES).algorithm
         sched = best.schedule(world_size, tuple(ranks))
         return dataclasses.replace(sched, name=f"auto:{label(best)}")
+
+
+def _labels(p: int, fused: bool) -> tuple[str, ...]:
+    """Every candidate's label at ``p`` ranks, in :func:`candidates`' order (the same on
+    every rank: how the memory's shared row names them)."""
+    return tuple(label(a) for a in candidates(p, fused))
 
 
 def _itemsize(nbytes: int) -> int:
