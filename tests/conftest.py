@@ -70,6 +70,8 @@ def rank_zygote(tmp_path_factory):
     from helpers import zygote
 
     proc = zygote.start(str(tmp_path_factory.mktemp("zygote")))
+    if proc is not None:
+        _ZYGOTE_PID.append(proc.pid)
     yield proc
     zygote.stop(proc)
 
@@ -103,8 +105,52 @@ def netns_cluster():
 # slowest), so that the next person sees what to cut. The sums are of the tests' own
 # durations (set-up, call and tear-down); under xdist they run side by side, so the folders'
 # sums add up to more than the wall-clock time, and each folder's share is what it costs.
+#
+# On CI's 2 cores the suite is bound by CPU, not by waiting, so each test's CPU is counted
+# too: the pytest process's own, that of the processes it started and waited for, and that of
+# the ranks its zygote forked and reaped (the zygote's own and its children's, from /proc).
+# A process still running when its test ends is counted where it is reaped. With
+# $TEST_CPU_LOG set, a line per test (CPU s, wall s, node id) is appended to that file.
 _FOLDER_SECONDS: dict[str, float] = {}
+_FOLDER_CPU: dict[str, float] = {}
 _FOLDER_TESTS: dict[str, set[str]] = {}
+_TEST_CPU: dict[str, tuple[float, float]] = {}  # node id -> (CPU s, wall s)
+_ZYGOTE_PID: list[int] = []  # this pytest process's zygote, once started
+#: the user property in which a worker sends its controller a test's CPU seconds
+CPU_PROPERTY = "cpu_s"
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process, its reaped children and its zygote's."""
+    import resource
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    for pid in _ZYGOTE_PID:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                # after "(comm)": fields 14-17 of proc(5) are utime, stime, cutime, cstime
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_START] = cpu_seconds()
+
+
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    if call.when == "teardown" and _CPU_AT_START in item.stash:
+        item.user_properties.append((CPU_PROPERTY, cpu_seconds() - item.stash[_CPU_AT_START]))
 
 
 def _folder(nodeid: str) -> str:
@@ -116,6 +162,13 @@ def pytest_runtest_logreport(report):
     folder = _folder(report.nodeid)
     _FOLDER_SECONDS[folder] = _FOLDER_SECONDS.get(folder, 0.0) + report.duration
     _FOLDER_TESTS.setdefault(folder, set()).add(report.nodeid)
+    cpu_s, wall_s = _TEST_CPU.get(report.nodeid, (0.0, 0.0))
+    wall_s += report.duration
+    for name, value in report.user_properties:
+        if name == CPU_PROPERTY and report.when == "teardown":
+            cpu_s += value
+            _FOLDER_CPU[folder] = _FOLDER_CPU.get(folder, 0.0) + value
+    _TEST_CPU[report.nodeid] = (cpu_s, wall_s)
 
 
 @pytest.hookimpl(trylast=True)
@@ -123,9 +176,24 @@ def pytest_terminal_summary(terminalreporter):
     if not _FOLDER_SECONDS:
         return
     total = sum(_FOLDER_SECONDS.values())
+    total_cpu = sum(_FOLDER_CPU.values())
+    terminalreporter.write_sep("=", "most CPU (the test's, its processes' and its ranks')")
+    ranked = sorted(_TEST_CPU.items(), key=lambda kv: -kv[1][0])
+    for nodeid, (cpu_s, wall_s) in ranked[:25]:
+        terminalreporter.write_line(f"{cpu_s:7.1f} s CPU {wall_s:7.1f} s  {nodeid}")
     terminalreporter.write_sep("=", "time per folder (the sum of its tests' durations)")
+    terminalreporter.write_line("    wall  share      CPU  share  tests  folder")
     for folder, seconds in sorted(_FOLDER_SECONDS.items(), key=lambda kv: -kv[1]):
         tests = len(_FOLDER_TESTS[folder])
         share = 100 * seconds / total if total else 0.0
-        terminalreporter.write_line(f"{seconds:8.1f} s {share:5.1f} %  {tests:5d} tests  {folder}")
-    terminalreporter.write_line(f"{total:8.1f} s in all")
+        cpu = _FOLDER_CPU.get(folder, 0.0)
+        cpu_share = 100 * cpu / total_cpu if total_cpu else 0.0
+        terminalreporter.write_line(
+            f"{seconds:8.1f} {share:5.1f} % {cpu:8.1f} {cpu_share:5.1f} % {tests:6d}  {folder}"
+        )
+    terminalreporter.write_line(f"{total:8.1f} s wall, {total_cpu:.1f} s CPU in all")
+    log = os.environ.get("TEST_CPU_LOG")
+    if log and not hasattr(terminalreporter.config, "workerinput"):
+        with open(log, "a") as f:
+            for nodeid, (cpu_s, wall_s) in ranked:
+                f.write(f"{cpu_s:.2f}\t{wall_s:.2f}\t{nodeid}\n")
