@@ -112,11 +112,12 @@ def shorten(error: BaseException) -> None:
     :class:`CommError`), keeping the first of its chain that is the user's own. A line
     (:data:`SHORTENED`) says so, where more than a wrapper's frame went. Nothing changes
     under ``COMMRT_TRACEBACK=full``; idempotent, so nested public calls may each shorten."""
-    mode = settings.TRACEBACK.text().lower() or "short"
+    try:
+        mode = settings.TRACEBACK.get()
+    except ValueError as e:  # a bad value must not hide the error being shown
+        _note(error, f"({e}: the traceback is shown as raised)")
+        return
     if mode != "short":
-        if mode != "full":
-            _note(error, f"({settings.TRACEBACK.name}={mode!r} is neither short nor full: "
-                  "the traceback is shown as raised)")  # fmt: skip
         return
     kept, hid_frames = _user_frames(error.__traceback__)
     error.__traceback__ = kept

@@ -130,7 +130,7 @@ class Options:
         which would otherwise pass init and end the job at DDP's first all-reduce."""
         given, source = self.algorithm, "pg_options algorithm"
         if given is None:
-            given = settings.ALGORITHM.text() or "auto"
+            given = settings.ALGORITHM.get()
             source = settings.ALGORITHM.name
         try:
             alg = resolve(given)
@@ -334,7 +334,7 @@ class DeviceComms:
 
     def _wrap(self, transport, backend: Backend) -> DeviceContext:
         o = self.options
-        debug = bool(settings.DEBUG.flag()) if o.debug is None else o.debug
+        debug = settings.DEBUG.get() if o.debug is None else o.debug
         comm = Communicator(
             transport, backend, self._launch(), self.timeout, o.piece_bytes, debug=debug
         )
@@ -349,7 +349,7 @@ class DeviceComms:
     def _cpu(self) -> DeviceContext:
         want = self.options.cpu_transport
         if want == "auto":
-            want = settings.CPU_TRANSPORT.text().lower() or "auto"
+            want = settings.CPU_TRANSPORT.get().lower()
         if want not in CPU_TRANSPORTS:
             raise ValueError(
                 f"commrt process group: cpu transport {want!r} is none of "

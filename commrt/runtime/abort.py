@@ -216,7 +216,7 @@ def install_abort_hook(comm, advice: str = f"{settings.ABORT_ON_ERROR.name}=0") 
 
 def abort_on_error_wanted() -> bool:
     """Whether ``COMMRT_ABORT_ON_ERROR`` leaves the abort-on-error hook on (the default)."""
-    return settings.ABORT_ON_ERROR.flag() is not False
+    return settings.ABORT_ON_ERROR.get()
 
 
 def stall_worth_a_verdict(error: BaseException) -> bool:

@@ -96,12 +96,12 @@ def cuda_transport_wanted(env=None) -> str:
     that one for CUDA tensors, wherever it runs (NCCL then says itself that it refuses
     ranks sharing a GPU); anything else is a ValueError that names the variable."""
 
-    text = settings.CUDA_TRANSPORT.text(env).lower()
-    if text and text not in CUDA_TRANSPORTS:
+    text = settings.CUDA_TRANSPORT.get(env).lower()
+    if text not in CUDA_TRANSPORTS:
         raise ValueError(
             f"{settings.CUDA_TRANSPORT.name}={text!r} is none of {', '.join(CUDA_TRANSPORTS)}"
         )
-    return text or "auto"
+    return text
 
 
 def gpu_shared(ranks_here: int | None, world_size: int) -> bool:

@@ -423,7 +423,7 @@ def init(
     timeout = check_timeout(timeout)
     if piece_bytes < 1024:
         raise ValueError(f"piece_bytes must be at least 1024, got {piece_bytes}")
-    debug = settings.DEBUG.flag() if debug is None else debug
+    debug = settings.DEBUG.get() if debug is None else debug
     abort_on_error = abort_on_error_wanted() if abort_on_error is None else abort_on_error
     launch = detect_launch()
     rank = launch.rank if rank is None else int(rank)

@@ -78,6 +78,12 @@ GATHER_S = settings.Seconds(
 PRINTED_S = settings.Seconds(
     3.0, "how long a rank waits for the others to print the verdict", _APPLIES, settings.STALLS
 )
+STORE_CONNECT_S = settings.Seconds(
+    30.0,
+    "the longest the stall watch waits to reach the job's store (less where the timeout is)",
+    _APPLIES,
+    settings.STALLS,
+)
 KEEP = 16  # positions kept for the post-mortem file
 
 
@@ -94,19 +100,10 @@ def default_stall_s(timeout: float | None) -> float:
 def stall_seconds(value=None, timeout: float | None = None) -> float | None:
     """The stall watch's period from ``value`` or ``COMMRT_STALL_S``; None when off (0 or
     off). A period not shorter than ``timeout`` still runs the watch (:func:`declares`)."""
-    text = settings.STALL.text() if value is None else str(value)
-    text = text.strip().lower()
-    if text in ("0", "off", "no", "false"):
-        return None
-    try:
-        s = float(text) if text else default_stall_s(timeout)
-    except ValueError:
-        raise ValueError(
-            f"{settings.STALL.name}={text!r}: give seconds (a number) or 0 for off"
-        ) from None
-    if not s > 0:
-        raise ValueError(f"{settings.STALL.name} must be positive seconds or 0 (off), got {text!r}")
-    return s
+    s = settings.STALL.get() if value is None else settings.STALL.read(value)
+    if s is None:
+        return default_stall_s(timeout)
+    return s or None  # 0.0: off
 
 
 def declares(stall_s: float, timeout: float | None) -> float | None:
@@ -496,5 +493,5 @@ def _client(host: str, port: int, timeout: float):
 
     return dist.TCPStore(
         host, port, is_master=False, wait_for_workers=False,
-        timeout=datetime.timedelta(seconds=min(timeout, 30.0)),
+        timeout=datetime.timedelta(seconds=min(timeout, STORE_CONNECT_S)),
     )  # fmt: skip

@@ -28,6 +28,13 @@ CHECK_EVERY_S = settings.Seconds(
     "every transport's waits",
     settings.STALLS,
 )
+NATIVE_S = settings.Seconds(
+    300.0,
+    "how long a transport's own direct all-reduce (the oracle the schedules are tested "
+    "against) waits for its peers",
+    "the shm and cuda_ipc transports' `native_all_reduce`",
+    settings.STALLS,
+)
 #: what every refusal of a GPU-only backend on a machine without one suggests instead
 ON_A_CPU = "on a CPU use backend='shm', 'gloo' or 'mpi'"
 

@@ -60,7 +60,7 @@ import torch
 
 from commrt import settings
 from commrt.errors import CommError, CommTimeoutError
-from commrt.transports.base import Pair, Pending, Transport, average_first, poll_until
+from commrt.transports.base import NATIVE_S, Pair, Pending, Transport, average_first, poll_until
 from commrt.transports.cuda_ipc_device import IpcDevice
 from commrt.transports.cuda_ipc_direct import SUMS, Workspace
 from commrt.transports.cuda_ipc_host import HOST_BYTES, HostWorkspace
@@ -68,8 +68,8 @@ from commrt.transports.processes import start_time
 
 #: slots per direction (pieces in flight between two ranks)
 SLOTS = 4
-#: bytes per slot, unless asked otherwise
-SLOT_BYTES = 4 << 20
+#: bytes per slot, unless asked otherwise (COMMRT_CUDA_IPC_SLOT_BYTES's default)
+SLOT_BYTES: int = settings.CUDA_IPC_SLOT_BYTES.value.default
 CLOSE_S = settings.Seconds(
     30.0,
     "how long a closing rank waits for its stream, then for every peer's, before it frees what "
@@ -412,7 +412,7 @@ class CudaIpcTransport(Transport):
         every rank's result is the same to the bit: the oracle, not a tuned algorithm."""
         average_first(tensor, op, self.world_size)  # the rule: scaled before the sum
         if self.world_size > 1:
-            deadline = time.monotonic() + 300.0
+            deadline = time.monotonic() + NATIVE_S
             peers = [r for r in range(self.world_size) if r != self.rank]
             theirs = {r: torch.empty_like(tensor) for r in peers}
             self.begin(tensor)
@@ -420,10 +420,10 @@ class CudaIpcTransport(Transport):
             for i in range(len(peers)):
                 if not (pend.wait_recv(i, deadline) and pend.wait_send(i, deadline)):
                     raise CommTimeoutError(rank=self.rank, peer=peers[i],
-                                           what="native all-reduce", timeout_s=300.0)  # fmt: skip
+                                           what="native all-reduce", timeout_s=NATIVE_S)  # fmt: skip
             if not self.sync(deadline):
                 raise CommTimeoutError(rank=self.rank, peer=None, what="native all-reduce",
-                                       timeout_s=300.0)  # fmt: skip
+                                       timeout_s=NATIVE_S)  # fmt: skip
             self.end(tensor)
             acc = tensor.clone() if self.rank == 0 else theirs[0]
             for r in range(1, self.world_size):

@@ -274,32 +274,13 @@ def slot_bytes_from_env(env=None) -> int:
     """``COMMRT_CUDA_IPC_SLOT_BYTES`` (default :data:`SLOT_BYTES`): the bytes of one slot.
     Each rank holds ``(world_size - 1) * SLOTS`` of them in device memory; larger slots
     mean fewer pieces per message, smaller ones less memory."""
-    valid = lambda v: v >= 16 and v % 16 == 0  # noqa: E731
-    return _bytes_from_env(
-        settings.CUDA_IPC_SLOT_BYTES, SLOT_BYTES, env, valid, "a positive multiple of 16 bytes"
-    )
+    return settings.CUDA_IPC_SLOT_BYTES.get(env)
 
 
 def host_bytes_from_env(env=None) -> int:
     """``COMMRT_CUDA_IPC_HOST_BYTES`` (default :data:`HOST_BYTES`): the largest all-reduce
     whose one-shot is summed on the host; 0: none is."""
-    valid = lambda v: v >= 0  # noqa: E731
-    return _bytes_from_env(
-        settings.CUDA_IPC_HOST_BYTES, HOST_BYTES, env, valid, "a number of bytes, 0 or more"
-    )
-
-
-def _bytes_from_env(variable, default: int, env, valid, what: str) -> int:
-    """``variable``'s value in bytes (``default`` where unset); a ValueError naming it
-    where the value is not an integer that ``valid`` accepts (``what`` says which)."""
-    text = variable.text(env)
-    try:
-        value = int(text) if text else default
-    except ValueError:
-        value = None
-    if value is None or not valid(value):
-        raise ValueError(f"{variable.name} must be {what}, got {text!r}")
-    return value
+    return settings.CUDA_IPC_HOST_BYTES.get(env)
 
 
 def make_transport(store, rank: int, world_size: int, dev: IpcDevice, timeout: float):

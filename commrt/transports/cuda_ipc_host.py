@@ -41,12 +41,13 @@ import warnings
 import numpy as np
 import torch
 
+from commrt import settings
 from commrt.transports.base import poll_until
 from commrt.transports.cuda_ipc_direct import PeerCounters, map_file, new_file
 from commrt.transports.shm_connect import gather
 
-#: bytes of the largest all-reduce summed on the host (COMMRT_CUDA_IPC_HOST_BYTES)
-HOST_BYTES = 1 << 20
+#: bytes of the largest all-reduce summed on the host (COMMRT_CUDA_IPC_HOST_BYTES's default)
+HOST_BYTES: int = settings.CUDA_IPC_HOST_BYTES.value.default
 #: where a rank's halves begin in its file (page-aligned, for pinning)
 HALVES_AT = 4096
 

@@ -232,7 +232,7 @@ class NcclTransport(Transport):
         device: torch.device,
         *,
         nccl=None,
-        timeout: float = 300.0,
+        timeout: float,
     ):
         super().__init__(rank, world_size, device)
         self.nccl = nccl_module(nccl)

@@ -82,7 +82,7 @@ def init_nccl(
     *,
     mpi_world=None,
     make_store: Callable[[], object] | None = None,
-    timeout: float = 300.0,
+    timeout: float,
 ) -> NcclTransport:
     """An :class:`NcclTransport`; the unique id travels over ``mpi_world`` when given,
     else through the store ``make_store()`` returns. ``timeout`` bounds the calls NCCL

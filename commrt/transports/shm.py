@@ -46,7 +46,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from commrt.transports.base import Pair, Pending, Prepared, Transport, average_first, poll_until
+from commrt.transports.base import (
+    NATIVE_S,
+    Pair,
+    Pending,
+    Prepared,
+    Transport,
+    average_first,
+    poll_until,
+)
 from commrt.transports.processes import start_time
 from commrt.transports.shm_rings import (  # noqa: F401  (the ring files' constants, here too)
     MIN_RING_BYTES,
@@ -223,7 +231,7 @@ class ShmTransport(Transport):
         schedules are tested against, not a tuned algorithm."""
         average_first(tensor, op, self.world_size)  # the rule: scaled before the sum
         if self.world_size > 1:
-            deadline = time.monotonic() + 300.0
+            deadline = time.monotonic() + NATIVE_S
             peers = [r for r in range(self.world_size) if r != self.rank]
             theirs = {r: torch.empty_like(tensor) for r in peers}
             pend = self.exchange(

@@ -274,11 +274,13 @@ class Cupy13:
 def test_cupy_13_gets_its_unique_id_as_a_tuple_of_signed_chars(monkeypatch):
     nccl = Cupy13()
     uid = nccl.get_unique_id()
-    NcclTransport(0, 1, uid_bytes(uid), torch.device("cpu"), nccl=CupyNccl(nccl)).close()
+    NcclTransport(
+        0, 1, uid_bytes(uid), torch.device("cpu"), nccl=CupyNccl(nccl), timeout=30
+    ).close()
     assert nccl.ids == [uid]
     # through the store, as init does: rank 0's id, published as bytes, reaches cupy 13 whole
     monkeypatch.setattr(nccl, "get_unique_id", lambda: uid)
-    init_nccl(0, 1, 0, "cpu", CupyNccl(nccl), make_store=dist.HashStore).close()
+    init_nccl(0, 1, 0, "cpu", CupyNccl(nccl), make_store=dist.HashStore, timeout=30).close()
     assert nccl.ids == [uid, uid]
 
 
@@ -332,7 +334,9 @@ def test_the_strict_stand_in_names_a_subset_and_matches_in_issue_order():
 
     def make(r):
         try:
-            NcclTransport(r, 3, uid, torch.device("cpu"), nccl=StrictNccl(store, hang_s=1.0))
+            NcclTransport(
+                r, 3, uid, torch.device("cpu"), nccl=StrictNccl(store, hang_s=1.0), timeout=30
+            )
         except StandInHang as e:
             errors.append(str(e))
 

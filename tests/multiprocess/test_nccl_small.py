@@ -191,7 +191,9 @@ def test_rank_0_keeps_the_store_it_hosts_until_the_communicator_exists(monkeypat
 
     def rank(r, make_store):
         try:
-            got[r] = nccl_bootstrap.init_nccl(r, 2, r, "cpu", fake, make_store=make_store).uid
+            got[r] = nccl_bootstrap.init_nccl(
+                r, 2, r, "cpu", fake, make_store=make_store, timeout=30
+            ).uid
         except Exception as e:  # noqa: BLE001 - the test reports what each rank saw
             got[r] = e
 
@@ -257,7 +259,7 @@ def _bad_tensor_worker(out_path: str) -> None:
     peer = 1 - rank
     nccl = StandInNccl()
     uid = world.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
-    t = NcclTransport(rank, 2, uid, torch.device("cpu"), nccl=nccl)
+    t = NcclTransport(rank, 2, uid, torch.device("cpu"), nccl=nccl, timeout=30)
     report = {}
     bad = {"dtype": torch.zeros(4, dtype=torch.complex64), "strided": torch.zeros(8)[::2]}
     for phase, (name, tensor) in enumerate(bad.items(), 1):

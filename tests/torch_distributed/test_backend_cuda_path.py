@@ -263,7 +263,7 @@ def test_nccl_gets_the_calls_device_and_the_groups_timeout_and_is_warmed(monkeyp
     def init_nccl(rank, size, local_rank, device, nccl_module=None, **kw):
         got.update(device=device, timeout=kw["timeout"])
         nccl = StrictNccl(MemoryStore())
-        return NcclTransport(0, 1, os.urandom(128), torch.device("cpu"), nccl=nccl)
+        return NcclTransport(0, 1, os.urandom(128), torch.device("cpu"), nccl=nccl, timeout=30)
 
     monkeypatch.setattr(nccl_bootstrap, "init_nccl", init_nccl)
     monkeypatch.setattr(D, "warm_kernels", lambda comm, dtypes: got.update(warmed=dtypes))

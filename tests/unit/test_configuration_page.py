@@ -120,11 +120,46 @@ def test_the_variables_the_launcher_sets_are_marked_so():
 def test_flag_variables_read_as_the_page_says():
     import pytest
 
-    assert settings.DEBUG.flag({"COMMRT_DEBUG": "detail"}) is True
-    assert settings.DEBUG.flag({"COMMRT_DEBUG": " Off "}) is False
-    assert settings.DEBUG.flag({}) is None
+    assert settings.DEBUG.get({"COMMRT_DEBUG": "detail"}) is True
+    assert settings.DEBUG.get({"COMMRT_DEBUG": " Off "}) is False
+    assert settings.DEBUG.get({}) is False and settings.ABORT_ON_ERROR.get({}) is True
+    assert settings.REJOIN.get({}) is None  # no default: the reader decides
     with pytest.raises(ValueError, match="COMMRT_DEBUG='maybe': use 1 or 0"):
-        settings.DEBUG.flag({"COMMRT_DEBUG": "maybe"})
+        settings.DEBUG.get({"COMMRT_DEBUG": "maybe"})
+
+
+def test_each_kind_reads_validates_and_holds_its_default():
+    """A declaration parses its variable and checks it, naming the variable, and the page's
+    default is written from the same value the code uses where the variable is unset."""
+    import pytest
+
+    from commrt.transports import cuda_ipc, cuda_ipc_host
+
+    slot, host = settings.CUDA_IPC_SLOT_BYTES, settings.CUDA_IPC_HOST_BYTES
+    assert slot.get({}) == cuda_ipc.SLOT_BYTES == 4 << 20 and slot.default == "4 MiB"
+    assert host.get({}) == cuda_ipc_host.HOST_BYTES == 1 << 20 and host.default == "1 MiB"
+    assert slot.get({slot.name: "4096"}) == 4096 and host.get({host.name: "0"}) == 0
+    for bad in ("8", "4097", "0", "-16", "4 MiB"):
+        with pytest.raises(ValueError, match=f"{slot.name} must be a positive multiple of 16"):
+            slot.get({slot.name: bad})
+    with pytest.raises(ValueError, match=f"{host.name} must be a number of bytes, 0 or more"):
+        host.get({host.name: "-1"})
+
+    log, traceback = settings.LOG, settings.TRACEBACK
+    assert log.get({}) is None and log.get({log.name: " INFO "}) == "info"
+    assert log.get({log.name: "none"}) == "off"  # an alias
+    with pytest.raises(ValueError, match="COMMRT_LOG='loud' is none of off, info, debug"):
+        log.get({log.name: "loud"})
+    assert traceback.get({}) == "short" and traceback.kind == "`short` or `full`"
+
+    stall = settings.STALL
+    assert stall.get({}) is None and stall.get({stall.name: "off"}) == 0.0
+    assert stall.get({stall.name: "90"}) == 90.0 and stall.read("1.5") == 1.5
+    with pytest.raises(ValueError, match="COMMRT_STALL_S='soon': give seconds"):
+        stall.get({stall.name: "soon"})
+    with pytest.raises(ValueError, match="COMMRT_STALL_S must be positive seconds"):
+        stall.read("-3")
+    assert settings.bytes_text(16) == "16 B" and settings.bytes_text(3 << 30) == "3 GiB"
 
 
 def test_a_bound_is_its_float_wherever_it_goes():

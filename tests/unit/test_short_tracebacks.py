@@ -91,7 +91,9 @@ def test_a_value_neither_short_nor_full_is_named_and_shows_all(monkeypatch):
     with pytest.raises(CommError) as caught:
         public(SPACE["executor"])
     shown = _shown(caught.value)
-    assert INNER in shown and f"{settings.TRACEBACK.name}='ful' is neither" in shown, shown
+    assert INNER in shown and f"{settings.TRACEBACK.name}='ful' is none of short, full" in shown, (
+        shown
+    )
 
 
 def test_an_error_with_no_commrt_frame_is_left_as_it_is():
