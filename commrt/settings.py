@@ -190,8 +190,9 @@ class Variable:
         return self.value.kind
 
     @property
-    def default(self) -> str:
-        """The default in words, as the configuration page says it."""
+    def default_words(self) -> str:
+        """The default in words, as the configuration page says it (the default itself is
+        ``value.default``, what :meth:`get` gives where the variable is unset)."""
         return self.value.default_words
 
     def text(self, env: Mapping[str, str] | None = None) -> str:

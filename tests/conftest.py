@@ -118,6 +118,8 @@ _TEST_CPU: dict[str, tuple[float, float]] = {}  # node id -> (CPU s, wall s)
 _ZYGOTE_PID: list[int] = []  # this pytest process's zygote, once started
 #: the user property in which a worker sends its controller a test's CPU seconds
 CPU_PROPERTY = "cpu_s"
+#: where a test's item keeps the CPU count at its set-up
+_CPU_AT_START = pytest.StashKey[float]()
 
 
 def cpu_seconds() -> float:
@@ -142,9 +144,6 @@ def cpu_seconds() -> float:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     item.stash[_CPU_AT_START] = cpu_seconds()
-
-
-_CPU_AT_START = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -110,7 +110,7 @@ def render() -> str:
         "## Environment variables you set\n",
         table(
             "variable | default (type) | meaning | where it applies",
-            [[f"`{v.name}`", f"{v.default} ({v.kind})", v.help, v.applies] for v in users],
+            [[f"`{v.name}`", f"{v.default_words} ({v.kind})", v.help, v.applies] for v in users],
         ),
         INTERNAL,
         table("variable | set by | meaning", [[f"`{v.name}`", v.set_by, v.help] for v in internal]),

@@ -136,8 +136,8 @@ def test_each_kind_reads_validates_and_holds_its_default():
     from commrt.transports import cuda_ipc, cuda_ipc_host
 
     slot, host = settings.CUDA_IPC_SLOT_BYTES, settings.CUDA_IPC_HOST_BYTES
-    assert slot.get({}) == cuda_ipc.SLOT_BYTES == 4 << 20 and slot.default == "4 MiB"
-    assert host.get({}) == cuda_ipc_host.HOST_BYTES == 1 << 20 and host.default == "1 MiB"
+    assert slot.get({}) == cuda_ipc.SLOT_BYTES == 4 << 20 and slot.default_words == "4 MiB"
+    assert host.get({}) == cuda_ipc_host.HOST_BYTES == 1 << 20 and host.default_words == "1 MiB"
     assert slot.get({slot.name: "4096"}) == 4096 and host.get({host.name: "0"}) == 0
     for bad in ("8", "4097", "0", "-16", "4 MiB"):
         with pytest.raises(ValueError, match=f"{slot.name} must be a positive multiple of 16"):
