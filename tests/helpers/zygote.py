@@ -59,6 +59,8 @@ FORWARDED = (
     signal.SIGTSTP,
 )
 _INT = struct.Struct("!i")
+#: the zygote's stderr, in the folder of its socket
+LOG = "zygote.log"
 #: a zygote's answer instead of a pid: it will not fork this rank (run it fresh)
 REFUSED = -1
 
@@ -82,24 +84,34 @@ def start(folder: str):
     path = os.path.join(folder, "zygote.sock")
     env = {k: v for k, v in os.environ.items() if k not in PER_RANK}
     env.setdefault("OMP_NUM_THREADS", "1")  # the thread count the tests' ranks run with
-    proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "serve", path],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=open(os.path.join(folder, "zygote.log"), "w"),  # noqa: SIM115
-    )
+    with open(os.path.join(folder, LOG), "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "serve", path],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     # the zygote listens once torch is imported: ranks' shims wait for the socket
     os.environ[SOCKET_ENV] = path
     return proc
 
 
 def stop(proc) -> None:
-    """End a zygote that :func:`start` returned (its forked ranks are each their shim's)."""
+    """End a zygote that :func:`start` returned (its forked ranks are each their shim's).
+
+    Raises RuntimeError, with the end of its log, where it had already ended: every rank
+    started after that ran as a fresh interpreter, so the tests passed but paid for it."""
     os.environ.pop(SOCKET_ENV, None)
-    if proc is not None:
-        proc.terminate()
-        proc.wait(10)
+    if proc is None:
+        return
+    died = proc.poll()
+    proc.terminate()
+    proc.wait(10)
+    if died is not None:
+        with open(os.path.join(os.path.dirname(proc.args[-1]), LOG)) as f:  # serve's folder
+            tail = f.read()[-2000:]
+        raise RuntimeError(f"the rank zygote ended early (exit code {died}):\n{tail}")
 
 
 # ------------------------------------------------------------------ the zygote
@@ -158,14 +170,28 @@ def serve(path: str):
                 forked = _fork_one(listener, ranks)
                 if forked is not None:
                     return forked
-            elif ranks.get(s, 0) > 0 and not s.recv(16):
-                # the shim is gone (SIGKILL): so is its rank
-                try:
-                    os.kill(ranks[s], signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                ranks[s] = -ranks[s]  # reaped by _report_ended, its status sent nowhere
-                s.close()
+            elif ranks.get(s, 0) > 0 and _closed(s):
+                _orphaned(ranks, s)  # the shim is gone (SIGKILL): so is its rank
+
+
+def _closed(conn: socket.socket) -> bool:
+    """Whether a shim's connection has closed (it never sends once it has its answer)."""
+    try:
+        return not conn.recv(16)
+    except OSError:
+        return True
+
+
+def _orphaned(ranks: dict, conn: socket.socket) -> None:
+    """Kill the rank whose shim is gone; _report_ended reaps it and reports to no one.
+    (Every error on one shim's connection ends that rank alone: a zygote that died of one
+    would make every later rank of its pytest process a fresh interpreter, silently.)"""
+    try:
+        os.kill(ranks[conn], signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    ranks[conn] = -ranks[conn]
+    conn.close()
 
 
 def _report_ended(ranks: dict) -> None:
@@ -198,7 +224,10 @@ def _fork_one(listener: socket.socket, ranks: dict):
         conn.close()
         return None
     if not _forkable(request["env"]):
-        conn.sendall(_INT.pack(REFUSED))
+        try:
+            conn.sendall(_INT.pack(REFUSED))
+        except OSError:
+            pass  # the shim is gone: nothing to run
         conn.close()
         for fd in fds:
             os.close(fd)
@@ -213,8 +242,11 @@ def _fork_one(listener: socket.socket, ranks: dict):
         return request, fds
     for fd in fds:
         os.close(fd)
-    conn.sendall(_INT.pack(pid))
     ranks[conn] = pid
+    try:
+        conn.sendall(_INT.pack(pid))
+    except OSError:  # the shim went before its answer (a job killed as it started)
+        _orphaned(ranks, conn)
     return None
 
 

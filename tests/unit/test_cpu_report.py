@@ -41,5 +41,5 @@ def test_a_rank_forked_by_the_zygote_is_counted(rank_zygote, tmp_path):
     )
     assert run.returncode == 0, run.stderr
     if rank_zygote is not None:
-        assert int(run.stdout) == rank_zygote.pid  # forked, not run fresh
+        assert int(run.stdout) == rank_zygote.pid, run.stderr  # forked, not run fresh
     assert _counted_within(before, 5) >= 0.9 * BURN_S

@@ -121,3 +121,39 @@ def test_a_killed_shim_takes_its_rank_with_it(own_zygote, tmp_path):
 def test_without_a_zygote_a_rank_is_a_fresh_interpreter(monkeypatch, worker):
     monkeypatch.delenv(zygote.SOCKET_ENV, raising=False)
     assert zygote.command(worker, 1) == [sys.executable, worker, "1"]
+
+
+def test_a_shim_gone_before_its_answer_leaves_the_zygote_serving(own_zygote, worker, tmp_path):
+    # A shim killed between its request and the zygote's answer (a job killed as it starts):
+    # the zygote's answer then meets a closed socket. Its loop must go on: a zygote gone
+    # silently makes every later rank of this pytest process a fresh interpreter.
+    import json
+    import socket
+
+    marker = tmp_path / "ran"
+    (tmp_path / "touch.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    request = json.dumps(
+        {"argv": [str(tmp_path / "touch.py")], "env": rank_env(), "cwd": str(tmp_path),
+         "fds": [0, 1, 2]}
+    ).encode()  # fmt: skip
+    with open(os.devnull, "rb") as i, open(os.devnull, "wb") as o:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(zygote._wait_for(os.environ[zygote.SOCKET_ENV]))
+        fds = [i.fileno(), o.fileno(), o.fileno()]
+        socket.send_fds(conn, [zygote._INT.pack(len(request)) + request], fds)
+        conn.close()  # gone before the zygote answers with the rank's pid
+    time.sleep(1.0)
+    assert own_zygote.poll() is None, "the zygote died when a shim went away early"
+    proc = _run(zygote.command(worker))  # and the next rank is still forked
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ppid"] == own_zygote.pid, proc.stderr
+
+
+def test_a_zygote_that_ended_early_is_an_error_when_it_is_stopped(monkeypatch, tmp_path):
+    monkeypatch.delenv(zygote.FRESH_ENV, raising=False)
+    monkeypatch.delenv(zygote.SOCKET_ENV, raising=False)
+    proc = zygote.start(str(tmp_path))
+    proc.kill()
+    proc.wait(30)
+    with pytest.raises(RuntimeError, match="ended early"):
+        zygote.stop(proc)
