@@ -13,13 +13,17 @@ ones (the first call of a schedule compiles its plan and allocates scratch):
    percent cannot undo), the choice stays: **settled**.
 2. Else **trial**, in passes. A pass runs each live candidate (the runner-up, every other
    candidate predicted within :data:`CONTENDERS` × the choice, and the choice) in a block of
-   back-to-back calls, as the kept one will run (:data:`WARMUP` untimed calls, then ⌈WINDOW /
-   TRIAL_PASSES⌉ timed ones), each pass's order rotated by one, and one untimed call after its
-   last block (see :meth:`Tuning._lay_out`: with more ranks than cores the block just before
-   the gather measured 3-5x slower). A block's time is its slowest rank's mean call (the
-   throughput of back-to-back calls: a median of single calls favours a schedule whose calls
-   alternate fast and slow); a candidate's, the median of its blocks, so that one block in
-   which a rank was descheduled decides nothing. After each pass (one gather):
+   back-to-back calls, as the kept one will run (:data:`WARMUP` untimed calls, then enough
+   timed ones to fill :data:`BLOCK_S` at the baseline's time a call, from
+   :data:`MIN_BLOCK_CALLS` to :data:`MAX_BLOCK_CALLS`), each pass's order rotated by one, and
+   one untimed call after its last block (see :meth:`Tuning._lay_out`: with more ranks than
+   cores the block just before the gather measured 3-5x slower). A block's time is its
+   slowest rank's mean call (:func:`block_time`): the throughput of back-to-back calls (a
+   median of single calls favours a schedule whose calls alternate fast and slow), less the
+   calls over :data:`OUTLIER` × that rank's median, at most a quarter of them: those in which
+   a rank was descheduled (on 2 cores, 7 % of 8 B calls over gloo took 10-15x the median). A
+   candidate's time is the median of its blocks, so that one block with more such calls
+   than were left out decides nothing either. After each pass (one gather):
 
    * a candidate that lost to the leader by a wide margin, even its fastest of two blocks or
      more over :data:`WIDE` × the leader's median, is out, and is never tried again for that
@@ -70,6 +74,10 @@ __all__ = [
     "WARMUP",
     "CONTENDERS",
     "TRIAL_PASSES",
+    "BLOCK_S",
+    "MIN_BLOCK_CALLS",
+    "MAX_BLOCK_CALLS",
+    "OUTLIER",
     "TRIAL_BUDGET_S",
     "MAX_TRIAL_PASSES",
     "RECHECK_S",
@@ -80,6 +88,7 @@ __all__ = [
     "MAX_HOLD",
     "Tuning",
     "calls_to_settle",
+    "block_time",
     "agree",
 ]
 
@@ -92,8 +101,22 @@ WINDOW = 5
 #: untimed calls at the start of each phase (the plan compiles on a schedule's first call)
 WARMUP = 1
 #: passes of the trial over the tried candidates and the choice (each rotated by one),
-#: at least; a block's timed calls are ⌈WINDOW / TRIAL_PASSES⌉
+#: at least
 TRIAL_PASSES = 3
+BLOCK_S = settings.Seconds(
+    0.002,
+    "a trial block's timed calls take about this long at the baseline's time a call (so that "
+    "where calls are cheap, leaving out the descheduled ones still leaves a mean)",
+    "`auto`'s learning",
+    settings.AUTO,
+)
+#: timed calls of a trial block, at least (its slowest is left out) and at most
+MIN_BLOCK_CALLS = 3
+MAX_BLOCK_CALLS = 12
+#: a call over this many times its block's median (on its rank) is one in which a rank was
+#: descheduled, left out of the block's time: on 2 cores those took 10-15x the median, while
+#: a schedule whose calls alternate fast and slow by its own nature measured at most 2x
+OUTLIER = 4.0
 TRIAL_BUDGET_S = settings.Seconds(
     0.25,
     "a trial takes more passes while a candidate's blocks take at most this long",
@@ -160,6 +183,7 @@ class Tuning:
     window: int = WINDOW
     warmup: int = WARMUP
     passes: int = TRIAL_PASSES  # the trial's passes, at least (see trial_passes)
+    block: int | None = None  # a trial block's timed calls (None: see block_calls)
     budget_s: float = TRIAL_BUDGET_S
     explore: float = EXPLORE
     phase: str = "baseline"
@@ -218,12 +242,19 @@ class Tuning:
         time a call."""
         if self.chosen_s is None:
             return self.passes
-        block_s = self.chosen_s * (self.warmup + self._per_block())
+        block_s = self.chosen_s * (self.warmup + self.block_calls)
         fit = int(self.budget_s // block_s) if block_s > 0 else MAX_TRIAL_PASSES
         return max(self.passes, min(MAX_TRIAL_PASSES, fit))
 
-    def _per_block(self) -> int:
-        return -(-self.window // self.passes)
+    @property
+    def block_calls(self) -> int:
+        """A block's timed calls: :attr:`block` where given, else :data:`BLOCK_S` at the
+        baseline's time a call, within :data:`MIN_BLOCK_CALLS` and :data:`MAX_BLOCK_CALLS`
+        (agreed: from an agreed time)."""
+        if self.block is not None:
+            return self.block
+        fill = math.ceil(BLOCK_S / self.chosen_s) if self.chosen_s else MIN_BLOCK_CALLS
+        return min(MAX_BLOCK_CALLS, max(MIN_BLOCK_CALLS, fill))
 
     def _blocks(self) -> tuple[str, ...]:
         """The current pass's blocks in order: :attr:`live` rotated by one a pass.
@@ -346,7 +377,7 @@ class Tuning:
         self.phase, self.plan = "trial", self._lay_out()
 
     def _lay_out(self) -> tuple[tuple[str, bool], ...]:
-        per_block = self._per_block()
+        per_block = self.block_calls
         plan = []
         for label in self._blocks():
             plan += [(label, False)] * self.warmup + [(label, True)] * per_block
@@ -377,7 +408,7 @@ class Tuning:
     def _hold(self) -> int:
         """Calls of the leader alone before the next pass (0: none needed)."""
         lead = self._lead_s()
-        calls = self.warmup + self._per_block()
+        calls = self.warmup + self.block_calls
         excess = sum(calls * max(0.0, self._expected_s(x) - lead) for x in self.live)
         excess += len(self.live) * calls * LEARN_CALL_S + GATHER_S
         # the calls before the pass pay for it: a pass never pays for itself
@@ -405,7 +436,7 @@ class Tuning:
         # there, the two meet again in a fresh trial (the old blocks forgotten); so do it
         # and the model's choice it replaced, where that is cheap. Never tried against
         # one: against its own baseline, as the baseline timed it.
-        now = max(statistics.fmean(row) for row in table)
+        now = block_time(table)
         self.recheck_s = now
         self.elapsed_s += now * (self.warmup + self.window)
         rivals = {k: t for k, t in self.trial_s.items() if k != self.kept}
@@ -433,17 +464,17 @@ class Tuning:
         """Whether the kept schedule replaced the model's choice (still in), and a pass of
         the choice's blocks fits in :attr:`budget_s` at its trial time a call."""
         t = self.trial_s.get(self.choice)
-        blocks = self.passes * (self.warmup + self._per_block())
+        blocks = self.passes * (self.warmup + self.block_calls)
         cheap = t is not None and t * blocks <= self.budget_s
         return self.kept != self.choice and self.choice not in self.lost and cheap
 
     def _end_pass(self, table) -> None:
         # side by side in the same pass: all met the same load (the baseline's time of the
         # choice was taken earlier, perhaps on a quieter or busier machine)
-        n, calls = self._per_block(), self.warmup + self._per_block()
+        n, calls = self.block_calls, self.warmup + self.block_calls
         means = []
         for b, label in enumerate(self._blocks()):
-            mean = max(statistics.fmean(row[b * n : (b + 1) * n]) for row in table)
+            mean = block_time([row[b * n : (b + 1) * n] for row in table])
             self.samples.setdefault(label, []).append(mean)
             means.append(mean)
         self.elapsed_s += calls * sum(means)
@@ -481,8 +512,23 @@ def calls_to_settle(candidates: int) -> int:
     """Calls within which a size settles at the defaults, whatever the timings: the baseline,
     then a trial of ``candidates`` (the choice among them) at the most passes, each after
     the longest hold."""
-    block = WARMUP + -(-WINDOW // TRIAL_PASSES)
+    block = WARMUP + MAX_BLOCK_CALLS
     return MAX_HOLD + WARMUP + WINDOW + MAX_TRIAL_PASSES * (MAX_HOLD + block * candidates + 1)
+
+
+def block_time(table) -> float:
+    """A block of back-to-back calls' time a call (``table``: one row of times per rank):
+    the slowest rank's mean call, less each rank's calls over :data:`OUTLIER` × its median
+    (those in which it or a peer was descheduled), at most a quarter of them (at least one,
+    where it has three calls or more)."""
+
+    def trimmed(row):
+        most = max(1, len(row) // 4) if len(row) >= 3 else 0
+        bound = OUTLIER * statistics.median(row)
+        drop = min(most, sum(t > bound for t in row))
+        return statistics.fmean(sorted(row)[: len(row) - drop])
+
+    return max(trimmed(row) for row in table)
 
 
 def agreed_time(table) -> float:

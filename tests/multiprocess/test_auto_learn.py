@@ -11,11 +11,14 @@ from helpers.mp import mpiexec
 
 from commrt.algorithms import Auto
 from commrt.algorithms.auto_learn import (
+    MAX_BLOCK_CALLS,
+    MIN_BLOCK_CALLS,
     RECHECK_MAX_S,
     RECHECK_MIN_CALLS,
     RECHECK_S,
     Tuning,
     agreed_time,
+    block_time,
 )
 from commrt.tuning.memory import AutoMemory
 from commrt.tuning.probe import ProbeResult
@@ -58,12 +61,12 @@ def test_a_choice_within_its_margin_is_kept_without_a_trial():
 
 
 def test_a_miss_tries_the_runner_up_beside_the_choice_and_keeps_the_faster():
-    t = unpaced("ring", predicted_s=1.0, runner_up="torus2d(4x2)", window=3, warmup=1)
+    t = unpaced("ring", predicted_s=1.0, runner_up="torus2d(4x2)", window=3, warmup=1, block=1)
     feed(t, [9.0, 1.3, 1.4, 1.3])  # median 1.3 > (1 + MARGIN) × predicted
     assert (t.phase, t.running, t.chosen_s) == ("trial", "torus2d(4x2)", 1.3)
     tried, choice = "torus2d(4x2)", "ring"
     turns = play(t, {tried: 1.0, choice: 1.5})
-    # passes of blocks, each rotated by one: a warm-up then ⌈3 / 3⌉ timed call each, and
+    # passes of blocks, each rotated by one: a warm-up then one timed call each, and
     # an untimed call after a pass's last block
     assert turns == [tried, tried, choice, choice, choice, choice, choice, tried, tried, tried]
     # after one block each nothing is out (one block may have stalled); after two, the
@@ -73,7 +76,7 @@ def test_a_miss_tries_the_runner_up_beside_the_choice_and_keeps_the_faster():
 
 
 def test_the_trial_runs_each_candidate_back_to_back_and_the_second_pass_rotated():
-    t = unpaced("rd", 1.0, "t4x2", others=("hd",), window=5, warmup=1, passes=3)
+    t = unpaced("rd", 1.0, "t4x2", others=("hd",), window=5, warmup=1, passes=3, block=2)
     feed(t, [9.0] + [3.0] * 5)
     block = lambda label: [(label, False)] + [(label, True)] * 2  # noqa: E731
     # and one untimed call after the last block: nothing timed sits just before the gather
@@ -88,7 +91,7 @@ def test_the_trial_runs_each_candidate_back_to_back_and_the_second_pass_rotated(
 
 
 def test_a_runner_up_that_is_slower_beside_the_choice_loses_the_trial():
-    t = unpaced("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1)
+    t = unpaced("ring", predicted_s=1.0, runner_up="hd", window=2, warmup=0, margin=0.1, block=1)
     feed(t, [2.0, 2.0])  # baseline
     # hd, ring, then ring untimed; ring, hd, hd untimed; hd, ring, ring untimed
     feed(t, [2.5, 2.1, 9.0, 2.0, 2.6, 9.0, 2.0, 2.2, 9.0])
@@ -116,7 +119,9 @@ def test_a_sure_loser_left_out_of_the_price_table_is_still_the_runner_up():
 
 
 def test_contenders_near_the_choice_are_tried_in_turns_and_the_fastest_kept():
-    t = unpaced("rd", 1.0, "t4x2", runner_predicted_s=1.05, others=("hd",), window=2, warmup=1)
+    t = unpaced(
+        "rd", 1.0, "t4x2", runner_predicted_s=1.05, others=("hd",), window=2, warmup=1, block=1
+    )
     feed(t, [9.0, 1.0, 1.0])  # a close call: tried although the choice met its prediction
     turns = play(t, {"t4x2": 1.25, "hd": 0.75, "rd": 1.05})
     # a warm-up and one timed call each: t4x2, hd, rd, then hd, rd, t4x2 (rotated), each
@@ -201,13 +206,13 @@ def test_a_block_is_timed_by_its_slowest_ranks_mean_call_not_its_median_call():
     # a torus grid at 1 MiB on 4 × 2 hosts: calls alternating fast and slow had a median
     # of 20-26 ms and a mean of 28-35, beside a steady 20 ms grid; back to back, the mean
     # is what a kept schedule costs
-    t = unpaced("bursty", 1.0, "steady", window=6, warmup=0, passes=2)
+    t = unpaced("bursty", 1.0, "steady", window=6, warmup=0, passes=2, block=3)
     feed(t, [3.0] * 6)
     calls = {"bursty": [1.0, 1.0, 4.0], "steady": [1.5, 1.5, 1.5]}
     feed(t, [calls[label][i % 3] for i, (label, _) in enumerate(t.trial_plan())])
     assert t.trial_s == {"steady": 1.5, "bursty": 2.0}
     # the slowest rank's mean: rank 1 is slow in this pass
-    u = unpaced("a", 1.0, "b", window=2, warmup=0, passes=2)
+    u = unpaced("a", 1.0, "b", window=2, warmup=0, passes=2, block=1)
     feed(u, [3.0, 3.0])
     u.calls = len(u.trial_plan())
     u.times = [1.0, 2.0]  # this rank: b, a (one call a block)
@@ -215,10 +220,28 @@ def test_a_block_is_timed_by_its_slowest_ranks_mean_call_not_its_median_call():
     assert u.trial_s == {"b": 3.0, "a": 4.0}
 
 
+def test_cheap_calls_get_longer_blocks_whose_descheduled_calls_are_left_out():
+    # gloo at p = 2 on 2 cores, 8 B: 0.45 ms a call, and 7 % of the calls took 10-15x that;
+    # in a block of two timed calls one such call decided the block
+    blocks = {}
+    for call_s in (1e-5, 4.5e-4, 1e-3, 1.0):
+        t = unpaced("rd", call_s / 2, "ring", window=5, warmup=1)
+        feed(t, [9.0] + [call_s] * 5)  # a miss: a trial
+        blocks[call_s] = [x for x, _ in t.trial_plan()].count("ring") - t.warmup
+    assert blocks == {1e-5: MAX_BLOCK_CALLS, 4.5e-4: 5, 1e-3: MIN_BLOCK_CALLS, 1.0: 3}
+    # a rank's call over OUTLIER x its median is left out, at most a quarter of them
+    assert block_time([[1.0, 1.0, 12.0, 1.0, 1.0], [1.0] * 5]) == 1.0
+    assert block_time([[1.0, 12.0, 1.0, 13.0, 1.0]]) == pytest.approx(15 / 4)
+    # a schedule whose calls alternate fast and slow keeps its slow ones: that is its pace
+    assert block_time([[1.0, 1.0, 4.0] * 2]) == 2.0
+    # two calls: nothing left out (the median of the blocks is the guard there)
+    assert block_time([[1.0, 12.0]]) == 6.5
+
+
 def test_cheap_calls_get_more_passes_and_one_stalled_block_decides_nothing():
     # 64 KiB on 2 × 2 hosts: with two blocks each, one stall made a 3 ms schedule's trial
     # time 16.6 ms and auto kept one 2.1× slower
-    t = unpaced("rd", 0.010, "t2x2", window=5, warmup=1, budget_s=0.25)
+    t = unpaced("rd", 0.010, "t2x2", window=5, warmup=1, budget_s=0.25, block=2)
     feed(t, [1.0] + [0.003] * 5)  # a miss: 3 ms a call, 9 ms a block: 27 fit, 6 passes
     assert (t.phase, t.trial_passes) == ("trial", 6)
     assert [x for x, _ in t.trial_plan()] == ["t2x2"] * 3 + ["rd"] * 3 + ["rd"]
@@ -239,7 +262,7 @@ def test_cheap_calls_get_more_passes_and_one_stalled_block_decides_nothing():
 def test_a_close_trial_runs_on_to_its_most_passes_and_keeps_the_leader():
     # 4 × 2 hosts at 1 MiB: the fastest schedule (20 ms back to back) measured 28 ms in
     # one pass, beside the choice's 27.9, and was not kept
-    t = unpaced("t4x2", 40.0, "t2x4", others=("hd",), window=3, warmup=0, passes=3)
+    t = unpaced("t4x2", 40.0, "t2x4", others=("hd",), window=3, warmup=0, passes=3, block=1)
     feed(t, [25.0] * 3)  # baseline: far below its prediction, a miss
     trial = {"t2x4": [20.0, 21.0, 27.9], "hd": [33.0, 34.0, 33.5], "t4x2": [29.0, 30.0, 28.0]}
     while t.phase == "trial":
@@ -318,7 +341,7 @@ def test_a_kept_schedule_that_slowed_past_its_rival_meets_it_again_on_fresh_bloc
 def test_a_recheck_times_the_overturned_model_choice_afresh_where_that_is_cheap():
     # 4 × 2 hosts at 64 KiB on a loaded machine: recursive doubling (the model's choice)
     # timed 27 ms in every pass of its trial, 12 ms afterwards; hd was kept at 22 ms
-    t = unpaced("rd", 0.008, "hd", window=5, warmup=1, recheck_after_s=1.0)
+    t = unpaced("rd", 0.008, "hd", window=5, warmup=1, recheck_after_s=1.0, block=2)
     feed(t, [1.0] + [0.02] * 5)
     play(t, {"rd": 0.027, "hd": 0.022})
     assert (t.phase, t.kept, t.lost) == ("settled", "hd", {})
