@@ -18,12 +18,12 @@ ones (the first call of a schedule compiles its plan and allocates scratch):
    :data:`MIN_BLOCK_CALLS` to :data:`MAX_BLOCK_CALLS`), each pass's order rotated by one, and
    one untimed call after its last block (see :meth:`Tuning._lay_out`: with more ranks than
    cores the block just before the gather measured 3-5x slower). A block's time is its
-   slowest rank's mean call (:func:`block_time`): the throughput of back-to-back calls (a
-   median of single calls favours a schedule whose calls alternate fast and slow), less the
-   calls over :data:`OUTLIER` × that rank's median, at most a quarter of them: those in which
-   a rank was descheduled (on 2 cores, 7 % of 8 B calls over gloo took 10-15x the median). A
-   candidate's time is the median of its blocks, so that one block with more such calls
-   than were left out decides nothing either. After each pass (one gather):
+   slowest rank's mean call (:mod:`~commrt.algorithms.auto_times`): the throughput of
+   back-to-back calls (a median of single calls favours a schedule whose calls alternate
+   fast and slow), less the calls over ``OUTLIER`` × that rank's median, at most a quarter:
+   those in which a rank was descheduled (on 2 cores, 7 % of 8 B calls over gloo took 10-15x
+   the median). A candidate's time is the median of its blocks, so that one block with more
+   such calls than were left out decides nothing either. After each pass (one gather):
 
    * a candidate that lost to the leader by a wide margin, even its fastest of two blocks or
      more over :data:`WIDE` × the leader's median, is out, and is never tried again for that
@@ -67,30 +67,13 @@ import statistics
 from dataclasses import dataclass, field
 
 from commrt import settings
+from commrt.algorithms.auto_times import agreed_time, block_time
 
 __all__ = [
-    "MARGIN",
-    "WINDOW",
-    "WARMUP",
-    "CONTENDERS",
-    "TRIAL_PASSES",
-    "BLOCK_S",
-    "MIN_BLOCK_CALLS",
-    "MAX_BLOCK_CALLS",
-    "OUTLIER",
-    "TRIAL_BUDGET_S",
-    "MAX_TRIAL_PASSES",
-    "RECHECK_S",
-    "RECHECK_MAX_S",
-    "RECHECK_MIN_CALLS",
-    "WIDE",
-    "EXPLORE",
-    "MAX_HOLD",
-    "Tuning",
-    "calls_to_settle",
-    "block_time",
-    "agree",
-]
+    "MARGIN", "WINDOW", "WARMUP", "CONTENDERS", "TRIAL_PASSES", "BLOCK_S", "MIN_BLOCK_CALLS",
+    "MAX_BLOCK_CALLS", "TRIAL_BUDGET_S", "MAX_TRIAL_PASSES", "RECHECK_S", "RECHECK_MAX_S",
+    "RECHECK_MIN_CALLS", "WIDE", "EXPLORE", "MAX_HOLD", "Tuning", "calls_to_settle", "agree",
+]  # fmt: skip
 
 #: a choice that measures more than this fraction above its prediction gets its runner-up
 #: tried. The goal is to be within 1.1× of the fastest candidate: a choice slower than its
@@ -104,36 +87,25 @@ WARMUP = 1
 #: at least
 TRIAL_PASSES = 3
 BLOCK_S = settings.Seconds(
-    0.002,
-    "a trial block's timed calls take about this long at the baseline's time a call (so that "
-    "where calls are cheap, leaving out the descheduled ones still leaves a mean)",
-    "`auto`'s learning",
-    settings.AUTO,
-)
+    0.002, "a trial block's timed calls take about this long at the baseline's time a call (so "
+    "that where calls are cheap, leaving out the descheduled ones still leaves a mean)",
+    "`auto`'s learning", settings.AUTO,
+)  # fmt: skip
 #: timed calls of a trial block, at least (its slowest is left out) and at most
 MIN_BLOCK_CALLS = 3
 MAX_BLOCK_CALLS = 12
-#: a call over this many times its block's median (on its rank) is one in which a rank was
-#: descheduled, left out of the block's time: on 2 cores those took 10-15x the median, while
-#: a schedule whose calls alternate fast and slow by its own nature measured at most 2x
-OUTLIER = 4.0
 TRIAL_BUDGET_S = settings.Seconds(
-    0.25,
-    "a trial takes more passes while a candidate's blocks take at most this long",
-    "`auto`'s learning",
-    settings.AUTO,
-)
+    0.25, "a trial takes more passes while a candidate's blocks take at most this long",
+    "`auto`'s learning", settings.AUTO,
+)  # fmt: skip
 MAX_TRIAL_PASSES = 6
 #: the trial also runs every candidate predicted within this factor of the choice: where
 #: the model errs by tens of percent its order among them says little
 CONTENDERS = 1.5
 RECHECK_S = settings.Seconds(
-    2.0,
-    "seconds of a settled size's calls before its kept schedule is timed again; doubling after "
-    "each recheck that keeps it",
-    "`auto`'s learning",
-    settings.AUTO,
-)
+    2.0, "seconds of a settled size's calls before its kept schedule is timed again; doubling "
+    "after each recheck that keeps it", "`auto`'s learning", settings.AUTO,
+)  # fmt: skip
 RECHECK_MAX_S = settings.Seconds(
     64.0, "the longest time between two rechecks", "`auto`'s learning", settings.AUTO
 )
@@ -514,27 +486,6 @@ def calls_to_settle(candidates: int) -> int:
     the longest hold."""
     block = WARMUP + MAX_BLOCK_CALLS
     return MAX_HOLD + WARMUP + WINDOW + MAX_TRIAL_PASSES * (MAX_HOLD + block * candidates + 1)
-
-
-def block_time(table) -> float:
-    """A block of back-to-back calls' time a call (``table``: one row of times per rank):
-    the slowest rank's mean call, less each rank's calls over :data:`OUTLIER` × its median
-    (those in which it or a peer was descheduled), at most a quarter of them (at least one,
-    where it has three calls or more)."""
-
-    def trimmed(row):
-        most = max(1, len(row) // 4) if len(row) >= 3 else 0
-        bound = OUTLIER * statistics.median(row)
-        drop = min(most, sum(t > bound for t in row))
-        return statistics.fmean(sorted(row)[: len(row) - drop])
-
-    return max(trimmed(row) for row in table)
-
-
-def agreed_time(table) -> float:
-    """Per call the slowest rank's seconds, then the median over the calls (``table``: one
-    row of times per rank)."""
-    return statistics.median(max(col) for col in zip(*table))
 
 
 def agree(comm, tuning: Tuning) -> list[list[float]]:

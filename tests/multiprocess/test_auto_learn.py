@@ -17,9 +17,8 @@ from commrt.algorithms.auto_learn import (
     RECHECK_MIN_CALLS,
     RECHECK_S,
     Tuning,
-    agreed_time,
-    block_time,
 )
+from commrt.algorithms.auto_times import agreed_time, block_time
 from commrt.tuning.memory import AutoMemory
 from commrt.tuning.probe import ProbeResult
 from commrt.tuning.probe_checks import ALPHA_BOUND_S, ProbeWarning, conservative, problems
