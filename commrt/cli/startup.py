@@ -56,7 +56,8 @@ class Startup:
                 # named once the start-up is slow_s old, if it still runs then
                 delay = max(0.0, self.launched + self.slow_s - time.time())
                 self._timer = threading.Timer(delay, self._name_it, args=(len(self.phases),))
-                self._timer.daemon = True  # never holds the exit (end() cancels it anyway)
+                # never holds the exit (end() cancels it anyway): threads.DAEMONS
+                self._timer.daemon, self._timer.name = True, "commrt-startup-note"
                 self._timer.start()
 
     def end(self, now: float | None = None) -> float:

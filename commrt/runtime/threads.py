@@ -22,8 +22,12 @@ MPI's local size) and nobody set ``OMP_NUM_THREADS``, it gives each rank
 does not say (``torch.multiprocessing.spawn`` with ``rank=`` and
 ``world_size=``), nothing changes: set it yourself.
 
-Also here: :func:`background_thread`, the threads commrt runs beside the
-program (the stall watch, backup workers' heartbeat and waiter).
+Also here: the rule for the threads commrt runs beside the program (the
+stall watch, backup workers' heartbeat and waiter, the progress and call
+threads): each is a :func:`background_thread`, not a daemon, and its loop
+ends once the program does. The exemptions, the daemon threads, are listed
+in :data:`DAEMONS` with the reason each has (tests/unit/test_house.py holds
+every thread commrt makes to the rule or to that list).
 """
 
 from __future__ import annotations
@@ -93,6 +97,34 @@ def fit_torch_threads(local_size: int | None, env: Mapping[str, str] | None = No
         stacklevel=3,
     )
     return n
+
+
+#: The rule's exemptions: commrt's daemon threads, by name (a name ending in "-" is a
+#: prefix), and why each is one. A daemon thread that comes back from C++ while the
+#: interpreter shuts down aborts the process (:func:`background_thread`); a non-daemon one
+#: holds the exit until it ends. So a thread is a daemon only where holding the exit would be
+#: worse (it may sit in a call that never returns) or where it never calls into C++.
+DAEMONS = {
+    "commrt-watchdog": "watches a guarded NCCL call past its deadline, then ends the process "
+    "if the abort does not free it: it must run while the main thread is stuck in C++ for "
+    "good, and never hold an exit (commrt.transports.watchdog)",
+    "commrt-watchdog-abort": "calls ncclCommAbort, which can hang: a non-daemon would hold the "
+    "exit forever (commrt.transports.watchdog)",
+    "commrt-bounded-": "runs ncclCommAbort or ncclCommDestroy within a bound and is given up on "
+    "past it; still stuck, it must not hold the exit (commrt.transports.bounded)",
+    "commrt-sigterm": "reads SIGTERM's wake-up byte from a pipe: in no C++ call, and it must "
+    "not hold the exit (commrt.runtime.elastic)",
+    "commrt-startup-note": "a timer that names a slow start-up's phase: a print, no C++; "
+    "cancelled when the start-up ends (commrt.cli.startup)",
+}
+
+
+def daemon_reason(name: str) -> str | None:
+    """Why the thread named ``name`` may be a daemon (:data:`DAEMONS`), or None: it may not."""
+    for key, why in DAEMONS.items():
+        if name == key or (key.endswith("-") and name.startswith(key)):
+            return why
+    return None
 
 
 def background_thread(target: Callable[[], None], name: str) -> threading.Thread:

@@ -65,7 +65,7 @@ def call_bounded(fn: Callable[[], object], seconds: float, what: str) -> bool:
     if sys.is_finalizing():  # a thread started now never runs (Python 3.11 waits for it)
         return False
     try:
-        threading.Thread(target=run, name=f"commrt-{what}", daemon=True).start()
+        threading.Thread(target=run, name=f"commrt-bounded-{what}", daemon=True).start()
     except RuntimeError:  # "can't create new thread at interpreter shutdown" (3.12)
         return False
     if not done.wait(seconds):

@@ -627,3 +627,85 @@ def test_no_transport_is_told_by_its_name():
         if rel != "commrt/runtime/choice.py" and (n := names_compared(path.read_text("utf-8"))):
             found[rel] = n
     assert found == {}
+
+
+def _thread_sites() -> list[tuple[str, ast.Call, str | None, object]]:
+    """Every ``threading.Thread(...)`` / ``threading.Timer(...)`` the library makes, as
+    (module, call, its name's fixed part, its daemon flag): the name from ``name=`` (an
+    f-string's leading text) or a later ``X.name = "..."`` in the same function; the flag
+    from ``daemon=`` or a later ``X.daemon = ...`` there (None: neither)."""
+
+    def text(node):
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.JoinedStr) and isinstance(node.values[0], ast.Constant):
+            return node.values[0].value
+        return None
+
+    sites = []
+    for mod, tree in TREES.items():
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            later = {}  # attribute assignments in this function: "name"/"daemon" -> value
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Tuple):
+                    pairs = zip(node.targets[0].elts, getattr(node.value, "elts", []))
+                elif isinstance(node, ast.Assign):
+                    pairs = [(node.targets[0], node.value)]
+                else:
+                    continue
+                for target, value in pairs:
+                    if isinstance(target, ast.Attribute) and target.attr in ("name", "daemon"):
+                        later[target.attr] = value
+            for node in ast.walk(fn):
+                f = node.func if isinstance(node, ast.Call) else None
+                is_thread = isinstance(f, ast.Attribute) and f.attr in ("Thread", "Timer")
+                if not (is_thread and getattr(f.value, "id", None) == "threading"):
+                    continue
+                kw = {k.arg: k.value for k in node.keywords}
+                name = text(kw.get("name", later.get("name")))
+                flag = kw.get("daemon", later.get("daemon"))
+                sites.append((mod, node, name, getattr(flag, "value", flag)))
+    return sites
+
+
+def test_every_thread_follows_the_thread_rule_or_is_a_named_exemption():
+    # commrt.runtime.threads: a thread beside the program is a background_thread (not a
+    # daemon); a daemon is one of DAEMONS, whose reason says why
+    from commrt.runtime.threads import DAEMONS, daemon_reason
+
+    sites = _thread_sites()
+    assert len(sites) >= 6, sites  # background_thread's, and the daemons'
+    used = set()
+    for mod, call, name, daemon in sites:
+        where = _where(mod, call)
+        if mod == "commrt.runtime.threads":
+            assert daemon is False, f"{where}: background_thread makes a non-daemon"
+            continue
+        assert daemon is True, f"{where}: a thread not made by background_thread is a daemon"
+        assert name is not None and daemon_reason(name), (
+            f"{where}: daemon thread {name!r} is not one of commrt.runtime.threads.DAEMONS"
+        )
+        used |= {k for k in DAEMONS if name == k or (k.endswith("-") and name.startswith(k))}
+    assert used == set(DAEMONS), f"exemptions no thread has: {set(DAEMONS) - used}"
+
+
+def test_the_thread_rule_check_finds_an_unlisted_daemon():
+    tree = ast.parse(
+        "import threading\n"
+        "def f():\n"
+        "    threading.Thread(target=f, name=f'commrt-x{1}', daemon=True).start()\n"
+        "    t = threading.Timer(1, f)\n"
+        "    t.daemon, t.name = True, 'commrt-startup-note'\n"
+    )
+    TREES["probe"] = tree
+    try:
+        found = {(n, d) for m, _, n, d in _thread_sites() if m == "probe"}
+    finally:
+        del TREES["probe"]
+    from commrt.runtime.threads import daemon_reason
+
+    assert found == {("commrt-x", True), ("commrt-startup-note", True)}
+    assert daemon_reason("commrt-x") is None and daemon_reason("commrt-startup-note")
+    assert daemon_reason("commrt-bounded-nccl-abort") and daemon_reason("commrt-bounded") is None
