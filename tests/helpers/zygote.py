@@ -223,7 +223,11 @@ def _fork_one(listener: socket.socket, ranks: dict):
     except (ConnectionError, ValueError):
         conn.close()
         return None
-    if not _forkable(request["env"]):
+    try:
+        pid = os.fork() if _forkable(request["env"]) else None
+    except OSError:  # no memory or processes left to fork with: the shim runs it fresh
+        pid = None
+    if pid is None:
         try:
             conn.sendall(_INT.pack(REFUSED))
         except OSError:
@@ -232,7 +236,6 @@ def _fork_one(listener: socket.socket, ranks: dict):
         for fd in fds:
             os.close(fd)
         return None
-    pid = os.fork()
     if pid == 0:
         listener.close()
         for c in ranks:
