@@ -9,7 +9,8 @@ Per transport and size, in rounds that alternate the sides (every other round in
 order, so that a drift in the machine's load meets all alike):
 
 * every fixed candidate ``auto`` chooses among (:func:`commrt.algorithms.auto.candidates`):
-  a warm-up call, then ``iters`` calls back to back (``commrt bench allreduce``'s count);
+  a warm-up call, then ``iters`` calls back to back (``commrt bench allreduce``'s count), or
+  as many more as take :data:`MIN_ROUND_S` (see there);
 * ``auto`` settled: the same, once it has settled for the size (it learns first, untimed);
 * ``auto`` as a user's first calls see it: everything ``auto`` learned on the communicator
   forgotten (the probe too) before each round, then a warm-up call (which probes, as the
@@ -30,6 +31,7 @@ of the second job's forgets the first only.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
 import statistics
@@ -49,6 +51,10 @@ from commrt.tuning.memory import AutoMemory
 
 #: calls of the first-calls figure: a user's ``--repeats 5`` runs of ``--iters`` calls
 FIRST_RUNS = 5
+#: a round of a fixed algorithm or of settled ``auto`` takes at least this long: over gloo on
+#: 2 cores whole stretches of ~10 ms ran 2-4x slower, and 50 calls of 0.4 ms are 20 ms, so
+#: the same schedule measured 1.8x apart in two sides' rounds; in 0.2 s rounds, 1.02-1.13x
+MIN_ROUND_S = 0.2
 
 
 def _round(comm, call, calls: int) -> float:
@@ -94,6 +100,11 @@ def measure(comm, nbytes: int, rounds: int) -> dict:
         run(settled)()
         if comm.slots.auto_tuning[key].phase == "settled":
             break
+    # the settled sides' calls a round: at least MIN_ROUND_S at settled auto's pace (agreed:
+    # the slowest rank's count)
+    pace = _round(comm, run(settled), iters)
+    want = max(iters, math.ceil(MIN_ROUND_S / max(pace, 1e-9)))
+    steady = int(commrt.all_reduce(torch.tensor([float(want)]), comm, op="max").item())
     sides = {name: run(a) for name, a in fixed.items()}
     sides["auto settled"] = run(settled)
     learners = {"auto first calls": first, "auto second job": second}
@@ -110,11 +121,11 @@ def measure(comm, nbytes: int, rounds: int) -> dict:
                 times[name].append(_round(comm, run(alg), FIRST_RUNS * iters))
             else:
                 sides[name]()  # warm-up (a memo the first-calls side dropped)
-                times[name].append(_round(comm, sides[name], iters))
+                times[name].append(_round(comm, sides[name], steady))
     # rank 0 prints its own medians (the ranks ran every round together)
     med = {name: statistics.median(t) for name, t in times.items()}
     kept = comm.slots.auto_tuning[key].kept
-    return {"median": med, "kept": kept, "iters": iters, "fixed": list(fixed)}
+    return {"median": med, "kept": kept, "iters": iters, "steady": steady, "fixed": list(fixed)}
 
 
 def table(transport: str, p: int, rows: list[tuple[int, dict]]) -> str:
