@@ -85,6 +85,11 @@ dropped, and its bound.
     ``auto``'s first call (one per communicator), and the sizes that started from
     one (the model's choice for each). Dropped with the communicator; the file
     itself is bounded (512 entries, 7 days).
+``comm.slots.row_tables`` (:mod:`commrt.runtime.rows`)
+    Keyed on (row length, dtype). Holds the p-row table a row gather reduces in
+    (``auto``'s timings, the probe's, consensus reports), so that its executor
+    binding is made once. Zeroed at each gather; dropped with the communicator,
+    the least recently made past 8.
 ``comm.slots.probe``, ``comm.slots.node_layout`` (:mod:`commrt.tuning`)
     The measured network model and the agreed ranks per node, made by the first
     collective that asks; ``probe(comm, force=True)`` measures again. One each.

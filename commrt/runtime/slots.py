@@ -41,6 +41,9 @@ class CommSlots:
     backup_instances: int = 0
     #: commrt.collectives.core: call signatures all ranks agreed on (each checked on first use)
     agreed_calls: set = field(default_factory=set)
+    #: commrt.runtime.rows: (row length, dtype) -> the table gather() reduces rows in, kept
+    #: so that its binding is made once (at most rows.TABLES_KEPT)
+    row_tables: dict = field(default_factory=dict)
     #: commrt.collectives.reductions: the dtypes each op reduces (None: commrt's own; gloo's
     #: on a torch.distributed group's communicator)
     dtype_rules: object | None = None
