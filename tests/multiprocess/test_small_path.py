@@ -12,6 +12,7 @@ from helpers.local_transport import run_ranks
 from helpers.mp import mpiexec
 
 import commrt
+from commrt.algorithms import resolve
 from commrt.errors import CommTimeoutError
 from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 from commrt.schedule.bindings import Bindings
@@ -75,7 +76,7 @@ def test_a_repeated_call_skips_bind_and_a_changed_buffer_does_not():
 def test_the_memo_never_runs_a_binding_the_cache_freed():
     def body(tr):
         ex = Executor()
-        sched = commrt.algorithms.resolve("rd").schedule(2)
+        sched = resolve("rd").schedule(2)
         x = torch.full((3,), float(tr.rank + 1))
         ex.run(sched, x, tr, timeout=10)
         # 40 other bindings push x's, the memo's, out of the LRU (its requests are freed)
@@ -103,7 +104,7 @@ def test_small_cpu_adds_match_torch_bit_for_bit(dtype, n):
 
     def body(tr):
         x = xs[tr.rank].clone()
-        Executor().run(commrt.algorithms.resolve("rd").schedule(2), x, tr, timeout=10)
+        Executor().run(resolve("rd").schedule(2), x, tr, timeout=10)
         return x
 
     for out in run_ranks(2, body):
@@ -126,7 +127,7 @@ def test_small_cpu_pieces_are_added_by_numpy_large_ones_by_torch(monkeypatch):
     monkeypatch.setattr(ex_mod, "np", _Numpy)
 
     def body(tr):
-        ex, sched = Executor(), commrt.algorithms.resolve("rd").schedule(2)
+        ex, sched = Executor(), resolve("rd").schedule(2)
         small, large = torch.ones(2), torch.ones(40000)
         ex.run(sched, small, tr, timeout=10)
         ex.run(sched, large, tr, timeout=10)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers.local_transport import run_ranks
 
-from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring
+from commrt.algorithms import HalvingDoubling, RecursiveDoubling, Ring, resolve
 from commrt.errors import CommError, CommTimeoutError
 from commrt.schedule import Collective
 from commrt.schedule.executor import Executor
@@ -258,10 +258,8 @@ def test_a_dead_owners_binding_is_freed_by_the_next_run_even_one_without_an_owne
     import gc
     import weakref
 
-    import commrt
-
     def body(tr):
-        ex, sched = Executor(), commrt.algorithms.resolve("rd").schedule(2)
+        ex, sched = Executor(), resolve("rd").schedule(2)
         x = torch.ones(1000)
         ex.run(sched, x, tr, 10.0, 4 << 20, None, None, None, x)
         storage = weakref.ref(x.untyped_storage())
