@@ -76,6 +76,19 @@ def rank_zygote(tmp_path_factory):
     zygote.stop(proc)
 
 
+@pytest.fixture(autouse=True)
+def start_up_variables(rank_zygote):
+    """After each test, this process's start-up variables as they were when its zygote
+    started, so that a variable an imported module set does not stop every later rank
+    from being forked (:func:`helpers.zygote.put_back` says which and why)."""
+    from helpers import zygote
+
+    start = zygote.start_vars(os.environ) if rank_zygote is not None else None
+    yield
+    if start is not None and zygote.start_vars(os.environ) != start:
+        zygote.put_back(start)
+
+
 @pytest.fixture
 def netns_cluster():
     """Make namespace hosts (tools/netns.py): ``netns_cluster(hosts, rate="1gbit")``.

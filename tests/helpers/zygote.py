@@ -117,13 +117,29 @@ def stop(proc) -> None:
 # ------------------------------------------------------------------ the zygote
 
 
+def start_vars(env) -> dict:
+    """The variables of ``env`` that a forked rank could not change (:data:`AT_START`)."""
+    return {k: v for k, v in env.items() if k.startswith(AT_START) and k not in PER_RANK}
+
+
+def put_back(start: dict) -> None:
+    """Give this (pytest) process's start-up variables the values ``start`` holds
+    (:func:`start_vars` of its environment when its zygote started).
+
+    Why: a module a test imports may set one for good (``import sklearn`` sets
+    ``KMP_DUPLICATE_LIB_OK`` and ``KMP_INIT_AT_FORK``). The ranks started after it would
+    carry it, the zygote would refuse each one, and every later rank of that pytest
+    process would pay a fresh interpreter's start: in one CI run that tripled the suite's
+    time. The variable only matters to a process that starts after it is set, and this
+    one has started."""
+    for k in start_vars(os.environ).keys() - start.keys():
+        del os.environ[k]
+    os.environ.update(start)
+
+
 def _forkable(env: dict) -> bool:
     """Whether a rank with ``env`` may be forked from this process (started with its own
     environment): the variables read at start-up are the same."""
-
-    def start_vars(e):
-        return {k: v for k, v in e.items() if k.startswith(AT_START) and k not in PER_RANK}
-
     return start_vars(env) == start_vars(os.environ)
 
 

@@ -157,3 +157,20 @@ def test_a_zygote_that_ended_early_is_an_error_when_it_is_stopped(monkeypatch, t
     proc.wait(30)
     with pytest.raises(RuntimeError, match="ended early"):
         zygote.stop(proc)
+
+
+def test_a_start_up_variable_an_import_set_is_put_back_and_ranks_fork_again(
+    own_zygote, worker, monkeypatch
+):
+    # `import sklearn` sets KMP_DUPLICATE_LIB_OK and KMP_INIT_AT_FORK in os.environ: every
+    # rank started afterwards carried them, and the zygote refused it (a fresh interpreter)
+    import json
+
+    start = zygote.start_vars(os.environ)
+    monkeypatch.setitem(os.environ, "KMP_INIT_AT_FORK", "FALSE")  # undone at the end anyway
+    refused = json.loads(_run(zygote.command(worker)).stdout)
+    assert refused["ppid"] == os.getpid(), "forked although its start-up variables differ"
+    zygote.put_back(start)  # what conftest's start_up_variables does after each test
+    assert zygote.start_vars(os.environ) == start
+    forked = json.loads(_run(zygote.command(worker)).stdout)
+    assert forked["ppid"] == own_zygote.pid
