@@ -78,8 +78,8 @@ def rank_zygote(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def start_up_variables(rank_zygote):
-    """After each test, this process's start-up variables as they were when its zygote
-    started, so that a variable an imported module set does not stop every later rank
+    """After each test, this process's start-up variables as they were before it (so, from
+    the first test on, as its zygote started with them), so that a variable an imported module set does not stop every later rank
     from being forked (:func:`helpers.zygote.put_back` says which and why)."""
     from helpers import zygote
 
