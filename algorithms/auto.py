@@ -75,7 +75,7 @@ def candidates(world_size: int, fused: bool = False) -> list[Algorithm]:
     128).
 
     ``fused``: the transport runs a one-shot all-reduce whole
-    (:attr:`~commrt.transports.base.Transport.fuses_one_shot`, ``cuda_ipc``): then, up to
+    (:attr:`~commrt.transports.base.Traits.fuses_one_shot`, ``cuda_ipc``): then, up to
     :data:`ONE_SHOT_RANKS` ranks, the one-shot comes first. The model prices its steps,
     not the fusion (one wait per peer in place of a step's handshakes), so a tie goes to
     it; step by step it is no faster than recursive doubling, so it is left out there."""

@@ -47,7 +47,7 @@ class BareExecutor(Executor):
         bound, transport = run.bound, run.transport
         if not bound.member:
             return 0
-        if transport.stream_ordered or tracer is not None:
+        if transport.traits.stream_ordered or tracer is not None:
             return super()._run(run, buf, timeout, bucket, tracer, spin_s)
         for step in bound.steps:
             _run_step(step, time.monotonic() + timeout, run.schedule, timeout, bucket, spin_s)

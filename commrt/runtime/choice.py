@@ -16,9 +16,9 @@ so that they agree:
 Every text that says what ``auto`` picks (the command line's ``--help``, the
 README, the docs) is :func:`describe`, or is checked against it by a test.
 
-Adding a transport: a :class:`Backend` member, a line in :data:`ORDER` (where
-it ranks, in words) and its condition in :func:`fits`; a transport for CUDA
-tensors also joins :data:`CUDA_BACKENDS`.
+Adding a transport: a :class:`Backend` member, its traits in
+:mod:`commrt.transports.traits`, a line in :data:`ORDER` (where it ranks, in
+words) and its condition in :func:`fits`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import enum
 from dataclasses import dataclass
 
 from commrt import settings
+from commrt.transports import traits as engine
+from commrt.transports.traits import Traits
 
 
 class Backend(enum.Enum):
@@ -41,31 +43,40 @@ class Backend(enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-    # What a backend is, declared here once (as NCCL asks each transport canConnect), so
-    # that no caller compares a backend's name: a new backend states each of these.
+    # What a backend is: its engine's traits (commrt.transports.traits), the values its
+    # transport declares, read here before any transport is made, so that no caller
+    # compares a backend's name. A new backend declares them there.
+
+    @property
+    def traits(self) -> Traits:
+        """What its transport is (:class:`~commrt.transports.traits.Traits`)."""
+        return engine.BY_ENGINE[self.value]
 
     @property
     def moves_cuda(self) -> bool:
         """It moves CUDA tensors (and needs a GPU); the others move CPU tensors."""
-        return self in CUDA_BACKENDS
+        return self.traits.moves_cuda
 
     @property
     def started_by_mpiexec(self) -> bool:
         """Its ranks are mpiexec's processes: the command line starts them with mpiexec,
-        and a group on it must be mpiexec's whole world."""
-        return self is Backend.MPI
+        and a group on it must be mpiexec's whole world. The one fact of its transport's
+        ``meets_through_mpi``: ranks that meet through MPI's world must be its processes."""
+        return self.traits.meets_through_mpi
 
     @property
     def one_death_ends_all(self) -> bool:
         """A rank's death ends every rank (the mpich wheel's MPI does), so nothing that
         must go on past a dead rank runs on it, and no rank waits on a dead one to close."""
-        return self is Backend.MPI
+        return self.traits.one_death_ends_all
 
     @property
     def takes_a_replacement(self) -> bool:
         """A replacement process may rejoin a running job under a dead rank's ``RANK``
-        (``COMMRT_REJOIN=1``, ``commrt train --max-restarts``)."""
-        return self is Backend.GLOO
+        (``COMMRT_REJOIN=1``, ``commrt train --max-restarts``). The one fact of its
+        transport's ``survives_peer_death``: a replacement is only of use where the
+        survivors' reductions go on past the dead rank, and they do only there."""
+        return self.traits.survives_peer_death
 
 
 #: the launcher name of the command line's own ranks (``commrt train --nproc N``): all on
@@ -86,7 +97,7 @@ ORDER: tuple[tuple[Backend, str], ...] = (
 )
 
 #: the transports that move CUDA tensors; the others move CPU tensors
-CUDA_BACKENDS = frozenset({Backend.NCCL, Backend.CUDA_IPC})
+CUDA_BACKENDS = frozenset(b for b in Backend if b.moves_cuda)
 
 CUDA_TRANSPORTS = ("auto", "nccl", "cuda_ipc")
 

@@ -302,7 +302,7 @@ class _Stored:
 
 
 def _channel(transport):
-    if transport.pollable:
+    if transport.traits.pollable:
         return _Messages(transport)
     if transport.store is not None:
         return _Stored(transport)

@@ -448,7 +448,7 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
         declares(stall_s, comm.timeout),
     )  # fmt: skip
     watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it
-    mpi = comm.transport.meets_through_mpi
+    mpi = comm.transport.traits.meets_through_mpi
     watch.hosting = server is not None if mpi else comm.rank == 0
     if ends_job:
         guard_sigterm(watch)
@@ -463,7 +463,7 @@ def _store_address(comm):
     tcp = tcp_under(comm.transport.store)
     if tcp is not None:
         return tcp.host, tcp.port, None
-    if not comm.transport.meets_through_mpi:
+    if not comm.transport.traits.meets_through_mpi:
         return None
     world = mpi_world()
     host = os.environ.get("MASTER_ADDR") or "127.0.0.1"

@@ -55,7 +55,7 @@ class Bound:
     ``(plan step, prepared ops, ((receive index, sends to wait for first, apply), ...),
     the sends still to wait for after the last receive)``, where ``apply()`` adds or
     copies the received data into place (None: it was received in place, or added in as
-    it arrived, on a transport that :attr:`~commrt.transports.base.Transport.adds_on_receive`
+    it arrived, on a transport that :attr:`~commrt.transports.base.Traits.adds_on_receive`
     where no send or other receive of the step touches that range). ``sent_bytes`` is the
     run's constant.
     """
@@ -75,7 +75,7 @@ class Bound:
         self.member = transport.rank in schedule.ranks
         self.sent_bytes = plan.send_elems * buf.element_size()
         reducer = reducer or default_reduce
-        adding = transport.adds_on_receive and reducer is default_reduce
+        adding = transport.traits.adds_on_receive and reducer is default_reduce
         adding = adding and buf.device.type == "cpu" and buf.dtype in _NUMPY_ADD
         self.steps = []
         for sp in plan.steps:

@@ -147,7 +147,7 @@ class Executor:
             return 0
         pos = self.position  # a few attribute writes: no lock, no clock, no allocation
         pos.run, pos.bucket, pos.runs = run, bucket, pos.runs + 1
-        if run.transport.stream_ordered:
+        if run.transport.traits.stream_ordered:
             whole = run.transport.runs_whole(schedule, buf, run.reduce)
             return _run_ordered(pos, bound, buf, run.transport, timeout, bucket, tracer, whole)
         return _run_blocking(pos, bound, timeout, bucket, tracer, spin_s)

@@ -342,7 +342,7 @@ def _agreed_buckets(cfg: SyncConfig, named, comm, model, policy) -> list[Bucket]
     buckets = assign_buckets(
         named, int(cfg.bucket_mb * MB), int(cfg.first_bucket_mb * MB), cfg.element_size
     )
-    if comm.transport.rejoined:
+    if comm.transport.traits.rejoined:
         if not policy.can_rejoin:
             raise ValueError(
                 f"commrt: this process rejoined a running job (COMMRT_REJOIN=1), which "

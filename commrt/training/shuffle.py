@@ -196,7 +196,7 @@ class GossipShuffle:
         send_to, recv_from = self.peers(epoch)
         if k and send_to != comm.rank:
             self._swap = _Swap(self.comm, self._tensors, epoch, out_idx, send_to, recv_from)
-            if not self.overlap or comm.transport.stream_ordered:
+            if not self.overlap or comm.transport.traits.stream_ordered:
                 self._swap.wait()
         return self._iterate(order, batch_size, drop_last)
 
@@ -246,7 +246,7 @@ class _Swap:
             for t in tensors
         ]
         self.received = [t for t, _ in self.recvs]
-        blocking = comm.transport.stream_ordered
+        blocking = comm.transport.traits.stream_ordered
         if blocking:
             # NCCL: no other thread may enqueue a group meanwhile; let gradient work finish first
             comm.syncs.quiesce()

@@ -2,6 +2,8 @@
 
 * :mod:`~commrt.transports.base`: the interface every transport implements (grouped
   non-blocking point-to-point, wait, barrier);
+* :mod:`~commrt.transports.traits`: what each engine is (its stream, its waits, what it
+  survives), one frozen value each, read by the transports and the backend's choice alike;
 * :mod:`~commrt.transports.nccl`: NCCL through ``cupy.cuda.nccl``, started by
   :mod:`~commrt.transports.nccl_bootstrap` (which GPU, how ranks learn the unique id),
   calling what :mod:`~commrt.transports.nccl_module` declares of cupy's module (which a

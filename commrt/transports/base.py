@@ -13,11 +13,13 @@ import abc
 import contextlib
 import os
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
 
 from commrt import settings
+from commrt.transports.traits import Traits
 
 Pair = tuple[torch.Tensor, int]  # (contiguous tensor, peer rank)
 
@@ -163,41 +165,8 @@ class Transport(abc.ABC):
 
     #: "mpi", "gloo" or "nccl"
     name: str
-    #: True where the engine orders operations on a device stream (NCCL):
-    #: the executor then enqueues reductions after a receive without a host
-    #: wait, and only the final :meth:`Pending` completion is waited on.
-    stream_ordered: bool = False
-    #: True where a receive can be tested without blocking (MPI): a closing rank's
-    #: farewell then travels as a message; elsewhere through the store (commrt.runtime.departures)
-    pollable: bool = False
-    #: True where a wait whose deadline has already passed only tests the operation (an
-    #: MPI_Test; shm's and cuda_ipc's host counters: cuda_ipc issues a receive's copy only
-    #: once the data was sent): it neither blocks nor breaks anything, so a waiter may poll,
-    #: and a message may stay travelling past a deadline of the caller's (gossip's). NCCL's
-    #: posted receive holds its stream until the data comes and cannot be withdrawn
-    testable: bool = False
-    #: True for a replacement process that rejoined a running job (:class:`GlooRejoined`):
-    #: the job's group does not reach it, only groups made after it came back do
-    rejoined: bool = False
-    #: True where a wait that times out breaks the connection (gloo closes the pair, NCCL
-    #: aborts the communicator), so a wait must never be cut into short ones to look at
-    #: something else in between
-    waits_break_on_timeout: bool = False
-    #: True where the engine moves a message only inside its own calls (MPICH; cuda_ipc's
-    #: handshakes go through it): a rank that waits elsewhere must test its sends now and
-    #: then, or they never leave (backup workers' catch-up server does)
-    progress_in_calls: bool = False
-    #: True where a reduction that failed because a rank died can be redone among the
-    #: survivors on groups made afresh (gloo): backup workers' recovery needs it, and
-    #: elsewhere raises the failure instead
-    survives_peer_death: bool = False
-    #: True where the ranks met through MPI's world rather than a store (mpi): what they
-    #: agree on outside the transport (the stall watch's store, hosted by rank 0) is set up
-    #: through MPI
-    meets_through_mpi: bool = False
-    #: True where a receive can add its data into the destination as it arrives (shm):
-    #: the executor then skips the scratch buffer and its add (:meth:`prepare_adding`)
-    adds_on_receive: bool = False
+    #: what this transport is (:class:`Traits`); each transport class declares its own
+    traits: Traits = Traits()
     #: the rendezvous store (a ``torch.distributed.Store``) the transport was built from, or
     #: None where there is none (MPI, NCCL): a closing rank's farewell and the stall watch
     #: meet in it (commrt.runtime.departures, commrt.runtime.stall)
@@ -222,7 +191,7 @@ class Transport(abc.ABC):
     ) -> Prepared:
         """:meth:`prepare`, where receive ``i`` with ``adds[i]`` True adds its data into its
         tensor (elementwise, in the tensor's dtype) instead of overwriting it. Only
-        transports with :attr:`adds_on_receive` implement it."""
+        transports whose :attr:`Traits.adds_on_receive` is set implement it."""
         raise NotImplementedError(f"the {self.name} transport cannot add on receive")
 
     @abc.abstractmethod
@@ -246,9 +215,6 @@ class Transport(abc.ABC):
     def sync(self, deadline: float) -> bool:
         """For stream-ordered transports: wait (bounded) until enqueued work ran."""
         return True
-
-    #: whether :meth:`run_whole` runs a one-shot all-reduce whole (auto then weighs it)
-    fuses_one_shot = False
 
     def runs_whole(self, schedule, buf: torch.Tensor, reduce) -> bool:
         """Whether :meth:`run_whole` runs ``schedule`` on ``buf`` as one fused operation of
@@ -305,24 +271,18 @@ class Forwarding(Transport):
     :meth:`Transport.prepare`), not ``inner``'s prepared operations, so a wrapper that
     changes :meth:`exchange` changes every start; receives never add on arrival here."""
 
-    # every trait is read from ``inner``, as it is now: a wrapper changes operations, never
-    # what the transport is (a counted MPI transport still takes gossip's MPI path).
-    # adds_on_receive stays False: receives go through exchange() here, as the class says;
-    # fuses_one_shot too: runs_whole keeps its default, so the wrapper sees every message
+    # what the transport is, it stays through a wrapper: a wrapper changes operations (a
+    # counted MPI transport still takes gossip's MPI path), its name and store are inner's
     name = property(lambda self: self.inner.name)
-    stream_ordered = property(lambda self: self.inner.stream_ordered)
-    pollable = property(lambda self: self.inner.pollable)
-    testable = property(lambda self: self.inner.testable)
-    rejoined = property(lambda self: self.inner.rejoined)
-    waits_break_on_timeout = property(lambda self: self.inner.waits_break_on_timeout)
     store = property(lambda self: self.inner.store)
-    progress_in_calls = property(lambda self: self.inner.progress_in_calls)
-    survives_peer_death = property(lambda self: self.inner.survives_peer_death)
-    meets_through_mpi = property(lambda self: self.inner.meets_through_mpi)
 
     def __init__(self, inner: Transport):
         super().__init__(inner.rank, inner.world_size, inner.device)
         self.inner = inner
+        # inner's traits whole, but two of the wrapper's own: receives go through exchange()
+        # here, as the class says, so none adds on arrival; run_whole keeps its default, so
+        # the wrapper sees every message and never fuses the one-shot
+        self.traits = replace(inner.traits, adds_on_receive=False, fuses_one_shot=False)
 
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
         return self.inner.exchange(sends, recvs, tag)

@@ -60,6 +60,7 @@ import torch
 
 from commrt import settings
 from commrt.errors import CommError, CommTimeoutError
+from commrt.transports import traits as engine
 from commrt.transports.base import NATIVE_S, Pair, Pending, Transport, average_first, poll_until
 from commrt.transports.cuda_ipc_device import IpcDevice
 from commrt.transports.cuda_ipc_direct import SUMS, Workspace
@@ -174,12 +175,7 @@ class CudaIpcTransport(Transport):
     :func:`commrt.transports.cuda_ipc_connect.connect`, every rank together."""
 
     name = "cuda_ipc"
-    stream_ordered = True
-    testable = True
-    progress_in_calls = True
-    # device work cannot be withdrawn: a wait that times out breaks the transport
-    waits_break_on_timeout = True
-    fuses_one_shot = True
+    traits = engine.CUDA_IPC
     #: the store the ranks met through, and the prefix of this transport's keys in it
     #: (a rank that closed says so there); set by connect()
     store, keys = None, ""

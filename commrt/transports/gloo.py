@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from commrt.transports import traits as engine
 from commrt.transports.base import Pair, Pending, Transport, average_first
 
 
@@ -68,8 +69,7 @@ class GlooTransport(Transport):
     """Point-to-point over a ProcessGroupGloo built from ``store``."""
 
     name = "gloo"
-    waits_break_on_timeout = True
-    survives_peer_death = True
+    traits = engine.GLOO
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
         super().__init__(rank, world_size, torch.device("cpu"))
@@ -114,8 +114,7 @@ class GlooRejoined(Transport):
     after it came back."""
 
     name = "gloo"
-    rejoined = True
-    survives_peer_death = True
+    traits = engine.GLOO_REJOINED
 
     def __init__(self, rank: int, world_size: int):
         super().__init__(rank, world_size, torch.device("cpu"))

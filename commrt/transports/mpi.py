@@ -11,6 +11,7 @@ from typing import Sequence
 
 import torch
 
+from commrt.transports import traits as engine
 from commrt.transports.base import Pair, Pending, Prepared, Transport, average_first, poll_until
 
 
@@ -99,10 +100,7 @@ class MpiTransport(Transport):
     """Point-to-point over a private duplicate of an MPI communicator."""
 
     name = "mpi"
-    pollable = True
-    testable = True
-    progress_in_calls = True
-    meets_through_mpi = True
+    traits = engine.MPI
 
     def __init__(self, comm=None):
         MPI = load_mpi()

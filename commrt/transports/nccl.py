@@ -33,6 +33,7 @@ import torch
 
 from commrt.errors import CommError, CommTimeoutError
 from commrt.transports import bounded
+from commrt.transports import traits as engine
 from commrt.transports.base import ON_A_CPU, Pair, Pending, Transport, poll_until
 from commrt.transports.nccl_module import CupyNccl, NcclComm, NcclModule
 from commrt.transports.watchdog import Watchdog
@@ -215,11 +216,7 @@ class NcclTransport(Transport):
     """
 
     name = "nccl"
-    stream_ordered = True
-    # a wait that passes its deadline aborts the communicator (nothing can be cancelled), so
-    # a caller must never cut a long wait into short ones: a 0.25 s slice of a catch-up
-    # receive whose server sent a little later aborted it
-    waits_break_on_timeout = True
+    traits = engine.NCCL
     #: the NCCL communicator: None until made (also where __init__ failed before, which
     #: __del__ still sees) and after close
     comm: NcclComm | None = None

@@ -46,6 +46,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from commrt.transports import traits as engine
 from commrt.transports.base import (
     NATIVE_S,
     Pair,
@@ -145,9 +146,7 @@ class ShmTransport(Transport):
     :func:`connect`, which every rank calls together."""
 
     name = "shm"
-    pollable = True
-    testable = True
-    adds_on_receive = True
+    traits = engine.SHM
     #: the store the ranks met through (the stall watch meets there too); set by connect()
     store = None
 

@@ -56,7 +56,7 @@ class HookComm:
     def fuses_one_shot(self) -> bool:
         """Whether the transport runs a one-shot all-reduce whole (``auto`` then weighs
         the one-shot: :func:`commrt.algorithms.auto.candidates`)."""
-        return self.comm.transport.fuses_one_shot
+        return self.comm.transport.traits.fuses_one_shot
 
     def network(self, calibration: str | None = None):
         """The :class:`commrt.sim.Network` this job's links measure as

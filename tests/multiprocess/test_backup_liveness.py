@@ -29,6 +29,7 @@ from commrt.sync.backup.liveness import (
     next_checked,
     quiet_reads_needed,
 )
+from commrt.transports.base import Traits
 
 DEAD_AFTER_S = BackupWorkers().dead_after_s  # the default: tests run with it
 #: generous bound on any wait below (a loaded 2-core machine), far above the expected seconds
@@ -261,7 +262,7 @@ def test_a_late_rank_asks_again_when_its_catch_up_server_is_recorded_dead(monkey
         return a
 
     class Transport:
-        stream_ordered = False
+        traits = Traits()
 
     class Comm:
         transport = Transport()
@@ -331,7 +332,9 @@ def test_a_snapshot_send_the_engine_fails_is_given_up_not_raised():
 
     def server(stream_ordered):
         c = S.Server.__new__(S.Server)
-        c.comm = SimpleNamespace(transport=SimpleNamespace(stream_ordered=stream_ordered))
+        c.comm = SimpleNamespace(
+            transport=SimpleNamespace(traits=Traits(stream_ordered=stream_ordered))
+        )
         c.rank, c.timeout, c._host_progress, c._lost = 2, 30.0, True, []
         c.store = SimpleNamespace(check=lambda keys: False)
         ex = SimpleNamespace(sends_done=failing_send, abandon=lambda: None)
@@ -361,7 +364,9 @@ def test_a_snapshot_send_that_fails_to_start_is_given_up_not_raised(monkeypatch)
 
     def server(stream_ordered):
         c = S.Server.__new__(S.Server)
-        c.comm = SimpleNamespace(transport=SimpleNamespace(stream_ordered=stream_ordered))
+        c.comm = SimpleNamespace(
+            transport=SimpleNamespace(traits=Traits(stream_ordered=stream_ordered))
+        )
         c.rank, c.incarnation, c.tracer, c.served = 2, 0, None, 0
         c._state_event, c._sending, c._lost = None, [], []
         c.params, c.store = [torch.zeros(3)], SimpleNamespace(set=lambda k, v: None)

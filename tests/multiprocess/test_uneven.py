@@ -28,6 +28,7 @@ from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
 from commrt.runtime.departures import CLOSED, EXITED, FAILED, Departures, Farewell
 from commrt.sync.backup import BackupPolicy
 from commrt.sync.gossip import GossipPolicy
+from commrt.transports.base import Traits
 
 #: the worker's steps: rank r runs STEPS + r
 STEPS = 4
@@ -191,7 +192,7 @@ def test_an_uncaught_farewell_error_ends_the_whole_job(tmp_path):
 class _Alone:
     """A transport stand-in with neither testable receives nor a store."""
 
-    rank, world_size, pollable, store = 1, 3, False, None
+    rank, world_size, traits, store = 1, 3, Traits(), None
 
 
 def test_a_farewell_ends_only_waits_the_peer_will_never_join():

@@ -13,6 +13,7 @@ from commrt.errors import CommError, CommTimeoutError
 from commrt.schedule import Collective
 from commrt.schedule.executor import Executor
 from commrt.schedule.plan import compile_plan
+from commrt.transports.base import Traits
 
 
 def _inputs(p, n, dtype=torch.float64):
@@ -327,7 +328,7 @@ def test_a_peer_gone_while_the_stream_still_runs_is_named_as_a_steps_failure(mon
     def gone(self, deadline):
         raise RuntimeError(f"local: rank 1's process (pid 7) is gone while rank {self.rank} waits")
 
-    monkeypatch.setattr(LocalTransport, "stream_ordered", True)
+    monkeypatch.setattr(LocalTransport, "traits", Traits(stream_ordered=True))
     monkeypatch.setattr(LocalTransport, "sync", gone)
     with pytest.raises(CommError) as ei:
         run_ranks(

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from commrt.runtime.store import ControlStore, Host
 from commrt.sync.gossip.deaths import DeathBoard
 from commrt.sync.gossip.mail import ARRIVED, FAILED, Letter, Postbox
+from commrt.transports.base import Traits
 
 
 def _boards(*ranks: int):
@@ -59,7 +60,7 @@ def test_a_death_read_in_the_log_is_not_told_again():
 class _Breaks:
     """A transport whose receives wait until ``broken`` is set, then fail."""
 
-    testable = False
+    traits = Traits()
     name = "test"
     rank = 0
 

@@ -615,7 +615,7 @@ def names_compared(source: str) -> int:
 
 def test_the_name_check_sees_a_comparison():
     assert names_compared('if t.name == "gloo" or b in ("mpi", "cuda_ipc"): pass') == 2
-    assert names_compared('if t.survives_peer_death and x == "ring": pass') == 0
+    assert names_compared('if t.traits.survives_peer_death and x == "ring": pass') == 0
 
 
 def test_no_transport_is_told_by_its_name():

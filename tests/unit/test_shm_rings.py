@@ -6,6 +6,7 @@ Ranks are threads here, each with its own ShmTransport over the same files
 collectives.
 """
 
+import dataclasses
 import os
 import threading
 import time
@@ -231,7 +232,7 @@ def test_the_executor_adds_on_receive_and_rounds_as_with_a_scratch_buffer():
         t.prepare_adding = lambda *a: used.append(a[2]) or real(*a)
         out = []
         for adding in (True, False):
-            t.adds_on_receive = adding
+            t.traits = dataclasses.replace(t.traits, adds_on_receive=adding)
             ex = Executor()
             for alg in (algs.Ring(), algs.HalvingDoubling(), algs.Torus2D(rows=2, cols=2)):
                 x = torch.randn(10_001, generator=torch.Generator().manual_seed(t.rank))

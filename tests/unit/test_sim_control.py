@@ -14,6 +14,7 @@ import pytest
 from commrt.cli import simulate_control
 from commrt.sim import control
 from commrt.sim.control import StoreCost, control_cost, first_saturated
+from commrt.transports.base import Traits
 
 COST = StoreCost(rtt_s=70e-6, op_s=70e-6, key_s=5e-6)
 PS = [1 << k for k in range(2, 13)]
@@ -196,7 +197,9 @@ def test_the_commit_counts_match_the_runtime():
     server = host_store()
     cs = ControlStore("127.0.0.1", server.port, Host.LAUNCHER, 30.0)
     tally, lock = collections.Counter(), threading.Lock()
-    gloo = SimpleNamespace(name="gloo", survives_peer_death=True)  # a reduction is redone
+    gloo = SimpleNamespace(
+        name="gloo", traits=Traits(survives_peer_death=True)
+    )  # a reduction is redone
     ctx = SimpleNamespace(comm=SimpleNamespace(transport=gloo))
     nobody_dead = SimpleNamespace(missing=frozenset())
 

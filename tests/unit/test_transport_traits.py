@@ -1,19 +1,21 @@
 """A wrapped transport is the transport it wraps: every trait reads the same through it.
 
 :class:`~commrt.transports.base.Forwarding` is the base of the wrappers (the byte counter,
-backup workers' gloo waiter, the tests' faults). Each trait a transport declares on
-:class:`~commrt.transports.base.Transport` decides a path somewhere (gossip polls a
+backup workers' gloo waiter, the tests' faults). Each field of a transport's
+:class:`~commrt.transports.traits.Traits` decides a path somewhere (gossip polls a
 ``pollable`` transport, a farewell goes through the ``store``...), so a wrapper that
 reported its own default would send a counted MPI transport down gloo's path.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from commrt.sync.backup.waiter import WaiterTransport
-from commrt.transports.base import Transport
+from commrt.transports.base import Traits, Transport
 from commrt.transports.counting import CountingTransport
 from commrt.transports.cuda_ipc import CudaIpcTransport
 from commrt.transports.gloo import GlooRejoined, GlooTransport
@@ -22,31 +24,23 @@ from commrt.transports.nccl import NcclTransport
 from commrt.transports.shm import ShmTransport
 
 ENGINES = [MpiTransport, GlooTransport, GlooRejoined, ShmTransport, NcclTransport, CudaIpcTransport]
-#: the wrapper's own, on purpose: receives never add on arrival through its exchange(), it
-#: runs every schedule step by step (so that it sees every message: it never fuses the
-#: one-shot), and the communicator attaches its record of departures to the transport it holds
-OWN = {"adds_on_receive", "fuses_one_shot", "departures"}
+#: the wrapper's own, on purpose: receives never add on arrival through its exchange(), and
+#: it runs every schedule step by step (so that it sees every message: it never fuses the
+#: one-shot)
+OWN = {"adds_on_receive", "fuses_one_shot"}
 
 
-def traits() -> list[str]:
-    """Every trait Transport declares: its public class attributes that are not methods."""
-    names = set(vars(Transport).get("__annotations__", {})) | {
-        n for n, v in vars(Transport).items() if not n.startswith("_") and not callable(v)
-    }
-    return sorted(names - OWN)
+def as_dict(traits: Traits) -> dict:
+    return {f.name: getattr(traits, f.name) for f in dataclasses.fields(traits)}
 
 
 def unbuilt(cls) -> Transport:
     """An instance of ``cls`` with its engine left out: the traits are what it declares,
-    plus a store and a departure record of its own (what its connect step sets)."""
+    plus a store of its own (what its connect step sets)."""
     transport = cls.__new__(cls)
     Transport.__init__(transport, 0, 2, torch.device("cpu"))
     transport.store = object()
     return transport
-
-
-def test_every_trait_is_listed():
-    assert {"name", "pollable", "stream_ordered", "store", "rejoined"} <= set(traits())
 
 
 @pytest.mark.parametrize("cls", ENGINES, ids=lambda c: c.__name__)
@@ -55,13 +49,32 @@ def test_every_trait_is_listed():
 def test_a_wrapped_transport_reports_every_trait_of_its_engine(cls, wrap):
     inner = unbuilt(cls)
     wrapped = wrap(inner)
-    assert {t: getattr(wrapped, t) for t in traits()} == {t: getattr(inner, t) for t in traits()}
-    assert wrapped.adds_on_receive is False
+    theirs, ours = as_dict(inner.traits), as_dict(wrapped.traits)
+    assert {k: v for k, v in ours.items() if k not in OWN} == {
+        k: v for k, v in theirs.items() if k not in OWN
+    }
+    assert (wrapped.name, wrapped.store) == (inner.name, inner.store)
+    assert not wrapped.traits.adds_on_receive and not wrapped.traits.fuses_one_shot
 
 
 def test_a_counted_mpi_transport_is_pollable_as_gossip_asks():
     counted = CountingTransport(unbuilt(MpiTransport))
-    assert counted.pollable and counted.name == "mpi"
+    assert counted.traits.pollable and counted.name == "mpi"
+
+
+def test_traits_are_one_frozen_value():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        GlooTransport.traits.survives_peer_death = False
+
+
+@pytest.mark.parametrize("cls", ENGINES, ids=lambda c: c.__name__)
+def test_a_transport_is_what_its_backend_says_before_it_is_made(cls):
+    """The command line asks a backend before any transport exists; the transport it makes
+    declares the same traits (a replacement's differ by being one)."""
+    from commrt.runtime.choice import Backend
+
+    said = Backend(cls.name).traits
+    assert cls.traits == (dataclasses.replace(said, rejoined=True) if cls.traits.rejoined else said)
 
 
 def test_each_backend_declares_what_the_command_line_asks_of_it():

@@ -111,7 +111,7 @@ def run_case(comm, case, out, algorithm, make_opt, model, backward, delay, die_a
         t_last = time.perf_counter()
         for it in range(steps):
             if die_at is not None and it == die_at and rank == comm.world_size - 1:
-                if comm.transport.stream_ordered:
+                if comm.transport.traits.stream_ordered:
                     finish_serving(sync.policy.parts.catchup.server, comm.timeout)
                 with open(os.path.join(out, "died_at.txt"), "w") as f:
                     f.write(repr(time.time()))

@@ -138,7 +138,7 @@ class ServerWaits:
                 if self.gone():
                     raise self.death_error()
         tr = exchange.transport
-        if self.whole and tr.stream_ordered:
+        if self.whole and tr.traits.stream_ordered:
             if not self.run(_as_caller(tr.device, partial(tr.sync, deadline))):
                 peer = exchange.recvs[0][1]
                 raise timeout_error(tr.rank, "recv", peer, exchange.comm.timeout, exchange.where)
@@ -238,7 +238,7 @@ class CatchUp:
             except CommError:
                 raise
             except RuntimeError as e:
-                if self.comm.transport.stream_ordered:  # the receive cannot be cancelled
+                if self.comm.transport.traits.stream_ordered:  # the receive cannot be cancelled
                     raise _stuck_receive(self.comm.transport, self.rank, e) from e
                 if self._rbuf is not None:
                     self._lost.append(self._rbuf)  # the engine may still hold it
@@ -266,7 +266,7 @@ class CatchUp:
         # which a stream-ordered server starts only once it sees the mark (module docs)
         self.store.set(Keys.posted(req), "1")
         pair = server[1] if resp.get("pair") else None
-        whole = pair is not None or self.comm.transport.waits_break_on_timeout  # pair: gloo
+        whole = pair is not None or self.comm.transport.traits.waits_break_on_timeout  # pair: gloo
         waits = ServerWaits(self.store, server, self._waiters, whole)
         # on the waiter too: NCCL's groupEnd waits for the server's own when the two never
         # connected, and a server that died would hold it for the whole timeout

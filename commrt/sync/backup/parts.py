@@ -56,7 +56,7 @@ class Parts:
             comm.rank,
             comm.world_size,
             comm.timeout,
-            comm.transport.rejoined,
+            comm.transport.traits.rejoined,
         )
         inner = _inners(ctx, alg, n, rejoined)
         space = _key_space(comm)

@@ -122,9 +122,9 @@ class BackupPolicy(Policy):
         self.ctx, comm, alg = ctx, ctx.comm, self.algorithm
         self.rank, self.p = comm.rank, comm.world_size
         self.n = alg.participants(self.p)  # ValueError on every rank when p <= b
-        self.timeout, rejoined = comm.timeout, comm.transport.rejoined
+        self.timeout, rejoined = comm.timeout, comm.transport.traits.rejoined
         if self.send_when_ready is None:
-            self.send_when_ready = bool(comm.transport.stream_ordered)
+            self.send_when_ready = bool(comm.transport.traits.stream_ordered)
         self.parts = parts = Parts.wire(ctx, alg, self.n)
         if rejoined:
             announce(parts.store, self.rank, parts.incarnation, self.p)

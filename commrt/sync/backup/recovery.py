@@ -77,7 +77,7 @@ class Reduction:
         self.arrival, self.liveness, self.inner = arrival, liveness, inner
         self.rank, self.p, self.n, self.timeout = arrival.rank, arrival.p, arrival.n, timeout
         #: a failure is redone (gloo); elsewhere it is raised, as before
-        self.recoverable = ctx.comm.transport.survives_peer_death
+        self.recoverable = ctx.comm.transport.traits.survives_peer_death
         #: the seam for fault injection (gloo): ``wrap_round(transport, step, round)`` returns
         #: the transport round ``round`` of global step ``step`` reduces on, in place of its
         #: group's own; None: the group's. The tests wrap it to die inside an all-reduce.

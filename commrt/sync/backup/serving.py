@@ -82,7 +82,7 @@ class Server:
         self.rank, self.p, self.timeout = comm.rank, comm.world_size, comm.timeout
         self.served = 0  # snapshots this rank has served
         # an engine that moves a message only inside its calls: a server tests its sends
-        self._host_progress = comm.transport.progress_in_calls
+        self._host_progress = comm.transport.traits.progress_in_calls
         self._seen = 0  # requests read from the store so far
         self._open: dict[int, tuple[int, int, int]] = {}  # unanswered: req -> (rank, step, inc)
         self._sending: list[_Send] = []
@@ -195,7 +195,7 @@ class Server:
         except CommError:
             raise
         except RuntimeError as e:  # the engine's own error (CommError is one too)
-            if self.comm.transport.stream_ordered:
+            if self.comm.transport.traits.stream_ordered:
                 raise CommError(
                     f"commrt: rank {self.rank}: catch-up send to rank {s.peer} failed ({e})"
                 ) from e
@@ -218,7 +218,7 @@ class Server:
                 s.wire.transport.close()
         elif now - s.started > self.timeout:
             self._give_up(s)  # receiver gone: keep the buffer for the engine
-            if self.comm.transport.stream_ordered:
+            if self.comm.transport.traits.stream_ordered:
                 # the send holds the stream (it cannot be cancelled): nothing after it runs
                 raise CommTimeoutError(
                     rank=self.rank,

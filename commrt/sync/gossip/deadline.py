@@ -44,7 +44,7 @@ in the ledger as ``unapplied``, with the asynchronous mode's last own ½.
 then satisfies, summed over ranks, ``computed == applied + unapplied``
 exactly when ``lost == 0``.
 
-**On a device stream** (``cuda_ipc``; ``transport.testable``): a letter
+**On a device stream** (``cuda_ipc``; ``transport.traits.testable``): a letter
 lands once its copies are *issued* on the transport's stream, which the
 transport does only after the sender's host posted the piece, so a late
 message never holds the stream. Each posting orders the transport's
@@ -89,7 +89,7 @@ class DeadlineGossipPolicy(Policy):
         alg = self.algorithm
         self.world_size, self.rank = comm.world_size, comm.rank
         alg.period_length(self.world_size)  # a hypercube on a bad p raises on every rank
-        if comm.transport.stream_ordered and not comm.transport.testable:
+        if comm.transport.traits.stream_ordered and not comm.transport.traits.testable:
             raise ValueError(
                 f"Gossip(deadline_s=...) needs a transport that can leave a message "
                 f"travelling (gloo, mpi, shm, cuda_ipc), not {comm.transport.name}: its "
@@ -115,7 +115,7 @@ class DeadlineGossipPolicy(Policy):
         #: the step this rank started from (a replacement's: its server's), and the
         #: snapshot it loads at its first apply (optimizer state)
         self._offset, self._pending_state, self._updates = 0, None, 0
-        if comm.transport.rejoined:
+        if comm.transport.traits.rejoined:
             self._offset, flat, layout = self.members.rejoin()
             load_snapshot(flat, layout, self._params, None)  # its first gradient's weights
             self._pending_state = (flat, layout)

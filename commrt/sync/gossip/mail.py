@@ -24,7 +24,7 @@ route never queues behind the old incarnation's.
 
 Each posting is one :class:`~commrt.schedule.p2p.Exchange`, started under
 the communicator's lock. Where a wait can be a mere test
-(``transport.testable``: MPI, shm, ``cuda_ipc``) the waiter polls under the
+(``transport.traits.testable``: MPI, shm, ``cuda_ipc``) the waiter polls under the
 communicator's lock instead, a test every half millisecond. On ``cuda_ipc`` a
 test issues a receive's device copy only once the sender's host posted the
 piece, so a late message holds no stream: it is issued when it comes.
@@ -195,7 +195,7 @@ class Postbox:
         deadline = time.monotonic() + self.timeout_s
         wait = ex.recv_landed if kind == "recv" else ex.send_landed
         try:
-            if not ex.transport.testable:
+            if not ex.transport.traits.testable:
                 return wait(i, deadline), None
             while True:
                 with self.comm.lock:
