@@ -57,14 +57,9 @@ class DelayBackward(torch.autograd.Function):
         return grad, None
 
 
-NATIVE_NAMES = {
-    "mpi": "MPI_Allreduce",
-    "gloo": "gloo allreduce",
-    "shm": "shm ordered sum",  # its ranks' values summed in rank order: the tests' oracle
-    "nccl": "ncclAllReduce",
-    "cuda_ipc": "cuda_ipc ordered sum",
-}
-#: the anchors' rows, as :func:`anchors` names them; the ratio column is over gloo's
+#: the anchors' rows, as :func:`anchors` names them (each the engine's own all-reduce, as
+#: its backend's row names it: :attr:`commrt.runtime.choice.Row.native`); the ratio
+#: column is over gloo's
 GLOO_ANCHOR, MPI_ANCHOR = "gloo allreduce", "MPI_Allreduce"
 #: the algorithm column of the table: the longest "native (...)" whole, in 80 columns
 NAME_W = 29
@@ -141,10 +136,9 @@ def anchors(comm, dtype: torch.dtype = torch.float32) -> tuple[list[tuple[str, C
     for the caller to close (collective: every rank, same call)."""
     import os
 
-    from commrt.runtime.choice import Backend
-
+    own = comm.backend.row.native  # the engine's own all-reduce: an anchor already?
     out, opened = [], []
-    if comm.backend is Backend.GLOO:
+    if own == GLOO_ANCHOR:
         out.append((f"native ({GLOO_ANCHOR})", comm.transport.native_all_reduce))
     else:
         # its own rendezvous port: rank 0 already serves the job's store on MASTER_PORT, and
@@ -157,7 +151,7 @@ def anchors(comm, dtype: torch.dtype = torch.float32) -> tuple[list[tuple[str, C
         out.append((GLOO_ANCHOR, gloo.transport.native_all_reduce))
     if dtype not in (torch.float32, torch.float64) or comm.device.type != "cpu":
         return out, opened
-    if comm.backend is Backend.MPI:
+    if own == MPI_ANCHOR:
         out.append((f"native ({MPI_ANCHOR})", comm.transport.native_all_reduce))
     elif "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ:
         try:

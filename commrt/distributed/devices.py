@@ -42,6 +42,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import threading
 from dataclasses import dataclass
 
@@ -57,15 +58,15 @@ from commrt.errors import did_you_mean, named_keywords
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
 from commrt.runtime.abort import abort_on_error_wanted, install_abort_hook
 from commrt.runtime.choice import (
-    CUDA_BACKENDS,
     Backend,
+    Meeting,
     Situation,
     choose,
     cuda_transport_wanted,
     gpu_shared,
 )
 from commrt.runtime.communicator import Communicator
-from commrt.runtime.connect import cpu_transport
+from commrt.runtime.connect import first_made
 from commrt.runtime.environment import LaunchInfo, detect_launch
 from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, check_timeout
 from commrt.runtime.stall import stall_seconds, start_watch
@@ -73,8 +74,8 @@ from commrt.runtime.threads import one_core_each
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
 
-#: the CPU transports a group can ask for
-CPU_TRANSPORTS = ("auto", "shm", "gloo", "mpi")
+#: the CPU transports a group can ask for: auto, or any that moves CPU tensors
+CPU_TRANSPORTS = ("auto", *(b.value for b in Backend if not b.moves_cuda))
 #: families that are no all-reduce, so no torch.distributed collective can run them: why, and
 #: where to get them instead
 NOT_ALL_REDUCE = {
@@ -186,15 +187,14 @@ def warm_sizes(piece_bytes: int, dtype: torch.dtype) -> list[int]:
 
 def cuda_transport(backend: Backend, rank: int, size: int, local_rank: int, device, store,
                    timeout: float):  # fmt: skip
-    """A CUDA transport of ``backend`` (nccl or cuda_ipc) for ``rank`` of ``size``, meeting
+    """A CUDA transport of ``backend`` (its row's make) for ``rank`` of ``size``, meeting
     the others through ``store``; ``device`` None: ``cuda:<local_rank % GPUs>``."""
-    if backend is Backend.CUDA_IPC:
-        from commrt.transports.cuda_ipc_connect import cuda_device, make_transport
+    meeting = Meeting(rank, size, timeout, lambda: store, _no_mpi, local_rank, device)
+    return first_made((backend,), meeting, f"backend {backend}")[1]
 
-        return make_transport(store, rank, size, cuda_device(device, local_rank), timeout)
-    from commrt.transports.nccl_bootstrap import init_nccl
 
-    return init_nccl(rank, size, local_rank, device, make_store=lambda: store, timeout=timeout)
+def _no_mpi():
+    raise ValueError("commrt process group: a CUDA transport meets through the group's store")
 
 
 def _mpi_world_size() -> int | None:
@@ -371,13 +371,13 @@ class DeviceComms:
             if want == "auto"
             else (Backend(want),)
         )
-        made = cpu_transport(
-            order,
-            lambda: dist.PrefixStore("cpu/", self.store),
+        meeting = Meeting(
+            self.rank, self.size, self.timeout,
+            functools.cache(lambda: dist.PrefixStore("cpu/", self.store)),
             lambda: _mpi_in_torch_order(self.rank),
-            self.rank, self.size, self.timeout, "cpu_transport 'shm'",
         )  # fmt: skip
-        return self._wrap(made[1], made[0])
+        backend, transport = first_made(order, meeting, "cpu_transport 'shm'")
+        return self._wrap(transport, backend)
 
     def cuda_backend(self) -> Backend:
         """The CUDA transport of auto's order (:func:`commrt.runtime.choice.choose`):
@@ -387,7 +387,7 @@ class DeviceComms:
         s = Situation("cuda", launch.launcher, self.size, launch.local_size,
                       gpu_shared=gpu_shared(launch.local_size, self.size),
                       cuda_transport=cuda_transport_wanted())  # fmt: skip
-        return next(b for b in choose(s) if b in CUDA_BACKENDS)
+        return next(b for b in choose(s) if b.moves_cuda)
 
     def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:
         """The CUDA communicator on :meth:`cuda_backend`."""

@@ -16,15 +16,17 @@ so that they agree:
 Every text that says what ``auto`` picks (the command line's ``--help``, the
 README, the docs) is :func:`describe`, or is checked against it by a test.
 
-Adding a transport: a :class:`Backend` member, its traits in
-:mod:`commrt.transports.traits`, a line in :data:`ORDER` (where it ranks, in
-words) and its condition in :func:`fits`.
+Adding a transport: its module in :mod:`commrt.transports`, its traits in
+:mod:`commrt.transports.traits`, a :class:`Backend` member, and its
+:class:`Row` in :data:`ORDER`, where it ranks: what it is, where auto takes it
+(in words and in code) and how it is made. Every caller reads that table.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable
 
 from commrt import settings
 from commrt.transports import traits as engine
@@ -43,14 +45,18 @@ class Backend(enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-    # What a backend is: its engine's traits (commrt.transports.traits), the values its
-    # transport declares, read here before any transport is made, so that no caller
-    # compares a backend's name. A new backend declares them there.
+    # What a backend is: its row's (ORDER), read by every caller, so that none compares a
+    # backend's name. A new backend is one row there.
+
+    @property
+    def row(self) -> "Row":
+        """Its row of :data:`ORDER`: what it is, where auto takes it, how it is made."""
+        return _ROWS[self]
 
     @property
     def traits(self) -> Traits:
         """What its transport is (:class:`~commrt.transports.traits.Traits`)."""
-        return engine.BY_ENGINE[self.value]
+        return _ROWS[self].traits
 
     @property
     def moves_cuda(self) -> bool:
@@ -82,24 +88,6 @@ class Backend(enum.Enum):
 #: the launcher name of the command line's own ranks (``commrt train --nproc N``): all on
 #: this host, started by the command line itself (by mpiexec when it picks mpi)
 LOCAL = "commrt"
-
-#: auto's order, best first: each transport and, in words, where it is taken (the last,
-#: everywhere; :func:`fits` says the same in code, and a test holds the two together)
-ORDER: tuple[tuple[Backend, str], ...] = (
-    (
-        Backend.NCCL,
-        "for CUDA tensors where CuPy with NCCL is installed and no two ranks share a GPU",
-    ),
-    (Backend.CUDA_IPC, "for CUDA tensors where CuPy is installed and every rank is on one host"),
-    (Backend.SHM, "where every rank is on one host"),
-    (Backend.MPI, "under mpiexec"),
-    (Backend.GLOO, ""),
-)
-
-#: the transports that move CUDA tensors; the others move CPU tensors
-CUDA_BACKENDS = frozenset(b for b in Backend if b.moves_cuda)
-
-CUDA_TRANSPORTS = ("auto", "nccl", "cuda_ipc")
 
 
 def cuda_transport_wanted(env=None) -> str:
@@ -202,31 +190,151 @@ def unavailable(load) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Meeting:
+    """What a backend's transport is made from, the same for every row (:attr:`Row.make`).
+
+    ``store()``: the store the ranks meet through (asked for only by the rows that meet
+    there; the caller makes it once); ``mpi()``: MPI's transport over these ranks, in their
+    order; ``local_rank`` and ``device``: the CUDA device (None: ``cuda:<local_rank %
+    GPUs>``); ``nccl_id_over_mpi``: NCCL's unique id travels over MPI's world (mpiexec
+    started the ranks and no port was given) rather than through the store."""
+
+    rank: int
+    world_size: int
+    timeout: float
+    store: Callable[[], object]
+    mpi: Callable[[], object]
+    local_rank: int = 0
+    device: object = None
+    nccl_id_over_mpi: bool = False
+
+
+@dataclass(frozen=True)
+class Row:
+    """One backend, as NCCL's ``ncclTransports[]`` holds one transport: what it is
+    (``traits``), where auto takes it (``where``, in words, and ``refuses``, in code: why
+    not here, or None; :func:`fits`), how its transport is made (``make``: the
+    transport, or why these ranks cannot use it after all, in words, every rank alike:
+    auto then takes the next), and what its engine's own all-reduce is called
+    (``native``: the bench's anchor where it is gloo's or MPI's)."""
+
+    backend: Backend
+    traits: Traits
+    where: str
+    refuses: Callable[[Situation], str | None]
+    make: Callable[[Meeting], object]
+    native: str
+
+
+def _cuda_refuses(s: Situation, missing: str | None, backend: Backend) -> str | None:
+    if s.device != "cuda":
+        return "it moves CUDA tensors"
+    if missing is not None:
+        return missing
+    if s.cuda_transport not in ("auto", backend.value):  # COMMRT_CUDA_TRANSPORT names one
+        return f"{settings.CUDA_TRANSPORT.name} asks for {s.cuda_transport}"
+    return None
+
+
+def _nccl_refuses(s: Situation) -> str | None:
+    why = _cuda_refuses(s, s.nccl_missing, Backend.NCCL)
+    if why is None and s.cuda_transport == "auto" and s.gpu_shared:
+        why = "ranks of this host share a GPU, which NCCL refuses"
+    return why
+
+
+def _cuda_ipc_refuses(s: Situation) -> str | None:
+    why = _cuda_refuses(s, s.cuda_ipc_missing, Backend.CUDA_IPC)
+    if why is None and s.cuda_transport == "auto" and not (s.world_size > 1 and s.one_host):
+        why = "it joins ranks of one host, more than one"
+    return why
+
+
+def _shm_refuses(s: Situation) -> str | None:
+    if not (s.world_size > 1 and s.one_host):
+        return "it joins ranks of one host, more than one"
+    return s.shm_unusable
+
+
+def _mpi_refuses(s: Situation) -> str | None:
+    return None if s.mpi_world else "the ranks are not mpiexec's whole world"
+
+
+def _make_nccl(m: Meeting):
+    from commrt.runtime.rendezvous import mpi_world
+    from commrt.transports.nccl_bootstrap import init_nccl
+    from commrt.transports.stand_ins import stand_in
+
+    return init_nccl(
+        m.rank, m.world_size, m.local_rank, m.device, stand_in("nccl"),
+        mpi_world=mpi_world() if m.nccl_id_over_mpi else None, make_store=m.store,
+        timeout=m.timeout,
+    )  # fmt: skip
+
+
+def _make_cuda_ipc(m: Meeting):
+    from commrt.transports.cuda_ipc_connect import init_cuda_ipc
+    from commrt.transports.stand_ins import stand_in
+
+    return init_cuda_ipc(
+        m.store(), m.rank, m.world_size, m.device, m.local_rank, m.timeout, stand_in("cuda_ipc")
+    )
+
+
+def _make_shm(m: Meeting):
+    from commrt.transports.shm_connect import connect
+
+    made = connect(m.store(), m.rank, m.world_size, m.timeout)
+    return f"the ranks cannot share memory ({made})" if isinstance(made, str) else made
+
+
+def _make_gloo(m: Meeting):
+    from commrt.transports.gloo import GlooTransport
+
+    return GlooTransport(m.store(), m.rank, m.world_size, m.timeout)
+
+
+#: every backend, in auto's order, best first (the last, gloo, fits everywhere)
+ORDER: tuple[Row, ...] = (
+    Row(Backend.NCCL, engine.NCCL,
+        "for CUDA tensors where CuPy with NCCL is installed and no two ranks share a GPU",
+        _nccl_refuses, _make_nccl, "ncclAllReduce"),
+    Row(Backend.CUDA_IPC, engine.CUDA_IPC,
+        "for CUDA tensors where CuPy is installed and every rank is on one host",
+        _cuda_ipc_refuses, _make_cuda_ipc, "cuda_ipc ordered sum"),
+    # shm's and cuda_ipc's: their ranks' values summed in rank order (the tests' oracle)
+    Row(Backend.SHM, engine.SHM, "where every rank is on one host", _shm_refuses, _make_shm,
+        "shm ordered sum"),
+    Row(Backend.MPI, engine.MPI, "under mpiexec", _mpi_refuses, lambda m: m.mpi(),
+        "MPI_Allreduce"),
+    Row(Backend.GLOO, engine.GLOO, "", lambda s: None, _make_gloo, "gloo allreduce"),
+)  # fmt: skip
+_ROWS = {row.backend: row for row in ORDER}  # the table's index: Backend.row
+
+#: what ``COMMRT_CUDA_TRANSPORT`` may say: auto, or one transport that moves CUDA tensors
+CUDA_TRANSPORTS = ("auto", *(b.value for b in Backend if b.moves_cuda))
+
+
+def refusal(backend: Backend, s: Situation) -> str | None:
+    """Why auto may not take ``backend`` in ``s``, in words; None where it may
+    (:data:`ORDER` says where in words, its rows' ``refuses`` in code)."""
+    row = backend.row
+    if s.ranks_may_die and not row.traits.survives_peer_death:
+        return ONLY_GLOO_SURVIVES
+    return row.refuses(s)
+
+
 def fits(backend: Backend, s: Situation) -> bool:
-    """Whether auto may take ``backend`` in ``s`` (:data:`ORDER` says it in words)."""
-    if s.ranks_may_die and backend is not Backend.GLOO:
-        return False
-    if backend in CUDA_BACKENDS:
-        missing = s.nccl_missing if backend is Backend.NCCL else s.cuda_ipc_missing
-        if s.device != "cuda" or missing is not None:
-            return False
-        if s.cuda_transport != "auto":  # asked for by name (COMMRT_CUDA_TRANSPORT)
-            return s.cuda_transport == backend.value
-        if backend is Backend.NCCL:
-            return not s.gpu_shared
-        return s.world_size > 1 and s.one_host
-    if backend is Backend.SHM:
-        return s.world_size > 1 and s.one_host and s.shm_unusable is None
-    if backend is Backend.MPI:
-        return s.mpi_world
-    return backend is Backend.GLOO
+    """Whether auto may take ``backend`` in ``s`` (:func:`refusal` says why not)."""
+    return refusal(backend, s) is None
 
 
 def choose(s: Situation) -> tuple[Backend, ...]:
     """The transports auto may take in ``s``, best first (:data:`ORDER`); never empty
     (gloo always fits). A CUDA transport is first where one fits; the CPU transports
     follow (a CUDA machine without CuPy/NCCL runs on the CPU)."""
-    return tuple(b for b, _ in ORDER if fits(b, s))
+    return tuple(row.backend for row in ORDER if fits(row.backend, s))
 
 
 def why(backend: Backend, auto: bool) -> str:
@@ -234,7 +342,7 @@ def why(backend: Backend, auto: bool) -> str:
     named it, else auto's rule for it (:data:`ORDER`'s words)."""
     if not auto:
         return "asked for"
-    rule = dict(ORDER)[backend] or "where no transport above it fits"
+    rule = backend.row.where or "where no transport above it fits"
     return f"auto: {rule}"
 
 
@@ -242,6 +350,7 @@ def describe(markdown: bool = False) -> str:
     """What auto picks, in one sentence made from :data:`ORDER`: the ``--help`` text,
     and the sentence the README and the docs carry (``markdown``: names as code)."""
     name = (lambda b: f"`{b}`") if markdown else str
-    rules = ", else ".join(f"{name(b)} {where}".rstrip() for b, where in ORDER)
-    only = f"only {name(Backend.GLOO)} where the job must outlive a dead rank"
+    rules = ", else ".join(f"{name(r.backend)} {r.where}".rstrip() for r in ORDER)
+    survivors = " or ".join(name(b) for b in Backend if b.takes_a_replacement)
+    only = f"only {survivors} where the job must outlive a dead rank"
     return f"{name('auto')}: {rules}; {only}"

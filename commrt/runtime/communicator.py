@@ -25,7 +25,7 @@ from commrt.errors import (
     named_keywords,
 )
 from commrt.runtime.abort import abort_on_error_wanted, cause_of, install_abort_hook, say
-from commrt.runtime.choice import CUDA_BACKENDS, Backend, Situation, choose, why
+from commrt.runtime.choice import Backend, Situation, choose, why
 from commrt.runtime.connect import make_transport
 from commrt.runtime.departures import CLOSED, FAILED, Departures, track
 from commrt.runtime.environment import (  # noqa: F401  (LaunchInfo moved; still importable)
@@ -351,7 +351,7 @@ def _candidates(backend: "str | Backend", launch: LaunchInfo, device, world_size
     mpi_world = launched and launch.launcher == "mpiexec"
     # a replacement that rejoins a running job is in one whose ranks may die
     s = Situation.here(kind, launch.launcher, world_size, local_size, mpi_world, rejoining())
-    if kind == "cuda" and s.nccl_missing is not None and choose(s)[0] not in CUDA_BACKENDS:
+    if kind == "cuda" and s.nccl_missing is not None and not choose(s)[0].moves_cuda:
         warnings.warn(
             "commrt: backend='auto' falls back to the CPU transports:\n  "
             + s.nccl_missing.removeprefix("commrt: "),

@@ -1,17 +1,17 @@
 """What each transport is: one frozen :class:`Traits` value per engine, declared here once.
 
-The transport classes declare theirs from here (``traits = GLOO``), and the backends of
-:mod:`commrt.runtime.choice` read the same values (:data:`BY_ENGINE`, by the engine's name)
-before any transport is made: the command line asks whether a backend's ranks are
-mpiexec's, whether it takes a replacement, whether it moves CUDA tensors. This module
-imports nothing, so that asking costs no import of torch or of an engine.
+The transport classes declare theirs from here (``traits = GLOO``), and the backends' rows
+(:data:`commrt.runtime.choice.ORDER`) hold the same values, read before any transport is
+made: the command line asks whether a backend's ranks are mpiexec's, whether it takes a
+replacement, whether it moves CUDA tensors. This module imports nothing, so that asking
+costs no import of torch or of an engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Traits", "NCCL", "CUDA_IPC", "MPI", "GLOO", "GLOO_REJOINED", "SHM", "BY_ENGINE"]
+__all__ = ["Traits", "NCCL", "CUDA_IPC", "MPI", "GLOO", "GLOO_REJOINED", "SHM"]
 
 
 @dataclass(frozen=True)
@@ -83,5 +83,3 @@ GLOO = Traits(waits_break_on_timeout=True, survives_peer_death=True)
 #: a replacement's: gloo's, on a group the job's ranks never reach
 GLOO_REJOINED = replace(GLOO, rejoined=True)
 SHM = Traits(pollable=True, testable=True, adds_on_receive=True)
-#: each engine's traits by its name (a backend's value)
-BY_ENGINE = {"nccl": NCCL, "cuda_ipc": CUDA_IPC, "mpi": MPI, "gloo": GLOO, "shm": SHM}

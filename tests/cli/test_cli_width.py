@@ -16,6 +16,7 @@ from helpers.cli import run_in_pty
 from commrt.cli import bench, main
 from commrt.cli.commands import build_parser
 from commrt.cli.launch import tolerated_lines
+from commrt.runtime.choice import ORDER
 
 COMMRT = [sys.executable, "-m", "commrt"]
 
@@ -75,7 +76,7 @@ def test_bench_allreduce_fits_80_columns_and_writes_the_detail(backend, tmp_path
 def test_every_native_baselines_name_shows_whole_within_80_columns():
     """The baseline's row names the engine's own all-reduce whole: 'native (shm rank-order
     s' was cut by a 24-column name."""
-    for name in bench.NATIVE_NAMES.values():
+    for name in (row.native for row in ORDER):
         result = bench.Result(f"native ({name})", 1e-4)
         row = bench.Row(1 << 20, 1 << 18, [bench.Result("ring", 2e-4), result])
         lines = bench.table_row(row, 4).splitlines()

@@ -629,6 +629,34 @@ def test_no_transport_is_told_by_its_name():
     assert found == {}
 
 
+def members_named(source: str) -> int:
+    """How many times ``source`` names a member of ``Backend`` (``Backend.GLOO``): each is a
+    comparison or a dispatch on one backend, which only its row may make."""
+    return sum(
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "Backend"
+        and node.attr.isupper()
+        for node in ast.walk(ast.parse(source))
+    )
+
+
+def test_the_member_check_sees_a_backend_named():
+    assert members_named("if be is Backend.GLOO or b in {Backend.MPI}: pass") == 2
+    assert members_named("if be.takes_a_replacement and Backend(name): pass") == 0
+
+
+def test_no_backend_is_named_outside_its_table():
+    """A backend is one row of ``ORDER`` in runtime/choice.py: every caller reads the row
+    (its traits, where it fits, how it is made), and none names a member to compare with."""
+    found = {}
+    for _, path in library_sources():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel != "commrt/runtime/choice.py" and (n := members_named(path.read_text("utf-8"))):
+            found[rel] = n
+    assert found == {}
+
+
 def _thread_sites() -> list[tuple[str, ast.Call, str | None, object]]:
     """Every ``threading.Thread(...)`` / ``threading.Timer(...)`` the library makes, as
     (module, call, its name's fixed part, its daemon flag): the name from ``name=`` (an

@@ -17,7 +17,6 @@ import pytest
 from commrt.cli.commands import build_parser
 from commrt.runtime import communicator
 from commrt.runtime.choice import (
-    CUDA_BACKENDS,
     LOCAL,
     ORDER,
     Backend,
@@ -47,22 +46,22 @@ def situations():
 
 
 def test_every_transport_has_its_place_in_the_order_once():
-    assert [b for b, _ in ORDER] == [
+    assert [r.backend for r in ORDER] == [
         Backend.NCCL, Backend.CUDA_IPC, Backend.SHM, Backend.MPI, Backend.GLOO
     ]  # fmt: skip
-    assert set(Backend) == {b for b, _ in ORDER}
-    assert choose(EVERYTHING) == tuple(b for b, _ in ORDER)  # nothing excluded: all, in order
+    assert set(Backend) == {r.backend for r in ORDER}
+    assert choose(EVERYTHING) == tuple(r.backend for r in ORDER)  # nothing excluded: all, in order
 
 
 @pytest.mark.parametrize("s", list(situations()), ids=str)
 def test_choose_keeps_the_order_and_ends_with_gloo(s):
     order = choose(s)
     assert order[-1] is Backend.GLOO
-    assert list(order) == [b for b, _ in ORDER if fits(b, s)]
+    assert list(order) == [r.backend for r in ORDER if fits(r.backend, s)]
     if s.ranks_may_die:
         assert order == (Backend.GLOO,)
     if Backend.NCCL in order:
-        assert s.device == "cuda" and s.nccl_missing is None and order[0] in CUDA_BACKENDS
+        assert s.device == "cuda" and s.nccl_missing is None and order[0].moves_cuda
 
 
 def test_under_torchrun_on_one_host_shared_memory_comes_first():
@@ -120,9 +119,12 @@ def test_the_cuda_transport_variable_is_checked():
 
 def test_the_sentence_names_each_transport_in_the_order():
     text = describe()
-    at = [text.index(f" {b} " if b is not Backend.GLOO else f" {b};") for b, _ in ORDER]
+    at = [
+        text.index(f" {b} " if b is not Backend.GLOO else f" {b};")
+        for b in (r.backend for r in ORDER)
+    ]
     assert at == sorted(at), text
-    for backend, where in ORDER:
+    for backend, where in ((r.backend, r.where) for r in ORDER):
         assert f"{backend} {where}".strip() in text
     assert describe(markdown=True).replace("`", "") == text
 
@@ -181,7 +183,7 @@ def test_the_order_finder_sees_a_wrong_order():
 
 
 def test_no_page_tells_another_order():
-    rank = {str(b): i for i, (b, _) in enumerate(ORDER)}
+    rank = {str(r.backend): i for i, r in enumerate(ORDER)}
     bad = []
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for para, named in orders_told(page.read_text(encoding="utf-8")):
@@ -194,5 +196,5 @@ def test_the_map_names_the_chooser_where_a_new_transport_goes():
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
     new_transport = _flat(text.split("- **A new transport**", 1)[1].split("\n- **", 1)[0])
     chooser = choose.__module__.replace(".", "/") + ".py"
-    for name in (chooser, "ORDER", "fits", "CUDA_BACKENDS"):
+    for name in (chooser, "ORDER", "Row"):
         assert name in new_transport, name
