@@ -31,7 +31,8 @@ ones (the first call of a schedule compiles its plan and allocates scratch):
      never speeds one);
    * the trial stops once the answer is clear: one candidate left, or, after
      :data:`TRIAL_PASSES` passes (a median of three discards one stalled block), every other
-     one slower than the leader by more than ``MARGIN``; else it goes on, up to
+     one slower than the leader by more than ``MARGIN`` even in its fastest block (a slow
+     stretch may slow two of its three blocks); else it goes on, up to
      :data:`TRIAL_PASSES` passes or as many more (up to :data:`MAX_TRIAL_PASSES`) as fit in
      :data:`TRIAL_BUDGET_S` per candidate at the baseline's time a call, and keeps the leader
      (the others are then within the margin of it).
@@ -461,7 +462,9 @@ class Tuning:
             if x != lead and len(self.samples[x]) > 1 and fastest > WIDE * best:
                 self.lost[x] = self.trial_s[x] / best  # never tried again for this size
         self.live = tuple(x for x in self.live if x not in self.lost)
-        close = [x for x in self.live if x != lead and self.trial_s[x] <= (1 + self.margin) * best]
+        close = [
+            x for x in self.live if x != lead and min(self.samples[x]) <= (1 + self.margin) * best
+        ]
         done = len(self.live) == 1 or self.passes_run >= self.trial_passes
         if done or (self.passes_run >= self.passes and not close):
             return self._settle(lead)
