@@ -109,6 +109,7 @@ def _suite(tmp_path, name, cases, exact, **env):
 
 
 @pytest.mark.slow
+@pytest.mark.matrix  # PyTorch's own cases: the contract most likely to move between releases
 def test_pytorch_distributed_suite_selection(tmp_path):
     report = _suite(tmp_path, "commrt", CASES, exact=True)
     assert report["failed"] == {}, json.dumps(report["failed"], indent=1)[:4000]
