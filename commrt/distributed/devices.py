@@ -42,7 +42,6 @@
 from __future__ import annotations
 
 import datetime
-import functools
 import threading
 from dataclasses import dataclass
 
@@ -373,7 +372,7 @@ class DeviceComms:
         )
         meeting = Meeting(
             self.rank, self.size, self.timeout,
-            functools.cache(lambda: dist.PrefixStore("cpu/", self.store)),
+            lambda: dist.PrefixStore("cpu/", self.store),
             lambda: _mpi_in_torch_order(self.rank),
         )  # fmt: skip
         backend, transport = first_made(order, meeting, "cpu_transport 'shm'")

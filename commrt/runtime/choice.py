@@ -195,10 +195,11 @@ class Meeting:
     """What a backend's transport is made from, the same for every row (:attr:`Row.make`).
 
     ``store()``: the store the ranks meet through (asked for only by the rows that meet
-    there; the caller makes it once); ``mpi()``: MPI's transport over these ranks, in their
-    order; ``local_rank`` and ``device``: the CUDA device (None: ``cuda:<local_rank %
-    GPUs>``); ``nccl_id_over_mpi``: NCCL's unique id travels over MPI's world (mpiexec
-    started the ranks and no port was given) rather than through the store."""
+    there; :func:`~commrt.runtime.connect.first_made` makes it once); ``mpi()``: MPI's
+    transport over these ranks, in their order; ``local_rank`` and ``device``: the CUDA
+    device (None: ``cuda:<local_rank % GPUs>``); ``nccl_id_over_mpi``: NCCL's unique id
+    travels over MPI's world (mpiexec started the ranks and no port was given) rather than
+    through the store."""
 
     rank: int
     world_size: int

@@ -7,6 +7,7 @@ this returns."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from commrt import settings
 from commrt.runtime.choice import Backend, Meeting
@@ -23,12 +24,11 @@ def make_transport(order, launch, rank, world_size, timeout, address, device):
     master_addr, master_port = address
     if rejoining():
         return order[0], _rejoined(order[0], rank, world_size)
-    store = functools.cache(
-        lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout)
-    )
     over_mpi = launch.launcher == "mpiexec" and master_port is None and launch.master_port is None
     meeting = Meeting(
-        rank, world_size, timeout, store, lambda: _mpi_transport(rank, world_size),
+        rank, world_size, timeout,
+        lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
+        lambda: _mpi_transport(rank, world_size),
         launch.local_rank, device, nccl_id_over_mpi=over_mpi,
     )  # fmt: skip
     return first_made(order, meeting, "backend='shm'")
@@ -36,18 +36,21 @@ def make_transport(order, launch, rank, world_size, timeout, address, device):
 
 def first_made(order, meeting: Meeting, asked: str) -> tuple[Backend, Transport]:
     """(backend, transport): the first of ``order`` whose row makes a transport from
-    ``meeting``. A row may find, on every rank alike, that these ranks cannot use it
-    (shared memory, across hosts): then the next is made; asked for alone (``asked`` says
-    how), that is a ValueError that says why."""
-    why = []
+    ``meeting`` (its store made at most once, by the first row that asks). A row may find,
+    on every rank alike, that these ranks cannot use it (shared memory, across hosts):
+    then the next is made; asked for alone (``asked`` says how), that is a ValueError that
+    says why."""
+    meeting = replace(meeting, store=functools.cache(meeting.store))  # made once, if asked
+    declined = []
     for be in order:
         made = be.row.make(meeting)
         if not isinstance(made, str):
             return be, made
-        why.append(f"{be}: {made}")
-    if len(order) == 1:
-        raise ValueError(f"commrt: {asked}: {why[0].split(': ', 1)[1]}; use gloo")
-    raise ValueError(f"commrt: none of {', '.join(map(str, order))} can be made: {'; '.join(why)}")
+        declined.append((be, made))
+    if len(declined) == 1:
+        raise ValueError(f"commrt: {asked}: {declined[0][1]}; use gloo")
+    why = "; ".join(f"{be}: {made}" for be, made in declined)
+    raise ValueError(f"commrt: none of {', '.join(map(str, order))} can be made: {why}")
 
 
 def _mpi_transport(rank: int, world_size: int) -> Transport:

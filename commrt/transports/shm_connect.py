@@ -168,12 +168,3 @@ def _map_peers(
         finally:
             os.close(fd)
     return None
-
-
-def shm_transport(store, rank: int, world_size: int, timeout: float, asked: str) -> ShmTransport:
-    """The shared-memory transport over ``store`` (every rank together), or a ValueError
-    that says why these ranks cannot share memory and what to use instead."""
-    made = connect(store, rank, world_size, timeout)
-    if isinstance(made, str):
-        raise ValueError(f"commrt: {asked}: the ranks cannot share memory ({made}); use gloo")
-    return made

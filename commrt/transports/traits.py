@@ -18,8 +18,9 @@ __all__ = ["Traits", "NCCL", "CUDA_IPC", "MPI", "GLOO", "GLOO_REJOINED", "SHM"]
 class Traits:
     """What a transport is, as the layers above ask it: one frozen value that each transport
     class declares (``traits = Traits(...)``) and a wrapper passes on whole
-    (:class:`~commrt.transports.base.Forwarding`), so that a path is chosen by what the transport does, never by its
-    name (as NCCL asks each transport ``canConnect``). A new trait is one field here."""
+    (:class:`~commrt.transports.base.Forwarding`), so that a path is chosen by what the
+    transport does, never by its name (as NCCL asks each transport ``canConnect``). A new
+    trait is one field here."""
 
     #: the engine orders operations on a device stream (NCCL, cuda_ipc): the executor then
     #: enqueues reductions after a receive without a host wait, and only the final
@@ -34,8 +35,9 @@ class Traits:
     #: stay travelling past a deadline of the caller's (gossip's). NCCL's posted receive
     #: holds its stream until the data comes and cannot be withdrawn
     testable: bool = False
-    #: a replacement process that rejoined a running job (:class:`~commrt.transports.gloo.GlooRejoined`): the job's
-    #: group does not reach it, only groups made after it came back do
+    #: a replacement process that rejoined a running job
+    #: (:class:`~commrt.transports.gloo.GlooRejoined`): the job's group does not reach it,
+    #: only groups made after it came back do
     rejoined: bool = False
     #: a wait that times out breaks the connection (gloo closes the pair, NCCL aborts the
     #: communicator), so a wait must never be cut into short ones to look at something else
@@ -54,10 +56,11 @@ class Traits:
     #: MPI, and mpiexec must start them
     meets_through_mpi: bool = False
     #: a receive can add its data into the destination as it arrives (shm): the executor then
-    #: skips the scratch buffer and its add (:meth:`~commrt.transports.base.Transport.prepare_adding`)
+    #: skips the scratch buffer and its add
+    #: (:meth:`~commrt.transports.base.Transport.prepare_adding`)
     adds_on_receive: bool = False
-    #: :meth:`~commrt.transports.base.Transport.run_whole` runs a one-shot all-reduce whole (``cuda_ipc``): auto
-    #: then weighs it
+    #: :meth:`~commrt.transports.base.Transport.run_whole` runs a one-shot all-reduce whole
+    #: (``cuda_ipc``): auto then weighs it
     fuses_one_shot: bool = False
     #: it moves CUDA tensors (and needs a GPU); the others move CPU tensors
     moves_cuda: bool = False

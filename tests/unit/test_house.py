@@ -613,6 +613,17 @@ def names_compared(source: str) -> int:
     return count
 
 
+def outside_the_chooser(count) -> dict[str, int]:
+    """Each library module but the transport chooser (runtime/choice.py) where ``count`` of
+    its source is not 0, with that count."""
+    found = {}
+    for _, path in library_sources():
+        rel = path.relative_to(ROOT).as_posix()
+        if rel != "commrt/runtime/choice.py" and (n := count(path.read_text("utf-8"))):
+            found[rel] = n
+    return found
+
+
 def test_the_name_check_sees_a_comparison():
     assert names_compared('if t.name == "gloo" or b in ("mpi", "cuda_ipc"): pass') == 2
     assert names_compared('if t.traits.survives_peer_death and x == "ring": pass') == 0
@@ -621,12 +632,7 @@ def test_the_name_check_sees_a_comparison():
 def test_no_transport_is_told_by_its_name():
     """What a transport is, it declares (a trait on Transport, asked as NCCL asks each
     transport canConnect); runtime/choice.py alone maps names to backends."""
-    found = {}
-    for _, path in library_sources():
-        rel = path.relative_to(ROOT).as_posix()
-        if rel != "commrt/runtime/choice.py" and (n := names_compared(path.read_text("utf-8"))):
-            found[rel] = n
-    assert found == {}
+    assert outside_the_chooser(names_compared) == {}
 
 
 def members_named(source: str) -> int:
@@ -649,12 +655,7 @@ def test_the_member_check_sees_a_backend_named():
 def test_no_backend_is_named_outside_its_table():
     """A backend is one row of ``ORDER`` in runtime/choice.py: every caller reads the row
     (its traits, where it fits, how it is made), and none names a member to compare with."""
-    found = {}
-    for _, path in library_sources():
-        rel = path.relative_to(ROOT).as_posix()
-        if rel != "commrt/runtime/choice.py" and (n := members_named(path.read_text("utf-8"))):
-            found[rel] = n
-    assert found == {}
+    assert outside_the_chooser(members_named) == {}
 
 
 def _thread_sites() -> list[tuple[str, ast.Call, str | None, object]]:
