@@ -28,6 +28,9 @@ def test_readme_has_exactly_two_setup_commands():
     assert re.search(r"&& python -m pytest( -n \d+ --dist loadgroup)?$", commands[1].strip())
     with open(os.path.join(ROOT, ".ci", "run")) as f:
         assert commands[1].strip() in f.read()
+    # and it is the parallel one: pyproject's addopts run the suite on xdist's workers
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert re.search(r'^addopts = ".*-n auto --dist loadgroup', f.read(), re.M)
 
 
 def _run_example(heading: str, nranks: int, report: str, tmp_path) -> tuple[str, str]:

@@ -94,3 +94,17 @@ def test_the_torch_facing_rows_name_tests_that_exist_and_how_pytest_runs_them():
     facing = MATRIX["torch_facing"]
     assert facing["tests"] and all((ROOT / path).exists() for path in facing["tests"]), facing
     assert "-n" in facing["pytest"], facing  # the rows run them as the suite's workers do
+
+
+def test_each_torch_row_runs_the_quick_loop_and_the_tests_marked_matrix():
+    """A row runs the torch-facing tests of the quick loop and those marked ``matrix``
+    (PyTorch's own suite's selection), not every slow one (the suite runs those)."""
+    args = MATRIX["torch_facing"]["pytest"]
+    assert args[args.index("-m") + 1] == "not slow or matrix", args
+    marked = [
+        path
+        for test in MATRIX["torch_facing"]["tests"]
+        for path in sorted((ROOT / test).rglob("test_*.py")) or [ROOT / test]
+        if "@pytest.mark.matrix" in path.read_text("utf-8")
+    ]
+    assert [p.name for p in marked] == ["test_torch_conformance.py"], marked
