@@ -21,8 +21,12 @@ Everything else lives in packages and modules with one job each:
   executor that runs a schedule on a transport (:mod:`commrt.schedule.executor`);
 * :mod:`commrt.algorithms`: the algorithms, each a schedule generator;
 * :mod:`commrt.sim`: the cost simulator, pricing schedules on a modelled network;
-* :mod:`commrt.runtime`: the communicator (``init``) and what it stands on, among
-  them the timelines of :mod:`commrt.runtime.trace`;
+* :mod:`commrt.process`: what one process stands on (its threads, its waits, the
+  store its ranks meet in, what its launcher gave it);
+* :mod:`commrt.diagnosis`: a failure's diagnosis (a rank's farewell, the abort,
+  the stall watch and its one verdict on every rank);
+* :mod:`commrt.runtime`: the communicator (``init``), the table of backends, and
+  the timelines of :mod:`commrt.runtime.trace`;
 * :mod:`commrt.tuning`: what ``auto`` learns of the job (the probe, the node layout);
 * :mod:`commrt.collectives`: the public collectives (``all_reduce``, ``broadcast``, ...);
 * :mod:`commrt.training`: helpers for a training loop;

@@ -215,7 +215,7 @@ class CommError(RuntimeError):
     """Base class for communication failures raised by commrt.
 
     ``verdict``: the stall verdict's text where one was formed before the error was
-    raised (:mod:`commrt.runtime.stall`); it is part of the message too. ``peer``,
+    raised (:mod:`commrt.diagnosis.stall`); it is part of the message too. ``peer``,
     ``peers`` and ``where`` say what a one-line report (``commrt train``) and the
     abort-on-error hook name, where the failure knows it.
     """

@@ -29,6 +29,7 @@ import commrt
 from commrt.algorithms import resolve
 from commrt.cli.plotting import line_plot
 from commrt.cli.units import fmt_bytes
+from commrt.runtime.choice import Backend
 
 #: 8 B and 4 KiB (latency-bound: one small bucket, gossip, control traffic), then 64 KiB,
 #: 1 MiB and 16 MiB: the default ``commrt bench allreduce`` sweep, seconds on 2 shared cores
@@ -60,7 +61,9 @@ class DelayBackward(torch.autograd.Function):
 #: the anchors' rows, as :func:`anchors` names them (each the engine's own all-reduce, as
 #: its backend's row names it: :attr:`commrt.runtime.choice.Row.native`); the ratio
 #: column is over gloo's
-GLOO_ANCHOR, MPI_ANCHOR = "gloo allreduce", "MPI_Allreduce"
+#: the anchors, what a user would otherwise run: gloo's all-reduce (always there) and
+#: MPI's, named as their rows of the backend table name them
+GLOO_ANCHOR, MPI_ANCHOR = (Backend(name).row.native for name in ("gloo", "mpi"))
 #: the algorithm column of the table: the longest "native (...)" whole, in 80 columns
 NAME_W = 29
 

@@ -1,9 +1,9 @@
 """``commrt diagnose DIR``: the stall verdict again, from the files a stalled job left.
 
 With ``COMMRT_DUMP=DIR`` each rank of a job that stalled wrote
-``DIR/rank<r>.json`` (:mod:`commrt.runtime.stall`): its last positions and
+``DIR/rank<r>.json`` (:mod:`commrt.diagnosis.stall`): its last positions and
 the verdict, with every rank's view. This command judges those views again
-(:func:`commrt.runtime.verdict.judge`: a pure function, nothing of the job
+(:func:`commrt.diagnosis.verdict.judge`: a pure function, nothing of the job
 needed) and prints the verdict as the job printed it, then each rank's last
 positions. Files are read as JSON only.
 """
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from commrt.runtime.verdict import call_text, judge, render, wrap
+from commrt.diagnosis.verdict import call_text, judge, render, wrap
 
 
 def register(sub) -> None:

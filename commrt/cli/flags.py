@@ -20,8 +20,8 @@ from commrt.cli.units import (
     positive_int,
     timeout_seconds,
 )
+from commrt.process.rendezvous import DEFAULT_TIMEOUT_S
 from commrt.runtime.choice import Backend, describe
-from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S
 
 
 def rank_flags(p: argparse.ArgumentParser) -> None:

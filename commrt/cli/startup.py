@@ -91,7 +91,7 @@ def rank_startup(launched: float) -> Startup:
     processes, ``import torch``) began at the launch, and the launcher named it (no thread
     of a rank could: loading torch's libraries holds the interpreter's lock); rank 0 names
     the later phases where they are slow."""
-    from commrt.runtime.environment import detect_launch
+    from commrt.process.environment import detect_launch
 
     startup = Startup(launched, say=detect_launch().rank == 0)
     startup.begin(PROCESSES, now=launched, named=True)

@@ -44,7 +44,7 @@ from commrt.cli.train_output import (
     summary_rows,
 )
 from commrt.errors import CommError
-from commrt.runtime.environment import rejoining
+from commrt.process.environment import rejoining
 from commrt.sync.backup import RejoinedTooLate
 from commrt.sync.report import SyncReport
 

@@ -184,7 +184,7 @@ def check_train(parser: argparse.ArgumentParser, args):
 
     nproc, rank = args.nproc, 0
     if launcher.already_launched():
-        from commrt.runtime.environment import detect_launch
+        from commrt.process.environment import detect_launch
 
         nproc, rank = detect_launch().world_size, detect_launch().rank
     fix = _batch_fix(args, nproc)

@@ -30,7 +30,7 @@ def peer_failed(rank: int, step: int, error: CommError, backend: Backend) -> Non
     stopped) in training step ``step``, with one line and no traceback (``--verbose`` keeps
     the traceback). Under commrt's own launcher the line's parts go to it instead (over gloo:
     MPI ends every rank itself), and it prints them after the dead rank's signal."""
-    from commrt.runtime.abort import end_job  # lazy: it imports torch, which --straggler's
+    from commrt.diagnosis.abort import end_job  # lazy: it imports torch, which --straggler's
     # check in the launcher (a process that imports no torch) does not need
 
     report = {

@@ -11,7 +11,7 @@ import sys
 import tempfile
 
 from commrt.cli.extras import installed
-from commrt.runtime.rendezvous import MAX_TIMEOUT_S, check_timeout
+from commrt.process.rendezvous import MAX_TIMEOUT_S, check_timeout
 from commrt.sim import fmt_bytes  # noqa: F401  (re-exported: tables and tools format sizes alike)
 
 #: dtype names the flags take, each with torch's name for it (:func:`torch_dtype`: no torch

@@ -40,9 +40,9 @@ from commrt.collectives.reductions import (
     ReduceOp,
 )
 from commrt.errors import CollectiveMismatchError, CommError, CommTimeoutError, api_boundary
+from commrt.process.rendezvous import check_timeout
 from commrt.runtime import rows as _rows
 from commrt.runtime.communicator import Communicator
-from commrt.runtime.rendezvous import check_timeout
 from commrt.schedule import Collective, tags
 from commrt.schedule.p2p import Exchange, Where, engine_error
 from commrt.schedule.position import CallCheck

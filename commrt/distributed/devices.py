@@ -51,11 +51,15 @@ import torch.distributed as dist
 from commrt import settings
 from commrt.algorithms import resolve
 from commrt.algorithms.names import NAMES
+from commrt.diagnosis.abort import abort_on_error_wanted, install_abort_hook
+from commrt.diagnosis.stall import stall_seconds, start_watch
 from commrt.distributed.observe import process_tracer
 from commrt.distributed.ops import DeviceContext
 from commrt.errors import did_you_mean, named_keywords
 from commrt.kernels import SUPPORTED_DTYPES as KERNEL_DTYPES
-from commrt.runtime.abort import abort_on_error_wanted, install_abort_hook
+from commrt.process.environment import LaunchInfo, detect_launch
+from commrt.process.rendezvous import DEFAULT_TIMEOUT_S, check_timeout
+from commrt.process.threads import one_core_each
 from commrt.runtime.choice import (
     Backend,
     Meeting,
@@ -66,10 +70,6 @@ from commrt.runtime.choice import (
 )
 from commrt.runtime.communicator import Communicator
 from commrt.runtime.connect import first_made
-from commrt.runtime.environment import LaunchInfo, detect_launch
-from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, check_timeout
-from commrt.runtime.stall import stall_seconds, start_watch
-from commrt.runtime.threads import one_core_each
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
 

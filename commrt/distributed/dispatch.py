@@ -27,7 +27,7 @@ from commrt.schedule.p2p import Exchange, Where
 #: bytes runs on the caller's thread when nothing is queued (CallQueue.submit): a
 #: latency-bound call gains less from overlapping the rest of backward than the hand-off to
 #: the call thread and back costs, and every rank's backward issues its calls in one order.
-#: Where each rank has one core or less (:func:`commrt.runtime.threads.one_core_each`),
+#: Where each rank has one core or less (:func:`commrt.process.threads.one_core_each`),
 #: calls of every size do: the call thread could not overlap the backward, only take turns
 #: with it on that core, paying the hand-offs and its waits' polls on top.
 HERE_BYTES = 64 << 10

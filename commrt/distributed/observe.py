@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from commrt import settings
 from commrt.algorithms.auto import status
-from commrt.runtime.environment import log_level
+from commrt.process.environment import log_level
 from commrt.runtime.trace import Tracer
 from commrt.sim.links import fmt_bytes
 

@@ -9,7 +9,7 @@ size, timeout and ``pg_options`` (a :class:`~commrt.distributed.Options`).
 Under mpiexec, registration also copies MPI's rank and size into RANK,
 WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE where they are missing, so that
 torch's ``env://`` rendezvous works there (MASTER_ADDR and MASTER_PORT still
-come from the launch command); see :func:`commrt.runtime.environment.mpi_env_for_torch`.
+come from the launch command); see :func:`commrt.process.environment.mpi_env_for_torch`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import torch.distributed as dist
 
 from commrt.distributed.torch_api import register_backend
-from commrt.runtime.environment import mpi_env_for_torch
+from commrt.process.environment import mpi_env_for_torch
 
 BACKEND_NAME = "commrt"
 
@@ -29,7 +29,7 @@ def make_group(backend_opts, pg_options=None):
     """torch's factory (``extended_api=True``): the group for these options. A setting it
     refuses (a ValueError naming it) also goes to torchrun's error file, where there is
     one, so that torchrun's "Root Cause" block says it."""
-    from commrt.runtime.elastic import record_error
+    from commrt.process.elastic import record_error
 
     try:
         return _make_group(backend_opts, pg_options)
@@ -41,7 +41,7 @@ def make_group(backend_opts, pg_options=None):
 def _make_group(backend_opts, pg_options):
     from commrt.distributed.devices import DeviceComms
     from commrt.distributed.group import ProcessGroupCommrt
-    from commrt.runtime.environment import log_level, warn_misspelt
+    from commrt.process.environment import log_level, warn_misspelt
 
     log_level()  # a COMMRT_LOG it cannot read is refused before anything is made
     warn_misspelt(backend_opts.group_rank)

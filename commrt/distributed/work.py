@@ -36,7 +36,7 @@ future. Instead:
   from ``wait()``;
 * an error that nobody waits for (DDP's gradient all-reduce only ever
   holds the future) ends the whole job through commrt's abort path
-  (:func:`commrt.runtime.abort.end_job_after`, after the stall verdict), the error printed with rank, peer and
+  (:func:`commrt.diagnosis.abort.end_job_after`, after the stall verdict), the error printed with rank, peer and
   algorithm. With ``COMMRT_ABORT_ON_ERROR=0`` the future carries it instead
   (safe for Python consumers such as communication hooks, not for DDP).
 
@@ -57,11 +57,11 @@ import time
 import torch
 
 from commrt import settings
+from commrt.diagnosis.abort import abort_on_error_wanted, end_job_after
+from commrt.diagnosis.verdict import wrap
 from commrt.distributed.torch_api import Work
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.abort import abort_on_error_wanted, end_job_after
-from commrt.runtime.threads import background_thread, next_job
-from commrt.runtime.verdict import wrap
+from commrt.process.threads import background_thread, next_job
 
 #: errors raised before anything reached the wire (bad input, a call the ranks disagree on,
 #: raised on every rank alike): the group stays usable after them; any other breaks it

@@ -125,7 +125,7 @@ class Situation:
 
     ``device``: the type of the tensors it moves (``"cpu"`` or ``"cuda"``).
     ``launcher``: who started the ranks (:attr:`LaunchInfo.launcher
-    <commrt.runtime.environment.LaunchInfo>`: ``"mpiexec"``, ``"torchrun"``,
+    <commrt.process.environment.LaunchInfo>`: ``"mpiexec"``, ``"torchrun"``,
     ``"none"``; ``"torch.distributed"`` for a process group; :data:`LOCAL`).
     ``world_size`` and ``local_size``: the ranks, and those on this host as
     the launcher says (None: it does not say, so they may all be here).
@@ -199,7 +199,9 @@ class Meeting:
     transport over these ranks, in their order; ``local_rank`` and ``device``: the CUDA
     device (None: ``cuda:<local_rank % GPUs>``); ``nccl_id_over_mpi``: NCCL's unique id
     travels over MPI's world (mpiexec started the ranks and no port was given) rather than
-    through the store."""
+    through the store; ``rejoining``: this process replaces a dead rank of a running job
+    (``COMMRT_REJOIN=1``), made only by a row whose backend
+    :attr:`~Backend.takes_a_replacement`."""
 
     rank: int
     world_size: int
@@ -209,6 +211,7 @@ class Meeting:
     local_rank: int = 0
     device: object = None
     nccl_id_over_mpi: bool = False
+    rejoining: bool = False
 
 
 @dataclass(frozen=True)
@@ -263,7 +266,7 @@ def _mpi_refuses(s: Situation) -> str | None:
 
 
 def _make_nccl(m: Meeting):
-    from commrt.runtime.rendezvous import mpi_world
+    from commrt.process.rendezvous import mpi_world
     from commrt.transports.nccl_bootstrap import init_nccl
     from commrt.transports.stand_ins import stand_in
 
@@ -291,8 +294,10 @@ def _make_shm(m: Meeting):
 
 
 def _make_gloo(m: Meeting):
-    from commrt.transports.gloo import GlooTransport
+    from commrt.transports.gloo import GlooRejoined, GlooTransport
 
+    if m.rejoining:  # the job's group does not reach a replacement: groups made after it do
+        return GlooRejoined(m.rank, m.world_size)
     return GlooTransport(m.store(), m.rank, m.world_size, m.timeout)
 
 

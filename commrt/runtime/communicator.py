@@ -16,6 +16,9 @@ import warnings
 import torch
 
 from commrt import settings
+from commrt.diagnosis.abort import abort_on_error_wanted, cause_of, install_abort_hook, say
+from commrt.diagnosis.departures import CLOSED, FAILED, Departures, track
+from commrt.diagnosis.stall import stall_seconds, start_watch
 from commrt.errors import (
     CommError,
     CommTimeoutError,
@@ -24,22 +27,19 @@ from commrt.errors import (
     did_you_mean,
     named_keywords,
 )
-from commrt.runtime.abort import abort_on_error_wanted, cause_of, install_abort_hook, say
-from commrt.runtime.choice import Backend, Situation, choose, why
-from commrt.runtime.connect import make_transport
-from commrt.runtime.departures import CLOSED, FAILED, Departures, track
-from commrt.runtime.environment import (  # noqa: F401  (LaunchInfo moved; still importable)
+from commrt.process.environment import (
     LaunchInfo,
     detect_launch,
     log_level,
     rejoining,
     warn_misspelt,
 )
-from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout  # noqa: F401  (init names the limit)
+from commrt.process.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_timeout  # noqa: F401  (init names the limit)
+from commrt.process.threads import fit_torch_threads, usable_cores
+from commrt.runtime.choice import Backend, Situation, choose, why
+from commrt.runtime.connect import make_transport
 from commrt.runtime.slots import CommSlots
-from commrt.runtime.stall import stall_seconds, start_watch
 from commrt.runtime.syncs import OpenSyncs
-from commrt.runtime.threads import fit_torch_threads, usable_cores
 from commrt.transports.base import Transport
 
 SPIN_S = settings.Seconds(
@@ -100,13 +100,13 @@ class Communicator:
         self.piece_bytes = int(piece_bytes)
         self._debug = bool(debug)
         self.spin_s = _spin_s(launch.local_size)
-        if self.world_size > 1:  # as torchrun would have (commrt.runtime.threads)
+        if self.world_size > 1:  # as torchrun would have (commrt.process.threads)
             fit_torch_threads(launch.local_size)
         self.lock = threading.RLock()
         #: what other modules derive once per communicator (a probed network, auto's choices)
         self.slots = CommSlots()
         self._closed = False
-        #: what this rank began, and which peers left (commrt.runtime.departures); waits consult it
+        #: what this rank began, and which peers left (commrt.diagnosis.departures); waits consult it
         self.departures = Departures(transport)
         transport.attach_departures(self.departures)
         #: the GradientSyncs open on it, and the one whose step is on the wire
@@ -115,7 +115,7 @@ class Communicator:
         from commrt.schedule.executor import Executor  # executor imports kernels; keep init light
 
         self.executor = Executor()
-        #: the stall watch (commrt.runtime.stall), started by init(); None when off
+        #: the stall watch (commrt.diagnosis.stall), started by init(); None when off
         self.stall = None
 
     @property
@@ -230,7 +230,7 @@ class Communicator:
 
     def verdict_at_timeout(self, error: CommTimeoutError) -> None:
         """Before ``error`` (a wait ran out of this communicator's timeout) is raised: the
-        stall verdict joins its message (:meth:`commrt.runtime.stall.StallWatch.at_error`).
+        stall verdict joins its message (:meth:`commrt.diagnosis.stall.StallWatch.at_error`).
         Not for backup workers' steps (their family goes on without ranks that fail)."""
         if self.stall is not None and self.departures.waits_on_all:
             self.stall.at_error(error)
@@ -243,7 +243,7 @@ class Communicator:
         follow the chain past this rank instead of taking it for the cause. Where a stall
         was declared (a peer that timed out may have closed the connection this rank
         waited on: this rank's own timeout never comes), its verdict joins the error's
-        message (:meth:`commrt.runtime.stall.StallWatch.after_broken_call`).
+        message (:meth:`commrt.diagnosis.stall.StallWatch.after_broken_call`).
         Not for backup workers' steps (their family goes on without ranks that fail)."""
         broke = type(error) is CommError and error.peers is not None
         if (broke or isinstance(error, PeerFailedError)) and self.departures.waits_on_all:
@@ -278,7 +278,7 @@ class Communicator:
     @api_boundary
     def close(self) -> None:
         """Close open GradientSyncs (each waits at most ``timeout`` for its progress thread),
-        tell the peers this rank left (:mod:`commrt.runtime.departures`), then release the transport.
+        tell the peers this rank left (:mod:`commrt.diagnosis.departures`), then release the transport.
         Idempotent; the communicator is unusable after."""
         if self._closed:
             return
@@ -396,7 +396,7 @@ def init(
         rank: this process's rank (default: the launcher's).
         world_size: the number of ranks (default: the launcher's).
         timeout: seconds that bound every wait, at most :data:`MAX_TIMEOUT_S` (about 3
-            years; :mod:`commrt.runtime.rendezvous` says why).
+            years; :mod:`commrt.process.rendezvous` says why).
         master_addr: the rendezvous host (default: the launcher's ``MASTER_ADDR``).
         master_port: the rendezvous port (default: the launcher's ``MASTER_PORT``).
         device: nccl only; the default, or ``"cuda"`` without an index, is
@@ -409,7 +409,7 @@ def init(
             waiting (default: True, or ``COMMRT_ABORT_ON_ERROR``); turn it off where
             the program handles rank failures itself.
         stall_s: seconds without progress inside a collective before the stall watch
-            gives its verdict (:mod:`commrt.runtime.stall`); default ``COMMRT_STALL_S``,
+            gives its verdict (:mod:`commrt.diagnosis.stall`); default ``COMMRT_STALL_S``,
             else half the timeout, between 60 s and 5 minutes; 0: off; not shorter
             than the timeout: the verdict forms at the timeout, in the error.
 

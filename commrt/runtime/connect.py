@@ -10,10 +10,10 @@ import functools
 from dataclasses import replace
 
 from commrt import settings
+from commrt.process.environment import rejoining
+from commrt.process.rendezvous import mpi_world
+from commrt.process.rendezvous import tcp_store as _tcp_store
 from commrt.runtime.choice import Backend, Meeting
-from commrt.runtime.environment import rejoining
-from commrt.runtime.rendezvous import mpi_world
-from commrt.runtime.rendezvous import tcp_store as _tcp_store
 from commrt.transports.base import Transport
 
 
@@ -23,13 +23,13 @@ def make_transport(order, launch, rank, world_size, timeout, address, device):
     the real ones unless a test plugged stand-ins in (:mod:`commrt.transports.stand_ins`)."""
     master_addr, master_port = address
     if rejoining():
-        return order[0], _rejoined(order[0], rank, world_size)
+        order = _takes_a_replacement(order[0])
     over_mpi = launch.launcher == "mpiexec" and master_port is None and launch.master_port is None
     meeting = Meeting(
         rank, world_size, timeout,
         lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
         lambda: _mpi_transport(rank, world_size),
-        launch.local_rank, device, nccl_id_over_mpi=over_mpi,
+        launch.local_rank, device, nccl_id_over_mpi=over_mpi, rejoining=rejoining(),
     )  # fmt: skip
     return first_made(order, meeting, "backend='shm'")
 
@@ -67,14 +67,14 @@ def _mpi_transport(rank: int, world_size: int) -> Transport:
     return MpiTransport(world)
 
 
-def _rejoined(be: Backend, rank: int, world_size: int) -> Transport:
-    """The transport of a replacement that rejoins a running job (``COMMRT_REJOIN=1``);
-    backup workers' policy checks that the job's store outlives every rank."""
-    from commrt.transports.gloo import GlooRejoined
-
+def _takes_a_replacement(be: Backend) -> tuple[Backend]:
+    """``(be,)``, the one backend a replacement that rejoins a running job
+    (``COMMRT_REJOIN=1``) is made on, where it takes one; backup workers' policy checks
+    that the job's store outlives every rank."""
     if not be.takes_a_replacement:
+        able = " or ".join(f"backend='{b}'" for b in Backend if b.takes_a_replacement)
         raise ValueError(
-            f"{settings.REJOIN.name}=1: only the gloo backend lets a replacement rejoin a "
-            f"running job (backup workers), not {be}; pass backend='gloo'"
+            f"{settings.REJOIN.name}=1: a replacement cannot rejoin a running job on the "
+            f"{be} backend; pass {able} (backup workers)"
         )
-    return GlooRejoined(rank, world_size)
+    return (be,)

@@ -33,8 +33,8 @@ import os
 from dataclasses import dataclass
 
 from commrt import settings
+from commrt.process.rendezvous import DEFAULT_TIMEOUT_S, serve
 from commrt.runtime import rows
-from commrt.runtime.rendezvous import DEFAULT_TIMEOUT_S, serve
 
 
 class Host(enum.Enum):

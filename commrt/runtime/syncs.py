@@ -7,7 +7,7 @@ peer's buckets), and an asynchronous family's work may outlive ``wait()``: every
 collective lets it finish first, so that every rank issues the next one after it, in the
 same order. :class:`OpenSyncs` keeps both facts for a
 :class:`~commrt.runtime.communicator.Communicator` (its ``syncs``), and tells the
-communicator's departures (:mod:`commrt.runtime.departures`) when a step begins and ends.
+communicator's departures (:mod:`commrt.diagnosis.departures`) when a step begins and ends.
 """
 
 from __future__ import annotations

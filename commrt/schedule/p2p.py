@@ -11,7 +11,7 @@ schedule steps raise the same errors (:func:`timeout_error`,
 :class:`Exchange`: the backup workers' catch-up, the gossip shuffle,
 gossip's messages with a deadline and a replacement's snapshot
 (:mod:`commrt.sync.gossip`), and the farewells of ranks that leave
-(:mod:`commrt.runtime.departures`). Tags come from
+(:mod:`commrt.diagnosis.departures`). Tags come from
 :mod:`commrt.schedule.tags`.
 
 Example::
@@ -72,7 +72,7 @@ def engine_error(
     transport: Transport, err: Exception, peers: Sequence[int], where: Where
 ) -> CommError:
     """An engine's raw error (a peer's connection closed, ...) in commrt's terms: a peer
-    that left (its farewell, :mod:`commrt.runtime.departures`) is named as such."""
+    that left (its farewell, :mod:`commrt.diagnosis.departures`) is named as such."""
     departures = transport.departures
     left = departures.explain() if departures is not None else None
     if left is not None:

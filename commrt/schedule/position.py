@@ -5,7 +5,7 @@ it); the hot path only writes a few attributes on it: the run it began (the
 executor's record of the call: schedule, buffer size and dtype), the bucket, the
 schedule step it is in (None between calls), and, on torch.distributed's
 call thread, the op. No lock, no allocation, no clock read: the stall watch
-(:mod:`commrt.runtime.stall`) samples it from another thread and notices
+(:mod:`commrt.diagnosis.stall`) samples it from another thread and notices
 when it stops changing. :meth:`Position.describe` turns it into plain data
 (JSON) when someone asks.
 """

@@ -43,7 +43,7 @@ GOSSIP_STEPS = 1 << 18
 CATCHUP = 0x3FFFFF00
 #: the collectives' cross-rank check of a call signature (commrt.collectives.core)
 CALL_CHECK = CATCHUP + 1
-#: a closing rank's farewell to its peers (commrt.runtime.departures), where no store carries it
+#: a closing rank's farewell to its peers (commrt.diagnosis.departures), where no store carries it
 FAREWELL = CALL_CHECK + 1
 
 #: every range, [start, stop), by owner

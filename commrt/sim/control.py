@@ -15,7 +15,7 @@ each step also commits), from three measured numbers (:class:`StoreCost`,
 A step asks the store in two bursts, separated by the participants'
 reduction: *arrival* when the ranks' first buckets are ready, *commit* when
 their reductions end. Every wait is ``polls`` checks
-(:func:`commrt.runtime.polling.poll`); a wait's first miss also looks once for
+(:func:`commrt.process.polling.poll`); a wait's first miss also looks once for
 catch-up requests (its idle work), counted once per wait.
 
 **Flat** (the protocol as built). *Arrival*: each of the p ranks checks it

@@ -21,7 +21,7 @@ import time
 import torch
 
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.threads import background_thread, idle_wait
+from commrt.process.threads import background_thread, idle_wait
 from commrt.sync.buffers import BucketBuffers
 from commrt.sync.policy import Policy
 from commrt.sync.stepstate import StepState

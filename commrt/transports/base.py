@@ -82,7 +82,7 @@ def poll_until(
     After 5 ms the wait turns into sleeps of up to 1 ms, so a long wait (a
     slow peer, a straggler) costs no CPU. From then on ``check()`` (if given)
     is called every :data:`CHECK_EVERY_S`; it raises to end a wait that can
-    never finish (a peer closed, see :mod:`commrt.runtime.departures`).
+    never finish (a peer closed, see :mod:`commrt.diagnosis.departures`).
     ``moving()`` (if given) says, after a miss, whether the wait's transfer moved
     since the last call; if it did, the wait goes back to yielding instead of
     sleeping. A transport whose waiter moves the bytes itself (shared memory)
@@ -169,9 +169,9 @@ class Transport(abc.ABC):
     traits: Traits = Traits()
     #: the rendezvous store (a ``torch.distributed.Store``) the transport was built from, or
     #: None where there is none (MPI, NCCL): a closing rank's farewell and the stall watch
-    #: meet in it (commrt.runtime.departures, commrt.runtime.stall)
+    #: meet in it (commrt.diagnosis.departures, commrt.diagnosis.stall)
     store = None
-    #: the communicator's record of peers that left (commrt.runtime.departures.Departures), or
+    #: the communicator's record of peers that left (commrt.diagnosis.departures.Departures), or
     #: None; bounded waits call its ``check()`` and engine errors its ``explain()``
     departures = None
 

@@ -73,7 +73,7 @@ class GlooTransport(Transport):
 
     def __init__(self, store: dist.Store, rank: int, world_size: int, timeout: float):
         super().__init__(rank, world_size, torch.device("cpu"))
-        #: the rendezvous store, which also carries a closing rank's farewell (commrt.runtime.departures)
+        #: the rendezvous store, which also carries a closing rank's farewell (commrt.diagnosis.departures)
         self.store = store
         self.pg = dist.ProcessGroupGloo(
             store, rank, world_size, datetime.timedelta(seconds=timeout)

@@ -32,7 +32,7 @@ wait longer than a few milliseconds asks, every
 :data:`commrt.transports.base.CHECK_EVERY_S`, whether the peer it waits on
 still runs (its pid, not a zombie, with the start time it published). A
 closing rank's farewell travels as a message, like MPI's
-(:mod:`commrt.runtime.departures`). The files are unlinked as soon as every
+(:mod:`commrt.diagnosis.departures`). The files are unlinked as soon as every
 rank has mapped them, so a crash leaves nothing in ``/dev/shm``.
 """
 

@@ -27,7 +27,7 @@ class Traits:
     #: :class:`~commrt.transports.base.Pending` completion is waited on
     stream_ordered: bool = False
     #: a receive can be tested without blocking (MPI, shm): a closing rank's farewell then
-    #: travels as a message; elsewhere through the store (commrt.runtime.departures)
+    #: travels as a message; elsewhere through the store (commrt.diagnosis.departures)
     pollable: bool = False
     #: a wait whose deadline has already passed only tests the operation (an MPI_Test; shm's
     #: and cuda_ipc's host counters: cuda_ipc issues a receive's copy only once the data was

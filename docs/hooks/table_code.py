@@ -2,7 +2,7 @@
 
 The theme lets code break anywhere, which split ``COMMRT_DEBUG`` into ``COMMRT_DEBU`` /
 ``G`` in a narrow column; forbidding every break instead makes a long dotted name
-(``commrt.runtime.rendezvous.DEFAULT_TIMEOUT_S``) widen its table past the page. Here
+(``commrt.process.rendezvous.DEFAULT_TIMEOUT_S``) widen its table past the page. Here
 each piece of a cell's code up to and including a ``.``, ``(``, ``,``, ``=``, ``/`` or
 ``|`` is one unbreakable span (``stylesheets/extra.css``), with a ``<wbr>`` after it: a
 line may end after ``commrt.runtime.`` but never inside a name or a flag

@@ -219,7 +219,9 @@ def test_the_store_a_launcher_hosts_is_found():
 def test_all_reduce_refuses_backup_workers():
     from helpers.local_transport import run_ranks
 
-    from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+    from commrt.process.environment import LaunchInfo
+    from commrt.runtime.choice import Backend
+    from commrt.runtime.communicator import Communicator
 
     def body(tr):
         launch = LaunchInfo("none", tr.rank, tr.world_size, 0, None)

@@ -17,7 +17,9 @@ import torch
 from helpers.local_transport import run_ranks
 
 import commrt
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 
 
 def _mpiexec(tmp_path, n, body, *, env=None, timeout=120):

@@ -12,7 +12,9 @@ from helpers.mp import mpiexec
 
 import commrt
 from commrt.cli.bench import DelayBackward
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 from commrt.sync.buckets import assign_buckets
 
 # Stated tolerances (per tensor, max|commrt - DDP| / max|DDP| after 20 SGD+momentum steps):
@@ -233,7 +235,7 @@ def test_a_step_waits_at_the_longest_timeout_whatever_the_buckets():
     raised "OverflowError: timestamp out of range for platform time_t" (new-user trial)."""
     from types import SimpleNamespace
 
-    from commrt.runtime.rendezvous import MAX_TIMEOUT_S
+    from commrt.process.rendezvous import MAX_TIMEOUT_S
     from commrt.sync.progress import ProgressThread
     from commrt.sync.stepstate import StepState
 

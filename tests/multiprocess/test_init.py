@@ -14,8 +14,8 @@ from helpers.mp import TESTS
 import commrt
 import commrt.testing
 import commrt.transports.stand_ins
+from commrt.process.environment import LaunchInfo, detect_launch
 from commrt.runtime.communicator import Communicator
-from commrt.runtime.environment import LaunchInfo, detect_launch
 
 
 def test_detect_mpich_hydra():

@@ -14,7 +14,9 @@ import commrt
 from commrt.collectives import core as collectives
 from commrt.collectives.core import _Call
 from commrt.errors import CollectiveMismatchError
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 from commrt.transports.counting import CountingTransport
 
 

@@ -14,7 +14,9 @@ from helpers.mp import mpiexec
 import commrt
 from commrt.algorithms import resolve
 from commrt.errors import CommTimeoutError
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 from commrt.schedule.bindings import Bindings
 from commrt.schedule.executor import Executor
 

@@ -1,4 +1,4 @@
-"""Torch threads where ranks share cores (commrt.runtime.threads): the share each rank gets, left
+"""Torch threads where ranks share cores (commrt.process.threads): the share each rank gets, left
 alone when OMP_NUM_THREADS is set, and what a real gloo launch by hand gets from init."""
 
 import re
@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers.mp import gloo_ranks
 
-from commrt.runtime import threads
-from commrt.runtime.threads import fit_torch_threads, threads_for
+from commrt.process import threads
+from commrt.process.threads import fit_torch_threads, threads_for
 
 
 @pytest.mark.parametrize(

@@ -215,12 +215,14 @@ def test_torus_matches_ring_mpi_and_gloo(nranks, shapes, tmp_path):
     ],
 )
 def test_default_grid_is_agreed_by_every_rank(local_sizes, local_ranks, shape, monkeypatch):
-    from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+    from commrt.process.environment import LaunchInfo
+    from commrt.runtime.choice import Backend
+    from commrt.runtime.communicator import Communicator
     from commrt.tuning.hook_comm import HookComm
     from commrt.tuning.topology import ranks_per_node
 
     # these "ranks" are threads of this process: keep the communicators from fitting the
-    # test process's torch threads to a node of local_sizes ranks (commrt.runtime.threads)
+    # test process's torch threads to a node of local_sizes ranks (commrt.process.threads)
     monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
 
     def body(tr):

@@ -23,9 +23,11 @@ from workers.uneven_worker import loss, model, reference, shard
 
 import commrt
 from commrt.algorithms import BackupWorkers, Gossip
+from commrt.diagnosis.departures import CLOSED, EXITED, FAILED, Departures, Farewell
 from commrt.errors import PeerFailedError
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
-from commrt.runtime.departures import CLOSED, EXITED, FAILED, Departures, Farewell
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 from commrt.sync.backup import BackupPolicy
 from commrt.sync.gossip import GossipPolicy
 from commrt.transports.base import Traits

@@ -55,7 +55,7 @@ def test_abort_advice_fits_how_the_group_was_made(monkeypatch):
     """The backend's groups (made by init_process_group) are never told to call commrt.init."""
     import sys
 
-    from commrt.runtime import abort
+    from commrt.diagnosis import abort
 
     said = []
     monkeypatch.setattr(abort, "end_job", said.append)  # where the hook calls it

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from commrt.distributed import dispatch as D
 from commrt.distributed.work import CallQueue, CommrtWork
-from commrt.runtime import threads
+from commrt.process import threads
 
 
 def _work(name: str) -> CommrtWork:

@@ -18,7 +18,7 @@ from helpers.cli import run_commrt
 
 import commrt  # noqa: F401  (registers the backend)
 from commrt.distributed import observe
-from commrt.runtime.environment import log_level
+from commrt.process.environment import log_level
 
 # one worker runs the whole module under pytest-xdist: its tests read one started torchrun
 # job (a module fixture)

@@ -1,10 +1,10 @@
-"""Which rank an error names as where a failure began (commrt.runtime.abort.cause_of), from
+"""Which rank an error names as where a failure began (commrt.diagnosis.abort.cause_of), from
 what :class:`~commrt.errors.CommError` declares, and the one-line report's parts."""
 
 import types
 
+from commrt.diagnosis.abort import cause_of
 from commrt.errors import CommError, CommTimeoutError, PeerFailedError
-from commrt.runtime.abort import cause_of
 from commrt.schedule.p2p import Where, engine_error
 
 

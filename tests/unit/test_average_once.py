@@ -16,7 +16,9 @@ import commrt
 from commrt.algorithms import resolve
 from commrt.distributed.ops import DeviceContext
 from commrt.distributed.ops import allreduce as torch_allreduce
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 
 P = 3
 

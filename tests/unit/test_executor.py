@@ -132,7 +132,9 @@ def test_timeout_names_rank_peer_algorithm_step():
 
 
 def _local_comm(tr):
-    from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+    from commrt.process.environment import LaunchInfo
+    from commrt.runtime.choice import Backend
+    from commrt.runtime.communicator import Communicator
 
     return Communicator(
         tr, Backend.GLOO, LaunchInfo("none", tr.rank, tr.world_size, 0, None), 10.0, 1 << 20

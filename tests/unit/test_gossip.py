@@ -16,7 +16,9 @@ from helpers.local_transport import LocalTransport, Mailbox
 import commrt
 from commrt.algorithms import Gossip, resolve
 from commrt.errors import ScheduleError
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 from commrt.schedule import Collective, Op, OpKind, Step
 
 TOPOLOGIES = ["hypercube", "dissemination"]

@@ -220,6 +220,8 @@ LAYERS = (
     ("schedule",),
     ("algorithms",),
     ("sim",),
+    ("process",),  # what one process stands on: threads, waits, the store, the launcher
+    ("diagnosis",),  # a failure's diagnosis: departures, abort, the stall watch, the verdict
     ("runtime",),
     ("tuning",),
     ("collectives",),
@@ -326,6 +328,8 @@ def test_the_private_field_check_sees_what_it_should(source, found):
 #: those hooks need of the communicator)
 ABOVE_ALGORITHMS = (
     "commrt.sim",
+    "commrt.process",
+    "commrt.diagnosis",
     "commrt.runtime",
     "commrt.collectives",
     "commrt.tuning",
@@ -526,8 +530,8 @@ def test_the_capability_check_sees_what_it_should(source):
 # ------------------------------------------------------------ no private reach across modules
 def private_owner(dotted: str) -> str | None:
     """The package or module a dotted name is private to, or None if it is public: the
-    scope that holds its first underscored part (``commrt.runtime.rendezvous._bcast`` is
-    private to ``commrt.runtime.rendezvous``; ``commrt.kernels._common.check`` to
+    scope that holds its first underscored part (``commrt.process.rendezvous._bcast`` is
+    private to ``commrt.process.rendezvous``; ``commrt.kernels._common.check`` to
     ``commrt.kernels``, since all of a private module belongs to its package)."""
     parts = dotted.split(".")
     for i, part in enumerate(parts):
@@ -567,9 +571,9 @@ def test_nobody_imports_another_modules_private_names():
     "importer,source,found",
     [
         (
-            "commrt.runtime.stall",
-            "from commrt.runtime.rendezvous import _bcast_text, serve",
-            ["commrt.runtime.rendezvous._bcast_text"],
+            "commrt.diagnosis.stall",
+            "from commrt.process.rendezvous import _bcast_text, serve",
+            ["commrt.process.rendezvous._bcast_text"],
         ),
         (
             "commrt.cli.simulate_deadline",
@@ -700,21 +704,21 @@ def _thread_sites() -> list[tuple[str, ast.Call, str | None, object]]:
 
 
 def test_every_thread_follows_the_thread_rule_or_is_a_named_exemption():
-    # commrt.runtime.threads: a thread beside the program is a background_thread (not a
+    # commrt.process.threads: a thread beside the program is a background_thread (not a
     # daemon); a daemon is one of DAEMONS, whose reason says why
-    from commrt.runtime.threads import DAEMONS, daemon_reason
+    from commrt.process.threads import DAEMONS, daemon_reason
 
     sites = _thread_sites()
     assert len(sites) >= 6, sites  # background_thread's, and the daemons'
     used = set()
     for mod, call, name, daemon in sites:
         where = _where(mod, call)
-        if mod == "commrt.runtime.threads":
+        if mod == "commrt.process.threads":
             assert daemon is False, f"{where}: background_thread makes a non-daemon"
             continue
         assert daemon is True, f"{where}: a thread not made by background_thread is a daemon"
         assert name is not None and daemon_reason(name), (
-            f"{where}: daemon thread {name!r} is not one of commrt.runtime.threads.DAEMONS"
+            f"{where}: daemon thread {name!r} is not one of commrt.process.threads.DAEMONS"
         )
         used |= {k for k in DAEMONS if name == k or (k.endswith("-") and name.startswith(k))}
     assert used == set(DAEMONS), f"exemptions no thread has: {set(DAEMONS) - used}"
@@ -733,7 +737,7 @@ def test_the_thread_rule_check_finds_an_unlisted_daemon():
         found = {(n, d) for m, _, n, d in _thread_sites() if m == "probe"}
     finally:
         del TREES["probe"]
-    from commrt.runtime.threads import daemon_reason
+    from commrt.process.threads import daemon_reason
 
     assert found == {("commrt-x", True), ("commrt-startup-note", True)}
     assert daemon_reason("commrt-x") is None and daemon_reason("commrt-startup-note")

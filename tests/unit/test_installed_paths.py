@@ -42,7 +42,7 @@ def repo_paths_said(source: str) -> list[tuple[int, str]]:
 def test_the_scan_sees_a_message_and_spares_a_docstring():
     source = '"""See docs/stalls.md."""\ndef f():\n    """bench/x.py"""\n    raise ValueError(f"see docs/stalls.md ({1})")\n'
     assert repo_paths_said(source) == [(4, "docs/stalls.md")]
-    assert repo_paths_said('x = "commrt/runtime/stall.py and mydocs/a.md"') == []
+    assert repo_paths_said('x = "commrt/diagnosis/stall.py and mydocs/a.md"') == []
 
 
 def test_no_message_names_a_file_the_wheel_lacks():

@@ -1,6 +1,6 @@
 """One name per meaning, for the words that used to carry several.
 
-"watch" is the stall watch alone (:mod:`commrt.runtime.stall`); the NCCL
+"watch" is the stall watch alone (:mod:`commrt.diagnosis.stall`); the NCCL
 watchdog guards calls (:mod:`commrt.transports.watchdog`). What else once said
 watch has a name of its own: the communicator's ``departures``, backup
 liveness checking a neighbour, the waits given up once a peer is recorded dead
@@ -18,13 +18,17 @@ from helpers.layout import ROOT, library_sources
 #: identifiers that may say "watch", and where: the stall watch, the watchdog, and the
 #: old name of RankDeclaredDeadError.declared_by kept for code that reads it
 ALLOWED = {
-    "StallWatch": {"commrt/runtime/stall.py"},
+    "StallWatch": {"commrt/diagnosis/stall.py"},
     "start_watch": {
-        "commrt/runtime/stall.py",
+        "commrt/diagnosis/stall.py",
         "commrt/runtime/communicator.py",
         "commrt/distributed/devices.py",
     },
-    "watch": {"commrt/runtime/stall.py", "commrt/runtime/elastic.py"},
+    "watch": {
+        "commrt/diagnosis/stall.py",
+        "commrt/diagnosis/hearing.py",
+        "commrt/process/elastic.py",
+    },
     "Watchdog": {"commrt/transports/watchdog.py", "commrt/transports/nccl.py"},
     "watchdog": {"commrt/transports/nccl.py"},
     "watcher": {"commrt/sync/backup/liveness.py"},
@@ -88,7 +92,7 @@ def test_no_class_is_named_bare_context():
         ("def attach_watch(self, w): pass", "commrt/transports/base.py", 1),
         ("from commrt.sync.backup.watched import WaiterSlot", "commrt/sync/backup/x.py", 1),
         ("class Watch: pass", "commrt/transports/watchdog.py", 1),
-        ("w = StallWatch(client)", "commrt/runtime/stall.py", 0),
+        ("w = StallWatch(client)", "commrt/diagnosis/stall.py", 0),
         ("self.watchdog = Watchdog()", "commrt/transports/nccl.py", 0),
         ("s = 'the stall watch'  # a watch in words", "commrt/sync/policy.py", 0),
     ],

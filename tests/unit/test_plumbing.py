@@ -12,7 +12,9 @@ from helpers.local_transport import run_ranks
 
 from commrt.collectives.coalesce import bounded_runs, coalesced
 from commrt.errors import CommTimeoutError
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where
 

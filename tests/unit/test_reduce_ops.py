@@ -9,7 +9,9 @@ from helpers.local_transport import run_ranks
 import commrt
 from commrt.collectives.memo import last_settled
 from commrt.collectives.reductions import TORCH, ReduceOp
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 
 
 def _comm(tr):

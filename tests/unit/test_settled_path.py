@@ -14,7 +14,9 @@ from commrt.algorithms.auto import candidates, choices, learning
 from commrt.algorithms.auto_learn import calls_to_settle
 from commrt.collectives.memo import last_settled
 from commrt.errors import CollectiveMismatchError
-from commrt.runtime.communicator import Backend, Communicator, LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 from commrt.sim import Network
 
 #: a model 1000x slower than the threads' mailbox: auto's choice misses its prediction, so

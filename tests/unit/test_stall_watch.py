@@ -1,5 +1,5 @@
 """The stall watch's pieces without a job: its setting, process states, which frames are
-the user's, and the judge on one store where a rank never answered (commrt.runtime.stall)."""
+the user's, and the judge on one store where a rank never answered (commrt.diagnosis.stall)."""
 
 import datetime
 import json
@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from commrt import settings
-from commrt.runtime import frames, stall
-from commrt.runtime.stall import StallWatch, stall_seconds
+from commrt.diagnosis import frames, hearing, stall
+from commrt.diagnosis.stall import StallWatch, stall_seconds
 from commrt.schedule.position import Position
 from commrt.transports.processes import state as process_state
 
@@ -103,8 +103,8 @@ def test_the_judge_names_a_stopped_rank_from_its_heartbeat_and_its_process():
         # rank 1's last heartbeat, from a process that is now stopped on this host
         beat = {"beat": 1, "time": 0.0, "host": judge.host, "pid": child.pid, "position": {}}
         store.set("beat/1", json.dumps(beat))
-        store.set("view/0", json.dumps(judge.view("test")))
-        verdict = judge.judge_views(store)
+        store.set("view/0", json.dumps(judge.hearing.view("test")))
+        verdict = judge.hearing.judge_views(store)
     finally:
         child.kill()
         child.wait()
@@ -118,22 +118,22 @@ def test_a_dropped_rank_is_reported_dropped():
     judge = _watch(store, 0)
     judge.drops(lambda: {1})
     judge.beat()
-    store.set("view/0", json.dumps(judge.view("test")))
-    verdict = judge.judge_views(store)
+    store.set("view/0", json.dumps(judge.hearing.view("test")))
+    verdict = judge.hearing.judge_views(store)
     assert verdict["views"][1]["state"] == "dropped" and verdict["kind"] == "none"
 
 
 def test_a_rank_whose_watch_saw_the_stall_is_judged_from_its_view_though_it_comes_late(monkeypatch):
     """Issue 70's 13th run, its timing injected: rank 1 sits in its data loader, its watch
     beats (so it has seen the stall declared) but its view reaches the store only after
-    the judge's :data:`~commrt.runtime.stall.GATHER_S` (a loaded machine). Judged without
+    the judge's :data:`~commrt.diagnosis.hearing.GATHER_S` (a loaded machine). Judged without
     its view, rank 1 was NOT ANSWERING on every rank, and no rank named the line it was
     stuck at; the judge now waits for a rank that beats."""
-    monkeypatch.setattr(stall, "GATHER_S", 2.0)
+    monkeypatch.setattr(hearing, "GATHER_S", 2.0)
     store = dist.HashStore()
     judge = _watch(store, 0)
-    judging, read = threading.Event(), stall._read
-    monkeypatch.setattr(stall, "_read", lambda s, key: judging.set() or read(s, key))
+    judging, read = threading.Event(), hearing.read
+    monkeypatch.setattr(hearing, "read", lambda s, key: judging.set() or read(s, key))
     waits = dict(CALL, in_call=True, step=0, peer=1)
     store.set("view/0", json.dumps(view(0, waits, [])))
     loader = [["train.py", 12, "load_next_batch", True]]
@@ -148,7 +148,7 @@ def test_a_rank_whose_watch_saw_the_stall_is_judged_from_its_view_though_it_come
 
     late = threading.Thread(target=rank_1)
     late.start()
-    verdict = judge.judge_views(store)
+    verdict = judge.hearing.judge_views(store)
     late.join()
     assert verdict["views"][1]["state"] == "published", verdict["views"][1]
     assert (verdict["root"], verdict["kind"]) == (1, "user code"), verdict["lines"]

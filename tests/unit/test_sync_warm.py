@@ -20,8 +20,9 @@ from helpers.local_transport import LocalTransport, Mailbox
 
 import commrt
 from commrt.algorithms import BackupWorkers, Gossip
-from commrt.runtime.communicator import Backend, Communicator
-from commrt.runtime.environment import LaunchInfo
+from commrt.process.environment import LaunchInfo
+from commrt.runtime.choice import Backend
+from commrt.runtime.communicator import Communicator
 from commrt.schedule.executor import Executor
 from commrt.sync import buffers as B
 from commrt.sync.backup import parts as BP

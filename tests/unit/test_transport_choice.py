@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -198,3 +198,46 @@ def test_the_map_names_the_chooser_where_a_new_transport_goes():
     chooser = choose.__module__.replace(".", "/") + ".py"
     for name in (chooser, "ORDER", "Row"):
         assert name in new_transport, name
+
+
+def backend_table() -> str:
+    """ORDER as the Markdown table docs/ARCHITECTURE.md shows: a row per backend, in auto's
+    order, with where auto takes it, its true traits and its engine's own all-reduce."""
+    lines = [
+        "| # | backend | auto takes it | what it is (its `Traits`) | its own all-reduce |",
+        "|---|---|---|---|---|",
+    ]
+    for i, row in enumerate(ORDER, 1):
+        true = [f"`{f.name}`" for f in fields(row.traits) if getattr(row.traits, f.name)]
+        where = row.where or "everywhere"
+        lines.append(
+            f"| {i} | `{row.backend.value}` | {where} | {', '.join(true) or '—'} | {row.native} |"
+        )
+    return "\n".join(lines)
+
+
+def test_the_architecture_page_shows_the_backend_table_as_it_is():
+    page = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    assert backend_table() in page, "docs/ARCHITECTURE.md's backend table:\n" + backend_table()
+
+
+def test_a_replacement_is_made_by_the_row_of_a_backend_that_takes_one(monkeypatch):
+    """``COMMRT_REJOIN=1``: the first backend's row makes the replacement's transport, with
+    no store (the job's group does not reach it); a backend that takes none is refused,
+    the error naming those that do (read from the table, never a name in code)."""
+    from types import SimpleNamespace
+
+    from commrt import settings
+    from commrt.runtime.connect import make_transport
+
+    monkeypatch.setenv(settings.REJOIN.name, "1")
+    launch = SimpleNamespace(launcher="torchrun", master_port=None, local_rank=0)
+    able = [b for b in Backend if b.takes_a_replacement]
+    assert able, "no backend takes a replacement"
+    for be in Backend:
+        if be.takes_a_replacement:
+            made_on, transport = make_transport((be,), launch, 1, 2, 5.0, (None, None), None)
+            assert made_on is be and transport.traits.rejoined and transport.store is None
+        else:
+            with pytest.raises(ValueError, match=f"pass backend='{able[0]}'"):
+                make_transport((be,), launch, 1, 2, 5.0, (None, None), None)

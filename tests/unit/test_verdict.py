@@ -1,6 +1,6 @@
-"""The stall verdict as a pure function: views in, one verdict out (commrt.runtime.verdict)."""
+"""The stall verdict as a pure function: views in, one verdict out (commrt.diagnosis.verdict)."""
 
-from commrt.runtime.verdict import WIDTH, judge, pointer, printer, ranks_text, render
+from commrt.diagnosis.verdict import WIDTH, judge, pointer, printer, ranks_text, render
 
 CALL = {"kind": "all_reduce", "algorithm": "ring", "numel": 2, "dtype": "float32", "seq": 7}
 USER_STACK = [
@@ -145,7 +145,7 @@ def test_ranks_in_a_barrier_wait_on_the_rank_that_is_not_there():
 
 
 def test_a_call_number_stays_with_its_word_when_a_line_wraps():
-    from commrt.runtime.verdict import wrap
+    from commrt.diagnosis.verdict import wrap
 
     long = (
         "  all_reduce (auto:recursive_doubling, 650 × float32, torch allreduce(sum), call\u00a027)"
@@ -195,7 +195,7 @@ def test_a_rank_that_left_after_its_call_failed_is_never_the_root_cause():
 
 
 def test_a_path_longer_than_the_width_stays_whole_on_a_line_of_its_own():
-    from commrt.runtime.verdict import wrap
+    from commrt.diagnosis.verdict import wrap
 
     path = "/tmp/" + "a-long-checkout-folder/" * 4 + "tests/workers/verdict_worker.py:32"
     lines = wrap(f"    {path} in load_next_batch")

@@ -30,7 +30,7 @@ from helpers.gossip import gossip_model, gossip_targets  # noqa: E402
 
 import commrt  # noqa: E402
 from commrt.algorithms import Gossip  # noqa: E402
-from commrt.runtime.environment import rejoining  # noqa: E402
+from commrt.process.environment import rejoining  # noqa: E402
 from commrt.runtime.store import ControlStore  # noqa: E402
 from commrt.sync.gossip.deaths import PREFIX  # noqa: E402
 

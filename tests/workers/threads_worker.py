@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import commrt
-from commrt.runtime.threads import usable_cores
+from commrt.process.threads import usable_cores
 
 DIST = sys.argv[1:] == ["dist"]
 had = usable_cores() + 1  # more than any share of the cores, on any machine

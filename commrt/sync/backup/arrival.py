@@ -18,7 +18,7 @@ import enum
 from collections.abc import Callable
 
 from commrt.errors import CommTimeoutError
-from commrt.runtime.polling import poll
+from commrt.process.polling import poll
 from commrt.sync.backup.keys import CLOSING, Keys, rank_of
 
 

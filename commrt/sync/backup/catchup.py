@@ -72,7 +72,7 @@ import torch
 
 from commrt import settings
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.polling import poll
+from commrt.process.polling import poll
 from commrt.schedule.p2p import Exchange, timeout_error
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.serving import Server, start_transfer

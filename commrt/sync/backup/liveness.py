@@ -56,8 +56,8 @@ import time
 
 from commrt import settings
 from commrt.errors import CommError
+from commrt.process.threads import background_thread, program_ending
 from commrt.runtime.store import ControlStore
-from commrt.runtime.threads import background_thread, program_ending
 from commrt.sync.backup.keys import Keys
 
 HEARTBEAT_S = settings.Seconds(
@@ -170,7 +170,7 @@ class Liveness:
 
     def start(self, stall=None) -> None:
         """Beat once now (a rank that finished setting up has beaten), then in the thread.
-        ``stall``: the communicator's stall watch (commrt.runtime.stall), told which ranks
+        ``stall``: the communicator's stall watch (commrt.diagnosis.stall), told which ranks
         are dropped, so that a stall verdict reports them as dropped, never as hung."""
         self.store.add(Keys.heartbeat(self.rank, self.incarnation), 1)
         if stall is not None:

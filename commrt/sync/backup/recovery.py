@@ -59,7 +59,7 @@ from collections.abc import Callable
 import torch
 
 from commrt.errors import CommError
-from commrt.runtime.polling import poll
+from commrt.process.polling import poll
 from commrt.sync.backup.keys import Keys, incarnation_of, rank_of
 from commrt.sync.backup.wire import Wire, make_wire
 from commrt.transports.base import Transport

@@ -71,7 +71,7 @@ from __future__ import annotations
 from commrt import settings
 from commrt.algorithms.auto import Auto
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.polling import poll
+from commrt.process.polling import poll
 from commrt.runtime.store import launcher_store
 from commrt.sync.backup.keys import Keys
 from commrt.sync.backup.liveness import BACK, log

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Sequence
 
 from commrt import settings
-from commrt.runtime.threads import background_thread, next_job
+from commrt.process.threads import background_thread, next_job
 from commrt.transports.base import Forwarding, ForwardingPending, Pair, Pending, Transport
 
 SLICE_S = settings.Seconds(
@@ -42,7 +42,7 @@ class MemberRecordedDead(RuntimeError):
 class Waiter:
     """One thread that runs blocking waits for a caller that polls them.
 
-    A :func:`~commrt.runtime.threads.background_thread`: a wait given up on is still inside
+    A :func:`~commrt.process.threads.background_thread`: a wait given up on is still inside
     gloo, so the interpreter's exit waits for it (at most until that wait's deadline); an
     idle waiter ends by itself once the main thread is done."""
 

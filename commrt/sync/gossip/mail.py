@@ -41,7 +41,7 @@ from collections import deque
 import torch
 
 from commrt import settings
-from commrt.runtime.threads import background_thread, idle_wait
+from commrt.process.threads import background_thread, idle_wait
 from commrt.schedule.p2p import Exchange, Where
 
 #: a letter still travelling
@@ -156,7 +156,7 @@ class Postbox:
     def close(self) -> None:
         """Stop the waiter threads once their current wait ends (one still waiting on a
         letter that will never land ends at the timeout: the program's exit waits for it,
-        :func:`~commrt.runtime.threads.background_thread`)."""
+        :func:`~commrt.process.threads.background_thread`)."""
         with self.cv:
             self._closing = True
             self.cv.notify_all()

@@ -70,7 +70,7 @@ import torch
 
 from commrt import settings
 from commrt.errors import CommError, CommTimeoutError
-from commrt.runtime.polling import poll
+from commrt.process.polling import poll
 from commrt.runtime.store import ControlStore, launcher_store
 from commrt.schedule import tags
 from commrt.schedule.p2p import Exchange, Where

@@ -45,6 +45,13 @@ PRINT_WAIT_S = settings.Seconds(
     "a rank under torchrun",
     settings.STALLS,
 )
+SIGNAL_TAKES_S = settings.Seconds(
+    5.0,
+    "how long a rank that re-sends itself SIGTERM waits for it to end the process, before "
+    "it exits with 143 itself",
+    "torchrun's SIGTERM",
+    settings.STALLS,
+)
 
 
 def write_error_file(verdict: dict, text: str) -> None:
@@ -159,6 +166,6 @@ def die_of_sigterm() -> None:
     try:
         ctypes.CDLL(None).signal(signal.SIGTERM, 0)  # 0: SIG_DFL
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)
+        time.sleep(SIGNAL_TAKES_S)
     finally:
         os._exit(128 + signal.SIGTERM)

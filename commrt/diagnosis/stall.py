@@ -19,26 +19,15 @@ When a wait of the communicator times out, :meth:`StallWatch.at_error`
 forms the verdict *before* the error is raised and appends its text to the
 error's message (as :meth:`StallWatch.after_broken_call` does where a call
 broke under the rank or a peer failed while a stall was declared: a peer's
-timeout may close the connection this rank waits on), so that a program which catches the error and exits still
-has it. On a stall, and when a rank dies of an uncaught commrt error (the
-abort-on-error hook, :mod:`commrt.runtime.abort`), :meth:`StallWatch.diagnose`
-runs once per process. Either way the verdict is formed once per process
-(:meth:`StallWatch.form`): the rank publishes its *view* (position and its
-main thread's stack, as JSON: nothing received is ever executed or
-unpickled), the first rank to ask becomes the judge, waits up to
-:data:`GATHER_S` for every view, judges the ranks that did not answer from
-their heartbeats and, on its own host, their process state
-(``/proc/<pid>/stat``: ``T`` stopped, gone or ``Z`` dead), and publishes the
-verdict (:mod:`commrt.runtime.verdict`). Every rank prints that verdict (in
-full the lowest rank of each host that answered, the others one line that
-points to it, as does a rank whose error's message carries it), writes
-``COMMRT_DUMP``'s files if asked, and waits (at most :data:`PRINTED_S`) until
-every rank that answered has printed: the store's host (rank 0 where no
-launcher hosts it) and ``mpiexec``, which ends the job when one rank exits,
-cannot take the verdict from a rank that has not printed it yet. Then the
-job ends (unless the abort-on-error hook is off: then waits go on to their
-timeout). A rank that ended after its own call failed (a peer's connection
-closed under it) left a farewell that says so, and is never the root cause.
+timeout may close the connection this rank waits on), so that a program which
+catches the error and exits still has it. On a stall, and when a rank dies of
+an uncaught commrt error (the abort-on-error hook,
+:mod:`commrt.diagnosis.abort`), :meth:`StallWatch.diagnose` runs once per
+process. Either way the verdict is formed once per process, by a hearing
+(:mod:`commrt.diagnosis.hearing`: every rank's view, one judge), and told on
+every rank (:mod:`commrt.diagnosis.telling`: printed, dumped, written where
+torchrun reads it). Then the job ends (unless the abort-on-error hook is off:
+then waits go on to their timeout).
 
 The store: the gloo rendezvous store (a fresh connection to it), or under
 MPI a TCPStore that rank 0 hosts, its port sent over MPI at ``init``.
@@ -49,21 +38,18 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import threading
 import time
-import traceback
 from collections import deque
 
 from commrt import settings
-from commrt.runtime.abort import end_job, say
-from commrt.runtime.departures import FAILED
-from commrt.runtime.elastic import guard_sigterm, write_error_file
-from commrt.runtime.frames import is_user, short
-from commrt.runtime.polling import poll
-from commrt.runtime.threads import background_thread, program_ending
-from commrt.runtime.verdict import judge, pointer, printer, render
-from commrt.transports import processes
+from commrt.diagnosis.abort import end_job
+from commrt.diagnosis.departures import FAILED
+from commrt.diagnosis.hearing import GATHER_S, PRINTED_S, Hearing, poll_store
+from commrt.diagnosis.telling import Telling
+from commrt.diagnosis.verdict import render
+from commrt.process.elastic import guard_sigterm
+from commrt.process.threads import background_thread, program_ending
 
 _APPLIES = "the stall watch"
 DEFAULT_STALL_S = settings.Seconds(
@@ -71,12 +57,6 @@ DEFAULT_STALL_S = settings.Seconds(
 )
 MAX_DEFAULT_STALL_S = settings.Seconds(
     300.0, "the most default stall period", _APPLIES, settings.STALLS
-)
-GATHER_S = settings.Seconds(
-    3.0, "how long the judge waits for every rank's view of a stall", _APPLIES, settings.STALLS
-)
-PRINTED_S = settings.Seconds(
-    3.0, "how long a rank waits for the others to print the verdict", _APPLIES, settings.STALLS
 )
 STORE_CONNECT_S = settings.Seconds(
     30.0,
@@ -115,8 +95,12 @@ def declares(stall_s: float, timeout: float | None) -> float | None:
 
 
 class StallWatch:
-    """The watch thread of one communicator (module docs). ``client()`` opens a new
-    connection to the job's store, its keys under this communicator's prefix."""
+    """The watch thread of one communicator (module docs), and the three ways a verdict
+    is asked for: a stall (:meth:`diagnose`), a timeout (:meth:`at_error`) and a call
+    broken while a stall is declared (:meth:`after_broken_call`). The verdict is formed
+    by its :class:`~commrt.diagnosis.hearing.Hearing` and told by its
+    :class:`~commrt.diagnosis.telling.Telling`. ``client()`` opens a new connection to
+    the job's store, its keys under this communicator's prefix."""
 
     def __init__(self, client, rank: int, world_size: int, position, departures, stall_s):
         self.client, self.rank, self.world_size = client, rank, world_size
@@ -132,16 +116,10 @@ class StallWatch:
         #: callables that name ranks backup workers dropped: reported so, never blamed
         self._drops: list = []
         self.history: deque = deque(maxlen=KEEP)
-        self.main = threading.main_thread().ident
         self._since, self._mark = time.monotonic(), None
         self._stop, self._once = threading.Event(), threading.Lock()
-        #: the verdict, once formed (:meth:`form`), and whether an error's message carries it
-        self.verdict: dict | None = None
-        self.told = False
-        self._printed = False  # whether this process printed its verdict (:meth:`_tell`)
-        self.said = threading.Event()  # set once its line is out
-        self._forming = threading.Lock()
-        self._board = None  # the store connection the verdict was formed through
+        self.hearing = Hearing(client, rank, world_size, departures, stall_s, self)
+        self.telling = Telling(rank, self.host)
         self._store = client()
         self.beats = 0
         # its beats are store calls, in C++ without the GIL
@@ -154,8 +132,9 @@ class StallWatch:
 
     def stop(self) -> None:
         """Stop watching (the communicator closes). The rank that may host the store
-        (:attr:`hosting`) first waits (at most two ticks) until every other rank has closed or stopped
-        beating: a heartbeat to a store that is gone makes torch print a C++ trace."""
+        (:attr:`hosting`) first waits (at most two ticks) until every other rank has
+        closed or stopped beating: a heartbeat to a store that is gone makes torch print
+        a C++ trace."""
         if self._stop.is_set():
             return
         self._stop.set()
@@ -165,7 +144,7 @@ class StallWatch:
             if self.hosting:
                 store.set("host_leaving", "1")
                 done = lambda: int(store.add("closed", 0)) + int(store.add("acked", 0))  # noqa: E731
-                _poll(lambda: done() >= self.world_size, 2 * self.tick)
+                poll_store(lambda: done() >= self.world_size, 2 * self.tick)
         except Exception:  # the store is gone already: nobody left to tell
             pass
 
@@ -173,13 +152,23 @@ class StallWatch:
         """Register ``source()``: the ranks a protocol dropped (backup workers' dead)."""
         self._drops.append(source)
 
+    def dropped(self) -> set[int]:
+        return {r for source in self._drops for r in source()}
+
     @property
     def judging(self) -> bool:
         """Whether this process is giving its stall verdict (which ends the job)."""
         return self._once.locked()
 
-    def dropped(self) -> set[int]:
-        return {r for source in self._drops for r in source()}
+    @property
+    def verdict(self) -> dict | None:
+        """The verdict, once formed in this process."""
+        return self.hearing.verdict
+
+    @property
+    def said(self) -> threading.Event:
+        """Set once this rank's line of the verdict is out."""
+        return self.telling.said
 
     # -- the watch
     def _run(self) -> None:
@@ -229,31 +218,22 @@ class StallWatch:
             "sync_step": d.sync_steps if d.in_sync else None,
         }
 
-    # -- the verdict
+    def positions(self) -> list[dict]:
+        """The last positions, oldest first, as sampled at beats, ended by the position
+        now (as judged): what the dump keeps."""
+        kept = list(self.history)
+        return kept + [p for p in [self.where()] if p not in kept[-1:]]
+
+    def peer_gone(self, store, rank: int) -> bool:
+        """Whether ``rank``'s process, on this host by its last heartbeat, is gone."""
+        return self.hearing.peer_gone(store, rank)
+
+    # -- the verdict asked for
     def form(self, reason: str, failed: bool = False, told: bool = False) -> dict | None:
-        """The verdict: publish this rank's view, then judge (the first rank to ask) or wait
-        for the judge's. Once per process: a second caller waits for the first and gets
-        the same verdict. None where the store failed (said on stderr). ``failed``: for an
-        error this rank dies of (its position is where its last collective raised);
-        ``told``: an error's message will carry the verdict (:meth:`at_error`)."""
-        with self._forming:
-            self.told = self.told or told
-            if self.verdict is None:
-                self._stop.set()
-                try:
-                    store = self.client()
-                    store.add("declared", 1)
-                    store.set(f"view/{self.rank}", json.dumps(self.view(reason, failed)))
-                    if store.add("judge", 1) == 1:
-                        verdict = self.judge_views(store)
-                        store.set("verdict", json.dumps(verdict))
-                    else:
-                        verdict = self._wait_verdict(store)
-                    self.verdict, self._board = verdict, store
-                except Exception as e:  # the store died under us: say so
-                    say(f"commrt: rank {self.rank}: no stall verdict ({e})")
-                    return None
-            return self.verdict
+        """The verdict (:meth:`commrt.diagnosis.hearing.Hearing.form`); the watch stops
+        beating first."""
+        self._stop.set()
+        return self.hearing.form(reason, failed, told)
 
     def at_error(self, error) -> None:
         """Form the verdict before ``error`` is raised, and append its text to the error's
@@ -278,28 +258,22 @@ class StallWatch:
             store = self.client()
             if any(self.peer_gone(store, p) for p in peers):
                 return
-            if not _poll(lambda: store.check(["declared"]), GATHER_S):
+            if not poll_store(lambda: store.check(["declared"]), GATHER_S):
                 return
         except Exception:  # the store is gone (the job is ending): no verdict to join
             return
         self.at_error(error)
 
-    def peer_gone(self, store, rank: int) -> bool:
-        """Whether ``rank``'s process, on this host by its last heartbeat, is gone."""
-        beat = _read(store, f"beat/{rank}") or {}
-        if beat.get("host") != self.host or not beat.get("pid"):
-            return False  # another host's, or never beat: unknown
-        return processes.gone(beat["pid"])
-
     def diagnose(self, reason: str, failed: bool = False, then=None) -> None:
-        """Form the verdict (:meth:`form`), print it (unless an error's message carried it),
-        dump it, call ``then()`` (the abort hook's traceback: the verdict comes first), end
-        the job. Once per process; a second caller waits for the first (which ends it)."""
+        """Form the verdict (:meth:`form`), tell it (a pointer only, where an error's
+        message carried it), call ``then()`` (the abort hook's traceback: the verdict
+        comes first), end the job. Once per process; a second caller waits for the first
+        (which ends it)."""
         if not self._once.acquire(blocking=False):
             time.sleep(GATHER_S + 2 * PRINTED_S + 5)
             return
         verdict = self.form(reason, failed)
-        if self.told and not failed:  # an error carries the verdict: whoever raised it ends
+        if self.hearing.told and not failed:  # an error carries the verdict: its raiser ends
             self._once.release()
             return
         if verdict is not None:
@@ -311,118 +285,7 @@ class StallWatch:
             end_job(f"commrt: rank {self.rank}: ending the whole job after the stall verdict")
 
     def _tell(self, verdict: dict) -> None:
-        """Print the verdict (in full on the lowest rank of the host that answered; else,
-        or where the error this rank raises carries it, one line that points to it), dump
-        it, and wait (at most :data:`PRINTED_S`) until every rank that answered has printed
-        its own: no rank leaves first, so neither the store's host (rank 0, where no
-        launcher hosts it) nor ``mpiexec`` ending the job can take a rank's verdict away
-        before it is out. Once per process."""
-        if self._printed:
-            return
-        self._printed, store = True, self._board
-        try:
-            first = printer(verdict, self.host)
-            if self.told:
-                said = pointer(verdict, self.rank, "in full in the error raised here")
-            elif first is None or first == self.rank:
-                said = render(verdict)
-            else:
-                said = pointer(verdict, self.rank, f"rank {first} prints it in full")
-            say(said)
-            self.said.set()
-            self._dump(verdict)
-            write_error_file(verdict, render(verdict))
-            store.add("printed", 1)
-            answered = sum(v["state"] == "published" for v in verdict.get("views", []))
-            _poll(lambda: int(store.add("printed", 0)) >= answered, PRINTED_S)
-        except Exception:  # the store is gone: the others have ended already
-            pass
-
-    def view(self, reason: str, failed: bool = False) -> dict:
-        """What this rank says of itself (:mod:`commrt.runtime.verdict`'s view)."""
-        frame = sys._current_frames().get(self.main)
-        stack = traceback.extract_stack(frame) if frame is not None else []
-        return {
-            "rank": self.rank, "host": self.host, "pid": self.pid, "state": "published",
-            "position": self.where(failed), "idle_s": round(self.idle_s(), 1), "reason": reason,
-            "stack": [[short(f.filename), f.lineno, f.name, is_user(f.filename)] for f in stack],
-        }  # fmt: skip
-
-    def judge_views(self, store) -> dict:
-        """As the judge: wait for every rank's view (at most :data:`GATHER_S`; as long
-        again for a rank that beat meanwhile), make up the missing ones (:meth:`_absent`),
-        and return the verdict with the views."""
-        ranks = range(self.world_size)
-        before = {r: _read(store, f"beat/{r}") for r in ranks}
-        # a rank whose process is gone never answers: nobody waits for it. One that beat
-        # since the stall was declared has seen it (a watch beats, then looks): its view is
-        # on its way, however slow the machine (without it: NOT ANSWERING, on every rank)
-        if not _poll(lambda: all(self._answered(store, r) for r in ranks), GATHER_S):
-            late = [r for r in ranks if _beat_of(before[r]) != _beat_of(_read(store, f"beat/{r}"))]
-            _poll(lambda: all(self._answered(store, r) for r in late), GATHER_S)
-        views, dropped = [], self.dropped()
-        for r in ranks:
-            view = _read(store, f"view/{r}")
-            if view is None:
-                view = self._absent(r, before[r], _read(store, f"beat/{r}"))
-            views.append(view | ({"state": "dropped"} if r in dropped else {}))
-        verdict = judge(views, self.stall_s)
-        return verdict | {"views": views}
-
-    def _answered(self, store, rank: int) -> bool:
-        return store.check([f"view/{rank}"]) or self.peer_gone(store, rank)
-
-    def _absent(self, rank: int, before: dict | None, after: dict | None) -> dict:
-        """The view of a rank that did not answer, from its heartbeats and process state,
-        or its farewell: a rank that failed (its call broke when a peer left, say) and
-        then ended is ``left``, never a root cause."""
-        beat = after or before or {}
-        view = {"rank": rank, "host": beat.get("host"), "pid": beat.get("pid"), "stack": []}
-        view["position"] = beat.get("position", {})
-        view["idle_s"] = round(time.time() - beat["time"], 1) if "time" in beat else None
-        farewell = self.departures.farewell_of(rank)
-        if farewell is not None and farewell.how == FAILED:
-            return view | {"state": "left", "cause": None if farewell.cause < 0 else farewell.cause}
-        alive = before is not None and after is not None and after["beat"] != before["beat"]
-        if beat.get("host") == self.host and beat.get("pid"):
-            letter = processes.state(beat["pid"])
-            stopped = "stopped" if letter in processes.STOPPED else "silent"
-            state = "dead" if processes.ended(letter) else stopped
-        else:
-            state = "silent" if alive else "lost"  # another host: dead or stopped, unknown
-        return view | {"state": state}
-
-    def _wait_verdict(self, store) -> dict:
-        if _poll(lambda: store.check(["verdict"]), GATHER_S + 2 * PRINTED_S):
-            return _read(store, "verdict")
-        return self.judge_views(store)  # the judge died on the way: judge here
-
-    def _dump(self, verdict: dict) -> None:
-        if not (folder := settings.DUMP.text()):
-            return
-        os.makedirs(folder, exist_ok=True)
-        kept = list(self.history)  # sampled at beats: the position now ends it, as judged
-        kept += [p for p in [self.where()] if p not in kept[-1:]]
-        path = os.path.join(folder, f"rank{self.rank}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump({"rank": self.rank, "positions": kept, "verdict": verdict}, f, indent=1)
-        os.replace(path + ".tmp", path)
-
-
-def _read(store, key: str):
-    try:
-        return json.loads(bytes(store.get(key)).decode()) if store.check([key]) else None
-    except (RuntimeError, ValueError):
-        return None
-
-
-def _beat_of(beat: dict | None):
-    return None if beat is None else beat.get("beat")
-
-
-def _poll(done, timeout: float) -> bool:
-    # a verdict's waits ask the store at most every 50 ms: every rank asks at once
-    return poll(done, timeout, most_pause_s=0.05)
+        self.telling.tell(verdict, self.hearing.board, self.hearing.told, self.positions())
 
 
 def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | None:
@@ -458,7 +321,7 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
 def _store_address(comm):
     """(host, port, server) of the store the watch meets in: the gloo rendezvous store's,
     or one rank 0 hosts under MPI (the server on rank 0, else None)."""
-    from commrt.runtime.rendezvous import bcast_text, mpi_world, reachable_by_all, serve
+    from commrt.process.rendezvous import bcast_text, mpi_world, reachable_by_all, serve
 
     tcp = tcp_under(comm.transport.store)
     if tcp is not None:

@@ -113,7 +113,7 @@ DAEMONS = {
     "commrt-bounded-": "runs ncclCommAbort or ncclCommDestroy within a bound and is given up on "
     "past it; still stuck, it must not hold the exit (commrt.transports.bounded)",
     "commrt-sigterm": "reads SIGTERM's wake-up byte from a pipe: in no C++ call, and it must "
-    "not hold the exit (commrt.runtime.elastic)",
+    "not hold the exit (commrt.process.elastic)",
     "commrt-startup-note": "a timer that names a slow start-up's phase: a print, no C++; "
     "cancelled when the start-up ends (commrt.cli.startup)",
 }

@@ -54,7 +54,7 @@ def tcp_store(
 ):
     """A TCPStore for gloo/NCCL rendezvous, wrapped in a commrt prefix.
 
-    ``launch`` is the :class:`commrt.runtime.environment.LaunchInfo`. Port 0 under mpiexec:
+    ``launch`` is the :class:`commrt.process.environment.LaunchInfo`. Port 0 under mpiexec:
     rank 0 lets the OS pick a free port and tells the others over MPI, so
     ``mpiexec -n 4 ... backend="gloo"`` needs no set-up.
     """
@@ -168,7 +168,7 @@ def reachable_by_all(world, addressed: bool) -> bool:
     """Whether every rank can reach a store rank 0 hosts (agreed by all, over MPI): not
     when ranks span hosts and ``MASTER_ADDR`` is unset (``addressed`` False: the loopback
     address would be another machine's). Rank 0 then says once that the job runs without
-    a stall watch (:mod:`commrt.runtime.stall`, which asks)."""
+    a stall watch (:mod:`commrt.diagnosis.stall`, which asks)."""
     import socket
     import sys
 

@@ -3,7 +3,7 @@
 "No process outlives its error": a rank that dies of an uncaught commrt
 error ends every rank (``MPI_Abort`` under MPI, exit status 1 otherwise), so
 a stalled peer never leaves the others stuck in shutdown. Before it does, a
-communicator's stall watch (:mod:`commrt.runtime.stall`) has every rank print
+communicator's stall watch (:mod:`commrt.diagnosis.stall`) has every rank print
 the one verdict of who is stuck and where. Re-exported by
 :mod:`commrt.runtime.communicator`, where these names were first.
 """
@@ -18,6 +18,7 @@ import traceback
 import weakref
 
 from commrt import settings
+from commrt.diagnosis.departures import FAILED
 from commrt.errors import (
     CollectiveMismatchError,
     CommError,
@@ -26,7 +27,6 @@ from commrt.errors import (
     PeerFailedError,
     shorten,
 )
-from commrt.runtime.departures import FAILED
 from commrt.transports.processes import MPICH_SHM, unlink_mapped
 
 ABORT_GRACE_S = settings.Seconds(
@@ -131,7 +131,7 @@ class _AbortOnError:
         """Before this process ends the job for ``error``: the stall verdict where the error
         is worth one (which ends the job, with a farewell naming the verdict's root), else
         a farewell on every open communicator naming the rank the error points at
-        (:mod:`commrt.runtime.departures`), so that the peers' errors follow the chain.
+        (:mod:`commrt.diagnosis.departures`), so that the peers' errors follow the chain.
         ``then()`` (the error's own text) runs after the verdict: the verdict comes first,
         within a moment of the failure, before a launcher (torchrun) can stop the process."""
         live = [c for c in self.comms if not c.closed]

@@ -12,7 +12,7 @@ closed connection as a crash (gloo). So every communicator keeps a
   the communicator);
 * at ``close()``, and at interpreter exit for a communicator still open,
   it announces a *farewell*: those counts and whether the rank closed or
-  exited; a rank that ends the job after an error (:mod:`commrt.runtime.abort`)
+  exited; a rank that ends the job after an error (:mod:`commrt.diagnosis.abort`)
   says that it *failed*, and which rank caused it where it knows (the stall
   verdict's root, or the peer its error names), so that a peer waiting on it
   follows the chain to that rank instead of blaming the one that left. Under MPI (no store) the farewell is a message on the reserved

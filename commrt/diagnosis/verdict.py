@@ -3,7 +3,7 @@
 :func:`judge` takes one *view* per rank (plain data, as the ranks published
 it through the store or as the others saw a rank that could not publish) and
 returns the verdict as plain data; :func:`render` prints it in 80 columns.
-The stall watch (:mod:`commrt.runtime.stall`) calls both on one rank, the
+The stall watch (:mod:`commrt.diagnosis.stall`) calls both on one rank, the
 judge, and every rank prints the judge's text, so the verdict is the same
 everywhere; ``commrt diagnose`` calls them on the dumped files.
 

@@ -1,7 +1,7 @@
 """Waiting on a store: ask ``done()`` with growing pauses until it holds or time runs out.
 
 The job's control plane (:mod:`commrt.runtime.store`), the stall watch
-(:mod:`commrt.runtime.stall`) and the rejoin and arrival waits of backup
+(:mod:`commrt.diagnosis.stall`) and the rejoin and arrival waits of backup
 workers and gossip all wait this way. A leaf: the stall watch sits below the
 control store in the import order, so the wait cannot live in either.
 """

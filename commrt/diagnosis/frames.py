@@ -1,5 +1,5 @@
 """Which frames of a stack are the user's, and how a file is named in a verdict: the
-stall watch (:mod:`commrt.runtime.stall`) shows a stuck rank's innermost *user* frames
+stall watch (:mod:`commrt.diagnosis.stall`) shows a stuck rank's innermost *user* frames
 (outside commrt, torch and the standard library), whose files it names relative to the
 working folder."""
 
