@@ -53,6 +53,20 @@ from commrt.cli.ctrl_c import deaf_to_ctrl_c, pass_on_again, quiet_rank_cmd
 
 #: the one line a Ctrl-C leaves, whenever it comes (the docs' quick start promises it)
 STOPPED = "commrt: interrupted; stopped the job"
+_APPLIES = "the command line's ranks"
+MPIEXEC_GRACE_S = settings.Seconds(
+    3.0,
+    "how long mpiexec's ranks get to end by themselves after a Ctrl-C (each with 130) "
+    "before they are stopped",
+    _APPLIES,
+    settings.COMMAND_LINE,
+)
+KILL_AFTER_S = settings.Seconds(
+    5.0,
+    "how long a rank that is stopped with SIGTERM gets before SIGKILL",
+    _APPLIES,
+    settings.COMMAND_LINE,
+)
 
 
 def _past_echo() -> str:
@@ -166,7 +180,7 @@ def launch(
         # mpiexec names failed ranks itself, and passes a Ctrl-C on to the ranks: they leave
         # with 130 (interrupted()) and it follows, unless a SIGTERM from us comes first and
         # makes it print its "BAD TERMINATION" banner
-        return _supervise(procs, timeout, ranks_known=False, interrupt_grace_s=3.0)
+        return _supervise(procs, timeout, ranks_known=False, interrupt_grace_s=MPIEXEC_GRACE_S)
     else:
         env.update(
             MASTER_ADDR="127.0.0.1",
@@ -259,7 +273,7 @@ class Replacements:
                 file=sys.stderr,
                 flush=True,
             )
-            procs[rank] = self.start(rank, COMMRT_REJOIN="1")
+            procs[rank] = self.start(rank, **{settings.REJOIN.name: "1"})
 
 
 def _supervise(
@@ -470,13 +484,13 @@ def _wait_all(procs: list[subprocess.Popen], seconds: float) -> None:
 
 def _stop(procs: list[subprocess.Popen], grace_s: float = 0.0) -> None:
     """Stop every process still running: those that do not exit within ``grace_s`` by
-    themselves get SIGTERM, and 5 s later SIGKILL."""
+    themselves get SIGTERM, and :data:`KILL_AFTER_S` later SIGKILL."""
     _wait_all(procs, grace_s)
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
             p.send_signal(signal.SIGCONT)  # a stopped rank only acts on SIGTERM once it runs
-    end = time.monotonic() + 5
+    end = time.monotonic() + KILL_AFTER_S
     for p in procs:
         try:
             p.wait(max(0.1, end - time.monotonic()))

@@ -13,6 +13,7 @@ import importlib.util
 import re
 from pathlib import Path
 
+import pytest
 from helpers.layout import library_sources
 
 from commrt import settings
@@ -39,15 +40,17 @@ def undeclared(source: str) -> set[str]:
 
 
 def names_spelt_out(source: str) -> set[str]:
-    """String constants of ``source`` that are a variable's bare name: how a read looks
-    (``os.environ.get("COMMRT_X")``) where it does not go through the declaration."""
-    return {
+    """String constants and keyword arguments of ``source`` that are a variable's bare
+    name: how a read or a write looks (``os.environ.get("COMMRT_X")``,
+    ``dict(env, COMMRT_X="1")``) where it does not go through the declaration."""
+    tree = ast.parse(source)
+    constants = {
         node.value
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.Constant)
-        and isinstance(node.value, str)
-        and re.fullmatch(VARIABLE, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
     }
+    keywords = {node.arg for node in ast.walk(tree) if isinstance(node, ast.keyword) and node.arg}
+    return {name for name in constants | keywords if re.fullmatch(VARIABLE, name)}
 
 
 def bounds_kept() -> set[str]:
@@ -68,7 +71,8 @@ def test_the_scans_see_what_they_look_for():
     assert undeclared("f'{settings.DEBUG.name}=1, as COMMRT_DEBUG=1 says'") == set()
     assert names_spelt_out('os.environ.get("COMMRT_DEBUG", "")') == {"COMMRT_DEBUG"}
     assert names_spelt_out('"set COMMRT_DEBUG=1 to check"') == set()  # a message
-    assert "commrt.runtime.rendezvous.DEFAULT_TIMEOUT_S" in bounds_kept()
+    assert names_spelt_out('start(rank, COMMRT_REJOIN="1")') == {"COMMRT_REJOIN"}
+    assert "commrt.process.rendezvous.DEFAULT_TIMEOUT_S" in bounds_kept()
     assert "commrt.algorithms.auto_learn.RECHECK_S" in bounds_kept()  # algorithms/ installed
 
 
@@ -170,3 +174,92 @@ def test_a_bound_is_its_float_wherever_it_goes():
     assert bound == 2.5 and bound * 2 == 5.0 and f"{bound:g}" == "2.5"
     for copied in (pickle.loads(pickle.dumps(bound)), copy.deepcopy(bound)):
         assert type(copied) is float and copied == 2.5
+
+
+# ------------------------------------------------------------------ no bare time bounds
+#: a parameter or keyword that takes seconds: a timeout, a deadline, seconds, ``*_s``
+#: (not a rate: ``gbytes_per_s``)
+SECONDS_PARAM = re.compile(r"timeout|deadline|seconds|(?<!_per)_s$|^s$")
+#: the standard library's calls whose first argument is seconds
+SECONDS_FIRST = {"wait": {0}, "join": {0}, "sleep": {0}}
+
+
+def _at_least_one_second(node: ast.AST) -> bool:
+    """Whether ``node`` is a number of 1 or more written out (``300.0``, ``2 * 60``)."""
+    kinds = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop)
+    if not all(isinstance(n, kinds) for n in ast.walk(node)):
+        return False
+    try:
+        value = eval(compile(ast.Expression(node), "<bound>", "eval"))  # constants only
+    except Exception:
+        return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1
+
+
+def seconds_positions(trees) -> dict[str, set[int]]:
+    """For each function name the library defines, the positions (after ``self``) of its
+    parameters that take seconds; with :data:`SECONDS_FIRST`."""
+    found = {name: set(at) for name, at in SECONDS_FIRST.items()}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.posonlyargs + node.args.args]
+                names = names[1:] if names[:1] in (["self"], ["cls"]) else names
+                at = {i for i, name in enumerate(names) if SECONDS_PARAM.search(name)}
+                found.setdefault(node.name, set()).update(at)
+    return found
+
+
+def _callee(func: ast.AST) -> str | None:
+    return func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+
+
+def bare_bounds(tree: ast.AST, positions: dict[str, set[int]]) -> list[int]:
+    """The lines of ``tree`` where a number of 1 or more is passed as seconds (a keyword or
+    a parameter that takes seconds, :func:`seconds_positions`) or added to the clock
+    (``time.monotonic() + 300``): a bound that belongs in a ``Seconds`` declaration, or
+    derived from the call's timeout."""
+    clock = lambda n: isinstance(n, ast.Call) and _callee(n.func) in ("monotonic", "time")  # noqa: E731
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            named = [k.value for k in node.keywords if k.arg and SECONDS_PARAM.search(k.arg)]
+            at = positions.get(_callee(node.func), ())
+            given = named + [a for i, a in enumerate(node.args) if i in at]
+            lines += [node.lineno for value in given if _at_least_one_second(value)]
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            pairs = ((node.left, node.right), (node.right, node.left))
+            lines += [node.lineno for a, b in pairs if clock(a) and _at_least_one_second(b)]
+    return lines
+
+
+@pytest.mark.parametrize(
+    "source,found",
+    [
+        ("store.wait(keys, timeout=300.0)", 1),
+        ("end = time.monotonic() + 30", 1),
+        ("datetime.timedelta(seconds=2 * 60)", 1),
+        ("def poll(done, timeout): ...\npoll(ready, 300.0)", 1),
+        ("event.wait(5)", 1),
+        ("store.wait(keys, timeout=STORE_CONNECT_S)", 0),
+        ("poll(done, timeout, most_pause_s=0.05)", 0),
+        ("Link.from_bandwidth(alpha_us=3.0, gbytes_per_s=370.0)", 0),
+        ("time.sleep(GATHER_S + 2 * PRINTED_S + 5)", 0),
+    ],
+)
+def test_the_bare_bound_scan_sees_what_it_should(source, found):
+    tree = ast.parse(source)
+    assert len(bare_bounds(tree, seconds_positions([tree]))) == found
+
+
+def test_no_bare_time_bound_in_the_library():
+    """Every time bound is a declared ``Seconds`` (with its meaning, on the configuration
+    page) or derived from the call's timeout, never a number written at a call."""
+    trees = {path: ast.parse(path.read_text("utf-8")) for _, path in library_sources()}
+    positions = seconds_positions(trees.values())
+    found = {
+        f"{path.relative_to(ROOT)}:{line}"
+        for path, tree in trees.items()
+        for line in bare_bounds(tree, positions)
+    }
+    assert not found, "bare time bounds (declare a Seconds):\n" + "\n".join(sorted(found))
