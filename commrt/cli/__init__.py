@@ -4,8 +4,9 @@
 * :mod:`commrt.cli.flags`, :mod:`commrt.cli.units`: flags several commands share, and
   the argparse types (sizes, files);
 * :mod:`commrt.cli.extras`: the optional packages a command needs (the ``train`` extra);
-* :mod:`commrt.cli.launch`: starting N local ranks (mpiexec or subprocesses), and
-  :mod:`commrt.cli.ctrl_c`, how those ranks meet a Ctrl-C;
+* :mod:`commrt.cli.launch`: starting N local ranks (mpiexec or subprocesses),
+  :mod:`commrt.cli.tolerance`, what such a job may lose (ranks that linger,
+  replacements of dead ones), and :mod:`commrt.cli.ctrl_c`, how its ranks meet a Ctrl-C;
 * :mod:`commrt.cli.output`: a command whose reader leaves (``| head``) ends quietly;
 * ``commrt train``: :mod:`~commrt.cli.train_args` (its flags, checked before any rank
   starts), :mod:`~commrt.cli.train` (one rank of it), :mod:`~commrt.cli.train_data`,

@@ -50,6 +50,7 @@ from typing import Sequence
 from commrt import settings
 from commrt.cli import output
 from commrt.cli.ctrl_c import deaf_to_ctrl_c, pass_on_again, quiet_rank_cmd
+from commrt.cli.tolerance import Lingering, Replacements, signame, stopped_now
 
 #: the one line a Ctrl-C leaves, whenever it comes (the docs' quick start promises it)
 STOPPED = "commrt: interrupted; stopped the job"
@@ -154,14 +155,7 @@ def launch(
     output.supervising()  # the reader leaving stops the ranks here (_poll_ranks)
     cmd = [sys.executable, "-m", "commrt", *argv]
     mpi_cmd = quiet_rank_cmd(argv)
-    env = dict(os.environ, **{settings.LAUNCHED.name: "1", "PYTHONUNBUFFERED": "1"})
-    env.setdefault(settings.LAUNCHED_AT.name, repr(process_started_at()))
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    # every rank is on this host: keep gloo's sockets on loopback too (it would bind to
-    # the address of the host name otherwise); the stores listen on 127.0.0.1 (store.serve)
-    lo = loopback_ifname()
-    if lo is not None:
-        env.setdefault("GLOO_SOCKET_IFNAME", lo)
+    env = ranks_env(nproc)
     store = None
     if host_store:
         from commrt.runtime.store import host_store as make_store
@@ -213,67 +207,18 @@ def launch(
         shutil.rmtree(_reports.pop("dir", ""), ignore_errors=True)
 
 
-class Lingering:
-    """Ranks still running ``linger_s`` after every other rank finished well, in a job that
-    may lose that many (backup workers). The others carried on without them, so a rank
-    stopped (SIGSTOP, a debugger) or hung would otherwise keep the launcher, and the job,
-    waiting forever once its peers are done."""
-
-    def __init__(self, tolerate: int, linger_s: float | None):
-        self.tolerate, self.linger_s = tolerate, linger_s
-        #: since when only ranks the job may lose still run (None: not so now)
-        self.since: float | None = None
-
-    def overdue(self, codes: list[int | None]) -> list[int]:
-        """The ranks to stop now: empty while they still have time."""
-        running = [r for r, c in enumerate(codes) if c is None]
-        failed = sum(1 for c in codes if c)
-        # tolerate < the number of ranks, so at least one rank finished well here
-        if self.linger_s is None or not running or len(running) + failed > self.tolerate:
-            self.since = None
-            return []
-        now = time.monotonic()
-        self.since = now if self.since is None else self.since
-        return running if now - self.since > self.linger_s else []
-
-    def lines(self, procs: list[subprocess.Popen], ranks: list[int]) -> list[str]:
-        """What the launcher says about the ranks it stops (each within 80 columns)."""
-        out = []
-        for r in ranks:
-            out.append(
-                f"commrt: rank {r} was still running {self.linger_s:g} s after the other "
-                "ranks ended"
-            )
-            stopped = _stopped(procs[r].pid)
-            why = "it is stopped: SIGSTOP or a debugger" if stopped else "it may hang"
-            out.append(f"commrt: ({why}); the launcher stopped it")
-        return out
-
-
-class Replacements:
-    """Starts replacements of dead ranks (``COMMRT_REJOIN=1``), up to ``limit`` in all."""
-
-    def __init__(self, start, limit: int):
-        self.start, self.left, self.limit = start, limit, limit
-
-    def __call__(self, procs: list[subprocess.Popen]) -> None:
-        """Replace each rank of ``procs`` that failed while another still runs."""
-        running = any(p.poll() is None for p in procs)
-        for rank, p in enumerate(procs):
-            code = p.poll()
-            if not code or not running or not self.left:
-                continue
-            self.left -= 1
-            how = f"was killed by {_signame(-code)}" if code < 0 else f"exited with status {code}"
-            used = self.limit - self.left
-            # on a terminal rank 0's progress bar holds the cursor mid-line: start a new one
-            fresh = "\n" if sys.stderr.isatty() else ""
-            print(
-                f"{fresh}commrt: rank {rank} {how}; started a replacement ({used} of {self.limit})",
-                file=sys.stderr,
-                flush=True,
-            )
-            procs[rank] = self.start(rank, **{settings.REJOIN.name: "1"})
+def ranks_env(nproc: int) -> dict[str, str]:
+    """The environment every one of ``nproc`` ranks on this host starts with: this one,
+    marked launched (and when), unbuffered, a share of the cores each, gloo on loopback."""
+    env = dict(os.environ, **{settings.LAUNCHED.name: "1", "PYTHONUNBUFFERED": "1"})
+    env.setdefault(settings.LAUNCHED_AT.name, repr(process_started_at()))
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    # every rank is on this host: keep gloo's sockets on loopback too (it would bind to
+    # the address of the host name otherwise); the stores listen on 127.0.0.1 (store.serve)
+    lo = loopback_ifname()
+    if lo is not None:
+        env.setdefault("GLOO_SOCKET_IFNAME", lo)
+    return env
 
 
 def _supervise(
@@ -304,7 +249,7 @@ def _supervise(
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
         _stop(procs, grace_s=interrupt_grace_s)
-        print(f"{_past_echo()}commrt: got {_signame(sig.signum)}; stopped the job", file=sys.stderr)
+        print(f"{_past_echo()}commrt: got {signame(sig.signum)}; stopped the job", file=sys.stderr)
         return 128 + sig.signum
 
 
@@ -385,17 +330,10 @@ def tolerated_lines(codes: list[int | None], tolerate: int) -> list[str]:
     lines = []
     for rank, c in enumerate(codes):
         if c:
-            how = f"was killed by {_signame(-c)}" if c < 0 else f"exited with status {c}"
+            how = f"was killed by {signame(-c)}" if c < 0 else f"exited with status {c}"
             lines.append(f"commrt: rank {rank} {how}; the other ranks carried on")
     lines.append(f"commrt: (up to {tolerate} of the {len(codes)} ranks may fail in this job)")
     return lines
-
-
-def _stopped(pid: int) -> bool:
-    """Whether the process is stopped (SIGSTOP, a debugger); False where unknown."""
-    from commrt.transports.processes import stopped
-
-    return stopped(pid)
 
 
 def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
@@ -408,14 +346,14 @@ def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
     for rank, p in enumerate(procs):
         c = p.poll()
         if c is None:
-            if _stopped(p.pid):
+            if stopped_now(p.pid):
                 stopped.append(rank)
         elif c < 0:
             killed.append((rank, c))
         elif c > 0:
             failed.append((rank, c))
     seen = peer_reports(_reports.get("dir"))
-    lines = [f"rank {r} was killed by {_signame(-c)}{_during(r, seen)}" for r, c in killed]
+    lines = [f"rank {r} was killed by {signame(-c)}{_during(r, seen)}" for r, c in killed]
     lines += [
         f"rank {r} is stopped (SIGSTOP or a debugger), so its peers timed out" for r in stopped
     ]
@@ -446,13 +384,6 @@ def _during(rank: int, reports: list[dict]) -> str:
         where = f", while rank {r['rank']} ran {r['where']}" if r.get("where") else ""
         return f" at training step {r['step']}{where}"
     return ""
-
-
-def _signame(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
 
 
 def interrupted() -> int:

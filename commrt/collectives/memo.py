@@ -40,7 +40,7 @@ class SettledCall:
     ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
     signature (``key``: resolved algorithm, parsed op, dtype, shape) in
     ``comm.slots.settled_calls``, and with its binding as the last call's
-    (:attr:`commrt.schedule.bindings.Run.call`).
+    (:attr:`commrt.schedule.caches.Run.call`).
     A later call with the same ``algorithm`` and ``op`` objects, dtype and shape runs
     ``schedule`` at once, scaled by ``scale`` first (an average: one over the ranks; None
     for any other op) and reducing as ``reduce`` says: a name or an

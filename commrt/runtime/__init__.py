@@ -4,7 +4,7 @@
 :mod:`commrt.runtime.connect` (making the transport ``init`` chose),
 :mod:`commrt.runtime.choice` (the table of backends: which one ``auto`` takes,
 for every caller), :mod:`commrt.runtime.slots` (``CommSlots``: what is derived
-once per communicator), :mod:`commrt.runtime.syncs` (``OpenSyncs``: the
+once per communicator), :mod:`commrt.runtime.open_syncs` (``OpenSyncs``: the
 GradientSyncs open on a communicator), :mod:`commrt.runtime.store` (the job's
 store, reached by every rank), :mod:`commrt.runtime.rows` (every rank's small
 row of numbers on every rank: how ranks agree on anything) and

@@ -38,8 +38,8 @@ from commrt.process.rendezvous import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S, check_ti
 from commrt.process.threads import fit_torch_threads, usable_cores
 from commrt.runtime.choice import Backend, Situation, choose, why
 from commrt.runtime.connect import make_transport
+from commrt.runtime.open_syncs import OpenSyncs
 from commrt.runtime.slots import CommSlots
-from commrt.runtime.syncs import OpenSyncs
 from commrt.transports.base import Transport
 
 SPIN_S = settings.Seconds(
@@ -258,7 +258,7 @@ class Communicator:
         Raises if the communicator is closed or a GradientSync step is on the
         wire; otherwise lets open syncs' after-step work finish, so every rank
         issues the collective after it, in the same order
-        (:meth:`commrt.runtime.syncs.OpenSyncs.check_idle`).
+        (:meth:`commrt.runtime.open_syncs.OpenSyncs.check_idle`).
         """
         if self._closed:  # check_open(), inline: this runs before every collective
             raise CommError(f"rank {self.rank}: communicator is closed")

@@ -6,8 +6,8 @@ symbolic checker (:mod:`commrt.schedule.check`), a schedule compiled for one
 rank and one buffer, its messages cut into pieces (:mod:`commrt.schedule.plan`),
 the executor that runs a schedule for one rank on a transport
 (:mod:`commrt.schedule.executor`), the plan bound to one buffer that it caches
-and runs (:mod:`commrt.schedule.binding`), its caches of plans, bindings and
-scratch (:mod:`commrt.schedule.bindings`), and its record of where this rank is, kept for
+and runs (:mod:`commrt.schedule.bound`), its caches of plans, bindings and
+scratch (:mod:`commrt.schedule.caches`), and its record of where this rank is, kept for
 stalls (:mod:`commrt.schedule.position`),
 the point-to-point exchange for traffic outside schedules
 (:mod:`commrt.schedule.p2p`) and the one tag registry

@@ -23,8 +23,8 @@ import torch
 
 from commrt.errors import CommError, CommTimeoutError, PeerClosedError, PeerFailedError
 from commrt.schedule import Schedule
-from commrt.schedule.binding import Bound, default_reduce
-from commrt.schedule.bindings import Bindings, Run, piece_elems
+from commrt.schedule.bound import Bound, default_reduce
+from commrt.schedule.caches import Bindings, Run, piece_elems
 from commrt.schedule.p2p import Where, engine_error, timeout_error
 from commrt.schedule.plan import StepPlan
 from commrt.schedule.position import Position
@@ -32,7 +32,7 @@ from commrt.transports.base import Prepared, Transport
 
 
 class Executor:
-    """Runs schedules on the bindings its :class:`~commrt.schedule.bindings.Bindings`
+    """Runs schedules on the bindings its :class:`~commrt.schedule.caches.Bindings`
     keeps: compiled plans, bindings and one scratch buffer per dtype/device (each cache's
     key, bound and lifetime: :mod:`commrt.collectives`).
 
@@ -57,7 +57,7 @@ class Executor:
     @property
     def last(self) -> Run | None:
         """The last cached binding run, with the call that ran it, or None
-        (:attr:`commrt.schedule.bindings.Bindings.memo`). A caller that finds its own call
+        (:attr:`commrt.schedule.caches.Bindings.memo`). A caller that finds its own call
         there runs it with :meth:`repeat`."""
         return self.bindings.memo
 
@@ -116,7 +116,7 @@ class Executor:
         ``spin_s``: how long a wait polls before it yields the core
         (:func:`~commrt.transports.base.poll_until`); for callers that block.
         ``call``: the caller's record of this call, kept with a cached binding
-        (:attr:`commrt.schedule.bindings.Run.call`).
+        (:attr:`commrt.schedule.caches.Run.call`).
         """
         run = self.bindings.for_call(schedule, buf, transport, piece_bytes, reduce, owner, call)
         if run.kept:

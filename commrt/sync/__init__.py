@@ -2,7 +2,7 @@
 
 * :mod:`commrt.sync.gradsync`: GradientSync itself: hooks, wait/step/no_sync, report;
 * :mod:`commrt.sync.config`: its arguments, validated into one :class:`SyncConfig`;
-* :mod:`commrt.sync.stepstate`: what one step has seen so far (reset in one place);
+* :mod:`commrt.sync.step_state`: what one step has seen so far (reset in one place);
 * :mod:`commrt.sync.progress`: the progress thread and the bucket runner;
 * :mod:`commrt.sync.grad_ready`: the autograd hooks that mark each gradient ready;
 * :mod:`commrt.sync.buffers`: bucket buffers, pack and unpack (grads as bucket views);
@@ -16,7 +16,7 @@
 * :mod:`commrt.sync.gossip`: the gossip family (GossipGraD: one peer per step, and
   gossip with a deadline: its policies, messages, ledger, deaths and rotation);
 * :mod:`commrt.sync.join`: uneven inputs (``GradientSync.join``);
-* :mod:`commrt.sync.state`: every rank starts from rank 0's weights;
+* :mod:`commrt.sync.model_state`: every rank starts from rank 0's weights;
 * :mod:`commrt.sync.snapshot`: parameters and optimizer state, bit for bit (a late
   rank's catch-up);
 * :mod:`commrt.sync.buckets`, :mod:`commrt.sync.stats`: bucketing, per-step stats.

@@ -56,13 +56,13 @@ from commrt.sync.config import SyncConfig, trainable
 from commrt.sync.families import policy_for
 from commrt.sync.grad_ready import GradReadyHooks
 from commrt.sync.join import joined
+from commrt.sync.model_state import broadcast_state
 from commrt.sync.policy import SyncContext
 from commrt.sync.progress import BucketRunner, ProgressThread
 from commrt.sync.recording import StepRecorder
 from commrt.sync.report import SyncReport
-from commrt.sync.state import broadcast_state
 from commrt.sync.stats import SyncStats
-from commrt.sync.stepstate import StepState
+from commrt.sync.step_state import StepState
 from commrt.sync.unused import Unused, raise_if_unused, unready_parameters
 
 __all__ = ["GradientSync", "Unused"]
@@ -163,11 +163,7 @@ class GradientSync:
         ctx = SyncContext(
             comm, tuple(self.buckets), bufs, cfg.comm_dtype, self.tracer, self.io.unpack
         )
-        grad_bytes = sum(p.numel() * p.element_size() for _, p in named)
-        self.stats = SyncStats(
-            algorithms=tuple(self.policy.setup(ctx)), grad_bytes=grad_bytes, rank=comm.rank,
-            world_size=comm.world_size, transport=comm.transport_text,
-        )  # fmt: skip
+        self.stats = _fresh_stats(self.policy.setup(ctx), named, comm)
         self._recorder = StepRecorder(self.stats, self.tracer)
 
         # -- the progress thread, and the step state it shares with the hooks and wait()
@@ -333,6 +329,18 @@ def _check_open(progress: ProgressThread, call: str) -> None:
             f"commrt: {call} on a closed GradientSync (sync.close() or its with-block "
             "ended): create a new one to synchronise gradients again"
         )
+
+
+def _fresh_stats(algorithms, named, comm: Communicator) -> SyncStats:
+    """The statistics of a GradientSync whose policy set up ``algorithms`` for its
+    buckets, over the trainable ``named`` parameters."""
+    return SyncStats(
+        algorithms=tuple(algorithms),
+        grad_bytes=sum(p.numel() * p.element_size() for _, p in named),
+        rank=comm.rank,
+        world_size=comm.world_size,
+        transport=comm.transport_text,
+    )
 
 
 def _agreed_buckets(cfg: SyncConfig, named, comm, model, policy) -> list[Bucket]:

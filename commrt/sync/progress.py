@@ -7,7 +7,7 @@ the buffer to the family's policy and unpacks the result into ``.grad``
 policy's after-step work, which may outlive ``wait()``.
 
 :class:`ProgressThread` holds the thread and everything it shares with the
-caller's thread (the step's :class:`~commrt.sync.stepstate.StepState`, the
+caller's thread (the step's :class:`~commrt.sync.step_state.StepState`, the
 error it hit, whether it is closing or busy after a step), all guarded by
 one condition variable, ``cv``.
 """
@@ -24,7 +24,7 @@ from commrt.errors import CommError, CommTimeoutError
 from commrt.process.threads import background_thread, idle_wait
 from commrt.sync.buffers import BucketBuffers
 from commrt.sync.policy import Policy
-from commrt.sync.stepstate import StepState
+from commrt.sync.step_state import StepState
 
 
 class BucketRunner:

@@ -4,7 +4,7 @@ A step, as the training loop sees it, runs from the end of the previous
 ``wait()``/``step()`` to the end of this one: compute (forward and
 backward, buckets leaving as it goes), the wait for buckets still in
 flight, then the optimizer. :class:`StepRecorder` keeps where the current
-step began and turns a finished :class:`~commrt.sync.stepstate.StepState`
+step began and turns a finished :class:`~commrt.sync.step_state.StepState`
 into a :class:`~commrt.sync.stats.StepStats` entry and trace spans.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from commrt.sync.stats import SyncStats
-from commrt.sync.stepstate import StepState
+from commrt.sync.step_state import StepState
 
 
 class StepRecorder:

@@ -16,7 +16,7 @@ import torch
 
 from commrt.collectives.core import gather_rows
 from commrt.sync.buckets import Bucket
-from commrt.sync.stepstate import StepState
+from commrt.sync.step_state import StepState
 
 #: names listed per rank in the error before "and N more"
 NAMES_SHOWN = 10

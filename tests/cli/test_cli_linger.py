@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from commrt.cli.launch import Lingering
+from commrt.cli.tolerance import Lingering
 
 
 def test_lingering_ranks_are_overdue_only_when_the_job_may_lose_them():

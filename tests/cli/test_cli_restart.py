@@ -10,7 +10,7 @@ import sys
 import pytest
 from helpers.cli import not_launched, parse_error  # noqa: F401  (the fixture runs here too)
 
-from commrt.cli.launch import Replacements
+from commrt.cli.tolerance import Replacements
 
 
 @pytest.mark.parametrize(

@@ -237,7 +237,7 @@ def test_a_step_waits_at_the_longest_timeout_whatever_the_buckets():
 
     from commrt.process.rendezvous import MAX_TIMEOUT_S
     from commrt.sync.progress import ProgressThread
-    from commrt.sync.stepstate import StepState
+    from commrt.sync.step_state import StepState
 
     state = StepState.fresh([SimpleNamespace(params=[None])], step=0)
     progress = ProgressThread(state, SimpleNamespace(cuda=False), policy=None, name="test")

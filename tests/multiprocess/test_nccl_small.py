@@ -29,7 +29,7 @@ import torch
 import commrt
 from commrt.runtime.choice import Backend, Situation, choose
 from commrt.sync.progress import ProgressThread
-from commrt.sync.stepstate import StepState
+from commrt.sync.step_state import StepState
 from commrt.transports.nccl import import_nccl
 from commrt.transports.nccl_bootstrap import exchange_unique_id, nccl_device
 

@@ -17,7 +17,7 @@ from commrt.errors import CommTimeoutError
 from commrt.process.environment import LaunchInfo
 from commrt.runtime.choice import Backend
 from commrt.runtime.communicator import Communicator
-from commrt.schedule.bindings import Bindings
+from commrt.schedule.caches import Bindings
 from commrt.schedule.executor import Executor
 
 
@@ -116,7 +116,7 @@ def test_small_cpu_adds_match_torch_bit_for_bit(dtype, n):
 def test_small_cpu_pieces_are_added_by_numpy_large_ones_by_torch(monkeypatch):
     import numpy as np
 
-    import commrt.schedule.binding as ex_mod
+    import commrt.schedule.bound as ex_mod
 
     adds = []
 

@@ -202,7 +202,7 @@ def test_swap_in_place_waits_for_the_send_before_writing_back():
 
 def test_steady_state_call_reuses_its_binding_and_compiles_nothing(monkeypatch):
     import commrt
-    import commrt.schedule.bindings as ex_mod
+    import commrt.schedule.caches as ex_mod
 
     compiled = []
     real = ex_mod.compile_plan
@@ -311,7 +311,7 @@ def test_a_same_dtype_sum_off_the_cpu_is_one_add_not_a_kernel_launch(dtype):
     does, without its launch; a piece of another dtype (a bf16 wire into fp32) goes through
     the kernel, which casts and adds in one pass."""
     from commrt.kernels import reduce_
-    from commrt.schedule.binding import _applier, default_reduce
+    from commrt.schedule.bound import _applier, default_reduce
 
     dst = torch.empty(64, dtype=dtype, device="meta")
     same = _applier(dst, torch.empty(64, dtype=dtype, device="meta"), True, default_reduce)

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from commrt.schedule import Schedule
-from commrt.schedule.binding import Bound
+from commrt.schedule.bound import Bound
 from commrt.schedule.plan import Plan, compile_plan
 from commrt.transports.base import Transport
 

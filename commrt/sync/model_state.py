@@ -31,7 +31,7 @@ def broadcast_state(
 
     Example::
 
-        >>> from commrt.sync.state import broadcast_state
+        >>> from commrt.sync.model_state import broadcast_state
         >>> broadcast_state(model, comm)       # doctest: +SKIP
     """
     tensors = []
