@@ -18,7 +18,8 @@ One module per job:
 * :mod:`~commrt.algorithms.broadcast`: a binomial tree and a pipelined chain;
 * :mod:`~commrt.algorithms.auto`: ``"auto"``, which picks an algorithm per buffer size
   from the cost model, :mod:`~commrt.algorithms.auto_learn`, how it learns from
-  what it runs, and :mod:`~commrt.algorithms.auto_times`, how it reads its timings;
+  what it runs, :mod:`~commrt.algorithms.auto_trial`, how its trials are laid out
+  and paced, and :mod:`~commrt.algorithms.auto_times`, how it reads its timings;
 * beyond all-reduce: :mod:`~commrt.algorithms.backup` (backup workers) and
   :mod:`~commrt.algorithms.gossip` (GossipGraD, one partner per step).
 

@@ -225,8 +225,7 @@ class Auto(Algorithm):
         times = network.price_all(algs, world_size, int(nbytes), itemsize=itemsize)
         priced = sorted((t, i, a) for i, (t, a) in enumerate(zip(times, algs)) if t is not None)
         table = tuple((label(a), s) for s, _, a in priced)
-        choice = _choice(world_size, int(nbytes), priced[0][2], priced[0][0], table, network,
-                         fused)  # fmt: skip
+        choice = _choice(world_size, int(nbytes), priced[0][2], priced[0][0], table, network, fused)
         if store is not None:
             store[key] = choice
         return choice
@@ -255,9 +254,14 @@ class Auto(Algorithm):
         near = max(CONTENDERS * choice.predicted_s, (1 + MARGIN) * (priced or 0.0))
         others = tuple(n for n, t in choice.candidates[2:] if t <= near)
         return Tuning(
-            choice.label, choice.predicted_s, runner, priced, others,
-            dict(choice.candidates), recheck_after_s=self.recheck_s,
-        )  # fmt: skip
+            choice.label,
+            choice.predicted_s,
+            runner,
+            priced,
+            others,
+            dict(choice.candidates),
+            recheck_after_s=self.recheck_s,
+        )
 
     def _remembered(self, comm, choice: Choice) -> Tuning | None:
         """Learning that starts from an earlier job's verdict for this size class
@@ -400,8 +404,9 @@ def _second(choice: Choice) -> Algorithm | None:
     return min(others, key=lambda a: net.estimate(a, p, n, itemsize=_itemsize(n)))
 
 
-def _choice(p: int, nbytes: int, alg: Algorithm, t: float, table, network,
-            fused: bool = False) -> Choice:  # fmt: skip
+def _choice(
+    p: int, nbytes: int, alg: Algorithm, t: float, table, network, fused: bool = False
+) -> Choice:
     sched = dataclasses.replace(alg.schedule(p), name=f"auto:{label(alg)}")
     return Choice(p, nbytes, alg, label(alg), t, table, network, sched, fused=fused)
 

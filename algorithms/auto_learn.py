@@ -64,17 +64,43 @@ one collective step.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 
 from commrt import settings
 from commrt.algorithms.auto_times import agreed_time, block_time
+from commrt.algorithms.auto_trial import (
+    BLOCK_S,
+    GATHER_S,
+    LEARN_CALL_S,
+    MAX_BLOCK_CALLS,
+    MAX_HOLD,
+    MAX_TRIAL_PASSES,
+    MIN_BLOCK_CALLS,
+    WIDE,
+    TrialPasses,
+)
 
 __all__ = [
-    "MARGIN", "WINDOW", "WARMUP", "CONTENDERS", "TRIAL_PASSES", "BLOCK_S", "MIN_BLOCK_CALLS",
-    "MAX_BLOCK_CALLS", "TRIAL_BUDGET_S", "MAX_TRIAL_PASSES", "RECHECK_S", "RECHECK_MAX_S",
-    "RECHECK_MIN_CALLS", "WIDE", "EXPLORE", "MAX_HOLD", "Tuning", "calls_to_settle", "agree",
-]  # fmt: skip
+    "MARGIN",
+    "WINDOW",
+    "WARMUP",
+    "CONTENDERS",
+    "TRIAL_PASSES",
+    "BLOCK_S",
+    "MIN_BLOCK_CALLS",
+    "MAX_BLOCK_CALLS",
+    "TRIAL_BUDGET_S",
+    "MAX_TRIAL_PASSES",
+    "RECHECK_S",
+    "RECHECK_MAX_S",
+    "RECHECK_MIN_CALLS",
+    "WIDE",
+    "EXPLORE",
+    "MAX_HOLD",
+    "Tuning",
+    "calls_to_settle",
+    "agree",
+]
 
 #: a choice that measures more than this fraction above its prediction gets its runner-up
 #: tried. The goal is to be within 1.1× of the fastest candidate: a choice slower than its
@@ -87,51 +113,34 @@ WARMUP = 1
 #: passes of the trial over the tried candidates and the choice (each rotated by one),
 #: at least
 TRIAL_PASSES = 3
-BLOCK_S = settings.Seconds(
-    0.002, "a trial block's timed calls take about this long at the baseline's time a call (so "
-    "that where calls are cheap, leaving out the descheduled ones still leaves a mean)",
-    "`auto`'s learning", settings.AUTO,
-)  # fmt: skip
-#: timed calls of a trial block, at least (its slowest is left out) and at most
-MIN_BLOCK_CALLS = 3
-MAX_BLOCK_CALLS = 12
 TRIAL_BUDGET_S = settings.Seconds(
-    0.25, "a trial takes more passes while a candidate's blocks take at most this long",
-    "`auto`'s learning", settings.AUTO,
-)  # fmt: skip
-MAX_TRIAL_PASSES = 6
+    0.25,
+    "a trial takes more passes while a candidate's blocks take at most this long",
+    "`auto`'s learning",
+    settings.AUTO,
+)
 #: the trial also runs every candidate predicted within this factor of the choice: where
 #: the model errs by tens of percent its order among them says little
 CONTENDERS = 1.5
 RECHECK_S = settings.Seconds(
-    2.0, "seconds of a settled size's calls before its kept schedule is timed again; doubling "
-    "after each recheck that keeps it", "`auto`'s learning", settings.AUTO,
-)  # fmt: skip
+    2.0,
+    "seconds of a settled size's calls before its kept schedule is timed again; doubling "
+    "after each recheck that keeps it",
+    "`auto`'s learning",
+    settings.AUTO,
+)
 RECHECK_MAX_S = settings.Seconds(
     64.0, "the longest time between two rechecks", "`auto`'s learning", settings.AUTO
 )
 #: settled calls between rechecks, at least: a recheck costs one small gather
 RECHECK_MIN_CALLS = 50
-#: a candidate whose fastest of two or more blocks took over this many times the leader's
-#: median is out of the trial: a loss that wide is no noise
-WIDE = 1.3
 #: the most that trying slower candidates may add to a size's calls, as a fraction of their
 #: time so far (a hold of the leader comes first where a pass would pass it)
 EXPLORE = 0.05
-#: calls of a hold, at most (so that a size settles within calls_to_settle)
-MAX_HOLD = 400
-LEARN_CALL_S = settings.Seconds(
-    25e-6, "what a call on auto's learning path costs beyond a settled one, paced as exploring is",
-    "`auto`'s learning", settings.AUTO,
-)  # fmt: skip
-GATHER_S = settings.Seconds(
-    300e-6, "what a phase's gather of auto's timings costs, paced as exploring is",
-    "`auto`'s learning", settings.AUTO,
-)  # fmt: skip
 
 
 @dataclass
-class Tuning:
+class Tuning(TrialPasses):
     """What ``auto`` has learned for one (Auto, world size, buffer size).
 
     ``predicted_s``: the model's time for its choice; ``runner_up``: the
@@ -207,38 +216,6 @@ class Tuning:
         """The current pass's calls in order, as ``(label, timed)``: a block of back-to-back
         calls for each live candidate, its first :attr:`warmup` untimed."""
         return self.plan
-
-    @property
-    def trial_passes(self) -> int:
-        """The trial's passes, at most: :attr:`passes`, or as many more (up to
-        :data:`MAX_TRIAL_PASSES`) as fit in :attr:`budget_s` a candidate at the baseline's
-        time a call."""
-        if self.chosen_s is None:
-            return self.passes
-        block_s = self.chosen_s * (self.warmup + self.block_calls)
-        fit = int(self.budget_s // block_s) if block_s > 0 else MAX_TRIAL_PASSES
-        return max(self.passes, min(MAX_TRIAL_PASSES, fit))
-
-    @property
-    def block_calls(self) -> int:
-        """A block's timed calls: :attr:`block` where given, else :data:`BLOCK_S` at the
-        baseline's time a call, within :data:`MIN_BLOCK_CALLS` and :data:`MAX_BLOCK_CALLS`
-        (agreed: from an agreed time)."""
-        if self.block is not None:
-            return self.block
-        fill = math.ceil(BLOCK_S / self.chosen_s) if self.chosen_s else MIN_BLOCK_CALLS
-        return min(MAX_BLOCK_CALLS, max(MIN_BLOCK_CALLS, fill))
-
-    def _blocks(self) -> tuple[str, ...]:
-        """The current pass's blocks in order: :attr:`live` rotated by one a pass.
-
-        A block's place in its pass can cost it: with 4 ranks on 2 cores the block just
-        before a pass's gather measured 3-5x the first, and a pass reversed every other time
-        keeps a middle block in the middle for good. Rotated, each candidate meets each
-        place in turn, and the median of its blocks leaves out one bad place. (The untimed
-        call that ends a pass, :meth:`_lay_out`, removed most of that cost.)"""
-        k = self.passes_run % len(self.live)
-        return self.live[k:] + self.live[:k]
 
     @property
     def leader(self) -> str:
@@ -335,61 +312,6 @@ class Tuning:
     def _missed(self) -> bool:
         return abs(self.chosen_s - self.predicted_s) > self.margin * self.predicted_s
 
-    def _start_trial(self, live: tuple) -> None:
-        """Run passes over ``live``, after a hold of the leader if the next pass's expected
-        excess would take exploring past :attr:`explore` of the size's time."""
-        self.live, self.passes_run = tuple(live), 0
-        self._next_pass()
-
-    def _next_pass(self) -> None:
-        hold = self._hold()
-        if hold > 0:
-            self.phase, self.until_recheck = "hold", hold
-            self.elapsed_s += hold * self._lead_s()
-            return
-        self.phase, self.plan = "trial", self._lay_out()
-
-    def _lay_out(self) -> tuple[tuple[str, bool], ...]:
-        per_block = self.block_calls
-        plan = []
-        for label in self._blocks():
-            plan += [(label, False)] * self.warmup + [(label, True)] * per_block
-        # one untimed call after the last block: a rank done with its timed calls waits in it
-        # (as between blocks) instead of working on the pass's gather, which, with more ranks
-        # than cores, takes the core from a rank still in its timed calls
-        return tuple(plan) + ((plan[-1][0], False),)
-
-    def _lead_s(self) -> float:
-        return self.trial_s.get(self.leader) or self.chosen_s or self.predicted_s
-
-    def _expected_s(self, label: str) -> float:
-        """What a call of ``label`` is expected to take: its median block where it ran, else
-        the model's price scaled by the baseline's measured / predicted (half-way to the
-        leader's time where the baseline missed: the model's order is then uncertain too),
-        and never under ``1 + margin`` × the leader's (a candidate not yet run is assumed
-        that much slower, so that a job's first calls run the leader alone)."""
-        if label in self.trial_s:
-            return self.trial_s[label]
-        lead = self._lead_s()
-        priced = self.predicted.get(label)
-        if priced is None or not self.predicted_s or self.chosen_s is None:
-            return lead * WIDE  # not priced: a sure loser on the model's lower bound
-        scaled = priced * self.chosen_s / self.predicted_s
-        guess = lead + (scaled - lead) / 2 if self._missed() else scaled
-        return max(guess, (1.0 + self.margin) * lead)
-
-    def _hold(self) -> int:
-        """Calls of the leader alone before the next pass (0: none needed)."""
-        lead = self._lead_s()
-        calls = self.warmup + self.block_calls
-        excess = sum(calls * max(0.0, self._expected_s(x) - lead) for x in self.live)
-        excess += len(self.live) * calls * LEARN_CALL_S + GATHER_S
-        # the calls before the pass pay for it: a pass never pays for itself
-        need = (self.explored_s + excess) / self.explore - self.elapsed_s
-        if need <= 0 or lead <= 0:
-            return 0
-        return min(MAX_HOLD, math.ceil(need / lead))
-
     def _settle(self, label: str) -> None:
         """Keep ``label``, and count down to its next recheck: ``recheck_after_s``, doubled
         for each recheck in a row that kept the same schedule, of its calls."""
@@ -440,35 +362,6 @@ class Tuning:
         blocks = self.passes * (self.warmup + self.block_calls)
         cheap = t is not None and t * blocks <= self.budget_s
         return self.kept != self.choice and self.choice not in self.lost and cheap
-
-    def _end_pass(self, table) -> None:
-        # side by side in the same pass: all met the same load (the baseline's time of the
-        # choice was taken earlier, perhaps on a quieter or busier machine)
-        n, calls = self.block_calls, self.warmup + self.block_calls
-        means = []
-        for b, label in enumerate(self._blocks()):
-            mean = block_time([row[b * n : (b + 1) * n] for row in table])
-            self.samples.setdefault(label, []).append(mean)
-            means.append(mean)
-        self.elapsed_s += calls * sum(means)
-        self.explored_s += calls * sum(m - min(means) for m in means)
-        self.explored_s += len(means) * calls * LEARN_CALL_S + GATHER_S
-        self.passes_run += 1
-        self.trial_s.update({x: statistics.median(self.samples[x]) for x in self.live})
-        lead = self.leader
-        best = self.trial_s[lead]
-        for x in self.live:
-            fastest = min(self.samples[x])
-            if x != lead and len(self.samples[x]) > 1 and fastest > WIDE * best:
-                self.lost[x] = self.trial_s[x] / best  # never tried again for this size
-        self.live = tuple(x for x in self.live if x not in self.lost)
-        close = [
-            x for x in self.live if x != lead and min(self.samples[x]) <= (1 + self.margin) * best
-        ]
-        done = len(self.live) == 1 or self.passes_run >= self.trial_passes
-        if done or (self.passes_run >= self.passes and not close):
-            return self._settle(lead)
-        self._next_pass()
 
     def __str__(self) -> str:
         def ms(t):

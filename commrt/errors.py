@@ -351,24 +351,33 @@ class PeerFailedError(CommError):
     """
 
     def __init__(
-        self, *, rank: int, peer: int, cause: int | None, unit: str, waiting_in: int,
+        self,
+        *,
+        rank: int,
+        peer: int,
+        cause: int | None,
+        unit: str,
+        waiting_in: int,
         where: str = "",
-    ):  # fmt: skip
+    ):
         self.rank, self.peer, self.cause, self.unit = rank, peer, cause, unit
         self.waiting_in, self.where = waiting_in, where
         began = f"at rank {peer} itself" if cause in (None, peer) else f"at rank {cause}"
         read = f"rank {cause if cause is not None else peer}'s output says why"
         super().__init__(
             f"commrt: rank {peer} ended after a failure that began {began}, while rank "
-            f"{rank} waits in {unit} {waiting_in}" + (f" ({where})" if where else "")
-            + f": {read}."
-        )  # fmt: skip
+            f"{rank} waits in {unit} {waiting_in}" + (f" ({where})" if where else "") + f": {read}."
+        )
 
     def at(self, where: str) -> "PeerFailedError":
         """The same error, naming where this rank waited (algorithm, step, bucket)."""
         if self.where or not where:
             return self
         return PeerFailedError(
-            rank=self.rank, peer=self.peer, cause=self.cause, unit=self.unit,
-            waiting_in=self.waiting_in, where=where,
-        )  # fmt: skip
+            rank=self.rank,
+            peer=self.peer,
+            cause=self.cause,
+            unit=self.unit,
+            waiting_in=self.waiting_in,
+            where=where,
+        )

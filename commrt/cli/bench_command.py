@@ -38,9 +38,11 @@ def register(sub) -> None:
     )
     dtype_flag(ar, "--dtype", "element type")
     ar.add_argument(
-        "--repeats", type=positive_int, default=3,
+        "--repeats",
+        type=positive_int,
+        default=3,
         help="timed runs per point, of which the median is shown (default: %(default)s)",
-    )  # fmt: skip
+    )
     ar.add_argument(
         "--iters",
         type=positive_int,

@@ -135,9 +135,12 @@ class Parser(argparse.ArgumentParser):
         message += _choice_hint(message)
         head = f"{self.prog}: error: "
         lines = textwrap.wrap(
-            head + message, 80, subsequent_indent="  ",
-            break_on_hyphens=False, break_long_words=False,
-        )  # fmt: skip
+            head + message,
+            80,
+            subsequent_indent="  ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
         super().error("\n".join(lines)[len(head) :])
 
 
@@ -174,9 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     # every field main reads, so that it never asks whether one exists: a subcommand's own
     # defaults (its parser, its run, its flags') replace these
     parser.set_defaults(
-        parser=parser, subcommands=tuple(sub.choices), run=None, what=None, plot=None,
-        algorithms=None, single_process=False, timeout=None, mpi_anchor=False,
-    )  # fmt: skip
+        parser=parser,
+        subcommands=tuple(sub.choices),
+        run=None,
+        what=None,
+        plot=None,
+        algorithms=None,
+        single_process=False,
+        timeout=None,
+        mpi_anchor=False,
+    )
     return parser
 
 

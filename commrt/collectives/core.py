@@ -145,8 +145,9 @@ def all_reduce(
     # settled schedule, admit the call, scale an average, run it. A repeat of the last call
     # on the same tensor (same algorithm and op objects, dtype, shape: the executor's memo
     # of the last call) is found by identity tests alone; any other call is parsed,
-    # resolved, checked, then looked up by signature. A signature not settled yet takes the
-    # full way (_first_call): the cross-rank check on first use, select, run, observe.
+    # resolved, checked, then looked up by signature (_by_signature). A signature not settled
+    # yet takes the full way (_first_call): the cross-rank check on first use, select, run,
+    # observe.
     if timeout is not None:  # refused before an average scales the tensor, not after
         check_timeout(timeout)
     run = comm.executor.last
@@ -169,6 +170,12 @@ def all_reduce(
         if last.counter is not None:
             counted(comm, last)
         return tensor
+    return _by_signature(tensor, comm, algorithm, op, timeout, tracer)
+
+
+def _by_signature(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
+    """:func:`all_reduce` of a call that is not a repeat of the last: parsed, resolved,
+    checked, then run as its signature's settled call, or the full way (:func:`_first_call`)."""
     parsed = SPELLINGS.get(op) if isinstance(op, (str, ReduceOp)) else None
     parsed = parsed if parsed is not None else ReduceOp.parse(op)
     alg = resolve(algorithm)

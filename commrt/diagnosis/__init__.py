@@ -2,7 +2,8 @@
 
 :mod:`commrt.diagnosis.departures` (ranks that finished or closed, named to the
 others: a farewell), :mod:`commrt.diagnosis.abort` (ending the whole job when a
-rank fails), :mod:`commrt.diagnosis.stall` (the stall watch: a thread per
+rank fails), :mod:`commrt.diagnosis.failures` (what a failed call tells the
+peers and the verdict before its error is raised), :mod:`commrt.diagnosis.stall` (the stall watch: a thread per
 communicator that beats and notices a stall), :mod:`commrt.diagnosis.hearing`
 (every rank's view gathered, the missing ones made up, one verdict for all),
 :mod:`commrt.diagnosis.telling` (the verdict printed, dumped and written where

@@ -193,8 +193,9 @@ class Departures:
             theirs = f.sync_steps if self.in_sync else f.calls
             if f.how == FAILED and mine >= theirs:
                 cause = None if f.cause == UNKNOWN else f.cause  # its own rank: its own error
-                return PeerFailedError(rank=self.rank, peer=peer, cause=cause, unit=unit,
-                                       waiting_in=mine - shift)  # fmt: skip
+                return PeerFailedError(
+                    rank=self.rank, peer=peer, cause=cause, unit=unit, waiting_in=mine - shift
+                )
             if mine > theirs:
                 return PeerClosedError(
                     rank=self.rank,

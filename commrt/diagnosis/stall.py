@@ -307,9 +307,13 @@ def start_watch(comm, stall_s: float | None, ends_job: bool) -> StallWatch | Non
         return dist.PrefixStore(prefix, _client(host, port, comm.timeout))
 
     watch = StallWatch(
-        client, comm.rank, comm.world_size, comm.executor.position, comm.departures,
+        client,
+        comm.rank,
+        comm.world_size,
+        comm.executor.position,
+        comm.departures,
         declares(stall_s, comm.timeout),
-    )  # fmt: skip
+    )
     watch.server, watch.ends_job = server, ends_job  # rank 0's server lives as long as it
     mpi = comm.transport.traits.meets_through_mpi
     watch.hosting = server is not None if mpi else comm.rank == 0
@@ -355,6 +359,9 @@ def _client(host: str, port: int, timeout: float):
     import torch.distributed as dist
 
     return dist.TCPStore(
-        host, port, is_master=False, wait_for_workers=False,
+        host,
+        port,
+        is_master=False,
+        wait_for_workers=False,
         timeout=datetime.timedelta(seconds=min(timeout, STORE_CONNECT_S)),
-    )  # fmt: skip
+    )

@@ -75,8 +75,11 @@ def judge(views: list[dict], stall_s: float | None = None) -> dict:
         if kind is not None and r not in passing:
             terminal[r] = kind
     roots, chains = _chains(calls, by_rank, terminal)
-    looped = {next(r for r in c if r in passing) for c in chains.values()
-              if c[-1] is None and passing.intersection(c)}  # fmt: skip
+    looped = {
+        next(r for r in c if r in passing)
+        for c in chains.values()
+        if c[-1] is None and passing.intersection(c)
+    }
     if looped:  # a silent rank the others' waits lead back to holds them: it is a root
         terminal |= dict.fromkeys(looped, "silent")
         roots, chains = _chains(calls, by_rank, terminal)
@@ -166,9 +169,12 @@ def _waited_when_last_seen(view: dict, common: tuple | None) -> bool:
     ``left``; it is a root only where the chain leads back to it."""
     p = view.get("position", {})
     return (
-        view.get("state") == "silent" and bool(p.get("in_call")) and p.get("peer") is not None
-        and common is not None and _signature(view) == common
-    )  # fmt: skip
+        view.get("state") == "silent"
+        and bool(p.get("in_call"))
+        and p.get("peer") is not None
+        and common is not None
+        and _signature(view) == common
+    )
 
 
 def _chains(calls: dict, by_rank: dict, terminal: dict) -> tuple[dict, dict]:
@@ -211,8 +217,9 @@ def _pick_root(blamed: dict, roots: dict, chains: dict) -> int | None:
     real = [r for r in blamed if r is not None]
     if not real:
         return None
-    return min(real, key=lambda r: (blamed[r] != "dead", -len(roots.get(r, [])),
-                                    KINDS.index(blamed[r]), r))  # fmt: skip
+    return min(
+        real, key=lambda r: (blamed[r] != "dead", -len(roots.get(r, [])), KINDS.index(blamed[r]), r)
+    )
 
 
 def _longest(chains: dict, root: int | None) -> list:
@@ -307,7 +314,7 @@ def _cause(kind: str, view: dict, common: tuple | None, by_rank: dict) -> list[s
             who + "IN ANOTHER COLLECTIVE:",
             f"  {mine} on rank {view['rank']},",
             f"  while {others} {'is' if len(in_common) == 1 else 'are'} in {theirs}.",
-        ]  # fmt: skip
+        ]
     return [who + kind.upper() + "."]
 
 
@@ -325,9 +332,11 @@ def _lines(verdict: dict, by_rank: dict, common: tuple | None) -> list[str]:
         lines += _cause(verdict["kind"], view, common, by_rank)
         user = [f for f in view.get("stack") or [] if len(f) > 3 and f[3]]
         advice = ADVICE[verdict["kind"]].format(
-            rank=root, host=view.get("host"), pid=view.get("pid"),
+            rank=root,
+            host=view.get("host"),
+            pid=view.get("pid"),
             where=_code_at(user[-1]) if user else "that code",
-        )  # fmt: skip
+        )
     if verdict["waiting"] and root is not None:
         sample = by_rank[verdict["waiting"][0]].get("position", {})
         lines.append(f"waiting for it: {ranks_text(verdict['waiting'])}, in")
@@ -380,9 +389,13 @@ def wrap(line: str) -> list[str]:
     keep = "".join(p.replace(" ", NBSP) if i % 2 else p for i, p in enumerate(parts))
     lead = " " * (len(line) - len(line.lstrip()))  # kept on the first line too
     out = textwrap.wrap(
-        keep.lstrip(), WIDTH, initial_indent=lead, subsequent_indent=lead + "    ",
-        break_on_hyphens=False, break_long_words=False,
-    )  # fmt: skip
+        keep.lstrip(),
+        WIDTH,
+        initial_indent=lead,
+        subsequent_indent=lead + "    ",
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
     return [w.replace(NBSP, " ") for w in out]
 
 

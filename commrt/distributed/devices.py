@@ -184,8 +184,9 @@ def warm_sizes(piece_bytes: int, dtype: torch.dtype) -> list[int]:
     return [1 << (bits - 1) for bits in range(1, most.bit_length() + 1)]
 
 
-def cuda_transport(backend: Backend, rank: int, size: int, local_rank: int, device, store,
-                   timeout: float):  # fmt: skip
+def cuda_transport(
+    backend: Backend, rank: int, size: int, local_rank: int, device, store, timeout: float
+):
     """A CUDA transport of ``backend`` (its row's make) for ``rank`` of ``size``, meeting
     the others through ``store``; ``device`` None: ``cuda:<local_rank % GPUs>``."""
     meeting = Meeting(rank, size, timeout, lambda: store, _no_mpi, local_rank, device)
@@ -371,10 +372,12 @@ class DeviceComms:
             else (Backend(want),)
         )
         meeting = Meeting(
-            self.rank, self.size, self.timeout,
+            self.rank,
+            self.size,
+            self.timeout,
             lambda: dist.PrefixStore("cpu/", self.store),
             lambda: _mpi_in_torch_order(self.rank),
-        )  # fmt: skip
+        )
         backend, transport = first_made(order, meeting, "cpu_transport 'shm'")
         return self._wrap(transport, backend)
 
@@ -383,9 +386,14 @@ class DeviceComms:
         NCCL, or cuda_ipc where ranks of this host share a GPU (NCCL refuses them) or
         ``COMMRT_CUDA_TRANSPORT`` says so. NCCL's bootstrap says itself what it lacks."""
         launch = self._launch()
-        s = Situation("cuda", launch.launcher, self.size, launch.local_size,
-                      gpu_shared=gpu_shared(launch.local_size, self.size),
-                      cuda_transport=cuda_transport_wanted())  # fmt: skip
+        s = Situation(
+            "cuda",
+            launch.launcher,
+            self.size,
+            launch.local_size,
+            gpu_shared=gpu_shared(launch.local_size, self.size),
+            cuda_transport=cuda_transport_wanted(),
+        )
         return next(b for b in choose(s) if b.moves_cuda)
 
     def _cuda(self, dtype: torch.dtype | None) -> DeviceContext:
@@ -393,10 +401,14 @@ class DeviceComms:
         backend = self.cuda_backend()
         local_rank = detect_launch().local_rank
         transport = cuda_transport(
-            backend, self.rank, self.size, local_rank,
+            backend,
+            self.rank,
+            self.size,
+            local_rank,
             self.cuda_device,  # None (made without check()): LOCAL_RANK's
-            dist.PrefixStore("cuda/", self.store), self.timeout,
-        )  # fmt: skip
+            dist.PrefixStore("cuda/", self.store),
+            self.timeout,
+        )
         dc = self._wrap(transport, backend)
         warm = self.options.warm_dtypes
         if warm is None:

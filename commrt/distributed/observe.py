@@ -279,9 +279,14 @@ class Observer:
                 tracer.name_thread(threading.current_thread().name)
                 self.named.add(here)
             tracer.add(
-                f"commrt/{what}", t0_us, tracer.now_us(), bytes=nbytes, dtype=dtype,
-                algorithm=ran or "-", group=self.stats.group,
-            )  # fmt: skip
+                f"commrt/{what}",
+                t0_us,
+                tracer.now_us(),
+                bytes=nbytes,
+                dtype=dtype,
+                algorithm=ran or "-",
+                group=self.stats.group,
+            )
 
     def p2p(self, what: str, tensor, comm, seconds: float) -> None:
         """Record a ``send`` or ``recv`` of ``tensor`` over ``comm`` that took ``seconds``

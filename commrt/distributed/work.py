@@ -304,8 +304,7 @@ class P2PWork(CommrtWork):
     pair with the peer's, not with the group's order), completed by ``wait()``, or for
     ``get_future()`` by a helper thread that waits for it."""
 
-    def __init__(self, what: str, rank: int, result, timeout: float, exchange,
-                 completed=None):  # fmt: skip
+    def __init__(self, what: str, rank: int, result, timeout: float, exchange, completed=None):
         """``completed(seconds)`` is told, once, how long the call took from its start to
         its completion (:meth:`commrt.distributed.observe.Observer.p2p`)."""
         super().__init__(what, rank, result, timeout)

@@ -159,8 +159,15 @@ class Situation:
     cuda_ipc_missing: str | None = None
 
     @classmethod
-    def here(cls, device: str, launcher: str, world_size: int, local_size: int | None,
-             mpi_world: bool, ranks_may_die: bool = False) -> "Situation":  # fmt: skip
+    def here(
+        cls,
+        device: str,
+        launcher: str,
+        world_size: int,
+        local_size: int | None,
+        mpi_world: bool,
+        ranks_may_die: bool = False,
+    ) -> "Situation":
         """The situation with this process's checks for NCCL and CUDA IPC filled in (only
         for CUDA: importing CuPy takes a while)."""
         missing = ipc_missing = None
@@ -171,8 +178,19 @@ class Situation:
 
             missing, ipc_missing = unavailable(import_nccl), unavailable(import_runtime)
             shared, wanted = gpu_shared(local_size, world_size), cuda_transport_wanted()
-        return cls(device, launcher, world_size, local_size, mpi_world, ranks_may_die, missing,
-                   None, shared, wanted, ipc_missing)  # fmt: skip
+        return cls(
+            device,
+            launcher,
+            world_size,
+            local_size,
+            mpi_world,
+            ranks_may_die,
+            missing,
+            None,
+            shared,
+            wanted,
+            ipc_missing,
+        )
 
     @property
     def one_host(self) -> bool:
@@ -271,10 +289,15 @@ def _make_nccl(m: Meeting):
     from commrt.transports.stand_ins import stand_in
 
     return init_nccl(
-        m.rank, m.world_size, m.local_rank, m.device, stand_in("nccl"),
-        mpi_world=mpi_world() if m.nccl_id_over_mpi else None, make_store=m.store,
+        m.rank,
+        m.world_size,
+        m.local_rank,
+        m.device,
+        stand_in("nccl"),
+        mpi_world=mpi_world() if m.nccl_id_over_mpi else None,
+        make_store=m.store,
         timeout=m.timeout,
-    )  # fmt: skip
+    )
 
 
 def _make_cuda_ipc(m: Meeting):
@@ -303,19 +326,34 @@ def _make_gloo(m: Meeting):
 
 #: every backend, in auto's order, best first (the last, gloo, fits everywhere)
 ORDER: tuple[Row, ...] = (
-    Row(Backend.NCCL, engine.NCCL,
+    Row(
+        Backend.NCCL,
+        engine.NCCL,
         "for CUDA tensors where CuPy with NCCL is installed and no two ranks share a GPU",
-        _nccl_refuses, _make_nccl, "ncclAllReduce"),
-    Row(Backend.CUDA_IPC, engine.CUDA_IPC,
+        _nccl_refuses,
+        _make_nccl,
+        "ncclAllReduce",
+    ),
+    Row(
+        Backend.CUDA_IPC,
+        engine.CUDA_IPC,
         "for CUDA tensors where CuPy is installed and every rank is on one host",
-        _cuda_ipc_refuses, _make_cuda_ipc, "cuda_ipc ordered sum"),
+        _cuda_ipc_refuses,
+        _make_cuda_ipc,
+        "cuda_ipc ordered sum",
+    ),
     # shm's and cuda_ipc's: their ranks' values summed in rank order (the tests' oracle)
-    Row(Backend.SHM, engine.SHM, "where every rank is on one host", _shm_refuses, _make_shm,
-        "shm ordered sum"),
-    Row(Backend.MPI, engine.MPI, "under mpiexec", _mpi_refuses, lambda m: m.mpi(),
-        "MPI_Allreduce"),
+    Row(
+        Backend.SHM,
+        engine.SHM,
+        "where every rank is on one host",
+        _shm_refuses,
+        _make_shm,
+        "shm ordered sum",
+    ),
+    Row(Backend.MPI, engine.MPI, "under mpiexec", _mpi_refuses, lambda m: m.mpi(), "MPI_Allreduce"),
     Row(Backend.GLOO, engine.GLOO, "", lambda s: None, _make_gloo, "gloo allreduce"),
-)  # fmt: skip
+)
 _ROWS = {row.backend: row for row in ORDER}  # the table's index: Backend.row
 
 #: what ``COMMRT_CUDA_TRANSPORT`` may say: auto, or one transport that moves CUDA tensors

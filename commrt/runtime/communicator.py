@@ -16,17 +16,11 @@ import warnings
 import torch
 
 from commrt import settings
-from commrt.diagnosis.abort import abort_on_error_wanted, cause_of, install_abort_hook, say
-from commrt.diagnosis.departures import CLOSED, FAILED, Departures, track
+from commrt.diagnosis.abort import abort_on_error_wanted, install_abort_hook, say
+from commrt.diagnosis.departures import CLOSED, Departures, track
+from commrt.diagnosis.failures import failed_in_call, verdict_at_timeout
 from commrt.diagnosis.stall import stall_seconds, start_watch
-from commrt.errors import (
-    CommError,
-    CommTimeoutError,
-    PeerFailedError,
-    api_boundary,
-    did_you_mean,
-    named_keywords,
-)
+from commrt.errors import CommError, CommTimeoutError, api_boundary, did_you_mean, named_keywords
 from commrt.process.environment import (
     LaunchInfo,
     detect_launch,
@@ -82,30 +76,23 @@ class Communicator:
         debug: bool = False,
         why: str = "",
     ):
-        self.transport = transport
-        self.backend = backend
-        #: why it runs on ``backend`` (:func:`commrt.runtime.choice.why`): stats and the
-        #: info log name the transport with it
+        self.transport, self.backend = transport, backend
+        #: why it runs on ``backend`` (:func:`~commrt.runtime.choice.why`), as stats say
         self.why = why
-        self.rank = transport.rank
-        self.world_size = transport.world_size
+        self.rank, self.world_size = transport.rank, transport.world_size
         self.device = transport.device
         #: ``device.type``, read once: torch makes a new string on every read of it (a cost
         #: that shows in a small all-reduce), and every collective compares it
         self.device_type = self.device.type
-        self.local_rank = launch.local_rank
-        self.local_size = launch.local_size
+        self.local_rank, self.local_size = launch.local_rank, launch.local_size
         self.launcher = launch.launcher
-        self.timeout = float(timeout)
-        self.piece_bytes = int(piece_bytes)
-        self._debug = bool(debug)
+        self.timeout, self.piece_bytes, self._debug = float(timeout), int(piece_bytes), bool(debug)
         self.spin_s = _spin_s(launch.local_size)
         if self.world_size > 1:  # as torchrun would have (commrt.process.threads)
             fit_torch_threads(launch.local_size)
-        self.lock = threading.RLock()
+        self.lock, self._closed = threading.RLock(), False
         #: what other modules derive once per communicator (a probed network, auto's choices)
         self.slots = CommSlots()
-        self._closed = False
         #: what this rank began, and which peers left (commrt.diagnosis.departures); waits consult it
         self.departures = Departures(transport)
         transport.attach_departures(self.departures)
@@ -130,11 +117,10 @@ class Communicator:
     @debug.setter
     def debug(self, on: bool) -> None:
         self._debug = bool(on)
-        if on:
+        if on:  # no memo of a checked or settled call: every call is checked afresh
             self.slots.agreed_calls.clear()
             self.slots.settled_calls.clear()
-            last = self.executor.last
-            if last is not None:
+            if (last := self.executor.last) is not None:
                 self.executor.forget(last.call)
 
     @api_boundary
@@ -157,15 +143,32 @@ class Communicator:
                     self.verdict_at_timeout(error)
                 raise error
 
-    def run_schedule(
-        self, schedule, buf: torch.Tensor, timeout: float | None = None, reduce=None,
-        tracer=None, owner: torch.Tensor | None = None, *, bucket: int | None = None,
-        transport: Transport | None = None, spin: bool = True, call=None,
-    ) -> int:  # fmt: skip
-        """Run ``schedule`` in place on ``buf`` under this communicator's lock, timeout (unless
-        ``timeout``), piece size and spin; return the bytes this rank sent
-        (:meth:`commrt.schedule.executor.Executor.run`). The one place where a schedule
-        meets the executor (:mod:`commrt.collectives`). A ``buf`` that is not contiguous
+    def run_schedule(self, schedule, buf: torch.Tensor, *args, **kwargs) -> int:
+        """Run ``schedule`` in place on ``buf`` under this communicator's lock
+        (:meth:`run_held`, which takes the same arguments); return the bytes this rank
+        sent. The one place where a schedule meets the executor (:mod:`commrt.collectives`)."""
+        with self.lock:
+            return self.run_held(schedule, buf, *args, **kwargs)
+
+    def run_held(
+        self,
+        schedule,
+        buf: torch.Tensor,
+        timeout: float | None = None,
+        reduce=None,
+        tracer=None,
+        owner: torch.Tensor | None = None,
+        *,
+        bucket: int | None = None,
+        transport: Transport | None = None,
+        spin: bool = True,
+        call=None,
+    ) -> int:
+        """Run ``schedule`` in place on ``buf`` under this communicator's timeout (unless
+        ``timeout``), piece size and spin, for a caller that holds :attr:`lock` already
+        (:meth:`run_schedule` takes it; a collective that selects, runs and observes takes
+        it once for all three); return the bytes this rank sent
+        (:meth:`commrt.schedule.executor.Executor.run`). A ``buf`` that is not contiguous
         runs through a contiguous copy, written back.
         ``reduce(dst, src)``: what a received piece meets instead of the executor's sum
         (:mod:`commrt.collectives.reductions`); an average is its caller's scale, before.
@@ -174,25 +177,21 @@ class Communicator:
         ``transport``: one the caller made (its ranks numbered as the schedule numbers
         them). ``spin=False``: never hold a core while waiting (GradientSync's progress
         thread). ``call``: the caller's record of the call, kept for :meth:`repeat`."""
-        with self.lock:
-            return self.run_held(schedule, buf, timeout, reduce, tracer, owner, bucket=bucket,
-                                 transport=transport, spin=spin, call=call)  # fmt: skip
-
-    def run_held(
-        self, schedule, buf: torch.Tensor, timeout: float | None = None, reduce=None,
-        tracer=None, owner: torch.Tensor | None = None, *, bucket: int | None = None,
-        transport: Transport | None = None, spin: bool = True, call=None,
-    ) -> int:  # fmt: skip
-        """:meth:`run_schedule` for a caller that holds :attr:`lock` already (a collective
-        that selects, runs and observes under one hold): the lock taken once per call."""
         work = buf if buf.is_contiguous() else buf.contiguous()
         try:
             sent = self.executor.run(
-                schedule, work, self.transport if transport is None else transport,
+                schedule,
+                work,
+                self.transport if transport is None else transport,
                 self.timeout if timeout is None else check_timeout(timeout),
-                self.piece_bytes, reduce, bucket, tracer,
-                owner if work is buf else None, self.spin_s if spin else 0.0, call,
-            )  # fmt: skip
+                self.piece_bytes,
+                reduce,
+                bucket,
+                tracer,
+                owner if work is buf else None,
+                self.spin_s if spin else 0.0,
+                call,
+            )
         except CommTimeoutError as e:  # a call's own timeout or group: its caller's to handle
             if transport is None and timeout is None:
                 self.verdict_at_timeout(e)
@@ -229,28 +228,14 @@ class Communicator:
         self.executor.position.note_op(op)
 
     def verdict_at_timeout(self, error: CommTimeoutError) -> None:
-        """Before ``error`` (a wait ran out of this communicator's timeout) is raised: the
-        stall verdict joins its message (:meth:`commrt.diagnosis.stall.StallWatch.at_error`).
-        Not for backup workers' steps (their family goes on without ranks that fail)."""
-        if self.stall is not None and self.departures.waits_on_all:
-            self.stall.at_error(error)
+        """Before ``error`` (a wait ran out of this communicator's timeout) is raised
+        (:func:`commrt.diagnosis.failures.verdict_at_timeout`)."""
+        verdict_at_timeout(self.stall, self.departures, error)
 
     def failed_in_call(self, error: CommError) -> None:
-        """Before ``error`` is raised, where the engine broke under a call (a peer's
-        connection closed) or a peer failed: a farewell saying that this rank failed, and
-        at which rank the failure began where the error names one. Whatever the program
-        then does (it may catch the error and exit), the peers' errors and a stall verdict
-        follow the chain past this rank instead of taking it for the cause. Where a stall
-        was declared (a peer that timed out may have closed the connection this rank
-        waited on: this rank's own timeout never comes), its verdict joins the error's
-        message (:meth:`commrt.diagnosis.stall.StallWatch.after_broken_call`).
-        Not for backup workers' steps (their family goes on without ranks that fail)."""
-        broke = type(error) is CommError and error.peers is not None
-        if (broke or isinstance(error, PeerFailedError)) and self.departures.waits_on_all:
-            self.departures.announce(FAILED, cause_of(error))
-            if self.stall is not None:
-                peers = error.peers if error.peers is not None else [error.peer]
-                self.stall.after_broken_call(error, [p for p in peers if p is not None])
+        """Before ``error`` is raised, where the engine broke under a call or a peer failed
+        (:func:`commrt.diagnosis.failures.failed_in_call`)."""
+        failed_in_call(self.stall, self.departures, error)
 
     def admit_collective(self) -> None:
         """Check that a collective may start now; every collective calls this first.
@@ -430,8 +415,7 @@ def init(
     world_size = launch.world_size if world_size is None else int(world_size)
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
-    order = _candidates(backend, launch, device, world_size)
-    address = (master_addr, master_port)
+    order, address = _candidates(backend, launch, device, world_size), (master_addr, master_port)
     be, transport = make_transport(order, launch, rank, world_size, timeout, address, device)
     auto = not isinstance(backend, Backend) and str(backend).lower() == "auto"
     comm = Communicator(transport, be, launch, timeout, piece_bytes, bool(debug), why(be, auto))

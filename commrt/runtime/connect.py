@@ -26,11 +26,16 @@ def make_transport(order, launch, rank, world_size, timeout, address, device):
         order = _takes_a_replacement(order[0])
     over_mpi = launch.launcher == "mpiexec" and master_port is None and launch.master_port is None
     meeting = Meeting(
-        rank, world_size, timeout,
+        rank,
+        world_size,
+        timeout,
         lambda: _tcp_store(launch, rank, world_size, master_addr, master_port, timeout),
         lambda: _mpi_transport(rank, world_size),
-        launch.local_rank, device, nccl_id_over_mpi=over_mpi, rejoining=rejoining(),
-    )  # fmt: skip
+        launch.local_rank,
+        device,
+        nccl_id_over_mpi=over_mpi,
+        rejoining=rejoining(),
+    )
     return first_made(order, meeting, "backend='shm'")
 
 

@@ -219,9 +219,17 @@ class Bindings:
         else:
             bound = self.bind(schedule, buf, transport, elems, owner, reduce)
         run = Run(
-            schedule, buf.data_ptr(), buf.numel(), buf.dtype, transport, piece_bytes, reduce,
-            bound, owner is not None, call,
-        )  # fmt: skip
+            schedule,
+            buf.data_ptr(),
+            buf.numel(),
+            buf.dtype,
+            transport,
+            piece_bytes,
+            reduce,
+            bound,
+            owner is not None,
+            call,
+        )
         if run.kept:
             self.memo = run
         return run

@@ -134,9 +134,18 @@ class Executor:
         the bytes this rank sent."""
         if run is not self.bindings.memo:  # forgotten once an owner died
             return self.run(
-                run.schedule, buf, run.transport, timeout, run.piece_bytes, run.reduce, None,
-                tracer, buf, spin_s, run.call,
-            )  # fmt: skip
+                run.schedule,
+                buf,
+                run.transport,
+                timeout,
+                run.piece_bytes,
+                run.reduce,
+                None,
+                tracer,
+                buf,
+                spin_s,
+                run.call,
+            )
         return self._run(run, buf, timeout, None, tracer, spin_s)
 
     def _run(self, run: Run, buf, timeout, bucket, tracer, spin_s) -> int:
@@ -211,9 +220,14 @@ def _run_step(
 
 
 def _timeout(
-    prepared: Prepared, what: str, peer: int, sp: StepPlan, schedule: Schedule, timeout: float,
+    prepared: Prepared,
+    what: str,
+    peer: int,
+    sp: StepPlan,
+    schedule: Schedule,
+    timeout: float,
     bucket,
-) -> None:  # fmt: skip
+) -> None:
     where = Where(schedule.name, sp.index, schedule.num_steps, bucket)
     raise timeout_error(prepared.transport.rank, what, peer, timeout, where)
 
@@ -253,9 +267,15 @@ def _run_whole(transport: Transport, buf, timeout: float, bound: Bound, bucket) 
 
 
 def _run_ordered(
-    pos: Position, bound: Bound, buf: torch.Tensor, transport: Transport, timeout: float,
-    bucket, tracer, whole: bool = False,
-) -> int:  # fmt: skip
+    pos: Position,
+    bound: Bound,
+    buf: torch.Tensor,
+    transport: Transport,
+    timeout: float,
+    bucket,
+    tracer,
+    whole: bool = False,
+) -> int:
     """:meth:`Executor.run` on a stream-ordered transport: everything is enqueued on its stream
     (``whole``: by the transport itself, :meth:`~commrt.transports.base.Transport.run_whole`)."""
     schedule = bound.schedule

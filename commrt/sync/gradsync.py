@@ -159,10 +159,8 @@ class GradientSync:
 
         # -- the family's policy, and what is recorded about each step
         self.tracer = _tracer(trace, comm)
-        bufs = tuple(self._buffers)
-        ctx = SyncContext(
-            comm, tuple(self.buckets), bufs, cfg.comm_dtype, self.tracer, self.io.unpack
-        )
+        bufs, buckets = tuple(self._buffers), tuple(self.buckets)
+        ctx = SyncContext(comm, buckets, bufs, cfg.comm_dtype, self.tracer, self.io.unpack)
         self.stats = _fresh_stats(self.policy.setup(ctx), named, comm)
         self._recorder = StepRecorder(self.stats, self.tracer)
 

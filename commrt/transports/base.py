@@ -59,6 +59,49 @@ def average_first(tensor: torch.Tensor, op: str, world_size: int) -> None:
         tensor.mul_(average_factor(world_size))
 
 
+def exchange_barrier(transport: "Transport", timeout: float, tag: int) -> bool:
+    """A barrier made of point-to-point calls: an empty message to and from every peer
+    on ``tag``, then the transport's stream synced; False at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    empty = torch.empty(0, dtype=torch.uint8, device=transport.device)
+    peers = [r for r in range(transport.world_size) if r != transport.rank]
+    pend = transport.exchange([(empty, r) for r in peers], [(empty, r) for r in peers], tag)
+    waited = all(pend.wait_recv(i, deadline) for i in range(len(peers)))
+    waited = waited and all(pend.wait_send(i, deadline) for i in range(len(peers)))
+    return waited and transport.sync(deadline)
+
+
+def ordered_sum(transport: "Transport", tensor: torch.Tensor, op: str, tag: int) -> None:
+    """``transport``'s own direct all-reduce, the oracle the schedules are tested against
+    (not a tuned algorithm): every rank sends its tensor to every other on ``tag`` and sums
+    all of them in rank order, so every rank's result is the same to the bit. An average
+    is scaled first (:func:`average_first`). Raises
+    :class:`~commrt.errors.CommTimeoutError` after :data:`NATIVE_S`, naming the peer."""
+    from commrt.errors import CommTimeoutError
+
+    p, rank = transport.world_size, transport.rank
+    average_first(tensor, op, p)  # the rule: scaled before the sum
+    if p == 1:
+        return
+    deadline = time.monotonic() + NATIVE_S
+    peers = [r for r in range(p) if r != rank]
+    theirs = {r: torch.empty_like(tensor) for r in peers}
+    transport.begin(tensor)
+    pend = transport.exchange([(tensor, r) for r in peers], [(theirs[r], r) for r in peers], tag)
+    for i, peer in enumerate(peers):  # every send done before ``tensor`` changes
+        if not (pend.wait_recv(i, deadline) and pend.wait_send(i, deadline)):
+            raise CommTimeoutError(
+                rank=rank, peer=peer, what="native all-reduce", timeout_s=NATIVE_S
+            )
+    if not transport.sync(deadline):
+        raise CommTimeoutError(rank=rank, peer=None, what="native all-reduce", timeout_s=NATIVE_S)
+    transport.end(tensor)
+    acc = tensor.clone() if rank == 0 else theirs[0]
+    for r in range(1, p):
+        acc.add_(tensor if r == rank else theirs[r])
+    tensor.copy_(acc)
+
+
 def poll_until(
     done: Callable[[], bool],
     deadline: float,

@@ -59,9 +59,16 @@ import numpy as np
 import torch
 
 from commrt import settings
-from commrt.errors import CommError, CommTimeoutError
+from commrt.errors import CommError
 from commrt.transports import traits as engine
-from commrt.transports.base import NATIVE_S, Pair, Pending, Transport, average_first, poll_until
+from commrt.transports.base import (
+    Pair,
+    Pending,
+    Transport,
+    exchange_barrier,
+    ordered_sum,
+    poll_until,
+)
 from commrt.transports.cuda_ipc_device import IpcDevice
 from commrt.transports.cuda_ipc_direct import SUMS, Workspace
 from commrt.transports.cuda_ipc_host import HOST_BYTES, HostWorkspace
@@ -170,6 +177,20 @@ class IpcPending(Pending):
         return self.transport.wait(peer, msg, True, deadline)
 
 
+def issue_all(queues: dict, links: dict, can, issue) -> bool:
+    """Issue, for each peer's queue of messages, every piece its link allows now
+    (``can(link, n)``), in order (``issue(link, message)``); whether any was issued."""
+    moved = False
+    for peer, queue in queues.items():
+        link = links[peer]
+        while queue and can(link, link.next):
+            issue(link, queue[0])
+            moved = True
+            if queue[0].done_issuing:
+                queue.popleft()
+    return moved
+
+
 class CudaIpcTransport(Transport):
     """Point-to-point between the ranks of one host through shared device memory. Made by
     :func:`commrt.transports.cuda_ipc_connect.connect`, every rank together."""
@@ -232,8 +253,9 @@ class CudaIpcTransport(Transport):
             self.tally.peer_wait(link.peer, 2)
         self.tally.launches += 1
         self.wait_consumed(link, slot)
-        self.dev.copy(link.slab + slot * size, msg.ptr + off, min(size, msg.nbytes - off),
-                      self.dev_stream)  # fmt: skip
+        self.dev.copy(
+            link.slab + slot * size, msg.ptr + off, min(size, msg.nbytes - off), self.dev_stream
+        )
         self.dev.record(link.ready[slot], self.dev_stream)
         link.sizes[slot] = msg.nbytes
         link.posted_n[0] = n + 1
@@ -252,8 +274,9 @@ class CudaIpcTransport(Transport):
         self.tally.peer_wait(link.peer, 2)  # its posted counter, then its ready event
         self.tally.launches += 1
         self.wait_ready(link, slot)
-        self.dev.copy(msg.ptr + off, link.slab + slot * size, min(size, msg.nbytes - off),
-                      self.dev_stream)  # fmt: skip
+        self.dev.copy(
+            msg.ptr + off, link.slab + slot * size, min(size, msg.nbytes - off), self.dev_stream
+        )
         self.dev.record(link.consumed[slot], self.dev_stream)
         link.consumed_n[0] = n + 1
         link.next, msg.issued, msg.last = n + 1, msg.issued + 1, slot
@@ -262,20 +285,8 @@ class CudaIpcTransport(Transport):
         """Issue every piece the peers' counters allow, in each link's order; whether any."""
         with self.lock:
             self._usable()
-            moved = self._issue(self.sendq, self.out, self.can_write, self._write)
-            return self._issue(self.recvq, self.inb, self.can_read, self._read) or moved
-
-    @staticmethod
-    def _issue(queues: dict, links: dict, can, issue) -> bool:
-        moved = False
-        for peer, queue in queues.items():
-            link = links[peer]
-            while queue and can(link, link.next):
-                issue(link, queue[0])
-                moved = True
-                if queue[0].done_issuing:
-                    queue.popleft()
-        return moved
+            moved = issue_all(self.sendq, self.out, self.can_write, self._write)
+            return issue_all(self.recvq, self.inb, self.can_read, self._read) or moved
 
     # -- the interface
     def exchange(self, sends: Sequence[Pair], recvs: Sequence[Pair], tag: int) -> Pending:
@@ -351,8 +362,9 @@ class CudaIpcTransport(Transport):
             self.dev.record(self.mark, self.dev_stream)
         self.tally.stream_waits += 1
         peers = list(self.pids)
-        if poll_until(lambda: self.dev.query(self.mark), deadline,
-                      check=lambda: self.check_peers(peers)):  # fmt: skip
+        if poll_until(
+            lambda: self.dev.query(self.mark), deadline, check=lambda: self.check_peers(peers)
+        ):
             return True
         self.broken = "the stream's work did not finish in time"
         return False
@@ -394,40 +406,15 @@ class CudaIpcTransport(Transport):
         return self.workspace
 
     def barrier(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        empty = torch.empty(0, dtype=torch.uint8, device=self.device)
-        peers = [r for r in range(self.world_size) if r != self.rank]
-        pend = self.exchange([(empty, r) for r in peers], [(empty, r) for r in peers], 0)
-        waited = all(pend.wait_recv(i, deadline) for i in range(len(peers))) and all(
-            pend.wait_send(i, deadline) for i in range(len(peers))
-        )
-        return waited and self.sync(deadline)
+        return exchange_barrier(self, timeout, 0)
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
-        """Every rank sends its tensor to every other and sums them all in rank order, so
-        every rank's result is the same to the bit: the oracle, not a tuned algorithm."""
-        average_first(tensor, op, self.world_size)  # the rule: scaled before the sum
-        if self.world_size > 1:
-            deadline = time.monotonic() + NATIVE_S
-            peers = [r for r in range(self.world_size) if r != self.rank]
-            theirs = {r: torch.empty_like(tensor) for r in peers}
-            self.begin(tensor)
-            pend = self.exchange([(tensor, r) for r in peers], [(theirs[r], r) for r in peers], 0)
-            for i in range(len(peers)):
-                if not (pend.wait_recv(i, deadline) and pend.wait_send(i, deadline)):
-                    raise CommTimeoutError(rank=self.rank, peer=peers[i],
-                                           what="native all-reduce", timeout_s=NATIVE_S)  # fmt: skip
-            if not self.sync(deadline):
-                raise CommTimeoutError(rank=self.rank, peer=None, what="native all-reduce",
-                                       timeout_s=NATIVE_S)  # fmt: skip
-            self.end(tensor)
-            acc = tensor.clone() if self.rank == 0 else theirs[0]
-            for r in range(1, self.world_size):
-                acc.add_(tensor if r == self.rank else theirs[r])
-            tensor.copy_(acc)
+        """The oracle: a direct exchange summed in rank order
+        (:func:`~commrt.transports.base.ordered_sum`)."""
+        ordered_sum(self, tensor, op, 0)
 
     def close(self) -> None:
-        """Wait (bounded) for this rank's stream, then for every peer's (:meth:`_all_ran`),
+        """Wait (bounded) for this rank's stream, then for every peer's (:func:`all_ran`),
         then unmap the peers' memory and free this rank's slab and events. A broken
         transport, or a peer still running that does not close within :data:`CLOSE_S`,
         frees nothing a pending copy or a stream's wait may still touch (the process's
@@ -440,7 +427,7 @@ class CudaIpcTransport(Transport):
         if clean:
             try:
                 clean = self.sync(time.monotonic() + CLOSE_S)
-                clean = clean and self._all_ran(time.monotonic() + CLOSE_S)
+                clean = clean and all_ran(self, time.monotonic() + CLOSE_S)
             except (CommError, RuntimeError):
                 clean = False
         self.broken = self.broken or "the transport is closed"
@@ -449,19 +436,24 @@ class CudaIpcTransport(Transport):
                 space.release(clean)
         release(clean)
 
-    def _all_ran(self, deadline: float) -> bool:
-        """Say in the store that this rank's stream ran to its end, and wait until every
-        peer said so or its process is gone: then no stream still copies into this rank's
-        slab or waits on its events. False at ``deadline``, or if the store is gone."""
-        if self.store is None or self.world_size == 1:
-            return True
-        self.store.set(f"{self.keys}closed/{self.rank}", "1")
-        waiting = [p for p in self.pids if p != self.rank]
-        while waiting:
-            waiting = [p for p in waiting if not self.store.check([f"{self.keys}closed/{p}"])
-                       and start_time(self.pids[p][0]) == self.pids[p][1]]  # fmt: skip
-            if waiting and time.monotonic() > deadline:
-                return False
-            if waiting:
-                time.sleep(CLOSE_POLL_S)
+
+def all_ran(transport: CudaIpcTransport, deadline: float) -> bool:
+    """Say in the store that ``transport``'s rank's stream ran to its end, and wait until every
+    peer said so or its process is gone: then no stream still copies into this rank's
+    slab or waits on its events. False at ``deadline``, or if the store is gone."""
+    if transport.store is None or transport.world_size == 1:
         return True
+    transport.store.set(f"{transport.keys}closed/{transport.rank}", "1")
+    waiting = [p for p in transport.pids if p != transport.rank]
+    while waiting:
+        waiting = [
+            p
+            for p in waiting
+            if not transport.store.check([f"{transport.keys}closed/{p}"])
+            and start_time(transport.pids[p][0]) == transport.pids[p][1]
+        ]
+        if waiting and time.monotonic() > deadline:
+            return False
+        if waiting:
+            time.sleep(CLOSE_POLL_S)
+    return True

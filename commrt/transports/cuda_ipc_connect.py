@@ -74,10 +74,17 @@ def reach_problem(rank: int, me: dict, others: list[dict], dev: IpcDevice) -> st
 def refusal(store, key: str, rank: int, world_size: int, dev: IpcDevice, timeout: float):
     """Round 1: (None, every rank's self-description) or (the first reason, None)."""
     why = host_unusable() or dev.unusable() or ""
-    me = {"pid": os.getpid(), "start": start_time(os.getpid()), "boot": boot_id(),
-          "identity": "" if why else dev.identity(), "why": why}  # fmt: skip
-    about = [json.loads(x) for x in gather(store, key + "who/", rank, world_size, timeout,
-                                            json.dumps(me))]  # fmt: skip
+    me = {
+        "pid": os.getpid(),
+        "start": start_time(os.getpid()),
+        "boot": boot_id(),
+        "identity": "" if why else dev.identity(),
+        "why": why,
+    }
+    about = [
+        json.loads(x)
+        for x in gather(store, key + "who/", rank, world_size, timeout, json.dumps(me))
+    ]
     bad = _first(o["why"] for o in about)
     if bad is None:
         mine = reach_problem(rank, me, about, dev)
@@ -142,10 +149,20 @@ class _Made:
             self.opened_mem.append(slab)
             their_consumed = [self._open(x) for x in h["consumed"][str(rank)]]
             their_ready = [self._open(x) for x in h["ready"][str(rank)]]
-            out = Link(p, slab + _index(rank, p) * per_link, self.ready[p], their_consumed,
-                       self._block(mm, _index(rank, p)))  # fmt: skip
-            inb = Link(p, self.slab + _index(p, rank) * per_link, their_ready, self.consumed[p],
-                       self._block(self.maps[0], _index(p, rank)))  # fmt: skip
+            out = Link(
+                p,
+                slab + _index(rank, p) * per_link,
+                self.ready[p],
+                their_consumed,
+                self._block(mm, _index(rank, p)),
+            )
+            inb = Link(
+                p,
+                self.slab + _index(p, rank) * per_link,
+                their_ready,
+                self.consumed[p],
+                self._block(self.maps[0], _index(p, rank)),
+            )
             links[p] = (out, inb)
         return links
 
@@ -182,16 +199,24 @@ class _Made:
 
 
 def connect(
-    store, rank: int, world_size: int, dev: IpcDevice, timeout: float,
-    slot_bytes: int = SLOT_BYTES, slots: int = SLOTS, host_bytes: int = HOST_BYTES,
-) -> CudaIpcTransport | str:  # fmt: skip
+    store,
+    rank: int,
+    world_size: int,
+    dev: IpcDevice,
+    timeout: float,
+    slot_bytes: int = SLOT_BYTES,
+    slots: int = SLOTS,
+    host_bytes: int = HOST_BYTES,
+) -> CudaIpcTransport | str:
     """Every rank of a group calls this together: the transport, or on every rank alike
     the reason these ranks cannot share device memory (see the module docs).
     ``host_bytes``: the largest one-shot summed on the host
     (:mod:`commrt.transports.cuda_ipc_host`), the same on every rank or refused."""
     if slot_bytes < 16 or slot_bytes % 16 or slots < 1:
-        raise ValueError(f"cuda_ipc: slot_bytes must be a positive multiple of 16 and slots "
-                         f"at least 1, got {slot_bytes} and {slots}")  # fmt: skip
+        raise ValueError(
+            f"cuda_ipc: slot_bytes must be a positive multiple of 16 and slots "
+            f"at least 1, got {slot_bytes} and {slots}"
+        )
     made = _Made(dev, world_size, slots, slot_bytes)
     if world_size == 1:
         transport = CudaIpcTransport(rank, 1, dev, {}, {}, slot_bytes, made.release)
@@ -207,9 +232,14 @@ def connect(
             mine = json.dumps(made.make(rank, world_size))
         except (OSError, RuntimeError) as e:
             mine, why = "{}", f"cannot make its slab, events or counters: {e}"
-        handles = gather(store, key + "made/", rank, world_size, timeout,
-                         json.dumps({"why": why, "handles": json.loads(mine),
-                                     "host_bytes": host_bytes}))  # fmt: skip
+        handles = gather(
+            store,
+            key + "made/",
+            rank,
+            world_size,
+            timeout,
+            json.dumps({"why": why, "handles": json.loads(mine), "host_bytes": host_bytes}),
+        )
         handles = [json.loads(x) for x in handles]
         bad = _first(h["why"] for h in handles) or _host_bytes_differ(handles)
         if bad is None:
@@ -286,8 +316,15 @@ def host_bytes_from_env(env=None) -> int:
 def make_transport(store, rank: int, world_size: int, dev: IpcDevice, timeout: float):
     """:func:`connect` (slots of :func:`slot_bytes_from_env`, the host sums' bound of
     :func:`host_bytes_from_env`), or, on every rank alike, a ValueError that says why not."""
-    made = connect(store, rank, world_size, dev, timeout, slot_bytes_from_env(),
-                   host_bytes=host_bytes_from_env())  # fmt: skip
+    made = connect(
+        store,
+        rank,
+        world_size,
+        dev,
+        timeout,
+        slot_bytes_from_env(),
+        host_bytes=host_bytes_from_env(),
+    )
     if isinstance(made, str):
         dev.close()
         raise ValueError(
@@ -297,8 +334,15 @@ def make_transport(store, rank: int, world_size: int, dev: IpcDevice, timeout: f
     return made
 
 
-def init_cuda_ipc(store, rank: int, world_size: int, device, local_rank: int, timeout: float,
-                  dev: IpcDevice | None = None):  # fmt: skip
+def init_cuda_ipc(
+    store,
+    rank: int,
+    world_size: int,
+    device,
+    local_rank: int,
+    timeout: float,
+    dev: IpcDevice | None = None,
+):
     """The transport :func:`commrt.init` makes for ``backend="cuda_ipc"``: on ``dev``, else on
     :func:`cuda_device` (which names CUDA where there is none), through ``store``."""
     dev = dev if dev is not None else cuda_device(device, local_rank)

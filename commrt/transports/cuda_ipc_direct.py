@@ -79,8 +79,9 @@ class PeerCounters:
         piece is there); False at ``deadline``. A dead peer is named meanwhile."""
         counter, tr = self.posted[peer], self.tr
         tr.tally.peer_wait(peer)
-        return poll_until(lambda: int(counter[0]) >= value, deadline,
-                          check=lambda: tr.check_peers([peer]))  # fmt: skip
+        return poll_until(
+            lambda: int(counter[0]) >= value, deadline, check=lambda: tr.check_peers([peer])
+        )
 
 
 class Workspace(PeerCounters):

@@ -100,9 +100,12 @@ class HostWorkspace(PeerCounters):
             self.dev.pin(ptr, nbytes)
             self.pinned.append(ptr)
         except RuntimeError as e:
-            warnings.warn(f"commrt: cuda_ipc could not pin {nbytes} bytes of host memory "
-                          f"({e}); small all-reduces go through it unpinned, more slowly",
-                          RuntimeWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"commrt: cuda_ipc could not pin {nbytes} bytes of host memory "
+                f"({e}); small all-reduces go through it unpinned, more slowly",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def all_reduce(self, buf: torch.Tensor, deadline: float) -> int | None:
         """Sum every rank's ``buf`` (at most :attr:`half` bytes) into ``buf``; the peer whose

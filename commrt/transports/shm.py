@@ -39,7 +39,6 @@ rank has mapped them, so a crash leaves nothing in ``/dev/shm``.
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
 from typing import Sequence
 
@@ -48,12 +47,12 @@ import torch
 
 from commrt.transports import traits as engine
 from commrt.transports.base import (
-    NATIVE_S,
     Pair,
     Pending,
     Prepared,
     Transport,
-    average_first,
+    exchange_barrier,
+    ordered_sum,
     poll_until,
 )
 from commrt.transports.processes import start_time
@@ -216,34 +215,12 @@ class ShmTransport(Transport):
         return _AddingPrepared(self, sends, recvs, tag, adds)
 
     def barrier(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        empty = torch.empty(0, dtype=torch.uint8)
-        peers = [r for r in range(self.world_size) if r != self.rank]
-        pend = self.exchange([(empty, r) for r in peers], [(empty, r) for r in peers], BARRIER_TAG)
-        return all(pend.wait_recv(i, deadline) for i in range(len(peers))) and all(
-            pend.wait_send(i, deadline) for i in range(len(peers))
-        )
+        return exchange_barrier(self, timeout, BARRIER_TAG)
 
     def native_all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> None:
-        """Every rank sends its tensor to every other and sums all of them in rank order, so
-        each rank's result is the same to the bit: a direct exchange, the oracle the
-        schedules are tested against, not a tuned algorithm."""
-        average_first(tensor, op, self.world_size)  # the rule: scaled before the sum
-        if self.world_size > 1:
-            deadline = time.monotonic() + NATIVE_S
-            peers = [r for r in range(self.world_size) if r != self.rank]
-            theirs = {r: torch.empty_like(tensor) for r in peers}
-            pend = self.exchange(
-                [(tensor, r) for r in peers], [(theirs[r], r) for r in peers], NATIVE_TAG
-            )
-            for i in range(len(peers)):  # every send done before ``tensor`` changes
-                if not (pend.wait_recv(i, deadline) and pend.wait_send(i, deadline)):
-                    raise RuntimeError("shm: the native all-reduce timed out after 300 s")
-            acc = tensor if self.rank == 0 else theirs[0]
-            for r in range(1, self.world_size):
-                acc.add_(tensor if r == self.rank else theirs[r])
-            if acc is not tensor:
-                tensor.copy_(acc)
+        """The oracle: a direct exchange summed in rank order
+        (:func:`~commrt.transports.base.ordered_sum`)."""
+        ordered_sum(self, tensor, op, NATIVE_TAG)
 
     def close(self) -> None:
         with self._lock:

@@ -114,8 +114,16 @@ class Inbound:
     posted for it and the messages that came before their receive."""
 
     __slots__ = (
-        "ring", "head", "cur", "cur_add", "cur_off", "cur_len", "cur_tag", "posted", "unexpected"
-    )  # fmt: skip
+        "ring",
+        "head",
+        "cur",
+        "cur_add",
+        "cur_off",
+        "cur_len",
+        "cur_tag",
+        "posted",
+        "unexpected",
+    )
 
     def __init__(self, ring: Ring):
         self.ring = ring

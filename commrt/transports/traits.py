@@ -75,13 +75,20 @@ class Traits:
 NCCL = Traits(stream_ordered=True, waits_break_on_timeout=True, moves_cuda=True)
 #: device work cannot be withdrawn: a wait that times out breaks the transport
 CUDA_IPC = Traits(
-    stream_ordered=True, testable=True, progress_in_calls=True, waits_break_on_timeout=True,
-    fuses_one_shot=True, moves_cuda=True,
-)  # fmt: skip
+    stream_ordered=True,
+    testable=True,
+    progress_in_calls=True,
+    waits_break_on_timeout=True,
+    fuses_one_shot=True,
+    moves_cuda=True,
+)
 MPI = Traits(
-    pollable=True, testable=True, progress_in_calls=True, meets_through_mpi=True,
+    pollable=True,
+    testable=True,
+    progress_in_calls=True,
+    meets_through_mpi=True,
     one_death_ends_all=True,
-)  # fmt: skip
+)
 GLOO = Traits(waits_break_on_timeout=True, survives_peer_death=True)
 #: a replacement's: gloo's, on a group the job's ranks never reach
 GLOO_REJOINED = replace(GLOO, rejoined=True)

@@ -72,8 +72,9 @@ class HookComm:
         slots = self.comm.slots
         if slots.auto_memory is None:
             path = memory_path()
-            mem = AutoMemory(AutoMemory.shape_of(self.comm, self.local_size), path,
-                             writes=self.rank == 0)  # fmt: skip
+            mem = AutoMemory(
+                AutoMemory.shape_of(self.comm, self.local_size), path, writes=self.rank == 0
+            )
             if self.rank == 0:
                 mem.verdicts = mem.read()
             row = mem.encode(labels) if self.rank == 0 else [0.0] * (4 * CLASSES)
