@@ -75,10 +75,7 @@ def _forget(comm, auto: Auto) -> None:
         # equal Autos share their entries (a frozen dataclass's key): forget those too
         for key in [k for k in store if k[0] == auto]:
             del store[key]
-    for call in list(slots.settled_calls.values()):  # and the executor's memo of the last
-        comm.executor.forget(call)
-    slots.settled_calls.clear()
-    slots.settling.clear()
+    comm.executor.settled.clear()  # and the executor's memo of the last
     slots.auto_remembered.clear()
     slots.probe = None
     slots.auto_memory = None  # read again, at the next call's select

@@ -32,18 +32,18 @@ dropped, and its bound.
     ranks agreed on, so a repeat skips the cross-rank call check. Dropped with
     the communicator; every call checks under ``COMMRT_DEBUG``. Unbounded: one
     small tuple per distinct signature the program uses.
-``comm.slots.settled_calls`` (:mod:`commrt.collectives.memo`)
+``comm.executor.settled`` (:class:`~commrt.schedule.caches.SettledCalls`)
+    The memo's one owner, which every caller asks (:mod:`commrt.collectives.memo`).
     Keyed on (resolved algorithm, parsed op, dtype, shape). Holds
     a :class:`~commrt.collectives.memo.SettledCall`: the schedule its
     algorithm keeps for that signature, how to reduce, and the algorithm's
     counter. Dropped when the counter wants the schedule timed again (``auto``'s
     rechecks), and all at once when a new signature would pass
-    :data:`~commrt.collectives.memo.MAX_SETTLED` (256); never made under
-    ``COMMRT_DEBUG``.
-``comm.slots.settling`` (:mod:`commrt.collectives.memo`)
-    Keyed like ``settled_calls``: the signatures whose learning algorithm
-    settled on their last call, so that the next call keeps the schedule its
-    own ``select`` gave. Dropped by that call. At most one per signature.
+    :data:`~commrt.schedule.caches.MAX_SETTLED` (256); never made under
+    ``COMMRT_DEBUG``, and all forgotten when it is turned on. With them, the
+    signatures whose learning algorithm settled on their last call, so that
+    the next call keeps the schedule its own ``select`` gave (dropped by that
+    call; at most one per signature).
 ``Executor.last`` (:mod:`commrt.schedule.executor`, ``comm.executor``)
     The one memo of the last call. Keyed on the schedule object, buffer
     address, element count, dtype, transport, piece size and reduction. Holds

@@ -29,7 +29,7 @@ import torch
 from commrt import settings
 from commrt.algorithms import DEFAULT_ALGORITHM, Algorithm, resolve
 from commrt.algorithms import broadcast as _bcast
-from commrt.collectives.memo import SettledCall, average_scale, counted, keeps, remember
+from commrt.collectives.memo import SettledCall, average_scale, counted
 from commrt.collectives.reductions import (
     COMMRT,
     NAMED_DTYPES,
@@ -181,14 +181,14 @@ def _by_signature(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
     alg = resolve(algorithm)
     check_tensor(tensor, comm, parsed)
     known = (alg, parsed, tensor.dtype, tensor.shape)
-    settled = comm.slots.settled_calls.get(known)  # none kept under debug (_first_call)
+    settled = comm.executor.settled.get(known)  # none kept under debug (_first_call)
     comm.admit_collective()
     if settled is None:
         return _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer)
     if settled.algorithm is not algorithm or settled.op is not op:  # another spelling
         s, p = settled, comm.world_size
-        settled = remember(
-            comm.slots, SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.counter, p)
+        settled = comm.executor.settled.keep(
+            SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.counter, p)
         )
     if settled.scale is not None:
         tensor.mul_(settled.scale)
@@ -210,22 +210,21 @@ def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer
     """:func:`all_reduce` for a signature not settled: agree on it across ranks (once per
     signature), select, run and observe; remember the schedule once the algorithm has
     nothing more to learn for this size."""
-    slots = comm.slots
     key = ("all_reduce", tensor.shape, tensor.dtype, _AGREED_AS[parsed], alg.name)
-    if key not in slots.agreed_calls:
+    if key not in comm.slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, parsed.value, alg.name), key)
     context = HookComm(comm)  # what select and observe may ask of the communicator
     observe = alg.observe if alg.learns else None
     scale, reduce = average_scale(parsed, comm.world_size), REDUCERS.get(parsed)
     ran = _run(tensor, comm, alg.select, timeout, tracer, observe, context, scale, reduce)
     # under debug nothing is kept: every call comes back here, to be checked again
-    if ran is None or comm.debug or not keeps(slots, known, alg.learns, ran[1]):
+    memo = comm.executor.settled
+    if ran is None or comm.debug or not memo.keeps(known, alg.learns, ran[1]):
         return tensor
     # what select chose for this call is kept: a fixed algorithm's on its first call; one
     # that learns, on the call after it settled, whose select gave what it settled on
-    counter = alg.settled_counter(context, ran[2])
-    p = comm.world_size
-    remember(slots, SettledCall(algorithm, op, parsed, tensor, ran[0], known, counter, p))
+    counter, p = alg.settled_counter(context, ran[2]), comm.world_size
+    memo.keep(SettledCall(algorithm, op, parsed, tensor, ran[0], known, counter, p))
     return tensor
 
 

@@ -1,7 +1,9 @@
 """The memo of settled all-reduce calls: :class:`SettledCall`.
 
 A call whose algorithm has nothing more to learn for its size leaves a
-:class:`SettledCall` behind, kept per signature, and :func:`commrt.all_reduce`
+:class:`SettledCall` behind, kept per signature by the memo's one owner, the
+executor's :class:`~commrt.schedule.caches.SettledCalls` (``comm.executor.settled``,
+which every caller asks), and :func:`commrt.all_reduce`
 runs a repeat of it (same algorithm and op objects, dtype and shape) without
 resolving, checking, ``select`` or ``observe``: it admits the call and hands the
 kept schedule to :meth:`commrt.Communicator.run_schedule`, as every call does,
@@ -26,11 +28,7 @@ import torch
 from commrt.collectives.reductions import REDUCERS, ReduceOp
 from commrt.transports.base import average_factor
 
-__all__ = ["SettledCall", "MAX_SETTLED", "remember", "counted", "keeps", "last_settled"]
-
-#: settled signatures kept per communicator: beyond it they are forgotten (and settled
-#: again by one full call each), so a program of ever-new shapes holds no growing memory
-MAX_SETTLED = 256
+__all__ = ["SettledCall", "average_scale", "counted", "last_settled"]
 
 
 class SettledCall:
@@ -39,7 +37,7 @@ class SettledCall:
     Made after a call whose algorithm has nothing more to learn for its size (no
     ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
     signature (``key``: resolved algorithm, parsed op, dtype, shape) in
-    ``comm.slots.settled_calls``, and with its binding as the last call's
+    ``comm.executor.settled``, and with its binding as the last call's
     (:attr:`commrt.schedule.caches.Run.call`).
     A later call with the same ``algorithm`` and ``op`` objects, dtype and shape runs
     ``schedule`` at once, scaled by ``scale`` first (an average: one over the ranks; None
@@ -71,38 +69,11 @@ def average_scale(parsed: ReduceOp, p: int) -> float | None:
     return average_factor(p) if parsed is ReduceOp.AVG and p > 1 else None
 
 
-def remember(slots, settled: SettledCall) -> SettledCall:
-    """Keep ``settled`` as its signature's memo."""
-    if settled.key not in slots.settled_calls and len(slots.settled_calls) >= MAX_SETTLED:
-        slots.settled_calls.clear()
-    slots.settled_calls[settled.key] = settled
-    return settled
-
-
-def keeps(slots, key, learns: bool, settled: bool) -> bool:
-    """Whether a first-path call of signature ``key`` whose algorithm answered ``settled``
-    may keep the schedule it ran as the memo. One that does not learn: at once. One that
-    learns: on the call after the one that settled, whose ``select`` ran settled, so that
-    it gives the schedule to keep; ``select`` then runs once per call, never again just to
-    ask which schedule to keep."""
-    if not settled or not learns:
-        slots.settling.discard(key)
-        return settled
-    if key in slots.settling:
-        slots.settling.discard(key)
-        return True
-    slots.settling.add(key)
-    return False
-
-
 def counted(comm, settled: SettledCall) -> None:
     """Count a call ``settled`` ran on its counter; forget the memo when the counter wants the
     next calls observed again."""
     if settled.counter is not None and settled.counter.settled_call():
-        slots = comm.slots
-        if slots.settled_calls.get(settled.key) is settled:
-            del slots.settled_calls[settled.key]
-        comm.executor.forget(settled)
+        comm.executor.settled.drop(settled)
 
 
 def last_settled(comm) -> SettledCall | None:

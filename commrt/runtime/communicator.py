@@ -119,9 +119,7 @@ class Communicator:
         self._debug = bool(on)
         if on:  # no memo of a checked or settled call: every call is checked afresh
             self.slots.agreed_calls.clear()
-            self.slots.settled_calls.clear()
-            if (last := self.executor.last) is not None:
-                self.executor.forget(last.call)
+            self.executor.settled.clear()
 
     @api_boundary
     def barrier(self, timeout: float | None = None) -> None:

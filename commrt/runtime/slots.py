@@ -47,10 +47,3 @@ class CommSlots:
     #: commrt.collectives.reductions: the dtypes each op reduces (None: commrt's own; gloo's
     #: on a torch.distributed group's communicator)
     dtype_rules: object | None = None
-    #: commrt.collectives.memo: (algorithm, op, dtype, shape) -> SettledCall, all-reduce
-    #: signatures whose schedule no longer changes: run without agreeing, selecting or
-    #: observing again (the last call's is kept with its binding: Executor.last)
-    settled_calls: dict = field(default_factory=dict)
-    #: commrt.collectives.memo: signatures whose learning algorithm settled on their last
-    #: call: the next call's select gives the schedule to keep
-    settling: set = field(default_factory=set)

@@ -24,6 +24,9 @@ from commrt.transports.base import Transport
 
 _MAX_PLANS = 64
 _MAX_BOUND = 32
+#: settled calls kept per communicator: beyond it they are forgotten (and settled again by
+#: one full call each), so a program of ever-new shapes holds no growing memory
+MAX_SETTLED = 256
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -233,3 +236,62 @@ class Bindings:
         if run.kept:
             self.memo = run
         return run
+
+
+class SettledCalls:
+    """The one owner of the memo of calls whose schedule no longer changes
+    (:mod:`commrt.collectives.memo`): each caller's record of such a call by its
+    signature (``call.key``; at most :data:`MAX_SETTLED`), the signatures one call away
+    from settling, and, through the last run (:attr:`Bindings.memo`), which of them ran
+    last. Callers ask it and keep no copy; the executor holds it
+    (:attr:`commrt.schedule.executor.Executor.settled`)."""
+
+    def __init__(self, bindings: Bindings):
+        self._bindings = bindings
+        self._by_key: dict = {}
+        self._settling: set = set()
+
+    def __len__(self) -> int:
+        """The settled calls kept now."""
+        return len(self._by_key)
+
+    def get(self, key):
+        """The settled call of signature ``key``, or None."""
+        return self._by_key.get(key)
+
+    def keep(self, call):
+        """Keep ``call`` as its signature's (``call.key``) settled call; return it."""
+        if call.key not in self._by_key and len(self._by_key) >= MAX_SETTLED:
+            self._by_key.clear()
+        self._by_key[call.key] = call
+        return call
+
+    def keeps(self, key, learns: bool, settled: bool) -> bool:
+        """Whether a first-path call of signature ``key`` whose algorithm answered
+        ``settled`` may keep the schedule it ran. One that does not learn: at once. One that
+        learns: on the call after the one that settled, whose ``select`` ran settled, so that
+        it gives the schedule to keep; ``select`` then runs once per call, never again just
+        to ask which schedule to keep."""
+        if not settled or not learns:
+            self._settling.discard(key)
+            return settled
+        if key in self._settling:
+            self._settling.discard(key)
+            return True
+        self._settling.add(key)
+        return False
+
+    def drop(self, call) -> None:
+        """Forget ``call``: its signature's next call takes the full path again."""
+        if self._by_key.get(call.key) is call:
+            del self._by_key[call.key]
+        self._bindings.forget(call)
+
+    def clear(self) -> None:
+        """Forget every settled call (``COMMRT_DEBUG`` turned on, or a caller that starts
+        afresh): every signature's next call takes the full path."""
+        self._by_key.clear()
+        self._settling.clear()
+        last = self._bindings.memo
+        if last is not None:
+            self._bindings.forget(last.call)

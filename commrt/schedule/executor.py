@@ -24,7 +24,7 @@ import torch
 from commrt.errors import CommError, CommTimeoutError, PeerClosedError, PeerFailedError
 from commrt.schedule import Schedule
 from commrt.schedule.bound import Bound, default_reduce
-from commrt.schedule.caches import Bindings, Run, piece_elems
+from commrt.schedule.caches import Bindings, Run, SettledCalls, piece_elems
 from commrt.schedule.p2p import Where, engine_error, timeout_error
 from commrt.schedule.plan import StepPlan
 from commrt.schedule.position import Position
@@ -45,6 +45,8 @@ class Executor:
         self.reduce = reduce or default_reduce
         #: plans, bindings, scratch and the memo of the last call
         self.bindings = Bindings(self.reduce)
+        #: the settled calls by signature: the memo's one owner (callers ask it)
+        self.settled = SettledCalls(self.bindings)
         self._ran: Schedule | None = None  # the last run's schedule, cached or not
         #: where this rank is (commrt.schedule.position): what the stall watch samples
         self.position = Position()
@@ -60,11 +62,6 @@ class Executor:
         (:attr:`commrt.schedule.caches.Bindings.memo`). A caller that finds its own call
         there runs it with :meth:`repeat`."""
         return self.bindings.memo
-
-    def forget(self, call) -> None:
-        """Forget that the last run was ``call``'s (its caller dropped that memo): the next
-        such call looks its binding up again."""
-        self.bindings.forget(call)
 
     def scratch_bytes(self) -> int:
         """Bytes of scratch memory held for receives (kept between calls)."""

@@ -231,7 +231,7 @@ def test_calls_alternating_between_settled_sizes_skip_select_and_observe(asked):
                 assert torch.allclose(x.double().flatten(), want[: x.numel()], atol=1e-6)
             made.append(sum(r == tr.rank for r, _, _ in asked) - before)
         phases = {n: t.phase for n, t in learning(comm).items()}
-        return made, phases, len(comm.slots.settled_calls)
+        return made, phases, len(comm.executor.settled)
 
     for made, phases, settled in run_ranks(2, body):
         assert phases == {12: "settled", 40: "settled"} and settled == 2
