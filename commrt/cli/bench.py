@@ -132,6 +132,31 @@ def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> 
     return statistics.median(times)
 
 
+def time_alternated(
+    comm, fns: Sequence[Callable[[], object]], iters: int, repeats: int = 3
+) -> list[float]:
+    """Seconds per call of each of ``fns``, in alternated rounds: each warmed up once
+    (plan compilation, scratch, connections), then ``repeats`` rounds in which each runs
+    ``iters`` calls after a barrier, every other round in reverse order, so that a slow
+    stretch of the machine meets all of them alike rather than one's runs back to back;
+    each figure is the median of its rounds. On a GPU the device is synchronised before
+    the clock stops (NCCL calls return once enqueued)."""
+    sync = torch.cuda.synchronize if comm.device.type == "cuda" else (lambda: None)
+    for fn in fns:
+        fn()
+        sync()
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats):
+        for i in range(len(fns)) if r % 2 == 0 else reversed(range(len(fns))):
+            comm.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fns[i]()
+            sync()
+            times[i].append((time.perf_counter() - t0) / iters)
+    return [statistics.median(t) for t in times]
+
+
 def anchors(comm, dtype: torch.dtype = torch.float32) -> tuple[list[tuple[str, Callable]], list]:
     """What a user would otherwise run on ``comm``'s ranks: ``[(row name, all_reduce(t))]``,
     gloo's all-reduce first, then ``MPI_Allreduce`` where mpi4py is installed and the ranks
@@ -178,7 +203,7 @@ def measure_allreduce(
     on_row: Callable[[Row], None] | None = None,
 ) -> list[Row]:
     """Time ``commrt.all_reduce`` (sum) per algorithm, and with ``native`` the anchors per
-    size (:func:`anchors`), each in its own timed runs."""
+    size (:func:`anchors`), all of a size in alternated rounds (:func:`time_alternated`)."""
     algs = [resolve(a) for a in algorithms]
     esize = torch.empty((), dtype=dtype).element_size()
     rows = []
@@ -192,23 +217,19 @@ def measure_allreduce(
 
 
 def _measure(comm, sizes, algs, engines, dtype, repeats, iters, on_row, rows, esize) -> None:
-    """:func:`measure_allreduce`'s sweep: per size, each algorithm, then each anchor, into
+    """:func:`measure_allreduce`'s sweep: per size, every algorithm and anchor, into
     ``rows`` (kept by the caller, which closes the anchors' communicators however it ends)."""
     for nbytes in sizes:
         count = max(1, nbytes // esize)
         x = timing_buffer(count, dtype, comm.device)
         n_iter = iters or default_iterations(nbytes)
         row = Row(count * esize, count)
-        for alg in algs:
-            t = time_calls(
-                comm,
-                lambda x=x, alg=alg: commrt.all_reduce(x, comm, algorithm=alg, op="sum"),
-                n_iter,
-                repeats,
-            )
-            row.results.append(Result(alg.name, t))
-        for name, run in engines:
-            t = time_calls(comm, lambda x=x, run=run: run(x), n_iter, repeats)
+        fns = [
+            lambda x=x, alg=alg: commrt.all_reduce(x, comm, algorithm=alg, op="sum") for alg in algs
+        ]
+        fns += [lambda x=x, run=run: run(x) for _, run in engines]
+        names = [alg.name for alg in algs] + [name for name, _ in engines]
+        for name, t in zip(names, time_alternated(comm, fns, n_iter, repeats)):
             row.results.append(Result(name, t))
         rows.append(row)
         if on_row is not None:

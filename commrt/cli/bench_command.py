@@ -41,7 +41,7 @@ def register(sub) -> None:
         "--repeats",
         type=positive_int,
         default=3,
-        help="timed runs per point, of which the median is shown (default: %(default)s)",
+        help="timed runs per point, in rounds alternated across the rows of a size; the median is shown (default: %(default)s)",
     )
     ar.add_argument(
         "--iters",
