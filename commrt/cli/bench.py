@@ -61,8 +61,6 @@ class DelayBackward(torch.autograd.Function):
 #: the anchors' rows, as :func:`anchors` names them (each the engine's own all-reduce, as
 #: its backend's row names it: :attr:`commrt.runtime.choice.Row.native`); the ratio
 #: column is over gloo's
-#: the anchors, what a user would otherwise run: gloo's all-reduce (always there) and
-#: MPI's, named as their rows of the backend table name them
 GLOO_ANCHOR, MPI_ANCHOR = (Backend(name).row.native for name in ("gloo", "mpi"))
 #: the algorithm column of the table: the longest "native (...)" whole, in 80 columns
 NAME_W = 29
@@ -113,23 +111,9 @@ class Row:
 
 
 def time_calls(comm, fn: Callable[[], object], iters: int, repeats: int = 3) -> float:
-    """Seconds per call of ``fn`` (median over ``repeats`` barrier-aligned runs).
-
-    On a GPU the device is synchronised before the clock stops: NCCL calls
-    return once enqueued.
-    """
-    sync = torch.cuda.synchronize if comm.device.type == "cuda" else (lambda: None)
-    fn()  # warm-up: plan compilation, scratch allocation, connections
-    sync()
-    times = []
-    for _ in range(repeats):
-        comm.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        times.append((time.perf_counter() - t0) / iters)
-    return statistics.median(times)
+    """Seconds per call of ``fn`` (median over ``repeats`` barrier-aligned runs, after a
+    warm-up call): :func:`time_alternated` of one."""
+    return time_alternated(comm, [fn], iters, repeats)[0]
 
 
 def time_alternated(

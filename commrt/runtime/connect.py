@@ -22,7 +22,8 @@ def make_transport(order, launch, rank, world_size, timeout, address, device):
     ``address``: (master_addr, master_port). The NCCL module and cuda_ipc's device are
     the real ones unless a test plugged stand-ins in (:mod:`commrt.transports.stand_ins`)."""
     master_addr, master_port = address
-    if rejoining():
+    replacing = rejoining()
+    if replacing:
         order = _takes_a_replacement(order[0])
     over_mpi = launch.launcher == "mpiexec" and master_port is None and launch.master_port is None
     meeting = Meeting(
@@ -34,7 +35,7 @@ def make_transport(order, launch, rank, world_size, timeout, address, device):
         launch.local_rank,
         device,
         nccl_id_over_mpi=over_mpi,
-        rejoining=rejoining(),
+        rejoining=replacing,
     )
     return first_made(order, meeting, "backend='shm'")
 
