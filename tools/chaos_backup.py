@@ -1,8 +1,12 @@
 """Chaos trials for backup workers: 4 gloo ranks, b = 1, a 16 MB model, one rank SIGKILLed
-at a random moment of a random step; the 3 survivors must finish every global step with
-bit-identical parameters and optimizer state::
+(or, with ``--signal stop``, SIGSTOPped) at a random moment of a random step; the 3
+survivors must finish every global step with bit-identical parameters and optimizer state::
 
     python tools/chaos_backup.py --trials 20          # about 30 s a trial here
+    python tools/chaos_backup.py --signal stop --timeout 4
+
+A stopped rank keeps its connections open, so nothing reports it: only its silent
+heartbeat does. The trial kills it once the survivors have ended.
 
 Each trial picks, from its seed, the victim, the global step and a moment inside that step
 (every fifth trial: a moment inside ``close()``). Just before it kills itself, the victim looks at what its threads
@@ -60,7 +64,7 @@ def _phase() -> str:
     return "compute"
 
 
-def _kill_later(delay_s: float, out: str) -> None:
+def _kill_later(delay_s: float, out: str, signum: int = signal.SIGKILL) -> None:
     def fire():
         time.sleep(delay_s)
         with open(os.path.join(out, "phase.txt"), "w") as f:
@@ -71,7 +75,7 @@ def _kill_later(delay_s: float, out: str) -> None:
             with open(os.path.join(out, "stacks.txt"), "w") as f:
                 for fr in sys._current_frames().values():
                     f.write("".join(traceback.format_stack(fr)) + "\n----\n")
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signum)
 
     threading.Thread(target=fire, daemon=True).start()
 
@@ -86,7 +90,7 @@ def _digest(model, opt) -> str:
     return h.hexdigest()[:16]
 
 
-def worker(out: str, seed: int) -> None:
+def worker(out: str, seed: int, signum: int, timeout_s: float) -> None:
     import torch
 
     import commrt
@@ -97,7 +101,7 @@ def worker(out: str, seed: int) -> None:
     victim, kill_step = rng.randrange(RANKS), rng.randrange(1, STEPS + 1)
     if seed % 5 == 4:
         kill_step = STEPS + 1
-    comm = commrt.init("gloo", timeout=30, abort_on_error=False)
+    comm = commrt.init("gloo", timeout=timeout_s, abort_on_error=False)
     torch.manual_seed(0)
     model = torch.nn.Linear(2048, 2048)  # 4.2 M parameters: 16 MB of fp32 gradients
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -109,14 +113,14 @@ def worker(out: str, seed: int) -> None:
         while sync.global_step < STEPS and not sync.policy.finished:
             t0 = time.perf_counter()
             if comm.rank == victim and sync.global_step + 1 == kill_step:
-                _kill_later(rng.uniform(0, 1.2 * step_s), out)
+                _kill_later(rng.uniform(0, 1.2 * step_s), out, signum)
             x = torch.randn(16, 2048, generator=gen)
             model(x).pow(2).mean().backward()
             rec["applied"] += sync.step(opt)
             step_s = time.perf_counter() - t0
             rec["slowest_step_s"] = round(max(rec["slowest_step_s"], step_s), 2)
         if comm.rank == victim:  # not killed yet: die inside close()
-            _kill_later(rng.uniform(0, 0.2), out)
+            _kill_later(rng.uniform(0, 0.2), out, signum)
         WHERE["now"] = "close"
         t_close = time.perf_counter()
         sync.close()
@@ -135,7 +139,7 @@ def worker(out: str, seed: int) -> None:
 
 
 # ----------------------------------------------------------------------------- the trials
-def trial(seed: int, out: str, limit_s: float) -> dict:
+def trial(seed: int, out: str, limit_s: float, signum: int, timeout_s: float) -> dict:
     from commrt.runtime.store import host_store
 
     os.makedirs(out, exist_ok=True)
@@ -146,9 +150,10 @@ def trial(seed: int, out: str, limit_s: float) -> dict:
     env.update(WORLD_SIZE=str(RANKS), LOCAL_WORLD_SIZE=str(RANKS), OMP_NUM_THREADS="1")
     env.update(TORCHELASTIC_USE_AGENT_STORE="true", PYTHONUNBUFFERED="1")
     env.pop(settings.STORE.name, None)
+    argv = [sys.executable, HERE, "--worker", out, str(seed), str(signum), str(timeout_s)]
     procs = [
         subprocess.Popen(
-            [sys.executable, HERE, "--worker", out, str(seed)],
+            argv,
             env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -157,18 +162,42 @@ def trial(seed: int, out: str, limit_s: float) -> dict:
         for r in range(RANKS)
     ]
     t0 = time.monotonic()
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=max(1.0, limit_s - (time.monotonic() - t0)))[0])
-        except subprocess.TimeoutExpired:
+    logs = [""] * RANKS
+    readers = [threading.Thread(target=_read, args=(p, logs, r)) for r, p in enumerate(procs)]
+    for t in readers:
+        t.start()
+    _wait_survivors(procs, t0 + limit_s)
+    for r, p in enumerate(procs):
+        if p.poll() is None:
             p.kill()
-            logs.append(p.communicate()[0] + "\n[killed at the trial's limit]")
+            if not _stopped(p.pid):
+                logs[r] += "\n[killed at the trial's limit]"
+        p.wait()
+    for t in readers:
+        t.join()
     del store
     for r, log in enumerate(logs):  # whole, for a failure's traceback
         with open(os.path.join(out, f"rank{r}.log"), "w") as f:
             f.write(log)
     return _verdict(seed, out, [p.returncode for p in procs], logs, time.monotonic() - t0)
+
+
+def _read(proc: subprocess.Popen, logs: list[str], rank: int) -> None:
+    logs[rank] = proc.stdout.read()
+
+
+def _stopped(pid: int) -> bool:
+    from commrt.cli.tolerance import stopped_now
+
+    return stopped_now(pid)
+
+
+def _wait_survivors(procs: list[subprocess.Popen], deadline: float) -> None:
+    """Until every process has ended or is stopped (a stopped victim), or ``deadline``."""
+    while time.monotonic() < deadline:
+        if all(p.poll() is not None or _stopped(p.pid) for p in procs):
+            return
+        time.sleep(0.2)
 
 
 def _verdict(seed, out, codes, logs, wall_s) -> dict:
@@ -204,16 +233,21 @@ def main(argv=None) -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--out", default="out/chaos")
     ap.add_argument("--limit-s", type=float, default=180.0, help="per trial (default 180)")
-    ap.add_argument("--worker", nargs=2, metavar=("OUT", "SEED"), help=argparse.SUPPRESS)
+    ap.add_argument("--signal", choices=("kill", "stop"), default="kill", help="the victim's")
+    ap.add_argument("--timeout", type=float, default=30.0, help="commrt.init's (default 30)")
+    ap.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.worker[0], int(args.worker[1]))
+        out, seed, signum, timeout_s = args.worker
+        worker(out, int(seed), int(signum), float(timeout_s))
         return 0
     results = []
     print(f"{'trial':>5} {'victim':>6} {'phase':<10} {'result':<6} {'wall':>6}", flush=True)
     for i in range(args.trials):
         seed = args.first_seed + i
-        res = trial(seed, os.path.join(args.out, f"trial{seed}"), args.limit_s)
+        signum = signal.SIGKILL if args.signal == "kill" else signal.SIGSTOP
+        where = os.path.join(args.out, f"trial{seed}")
+        res = trial(seed, where, args.limit_s, signum, args.timeout)
         results.append(res)
         verdict = "ok" if res["ok"] else "FAIL"
         victim = ",".join(map(str, res["victim"])) or "-"

@@ -43,6 +43,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from typing import Sequence
@@ -281,10 +282,11 @@ def _poll_ranks(procs, deadline, timeout, ranks_known, tolerate, replace, linger
             # a rank that died takes its peers down a moment later (connection reset,
             # timeout): give them that moment, so the report names the cause first
             time.sleep(0.5)
-            story, code = _what_happened(procs) if ranks_known else ([], bad[0])
+            story, code = what_happened(procs, _reports.get("dir")) if ranks_known else ([], bad[0])
             _stop(procs)
             for line in story:
-                print(f"commrt: {line}", file=sys.stderr, flush=True)
+                said = textwrap.fill(f"commrt: {line}", 80, subsequent_indent="  ")
+                print(said, file=sys.stderr, flush=True)
             return code
         if all(c == 0 for c in codes):
             return 0
@@ -336,12 +338,13 @@ def tolerated_lines(codes: list[int | None], tolerate: int) -> list[str]:
     return lines
 
 
-def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
+def what_happened(procs: list[subprocess.Popen], folder: str | None) -> tuple[list[str], int]:
     """Lines naming the failed ranks, causes first, and the exit code to return.
 
     A rank killed by a signal or stopped is the likely cause; ranks that
-    exited with an error status usually followed it (their own error
-    messages, printed above, say what they saw)."""
+    exited with an error status usually followed it. A rank whose report
+    (:func:`peer_reports`) blames another rank, or when no cause is known,
+    has its error's first line added: something else happened there."""
     killed, stopped, failed = [], [], []
     for rank, p in enumerate(procs):
         c = p.poll()
@@ -352,18 +355,31 @@ def _what_happened(procs: list[subprocess.Popen]) -> tuple[list[str], int]:
             killed.append((rank, c))
         elif c > 0:
             failed.append((rank, c))
-    seen = peer_reports(_reports.get("dir"))
+    seen = peer_reports(folder)
     lines = [f"rank {r} was killed by {signame(-c)}{_during(r, seen)}" for r, c in killed]
     lines += [
-        f"rank {r} is stopped (SIGSTOP or a debugger), so its peers timed out" for r in stopped
+        f"rank {r} is stopped (SIGSTOP or a debugger), so its peers timed out{_during(r, seen)}"
+        for r in stopped
     ]
-    causes = bool(lines)
+    causes = {r for r, _ in killed} | set(stopped)
     lines += [
-        f"rank {r} exited with status {c}" + (" after that" if causes else "") for r, c in failed
+        f"rank {r} exited with status {c}"
+        + (" after that" if causes else "")
+        + _saw(r, seen, causes)
+        for r, c in failed
     ]
     lines.append(f"stopped the other ranks of this {len(procs)}-rank job")
     code = 128 - killed[0][1] if killed else (failed[0][1] if failed else 1)
     return lines, code
+
+
+def _saw(rank: int, reports: list[dict], causes: set[int]) -> str:
+    """``rank``'s own error, where it blames a rank other than ``causes`` (or none is known)."""
+    for r in reports:
+        blamed = {p for p in r.get("peers") or [] if p is not None}
+        if r.get("rank") == rank and r.get("error") and (not causes or blamed - causes):
+            return f": {r['error']}"
+    return ""
 
 
 def peer_reports(folder: str | None) -> list[dict]:
@@ -379,7 +395,7 @@ def peer_reports(folder: str | None) -> list[dict]:
 
 
 def _during(rank: int, reports: list[dict]) -> str:
-    """``rank``'s death in the survivors' terms: training step, algorithm, bucket."""
+    """``rank``'s death (or stop) in the survivors' terms: training step, algorithm, bucket."""
     for r in sorted(reports, key=lambda r: rank not in (r.get("peers") or [])):
         where = f", while rank {r['rank']} ran {r['where']}" if r.get("where") else ""
         return f" at training step {r['step']}{where}"

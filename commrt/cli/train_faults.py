@@ -33,11 +33,13 @@ def peer_failed(rank: int, step: int, error: CommError, backend: Backend) -> Non
     from commrt.diagnosis.abort import end_job  # lazy: it imports torch, which --straggler's
     # check in the launcher (a process that imports no torch) does not need
 
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
     report = {
         "rank": rank,
         "step": step,
         "peers": error.peers or [error.peer],
         "where": error.where or None,
+        "error": f"{type(error).__name__}: {first}",
     }
     folder = settings.PEER_REPORTS.text()
     if folder and not backend.one_death_ends_all:
@@ -46,7 +48,6 @@ def peer_failed(rank: int, step: int, error: CommError, backend: Backend) -> Non
         sys.stdout.flush()
         os._exit(1)
     said = f" in {report['where']}" if report["where"] else ""
-    first = str(error).splitlines()[0] if str(error) else type(error).__name__
     end_job(
         f"commrt: rank {rank}: a peer failed at training step {step}{said}: {first} "
         "(--verbose for the traceback)"

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from helpers.cli import rank_pid
 
 from commrt.cli.tolerance import Lingering
 
@@ -25,26 +26,12 @@ def test_lingering_ranks_are_overdue_only_when_the_job_may_lose_them():
     assert Lingering(1, None).overdue([0, None, 0]) == []  # no limit: wait as before
 
 
-def _rank_pid(launcher: int, rank: int) -> int | None:
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == launcher and f"RANK={rank}".encode() in env:
-            return int(pid)
-    return None
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank's process in /proc")
 def test_a_stopped_backup_worker_does_not_keep_the_job_waiting():
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "PMI_RANK")}
     argv = ["train", "--nproc", "3", "--backend", "gloo", "--algorithm", "backup"]
-    argv += ["--epochs", "40", "--timeout", "4"]
+    argv += ["--epochs", "40", "--timeout", "4", "--verbose"]  # a failure shows why
     proc = subprocess.Popen(
         [sys.executable, "-m", "commrt", *argv],
         stdout=subprocess.PIPE,
@@ -58,7 +45,7 @@ def test_a_stopped_backup_worker_does_not_keep_the_job_waiting():
             lines.append(line)
             if line.startswith("epoch 1/40"):
                 break
-        rank1 = _rank_pid(proc.pid, 1)
+        rank1 = rank_pid(proc.pid, 1)
         assert rank1 is not None, "".join(lines)
         os.kill(rank1, signal.SIGSTOP)
         stopped_at = time.monotonic()

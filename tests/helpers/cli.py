@@ -93,3 +93,18 @@ def parse_error(argv, capsys) -> str:
     rest = lines[errors[0] :]
     n = 1 + next((i for i, ln in enumerate(rest[1:]) if not ln.startswith("  ")), len(rest) - 1)
     return " ".join(ln.strip() for ln in rest[:n])
+
+
+def rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of rank ``rank`` among the launcher's children (from /proc), or None."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == launcher and f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
