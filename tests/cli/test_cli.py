@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from helpers.cli import parse_summary, run_commrt, run_in_pty
+from helpers.cli import parse_summary, run_commrt, run_in_pty, statements
 
 from commrt.cli import main
 
@@ -286,6 +286,6 @@ def test_train_names_a_rank_killed_mid_run():
             proc.kill()
     assert proc.returncode != 0
     assert time.monotonic() - t0 < 30
-    tail = err.strip().splitlines()[-3:]
+    tail = statements(err)[-3:]  # (a statement may wrap at 80 columns)
     assert "commrt: rank 1 was killed by SIGKILL" in tail[0], err[-2000:]
     assert tail[-1].startswith("commrt: stopped the other ranks"), tail

@@ -9,20 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers.cli import rank_pid, run_commrt
+from helpers.cli import rank_pid, run_commrt, statements
 
 TRAIN = ("train", "--nproc", "2", "--backend", "gloo", "--epochs", "1", "--quiet")
-
-
-def statements(stderr: str) -> list[str]:
-    """The launcher's statements, each whole: a wrapped one goes on in indented lines."""
-    said = []
-    for line in stderr.strip().splitlines():
-        if line.startswith("  ") and said:
-            said[-1] += " " + line.strip()
-        else:
-            said.append(line)
-    return said
 
 
 def test_a_killed_worker_is_named_first_in_one_statement_within_80_columns():

@@ -108,3 +108,14 @@ def rank_pid(launcher: int, rank: int) -> int | None:
         if ppid == launcher and f"RANK={rank}".encode() in env:
             return int(pid)
     return None
+
+
+def statements(stderr: str) -> list[str]:
+    """The launcher's statements, each whole: a wrapped one goes on in indented lines."""
+    said = []
+    for line in stderr.strip().splitlines():
+        if line.startswith("  ") and said:
+            said[-1] += " " + line.strip()
+        else:
+            said.append(line)
+    return said
