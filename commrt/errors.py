@@ -275,6 +275,35 @@ class CommTimeoutError(CommError, TimeoutError):
         super().__init__(msg)
 
 
+class RendezvousTimeoutError(CommTimeoutError):
+    """The ranks did not all meet at the rendezvous (``commrt.init``) within the timeout.
+
+    On the rank that hosts the store, ``joined`` of ``world_size`` ranks came; on another
+    rank (``joined`` None) the host itself was not reached at ``address``. A rank that
+    never came crashed or was stopped (SIGSTOP, a debugger) before it did, is still
+    starting, or was pointed elsewhere (MASTER_ADDR, MASTER_PORT). ``what`` is
+    ``"rendezvous"``; ``peer`` is None (the store does not say which rank is missing).
+    """
+
+    def __init__(self, *, rank: int, timeout_s: float, address: str, world_size: int, joined=None):
+        self.rank, self.peer, self.what, self.timeout_s = rank, None, "rendezvous", timeout_s
+        self.algorithm = self.step = self.num_steps = self.bucket = None
+        self.address, self.world_size, self.joined = address, world_size, joined
+        if joined is None:
+            said = f"reaching the rendezvous store at {address}, which rank 0 or the launcher"
+            said += " hosts: the host may have crashed or be stopped, or the address be wrong"
+        else:
+            said = f"at the rendezvous on {address}: {joined} of {world_size} ranks came;"
+            said += " the others may have crashed, be stopped, still be starting or be"
+            said += " pointed elsewhere"
+        CommError.__init__(
+            self,
+            f"commrt: rank {rank} timed out after {timeout_s:g} s {said} (MASTER_ADDR, "
+            "MASTER_PORT). Raise the timeout with commrt.init(timeout=...) if start-up is "
+            "just slow.",
+        )
+
+
 class CollectiveMismatchError(CommError, ValueError):
     """Ranks called different collectives (found by the ``COMMRT_DEBUG`` check)."""
 

@@ -43,7 +43,7 @@ from commrt.cli.train_output import (
     step_line,
     summary_rows,
 )
-from commrt.errors import CommError
+from commrt.errors import CommError, RendezvousTimeoutError
 from commrt.process.environment import rejoining
 from commrt.sync.backup import RejoinedTooLate
 from commrt.sync.report import SyncReport
@@ -222,7 +222,13 @@ def run(opts: TrainOptions) -> int:
         startup = Startup(launched_at(), say=False)
         startup.begin(PROCESSES, now=launched_at())
     startup.begin(MEETING)
-    comm = commrt.init(opts.backend, timeout=opts.timeout)
+    try:
+        comm = commrt.init(opts.backend, timeout=opts.timeout)
+    except RendezvousTimeoutError as e:  # a rank never came: one line, unless --verbose
+        if opts.verbose:
+            raise
+        print(textwrap.fill(str(e), 80, subsequent_indent="  "), file=sys.stderr, flush=True)
+        return 1
     startup.begin(DATA)
     s = set_up(opts, comm)
     startup.begin(BROADCAST)

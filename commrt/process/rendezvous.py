@@ -12,8 +12,11 @@ from __future__ import annotations
 import datetime
 import numbers
 import os
+import re
+import time
 
 from commrt import settings
+from commrt.errors import RendezvousTimeoutError
 
 MAX_TIMEOUT_S = settings.Seconds(
     1e8,
@@ -60,7 +63,6 @@ def tcp_store(
     """
     import torch.distributed as dist
 
-    td = datetime.timedelta(seconds=timeout)
     addr = master_addr or launch.master_addr or "127.0.0.1"
     port = master_port if master_port is not None else launch.master_port
     if world_size == 1:
@@ -71,7 +73,7 @@ def tcp_store(
         port = int(bcast_text(world, str(store.port) if rank == 0 else ""))
         addr = bcast_text(world, addr)
         if rank != 0:
-            store = dist.TCPStore(addr, port, world_size, False, timeout=td)
+            store = _meet(rank, addr, port, world_size, timeout, host=False)
     elif port is None:
         raise ValueError(
             "gloo/nccl rendezvous needs MASTER_ADDR and MASTER_PORT (torchrun sets "
@@ -80,11 +82,37 @@ def tcp_store(
     else:
         # Under torchrun's elastic agent (or commrt's launcher) the store is hosted already.
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        if rank == 0 and not agent:
-            store = serve(addr, port, timeout, world_size, wait_for_workers=True)
-        else:
-            store = dist.TCPStore(addr, port, world_size, False, timeout=td)
+        store = _meet(rank, addr, port, world_size, timeout, host=rank == 0 and not agent)
     return dist.PrefixStore("commrt", store)
+
+
+def _meet(rank: int, addr: str, port: int, world_size: int, timeout: float, host: bool):
+    """The rendezvous store: hosted here (``host``: it waits for every rank) or reached;
+    its timeout a :class:`~commrt.errors.RendezvousTimeoutError` (torch's says only
+    "1/2 clients joined", with a traceback)."""
+    import torch.distributed as dist
+
+    start = time.monotonic()
+    try:
+        if host:
+            return serve(addr, port, timeout, world_size, wait_for_workers=True)
+        return dist.TCPStore(
+            addr, port, world_size, False, timeout=datetime.timedelta(seconds=timeout)
+        )
+    except dist.DistError as e:
+        # the host's wait for the ranks fails as a DistStoreError; a rank's connecting
+        # keeps trying for the whole timeout; anything else (a port taken) is not a timeout
+        waited = time.monotonic() - start >= timeout
+        if not (isinstance(e, dist.DistStoreError) if host else waited):
+            raise
+        count = re.search(r"(\d+)/\d+ clients joined", str(e)) if host else None
+        raise RendezvousTimeoutError(
+            rank=rank,
+            timeout_s=timeout,
+            address=f"{addr}:{port}",
+            world_size=world_size,
+            joined=int(count.group(1)) if count else None,
+        ) from e
 
 
 def serve(

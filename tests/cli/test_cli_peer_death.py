@@ -69,3 +69,34 @@ def test_a_stopped_worker_is_named_with_the_step_its_peers_timed_out_in():
     assert said[stopped[0] + 1] == "commrt: rank 0 exited with status 1 after that", err
     assert said[-1].startswith("commrt: stopped the other ranks"), err
     assert max(map(len, err.splitlines())) <= 80, err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank's process in /proc")
+def test_a_worker_stopped_before_the_rendezvous_ends_the_job_in_one_line_per_fact():
+    """Rank 1 stopped as it starts never meets rank 0, whose wait ends at the timeout with
+    how many ranks came, no traceback (torch's said "1/2 clients joined" in one)."""
+    argv = [*TRAIN[:-1], "--timeout", "3"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "PMI_RANK")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "commrt", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        while (rank1 := rank_pid(proc.pid, 1)) is None and proc.poll() is None:
+            pass  # as soon as it exists: long before its imports end
+        assert rank1 is not None
+        os.kill(rank1, signal.SIGSTOP)
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        proc.kill()
+    said = statements(err)
+    assert proc.returncode != 0 and "Traceback" not in err, err
+    assert said[0].startswith("commrt: rank 0 timed out after 3 s at the rendezvous on "), err
+    assert "1 of 2 ranks came" in said[0], err
+    assert said[1] == "commrt: rank 1 is stopped (SIGSTOP or a debugger), so its peers timed out"
+    assert said[2] == "commrt: rank 0 exited with status 1 after that", err
+    assert max(map(len, err.splitlines())) <= 80, err
