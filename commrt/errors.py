@@ -240,7 +240,8 @@ class CommTimeoutError(CommError, TimeoutError):
 
     Attributes mirror the message so that callers (and tests) can inspect
     them: ``rank``, ``peer``, ``algorithm``, ``step``, ``bucket``,
-    ``timeout_s`` and ``what`` (``"send"``, ``"recv"`` or ``"barrier"``).
+    ``timeout_s`` and ``what`` (``"send"``, ``"recv"`` or ``"barrier"``);
+    ``where`` joins algorithm, step and bucket ("" where none is known).
     """
 
     def __init__(
@@ -265,6 +266,7 @@ class CommTimeoutError(CommError, TimeoutError):
             where.append(f"step {step}" + (f" of {num_steps}" if num_steps else ""))
         if bucket is not None:
             where.append(f"bucket {bucket}")
+        self.where = ", ".join(where)  # (CommError declares it: a one-line report names it)
         peer_txt = f" {'to' if what == 'send' else 'from'} rank {peer}" if peer is not None else ""
         msg = (
             f"commrt: rank {rank} timed out after {timeout_s:g} s waiting for {what}{peer_txt}"
@@ -288,6 +290,7 @@ class RendezvousTimeoutError(CommTimeoutError):
     def __init__(self, *, rank: int, timeout_s: float, address: str, world_size: int, joined=None):
         self.rank, self.peer, self.what, self.timeout_s = rank, None, "rendezvous", timeout_s
         self.algorithm = self.step = self.num_steps = self.bucket = None
+        self.where = ""
         self.address, self.world_size, self.joined = address, world_size, joined
         if joined is None:
             said = f"reaching the rendezvous store at {address}, which rank 0 or the launcher"

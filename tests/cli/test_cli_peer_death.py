@@ -63,7 +63,7 @@ def test_a_stopped_worker_is_named_with_the_step_its_peers_timed_out_in():
     assert stopped, err
     assert re.match(
         r"commrt: rank 1 is stopped \(SIGSTOP or a debugger\), so its peers timed out at "
-        r"training step \d+$",
+        r"training step \d+, while rank 0 ran algorithm ring\b",
         said[stopped[0]],
     ), err
     assert said[stopped[0] + 1] == "commrt: rank 0 exited with status 1 after that", err

@@ -125,6 +125,7 @@ def test_timeout_names_rank_peer_algorithm_step():
         run_ranks(2, body)
     e = ei.value
     assert (e.rank, e.peer, e.algorithm, e.step, e.bucket, e.what) == (0, 1, "ring", 0, 5, "recv")
+    assert e.where == "algorithm ring, step 0 of 2, bucket 5"  # what a one-line report names
     assert (
         "rank 0 timed out after 0.3 s waiting for recv from rank 1 (algorithm ring, step 0 of 2, bucket 5)"
         in str(e)
