@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from helpers.cli import parse_summary, run_commrt, run_in_pty, statements
+from helpers.cli import parse_summary, rank_pid, run_commrt, run_in_pty, start_commrt, statements
 
 from commrt.cli import main
 
@@ -228,48 +228,9 @@ def test_train_output_fits_an_80_column_terminal(backend):
     assert float(parse_summary(out.replace("\r", ""))["final test accuracy"]) > 0.5
 
 
-def _children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
-
-def _rank_of(pid):
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        return int(env.get(b"RANK", b"-1"))
-    except (OSError, ValueError):
-        return -1
-
-
 @pytest.mark.slow
 def test_train_names_a_rank_killed_mid_run():
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("PMI_RANK", "PMI_SIZE", "RANK", "WORLD_SIZE")
-    }
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "commrt",
-            "train",
-            "--backend",
-            "gloo",
-            "--epochs",
-            "200",
-            "--timeout",
-            "20",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = start_commrt("train", "--backend", "gloo", "--epochs", "200", "--timeout", "20")
     try:
         first = proc.stdout.readline()
         assert first.startswith("starting 2 ranks"), first
@@ -277,7 +238,8 @@ def test_train_names_a_rank_killed_mid_run():
         while re.match(r"^ +[\d.]+ s  [a-z].*…$", line):  # a start-up phase rank 0 named
             line = proc.stdout.readline()
         assert line.startswith("epoch 1/200"), f"training did not start: {line!r}"
-        victim = next(c for c in _children(proc.pid) if _rank_of(c) == 1)
+        victim = rank_pid(proc.pid, 1)
+        assert victim is not None
         os.kill(victim, signal.SIGKILL)
         t0 = time.monotonic()
         out, err = proc.communicate(timeout=60)

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from helpers.cli import rank_pid
+from helpers.cli import rank_pid, start_commrt
 
 from commrt.cli.tolerance import Lingering
 
@@ -29,16 +29,9 @@ def test_lingering_ranks_are_overdue_only_when_the_job_may_lose_them():
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the rank's process in /proc")
 def test_a_stopped_backup_worker_does_not_keep_the_job_waiting():
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "PMI_RANK")}
     argv = ["train", "--nproc", "3", "--backend", "gloo", "--algorithm", "backup"]
     argv += ["--epochs", "40", "--timeout", "4", "--verbose"]  # a failure shows why
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "commrt", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    proc = start_commrt(*argv, stderr=subprocess.STDOUT)
     lines = []
     try:
         for line in proc.stdout:  # training has begun once an epoch ended

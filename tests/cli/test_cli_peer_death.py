@@ -5,11 +5,9 @@ survivors' tracebacks only with --verbose (a new user saw 79 lines of traceback 
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
-from helpers.cli import rank_pid, run_commrt, statements
+from helpers.cli import rank_pid, run_commrt, start_commrt, statements
 
 TRAIN = ("train", "--nproc", "2", "--backend", "gloo", "--epochs", "1", "--quiet")
 
@@ -40,14 +38,7 @@ def test_a_stopped_worker_is_named_with_the_step_its_peers_timed_out_in():
     """A stopped rank keeps its connections open, so its peers learn of it only at their
     timeout; the launcher names it first, with where they were, within 80 columns."""
     argv = [*TRAIN[:-1], "--epochs", "40", "--timeout", "3"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "PMI_RANK")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "commrt", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = start_commrt(*argv)
     try:
         for line in proc.stdout:  # training has begun once an epoch ended
             if line.startswith("epoch 1/40"):
@@ -77,14 +68,7 @@ def test_a_worker_stopped_before_the_rendezvous_ends_the_job_in_one_line_per_fac
     """Rank 1 stopped as it starts never meets rank 0, whose wait ends at the timeout with
     how many ranks came, no traceback (torch's said "1/2 clients joined" in one)."""
     argv = [*TRAIN[:-1], "--timeout", "3"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "PMI_RANK")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "commrt", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = start_commrt(*argv)
     try:
         while (rank1 := rank_pid(proc.pid, 1)) is None and proc.poll() is None:
             pass  # as soon as it exists: long before its imports end

@@ -119,3 +119,17 @@ def statements(stderr: str) -> list[str]:
         else:
             said.append(line)
     return said
+
+
+def start_commrt(*argv, stderr=subprocess.PIPE) -> subprocess.Popen:
+    """``python -m commrt *argv`` started as a user starts it (no rank of an outer job in
+    its environment), its output as text on pipes."""
+    job = ("RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
+    env = {k: v for k, v in os.environ.items() if k not in job}
+    return subprocess.Popen(
+        [sys.executable, "-m", "commrt", *argv],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env=env,
+    )
