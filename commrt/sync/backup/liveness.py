@@ -58,7 +58,7 @@ from commrt import settings
 from commrt.errors import CommError
 from commrt.process.threads import background_thread, program_ending
 from commrt.runtime.store import ControlStore
-from commrt.sync.backup.keys import Keys
+from commrt.sync.backup.keys import Keys, incarnation_of, rank_of
 
 HEARTBEAT_S = settings.Seconds(
     0.25,
@@ -233,7 +233,7 @@ class Liveness:
     def refresh(self, store) -> None:
         """Read the log's counter; read the new entries only when it moved."""
         count = int(store.add(Keys.DEATHS, 0))
-        found = set(self.missing)
+        found, incarnations = set(self.missing), dict(self.incarnations)
         while self._read_upto < count:
             key = Keys.death(self._read_upto)
             if not store.check([key]):  # counted, entry not written yet: read it next period
@@ -242,14 +242,28 @@ class Liveness:
             self._read_upto += 1
             rank, inc = int(rank), int(inc)
             if what == BACK:  # a replacement rejoined: checked again, under its incarnation
-                self.incarnations[rank] = inc
+                incarnations[rank] = inc
                 found.discard(rank)
-            elif rank != self.rank and inc >= self.incarnations.get(rank, 0):
+            elif rank != self.rank and inc >= incarnations.get(rank, 0):
                 found.add(rank)
             elif inc == self.incarnation:  # not an earlier incarnation of this rank
                 self.declared_by = int(what)
+        # other threads read both (recorded_dead): missing first, so that in between a
+        # replacement's return reads as "not dead yet", never its new incarnation as dead
         if found != self.missing:
             self.missing = frozenset(found)
+        self.incarnations = incarnations
+
+    def recorded_dead(self, name: str) -> bool:
+        """Whether the incarnation that wrote the ticket name ``name`` is recorded dead, as far
+        as this rank's thread has read the log: its rank is :attr:`missing` under that
+        incarnation or a later one, or a later incarnation came back (a replacement comes
+        back only once the one before it is recorded dead: :mod:`.rejoin`). The second case
+        is a death and its replacement's return read in one beat: the rank never shows in
+        :attr:`missing`, yet a round that waits on the old incarnation waits in vain."""
+        rank, inc = rank_of(name), incarnation_of(name)
+        known = self.incarnations.get(rank, 0)
+        return known > inc or (rank in self.missing and known >= inc)
 
     def check_alive(self) -> None:
         """Raise :class:`RankDeclaredDeadError` if the others recorded this rank as dead

@@ -60,7 +60,7 @@ import torch
 
 from commrt.errors import CommError
 from commrt.process.polling import poll
-from commrt.sync.backup.keys import Keys, incarnation_of, rank_of
+from commrt.sync.backup.keys import Keys, rank_of
 from commrt.sync.backup.wire import Wire, make_wire
 from commrt.transports.base import Transport
 
@@ -161,14 +161,12 @@ class Reduction:
         self.schedules = self.wire.schedules(self.inner, self.ranks)
 
     def _member_died(self) -> bool:
-        """A member of the round being made was recorded dead (its group would never meet):
-        the incarnation that took the ticket, not an earlier one whose replacement's return
-        this rank has not read yet (it would give up a group the others still make)."""
-        missing, known = self.liveness.missing, self.liveness.incarnations
-        return any(
-            rank_of(n) in missing and known.get(rank_of(n), 0) >= incarnation_of(n)
-            for n in self.names
-        )
+        """A member of the current round was recorded dead (its group would never meet, nor
+        would the round commit): the incarnation that took the ticket, not an earlier one
+        whose replacement's return this rank has not read yet (it would give up a group the
+        others still make), and also when its death and its replacement's return were read in
+        one beat (:meth:`~commrt.sync.backup.liveness.Liveness.recorded_dead`)."""
+        return any(map(self.liveness.recorded_dead, self.names))
 
     def _last_fits(self) -> bool:
         """The previous step committed on a group of exactly this step's participants: all
@@ -263,10 +261,9 @@ class Reduction:
     def _outcome(self, idle: Callable[[], None]) -> str:
         """The outcome of the current round (waits for it, or decides it)."""
         key = Keys.outcome(self.step, self.round)
-        members = set(self.ranks)
 
         def decided() -> bool:  # or a participant died: then nobody may ever decide
-            return self.store.check([key]) or bool(members & self.liveness.missing)
+            return self.store.check([key]) or self._member_died()
 
         if poll(decided, self.timeout, idle) and self.store.check([key]):
             return self.store.get(key).decode()

@@ -56,14 +56,15 @@ Another replacement (j + 1) may follow.
 ``commrt.init`` with no launcher) cannot be found by a new process: rejoin
 needs the launcher's or torchrun's agent store. MPI and NCCL cannot add a
 process either. ``inner="auto"`` is refused (its choice is a collective
-probe the replacement cannot join). A death recorded and a return read by
-a rank in the same beat, while that rank waits for the outcome of a step
-the dead incarnation took part in, costs that step the timeout before its
-redo. A round's group gives up only when the incarnation that took the
-ticket is recorded dead, not when a rank has not yet read a replacement's
-return: under heavy load such a rank would give up a group the others
-still make (gloo then retries connecting to it for the timeout, and every
-rank times out).
+probe the replacement cannot join).
+
+**Who is dead in a round.** A round's group and its outcome give up waiting
+only when the incarnation that took a ticket is recorded dead: not when a
+rank has not yet read a replacement's return (under heavy load it would
+give up a group the others still make, and every rank would time out),
+but also when a rank read the death and the return in one beat, so that
+the rank never shows as missing (waiting on, it would sit out the timeout
+while the others redo the step, and their redo would time out without it).
 """
 
 from __future__ import annotations
