@@ -284,12 +284,20 @@ class Auto(Algorithm):
         # runner_predicted_s None: a rival the baseline's confirmation rules out needs no
         # trial (the last job ran it); a baseline that misses tries it
         return Tuning(
-            past.kept, past.kept_s, rival, None, (), prices, recheck_after_s=self.recheck_s
+            past.kept,
+            past.kept_s,
+            rival,
+            None,
+            (),
+            prices,
+            recheck_after_s=self.recheck_s,
+            remembered=True,
         )
 
     def _remember(self, comm, tuning: Tuning, nbytes: int) -> None:
         """Keep this size's verdict for later jobs (rank 0 writes; :mod:`commrt.tuning.memory`)."""
-        kept_s = tuning.trial_s.get(tuning.kept) or tuning.chosen_s
+        # a trial block's statistic, as the next job's baseline reads it (Tuning.seen_s)
+        kept_s = tuning.trial_s.get(tuning.kept) or tuning.chosen_block_s
         rivals = {k: t for k, t in tuning.trial_s.items() if k != tuning.kept}
         rival = min(rivals, key=rivals.get) if rivals else None
         if kept_s:

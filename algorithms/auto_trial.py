@@ -136,7 +136,7 @@ class TrialPasses:
         priced = self.predicted.get(label)
         if priced is None or not self.predicted_s or self.chosen_s is None:
             return lead * WIDE  # not priced: a sure loser on the model's lower bound
-        scaled = priced * self.chosen_s / self.predicted_s
+        scaled = priced * self.seen_s / self.predicted_s
         guess = lead + (scaled - lead) / 2 if self._missed() else scaled
         return max(guess, (1.0 + self.margin) * lead)
 

@@ -60,6 +60,7 @@ class Job:
     def __init__(
         self, monkeypatch, p: int, nbytes: int, table: dict, stall: int | None = None,
         last_block: float = 1.0, tail: tuple | None = None, stretch: tuple | None = None,
+        turns: float = 1.0,
     ):  # fmt: skip
         self.now = 0.0
         clock = types.SimpleNamespace(perf_counter=lambda: self.now)
@@ -76,6 +77,10 @@ class Job:
         #: stretch: over gloo on 2 cores, ~10 ms ran 2-4x slower)
         self.stretch, self.slow_left = stretch, 0
         self.stretch_rng = random.Random(stretch[3] if stretch else 0)
+        #: ranks take turns at being slow: rank r's i-th timed call of a phase takes that
+        #: many times its cost where i % p == r (every call's slowest rank is slow, each
+        #: rank's mean barely moves: 4 ranks on 2 cores read so)
+        self.turns = turns
         self.comm = types.SimpleNamespace(
             slots=CommSlots(), world_size=p, device=torch.device("cpu"),
             executor=types.SimpleNamespace(last_schedule=None),
@@ -91,6 +96,8 @@ class Job:
     def _gather(self, comm, tuning):
         # every rank's row: the same times, but one rank's stalled call where there was one
         rows = [list(tuning.times) for _ in range(self.p)]
+        for r, row in enumerate(rows):
+            row[r :: self.p] = [self.turns * t for t in row[r :: self.p]]
         for i, t in self.stalled.items():
             rows[-1][i] = t
         self.stalled = {}
@@ -365,3 +372,24 @@ def test_a_descheduled_baseline_call_does_not_undo_a_remembered_verdict(monkeypa
     second.stall = 3  # a call of its baseline: one rank descheduled for 50x its cost
     second.settle(calls_to_settle(len(candidates(p))))
     assert second.tuning.kept == _best(table) and not second.tuning.trial_s
+
+
+def test_a_remembered_verdict_is_confirmed_in_the_statistic_it_was_measured_in(
+    monkeypatch, tmp_path
+):
+    """4 ranks taking turns at being slow: each call's slowest rank reads 1.4x, while each
+    rank's mean of back-to-back calls reads about 1.15x. The first job's verdict is a
+    trial block's time (the slowest rank's mean); the second job's baseline is held to it
+    as a block too, so it confirms it without a trial. Held to the per-call slowest rank
+    instead, it read 1.2x the verdict and tried every candidate again, every job."""
+    path = tmp_path / "auto-memory.json"
+    p, nbytes, table = TABLES[5]  # ring fastest; the model's halving-doubling not
+    first = Job(monkeypatch, p, nbytes, table, turns=1.4)
+    first.memory = AutoMemory({}, str(path), writes=True)
+    first.settle(calls_to_settle(len(candidates(p))))
+    assert first.tuning.kept == "ring"
+    second = _second_job(monkeypatch, first, table, path)
+    second.turns = 1.4
+    second.settle(calls_to_settle(len(candidates(p))))
+    assert second.tuning.kept == "ring" and not second.tuning.trial_s, str(second.tuning)
+    assert set(second.ran) == {"ring"}
