@@ -93,6 +93,15 @@ def register(sub) -> None:
         metavar="B",
         help="with --algorithm backup: drop the last B of N+B gradients each step (default 1)",
     )
+    tr.add_argument(
+        "--dead-after",
+        type=positive_number,
+        default=None,
+        metavar="S",
+        help="with --algorithm backup: a rank with no heartbeat for S seconds is dropped "
+        "as dead; raise it above any pause a live rank may take (default 2, or --timeout "
+        "if smaller)",
+    )
     _fault_flags(tr)
     _output_flags(tr)
     tr.set_defaults(run=cmd_train, parser=tr)
@@ -240,15 +249,22 @@ def _train_algorithm(parser: argparse.ArgumentParser, args, nproc: int, batch_fi
             alg.schedule(nproc)
         except ValueError as e:
             parser.error(f"--torus-shape {rows}x{cols} with --nproc {nproc}: {e}")
-    if args.backups is not None or alg.name == "backup":
+    if args.backups is not None or args.dead_after is not None or alg.name == "backup":
         from commrt.algorithms import BackupWorkers
 
         if alg.name != "backup":
-            parser.error("--backups only applies to --algorithm backup")
+            parser.error("--backups and --dead-after only apply to --algorithm backup")
+        dead_after = min(BackupWorkers.dead_after_s, args.timeout)
+        if args.dead_after is not None and args.dead_after >= args.timeout:
+            parser.error(
+                f"--dead-after {args.dead_after:g} s is not under --timeout "
+                f"{args.timeout:g} s: a silent rank would fail the others' waits before "
+                "it is found dead; give less, or raise --timeout"
+            )
         try:
             alg = BackupWorkers(
                 backups=1 if args.backups is None else args.backups,
-                dead_after_s=min(BackupWorkers.dead_after_s, args.timeout),
+                dead_after_s=dead_after if args.dead_after is None else args.dead_after,
             )
             alg.participants(nproc)
         except ValueError as e:

@@ -271,7 +271,10 @@ def test_commrt_train_with_backup_workers_survives_a_killed_rank():
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--backups", "1"], "--backups only applies to --algorithm backup"),
+        (["--backups", "1"], "--backups and --dead-after only apply to --algorithm backup"),
+        (["--dead-after", "5"], "--backups and --dead-after only apply to --algorithm backup"),
+        (["--algorithm", "backup", "--dead-after", "0"], "--dead-after"),
+        (["--algorithm", "backup", "--dead-after", "9", "--timeout", "9"], "not under --timeout"),
         (["--algorithm", "backup", "--backups", "2", "--nproc", "2"], "needs more than 2 ranks"),
         (["--algorithm", "backup", "--backups", "-1"], "non-negative integer"),
         (["--straggler", "pareto:0.01:0.5"], "shape must be above 1"),
@@ -282,6 +285,19 @@ def test_commrt_train_with_backup_workers_survives_a_killed_rank():
 )
 def test_train_flags_for_backup_workers_are_checked(args, message, capsys):
     assert message in parse_error(["train", *args], capsys)
+
+
+@pytest.mark.parametrize(
+    "args,dead_after_s", [([], 2.0), (["--timeout", "1.5"], 1.5), (["--dead-after", "7.5"], 7.5)]
+)
+def test_dead_after_reaches_the_backup_workers(args, dead_after_s):
+    """--dead-after is the algorithm's dead_after_s; without it 2 s, or the timeout if less."""
+    from commrt.cli.commands import build_parser
+    from commrt.cli.train_args import check_train
+
+    parser = build_parser()
+    parsed = parser.parse_args(["train", "--algorithm", "backup", "--nproc", "3", *args])
+    assert check_train(parsed.parser, parsed).algorithm.dead_after_s == dead_after_s
 
 
 def test_straggler_draws_have_the_requested_mean():

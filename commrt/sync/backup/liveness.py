@@ -99,7 +99,8 @@ class RankDeclaredDeadError(CommError):
         super().__init__(
             f"commrt: rank {rank} was declared dead by rank {declared_by} (no heartbeat for "
             f"{dead_after_s:g} s, backup workers): the other ranks no longer wait for it, "
-            f"so it stops here. A rank this slow needs a larger dead_after_s."
+            f"so it stops here. A rank this slow needs a larger dead_after_s "
+            f"(BackupWorkers(dead_after_s=...), or commrt train --dead-after)."
         )
 
     @property
