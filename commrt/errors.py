@@ -235,6 +235,11 @@ class CommError(RuntimeError):
             self.args = (f"{self.args[0]}\n{text}",) + self.args[1:]
 
 
+#: how a timeout error tells its reader to raise the timeout; a command line with a flag of
+#: its own says that instead (``commrt train`` says ``--timeout``)
+RAISE_TIMEOUT = "commrt.init(timeout=...)"
+
+
 class CommTimeoutError(CommError, TimeoutError):
     """A wait on a peer did not finish within the communicator's timeout.
 
@@ -272,7 +277,7 @@ class CommTimeoutError(CommError, TimeoutError):
             f"commrt: rank {rank} timed out after {timeout_s:g} s waiting for {what}{peer_txt}"
             + (f" ({', '.join(where)})" if where else "")
             + ". The peer may have crashed, stalled, or be running a different schedule; "
-            "raise the timeout with commrt.init(timeout=...) if it is just slow."
+            f"raise the timeout with {RAISE_TIMEOUT} if it is just slow."
         )
         super().__init__(msg)
 
@@ -302,8 +307,7 @@ class RendezvousTimeoutError(CommTimeoutError):
         CommError.__init__(
             self,
             f"commrt: rank {rank} timed out after {timeout_s:g} s {said} (MASTER_ADDR, "
-            "MASTER_PORT). Raise the timeout with commrt.init(timeout=...) if start-up is "
-            "just slow.",
+            f"MASTER_PORT). Raise the timeout with {RAISE_TIMEOUT} if start-up is just slow.",
         )
 
 

@@ -33,7 +33,7 @@ from commrt.cli.launch import launched_at
 from commrt.cli.startup import BROADCAST, DATA, MEETING, PROCESSES, Startup
 from commrt.cli.traces import merge_rank_traces, save_rank_trace
 from commrt.cli.train_data import Digits, Sharding, evaluate, load_digits
-from commrt.cli.train_faults import peer_failed
+from commrt.cli.train_faults import in_cli_terms, peer_failed
 from commrt.cli.train_options import TrainOptions
 from commrt.cli.train_output import (
     ProgressBar,
@@ -227,7 +227,8 @@ def run(opts: TrainOptions) -> int:
     except RendezvousTimeoutError as e:  # a rank never came: one line, unless --verbose
         if opts.verbose:
             raise
-        print(textwrap.fill(str(e), 80, subsequent_indent="  "), file=sys.stderr, flush=True)
+        line = textwrap.fill(in_cli_terms(e), 80, subsequent_indent="  ")
+        print(line, file=sys.stderr, flush=True)
         return 1
     startup.begin(DATA)
     s = set_up(opts, comm)

@@ -21,8 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from commrt import settings, sim
-from commrt.errors import CommError
+from commrt.errors import RAISE_TIMEOUT, CommError
 from commrt.runtime.choice import Backend
+
+
+def in_cli_terms(error: BaseException) -> str:
+    """``error``'s message as ``commrt train`` says it: the timeout is its ``--timeout``."""
+    return str(error).replace(RAISE_TIMEOUT, "--timeout")
 
 
 def peer_failed(rank: int, step: int, error: CommError, backend: Backend) -> None:
@@ -33,7 +38,7 @@ def peer_failed(rank: int, step: int, error: CommError, backend: Backend) -> Non
     from commrt.diagnosis.abort import end_job  # lazy: it imports torch, which --straggler's
     # check in the launcher (a process that imports no torch) does not need
 
-    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    first = in_cli_terms(error).splitlines()[0] if str(error) else type(error).__name__
     report = {
         "rank": rank,
         "step": step,

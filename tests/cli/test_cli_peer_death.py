@@ -81,6 +81,7 @@ def test_a_worker_stopped_before_the_rendezvous_ends_the_job_in_one_line_per_fac
     assert proc.returncode != 0 and "Traceback" not in err, err
     assert said[0].startswith("commrt: rank 0 timed out after 3 s at the rendezvous on "), err
     assert "1 of 2 ranks came" in said[0], err
+    assert "Raise the timeout with --timeout" in said[0] and "commrt.init" not in err, err
     assert said[1] == "commrt: rank 1 is stopped (SIGSTOP or a debugger), so its peers timed out"
     assert said[2] == "commrt: rank 0 exited with status 1 after that", err
     assert max(map(len, err.splitlines())) <= 80, err

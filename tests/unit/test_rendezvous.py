@@ -56,3 +56,20 @@ def test_a_port_taken_is_not_called_a_timeout():
         said = _init(0, taken.getsockname()[1])
     assert said["type"] != "RendezvousTimeoutError", said
     assert "address already in use" in said["msg"], said
+
+
+def test_commrt_train_names_its_own_flag_for_the_timeout():
+    """A library user raises the timeout with commrt.init(timeout=...); a user of
+    `commrt train` with --timeout, so its lines say that (the rendezvous's and a peer's)."""
+    from commrt.cli.train_faults import in_cli_terms
+    from commrt.errors import CommTimeoutError, RendezvousTimeoutError
+
+    errors = [
+        RendezvousTimeoutError(rank=0, timeout_s=3, address="h:1", world_size=2, joined=1),
+        RendezvousTimeoutError(rank=1, timeout_s=3, address="h:1", world_size=2),
+        CommTimeoutError(rank=0, peer=1, timeout_s=3, what="recv", step=4),
+    ]
+    for e in errors:
+        assert "commrt.init(timeout=...)" in str(e)
+        said = in_cli_terms(e)
+        assert "the timeout with --timeout" in said and "commrt.init" not in said, said
