@@ -201,7 +201,7 @@ def test_the_commit_counts_match_the_runtime():
         name="gloo", traits=Traits(survives_peer_death=True)
     )  # a reduction is redone
     ctx = SimpleNamespace(comm=SimpleNamespace(transport=gloo))
-    nobody_dead = SimpleNamespace(missing=frozenset())
+    nobody_dead = SimpleNamespace(missing=frozenset(), recorded_dead=lambda name: False)
 
     def rank(r: int) -> None:
         store = _Counting(cs.client("commit"), tally, lock)
