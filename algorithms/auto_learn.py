@@ -10,7 +10,9 @@ ones (the first call of a schedule compiles its plan and allocates scratch):
    the window of each call's *slowest* rank (a synchronous collective ends when its last rank
    does). If it is within ``MARGIN`` (10%) of its prediction, either way, and the runner-up is
    predicted above :data:`CONTENDERS` × the choice (a loss the model's errors of tens of
-   percent cannot undo), the choice stays: **settled**.
+   percent cannot undo), the choice stays: **settled**. An earlier job's verdict
+   (:mod:`commrt.tuning.memory`) is timed as its trial timed it, a block (below), and stays
+   unless it runs over ``MARGIN`` slower than then (:meth:`Tuning._missed`).
 2. Else **trial**, in passes. A pass runs each live candidate (the runner-up, every other
    candidate predicted within :data:`CONTENDERS` × the choice, and the choice) in a block of
    back-to-back calls, as the kept one will run (:data:`WARMUP` untimed calls, then enough
@@ -315,15 +317,13 @@ class Tuning(TrialPasses):
             self._end_recheck(table)
 
     def _missed(self) -> bool:
+        """The baseline missed its prediction by more than the margin: either way for the
+        model's (far off where the choice ran fast, it may be as far off for the others);
+        only above it for a remembered time, whose rival was measured beside it on the same
+        machine: a machine now faster for the kept schedule changes no order it measured."""
+        if self.remembered:
+            return self.seen_s > (1.0 + self.margin) * self.predicted_s
         return abs(self.seen_s - self.predicted_s) > self.margin * self.predicted_s
-
-    @property
-    def seen_s(self) -> float | None:
-        """The baseline's time in the statistic of :attr:`predicted_s`: the model prices one
-        call (:func:`agreed_time`); a remembered time is a trial's (:func:`block_time`),
-        which read 15-20 % lower than the other on 4 ranks sharing 2 cores, so held to
-        the agreed time every remembered verdict would miss and be tried again."""
-        return self.chosen_block_s if self.remembered else self.chosen_s
 
     def _settle(self, label: str) -> None:
         """Keep ``label``, and count down to its next recheck: ``recheck_after_s``, doubled

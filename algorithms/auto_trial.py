@@ -77,6 +77,14 @@ class TrialPasses:
         return max(self.passes, min(MAX_TRIAL_PASSES, fit))
 
     @property
+    def seen_s(self) -> float | None:
+        """The baseline's time in the statistic of ``predicted_s``: the model prices one
+        call (``agreed_time``); a remembered time is a trial's (:func:`block_time`), which
+        read 15-20 % lower than the other on 4 ranks sharing 2 cores, so held to the agreed
+        time every remembered verdict would miss and be tried again."""
+        return self.chosen_block_s if self.remembered else self.chosen_s
+
+    @property
     def block_calls(self) -> int:
         """A block's timed calls: :attr:`block` where given, else :data:`BLOCK_S` at the
         baseline's time a call, within :data:`MIN_BLOCK_CALLS` and :data:`MAX_BLOCK_CALLS`

@@ -393,3 +393,21 @@ def test_a_remembered_verdict_is_confirmed_in_the_statistic_it_was_measured_in(
     second.settle(calls_to_settle(len(candidates(p))))
     assert second.tuning.kept == "ring" and not second.tuning.trial_s, str(second.tuning)
     assert set(second.ran) == {"ring"}
+
+
+def test_a_remembered_verdict_on_a_machine_now_faster_is_kept_without_a_trial(
+    monkeypatch, tmp_path
+):
+    """Every candidate runs 30 % faster in the second job (a quieter machine): the order
+    the first job measured holds, so the verdict is confirmed, not tried again; 30 %
+    slower, it is tried again (the rival may have slowed less)."""
+    path = tmp_path / "auto-memory.json"
+    p, nbytes, table = TABLES[5]
+    first = Job(monkeypatch, p, nbytes, table)
+    first.memory = AutoMemory({}, str(path), writes=True)
+    first.settle(calls_to_settle(len(candidates(p))))
+    assert first.tuning.kept == "ring"
+    for scale, tried in ((0.7, False), (1.3, True)):
+        second = _second_job(monkeypatch, first, {k: scale * t for k, t in table.items()}, path)
+        second.settle(calls_to_settle(len(candidates(p))))
+        assert second.tuning.kept == "ring" and bool(second.tuning.trial_s) == tried, scale
