@@ -63,8 +63,9 @@ only when the incarnation that took a ticket is recorded dead: not when a
 rank has not yet read a replacement's return (under heavy load it would
 give up a group the others still make, and every rank would time out),
 but also when a rank read the death and the return in one beat, so that
-the rank never shows as missing (waiting on, it would sit out the timeout
-while the others redo the step, and their redo would time out without it).
+the rank never shows as missing (a rank that kept waiting would sit out the
+timeout while the others redo the step, and their redo would time out
+without it).
 """
 
 from __future__ import annotations
