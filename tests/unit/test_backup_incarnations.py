@@ -12,24 +12,31 @@ import pytest
 from torch.distributed import HashStore
 
 from commrt.sync.backup.keys import Keys
-from commrt.sync.backup.liveness import BACK, Liveness, log
+from commrt.sync.backup.liveness import Liveness
 from commrt.sync.backup.recovery import REDO, Reduction
+from commrt.sync.backup.rejoin import announce
 
 
 def liveness(store, rank=2):
     return Liveness(None, "", store, rank, 4, dead_after_s=2.0, timeout=60.0)
 
 
-def died(store, rank, checker, incarnation=0):
-    log(store, f"{rank} {checker} {incarnation}")
-    store.set(Keys.dead(rank, incarnation), str(checker))
+def died(store, rank, checker):
+    """``checker``'s heartbeat thread finds ``rank``'s current incarnation silent."""
+    watcher = liveness(store, rank=checker)
+    watcher.refresh(store)  # it has read any return of a replacement logged so far
+    watcher.declare_dead(store, rank)
+
+
+def came_back(store, rank, incarnation):
+    announce(store, rank, incarnation, world_size=4)
 
 
 def test_a_death_and_a_return_read_in_one_beat_leave_the_old_incarnation_dead():
     store = HashStore()
     live = liveness(store)
     died(store, 1, 0)
-    log(store, f"1 {BACK} 1")
+    came_back(store, 1, 1)
     live.refresh(store)
     assert live.missing == frozenset() and live.incarnations == {1: 1}
     assert live.recorded_dead("1")  # the ticket the killed process took
@@ -43,10 +50,10 @@ def test_a_replacement_is_alive_before_its_return_is_read_and_dead_once_its_own_
     live.refresh(store)  # the death only: the return is not logged yet
     assert live.missing == {1} and live.recorded_dead("1")
     assert not live.recorded_dead("1.1")  # its replacement's ticket: not given up early
-    log(store, f"1 {BACK} 1")
+    came_back(store, 1, 1)
     live.refresh(store)
     assert live.missing == frozenset() and not live.recorded_dead("1.1")
-    died(store, 1, 3, incarnation=1)
+    died(store, 1, 3)
     live.refresh(store)
     assert live.missing == {1} and live.recorded_dead("1.1") and live.recorded_dead("1")
 
@@ -66,7 +73,7 @@ def test_a_late_rank_redoes_at_once_a_step_whose_participant_died_and_came_back(
     store = HashStore()
     live = liveness(store)
     died(store, 1, 0)
-    log(store, f"1 {BACK} 1")
+    came_back(store, 1, 1)
     live.refresh(store)
     red = reduction(store, live)
     red.begin(10, (0, 1, 3), participant=False, names=("0", "1", "3"))
