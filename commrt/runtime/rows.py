@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import torch
 
-from commrt.algorithms.ring import Ring
+from commrt.algorithms.recursive_doubling import RecursiveDoubling
 from commrt.runtime.communicator import Communicator
 
-_RING = Ring()
+#: the gather's all-reduce: a table is small, so the fewest steps win (log2 p, where a ring
+#: takes 2(p - 1): at p = 4 over shm, 115 µs a gather of 7 numbers against the ring's 303)
+_SCHEDULE = RecursiveDoubling()
 #: row tables a communicator keeps (one per row length and dtype; ``auto``'s phases use a
 #: few lengths), the least recently made dropped first
 TABLES_KEPT = 8
@@ -24,9 +26,9 @@ def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64, agree=No
     """Every rank's ``row`` (same length everywhere), on every rank, in rank order.
 
     One sum all-reduce of a p-row table in which each rank fills only its
-    own row: exact (each slot adds one value to zeros), identical on every
-    rank, and it cannot deadlock on a mismatch the way differently sized
-    messages could. Collective, and admitted as every collective is
+    own row: exact in any order of the sums (each slot adds one value to
+    zeros), so identical on every rank, and it cannot deadlock on a mismatch
+    the way differently sized messages could. Collective, and admitted as every collective is
     (:meth:`~commrt.Communicator.admit_collective`, then
     :meth:`~commrt.Communicator.run_held` under its lock); ``agree(length)``,
     if given, runs between the two (:func:`commrt.collectives.core.gather_rows`
@@ -46,7 +48,7 @@ def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64, agree=No
         table.zero_()
         table[comm.rank] = torch.tensor(row, dtype=dtype)
         if comm.world_size > 1:
-            comm.run_held(_RING.schedule(comm.world_size), table, owner=table)
+            comm.run_held(_SCHEDULE.schedule(comm.world_size), table, owner=table)
         return table.cpu().tolist()
 
 
