@@ -19,7 +19,9 @@ One module per job:
 * :mod:`~commrt.algorithms.auto`: ``"auto"``, which picks an algorithm per buffer size
   from the cost model, :mod:`~commrt.algorithms.auto_learn`, how it learns from
   what it runs, :mod:`~commrt.algorithms.auto_trial`, how its trials are laid out
-  and paced, and :mod:`~commrt.algorithms.auto_times`, how it reads its timings;
+  and paced, :mod:`~commrt.algorithms.auto_cost`, what its learning costs as the job
+  measures it, :mod:`~commrt.algorithms.auto_times`, how it reads its timings, and
+  :mod:`~commrt.algorithms.auto_recall`, how it starts from earlier jobs' verdicts;
 * beyond all-reduce: :mod:`~commrt.algorithms.backup` (backup workers) and
   :mod:`~commrt.algorithms.gossip` (GossipGraD, one partner per step).
 

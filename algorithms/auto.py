@@ -49,7 +49,9 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from commrt.algorithms.auto_learn import CONTENDERS, MARGIN, RECHECK_S, WIDE, Tuning, agree
+from commrt.algorithms.auto_cost import LearningCost
+from commrt.algorithms.auto_learn import CONTENDERS, MARGIN, RECHECK_S, Tuning, agree
+from commrt.algorithms.auto_recall import recalled, remember
 from commrt.algorithms.base import Algorithm
 from commrt.algorithms.halving_doubling import HalvingDoubling
 from commrt.algorithms.one_shot import OneShot
@@ -239,14 +241,31 @@ class Auto(Algorithm):
         key = (self, world_size, int(nbytes))
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
-            tuning = self._remembered(comm, choice) or self._tuning(choice)
+            tuning = self._learn(comm, choice)
             comm.slots.auto_tuning[key] = tuning
             comm.slots.auto_tried[(*key, choice.label)] = choice  # the model's own, as it ran
+        elif tuning.phase in ("baseline", "recheck") and tuning.calls == 0:
+            tuning.cost.started(time.perf_counter())  # what this phase costs is measured
         if tuning.running != choice.label:  # a tried candidate's turn in the trial
             return self._tried(comm, choice, tuning.running).schedule
         return choice.schedule
 
-    def _tuning(self, choice: Choice) -> Tuning:
+    def _learn(self, comm, choice: Choice) -> Tuning:
+        """This size's learning: from an earlier job's verdict where there is one, else from
+        the model's choice; paced at first as other sizes' phases measured learning's cost
+        on ``comm`` (:class:`~commrt.algorithms.auto_cost.LearningCost`)."""
+        key = (self, choice.world_size, choice.nbytes)
+        cost = LearningCost.like(
+            [t.cost for k, t in comm.slots.auto_tuning.items() if k[:2] == key[:2]]
+        )
+        labels = _labels(choice.world_size, choice.fused)
+        tuning = recalled(comm, key, choice, labels, cost, self.recheck_s)
+        tuning = tuning or self._tuning(choice, cost)
+        if tuning.phase == "hold":  # the calls that pay for its baseline: their period
+            tuning.cost.settled(time.perf_counter(), tuning.until_recheck)
+        return tuning
+
+    def _tuning(self, choice: Choice, cost: LearningCost) -> Tuning:
         """Learning that starts from the model's choice, its runner-up on trial."""
         runner = _second(choice) and label(_second(choice))
         priced = dict(choice.candidates).get(runner)
@@ -261,48 +280,8 @@ class Auto(Algorithm):
             others,
             dict(choice.candidates),
             recheck_after_s=self.recheck_s,
+            cost=cost,
         )
-
-    def _remembered(self, comm, choice: Choice) -> Tuning | None:
-        """Learning that starts from an earlier job's verdict for this size class
-        (:mod:`commrt.tuning.memory`), None where there is none: its kept schedule is
-        timed against its time then, kept if it still takes that long, and else tried
-        against its measured rival (or the model's runner-up). Collective on the first
-        ask of a communicator."""
-        past = comm.memory(_labels(choice.world_size, choice.fused)).recall(choice.nbytes)
-        if past is None:
-            return None
-        rival = past.rival
-        if rival is None:  # settled without a trial then: the model's best other one
-            rival = next((n for n, _ in choice.candidates if n != past.kept), None)
-        model = dict(choice.candidates)
-        prices = {**model, past.kept: past.kept_s}
-        if rival is not None:
-            prices[rival] = past.rival_s or model.get(rival) or WIDE * past.kept_s
-        # the model's own choice, which the verdict's `learned` is about
-        comm.slots.auto_remembered[(self, choice.world_size, choice.nbytes)] = choice.label
-        # runner_predicted_s None: a rival the baseline's confirmation rules out needs no
-        # trial (the last job ran it); a baseline that misses tries it
-        return Tuning(
-            past.kept,
-            past.kept_s,
-            rival,
-            None,
-            (),
-            prices,
-            recheck_after_s=self.recheck_s,
-            remembered=True,
-        )
-
-    def _remember(self, comm, tuning: Tuning, nbytes: int) -> None:
-        """Keep this size's verdict for later jobs (rank 0 writes; :mod:`commrt.tuning.memory`)."""
-        # a trial block's statistic, as the next job's baseline reads it (Tuning.seen_s)
-        kept_s = tuning.trial_s.get(tuning.kept) or tuning.chosen_block_s
-        rivals = {k: t for k, t in tuning.trial_s.items() if k != tuning.kept}
-        rival = min(rivals, key=rivals.get) if rivals else None
-        if kept_s:
-            memory = comm.memory(_labels(comm.world_size, comm.fuses_one_shot))
-            memory.keep(nbytes, tuning.kept, kept_s, rival, rivals.get(rival))
 
     def observe(self, comm, nbytes: int, started_s: float) -> bool:
         """After ``commrt.all_reduce`` ran :meth:`select`'s schedule (started at
@@ -320,9 +299,14 @@ class Auto(Algorithm):
             return not tuning.settled_call()
         if tuning.timing and comm.device.type == "cuda":
             comm.synchronize()  # NCCL calls return once enqueued: time the work itself
-        if not tuning.record(time.perf_counter() - started_s):
+        done_s = time.perf_counter()
+        if not tuning.record(done_s - started_s):
             return False
-        tuning.advance(agree(comm, tuning))
+        table, costs = agree(comm, tuning, done_s)
+        tuning.cost.gathered(time.perf_counter() - done_s)
+        tuning.advance(table, costs)
+        if tuning.phase in ("hold", "settled"):  # settled calls from the next on: timed whole
+            tuning.cost.settled(time.perf_counter(), tuning.until_recheck)
         if tuning.phase == "hold":  # the leader alone for a while: kept like a settled call
             return True
         if tuning.phase != "settled":
@@ -332,7 +316,7 @@ class Auto(Algorithm):
             kept = self._tried(comm, current, tuning.kept)
             model = comm.slots.auto_remembered.get(key, tuning.choice)
             comm.slots.auto_choices[key] = dataclasses.replace(kept, learned=tuning.kept != model)
-        self._remember(comm, tuning, nbytes)
+        remember(comm, tuning, nbytes, _labels(comm.world_size, comm.fuses_one_shot))
         return True
 
     def settled_counter(self, comm, nbytes: int) -> Tuning | None:

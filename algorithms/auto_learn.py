@@ -40,7 +40,8 @@ ones (the first call of a schedule compiles its plan and allocates scratch):
      (the others are then within the margin of it).
 
    **Paced**: before the baseline and each pass, what it is expected to cost beyond the
-   leader's calls (slower candidates, the learning path's own cost) is weighed against the
+   leader's calls (slower candidates, the learning path's own cost, as the job measured it:
+   :mod:`~commrt.algorithms.auto_cost`) is weighed against the
    size's calls so far; where all of it would pass :data:`EXPLORE` of their time, the leader
    first runs alone on the settled path (**hold**), at most :data:`MAX_HOLD` calls. A user's
    first calls cost the model's choice plus at most that share.
@@ -69,11 +70,10 @@ import math
 from dataclasses import dataclass, field
 
 from commrt import settings
+from commrt.algorithms.auto_cost import LearningCost
 from commrt.algorithms.auto_times import agreed_time, block_time
 from commrt.algorithms.auto_trial import (
     BLOCK_S,
-    GATHER_S,
-    LEARN_CALL_S,
     MAX_BLOCK_CALLS,
     MAX_HOLD,
     MAX_TRIAL_PASSES,
@@ -174,6 +174,8 @@ class Tuning(TrialPasses):
     budget_s: float = TRIAL_BUDGET_S
     explore: float = EXPLORE
     remembered: bool = False
+    #: what learning costs beyond settled calls, as measured (auto_cost)
+    cost: LearningCost = field(default_factory=LearningCost)
     phase: str = "baseline"
     kept: str | None = None
     chosen_s: float | None = None
@@ -188,7 +190,7 @@ class Tuning(TrialPasses):
     plan: tuple = ()
     #: agreed seconds of this size's calls so far (untimed ones at their block's time), and
     #: of them the excess of the blocks slower than their pass's fastest and what learning
-    #: cost (LEARN_CALL_S, GATHER_S); calls held before the baseline
+    #: cost (:attr:`cost`); calls held before the baseline
     elapsed_s: float = 0.0
     explored_s: float = 0.0
     held: int = 0
@@ -208,7 +210,7 @@ class Tuning(TrialPasses):
         # even the baseline is paced: where calls are cheap, the model's choice runs alone
         # (as a hold, on the settled path) until the calls can pay for timing it
         if self.phase == "baseline" and self.explore < math.inf and self.predicted_s > 0:
-            cost = (self.warmup + self.window) * LEARN_CALL_S + GATHER_S
+            cost = self.cost.phase(self.warmup + self.window)
             self.held = min(MAX_HOLD, math.ceil(cost / self.explore / self.predicted_s) - 1)
             if self.held > 0:
                 self.phase, self.until_recheck = "hold", self.held
@@ -294,15 +296,19 @@ class Tuning(TrialPasses):
             return self.calls >= len(self.plan)
         return timed and len(self.times) >= self.window
 
-    def advance(self, table) -> None:
+    def advance(self, table, costs=None) -> None:
         """End the phase with every rank's times (``table``: one row per rank, the same on
         every rank): the choice's, or in a trial pass every live candidate's as
-        :meth:`trial_plan` laid them out, a sample per block."""
+        :meth:`trial_plan` laid them out, a sample per block; ``costs``: every rank's
+        :meth:`~commrt.algorithms.auto_cost.LearningCost.columns` (None: not measured)."""
+        # a trial's calls run several schedules: only its gather is measured
+        calls = 0 if self.phase == "trial" else self.calls
         self.times, self.calls = [], 0
+        cost = self.cost.read(costs, calls)
         if self.phase == "baseline":
             self.chosen_s, self.chosen_block_s = agreed_time(table), block_time(table)
             self.elapsed_s += self.chosen_s * (self.held + self.warmup + self.window)
-            self.explored_s += (self.warmup + self.window) * LEARN_CALL_S + GATHER_S
+            self.explored_s += cost
             # a contender, paced, costs little: tried wherever the model cannot rule it out
             bound = CONTENDERS * self.predicted_s
             close = self.runner_predicted_s is not None and self.runner_predicted_s <= bound
@@ -368,14 +374,6 @@ class Tuning(TrialPasses):
         self.trial_s[self.kept] = now
         self._start_trial(finalists)
 
-    def _overturned_cheaply(self) -> bool:
-        """Whether the kept schedule replaced the model's choice (still in), and a pass of
-        the choice's blocks fits in :attr:`budget_s` at its trial time a call."""
-        t = self.trial_s.get(self.choice)
-        blocks = self.passes * (self.warmup + self.block_calls)
-        cheap = t is not None and t * blocks <= self.budget_s
-        return self.kept != self.choice and self.choice not in self.lost and cheap
-
     def __str__(self) -> str:
         def ms(t):
             return "-" if t is None else f"{t * 1e3:.2f} ms"
@@ -397,10 +395,14 @@ def calls_to_settle(candidates: int) -> int:
     return MAX_HOLD + WARMUP + WINDOW + MAX_TRIAL_PASSES * (MAX_HOLD + block * candidates + 1)
 
 
-def agree(comm, tuning: Tuning) -> list[list[float]]:
-    """This phase's times of every rank, on every rank (collective: every rank, same call).
+def agree(comm, tuning: Tuning, now_s: float) -> tuple[list[list[float]], list[list[float]]]:
+    """This phase's times of every rank, and every rank's measure of what the phase cost
+    (its phase done at ``now_s``, ``time.perf_counter()``), on every rank, as
+    :meth:`Tuning.advance` takes them (collective: every rank, same call).
 
     ``comm`` gathers them: a :class:`commrt.tuning.hook_comm.HookComm`, whose ``gather_rows``
     is :func:`commrt.runtime.rows.gather`. The decision logic above needs no
     communicator, and this module imports none."""
-    return comm.gather_rows(tuning.times)
+    n = len(tuning.times)
+    table = comm.gather_rows(tuning.times + tuning.cost.columns(now_s, tuning.calls))
+    return [row[:n] for row in table], [row[n:] for row in table]

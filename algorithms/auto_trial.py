@@ -25,8 +25,6 @@ __all__ = [
     "MAX_TRIAL_PASSES",
     "WIDE",
     "MAX_HOLD",
-    "LEARN_CALL_S",
-    "GATHER_S",
     "TrialPasses",
 ]
 
@@ -47,18 +45,6 @@ MAX_TRIAL_PASSES = 6
 WIDE = 1.3
 #: calls of a hold, at most (so that a size settles within calls_to_settle)
 MAX_HOLD = 400
-LEARN_CALL_S = settings.Seconds(
-    25e-6,
-    "what a call on auto's learning path costs beyond a settled one, paced as exploring is",
-    "`auto`'s learning",
-    settings.AUTO,
-)
-GATHER_S = settings.Seconds(
-    300e-6,
-    "what a phase's gather of auto's timings costs, paced as exploring is",
-    "`auto`'s learning",
-    settings.AUTO,
-)
 
 
 class TrialPasses:
@@ -129,6 +115,14 @@ class TrialPasses:
         # than cores, takes the core from a rank still in its timed calls
         return tuple(plan) + ((plan[-1][0], False),)
 
+    def _overturned_cheaply(self) -> bool:
+        """Whether the kept schedule replaced the model's choice (still in), and a pass of
+        the choice's blocks fits in :attr:`budget_s` at its trial time a call."""
+        t = self.trial_s.get(self.choice)
+        blocks = self.passes * (self.warmup + self.block_calls)
+        cheap = t is not None and t * blocks <= self.budget_s
+        return self.kept != self.choice and self.choice not in self.lost and cheap
+
     def _lead_s(self) -> float:
         return self.trial_s.get(self.leader) or self.chosen_s or self.predicted_s
 
@@ -153,7 +147,7 @@ class TrialPasses:
         lead = self._lead_s()
         calls = self.warmup + self.block_calls
         excess = sum(calls * max(0.0, self._expected_s(x) - lead) for x in self.live)
-        excess += len(self.live) * calls * LEARN_CALL_S + GATHER_S
+        excess += self.cost.phase(len(self.live) * calls)
         # the calls before the pass pay for it: a pass never pays for itself
         need = (self.explored_s + excess) / self.explore - self.elapsed_s
         if need <= 0 or lead <= 0:
@@ -171,7 +165,7 @@ class TrialPasses:
             means.append(mean)
         self.elapsed_s += calls * sum(means)
         self.explored_s += calls * sum(m - min(means) for m in means)
-        self.explored_s += len(means) * calls * LEARN_CALL_S + GATHER_S
+        self.explored_s += self.cost.phase(len(means) * calls)
         self.passes_run += 1
         self.trial_s.update({x: statistics.median(self.samples[x]) for x in self.live})
         lead = self.leader

@@ -178,7 +178,9 @@ def test_a_tried_candidate_runs_one_schedule_object_from_its_trial_to_its_keepin
     from commrt.runtime.slots import CommSlots
     from commrt.sim import Network
 
-    monkeypatch.setattr(auto_module, "agree", lambda comm, tuning: [tuning.times])  # one rank
+    monkeypatch.setattr(  # one rank
+        auto_module, "agree", lambda comm, t, now: ([t.times], [t.cost.columns(now, t.calls)])
+    )
     comm = types.SimpleNamespace(slots=CommSlots(), world_size=8, device=torch.device("cpu"),
                                  fuses_one_shot=False,  # no earlier job's verdicts:
                                  memory=lambda labels: AutoMemory({}, None, writes=False))  # fmt: skip

@@ -8,6 +8,7 @@ model's first choice wrong. A fixed table of size -> algorithm picks one answer 
 fails every table whose winner is another (``test_no_fixed_choice_passes_every_table``).
 """
 
+import math
 import random
 import types
 
@@ -60,7 +61,7 @@ class Job:
     def __init__(
         self, monkeypatch, p: int, nbytes: int, table: dict, stall: int | None = None,
         last_block: float = 1.0, tail: tuple | None = None, stretch: tuple | None = None,
-        turns: float = 1.0,
+        turns: float = 1.0, learn_s: float = 25e-6, gather_s: float = 300e-6,
     ):  # fmt: skip
         self.now = 0.0
         clock = types.SimpleNamespace(perf_counter=lambda: self.now)
@@ -81,6 +82,9 @@ class Job:
         #: many times its cost where i % p == r (every call's slowest rank is slow, each
         #: rank's mean barely moves: 4 ranks on 2 cores read so)
         self.turns = turns
+        #: what a call on the learning path costs beyond a settled one, outside its timed
+        #: part (resolving, selecting, observing), and a phase's gather
+        self.learn_s, self.gather_s = learn_s, gather_s
         self.comm = types.SimpleNamespace(
             slots=CommSlots(), world_size=p, device=torch.device("cpu"),
             executor=types.SimpleNamespace(last_schedule=None),
@@ -93,7 +97,7 @@ class Job:
         self.calls, self.ran, self.spent, self.timed = 0, [], 0.0, []
         self.stalled = {}  # this phase's call index -> the descheduled rank's time
 
-    def _gather(self, comm, tuning):
+    def _gather(self, comm, tuning, now_s):
         # every rank's row: the same times, but one rank's stalled call where there was one
         rows = [list(tuning.times) for _ in range(self.p)]
         for r, row in enumerate(rows):
@@ -101,7 +105,9 @@ class Job:
         for i, t in self.stalled.items():
             rows[-1][i] = t
         self.stalled = {}
-        return rows
+        costs = tuning.cost.columns(now_s, tuning.calls)
+        self.now += self.gather_s
+        return rows, [costs] * self.p
 
     def call(self) -> None:
         sched = self.comm.executor.last_schedule = self.auto.select(self.p, self.nbytes, self.comm)
@@ -118,6 +124,8 @@ class Job:
         if self.slow_left:
             self.slow_left -= 1
             cost *= self.stretch[1]
+        if tuning is not None and tuning.phase not in ("hold", "settled"):
+            self.now += self.learn_s  # before its timed part, as select and the checks are
         started = self.now
         self.now += cost
         if tuning is not None and tuning.timing:
@@ -411,3 +419,27 @@ def test_a_remembered_verdict_on_a_machine_now_faster_is_kept_without_a_trial(
         second = _second_job(monkeypatch, first, {k: scale * t for k, t in table.items()}, path)
         second.settle(calls_to_settle(len(candidates(p))))
         assert second.tuning.kept == "ring" and bool(second.tuning.trial_s) == tried, scale
+
+
+@pytest.mark.parametrize("learn_us, gather_us", [(10, 150), (100, 1200)])
+def test_exploring_is_paced_by_what_learning_measured_to_cost(monkeypatch, learn_us, gather_us):
+    # 4 ranks on 2 cores over shm, 8 B: a call on the learning path cost ~80 µs beyond a
+    # settled one and a phase's gather ~340 µs, against the 25 and 300 assumed before they
+    # were measured; at p = 2, ~10 µs
+    table = {"recursive_doubling": 60, "torus2d(2x2)": 50, "halving_doubling": 65, "ring": 120}
+    learn_s, gather_s = learn_us * US, gather_us * US
+    job = Job(monkeypatch, 4, 8, table, learn_s=learn_s, gather_s=gather_s)
+    job.settle(calls_to_settle(len(candidates(4))))
+    assert job.tuning.kept == "torus2d(2x2)", str(job.tuning)
+    cost = job.tuning.cost
+    assert cost.call_s == pytest.approx(learn_s) and cost.gather_s == pytest.approx(gather_s)
+    # another size on the same communicator is paced by it from its first calls: the
+    # baseline's calls and gather are paid for by a hold of its model's choice first
+    auto, comm = job.auto, job.comm
+    auto.select(4, 1 << 20, comm)
+    other = learning(comm)[1 << 20]
+    baseline = (other.warmup + other.window) * learn_s + gather_s
+    assert (
+        other.phase == "hold"
+        and other.held == math.ceil(baseline / EXPLORE / other.predicted_s) - 1
+    )

@@ -1,0 +1,135 @@
+"""What ``auto``'s learning costs beyond settled calls, as the job measures it: :class:`LearningCost`.
+
+``auto`` paces its learning (:mod:`commrt.algorithms.auto_learn`): a phase that times
+calls, and the gather that ends it, may cost at most ``explore`` of a size's calls so far.
+A call on the learning path costs more than a settled one: it is resolved, selected and
+observed, and where ranks share cores each rank's extra work also delays its peers inside
+the schedule itself. Over shm, 8 B a call, on 2 cores: at p = 2 a baseline's call took about
+10 µs more than a held one; at p = 4 about 80 µs more (170 against 86-90), and the phase's
+gather 340 µs, where the constants that stood in for them said 25 and 300.
+
+So each rank measures it, in the phases that run one schedule (a baseline, a recheck),
+where settled calls of the same schedule ran just before (a hold, or the settled calls
+before a recheck):
+
+* the settled calls' period: the time from the end of the phase before to this phase's
+  first call, over their count (the caller's own work between calls included);
+* the phase's excess: the time from its first call to its last call's end, less as many
+  periods. The caller's work between calls is in both, and cancels;
+* the gather's own time, sent with the next phase's row.
+
+Every rank sends its two numbers in its phase's row (:meth:`LearningCost.columns`), so every
+rank reads the same table and takes the same medians (:meth:`LearningCost.read`): the
+estimates the pacing uses are agreed. Until a phase has measured them, the estimates are
+the settings :data:`LEARN_CALL_S` and :data:`GATHER_S`, or what another size's phases
+measured on the same communicator (:meth:`LearningCost.like`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from commrt import settings
+
+__all__ = ["LEARN_CALL_S", "GATHER_S", "LearningCost"]
+
+LEARN_CALL_S = settings.Seconds(
+    25e-6,
+    "what a call on auto's learning path costs beyond a settled one, paced as exploring is, "
+    "until the job has measured it",
+    "`auto`'s learning",
+    settings.AUTO,
+)
+GATHER_S = settings.Seconds(
+    300e-6,
+    "what a phase's gather of auto's timings costs, paced as exploring is, until the job "
+    "has measured it",
+    "`auto`'s learning",
+    settings.AUTO,
+)
+#: measurements an estimate is the median of, the latest kept
+KEPT = 5
+
+
+@dataclass
+class LearningCost:
+    """One size's estimates of what learning costs (module docs), and this rank's clock
+    readings they are measured from (``time.perf_counter()`` seconds, given by the caller).
+
+    ``call_s``: a learning call's cost beyond a settled one; ``gather_s``: a phase's gather.
+    ``calls_s``, ``gathers_s``: the agreed measurements so far (their medians are the
+    estimates). ``settled_from_s``: when the settled calls before the current phase began,
+    ``settled_calls`` how many ran; ``phase_from_s``: the current phase's first call;
+    ``last_gather_s``: this rank's last gather (NaN: none measured yet)."""
+
+    call_s: float = LEARN_CALL_S
+    gather_s: float = GATHER_S
+    calls_s: list = field(default_factory=list)
+    gathers_s: list = field(default_factory=list)
+    settled_from_s: float | None = None
+    settled_calls: int = 0
+    phase_from_s: float | None = None
+    last_gather_s: float = math.nan
+
+    @classmethod
+    def like(cls, others) -> "LearningCost":
+        """Estimates started from ``others``' (other sizes' costs on the same communicator):
+        the medians of those that measured, the settings where none did."""
+        calls = [c.call_s for c in others if c.calls_s]
+        gathers = [c.gather_s for c in others if c.gathers_s]
+        cost = cls()
+        if calls:
+            cost.call_s = statistics.median(calls)
+        if gathers:
+            cost.gather_s = statistics.median(gathers)
+        return cost
+
+    def phase(self, calls: int) -> float:
+        """A phase of ``calls`` learning calls and a gather, as estimated."""
+        return calls * self.call_s + self.gather_s
+
+    def settled(self, now_s: float, calls: int) -> None:
+        """Settled calls start now (``calls`` of them before the next learning phase)."""
+        self.settled_from_s, self.settled_calls, self.phase_from_s = now_s, calls, None
+
+    def started(self, now_s: float) -> None:
+        """The current phase's first call starts now."""
+        if self.phase_from_s is None:
+            self.phase_from_s = now_s
+
+    def gathered(self, seconds: float) -> None:
+        """This rank's gather took ``seconds`` (sent with the next phase's row)."""
+        self.last_gather_s = seconds
+
+    def columns(self, now_s: float, calls: int) -> list[float]:
+        """This rank's two numbers for its phase's row, the phase's ``calls`` done by
+        ``now_s``: its excess over as many settled calls (NaN where it cannot tell: no
+        settled calls just before), and its last gather's seconds."""
+        excess = math.nan
+        if self.settled_from_s is not None and self.phase_from_s is not None:
+            if self.settled_calls > 0:
+                period = (self.phase_from_s - self.settled_from_s) / self.settled_calls
+                excess = (now_s - self.phase_from_s) - calls * period
+        self.settled_from_s = self.phase_from_s = None
+        return [excess, self.last_gather_s]
+
+    def read(self, columns, calls: int) -> float:
+        """Take the ranks' ``columns`` (each rank's :meth:`columns`, in the table every rank
+        holds; None: not measured) of a phase of ``calls`` calls; return what the phase
+        cost, its gather included: measured where every rank measured it, else as
+        estimated."""
+        if columns is None:
+            return self.phase(calls)
+        excess = [row[0] for row in columns]
+        gathers = [row[1] for row in columns]
+        if not any(math.isnan(g) for g in gathers):
+            self.gathers_s = (self.gathers_s + [statistics.median(gathers)])[-KEPT:]
+            self.gather_s = statistics.median(self.gathers_s)
+        if calls <= 0 or any(math.isnan(e) for e in excess):
+            return self.phase(calls)
+        measured = max(0.0, statistics.median(excess))
+        self.calls_s = (self.calls_s + [measured / calls])[-KEPT:]
+        self.call_s = statistics.median(self.calls_s)
+        return measured + self.gather_s
