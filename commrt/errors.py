@@ -246,7 +246,8 @@ class CommTimeoutError(CommError, TimeoutError):
     Attributes mirror the message so that callers (and tests) can inspect
     them: ``rank``, ``peer``, ``algorithm``, ``step``, ``bucket``,
     ``timeout_s`` and ``what`` (``"send"``, ``"recv"`` or ``"barrier"``);
-    ``where`` joins algorithm, step and bucket ("" where none is known).
+    ``where`` joins algorithm, step and bucket ("" where none is known). ``message``: what
+    a subclass says instead of the wait's own line.
     """
 
     def __init__(
@@ -260,6 +261,7 @@ class CommTimeoutError(CommError, TimeoutError):
         step: int | None = None,
         num_steps: int | None = None,
         bucket: int | None = None,
+        message: str | None = None,
     ):
         self.rank, self.peer, self.what = rank, peer, what
         self.timeout_s, self.algorithm = timeout_s, algorithm
@@ -279,7 +281,7 @@ class CommTimeoutError(CommError, TimeoutError):
             + ". The peer may have crashed, stalled, or be running a different schedule; "
             f"raise the timeout with {RAISE_TIMEOUT} if it is just slow."
         )
-        super().__init__(msg)
+        super().__init__(msg if message is None else message)
 
 
 class RendezvousTimeoutError(CommTimeoutError):
@@ -293,9 +295,6 @@ class RendezvousTimeoutError(CommTimeoutError):
     """
 
     def __init__(self, *, rank: int, timeout_s: float, address: str, world_size: int, joined=None):
-        self.rank, self.peer, self.what, self.timeout_s = rank, None, "rendezvous", timeout_s
-        self.algorithm = self.step = self.num_steps = self.bucket = None
-        self.where = ""
         self.address, self.world_size, self.joined = address, world_size, joined
         if joined is None:
             said = f"reaching the rendezvous store at {address}, which rank 0 or the launcher"
@@ -304,9 +303,12 @@ class RendezvousTimeoutError(CommTimeoutError):
             said = f"at the rendezvous on {address}: {joined} of {world_size} ranks came;"
             said += " the others may have crashed, be stopped, still be starting or be"
             said += " pointed elsewhere"
-        CommError.__init__(
-            self,
-            f"commrt: rank {rank} timed out after {timeout_s:g} s {said} (MASTER_ADDR, "
+        super().__init__(
+            rank=rank,
+            peer=None,
+            what="rendezvous",
+            timeout_s=timeout_s,
+            message=f"commrt: rank {rank} timed out after {timeout_s:g} s {said} (MASTER_ADDR, "
             f"MASTER_PORT). Raise the timeout with {RAISE_TIMEOUT} if start-up is just slow.",
         )
 
