@@ -21,11 +21,15 @@ def recalled(
 ) -> Tuning | None:
     """Learning for ``choice``'s size (``key``: its Auto, world size and bytes) that starts
     from an earlier job's verdict for its size class, None where there is none; paced by
-    ``cost``, rechecked after ``recheck_s`` of settled calls. Collective on the first ask of
+    ``cost``, or by what learning cost that job where it measured it; rechecked after
+    ``recheck_s`` of settled calls. Collective on the first ask of
     a communicator (``comm.memory`` reads the file on rank 0 and shares it)."""
     past = comm.memory(labels).recall(choice.nbytes)
     if past is None:
         return None
+    # what learning cost for this size then: closer to it than this job's other sizes
+    cost.call_s = cost.call_s if past.learn_call_s is None else past.learn_call_s
+    cost.gather_s = cost.gather_s if past.gather_s is None else past.gather_s
     rival = past.rival
     if rival is None:  # settled without a trial then: the model's best other one
         rival = next((n for n, _ in choice.candidates if n != past.kept), None)
@@ -56,5 +60,7 @@ def remember(comm, tuning: Tuning, nbytes: int, labels: tuple[str, ...]) -> None
     kept_s = tuning.trial_s.get(tuning.kept) or tuning.chosen_block_s
     rivals = {k: t for k, t in tuning.trial_s.items() if k != tuning.kept}
     rival = min(rivals, key=rivals.get) if rivals else None
+    cost = tuning.cost  # what learning cost here, where this job measured it
+    learned = (cost.call_s if cost.calls_s else None, cost.gather_s if cost.gathers_s else None)
     if kept_s:
-        comm.memory(labels).keep(nbytes, tuning.kept, kept_s, rival, rivals.get(rival))
+        comm.memory(labels).keep(nbytes, tuning.kept, kept_s, rival, rivals.get(rival), *learned)

@@ -22,7 +22,7 @@ import torch
 
 from commrt.runtime import rows
 from commrt.runtime.communicator import Communicator
-from commrt.tuning.memory import CLASSES, AutoMemory, memory_path
+from commrt.tuning.memory import CLASSES, FIELDS, AutoMemory, memory_path
 from commrt.tuning.probe import probe
 from commrt.tuning.topology import ranks_per_node
 
@@ -77,7 +77,7 @@ class HookComm:
             )
             if self.rank == 0:
                 mem.verdicts = mem.read()
-            row = mem.encode(labels) if self.rank == 0 else [0.0] * (4 * CLASSES)
+            row = mem.encode(labels) if self.rank == 0 else [0.0] * (FIELDS * CLASSES)
             shared = rows.gather(self.comm, row)[0]
             mem.verdicts = AutoMemory.decode(shared, labels)
             slots.auto_memory = mem

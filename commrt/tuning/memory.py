@@ -3,7 +3,8 @@
 A job that settles a buffer size (:mod:`commrt.algorithms.auto_learn`) has measured which
 candidate is fastest there. The next job on the same machine, with the same ranks and
 transport, would measure the same thing again from the model's first guess: its first calls
-pay for a trial the last job already ran. So rank 0 keeps each verdict in a file, per
+pay for a trial the last job already ran. So rank 0 keeps each verdict (and what learning
+cost there, as that job measured it, to pace the next one's) in a file, per
 *size class* (buffers from 2^(k-1) to 2^k - 1 bytes share one), and a later job starts each
 size from it: the kept schedule is timed first, against its time then, and kept at once if
 it still takes that long (within the margin); if it does not, the usual trial runs against
@@ -60,6 +61,9 @@ MAX_ENTRIES = 512
 CLASSES = 65
 #: what marks an empty slot of the shared row
 NONE = -1.0
+#: numbers a verdict takes in the shared row (kept, its time, rival, its time, and the two
+#: costs of learning)
+FIELDS = 6
 
 
 def size_class(nbytes: int) -> int:
@@ -84,12 +88,16 @@ def memory_path(env=None) -> str | None:
 @dataclass(frozen=True)
 class Verdict:
     """What a job kept for a size class: ``kept`` at ``kept_s`` a call, and its closest
-    measured ``rival`` at ``rival_s`` (None where it settled without a trial)."""
+    measured ``rival`` at ``rival_s`` (None where it settled without a trial); what learning
+    cost there, as it measured it (:mod:`commrt.algorithms.auto_cost`): ``learn_call_s`` a
+    call beyond a settled one, ``gather_s`` a phase's gather (None: not measured)."""
 
     kept: str
     kept_s: float
     rival: str | None = None
     rival_s: float | None = None
+    learn_call_s: float | None = None
+    gather_s: float | None = None
 
 
 class AutoMemory:
@@ -132,13 +140,27 @@ class AutoMemory:
         key, out = self._key(), {}
         for e in entries:
             if e.get("shape") == key:
-                out[int(e["class"])] = Verdict(e["kept"], e["kept_s"], e["rival"], e["rival_s"])
+                learned = (e.get("learn_call_s"), e.get("gather_s"))  # since 0.x: may lack
+                out[int(e["class"])] = Verdict(
+                    e["kept"], e["kept_s"], e["rival"], e["rival_s"], *learned
+                )
         return out
 
-    def keep(self, nbytes: int, kept: str, kept_s: float, rival=None, rival_s=None) -> None:
+    def keep(
+        self,
+        nbytes: int,
+        kept: str,
+        kept_s: float,
+        rival=None,
+        rival_s=None,
+        learn_call_s: float | None = None,
+        gather_s: float | None = None,
+    ) -> None:
         """Write the verdict for ``nbytes``' class (rank 0 only; others do nothing): ``kept``
-        at ``kept_s`` a call, its closest measured ``rival`` at ``rival_s``."""
-        verdict = Verdict(kept, float(kept_s), rival, None if rival_s is None else float(rival_s))
+        at ``kept_s`` a call, its closest measured ``rival`` at ``rival_s``, and what
+        learning cost (:class:`Verdict`)."""
+        floats = [None if x is None else float(x) for x in (rival_s, learn_call_s, gather_s)]
+        verdict = Verdict(kept, float(kept_s), rival, *floats)
         if not self.writes or self.path is None or self._failed:
             return
         try:
@@ -190,15 +212,17 @@ class AutoMemory:
     # -- shared with every rank in one row of numbers
 
     def encode(self, labels: tuple[str, ...]) -> list[float]:
-        """:attr:`verdicts` as a row of ``4 × CLASSES`` numbers (labels by their index in
-        ``labels``; a label not among them is left out)."""
-        row = [NONE] * (4 * CLASSES)
+        """:attr:`verdicts` as a row of ``FIELDS × CLASSES`` numbers (labels by their index
+        in ``labels``; a label not among them is left out)."""
+        row = [NONE] * (FIELDS * CLASSES)
         for cls, v in self.verdicts.items():
             if v.kept not in labels or not (0 <= cls < CLASSES):
                 continue
             rival = labels.index(v.rival) if v.rival in labels else NONE
             rival_s = v.rival_s if rival != NONE and v.rival_s is not None else NONE
-            row[4 * cls : 4 * cls + 4] = [labels.index(v.kept), v.kept_s, rival, rival_s]
+            costs = [NONE if c is None else c for c in (v.learn_call_s, v.gather_s)]
+            fields = [labels.index(v.kept), v.kept_s, rival, rival_s, *costs]
+            row[FIELDS * cls : FIELDS * (cls + 1)] = fields
         return row
 
     @staticmethod
@@ -206,12 +230,18 @@ class AutoMemory:
         """The verdicts :meth:`encode` wrote."""
         out = {}
         for cls in range(CLASSES):
-            kept, kept_s, rival, rival_s = row[4 * cls : 4 * cls + 4]
+            kept, kept_s, rival, rival_s, *costs = row[FIELDS * cls : FIELDS * (cls + 1)]
             if kept == NONE or not (math.isfinite(kept_s) and kept_s > 0):
                 continue
             rival_name = labels[int(rival)] if rival != NONE else None
+            learn_call_s, gather_s = (c if c >= 0 else None for c in costs)
             out[cls] = Verdict(
-                labels[int(kept)], kept_s, rival_name, rival_s if rival_name else None
+                labels[int(kept)],
+                kept_s,
+                rival_name,
+                rival_s if rival_name else None,
+                learn_call_s,
+                gather_s,
             )
         return out
 

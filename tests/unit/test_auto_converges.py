@@ -18,11 +18,12 @@ import torch
 import commrt.algorithms.auto as auto_module
 from commrt.algorithms import Auto
 from commrt.algorithms.auto import candidates, choices, label, learning
-from commrt.algorithms.auto_learn import EXPLORE, calls_to_settle
+from commrt.algorithms.auto_cost import GATHER_S, LEARN_CALL_S
+from commrt.algorithms.auto_learn import EXPLORE, MAX_HOLD, calls_to_settle
 from commrt.distributed.observe import Observer
 from commrt.runtime.slots import CommSlots
 from commrt.sim import Network
-from commrt.tuning.memory import AutoMemory
+from commrt.tuning.memory import AutoMemory, size_class
 
 #: the model every case starts from: recursive doubling at every size at p = 2 and 4 up to
 #: 64 KiB; halving-doubling beyond at p = 4
@@ -443,3 +444,29 @@ def test_exploring_is_paced_by_what_learning_measured_to_cost(monkeypatch, learn
         other.phase == "hold"
         and other.held == math.ceil(baseline / EXPLORE / other.predicted_s) - 1
     )
+
+
+def test_a_second_job_paces_its_first_calls_by_what_learning_cost_the_first(monkeypatch, tmp_path):
+    # 4 ranks on 2 cores, 8 B: a learning call ~100 µs beyond a settled one, a gather 1 ms.
+    # The first job measured it; the second confirms the remembered schedule only after
+    # calls that pay for that at the exploring share, not for the settings' 25 and 300 µs
+    path = tmp_path / "auto-memory.json"
+    table = {"recursive_doubling": 60, "torus2d(2x2)": 50, "halving_doubling": 65, "ring": 120}
+    costs = {"learn_s": 100 * US, "gather_s": 1000 * US}
+    first = Job(monkeypatch, 4, 8, table, **costs)
+    first.memory = AutoMemory({}, str(path), writes=True)
+    first.settle(calls_to_settle(len(candidates(4))))
+    assert first.tuning.kept == "torus2d(2x2)", str(first.tuning)
+    kept = first.memory.read()[size_class(8)]
+    assert kept.learn_call_s == pytest.approx(100 * US)
+    assert kept.gather_s == pytest.approx(1000 * US)
+    second = _second_job(monkeypatch, first, table, path)
+    second.learn_s, second.gather_s = costs["learn_s"], costs["gather_s"]
+    second.call()
+    t = second.tuning
+    paid = (t.warmup + t.window) * 100 * US + 1000 * US
+    assert t.phase == "hold" and t.held == min(
+        MAX_HOLD, math.ceil(paid / EXPLORE / t.predicted_s) - 1
+    )
+    assumed = (t.warmup + t.window) * LEARN_CALL_S + GATHER_S  # as paced before it measured
+    assert t.held > math.ceil(assumed / EXPLORE / t.predicted_s) - 1

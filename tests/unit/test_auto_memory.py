@@ -89,12 +89,24 @@ def test_a_folder_that_cannot_be_written_is_warned_about_not_raised(tmp_path, ca
 def test_the_row_every_rank_shares_carries_every_verdict():
     m = AutoMemory(SHAPE, None, writes=False)
     m.verdicts = {
-        size_class(8): Verdict("ring", 2e-5, "recursive_doubling", 3e-5),
+        size_class(8): Verdict("ring", 2e-5, "recursive_doubling", 3e-5, 7e-5, 4e-4),
+        size_class(4096): Verdict("ring", 3e-5, None, None, 0.0),  # measured: nothing more
         size_class(1 << 24): Verdict("halving_doubling", 4e-3),
         size_class(64): Verdict("torus2d(2x2)", 1e-4),  # not a candidate here: left out
     }
     row = m.encode(LABELS)
-    assert len(row) == 4 * M.CLASSES
+    assert len(row) == M.FIELDS * M.CLASSES
     back = AutoMemory.decode(row, LABELS)
     assert back == {k: v for k, v in m.verdicts.items() if v.kept in LABELS}
-    assert AutoMemory.decode([M.NONE] * (4 * M.CLASSES), LABELS) == {}
+    assert AutoMemory.decode([M.NONE] * (M.FIELDS * M.CLASSES), LABELS) == {}
+
+
+def test_what_learning_cost_is_kept_beside_the_verdict_and_older_entries_still_read(tmp_path):
+    path = tmp_path / "m.json"
+    _mem(path).keep(8, "ring", 2e-5, "recursive_doubling", 3e-5, 7e-5, 4e-4)
+    assert _mem(path).recall(8) == Verdict("ring", 2e-5, "recursive_doubling", 3e-5, 7e-5, 4e-4)
+    entries = json.loads(path.read_text())["entries"]
+    for e in entries:  # as a commrt that measured no cost wrote it
+        del e["learn_call_s"], e["gather_s"]
+    path.write_text(json.dumps({"entries": entries}))
+    assert _mem(path).recall(8) == Verdict("ring", 2e-5, "recursive_doubling", 3e-5)
