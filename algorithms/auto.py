@@ -244,8 +244,8 @@ class Auto(Algorithm):
             tuning = self._learn(comm, choice)
             comm.slots.auto_tuning[key] = tuning
             comm.slots.auto_tried[(*key, choice.label)] = choice  # the model's own, as it ran
-        elif tuning.phase in ("baseline", "recheck") and tuning.calls == 0:
-            tuning.cost.started(time.perf_counter())  # what this phase costs is measured
+        elif tuning.phase == "baseline" and tuning.calls == 0:
+            tuning.cost.started(time.perf_counter())  # what learning costs is measured
         if tuning.running != choice.label:  # a tried candidate's turn in the trial
             return self._tried(comm, choice, tuning.running).schedule
         return choice.schedule
@@ -262,7 +262,7 @@ class Auto(Algorithm):
         tuning = recalled(comm, key, choice, labels, cost, self.recheck_s)
         tuning = tuning or self._tuning(choice, cost)
         if tuning.phase == "hold":  # the calls that pay for its baseline: their period
-            tuning.cost.settled(time.perf_counter(), tuning.until_recheck)
+            tuning.cost.settled(time.perf_counter(), tuning.held)
         return tuning
 
     def _tuning(self, choice: Choice, cost: LearningCost) -> Tuning:
@@ -305,8 +305,6 @@ class Auto(Algorithm):
         table, costs = agree(comm, tuning, done_s)
         tuning.cost.gathered(time.perf_counter() - done_s)
         tuning.advance(table, costs)
-        if tuning.phase in ("hold", "settled"):  # settled calls from the next on: timed whole
-            tuning.cost.settled(time.perf_counter(), tuning.until_recheck)
         if tuning.phase == "hold":  # the leader alone for a while: kept like a settled call
             return True
         if tuning.phase != "settled":

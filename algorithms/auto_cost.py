@@ -8,15 +8,18 @@ the schedule itself. Over shm, 8 B a call, on 2 cores: at p = 2 a baseline's cal
 10 µs more than a held one; at p = 4 about 80 µs more (170 against 86-90), and the phase's
 gather 340 µs, where the constants that stood in for them said 25 and 300.
 
-So each rank measures it, in the phases that run one schedule (a baseline, a recheck),
-where settled calls of the same schedule ran just before (a hold, or the settled calls
-before a recheck):
+So each rank measures it in a size's baseline, which runs one schedule right after the
+hold that pays for it, the same schedule on the settled path:
 
-* the settled calls' period: the time from the end of the phase before to this phase's
-  first call, over their count (the caller's own work between calls included);
-* the phase's excess: the time from its first call to its last call's end, less as many
+* the hold's period: the time from its first call to the baseline's first, over its calls
+  (the caller's own work between calls included);
+* the baseline's excess: the time from its first call to its last call's end, less as many
   periods. The caller's work between calls is in both, and cancels;
 * the gather's own time, sent with the next phase's row.
+
+Not in a recheck: the settled calls before one span seconds, which may hold a pause of the
+caller's or other work (a benchmark's other rounds read as settled calls there, and the
+recheck as costing nothing).
 
 Every rank sends its two numbers in its phase's row (:meth:`LearningCost.columns`), so every
 rank reads the same table and takes the same medians (:meth:`LearningCost.read`): the
@@ -60,8 +63,8 @@ class LearningCost:
 
     ``call_s``: a learning call's cost beyond a settled one; ``gather_s``: a phase's gather.
     ``calls_s``, ``gathers_s``: the agreed measurements so far (their medians are the
-    estimates). ``settled_from_s``: when the settled calls before the current phase began,
-    ``settled_calls`` how many ran; ``phase_from_s``: the current phase's first call;
+    estimates). ``settled_from_s``: when the hold before the baseline began,
+    ``settled_calls`` its calls; ``phase_from_s``: the baseline's first call;
     ``last_gather_s``: this rank's last gather (NaN: none measured yet)."""
 
     call_s: float = LEARN_CALL_S
