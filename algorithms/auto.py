@@ -260,10 +260,7 @@ class Auto(Algorithm):
         )
         labels = _labels(choice.world_size, choice.fused)
         tuning = recalled(comm, key, choice, labels, cost, self.recheck_s)
-        tuning = tuning or self._tuning(choice, cost)
-        if tuning.phase == "hold":  # the calls that pay for its baseline: their period
-            tuning.cost.settled(time.perf_counter(), tuning.held)
-        return tuning
+        return tuning or self._tuning(choice, cost)
 
     def _tuning(self, choice: Choice, cost: LearningCost) -> Tuning:
         """Learning that starts from the model's choice, its runner-up on trial."""
@@ -296,7 +293,13 @@ class Auto(Algorithm):
         if tuning is None:
             return True
         if tuning.phase in ("settled", "hold"):  # past the memo (COMMRT_DEBUG): counted here
-            return not tuning.settled_call()
+            again = tuning.settled_call()
+            first = tuning.chosen_s is None and tuning.cost.settled_from_s is None
+            if tuning.phase == "hold" and first:
+                # the hold before the baseline: its period is timed from the end of its first
+                # call (which compiled and bound the schedule) to the baseline's first
+                tuning.cost.settled(time.perf_counter(), tuning.until_recheck)
+            return not again
         if tuning.timing and comm.device.type == "cuda":
             comm.synchronize()  # NCCL calls return once enqueued: time the work itself
         done_s = time.perf_counter()

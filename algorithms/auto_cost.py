@@ -11,8 +11,9 @@ gather 340 µs, where the constants that stood in for them said 25 and 300.
 So each rank measures it in a size's baseline, which runs one schedule right after the
 hold that pays for it, the same schedule on the settled path:
 
-* the hold's period: the time from its first call to the baseline's first, over its calls
-  (the caller's own work between calls included);
+* the hold's period: the time from the end of its first call (which compiled and bound the
+  schedule) to the baseline's first call, over the calls between (the caller's own work
+  between calls included);
 * the baseline's excess: the time from its first call to its last call's end, less as many
   periods. The caller's work between calls is in both, and cancels;
 * the gather's own time, sent with the next phase's row.
