@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass
@@ -245,7 +246,9 @@ class Auto(Algorithm):
             comm.slots.auto_tuning[key] = tuning
             comm.slots.auto_tried[(*key, choice.label)] = choice  # the model's own, as it ran
         elif tuning.phase == "baseline" and tuning.calls == 0:
-            tuning.cost.started(time.perf_counter())  # what learning costs is measured
+            # what learning costs is measured from here (a hold's end drops the memo, so the
+            # baseline's first call always comes this way)
+            tuning.cost.started(time.perf_counter())
         if tuning.running != choice.label:  # a tried candidate's turn in the trial
             return self._tried(comm, choice, tuning.running).schedule
         return choice.schedule
@@ -284,10 +287,10 @@ class Auto(Algorithm):
         """After ``commrt.all_reduce`` ran :meth:`select`'s schedule (started at
         ``time.perf_counter()`` = ``started_s``): time it, and at the end of a phase agree
         and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`).
-        Returns whether this size is settled or held (its leader alone for a while):
-        :meth:`select` gives the same schedule until its counter says otherwise, and wants
-        no observing (the same on every rank, as the phase is), so
-        the caller may keep that schedule (``commrt.collectives.memo.SettledCall``)."""
+        Returns whether the next call runs the schedule this one ran (the same on every
+        rank, as the phase is): then the caller may keep it
+        (``commrt.collectives.memo.SettledCall``), and :meth:`settled_counter`'s counter
+        counts, or observes, the calls it runs so until the schedule changes."""
         key = (self, comm.world_size, int(nbytes))
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
@@ -302,29 +305,29 @@ class Auto(Algorithm):
             return not again
         if tuning.timing and comm.device.type == "cuda":
             comm.synchronize()  # NCCL calls return once enqueued: time the work itself
-        done_s = time.perf_counter()
+        done_s, ran = time.perf_counter(), tuning.running
         if not tuning.record(done_s - started_s):
-            return False
+            return tuning.running == ran  # a trial's block goes on, or the baseline's window
         table, costs = agree(comm, tuning, done_s)
         tuning.cost.gathered(time.perf_counter() - done_s)
         tuning.advance(table, costs)
-        if tuning.phase == "hold":  # the leader alone for a while: kept like a settled call
-            return True
-        if tuning.phase != "settled":
-            return False
+        if tuning.phase != "settled":  # a hold of the leader, or the next phase or pass
+            return tuning.running == ran
         current = comm.slots.auto_choices[key]
         if current.label != tuning.kept:  # learned, or back to the model's choice
             kept = self._tried(comm, current, tuning.kept)
             model = comm.slots.auto_remembered.get(key, tuning.choice)
             comm.slots.auto_choices[key] = dataclasses.replace(kept, learned=tuning.kept != model)
         remember(comm, tuning, nbytes, _labels(comm.world_size, comm.fuses_one_shot))
-        return True
+        return tuning.kept == ran
 
-    def settled_counter(self, comm, nbytes: int) -> Tuning | None:
-        """What counts the calls of a settled size's kept schedule toward its next recheck
-        (``commrt.collectives.memo.counted`` calls its ``settled_call()`` after each; None:
-        nothing)."""
-        return comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
+    def settled_counter(self, comm, nbytes: int):
+        """What ``commrt.collectives.memo.counted`` calls after each call of a kept schedule,
+        with its start: :func:`_counted` for this size (None: nothing learned for it)."""
+        tuning = comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
+        return (
+            None if tuning is None else functools.partial(_counted, self, comm, int(nbytes), tuning)
+        )
 
     def _tried(self, comm, choice: Choice, name: str) -> Choice:
         """The Choice of candidate ``name``, priced as ``choice``'s candidates say; made once
@@ -402,6 +405,17 @@ def _choice(
 ) -> Choice:
     sched = dataclasses.replace(alg.schedule(p), name=f"auto:{label(alg)}")
     return Choice(p, nbytes, alg, label(alg), t, table, network, sched, fused=fused)
+
+
+def _counted(auto: Auto, comm, nbytes: int, tuning: Tuning, started_s: float) -> bool:
+    """After a call of the schedule kept for ``nbytes`` (``tuning``'s, started at ``started_s``):
+    count it where the size is settled or held (toward its next recheck, or the hold's end),
+    else observe it, as ``auto`` observes a call of the full path, so that the calls of a
+    phase that runs one schedule (the baseline, a trial's block) cost what settled ones
+    do. True where the next call runs another schedule or is timed afresh."""
+    if tuning.phase in ("settled", "hold"):
+        return tuning.settled_call()
+    return not auto.observe(comm, nbytes, started_s)
 
 
 def learning(comm) -> dict[int, Tuning]:

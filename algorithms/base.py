@@ -73,16 +73,20 @@ class Algorithm(abc.ABC):
     def observe(self, comm, nbytes: int, started_s: float) -> bool:
         """After a call ran :meth:`select`'s schedule for ``nbytes`` (started at
         ``time.perf_counter()`` = ``started_s``): learn from it. Called only where
-        :attr:`learns`, collectively. Returns whether the size is settled (:meth:`select`
-        keeps its answer and wants no more observing). Default: settled, nothing learned.
+        :attr:`learns`, collectively. Returns whether :meth:`select` gives the same schedule
+        on the next calls until :meth:`settled_counter`'s counter says otherwise, so that the
+        caller may keep it (``commrt.collectives.memo``). Default: yes, nothing learned.
         """
         return True
 
     def settled_counter(self, comm, nbytes: int):
-        """What counts the calls of a settled size's kept schedule, or None (default).
+        """What counts the calls of a kept schedule, or None (default: nothing to count).
 
-        ``commrt.collectives.memo`` calls its ``settled_call()`` after each call it runs
-        without :meth:`select`; True there brings the next calls back to :meth:`observe`.
+        ``commrt.collectives.memo`` calls it after each call it runs without
+        :meth:`select`, with the call's start (``time.perf_counter()``); True there brings
+        the next calls back to :meth:`select` and :meth:`observe`. ``auto`` counts a
+        settled size's calls toward its next recheck, and times (observes) the calls of
+        a phase of its learning that runs one schedule.
         """
         return None
 

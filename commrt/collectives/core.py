@@ -143,11 +143,10 @@ def all_reduce(
     """
     # One path for every all-reduce, commrt's and the torch backend's: find the call's
     # settled schedule, admit the call, scale an average, run it. A repeat of the last call
-    # on the same tensor (same algorithm and op objects, dtype, shape: the executor's memo
-    # of the last call) is found by identity tests alone; any other call is parsed,
-    # resolved, checked, then looked up by signature (_by_signature). A signature not settled
-    # yet takes the full way (_first_call): the cross-rank check on first use, select, run,
-    # observe.
+    # on the same tensor (same algorithm and op objects, dtype, shape: the executor's memo of
+    # the last call) is found by identity tests alone; any other call is parsed, resolved,
+    # checked, then looked up by signature (_by_signature); one not kept yet takes the full
+    # way (_first_call): the cross-rank check on first use, select, run, observe.
     if timeout is not None:  # refused before an average scales the tensor, not after
         check_timeout(timeout)
     run = comm.executor.last
@@ -164,11 +163,12 @@ def all_reduce(
         and tensor.is_contiguous()
     ):
         comm.admit_collective()
+        started = 0.0 if last.counter is None else time.perf_counter()  # as _run times
         if last.scale is not None:
             tensor.mul_(last.scale)
         comm.repeat(run, tensor, timeout, tracer)
         if last.counter is not None:
-            counted(comm, last)
+            counted(comm, last, started)
         return tensor
     return _by_signature(tensor, comm, algorithm, op, timeout, tracer)
 
@@ -190,6 +190,7 @@ def _by_signature(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
         settled = comm.executor.settled.keep(
             SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.counter, p)
         )
+    started = 0.0 if settled.counter is None else time.perf_counter()
     if settled.scale is not None:
         tensor.mul_(settled.scale)
     # by position: a repeated small call pays for every keyword argument
@@ -197,7 +198,7 @@ def _by_signature(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
         settled.schedule, tensor, timeout, settled.reduce, tracer, tensor, call=settled
     )
     if settled.counter is not None:
-        counted(comm, settled)
+        counted(comm, settled, started)
     return tensor
 
 
@@ -208,8 +209,8 @@ _AGREED_AS = {op: op.value for op in ReduceOp} | {ReduceOp.SUM: False, ReduceOp.
 
 def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer):
     """:func:`all_reduce` for a signature not settled: agree on it across ranks (once per
-    signature), select, run and observe; remember the schedule once the algorithm has
-    nothing more to learn for this size."""
+    signature), select, run and observe; remember the schedule while the algorithm's select
+    gives it on the next calls (settled, or a phase of ``auto``'s learning that runs it)."""
     key = ("all_reduce", tensor.shape, tensor.dtype, _AGREED_AS[parsed], alg.name)
     if key not in comm.slots.agreed_calls:
         _agree(comm, _Call("all_reduce", tensor.shape, tensor.dtype, parsed.value, alg.name), key)
@@ -222,7 +223,7 @@ def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer
     if ran is None or comm.debug or not memo.keeps(known, alg.learns, ran[1]):
         return tensor
     # what select chose for this call is kept: a fixed algorithm's on its first call; one
-    # that learns, on the call after it settled, whose select gave what it settled on
+    # that learns, on the call after one whose observe said the next calls run it again
     counter, p = alg.settled_counter(context, ran[2]), comm.world_size
     memo.keep(SettledCall(algorithm, op, parsed, tensor, ran[0], known, counter, p))
     return tensor

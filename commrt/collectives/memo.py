@@ -12,10 +12,12 @@ which keeps the call with its binding. That record, the executor's
 call: a repeat on the same tensor finds its call and its binding there by
 identity tests alone and runs it (:meth:`commrt.Communicator.repeat`).
 An algorithm that learns (``auto``) may hand over a counter (its
-``settled_counter(comm, nbytes)``) that counts those calls; when the counter wants
-its kept schedule timed again
-(:meth:`~commrt.algorithms.auto_learn.Tuning.settled_call` says so), the memo
-is dropped (:func:`counted`) and the next calls take the full path, through
+``settled_counter(comm, nbytes)``), called after each of those calls with the
+call's start: it counts a settled size's calls toward a recheck, and times the
+calls of a learning phase that runs one schedule (a baseline, a trial's block),
+so that learning's calls cost what settled ones do. When it answers True (the
+next call runs another schedule, or a recheck is due), the memo is dropped
+(:func:`counted`) and the next calls take the full path, through ``select`` and
 ``observe``. Every rank makes the same calls and counts alike, so every rank
 drops it at the same call. Its bound and lifetime are listed with the other
 caches in :mod:`commrt.collectives`.
@@ -34,8 +36,8 @@ __all__ = ["SettledCall", "average_scale", "counted", "last_settled"]
 class SettledCall:
     """An all-reduce signature whose schedule does not change until its counter says so.
 
-    Made after a call whose algorithm has nothing more to learn for its size (no
-    ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
+    Made after a call whose algorithm's ``select`` gives the same schedule on the next
+    calls (no ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
     signature (``key``: resolved algorithm, parsed op, dtype, shape) in
     ``comm.executor.settled``, and with its binding as the last call's
     (:attr:`commrt.schedule.caches.Run.call`).
@@ -46,8 +48,8 @@ class SettledCall:
     communicator's dtype rules for this op, the signature was agreed across ranks
     (checked once per signature, as the full path would find it in ``agreed_calls``),
     and the algorithm said select() keeps returning this schedule until ``counter`` (None:
-    for ever) counts down to a recheck. Every rank makes the same calls and settles each
-    size at the same call, so every rank takes this path on the same calls."""
+    for ever) answers True. Every rank makes the same calls and keeps and drops each
+    memo at the same call, so every rank takes this path on the same calls."""
 
     __slots__ = (
         *("algorithm", "op", "scale", "reduce", "dtype", "shape"),
@@ -69,10 +71,10 @@ def average_scale(parsed: ReduceOp, p: int) -> float | None:
     return average_factor(p) if parsed is ReduceOp.AVG and p > 1 else None
 
 
-def counted(comm, settled: SettledCall) -> None:
-    """Count a call ``settled`` ran on its counter; forget the memo when the counter wants the
-    next calls observed again."""
-    if settled.counter is not None and settled.counter.settled_call():
+def counted(comm, settled: SettledCall, started_s: float) -> None:
+    """Count a call ``settled`` ran (started at ``time.perf_counter()`` = ``started_s``) on its
+    counter; forget the memo when the counter wants the next calls to take the full path."""
+    if settled.counter is not None and settled.counter(started_s):
         comm.executor.settled.drop(settled)
 
 

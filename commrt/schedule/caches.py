@@ -268,10 +268,11 @@ class SettledCalls:
 
     def keeps(self, key, learns: bool, settled: bool) -> bool:
         """Whether a first-path call of signature ``key`` whose algorithm answered
-        ``settled`` may keep the schedule it ran. One that does not learn: at once. One that
-        learns: on the call after the one that settled, whose ``select`` ran settled, so that
-        it gives the schedule to keep; ``select`` then runs once per call, never again just
-        to ask which schedule to keep."""
+        ``settled`` (its ``observe``: the next calls run the same schedule) may keep the
+        schedule it ran. One that does not learn: at once. One that learns: on the call
+        after the one that answered so, whose ``select`` gives the schedule to keep;
+        ``select`` then runs once per call, never again just to ask which schedule to
+        keep."""
         if not settled or not learns:
             self._settling.discard(key)
             return settled

@@ -485,6 +485,33 @@ def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(t
 
 
 @pytest.mark.mpi
+def test_learning_times_the_calls_the_memo_runs(tmp_path):
+    # a learning call on the full path (resolve, check, select, observe) cost 37-100 µs
+    # more than a settled one at 4 ranks on 2 cores: a phase's calls that run one schedule
+    # go through the memo after their first two, and its counter times them
+    out = tmp_path / "memo.json"
+    mpiexec(2, "auto_memo_worker.py", out)
+    ranks = json.loads(out.read_text())["ranks"]
+    assert [f for r in ranks for f in r["failures"]] == []
+    r0 = ranks[0]
+    # the model's choice slept 2 ms a call, on the memo's path too: the trial saw it
+    assert r0["kept"] != r0["model"] and r0["trial_s"][r0["model"]] >= 0.002, r0
+    assert all({**r, "rank": 0} == r0 for r in ranks)  # every rank decided alike
+    learning = [(phase, label, memo) for phase, label, memo in r0["calls"]]
+    runs, last = [], None  # runs of one schedule's calls within the baseline or trial
+    for phase, label, memo in learning:
+        if phase not in ("baseline", "trial"):
+            last = None
+            continue
+        if (phase, label) != last:
+            runs.append([])
+        runs[-1].append(memo)
+        last = (phase, label)
+    assert runs and sum(map(sum, runs)) > len(runs), r0["calls"]
+    assert all(len(run) - sum(run) <= 2 for run in runs), runs
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["memo", "debug"])
 @pytest.mark.slow
 def test_auto_moves_on_when_the_schedule_it_kept_slows_down(tmp_path, mode):

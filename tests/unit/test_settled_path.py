@@ -1,6 +1,7 @@
-"""The settled path of commrt.all_reduce: once a call's algorithm has nothing more
-to learn for its size, the next call with the same signature runs the kept schedule without
-resolving, agreeing, selecting or observing. These tests fail if that path is not taken, if it
+"""The settled path of commrt.all_reduce: once a call's algorithm gives the same schedule
+on the next calls (settled, or a phase of auto's learning that runs one schedule), the next
+call with the same signature runs the kept schedule without resolving, agreeing or
+selecting (and, settled, without observing). These tests fail if that path is not taken, if it
 gives a wrong answer, or if it swallows what the full path must still do: auto changing its
 mind while it learns, COMMRT_DEBUG's check on every call, and the check of a new signature."""
 
@@ -61,34 +62,43 @@ def test_a_settled_auto_call_runs_the_kept_schedule_without_select_or_observe(as
     def body(tr):
         comm = _comm(tr)
         x = torch.empty(3)
-        history = []  # per call: (selects and observes it made, phase after it)
+        history = []  # per call: (selects, observes, phase before it, phase after it)
         for k in range(CALLS):
-            before = sum(r == tr.rank for r, _, _ in asked)
+            mine = [what for r, what, _ in asked if r == tr.rank]
+            t = learning(comm).get(12)
+            phase = None if t is None else t.phase
             x.copy_(_inputs(tr.rank, k))
             commrt.all_reduce(x, comm, algorithm=auto, op="avg")
             # against a float64 reference: the mean of both ranks' inputs
             want = (_inputs(0, k).double() + _inputs(1, k).double()) / 2
             assert torch.allclose(x.double(), want, rtol=1e-6, atol=1e-7), (k, x, want)
-            made = sum(r == tr.rank for r, _, _ in asked) - before
-            history.append((made, learning(comm)[12].phase))
-            if len(history) > 20 and history[-20][1] == "settled":
+            made = [what for r, what, _ in asked if r == tr.rank][len(mine) :]
+            history.append((made.count("select"), made.count("observe"), phase))
+            history[-1] += (learning(comm)[12].phase,)
+            if len(history) > 20 and history[-20][3] == "settled":
                 break
         kept = choices(comm)[12]
         return history, last_settled(comm).schedule is kept.schedule, learning(comm)[12]
 
     for history, runs_kept, tuning in run_ranks(2, body):
-        settled_at = next(k for k, (_, phase) in enumerate(history) if phase == "settled")
+        settled_at = next(k for k, h in enumerate(history) if h[3] == "settled")
         assert tuning.trial_s, "the slow model should have made auto try other candidates"
         assert 5 < settled_at < CALLS - 10
-        # every call up to the one after it settled selected once and observed once (that
-        # one's select gave the schedule to keep: select never runs twice in a call), but
-        # those of a hold past its first two (the leader alone, kept as a settled call is);
-        # none after it did
-        for k in range(settled_at + 2):
-            held = k > 1 and history[k - 2][1] == history[k - 1][1] == "hold"
-            assert history[k][0] == (0 if held else 2), (k, history[k - 3 : k + 1])
-        assert [made for made, _ in history[settled_at + 2 :]] == [0] * (
-            len(history) - settled_at - 2
+        # no call selects or observes twice; every call of a timed phase (the baseline, the
+        # trial) is observed, on the full path or, past a schedule's first two calls, by
+        # the memo's counter (no select); a hold past its first two calls runs as a
+        # settled call does
+        assert all(s <= 1 and o <= 1 and s <= o for s, o, _, _ in history), history
+        timed = [h for h in history[:settled_at] if h[2] in ("baseline", "trial")]
+        assert timed and all(o == 1 for _, o, _, _ in timed), timed
+        assert any(s == 0 for s, _, _, _ in timed), "the memo ran none of learning's calls"
+        for k in range(2, settled_at):
+            if history[k - 2][2] == history[k - 1][2] == history[k][2] == "hold":
+                assert history[k][:2] == (0, 0), (k, history[k - 3 : k + 1])
+        # none after it settled did, past the two calls after it that keep the kept
+        # schedule (where the call that settled ran another)
+        assert [h[:2] for h in history[settled_at + 3 :]] == [(0, 0)] * (
+            len(history) - settled_at - 3
         )
         assert runs_kept  # the memo holds what auto kept (the learned choice, if it changed)
 
