@@ -289,8 +289,9 @@ class Auto(Algorithm):
         and decide (collective: every rank, same call; :mod:`~commrt.algorithms.auto_learn`).
         Returns whether the next call runs the schedule this one ran (the same on every
         rank, as the phase is): then the caller may keep it
-        (``commrt.collectives.memo.SettledCall``), and :meth:`settled_counter`'s counter
-        counts, or observes, the calls it runs so until the schedule changes."""
+        (``commrt.collectives.memo.SettledCall``): :meth:`phase_timer`'s timer observes the
+        calls it runs so in a timed phase, :meth:`settled_counter`'s counter counts them in
+        a settled or held one."""
         key = (self, comm.world_size, int(nbytes))
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
@@ -321,13 +322,20 @@ class Auto(Algorithm):
         remember(comm, tuning, nbytes, _labels(comm.world_size, comm.fuses_one_shot))
         return tuning.kept == ran
 
-    def settled_counter(self, comm, nbytes: int):
-        """What ``commrt.collectives.memo.counted`` calls after each call of a kept schedule,
-        with its start: :func:`_counted` for this size (None: nothing learned for it)."""
+    def settled_counter(self, comm, nbytes: int) -> Tuning | None:
+        """What counts the calls of a settled (or held) size's kept schedule toward its next
+        recheck (or the hold's end): its :class:`Tuning` (``commrt.collectives.memo.counted``
+        calls its ``settled_call()`` after each; None: nothing)."""
+        return comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
+
+    def phase_timer(self, comm, nbytes: int):
+        """Where this size is in a phase that times one schedule (its baseline, a trial's
+        block, a recheck): :func:`_timed` for it, which ``commrt.collectives.memo.counted``
+        calls after each call the memo runs, with its start; else None."""
         tuning = comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
-        return (
-            None if tuning is None else functools.partial(_counted, self, comm, int(nbytes), tuning)
-        )
+        if tuning is None or tuning.phase in ("settled", "hold"):
+            return None
+        return functools.partial(_timed, self, comm, int(nbytes), tuning)
 
     def _tried(self, comm, choice: Choice, name: str) -> Choice:
         """The Choice of candidate ``name``, priced as ``choice``'s candidates say; made once
@@ -407,15 +415,13 @@ def _choice(
     return Choice(p, nbytes, alg, label(alg), t, table, network, sched, fused=fused)
 
 
-def _counted(auto: Auto, comm, nbytes: int, tuning: Tuning, started_s: float) -> bool:
-    """After a call of the schedule kept for ``nbytes`` (``tuning``'s, started at ``started_s``):
-    count it where the size is settled or held (toward its next recheck, or the hold's end),
-    else observe it, as ``auto`` observes a call of the full path, so that the calls of a
-    phase that runs one schedule (the baseline, a trial's block) cost what settled ones
-    do. True where the next call runs another schedule or is timed afresh."""
-    if tuning.phase in ("settled", "hold"):
-        return tuning.settled_call()
-    return not auto.observe(comm, nbytes, started_s)
+def _timed(auto: Auto, comm, nbytes: int, tuning: Tuning, started_s: float) -> bool:
+    """After a call the memo ran in a timed phase of ``tuning``'s size (``nbytes``), started
+    at ``started_s``: observe it, as ``auto`` observes a call of the full path. True where
+    the next call runs another schedule, or the size is now settled or held: the memo is
+    dropped, and kept again with the size's counter (a settled call takes no time stamp)."""
+    same = auto.observe(comm, nbytes, started_s)
+    return not same or tuning.phase in ("settled", "hold")
 
 
 def learning(comm) -> dict[int, Tuning]:

@@ -15,8 +15,8 @@ class Algorithm(abc.ABC):
     instance is hashable and its schedules can be cached per world size.
 
     Every hook that another part of commrt calls is declared here, with its
-    default: the collectives call :meth:`select`, :meth:`observe` and
-    :meth:`settled_counter` (and read :attr:`learns`), the simulator
+    default: the collectives call :meth:`select`, :meth:`observe`,
+    :meth:`settled_counter` and :meth:`phase_timer` (and read :attr:`learns`), the simulator
     :meth:`on_network` and :meth:`select`, GradientSync :attr:`family` and
     :meth:`sync_policy`. Callers call them directly, never by looking for them.
     Pricing is not a hook: :mod:`commrt.sim.pricing` knows the closed forms by
@@ -74,19 +74,29 @@ class Algorithm(abc.ABC):
         """After a call ran :meth:`select`'s schedule for ``nbytes`` (started at
         ``time.perf_counter()`` = ``started_s``): learn from it. Called only where
         :attr:`learns`, collectively. Returns whether :meth:`select` gives the same schedule
-        on the next calls until :meth:`settled_counter`'s counter says otherwise, so that the
-        caller may keep it (``commrt.collectives.memo``). Default: yes, nothing learned.
+        on the next calls until :meth:`settled_counter`'s counter or :meth:`phase_timer`'s
+        timer says otherwise, so that the caller may keep it
+        (``commrt.collectives.memo``). Default: yes, nothing learned.
         """
         return True
 
     def settled_counter(self, comm, nbytes: int):
-        """What counts the calls of a kept schedule, or None (default: nothing to count).
+        """What counts the calls of a settled size's kept schedule, or None (default).
 
-        ``commrt.collectives.memo`` calls it after each call it runs without
-        :meth:`select`, with the call's start (``time.perf_counter()``); True there brings
-        the next calls back to :meth:`select` and :meth:`observe`. ``auto`` counts a
-        settled size's calls toward its next recheck, and times (observes) the calls of
-        a phase of its learning that runs one schedule.
+        ``commrt.collectives.memo`` calls its ``settled_call()`` after each call it runs
+        without :meth:`select`; True there brings the next calls back to :meth:`observe`.
+        """
+        return None
+
+    def phase_timer(self, comm, nbytes: int):
+        """What times the calls of a phase of learning that runs one schedule, or None
+        (default: no such phase now).
+
+        Asked first where a schedule is kept; ``commrt.collectives.memo`` calls it after
+        each call it runs without :meth:`select`, with the call's start
+        (``time.perf_counter()``); True there brings the next calls back to
+        :meth:`select` and :meth:`observe`. ``auto`` observes those calls as the full path
+        would, so that learning's calls cost what settled ones do.
         """
         return None
 

@@ -163,7 +163,7 @@ def all_reduce(
         and tensor.is_contiguous()
     ):
         comm.admit_collective()
-        started = 0.0 if last.counter is None else time.perf_counter()  # as _run times
+        started = time.perf_counter() if last.timed else 0.0  # as _run times the full path
         if last.scale is not None:
             tensor.mul_(last.scale)
         comm.repeat(run, tensor, timeout, tracer)
@@ -186,11 +186,8 @@ def _by_signature(tensor, comm, algorithm, op, timeout, tracer) -> torch.Tensor:
     if settled is None:
         return _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer)
     if settled.algorithm is not algorithm or settled.op is not op:  # another spelling
-        s, p = settled, comm.world_size
-        settled = comm.executor.settled.keep(
-            SettledCall(algorithm, op, parsed, tensor, s.schedule, known, s.counter, p)
-        )
-    started = 0.0 if settled.counter is None else time.perf_counter()
+        settled = comm.executor.settled.keep(settled.spelled(algorithm, op))
+    started = time.perf_counter() if settled.timed else 0.0
     if settled.scale is not None:
         tensor.mul_(settled.scale)
     # by position: a repeated small call pays for every keyword argument
@@ -224,8 +221,11 @@ def _first_call(tensor, comm, algorithm, op, parsed, alg, known, timeout, tracer
         return tensor
     # what select chose for this call is kept: a fixed algorithm's on its first call; one
     # that learns, on the call after one whose observe said the next calls run it again
-    counter, p = alg.settled_counter(context, ran[2]), comm.world_size
-    memo.keep(SettledCall(algorithm, op, parsed, tensor, ran[0], known, counter, p))
+    timer, p = alg.phase_timer(context, ran[2]), comm.world_size
+    counter = timer if timer is not None else alg.settled_counter(context, ran[2])
+    memo.keep(
+        SettledCall(algorithm, op, parsed, tensor, ran[0], known, counter, p, timer is not None)
+    )
     return tensor
 
 

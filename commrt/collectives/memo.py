@@ -12,18 +12,21 @@ which keeps the call with its binding. That record, the executor's
 call: a repeat on the same tensor finds its call and its binding there by
 identity tests alone and runs it (:meth:`commrt.Communicator.repeat`).
 An algorithm that learns (``auto``) may hand over a counter (its
-``settled_counter(comm, nbytes)``), called after each of those calls with the
-call's start: it counts a settled size's calls toward a recheck, and times the
-calls of a learning phase that runs one schedule (a baseline, a trial's block),
-so that learning's calls cost what settled ones do. When it answers True (the
-next call runs another schedule, or a recheck is due), the memo is dropped
-(:func:`counted`) and the next calls take the full path, through ``select`` and
-``observe``. Every rank makes the same calls and counts alike, so every rank
-drops it at the same call. Its bound and lifetime are listed with the other
+``settled_counter(comm, nbytes)``) that counts a settled size's calls toward a
+recheck, or, where the schedule is kept in a phase of its learning that runs it
+(a baseline, a trial's block), a timer (its ``phase_timer(comm, nbytes)``),
+called with each call's start, that times them as the full path would, so
+that learning's calls cost what settled ones do. When either answers True (a
+recheck is due, or the next call runs another schedule), the memo is dropped
+(:func:`counted`) and the next calls take the full path, through ``select``
+and ``observe``. Every rank makes the same calls and counts alike, so every
+rank drops it at the same call. Its bound and lifetime are listed with the other
 caches in :mod:`commrt.collectives`.
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -48,20 +51,30 @@ class SettledCall:
     communicator's dtype rules for this op, the signature was agreed across ranks
     (checked once per signature, as the full path would find it in ``agreed_calls``),
     and the algorithm said select() keeps returning this schedule until ``counter`` (None:
-    for ever) answers True. Every rank makes the same calls and keeps and drops each
+    for ever) answers True: a settled size's counter, or where ``timed``, the timer of a
+    phase of learning, called with each call's start. Every rank makes the same calls and keeps and drops each
     memo at the same call, so every rank takes this path on the same calls."""
 
     __slots__ = (
         *("algorithm", "op", "scale", "reduce", "dtype", "shape"),
-        *("schedule", "key", "counter"),
+        *("schedule", "key", "counter", "timed"),
     )
 
-    def __init__(self, algorithm, op, parsed, tensor: torch.Tensor, schedule, key, counter, p):
+    def __init__(
+        self, algorithm, op, parsed, tensor: torch.Tensor, schedule, key, counter, p, timed=False
+    ):
         self.algorithm, self.op = algorithm, op
         self.scale = average_scale(parsed, p)
         self.reduce = REDUCERS.get(parsed)
         self.dtype, self.shape = tensor.dtype, tensor.shape
-        self.schedule, self.key, self.counter = schedule, key, counter
+        self.schedule, self.key, self.counter, self.timed = schedule, key, counter, timed
+
+    def spelled(self, algorithm, op) -> "SettledCall":
+        """This call as ``algorithm`` and ``op`` spell it (objects that resolve to this call's
+        algorithm and op: a name and an instance, say)."""
+        other = copy.copy(self)
+        other.algorithm, other.op = algorithm, op
+        return other
 
 
 def average_scale(parsed: ReduceOp, p: int) -> float | None:
@@ -72,9 +85,14 @@ def average_scale(parsed: ReduceOp, p: int) -> float | None:
 
 
 def counted(comm, settled: SettledCall, started_s: float) -> None:
-    """Count a call ``settled`` ran (started at ``time.perf_counter()`` = ``started_s``) on its
-    counter; forget the memo when the counter wants the next calls to take the full path."""
-    if settled.counter is not None and settled.counter(started_s):
+    """Count a call ``settled`` ran on its counter, or time it on its timer (where
+    ``settled.timed``; it started at ``time.perf_counter()`` = ``started_s``); forget the
+    memo when either wants the next calls to take the full path."""
+    if settled.timed:
+        drop = settled.counter(started_s)
+    else:
+        drop = settled.counter is not None and settled.counter.settled_call()
+    if drop:
         comm.executor.settled.drop(settled)
 
 
