@@ -16,8 +16,8 @@ class Algorithm(abc.ABC):
 
     Every hook that another part of commrt calls is declared here, with its
     default: the collectives call :meth:`select`, :meth:`observe`,
-    :meth:`settled_counter` and :meth:`phase_timer` (and read :attr:`learns`), the simulator
-    :meth:`on_network` and :meth:`select`, GradientSync :attr:`family` and
+    :meth:`settled_counter` and :meth:`phase_timer` (and read :attr:`learns`), the
+    simulator :meth:`on_network` and :meth:`select`, GradientSync :attr:`family` and
     :meth:`sync_policy`. Callers call them directly, never by looking for them.
     Pricing is not a hook: :mod:`commrt.sim.pricing` knows the closed forms by
     algorithm type.

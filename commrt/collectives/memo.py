@@ -20,8 +20,8 @@ that learning's calls cost what settled ones do. When either answers True (a
 recheck is due, or the next call runs another schedule), the memo is dropped
 (:func:`counted`) and the next calls take the full path, through ``select``
 and ``observe``. Every rank makes the same calls and counts alike, so every
-rank drops it at the same call. Its bound and lifetime are listed with the other
-caches in :mod:`commrt.collectives`.
+rank drops it at the same call. Its bound and lifetime are listed with the
+other caches in :mod:`commrt.collectives`.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ class SettledCall:
     """An all-reduce signature whose schedule does not change until its counter says so.
 
     Made after a call whose algorithm's ``select`` gives the same schedule on the next
-    calls (no ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept per
-    signature (``key``: resolved algorithm, parsed op, dtype, shape) in
+    calls (no ``observe``, or ``observe`` said so), and never under ``COMMRT_DEBUG``; kept
+    per signature (``key``: resolved algorithm, parsed op, dtype, shape) in
     ``comm.executor.settled``, and with its binding as the last call's
     (:attr:`commrt.schedule.caches.Run.call`).
     A later call with the same ``algorithm`` and ``op`` objects, dtype and shape runs
@@ -52,8 +52,9 @@ class SettledCall:
     (checked once per signature, as the full path would find it in ``agreed_calls``),
     and the algorithm said select() keeps returning this schedule until ``counter`` (None:
     for ever) answers True: a settled size's counter, or where ``timed``, the timer of a
-    phase of learning, called with each call's start. Every rank makes the same calls and keeps and drops each
-    memo at the same call, so every rank takes this path on the same calls."""
+    phase of learning, called with each call's start. Every rank makes the same calls and
+    keeps and drops each memo at the same call, so every rank takes this path on the same
+    calls."""
 
     __slots__ = (
         *("algorithm", "op", "scale", "reduce", "dtype", "shape"),
