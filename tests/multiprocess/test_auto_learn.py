@@ -488,7 +488,7 @@ def test_ranks_learn_alike_from_the_slowest_rank_and_reuse_a_saved_calibration(t
 def test_learning_times_the_calls_the_memo_runs(tmp_path):
     # a learning call on the full path (resolve, check, select, observe) cost 37-100 µs
     # more than a settled one at 4 ranks on 2 cores: a phase's calls that run one schedule
-    # go through the memo after their first two, and its counter times them
+    # go through the memo after their first two, and its timer observes them
     out = tmp_path / "memo.json"
     mpiexec(2, "auto_memo_worker.py", out)
     ranks = json.loads(out.read_text())["ranks"]

@@ -86,7 +86,7 @@ def test_a_settled_auto_call_runs_the_kept_schedule_without_select_or_observe(as
         assert 5 < settled_at < CALLS - 10
         # no call selects or observes twice; every call of a timed phase (the baseline, the
         # trial) is observed, on the full path or, past a schedule's first two calls, by
-        # the memo's counter (no select); a hold past its first two calls runs as a
+        # the memo's timer (no select); a hold past its first two calls runs as a
         # settled call does
         assert all(s <= 1 and o <= 1 and s <= o for s, o, _, _ in history), history
         timed = [h for h in history[:settled_at] if h[2] in ("baseline", "trial")]
