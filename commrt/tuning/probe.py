@@ -10,7 +10,8 @@ with the executor's per-step overhead and the reduction included, so
 α and β describe the steps ``commrt.all_reduce`` really runs. For each size
 in :data:`SIZES` (8 B, 1 MiB, 4 MiB) it runs a warm-up, then
 ``repeats`` timed runs of ``steps`` steps each (20 for the small size),
-each run started after a barrier.
+each run started after a barrier, on one binding made at the warm-up and
+kept, as a caller's repeated calls run (:func:`~commrt.tuning.probe_steps.time_runs`).
 
 Noise
 -----

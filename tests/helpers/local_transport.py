@@ -18,9 +18,11 @@ from commrt.transports.base import Pending, Transport
 
 
 class Mailbox:
-    def __init__(self):
+    def __init__(self, world_size: int | None = None):
         self.cv = threading.Condition()
         self.queues = defaultdict(deque)  # (src, dst, tag) -> deque of tensors
+        # the ranks' barrier, where the box knows how many there are
+        self.gate = threading.Barrier(world_size) if world_size else None
 
 
 class _Pending(Pending):
@@ -65,7 +67,13 @@ class LocalTransport(Transport):
         return _Pending(self.box, list(recvs), self.rank, tag)
 
     def barrier(self, timeout):
-        raise NotImplementedError
+        if self.box.gate is None:
+            raise NotImplementedError("a barrier needs Mailbox(world_size)")
+        try:
+            self.box.gate.wait(timeout)
+        except threading.BrokenBarrierError:
+            return False
+        return True
 
     def native_all_reduce(self, tensor, op="sum"):
         raise NotImplementedError
@@ -73,7 +81,7 @@ class LocalTransport(Transport):
 
 def run_ranks(world_size, fn):
     """Run ``fn(transport)`` on ``world_size`` threads; return their results in rank order."""
-    box = Mailbox()
+    box = Mailbox(world_size)
     return on_threads(world_size, lambda r: fn(LocalTransport(box, r, world_size)))
 
 
