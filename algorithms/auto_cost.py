@@ -25,8 +25,14 @@ recheck as costing nothing).
 Every rank sends its two numbers in its phase's row (:meth:`LearningCost.columns`), so every
 rank reads the same table and takes the same medians (:meth:`LearningCost.read`): the
 estimates the pacing uses are agreed. Until a phase has measured them, the estimates are
-the settings :data:`LEARN_CALL_S` and :data:`GATHER_S`, or what another size's phases
-measured on the same communicator (:meth:`LearningCost.like`).
+what another size's phases measured on the same communicator (:meth:`LearningCost.like`),
+else the settings :data:`LEARN_CALL_S` and :data:`GATHER_S`, or where more, as many of the
+probe's α as :data:`LEARN_CALL_ALPHAS` and :data:`GATHER_ALPHAS` say. Both costs are
+latency-bound: a gather is a small all-reduce, and a rank that waits on the learning path
+keeps its peers waiting on its messages. On 2 cores over shm, with α = 6.7 µs at p = 2 and
+40 µs at p = 4, a phase's gather and the decision after it took 150 µs and 700-900 µs
+(about 20 α), a learning call's excess 10 and 80 µs (about 2 α): the settings alone
+priced p = 2 well above and p = 4 well below.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from dataclasses import dataclass, field
 
 from commrt import settings
 
-__all__ = ["LEARN_CALL_S", "GATHER_S", "LearningCost"]
+__all__ = ["LEARN_CALL_S", "GATHER_S", "LEARN_CALL_ALPHAS", "GATHER_ALPHAS", "LearningCost"]
 
 LEARN_CALL_S = settings.Seconds(
     25e-6,
@@ -53,6 +59,10 @@ GATHER_S = settings.Seconds(
     "`auto`'s learning",
     settings.AUTO,
 )
+#: a learning call's excess, in the probe's α, where that is more than LEARN_CALL_S
+LEARN_CALL_ALPHAS = 2.0
+#: a phase's gather and the decision after it, in the probe's α, where more than GATHER_S
+GATHER_ALPHAS = 20.0
 #: measurements an estimate is the median of, the latest kept
 KEPT = 5
 
@@ -78,12 +88,17 @@ class LearningCost:
     last_gather_s: float = math.nan
 
     @classmethod
-    def like(cls, others) -> "LearningCost":
+    def like(cls, others, alpha_s: float | None = None) -> "LearningCost":
         """Estimates started from ``others``' (other sizes' costs on the same communicator):
-        the medians of those that measured, the settings where none did."""
+        the medians of those that measured; where none did, the settings, or as many of
+        ``alpha_s`` (the probe's α; None: not probed) as :data:`LEARN_CALL_ALPHAS` and
+        :data:`GATHER_ALPHAS` say, where that is more."""
         calls = [c.call_s for c in others if c.calls_s]
         gathers = [c.gather_s for c in others if c.gathers_s]
         cost = cls()
+        if alpha_s is not None:
+            cost.call_s = max(cost.call_s, LEARN_CALL_ALPHAS * alpha_s)
+            cost.gather_s = max(cost.gather_s, GATHER_ALPHAS * alpha_s)
         if calls:
             cost.call_s = statistics.median(calls)
         if gathers:

@@ -5,7 +5,13 @@ import math
 
 import pytest
 
-from commrt.algorithms.auto_cost import GATHER_S, LEARN_CALL_S, LearningCost
+from commrt.algorithms.auto_cost import (
+    GATHER_ALPHAS,
+    GATHER_S,
+    LEARN_CALL_ALPHAS,
+    LEARN_CALL_S,
+    LearningCost,
+)
 
 US = 1e-6
 
@@ -76,3 +82,20 @@ def test_a_new_size_starts_from_what_other_sizes_measured():
     assert started.call_s == pytest.approx(seen.call_s)
     assert started.gather_s == pytest.approx(200 * US)
     assert started.calls_s == []  # an estimate to start from, not a measurement of its own
+
+
+def test_before_any_measurement_the_estimates_follow_the_probes_alpha():
+    # learning's costs are latency-bound: a slow transport's first phases are priced as such
+    alpha = 40 * US  # shm on 2 cores, p = 4
+    slow = LearningCost.like([LearningCost()], alpha)
+    assert slow.call_s == pytest.approx(LEARN_CALL_ALPHAS * alpha) and slow.call_s > LEARN_CALL_S
+    assert slow.gather_s == pytest.approx(GATHER_ALPHAS * alpha) and slow.gather_s > GATHER_S
+    # a quick one keeps the settings (the learning path's own work costs that at least)
+    quick = LearningCost.like([], 1 * US)
+    assert (quick.call_s, quick.gather_s) == (LEARN_CALL_S, GATHER_S)
+    # what a size measured comes before any estimate
+    seen = LearningCost()
+    row = measured(10_000, 200, 900, 6)
+    seen.read([row, row], 6)
+    started = LearningCost.like([seen], alpha)
+    assert (started.call_s, started.gather_s) == (seen.call_s, seen.gather_s)
