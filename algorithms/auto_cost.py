@@ -48,14 +48,15 @@ __all__ = ["LEARN_CALL_S", "GATHER_S", "LEARN_CALL_ALPHAS", "GATHER_ALPHAS", "Le
 LEARN_CALL_S = settings.Seconds(
     25e-6,
     "what a call on auto's learning path costs beyond a settled one, paced as exploring is, "
-    "until the job has measured it",
+    "until the job has measured it (or, where more, LEARN_CALL_ALPHAS × the probe's α)",
     "`auto`'s learning",
     settings.AUTO,
 )
 GATHER_S = settings.Seconds(
     300e-6,
-    "what a phase's gather of auto's timings costs, paced as exploring is, until the job "
-    "has measured it",
+    "what a phase's gather of auto's timings and the decision after it cost, paced as "
+    "exploring is, until the job has measured it (or, where more, GATHER_ALPHAS × the "
+    "probe's α)",
     "`auto`'s learning",
     settings.AUTO,
 )
