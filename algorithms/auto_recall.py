@@ -10,6 +10,8 @@ runner-up). ``labels``: every candidate's label at the job's world size, in
 
 from __future__ import annotations
 
+import dataclasses
+
 from commrt.algorithms.auto_cost import LearningCost
 from commrt.algorithms.auto_learn import WIDE, Tuning
 
@@ -28,8 +30,11 @@ def recalled(
     if past is None:
         return None
     # what learning cost for this size then: closer to it than this job's other sizes
-    cost.call_s = cost.call_s if past.learn_call_s is None else past.learn_call_s
-    cost.gather_s = cost.gather_s if past.gather_s is None else past.gather_s
+    cost = dataclasses.replace(
+        cost,
+        call_s=cost.call_s if past.learn_call_s is None else past.learn_call_s,
+        gather_s=cost.gather_s if past.gather_s is None else past.gather_s,
+    )
     rival = past.rival
     if rival is None:  # settled without a trial then: the model's best other one
         rival = next((n for n, _ in choice.candidates if n != past.kept), None)
