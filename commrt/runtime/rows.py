@@ -45,11 +45,23 @@ def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64, agree=No
         agree(len(row))
     with comm.lock:  # the kept table is this communicator's: one gather at a time
         table = _table(comm, len(row), dtype)
-        table.zero_()
-        table[comm.rank] = torch.tensor(row, dtype=dtype)
+        _fill(table, comm.rank, row)
         if comm.world_size > 1:
             comm.run_held(_SCHEDULE.schedule(comm.world_size), table, owner=table)
         return table.cpu().tolist()
+
+
+def _fill(table: torch.Tensor, rank: int, row: list) -> None:
+    """Zero ``table`` and write ``row`` as ``rank``'s. On the CPU through a NumPy view:
+    ``auto`` gathers after a stretch of settled calls, where these were a phase's first
+    torch calls and took 45-67 µs over shm at p = 2, the NumPy view's 12."""
+    if table.device.type == "cpu" and table.dtype != torch.bfloat16:  # NumPy has no bf16
+        view = table.numpy()
+        view.fill(0)
+        view[rank] = row
+    else:
+        table.zero_()
+        table[rank] = torch.tensor(row, dtype=table.dtype)
 
 
 def _table(comm: Communicator, length: int, dtype: torch.dtype) -> torch.Tensor:
