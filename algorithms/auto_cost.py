@@ -22,7 +22,11 @@ Not in a recheck: the settled calls before one span seconds, which may hold a pa
 caller's or other work (a benchmark's other rounds read as settled calls there, and the
 recheck as costing nothing).
 
-Every rank sends its two numbers in its phase's row (:meth:`LearningCost.columns`), so every
+The hold's period is also what a held call takes: the pacing counts held calls at it
+(:class:`~commrt.algorithms.auto_trial.TrialPasses`), where the learning path's calls read
+up to 2.5x slower.
+
+Every rank sends its three numbers in its phase's row (:meth:`LearningCost.columns`), so every
 rank reads the same table and takes the same medians (:meth:`LearningCost.read`): the
 estimates the pacing uses are agreed. Until a phase has measured them, the estimates are
 what another size's phases measured on the same communicator (:meth:`LearningCost.like`),
@@ -77,7 +81,9 @@ class LearningCost:
     ``calls_s``, ``gathers_s``: the agreed measurements so far (their medians are the
     estimates). ``settled_from_s``: when the hold before the baseline began,
     ``settled_calls`` its calls; ``phase_from_s``: the baseline's first call;
-    ``last_gather_s``: this rank's last gather (NaN: none measured yet)."""
+    ``last_gather_s``: this rank's last gather (NaN: none measured yet); ``settled_s``:
+    a settled call's period, as the ranks measured it in the hold before the baseline
+    (None: not measured)."""
 
     call_s: float = LEARN_CALL_S
     gather_s: float = GATHER_S
@@ -87,6 +93,7 @@ class LearningCost:
     settled_calls: int = 0
     phase_from_s: float | None = None
     last_gather_s: float = math.nan
+    settled_s: float | None = None
 
     @classmethod
     def like(cls, others, alpha_s: float | None = None) -> "LearningCost":
@@ -124,16 +131,17 @@ class LearningCost:
         self.last_gather_s = seconds
 
     def columns(self, now_s: float, calls: int) -> list[float]:
-        """This rank's two numbers for its phase's row, the phase's ``calls`` done by
-        ``now_s``: its excess over as many settled calls (NaN where it cannot tell: no
-        settled calls just before), and its last gather's seconds."""
-        excess = math.nan
+        """This rank's three numbers for its phase's row, the phase's ``calls`` done by
+        ``now_s``: its excess over as many settled calls and a settled call's period (NaN
+        where it cannot tell: no settled calls just before), and its last gather's
+        seconds."""
+        excess = period = math.nan
         if self.settled_from_s is not None and self.phase_from_s is not None:
             if self.settled_calls > 0:
                 period = (self.phase_from_s - self.settled_from_s) / self.settled_calls
                 excess = (now_s - self.phase_from_s) - calls * period
         self.settled_from_s = self.phase_from_s = None
-        return [excess, self.last_gather_s]
+        return [excess, self.last_gather_s, period]
 
     def read(self, columns, calls: int) -> float:
         """Take the ranks' ``columns`` (each rank's :meth:`columns`, in the table every rank
@@ -142,8 +150,9 @@ class LearningCost:
         estimated."""
         if columns is None:
             return self.phase(calls)
-        excess = [row[0] for row in columns]
-        gathers = [row[1] for row in columns]
+        excess, gathers, periods = ([row[i] for row in columns] for i in range(3))
+        if not any(math.isnan(t) for t in periods):
+            self.settled_s = statistics.median(periods)
         if not any(math.isnan(g) for g in gathers):
             self.gathers_s = (self.gathers_s + [statistics.median(gathers)])[-KEPT:]
             self.gather_s = statistics.median(self.gathers_s)

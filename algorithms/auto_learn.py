@@ -307,7 +307,9 @@ class Tuning(TrialPasses):
         cost = self.cost.read(costs, calls)
         if self.phase == "baseline":
             self.chosen_s, self.chosen_block_s = agreed_time(table), block_time(table)
-            self.elapsed_s += self.chosen_s * (self.held + self.warmup + self.window)
+            self.elapsed_s += self._held_s() * self.held + self.chosen_s * (
+                self.warmup + self.window
+            )
             self.explored_s += cost
             # a contender, paced, costs little: tried wherever the model cannot rule it out
             bound = CONTENDERS * self.predicted_s

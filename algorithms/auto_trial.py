@@ -101,7 +101,7 @@ class TrialPasses:
         hold = self._hold()
         if hold > 0:
             self.phase, self.until_recheck = "hold", hold
-            self.elapsed_s += hold * self._lead_s()
+            self.elapsed_s += hold * self._held_s()
             return
         self.phase, self.plan = "trial", self._lay_out()
 
@@ -125,6 +125,18 @@ class TrialPasses:
 
     def _lead_s(self) -> float:
         return self.trial_s.get(self.leader) or self.chosen_s or self.predicted_s
+
+    def _held_s(self) -> float:
+        """What a held call of the leader takes: its trial time (else the baseline's, as a
+        block), scaled by a settled call's period over the baseline's calls on the learning
+        path, where the hold before the baseline measured it (with 4 ranks on 2 cores a
+        learning call keeps its peers waiting too: 8 B calls over shm held at 70 µs where
+        the baseline's took 190); never more than the leader's time."""
+        lead = self.trial_s.get(self.leader) or self.chosen_block_s
+        settled = self.cost.settled_s
+        if lead is None or settled is None or not self.chosen_block_s:
+            return self._lead_s()
+        return lead * min(1.0, settled / self.chosen_block_s)
 
     def _expected_s(self, label: str) -> float:
         """What a call of ``label`` is expected to take: its median block where it ran, else
@@ -150,9 +162,10 @@ class TrialPasses:
         excess += self.cost.phase(len(self.live) * calls)
         # the calls before the pass pay for it: a pass never pays for itself
         need = (self.explored_s + excess) / self.explore - self.elapsed_s
-        if need <= 0 or lead <= 0:
+        held = self._held_s()
+        if need <= 0 or held <= 0:
             return 0
-        return min(MAX_HOLD, math.ceil(need / lead))
+        return min(MAX_HOLD, math.ceil(need / held))
 
     def _end_pass(self, table) -> None:
         # side by side in the same pass: all met the same load (the baseline's time of the

@@ -450,6 +450,23 @@ def test_exploring_is_paced_by_what_learning_measured_to_cost(monkeypatch, learn
     )
 
 
+def test_held_calls_are_counted_at_the_settled_pace_where_learning_calls_read_slow(monkeypatch):
+    # 4 ranks on 2 cores, 8 B over shm: the baseline's calls, on the learning path, read
+    # 190 µs (the slowest rank of each call) where held ones ran at 70. Ranks taking turns
+    # at being slow (3x) stand in for it. Counted at the baseline's time, the holds were
+    # too short: the pacing counted 2x the time that had passed, and the calls until the
+    # size settled cost 10 % over the fastest's, twice the exploring share
+    table = {"recursive_doubling": 50, "torus2d(2x2)": 56, "halving_doubling": 60, "ring": 120}
+    job = Job(monkeypatch, 4, 8, table, turns=3.0, learn_s=10 * US, gather_s=700 * US)
+    job.settle(calls_to_settle(len(candidates(4))))
+    t = job.tuning
+    assert t.kept == "recursive_doubling" and t.trial_s, str(t)  # a trial ran, and lost
+    over = job.now - job.calls * _cost(table, "recursive_doubling")
+    assert over <= (1 + 0.3) * EXPLORE * job.now, (over / job.now, str(t))
+    assert t.elapsed_s <= job.now  # never more than has passed
+    assert t.cost.settled_s == pytest.approx(50 * US)  # the hold's period, measured
+
+
 def test_a_second_job_paces_its_first_calls_by_what_learning_cost_the_first(monkeypatch, tmp_path):
     # 4 ranks on 2 cores, 8 B: a learning call ~100 µs beyond a settled one, a gather 1 ms.
     # The first job measured it; the second confirms the remembered schedule only after

@@ -31,9 +31,22 @@ def test_a_phase_costs_its_time_less_as_many_settled_calls():
     # calls in 900 µs: 600 µs beyond as many settled calls, 100 µs a call
     cost = LearningCost()
     row = measured(200 * 50, 200, 900, 6)
-    assert row == [pytest.approx(600 * US), pytest.approx(200 * US)]
+    assert row == [pytest.approx(600 * US), pytest.approx(200 * US), pytest.approx(50 * US)]
     assert cost.read([row, row], 6) == pytest.approx(600 * US + 200 * US)
     assert cost.call_s == pytest.approx(100 * US) and cost.gather_s == pytest.approx(200 * US)
+    assert cost.settled_s == pytest.approx(50 * US)  # a settled call's period
+
+
+def test_a_settled_period_is_the_ranks_median_and_kept_where_a_phase_cannot_tell():
+    cost = LearningCost()
+    rows = [measured(200 * t, 200, 900, 6) for t in (50, 60, 400)]  # one rank descheduled
+    cost.read(rows, 6)
+    assert cost.settled_s == pytest.approx(60 * US)
+    cost.started(1.0)  # a trial pass: no settled calls just before it
+    row = cost.columns(2.0, 6)
+    assert math.isnan(row[2])
+    cost.read([row, row, row], 6)
+    assert cost.settled_s == pytest.approx(60 * US)
 
 
 def test_every_rank_agrees_and_one_descheduled_rank_moves_nothing():
@@ -48,7 +61,7 @@ def test_without_settled_calls_before_it_a_phase_is_charged_as_estimated():
     cost = LearningCost()
     cost.started(1.0)  # a trial pass right after the baseline: nothing to compare with
     row = cost.columns(2.0, 6)
-    assert math.isnan(row[0]) and math.isnan(row[1])
+    assert math.isnan(row[0]) and math.isnan(row[1]) and math.isnan(row[2])
     assert cost.read([row, row], 6) == pytest.approx(6 * LEARN_CALL_S + GATHER_S)
     assert (cost.call_s, cost.gather_s) == (LEARN_CALL_S, GATHER_S)
     # one rank that could not measure: the phase is charged as estimated as well
