@@ -298,7 +298,7 @@ class Auto(Algorithm):
         tuning = comm.slots.auto_tuning.get(key)
         if tuning is None:
             return True
-        if tuning.phase in ("settled", "hold"):  # past the memo (COMMRT_DEBUG): counted here
+        if tuning.on_settled_path:  # past the memo (COMMRT_DEBUG): counted here
             again = tuning.settled_call()
             first = tuning.chosen_s is None and tuning.cost.settled_from_s is None
             if tuning.phase == "hold" and first:
@@ -336,7 +336,7 @@ class Auto(Algorithm):
         block, a recheck): :func:`_timed` for it, which ``commrt.collectives.memo.counted``
         calls after each call the memo runs, with its start; else None."""
         tuning = comm.slots.auto_tuning.get((self, comm.world_size, int(nbytes)))
-        if tuning is None or tuning.phase in ("settled", "hold"):
+        if tuning is None or tuning.on_settled_path:
             return None
         return functools.partial(_timed, self, comm, int(nbytes), tuning)
 
@@ -424,7 +424,7 @@ def _timed(auto: Auto, comm, nbytes: int, tuning: Tuning, started_s: float) -> b
     the next call runs another schedule, or the size is now settled or held: the memo is
     dropped, and kept again with the size's counter (a settled call takes no time stamp)."""
     same = auto.observe(comm, nbytes, started_s)
-    return not same or tuning.phase in ("settled", "hold")
+    return not same or tuning.on_settled_path
 
 
 def learning(comm) -> dict[int, Tuning]:

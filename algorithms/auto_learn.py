@@ -251,6 +251,9 @@ class Tuning(TrialPasses):
         """Whether this size has not settled yet (its first baseline, hold or trial)."""
         return self.kept is None
 
+    #: whether calls run on the settled path, counted and not timed (settled, or held)
+    on_settled_path = property(lambda self: self.phase in ("settled", "hold"))
+
     runner_s = property(lambda self: self.trial_s.get(self.runner_up))
     beside_s = property(lambda self: self.trial_s.get(self.choice))
 
@@ -286,7 +289,7 @@ class Tuning(TrialPasses):
     def record(self, seconds: float) -> bool:
         """Note one call's time on this rank; True when the phase's window is full (then
         every rank calls :meth:`advance` with every rank's times, in the same call)."""
-        if self.phase in ("settled", "hold"):
+        if self.on_settled_path:
             return False
         timed = self.timing
         self.calls += 1

@@ -28,8 +28,8 @@ def gather(comm: Communicator, row, dtype: torch.dtype = torch.float64, agree=No
     One sum all-reduce of a p-row table in which each rank fills only its
     own row: exact in any order of the sums (each slot adds one value to
     zeros), so identical on every rank, and it cannot deadlock on a mismatch
-    the way differently sized messages could. Collective, and admitted as every collective is
-    (:meth:`~commrt.Communicator.admit_collective`, then
+    the way differently sized messages could. Collective, and admitted as
+    every collective is (:meth:`~commrt.Communicator.admit_collective`, then
     :meth:`~commrt.Communicator.run_held` under its lock); ``agree(length)``,
     if given, runs between the two (:func:`commrt.collectives.core.gather_rows`
     checks there that every rank's row has this length).
